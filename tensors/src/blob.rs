@@ -1,0 +1,110 @@
+//! Ranged reads of one file or object into caller-owned buffers.
+//!
+//! Local files are read with positional reads (`pread`) straight into the caller's buffer; objects in a store are
+//! fetched with ranged GETs whose body is streamed into the buffer as it arrives, so a read never holds more than
+//! the buffer the caller sized to its budget.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use object_store::{GetOptions, GetRange, ObjectStoreExt};
+
+use crate::error::{Error, Result};
+use crate::store::Location;
+
+/// An open file or object of known length.
+#[derive(Clone)]
+pub struct Blob {
+    loc: Location,
+    name: String,
+    len: u64,
+    file: Option<Arc<std::fs::File>>,
+}
+
+impl std::fmt::Debug for Blob {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Blob({}, {} bytes)", self.name, self.len)
+    }
+}
+
+impl Blob {
+    pub async fn open(loc: &Location) -> Result<Blob> {
+        let name = loc.to_string();
+        if let Some(path) = loc.local_path() {
+            let io = |e| Error::Io { file: name.clone(), source: e };
+            let file = std::fs::File::open(path).map_err(io)?;
+            let meta = file.metadata().map_err(io)?;
+            if !meta.is_file() {
+                return Err(Error::Io { file: name.clone(), source: std::io::Error::other("not a regular file") });
+            }
+            return Ok(Blob { loc: loc.clone(), len: meta.len(), file: Some(Arc::new(file)), name });
+        }
+        let (store, key) = loc.object().expect("a location is local or in a store");
+        let meta = store.head(key).await.map_err(|e| Error::store(&name, e))?;
+        Ok(Blob { loc: loc.clone(), len: meta.size, file: None, name })
+    }
+
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The location as the user wrote it, for messages.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn location(&self) -> &Location {
+        &self.loc
+    }
+
+    /// Fills `buf` with the bytes at `offset..offset + buf.len()`.
+    pub async fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let end = offset.checked_add(buf.len() as u64).filter(|&e| e <= self.len).ok_or_else(|| {
+            Error::format(&self.name, "read", format!("{} bytes at {offset} run past the end ({})", buf.len(), self.len))
+        })?;
+        if buf.is_empty() {
+            return Ok(());
+        }
+        if let Some(file) = &self.file {
+            use std::os::unix::fs::FileExt;
+            // Page-cache reads: short enough to do on the async thread, and a copy fewer than spawn_blocking.
+            return file.read_exact_at(buf, offset).map_err(|e| Error::Io { file: self.name.clone(), source: e });
+        }
+        let (store, key) = self.loc.object().expect("a location is local or in a store");
+        let opts = GetOptions { range: Some(GetRange::Bounded(offset..end)), ..Default::default() };
+        let res = store.get_opts(key, opts).await.map_err(|e| Error::store(&self.name, e))?;
+        let mut stream = res.into_stream();
+        let mut filled = 0usize;
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| Error::store(&self.name, e))?;
+            let n = chunk.len();
+            if filled + n > buf.len() {
+                return Err(Error::format(&self.name, "read", "the store returned more bytes than the range asked for"));
+            }
+            buf[filled..filled + n].copy_from_slice(&chunk);
+            filled += n;
+        }
+        if filled != buf.len() {
+            return Err(Error::format(
+                &self.name,
+                "read",
+                format!("the store returned {filled} of {} bytes at {offset}", buf.len()),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Reads `len` bytes at `offset` into a new buffer (never more than the file holds).
+    pub async fn read_vec(&self, offset: u64, len: u64) -> Result<Vec<u8>> {
+        if offset.checked_add(len).is_none_or(|e| e > self.len) {
+            return Err(Error::format(&self.name, "read", format!("{len} bytes at {offset} run past the end ({})", self.len)));
+        }
+        let mut buf = vec![0u8; len as usize];
+        self.read_at(offset, &mut buf).await?;
+        Ok(buf)
+    }
+}

@@ -1,0 +1,196 @@
+//! Dequantization to f32, bit-exact with the reference tools.
+//!
+//! * ggml types follow gguf-py `gguf/quants.py` (gguf 0.19.0) `dequantize`: the same float32 operations in the same
+//!   order and association, so results equal numpy's bit for bit (neither Rust nor numpy fuses multiply-adds).
+//!   Types gguf-py lacks (Q8_1, Q8_K, F64, integers) follow ggml's `dequantize_row_*` / numpy's `astype(float32)`.
+//! * MLX affine follows `mx.dequantize` (`scale·q + bias` in f32), see [`dequantize_mlx_affine`].
+//!
+//! Everything works block by block straight into the caller's `out`, so whole models can be streamed through a
+//! fixed buffer. IQ*, TQ*, MXFP4, NVFP4 and Q1_0/Q2_0 are not supported (quantfarm never produces them).
+//!
+//! Files: `float.rs` (F32, F16, BF16, F64, integers), `legacy.rs` (the 32-element formats), `kquants.rs`
+//! (Q2_K…Q8_K), `mlx.rs` (MLX affine), `bytes.rs` (little-endian field readers shared by the block decoders).
+
+mod bytes;
+mod float;
+mod kquants;
+mod legacy;
+mod mlx;
+
+pub use float::{bf16_bits_to_f32, bf16_to_f32, f16_bits_to_f32, f16_to_f32};
+pub use mlx::dequantize_mlx_affine;
+
+use crate::GgmlType;
+
+/// Why a buffer could not be dequantized. Nothing is partially trusted: on error `out` may hold partial output.
+#[derive(Debug, thiserror::Error)]
+pub enum DequantError {
+    #[error("dequantization of {0} is not supported")]
+    Unsupported(GgmlType),
+    #[error("{ty} data is {len} bytes, not a whole number of {type_size}-byte blocks")]
+    PartialBlock { ty: GgmlType, len: usize, type_size: usize },
+    #[error("output has room for {got} elements but the input holds {expected}")]
+    OutLen { expected: usize, got: usize },
+    #[error("MLX affine quantization with {bits} bits and group size {group_size} is not supported (bits 2, 3, 4, 5, 6, 8; groups 32, 64, 128)")]
+    MlxUnsupported { bits: u32, group_size: usize },
+    #[error("MLX affine output of {elements} elements is not a whole number of {group_size}-element groups")]
+    MlxPartialGroup { elements: usize, group_size: usize },
+    #[error("MLX affine {what} has {got} entries, expected {expected}")]
+    MlxLength {
+        what: &'static str,
+        expected: usize,
+        got: usize,
+    },
+}
+
+/// One decoder over a whole, already length-checked buffer of blocks.
+type Decoder = fn(&[u8], &mut [f32]);
+
+/// The decoder for `ty`, or `None` when unsupported. The single place that lists supported types.
+fn decoder(ty: GgmlType) -> Option<Decoder> {
+    use GgmlType::*;
+    Some(match ty {
+        F32 => float::f32_le,
+        F16 => f16_to_f32,
+        BF16 => bf16_to_f32,
+        F64 => float::f64_le,
+        I8 => float::i8_le,
+        I16 => float::i16_le,
+        I32 => float::i32_le,
+        I64 => float::i64_le,
+        Q4_0 => legacy::q4_0,
+        Q4_1 => legacy::q4_1,
+        Q5_0 => legacy::q5_0,
+        Q5_1 => legacy::q5_1,
+        Q8_0 => legacy::q8_0,
+        Q8_1 => legacy::q8_1,
+        Q2_K => kquants::q2_k,
+        Q3_K => kquants::q3_k,
+        Q4_K => kquants::q4_k,
+        Q5_K => kquants::q5_k,
+        Q6_K => kquants::q6_k,
+        Q8_K => kquants::q8_k,
+        _ => return None,
+    })
+}
+
+/// Whether [`dequantize_ggml`] supports `ty`.
+pub fn ggml_supported(ty: GgmlType) -> bool {
+    decoder(ty).is_some()
+}
+
+/// Dequantizes whole blocks of `ty` in `data` into `out`; `out.len()` must equal the number of elements in `data`.
+///
+/// Rows need not be known: blocks never straddle rows, so any run of whole blocks decodes the same way.
+pub fn dequantize_ggml(ty: GgmlType, data: &[u8], out: &mut [f32]) -> Result<(), DequantError> {
+    let decode = decoder(ty).ok_or(DequantError::Unsupported(ty))?;
+    let type_size = ty.type_size();
+    if data.len() % type_size != 0 {
+        return Err(DequantError::PartialBlock {
+            ty,
+            len: data.len(),
+            type_size,
+        });
+    }
+    let expected = data.len() / type_size * ty.block_size();
+    if out.len() != expected {
+        return Err(DequantError::OutLen {
+            expected,
+            got: out.len(),
+        });
+    }
+    decode(data, out);
+    Ok(())
+}
+
+/// Runs `f` on each block of a buffer whose lengths the caller has checked (`data` = k·`TS` bytes, `out` = k·`BS`).
+///
+/// Fixed-size arrays let the decoders index without bounds checks; `TS`/`BS` are tested against [`GgmlType`].
+fn each_block<const TS: usize, const BS: usize>(data: &[u8], out: &mut [f32], f: impl Fn(&[u8; TS], &mut [f32; BS])) {
+    debug_assert_eq!(data.len() / TS * BS, out.len());
+    for (block, o) in data.chunks_exact(TS).zip(out.chunks_exact_mut(BS)) {
+        // chunks_exact yields exactly TS / BS items, so these conversions cannot fail.
+        if let (Ok(block), Ok(o)) = (<&[u8; TS]>::try_from(block), <&mut [f32; BS]>::try_from(o)) {
+            f(block, o);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SUPPORTED: &[GgmlType] = &[
+        GgmlType::F32,
+        GgmlType::F16,
+        GgmlType::BF16,
+        GgmlType::F64,
+        GgmlType::I8,
+        GgmlType::I16,
+        GgmlType::I32,
+        GgmlType::I64,
+        GgmlType::Q4_0,
+        GgmlType::Q4_1,
+        GgmlType::Q5_0,
+        GgmlType::Q5_1,
+        GgmlType::Q8_0,
+        GgmlType::Q8_1,
+        GgmlType::Q2_K,
+        GgmlType::Q3_K,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+        GgmlType::Q8_K,
+    ];
+
+    #[test]
+    fn supported_set_is_exactly_the_listed_types() {
+        for &ty in GgmlType::ALL {
+            assert_eq!(ggml_supported(ty), SUPPORTED.contains(&ty), "{ty}");
+        }
+    }
+
+    /// Each decoder's compile-time block geometry must match ggml's, or blocks would be misaligned: decoding two
+    /// blocks of zeros must fill exactly the expected elements (a wrong TS/BS leaves some untouched or panics).
+    #[test]
+    fn decoder_geometry_matches_ggml_type() {
+        for &ty in SUPPORTED {
+            let data = vec![0u8; 2 * ty.type_size()];
+            let mut out = vec![f32::NAN; 2 * ty.block_size()];
+            dequantize_ggml(ty, &data, &mut out).unwrap();
+            assert!(out.iter().all(|x| *x == 0.0), "{ty}: {out:?}");
+        }
+    }
+
+    #[test]
+    fn unsupported_type_is_named() {
+        let err = dequantize_ggml(GgmlType::IQ2_XXS, &[0; 66], &mut [0.0; 256]).unwrap_err();
+        assert!(matches!(err, DequantError::Unsupported(GgmlType::IQ2_XXS)));
+        assert!(err.to_string().contains("IQ2_XXS"), "{err}");
+    }
+
+    #[test]
+    fn partial_block_and_wrong_out_len_are_errors() {
+        let err = dequantize_ggml(GgmlType::Q4_0, &[0; 19], &mut [0.0; 32]).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                DequantError::PartialBlock {
+                    len: 19,
+                    type_size: 18,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let err = dequantize_ggml(GgmlType::Q4_0, &[0; 36], &mut [0.0; 32]).unwrap_err();
+        assert!(matches!(err, DequantError::OutLen { expected: 64, got: 32 }), "{err}");
+        let err = dequantize_ggml(GgmlType::F32, &[0; 6], &mut [0.0; 1]).unwrap_err();
+        assert!(matches!(err, DequantError::PartialBlock { .. }), "{err}");
+    }
+
+    #[test]
+    fn empty_input_is_fine() {
+        dequantize_ggml(GgmlType::Q6_K, &[], &mut []).unwrap();
+    }
+}

@@ -1,0 +1,55 @@
+//! The one error type of this crate. Every variant names the file (object) it is about, and format errors name the
+//! field, so a user can tell which input is wrong and how.
+
+use std::path::PathBuf;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The file's bytes do not follow its format.
+    #[error("{file}: {field}: {msg}")]
+    Format { file: String, field: String, msg: String },
+
+    #[error("{file}: {source}")]
+    Io {
+        file: String,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("{file}: object store: {source}")]
+    Store {
+        file: String,
+        #[source]
+        source: Box<object_store::Error>,
+    },
+
+    /// A location string that is not a path, `file://`, `s3://bucket/key` or `memory://` URL, or an unsafe key.
+    #[error("{location}: {msg}")]
+    Location { location: String, msg: String },
+
+    #[error("{file}: no tensor named {name:?}")]
+    NoSuchTensor { file: String, name: String },
+
+    /// A read that cannot be done within the memory budget (e.g. a single row larger than the budget).
+    #[error("{file}: tensor {tensor:?}: {msg}")]
+    Budget { file: String, tensor: String, msg: String },
+
+    /// An output that already exists and may not be replaced.
+    #[error("{0}: already exists (refusing to replace it)")]
+    Exists(PathBuf),
+
+    #[error(transparent)]
+    Dequant(#[from] crate::dequant::DequantError),
+}
+
+impl Error {
+    pub(crate) fn format(file: impl Into<String>, field: impl Into<String>, msg: impl Into<String>) -> Error {
+        Error::Format { file: file.into(), field: field.into(), msg: msg.into() }
+    }
+
+    pub(crate) fn store(file: impl Into<String>, source: object_store::Error) -> Error {
+        Error::Store { file: file.into(), source: Box::new(source) }
+    }
+}

@@ -1,0 +1,26 @@
+//! Model files read and written exactly, streamed within a memory budget.
+//!
+//! GGUF (v2/v3, split files), safetensors (single and sharded) and MLX checkpoints are parsed from headers only;
+//! tensor bytes are read through one [`TensorSource`] over `object_store` (local folder, S3, memory) in ranges that
+//! fit a caller's budget, and outputs go through one [`StagedSink`] so nothing partial is ever visible.
+
+pub mod blob;
+pub mod dequant;
+pub mod dtype;
+pub mod error;
+pub mod ggml_type;
+pub mod gguf;
+pub mod mlx;
+pub mod s3;
+pub mod safetensors;
+pub mod sink;
+pub mod source;
+pub mod store;
+pub mod write;
+
+pub use dtype::{Dtype, TensorType};
+pub use error::{Error, Result};
+pub use ggml_type::GgmlType;
+pub use sink::{Committed, StagedSink};
+pub use source::{Format, TensorEntry, TensorSource};
+pub use store::Location;

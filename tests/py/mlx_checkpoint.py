@@ -1,0 +1,55 @@
+"""Make an MLX affine checkpoint with mlx_lm.convert and hash what mlx reads back from it.
+
+Usage:
+  mlx_checkpoint.py convert HF_DIR OUT_DIR BITS GROUP   -> runs mlx_lm.convert -q (CPU)
+  mlx_checkpoint.py hashes MLX_DIR                      -> JSON {tensor: {"shape": [...], "sha256": ...}} on stdout,
+     where a quantized module's weight is mx.dequantize'd with its scales and biases upcast to float32 (so the
+     values are exact f32 affine results), and any other tensor is cast to float32.
+"""
+import glob
+import hashlib
+import json
+import os
+import sys
+
+import mlx.core as mx
+import numpy as np
+
+
+def convert(hf, out, bits, group):
+    from mlx_lm import convert as c
+
+    c.convert(hf_path=hf, mlx_path=out, quantize=True, q_bits=int(bits), q_group_size=int(group))
+
+
+def hashes(d):
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    q = cfg.get("quantization", {})
+    weights = {}
+    for f in sorted(glob.glob(os.path.join(d, "model*.safetensors"))):
+        weights.update(mx.load(f))
+    out = {}
+    for name, w in weights.items():
+        if name.endswith(".scales") or name.endswith(".biases"):
+            continue
+        mod = name[: -len(".weight")] if name.endswith(".weight") else None
+        if mod and mod + ".scales" in weights:
+            p = q.get(mod, q)
+            v = mx.dequantize(
+                w,
+                weights[mod + ".scales"].astype(mx.float32),
+                weights[mod + ".biases"].astype(mx.float32),
+                group_size=p["group_size"],
+                bits=p["bits"],
+            )
+        else:
+            v = w.astype(mx.float32)
+        a = np.array(v, dtype="<f4")
+        out[name] = {"shape": list(a.shape), "sha256": hashlib.sha256(a.tobytes()).hexdigest()}
+    json.dump(out, sys.stdout)
+
+
+if sys.argv[1] == "convert":
+    convert(*sys.argv[2:6])
+else:
+    hashes(sys.argv[2])

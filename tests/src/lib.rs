@@ -1,0 +1,103 @@
+//! Support for the end-to-end tests: where the peer tools and shared fixtures are, and a real S3 server.
+//!
+//! Oracles are never optional. A test that needs one and cannot find it fails with a message saying how to get it
+//! (`scripts/test` installs them all), because a skipped oracle is not a pass.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The repository root (the workspace folder).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()
+}
+
+/// `../shared` beside the checkout, or `$QUANTFARM_SHARED`.
+pub fn shared_dir() -> PathBuf {
+    let dir = std::env::var_os("QUANTFARM_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("..").join("shared"));
+    assert!(dir.join("DESIGN.md").exists(), "shared folder not found at {} (set QUANTFARM_SHARED)", dir.display());
+    dir
+}
+
+pub fn fixtures_dir() -> PathBuf {
+    shared_dir().join("fixtures")
+}
+
+/// `$QUANTFARM_CACHE`, default `~/.cache/quantfarm`, as the shared tools use it.
+pub fn cache_dir() -> PathBuf {
+    std::env::var_os("QUANTFARM_CACHE").map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(std::env::var_os("HOME").expect("HOME is set")).join(".cache").join("quantfarm")
+    })
+}
+
+/// Runs one of `../shared/tools/*` (idempotent installers) and returns the path it prints.
+fn shared_tool(name: &str) -> PathBuf {
+    let script = shared_dir().join("tools").join(name);
+    let out = Command::new(&script)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+    assert!(
+        out.status.success(),
+        "{} failed (run scripts/test, which installs the peer tools):\n{}",
+        script.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let path = String::from_utf8_lossy(&out.stdout).trim().lines().last().unwrap_or("").to_string();
+    PathBuf::from(path)
+}
+
+/// The Python of the peer venv (mlx, mlx-lm, gguf-py, numpy, safetensors).
+pub fn peers_python() -> PathBuf {
+    let p = cache_dir().join("venv-peers").join("bin").join("python");
+    if p.exists() && cache_dir().join("venv-peers").join(".complete").exists() {
+        return p;
+    }
+    shared_tool("install-mlx")
+}
+
+/// The real SmolLM2-135M-Instruct Q4_1 GGUF.
+pub fn smollm2_gguf() -> PathBuf {
+    let p = cache_dir().join("models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if p.exists() {
+        return p;
+    }
+    shared_tool("get-smollm2")
+}
+
+/// The folder with `smollm2-bf16.gguf` and `smollm2-hf/`.
+pub fn smollm2_derived() -> PathBuf {
+    let dir = cache_dir().join("models/smollm2");
+    if dir.join("smollm2-bf16.gguf").exists() && dir.join("smollm2-hf/.complete").exists() {
+        return dir;
+    }
+    shared_tool("make-smollm2-fixtures")
+}
+
+/// llama.cpp's built tools folder (llama-gguf-split, llama-quantize, …).
+pub fn llama_bin() -> PathBuf {
+    let dir = cache_dir().join("llama.cpp-0.3.36");
+    if dir.join(".built").exists() {
+        return dir.join("build").join("bin");
+    }
+    shared_tool("install-llama-cpp")
+}
+
+/// Runs a Python script from `tests/py/` with the peer venv; panics with its stderr on failure.
+pub fn run_py(script: &str, args: &[&std::ffi::OsStr]) -> String {
+    let path = repo_root().join("tests").join("py").join(script);
+    let out = Command::new(peers_python())
+        .arg(&path)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", path.display()));
+    assert!(
+        out.status.success(),
+        "{} failed:\n{}",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("script prints UTF-8")
+}
+
+pub mod s3;

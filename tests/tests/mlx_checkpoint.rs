@@ -1,0 +1,59 @@
+//! MLX checkpoints made by `mlx_lm.convert`: each quantized module reads as one logical tensor of the unpacked
+//! shape, and its dequantized values equal `mx.dequantize`'s (scales and biases upcast to f32) bit for bit.
+
+use quantfarm_e2e::{run_py, smollm2_derived};
+use quantfarm_tensors::{Location, TensorSource, TensorType};
+use sha2::{Digest, Sha256};
+
+fn check(bits: u8, group: u32) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join(format!("mlx-q{bits}"));
+    let hf = smollm2_derived().join("smollm2-hf");
+    run_py("mlx_checkpoint.py", &["convert".as_ref(), hf.as_os_str(), out.as_os_str(), bits.to_string().as_ref(), group.to_string().as_ref()]);
+    let reference: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(&run_py("mlx_checkpoint.py", &["hashes".as_ref(), out.as_os_str()])).unwrap();
+
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let src = TensorSource::open(&Location::local(&out)).await.unwrap();
+        assert_eq!(src.format(), quantfarm_tensors::Format::Mlx);
+        assert_eq!(src.tensors().len(), reference.len(), "logical tensors");
+        let mut quantized = 0;
+        let mut scratch = Vec::new();
+        for e in src.tensors() {
+            let r = &reference[&e.name];
+            assert_eq!(serde_json::json!(e.shape), r["shape"], "shape of {}", e.name);
+            if let TensorType::MlxAffine { bits: b, group_size: g, .. } = e.ty {
+                assert_eq!((b, g), (bits, group), "{}", e.name);
+                quantized += 1;
+            }
+            // Read in several row chunks to exercise row offsets.
+            let rows = e.rows();
+            let row_len = e.row_len() as usize;
+            let step = rows.div_ceil(3).max(1);
+            let mut h = Sha256::new();
+            let mut first = 0;
+            while first < rows {
+                let n = step.min(rows - first);
+                let mut vals = vec![0f32; n as usize * row_len];
+                src.read_f32_rows(&e.name, first, &mut vals, &mut scratch).await.unwrap();
+                for v in &vals {
+                    h.update(v.to_le_bytes());
+                }
+                first += n;
+            }
+            assert_eq!(quantfarm_tensors::sink::hex(&h.finalize()), r["sha256"].as_str().unwrap(), "values of {}", e.name);
+        }
+        assert!(quantized >= 200, "only {quantized} quantized modules found");
+    });
+}
+
+#[test]
+fn mlx_lm_4bit_checkpoint_reads_like_mlx() {
+    check(4, 64);
+}
+
+#[test]
+fn mlx_lm_3bit_group32_checkpoint_reads_like_mlx() {
+    check(3, 32);
+}
