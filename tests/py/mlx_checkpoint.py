@@ -17,9 +17,9 @@ import numpy as np
 
 
 def convert(hf, out, bits, group):
-    from mlx_lm import convert as c
+    from mlx_lm import convert as mlx_convert
 
-    c.convert(hf_path=hf, mlx_path=out, quantize=True, q_bits=int(bits), q_group_size=int(group))
+    mlx_convert(hf_path=hf, mlx_path=out, quantize=True, q_bits=int(bits), q_group_size=int(group))
 
 
 def hashes(d):

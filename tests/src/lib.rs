@@ -31,10 +31,15 @@ pub fn cache_dir() -> PathBuf {
     })
 }
 
-/// Runs one of `../shared/tools/*` (idempotent installers) and returns the path it prints.
+/// Runs one of `../shared/tools/*` (idempotent installers) and returns the path it prints. Runs are serialized with
+/// `flock` on a file in the cache (tests run in parallel, and two builds of llama.cpp in one folder would collide);
+/// `scripts/install-peers` takes the same locks.
 fn shared_tool(name: &str) -> PathBuf {
     let script = shared_dir().join("tools").join(name);
-    let out = Command::new(&script)
+    std::fs::create_dir_all(cache_dir()).expect("cache folder");
+    let out = Command::new("flock")
+        .arg(cache_dir().join(format!(".{name}.lock")))
+        .arg(&script)
         .output()
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
     assert!(

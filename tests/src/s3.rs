@@ -31,7 +31,12 @@ pub fn s3s_fs_bin() -> PathBuf {
         return p;
     }
     let script = crate::repo_root().join("scripts/install-s3s-fs");
-    let out = Command::new(&script).output().unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+    std::fs::create_dir_all(crate::cache_dir()).expect("cache folder");
+    let out = Command::new("flock")
+        .arg(crate::cache_dir().join(".install-s3s-fs.lock"))
+        .arg(&script)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
     assert!(out.status.success(), "{} failed:\n{}", script.display(), String::from_utf8_lossy(&out.stderr));
     PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
 }
