@@ -155,18 +155,15 @@ impl Location {
         }
     }
 
-    /// Whether this names a folder (a local directory, or an object prefix with objects below it and no object at
-    /// the key itself).
+    /// Whether this names a folder: a local directory, or an object prefix with objects below it. (Listing rather
+    /// than a HEAD of the key: some S3-compatible servers answer a HEAD of a "folder" with an error, not 404.)
     pub async fn is_dir(&self) -> Result<bool> {
         match &self.backend {
             Backend::Local(p) => Ok(p.is_dir()),
             Backend::Object { store, key, .. } => {
-                use object_store::ObjectStoreExt;
-                match store.head(key).await {
-                    Ok(_) => Ok(false),
-                    Err(object_store::Error::NotFound { .. }) => Ok(!self.list().await?.is_empty()),
-                    Err(e) => Err(Error::store(&self.display, e)),
-                }
+                let prefix = if key.as_ref().is_empty() { None } else { Some(key) };
+                let res = store.list_with_delimiter(prefix).await.map_err(|e| Error::store(&self.display, e))?;
+                Ok(!res.objects.is_empty() || !res.common_prefixes.is_empty())
             }
         }
     }

@@ -131,3 +131,54 @@ pub async fn copy_gguf(src: &TensorSource, dst: &Location, budget: u64, overwrit
     }
     Ok(out)
 }
+
+/// Writes the plain-dtype tensors of `src` as a safetensors checkpoint in folder `dst_dir`: one `model.safetensors`,
+/// or shards of at most `max_shard_bytes` named `model-0000I-of-0000N.safetensors` with
+/// `model.safetensors.index.json`. Tensor bytes are copied within `budget`; every file is staged, and all are
+/// committed at the end (the index last), so a failure leaves no checkpoint that looks complete.
+pub async fn copy_safetensors(
+    src: &TensorSource,
+    dst_dir: &Location,
+    max_shard_bytes: u64,
+    budget: u64,
+    overwrite: bool,
+) -> Result<Vec<Committed>> {
+    let mut descs = Vec::with_capacity(src.tensors().len());
+    for e in src.tensors() {
+        match e.ty {
+            crate::TensorType::Dtype(dtype) => descs.push(StTensorDesc { name: e.name.clone(), dtype, shape: e.shape.clone() }),
+            other => {
+                return Err(Error::format(
+                    src.location().to_string(),
+                    format!("tensor {:?}", e.name),
+                    format!("is {other}; only plain dtypes can be copied into safetensors (dequantize first)"),
+                ))
+            }
+        }
+    }
+    let shards = crate::safetensors::plan_shards(&descs, max_shard_bytes);
+    let metadata = [("format".to_string(), "pt".to_string())];
+    let mut writers = Vec::with_capacity(shards.len());
+    let mut buf = Vec::new();
+    for (i, range) in shards.iter().enumerate() {
+        let target = dst_dir.child(&crate::safetensors::shard_file_name(i, shards.len()))?;
+        let mut w = SafetensorsWriter::create(&target, &descs[range.clone()], &metadata, overwrite).await?;
+        for d in &descs[range.clone()] {
+            let e = src.entry(&d.name)?;
+            for r in src.chunks(e, budget)? {
+                buf.resize((r.end - r.start) as usize, 0);
+                src.read_range(&d.name, r.start, &mut buf).await?;
+                w.write(&buf).await?;
+            }
+        }
+        writers.push(w);
+    }
+    let mut out = Vec::with_capacity(writers.len() + 1);
+    for w in writers {
+        out.push(w.finish().await?);
+    }
+    if shards.len() > 1 {
+        out.push(crate::safetensors::write_index(dst_dir, &descs, &shards, overwrite).await?);
+    }
+    Ok(out)
+}
