@@ -1,5 +1,6 @@
 //! `quantfarm`: prove that every quantized artifact of a fine-tune still behaves like the model that was trained.
 
+mod cp;
 mod inspect;
 mod units;
 
@@ -18,6 +19,8 @@ enum Command {
     /// Show a model's format, architecture, metadata and tensors (GGUF file or split, safetensors file or folder,
     /// MLX folder; a path, file:// or s3://bucket/key).
     Inspect(inspect::Args),
+    /// Copy a model file or folder between a path, file:// and s3:// (staged: nothing partial is ever visible).
+    Cp(cp::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -36,6 +39,7 @@ fn main() -> std::process::ExitCode {
     let result: Result<()> = rt.block_on(async {
         match cli.command {
             Command::Inspect(args) => inspect::run(args).await,
+            Command::Cp(args) => cp::run(args).await,
         }
     });
     match result {

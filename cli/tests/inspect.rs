@@ -48,9 +48,7 @@ fn inspect_matches_gguf_py_on_smollm2() {
 #[test]
 fn inspect_reads_from_s3_as_from_a_path() {
     let server = quantfarm_e2e::s3::S3Server::start();
-    let bucket = server.root.join("models");
-    std::fs::create_dir_all(&bucket).unwrap();
-    std::fs::copy(smollm2_gguf(), bucket.join("smollm2.gguf")).unwrap();
+    server.upload(&smollm2_gguf(), "models", "smollm2.gguf");
 
     let local = inspect(&[smollm2_gguf().to_str().unwrap(), "--json", "--tensors", "--read", "--sha256"], &[]);
     let remote = inspect(&["s3://models/smollm2.gguf", "--json", "--tensors", "--read", "--sha256", "--budget", "4MiB"], &server.env());

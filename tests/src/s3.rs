@@ -91,6 +91,40 @@ impl S3Server {
         Location::in_store(Arc::new(store), key, "s3", bucket)
     }
 
+    /// Uploads a local file or the files of a local folder to `bucket/key` through the S3 API (a multipart upload
+    /// by the staged sink), so the server records each object's ETag. (s3s-fs recomputes the MD5 of a file that was
+    /// merely copied into its folder on every GET, which would make ranged reads of it quadratic.)
+    pub fn upload(&self, local: &Path, bucket: &str, key: &str) {
+        let files: Vec<(PathBuf, String)> = if local.is_dir() {
+            let mut v: Vec<_> = std::fs::read_dir(local)
+                .expect("read folder")
+                .flatten()
+                .filter(|e| e.path().is_file())
+                .map(|e| (e.path(), format!("{key}/{}", e.file_name().to_string_lossy())))
+                .collect();
+            v.sort();
+            v
+        } else {
+            vec![(local.to_path_buf(), key.to_string())]
+        };
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        rt.block_on(async {
+            for (path, key) in files {
+                let mut sink = quantfarm_tensors::StagedSink::create(&self.location(bucket, &key), true).await.expect("upload");
+                let mut f = std::fs::File::open(&path).expect("open file to upload");
+                let mut buf = vec![0u8; 8 << 20];
+                loop {
+                    let n = std::io::Read::read(&mut f, &mut buf).expect("read file to upload");
+                    if n == 0 {
+                        break;
+                    }
+                    sink.write(&buf[..n]).await.expect("upload");
+                }
+                sink.commit().await.expect("commit upload");
+            }
+        });
+    }
+
     /// Environment variables that point a child process (e.g. the CLI) at this server.
     pub fn env(&self) -> Vec<(&'static str, String)> {
         vec![

@@ -36,8 +36,7 @@ async fn tensor_hashes(src: &TensorSource, budget: u64) -> Vec<(String, String)>
 #[test]
 fn gguf_over_s3_reads_the_same_bytes_as_locally_within_the_budget() {
     let server = S3Server::start();
-    std::fs::create_dir_all(server.root.join("models/sub")).unwrap();
-    std::fs::copy(smollm2_gguf(), server.root.join("models/sub/smollm2.gguf")).unwrap();
+    server.upload(&smollm2_gguf(), "models", "sub/smollm2.gguf");
     rt().block_on(async {
         let local = TensorSource::open(&Location::local(smollm2_gguf())).await.unwrap();
         let remote = TensorSource::open(&server.location("models", "sub/smollm2.gguf")).await.unwrap();

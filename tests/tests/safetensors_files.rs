@@ -32,12 +32,17 @@ async fn hashes(src: &TensorSource) -> Vec<(String, Vec<u64>, String)> {
 fn hf_checkpoint_rewritten_as_shards_reads_the_same_in_mlx_and_over_s3() {
     let hf = smollm2_derived().join("smollm2-hf");
     let server = S3Server::start();
-    let out_dir = server.root.join("models/smollm2-sharded");
-    std::fs::create_dir_all(&out_dir).unwrap();
-    rt().block_on(async {
+    let tmp = tempfile::tempdir().unwrap();
+    let out_dir = tmp.path().join("smollm2-sharded");
+    let rt = rt();
+    rt.block_on(async {
         let src = TensorSource::open(&Location::local(&hf)).await.unwrap();
         let written = copy_safetensors(&src, &Location::local(&out_dir), 100_000_000, 8 << 20, false).await.unwrap();
         assert_eq!(written.len(), 4, "3 shards and an index: {written:?}");
+    });
+    server.upload(&out_dir, "models", "smollm2-sharded");
+    rt.block_on(async {
+        let src = TensorSource::open(&Location::local(&hf)).await.unwrap();
 
         let original = hashes(&src).await;
         let local = TensorSource::open(&Location::local(&out_dir)).await.unwrap();
