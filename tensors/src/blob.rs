@@ -12,6 +12,11 @@ use object_store::{GetOptions, GetRange, ObjectStoreExt};
 use crate::error::{Error, Result};
 use crate::store::Location;
 
+/// A store read is split into concurrent ranged GETs of at least this many bytes…
+const MIN_PART_BYTES: usize = 8 << 20;
+/// …and at most this many at once.
+const MAX_PARTS_IN_FLIGHT: usize = 4;
+
 /// An open file or object of known length.
 #[derive(Clone)]
 pub struct Blob {
@@ -63,9 +68,13 @@ impl Blob {
 
     /// Fills `buf` with the bytes at `offset..offset + buf.len()`.
     pub async fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        let end = offset.checked_add(buf.len() as u64).filter(|&e| e <= self.len).ok_or_else(|| {
-            Error::format(&self.name, "read", format!("{} bytes at {offset} run past the end ({})", buf.len(), self.len))
-        })?;
+        if offset.checked_add(buf.len() as u64).is_none_or(|e| e > self.len) {
+            return Err(Error::format(
+                &self.name,
+                "read",
+                format!("{} bytes at {offset} run past the end ({})", buf.len(), self.len),
+            ));
+        }
         if buf.is_empty() {
             return Ok(());
         }
@@ -74,7 +83,19 @@ impl Blob {
             // Page-cache reads: short enough to do on the async thread, and a copy fewer than spawn_blocking.
             return file.read_exact_at(buf, offset).map_err(|e| Error::Io { file: self.name.clone(), source: e });
         }
+        // Large reads from a store go as several ranged GETs at once, each streaming into its own slice of the
+        // caller's buffer: one connection rarely fills the link, and no extra memory is needed.
+        let parts = (buf.len() / MIN_PART_BYTES).clamp(1, MAX_PARTS_IN_FLIGHT);
+        let part_len = buf.len().div_ceil(parts);
+        let reads = buf.chunks_mut(part_len).enumerate().map(|(i, part)| self.get_into(offset + (i * part_len) as u64, part));
+        futures::future::try_join_all(reads).await?;
+        Ok(())
+    }
+
+    /// One ranged GET of `buf.len()` bytes at `offset`, streamed into `buf`.
+    async fn get_into(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         let (store, key) = self.loc.object().expect("a location is local or in a store");
+        let end = offset + buf.len() as u64;
         let opts = GetOptions { range: Some(GetRange::Bounded(offset..end)), ..Default::default() };
         let res = store.get_opts(key, opts).await.map_err(|e| Error::store(&self.name, e))?;
         let mut stream = res.into_stream();

@@ -58,6 +58,23 @@ impl Dtype {
     }
 }
 
+impl Dtype {
+    /// The ggml type with the same element encoding, for the dtypes that have one.
+    pub fn as_ggml(self) -> Option<GgmlType> {
+        Some(match self {
+            Dtype::F32 => GgmlType::F32,
+            Dtype::F16 => GgmlType::F16,
+            Dtype::BF16 => GgmlType::BF16,
+            Dtype::F64 => GgmlType::F64,
+            Dtype::I8 => GgmlType::I8,
+            Dtype::I16 => GgmlType::I16,
+            Dtype::I32 => GgmlType::I32,
+            Dtype::I64 => GgmlType::I64,
+            _ => return None,
+        })
+    }
+}
+
 impl fmt::Display for Dtype {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())

@@ -118,6 +118,10 @@ impl StagedSink {
                         _ => io(e.error),
                     })?;
                 }
+                // The rename is durable once the folder's entry is on disk.
+                if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
+                }
             }
             Stage::Object { upload } => {
                 let up = upload.expect("upload present until commit");

@@ -62,7 +62,8 @@ impl TensorEntry {
 
 enum Inner {
     Gguf(GgufModel),
-    Safetensors(SafetensorsModel),
+    /// A safetensors file or folder, with the folder's `config.json` when it has one.
+    Safetensors(SafetensorsModel, Option<Map<String, Json>>),
     Mlx(MlxModel),
 }
 
@@ -85,10 +86,10 @@ impl TensorSource {
                 if mlx::is_mlx(&config, &files) {
                     Inner::Mlx(MlxModel::from_parts(config, files, &format!("{loc}/{}", mlx::CONFIG_FILE))?)
                 } else {
-                    Inner::Safetensors(files)
+                    Inner::Safetensors(files, Some(config))
                 }
             } else {
-                Inner::Safetensors(SafetensorsModel::open(loc, None).await?)
+                Inner::Safetensors(SafetensorsModel::open(loc, None).await?, None)
             }
         } else {
             let blob = Blob::open(loc).await?;
@@ -99,7 +100,7 @@ impl TensorSource {
             if &magic == b"GGUF" || loc.file_name().ends_with(".gguf") {
                 Inner::Gguf(GgufModel::open(loc).await?)
             } else {
-                Inner::Safetensors(SafetensorsModel::open(loc, None).await?)
+                Inner::Safetensors(SafetensorsModel::open(loc, None).await?, None)
             }
         };
         let entries = list(&inner);
@@ -113,7 +114,7 @@ impl TensorSource {
     pub fn format(&self) -> Format {
         match self.inner {
             Inner::Gguf(_) => Format::Gguf,
-            Inner::Safetensors(_) => Format::Safetensors,
+            Inner::Safetensors(..) => Format::Safetensors,
             Inner::Mlx(_) => Format::Mlx,
         }
     }
@@ -134,7 +135,7 @@ impl TensorSource {
 
     pub fn safetensors(&self) -> Option<&SafetensorsModel> {
         match &self.inner {
-            Inner::Safetensors(m) => Some(m),
+            Inner::Safetensors(m, _) => Some(m),
             Inner::Mlx(m) => Some(&m.files),
             Inner::Gguf(_) => None,
         }
@@ -144,7 +145,7 @@ impl TensorSource {
     pub fn files(&self) -> Vec<&Blob> {
         match &self.inner {
             Inner::Gguf(m) => m.shards.iter().map(|(b, _)| b).collect(),
-            Inner::Safetensors(m) => m.files.iter().map(|(b, _)| b).collect(),
+            Inner::Safetensors(m, _) => m.files.iter().map(|(b, _)| b).collect(),
             Inner::Mlx(m) => m.files.files.iter().map(|(b, _)| b).collect(),
         }
     }
@@ -162,18 +163,20 @@ impl TensorSource {
 
     /// The architecture named by the metadata (`general.architecture`, or a config's `model_type`).
     pub fn architecture(&self) -> Option<String> {
+        let model_type = |c: &Map<String, Json>| c.get("model_type").and_then(Json::as_str).map(str::to_string);
         match &self.inner {
             Inner::Gguf(m) => m.header().architecture().map(str::to_string),
-            Inner::Mlx(m) => m.config.get("model_type").and_then(Json::as_str).map(str::to_string),
-            Inner::Safetensors(_) => None,
+            Inner::Mlx(m) => model_type(&m.config),
+            Inner::Safetensors(_, config) => config.as_ref().and_then(model_type),
         }
     }
 
-    /// Model-level metadata as JSON: GGUF key/values, a safetensors `__metadata__`, or an MLX `config.json`.
+    /// Model-level metadata as JSON: GGUF key/values, an MLX or HF `config.json`, or a safetensors `__metadata__`.
     pub fn metadata(&self) -> Map<String, Json> {
         match &self.inner {
             Inner::Gguf(m) => m.header().metadata.iter().map(|(k, v)| (k.clone(), v.to_json())).collect(),
-            Inner::Safetensors(m) => m
+            Inner::Safetensors(_, Some(config)) => config.clone(),
+            Inner::Safetensors(m, None) => m
                 .files
                 .iter()
                 .flat_map(|(_, h)| h.metadata.iter())
@@ -230,7 +233,7 @@ impl TensorSource {
                 let (blob, h) = &m.shards[t.shard];
                 Ok((blob, h.data_offset + t.info.offset, t.info.nbytes()))
             }
-            Inner::Safetensors(m) => {
+            Inner::Safetensors(m, _) => {
                 let (f, t) = m.find(name).ok_or_else(missing)?;
                 let (blob, h) = &m.files[f];
                 Ok((blob, h.data_offset + t.begin, t.nbytes()))
@@ -308,15 +311,9 @@ async fn read_part_rows(
 }
 
 fn to_f32(d: Dtype, raw: &[u8], name: &str) -> Result<Vec<f32>> {
+    let ty = d.as_ggml().ok_or_else(|| Error::format(name, "dtype", format!("{d} values cannot be read as numbers")))?;
     let mut out = vec![0f32; raw.len() / d.size()];
-    match d {
-        Dtype::F32 => out.iter_mut().zip(raw.chunks_exact(4)).for_each(|(o, c)| *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
-        Dtype::F16 => dequant::f16_to_f32(raw, &mut out),
-        Dtype::BF16 => dequant::bf16_to_f32(raw, &mut out),
-        _ => {
-            return Err(Error::format(name, "dtype", format!("{d} values cannot be read as f32")));
-        }
-    }
+    dequant::dequantize_ggml(ty, raw, &mut out)?;
     Ok(out)
 }
 
@@ -336,7 +333,7 @@ fn list(inner: &Inner) -> Vec<TensorEntry> {
                 }
             })
             .collect(),
-        Inner::Safetensors(m) => m
+        Inner::Safetensors(m, _) => m
             .tensors()
             .map(|(_, t)| {
                 let size = t.dtype.size() as u64;

@@ -156,19 +156,4 @@ impl GgufModel {
             name: name.to_string(),
         })
     }
-
-    /// Reads `rows` rows starting at `first_row` of `t` into `buf` (exactly `rows × row_bytes` long).
-    pub async fn read_rows(&self, t: &ModelTensor<'_>, first_row: u64, buf: &mut [u8]) -> Result<()> {
-        let (blob, h) = &self.shards[t.shard];
-        let row_bytes = t.info.row_bytes();
-        let rows = buf.len() as u64 / row_bytes.max(1);
-        if rows * row_bytes != buf.len() as u64 || first_row + rows > t.info.rows() {
-            return Err(Error::Budget {
-                file: blob.name().to_string(),
-                tensor: t.info.name.clone(),
-                msg: format!("a read of {} bytes at row {first_row} is not whole rows of this tensor", buf.len()),
-            });
-        }
-        blob.read_at(h.data_offset + t.info.offset + first_row * row_bytes, buf).await
-    }
 }
