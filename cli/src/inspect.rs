@@ -61,7 +61,10 @@ pub async fn run(args: Args) -> Result<()> {
         let mut out = Map::new();
         out.insert("location".into(), json!(args.location));
         out.insert("format".into(), json!(src.format().name()));
-        out.insert("files".into(), Json::Array(src.files().iter().map(|b| json!({"name": b.name(), "bytes": b.len()})).collect()));
+        out.insert(
+            "files".into(),
+            Json::Array(src.files().iter().map(|b| json!({"name": b.name(), "bytes": b.len()})).collect()),
+        );
         out.insert("architecture".into(), json!(src.architecture()));
         if let Some(g) = src.gguf() {
             out.insert("gguf_version".into(), json!(g.header().version));
@@ -101,7 +104,13 @@ pub async fn run(args: Args) -> Result<()> {
 
     println!("location:      {}", args.location);
     let files = src.files();
-    println!("format:        {} ({} file{}, {})", src.format().name(), files.len(), if files.len() == 1 { "" } else { "s" }, human(files.iter().map(|b| b.len()).sum()));
+    println!(
+        "format:        {} ({} file{}, {})",
+        src.format().name(),
+        files.len(),
+        if files.len() == 1 { "" } else { "s" },
+        human(files.iter().map(|b| b.len()).sum())
+    );
     println!("architecture:  {}", src.architecture().as_deref().unwrap_or("(not stated)"));
     println!("tensors:       {}", entries.len());
     println!("parameters:    {elements} ({:.1} M)", elements as f64 / 1e6);
@@ -110,7 +119,12 @@ pub async fn run(args: Args) -> Result<()> {
     println!("types:");
     for (k, s) in &by_type {
         let share = if bytes > 0 { 100.0 * s.bytes as f64 / bytes as f64 } else { 0.0 };
-        println!("  {k:<14} {:>5} tensors {:>14} params {:>12} ({share:5.1}% of bytes)", s.tensors, s.elements, human(s.bytes));
+        println!(
+            "  {k:<14} {:>5} tensors {:>14} params {:>12} ({share:5.1}% of bytes)",
+            s.tensors,
+            s.elements,
+            human(s.bytes)
+        );
     }
     if args.metadata {
         println!("metadata:");
@@ -145,7 +159,9 @@ fn summarize(v: &Json) -> String {
             let head: Vec<String> = a.iter().take(4).map(|x| x.to_string()).collect();
             format!("[{}, … ({} items)]", head.join(", "), a.len())
         }
-        Json::String(s) if s.chars().count() > 120 => format!("{:?}… ({} chars)", s.chars().take(100).collect::<String>(), s.chars().count()),
+        Json::String(s) if s.chars().count() > 120 => {
+            format!("{:?}… ({} chars)", s.chars().take(100).collect::<String>(), s.chars().count())
+        }
         _ => v.to_string(),
     }
 }

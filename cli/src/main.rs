@@ -8,7 +8,11 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "quantfarm", version, about = "Release farm for fine-tuned language models: convert, quantize, and prove parity")]
+#[command(
+    name = "quantfarm",
+    version,
+    about = "Release farm for fine-tuned language models: convert, quantize, and prove parity"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

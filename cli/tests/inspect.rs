@@ -51,7 +51,10 @@ fn inspect_reads_from_s3_as_from_a_path() {
     server.upload(&smollm2_gguf(), "models", "smollm2.gguf");
 
     let local = inspect(&[smollm2_gguf().to_str().unwrap(), "--json", "--tensors", "--read", "--sha256"], &[]);
-    let remote = inspect(&["s3://models/smollm2.gguf", "--json", "--tensors", "--read", "--sha256", "--budget", "4MiB"], &server.env());
+    let remote = inspect(
+        &["s3://models/smollm2.gguf", "--json", "--tensors", "--read", "--sha256", "--budget", "4MiB"],
+        &server.env(),
+    );
     assert_eq!(local["tensors"], remote["tensors"]);
     assert_eq!(local["read"]["sha256"], remote["read"]["sha256"], "tensor bytes read over S3 differ");
     assert!(remote["read"]["largest_read"].as_u64().unwrap() <= 4 << 20);

@@ -87,7 +87,8 @@ impl Blob {
         // caller's buffer: one connection rarely fills the link, and no extra memory is needed.
         let parts = (buf.len() / MIN_PART_BYTES).clamp(1, MAX_PARTS_IN_FLIGHT);
         let part_len = buf.len().div_ceil(parts);
-        let reads = buf.chunks_mut(part_len).enumerate().map(|(i, part)| self.get_into(offset + (i * part_len) as u64, part));
+        let reads =
+            buf.chunks_mut(part_len).enumerate().map(|(i, part)| self.get_into(offset + (i * part_len) as u64, part));
         futures::future::try_join_all(reads).await?;
         Ok(())
     }
@@ -104,7 +105,11 @@ impl Blob {
             let chunk = chunk.map_err(|e| Error::store(&self.name, e))?;
             let n = chunk.len();
             if filled + n > buf.len() {
-                return Err(Error::format(&self.name, "read", "the store returned more bytes than the range asked for"));
+                return Err(Error::format(
+                    &self.name,
+                    "read",
+                    "the store returned more bytes than the range asked for",
+                ));
             }
             buf[filled..filled + n].copy_from_slice(&chunk);
             filled += n;
@@ -122,7 +127,11 @@ impl Blob {
     /// Reads `len` bytes at `offset` into a new buffer (never more than the file holds).
     pub async fn read_vec(&self, offset: u64, len: u64) -> Result<Vec<u8>> {
         if offset.checked_add(len).is_none_or(|e| e > self.len) {
-            return Err(Error::format(&self.name, "read", format!("{len} bytes at {offset} run past the end ({})", self.len)));
+            return Err(Error::format(
+                &self.name,
+                "read",
+                format!("{len} bytes at {offset} run past the end ({})", self.len),
+            ));
         }
         let mut buf = vec![0u8; len as usize];
         self.read_at(offset, &mut buf).await?;

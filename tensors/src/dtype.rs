@@ -87,7 +87,11 @@ pub enum TensorType {
     Ggml(GgmlType),
     Dtype(Dtype),
     /// An MLX affine-quantized weight: packed uint32 codes plus per-group scales and biases of `scale_dtype`.
-    MlxAffine { bits: u8, group_size: u32, scale_dtype: Dtype },
+    MlxAffine {
+        bits: u8,
+        group_size: u32,
+        scale_dtype: Dtype,
+    },
 }
 
 impl TensorType {

@@ -29,17 +29,30 @@ pub struct QuantConfig {
 fn params(obj: &Map<String, Json>, field: &str, file: &str) -> Result<AffineParams> {
     if let Some(mode) = obj.get("mode") {
         if mode.as_str() != Some("affine") {
-            return Err(Error::format(file, format!("{field}.mode"), format!("{mode} is not supported (only \"affine\")")));
+            return Err(Error::format(
+                file,
+                format!("{field}.mode"),
+                format!("{mode} is not supported (only \"affine\")"),
+            ));
         }
     }
     let get = |k: &str| obj.get(k).and_then(Json::as_u64);
     let bits = get("bits").ok_or_else(|| Error::format(file, format!("{field}.bits"), "missing or not an integer"))?;
-    let group = get("group_size").ok_or_else(|| Error::format(file, format!("{field}.group_size"), "missing or not an integer"))?;
+    let group = get("group_size")
+        .ok_or_else(|| Error::format(file, format!("{field}.group_size"), "missing or not an integer"))?;
     if !matches!(bits, 2 | 3 | 4 | 5 | 6 | 8) {
-        return Err(Error::format(file, format!("{field}.bits"), format!("{bits} (MLX affine takes 2, 3, 4, 5, 6 or 8)")));
+        return Err(Error::format(
+            file,
+            format!("{field}.bits"),
+            format!("{bits} (MLX affine takes 2, 3, 4, 5, 6 or 8)"),
+        ));
     }
     if !matches!(group, 32 | 64 | 128) {
-        return Err(Error::format(file, format!("{field}.group_size"), format!("{group} (MLX affine takes 32, 64 or 128)")));
+        return Err(Error::format(
+            file,
+            format!("{field}.group_size"),
+            format!("{group} (MLX affine takes 32, 64 or 128)"),
+        ));
     }
     Ok(AffineParams { bits: bits as u8, group_size: group as u32 })
 }
@@ -57,7 +70,9 @@ impl QuantConfig {
         }
         for (k, v) in q {
             match v {
-                Json::Object(o) => out.overrides.push((k.clone(), Some(params(o, &format!("quantization.{k}"), file)?))),
+                Json::Object(o) => {
+                    out.overrides.push((k.clone(), Some(params(o, &format!("quantization.{k}"), file)?)))
+                }
                 Json::Bool(false) => out.overrides.push((k.clone(), None)),
                 _ if matches!(k.as_str(), "bits" | "group_size" | "mode") => {}
                 _ => return Err(Error::format(file, format!("quantization.{k}"), format!("unexpected value {v}"))),
@@ -96,7 +111,9 @@ impl MlxTensor {
     pub fn nbytes(&self) -> u64 {
         match &self.parts {
             MlxParts::Plain { tensor, .. } => tensor.nbytes(),
-            MlxParts::Affine { weight, scales, biases, .. } => weight.1.nbytes() + scales.1.nbytes() + biases.1.nbytes(),
+            MlxParts::Affine { weight, scales, biases, .. } => {
+                weight.1.nbytes() + scales.1.nbytes() + biases.1.nbytes()
+            }
         }
     }
 }
@@ -158,10 +175,19 @@ impl MlxModel {
                 });
                 continue;
             };
-            let biases = find(&format!("{module}.biases"))
-                .ok_or_else(|| Error::format(fname, format!("{module}.biases"), "missing (an affine-quantized module needs weight, scales and biases)"))?;
+            let biases = find(&format!("{module}.biases")).ok_or_else(|| {
+                Error::format(
+                    fname,
+                    format!("{module}.biases"),
+                    "missing (an affine-quantized module needs weight, scales and biases)",
+                )
+            })?;
             let params = quant.as_ref().and_then(|q| q.for_module(module)).ok_or_else(|| {
-                Error::format(config_name, "quantization", format!("gives no bits/group_size for quantized module {module:?}"))
+                Error::format(
+                    config_name,
+                    "quantization",
+                    format!("gives no bits/group_size for quantized module {module:?}"),
+                )
             })?;
             tensors.push(affine_tensor(module, (*file, (*t).clone()), scales, biases, params, fname)?);
         }
@@ -179,21 +205,43 @@ fn affine_tensor(
 ) -> Result<MlxTensor> {
     let w = &weight.1;
     if w.dtype != Dtype::U32 || w.shape.is_empty() {
-        return Err(Error::format(file, &w.name, format!("is {} {:?}; a quantized weight is uint32 with ≥1 dimension", w.dtype, w.shape)));
+        return Err(Error::format(
+            file,
+            &w.name,
+            format!("is {} {:?}; a quantized weight is uint32 with ≥1 dimension", w.dtype, w.shape),
+        ));
     }
     let packed = *w.shape.last().expect("non-empty shape");
     let cols = packed * 32 / u64::from(params.bits);
     if (packed * 32) % u64::from(params.bits) != 0 || cols % u64::from(params.group_size) != 0 {
-        return Err(Error::format(file, &w.name, format!("{packed} words per row do not unpack to whole groups of {} at {} bits", params.group_size, params.bits)));
+        return Err(Error::format(
+            file,
+            &w.name,
+            format!(
+                "{packed} words per row do not unpack to whole groups of {} at {} bits",
+                params.group_size, params.bits
+            ),
+        ));
     }
     let mut group_shape = w.shape.clone();
     *group_shape.last_mut().expect("non-empty shape") = cols / u64::from(params.group_size);
     for (what, t) in [("scales", &scales.1), ("biases", &biases.1)] {
         if t.shape != group_shape {
-            return Err(Error::format(file, &t.name, format!("shape {:?}, expected {group_shape:?} for {} bits, group size {}", t.shape, params.bits, params.group_size)));
+            return Err(Error::format(
+                file,
+                &t.name,
+                format!(
+                    "shape {:?}, expected {group_shape:?} for {} bits, group size {}",
+                    t.shape, params.bits, params.group_size
+                ),
+            ));
         }
         if !matches!(t.dtype, Dtype::F16 | Dtype::BF16 | Dtype::F32) || t.dtype != scales.1.dtype {
-            return Err(Error::format(file, &t.name, format!("{what} are {}, expected F16, BF16 or F32 like the scales", t.dtype)));
+            return Err(Error::format(
+                file,
+                &t.name,
+                format!("{what} are {}, expected F16, BF16 or F32 like the scales", t.dtype),
+            ));
         }
     }
     let mut shape = w.shape.clone();

@@ -67,7 +67,9 @@ impl StHeader {
     /// Parses the JSON header `json` of a file of `file_len` bytes.
     pub fn parse(json: &[u8], file_len: u64, file: &str) -> Result<StHeader> {
         let data_offset = 8 + json.len() as u64;
-        let data_len = file_len.checked_sub(data_offset).ok_or_else(|| Error::format(file, "header length", "past the end of the file"))?;
+        let data_len = file_len
+            .checked_sub(data_offset)
+            .ok_or_else(|| Error::format(file, "header length", "past the end of the file"))?;
         let text = std::str::from_utf8(json).map_err(|e| Error::format(file, "header", format!("not UTF-8: {e}")))?;
         let root: Map<String, Json> = serde_json::from_str(text.trim_end_matches(' '))
             .map_err(|e| Error::format(file, "header", format!("not a JSON object: {e}")))?;
@@ -77,7 +79,9 @@ impl StHeader {
             if name == "__metadata__" {
                 let obj = v.as_object().ok_or_else(|| Error::format(file, "__metadata__", "is not an object"))?;
                 for (k, v) in obj {
-                    let s = v.as_str().ok_or_else(|| Error::format(file, format!("__metadata__.{k}"), "is not a string"))?;
+                    let s = v
+                        .as_str()
+                        .ok_or_else(|| Error::format(file, format!("__metadata__.{k}"), "is not a string"))?;
                     metadata.push((k.clone(), s.to_string()));
                 }
                 continue;
@@ -90,7 +94,10 @@ impl StHeader {
                 return Err(Error::format(
                     file,
                     format!("{}.data_offsets", w[1].name),
-                    format!("[{}, {}] overlaps tensor {:?} [{}, {}]", w[1].begin, w[1].end, w[0].name, w[0].begin, w[0].end),
+                    format!(
+                        "[{}, {}] overlaps tensor {:?} [{}, {}]",
+                        w[1].begin, w[1].end, w[0].name, w[0].begin, w[0].end
+                    ),
                 ));
             }
         }
@@ -106,14 +113,20 @@ fn parse_tensor(name: &str, v: &Json, data_len: u64, file: &str) -> Result<StTen
             return Err(Error::format(file, field(k), "unknown field"));
         }
     }
-    let dtype_s = obj.get("dtype").and_then(Json::as_str).ok_or_else(|| Error::format(file, field("dtype"), "missing or not a string"))?;
-    let dtype = Dtype::from_name(dtype_s).ok_or_else(|| Error::format(file, field("dtype"), format!("unknown dtype {dtype_s:?}")))?;
+    let dtype_s = obj
+        .get("dtype")
+        .and_then(Json::as_str)
+        .ok_or_else(|| Error::format(file, field("dtype"), "missing or not a string"))?;
+    let dtype = Dtype::from_name(dtype_s)
+        .ok_or_else(|| Error::format(file, field("dtype"), format!("unknown dtype {dtype_s:?}")))?;
     let shape: Vec<u64> = obj
         .get("shape")
         .and_then(Json::as_array)
         .ok_or_else(|| Error::format(file, field("shape"), "missing or not an array"))?
         .iter()
-        .map(|d| d.as_u64().ok_or_else(|| Error::format(file, field("shape"), format!("{d} is not a non-negative integer"))))
+        .map(|d| {
+            d.as_u64().ok_or_else(|| Error::format(file, field("shape"), format!("{d} is not a non-negative integer")))
+        })
         .collect::<Result<_>>()?;
     let offs = obj
         .get("data_offsets")
@@ -122,7 +135,13 @@ fn parse_tensor(name: &str, v: &Json, data_len: u64, file: &str) -> Result<StTen
         .ok_or_else(|| Error::format(file, field("data_offsets"), "missing or not [begin, end]"))?;
     let (begin, end) = match (offs[0].as_u64(), offs[1].as_u64()) {
         (Some(b), Some(e)) if b <= e => (b, e),
-        _ => return Err(Error::format(file, field("data_offsets"), format!("{offs:?} is not [begin, end] with begin <= end"))),
+        _ => {
+            return Err(Error::format(
+                file,
+                field("data_offsets"),
+                format!("{offs:?} is not [begin, end] with begin <= end"),
+            ))
+        }
     };
     let nbytes = shape
         .iter()
@@ -136,7 +155,11 @@ fn parse_tensor(name: &str, v: &Json, data_len: u64, file: &str) -> Result<StTen
         ));
     }
     if end > data_len {
-        return Err(Error::format(file, field("data_offsets"), format!("end {end} is past the data's end ({data_len} bytes)")));
+        return Err(Error::format(
+            file,
+            field("data_offsets"),
+            format!("end {end} is past the data's end ({data_len} bytes)"),
+        ));
     }
     Ok(StTensor { name: name.to_string(), dtype, shape, begin, end })
 }
@@ -144,14 +167,21 @@ fn parse_tensor(name: &str, v: &Json, data_len: u64, file: &str) -> Result<StTen
 /// The header's length from the file's first 8 bytes, checked against the file's size and the crate's limit.
 fn header_len(first8: &[u8], file_len: u64, file: &str) -> Result<u64> {
     if file_len < 8 || first8.len() < 8 {
-        return Err(Error::format(file, "header length", format!("the file is {file_len} bytes, shorter than the 8-byte length")));
+        return Err(Error::format(
+            file,
+            "header length",
+            format!("the file is {file_len} bytes, shorter than the 8-byte length"),
+        ));
     }
     let n = u64::from_le_bytes(first8[..8].try_into().expect("8 bytes"));
     if n > file_len - 8 || n > MAX_HEADER_LEN {
         return Err(Error::format(
             file,
             "header length",
-            format!("{n} bytes, but the file has {} after the length (and the limit is {MAX_HEADER_LEN})", file_len - 8),
+            format!(
+                "{n} bytes, but the file has {} after the length (and the limit is {MAX_HEADER_LEN})",
+                file_len - 8
+            ),
         ));
     }
     Ok(n)
@@ -185,7 +215,10 @@ impl SafetensorsModel {
             files.push((blob, h));
         }
         if files.is_empty() {
-            return Err(Error::Location { location: loc.to_string(), msg: "no .safetensors files in this folder".into() });
+            return Err(Error::Location {
+                location: loc.to_string(),
+                msg: "no .safetensors files in this folder".into(),
+            });
         }
         let model = SafetensorsModel { files, index_metadata: None };
         model.check_unique()?;
@@ -197,7 +230,8 @@ impl SafetensorsModel {
         let blob = Blob::open(&index_loc).await?;
         let bytes = blob.read_vec(0, blob.len()).await?;
         let file = blob.name();
-        let root: Json = serde_json::from_slice(&bytes).map_err(|e| Error::format(file, "index", format!("not JSON: {e}")))?;
+        let root: Json =
+            serde_json::from_slice(&bytes).map_err(|e| Error::format(file, "index", format!("not JSON: {e}")))?;
         let map = root
             .get("weight_map")
             .and_then(Json::as_object)
@@ -213,10 +247,15 @@ impl SafetensorsModel {
             let h = StHeader::read(&blob).await?;
             for t in tensors {
                 if !h.tensors.iter().any(|x| &x.name == t) {
-                    return Err(Error::format(file, format!("weight_map.{t}"), format!("names {f}, which has no such tensor")));
+                    return Err(Error::format(
+                        file,
+                        format!("weight_map.{t}"),
+                        format!("names {f}, which has no such tensor"),
+                    ));
                 }
             }
-            if let Some(extra) = h.tensors.iter().find(|x| map.get(&x.name).and_then(Json::as_str) != Some(f.as_str())) {
+            if let Some(extra) = h.tensors.iter().find(|x| map.get(&x.name).and_then(Json::as_str) != Some(f.as_str()))
+            {
                 return Err(Error::format(file, "weight_map", format!("does not map tensor {:?} of {f}", extra.name)));
             }
             files.push((blob, h));
@@ -317,7 +356,12 @@ pub fn shard_file_name(i: usize, n: usize) -> String {
 }
 
 /// Writes `model.safetensors.index.json` for the planned shards.
-pub async fn write_index(dir: &Location, tensors: &[StTensorDesc], shards: &[std::ops::Range<usize>], overwrite: bool) -> Result<Committed> {
+pub async fn write_index(
+    dir: &Location,
+    tensors: &[StTensorDesc],
+    shards: &[std::ops::Range<usize>],
+    overwrite: bool,
+) -> Result<Committed> {
     let mut weight_map = BTreeMap::new();
     for (i, r) in shards.iter().enumerate() {
         for t in &tensors[r.clone()] {

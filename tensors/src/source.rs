@@ -252,7 +252,13 @@ impl TensorSource {
 
     /// Reads rows `first_row..first_row + out.len() / row_len` of tensor `name`, dequantized to f32. `scratch` is
     /// reused between calls to hold the stored bytes.
-    pub async fn read_f32_rows(&self, name: &str, first_row: u64, out: &mut [f32], scratch: &mut Vec<u8>) -> Result<()> {
+    pub async fn read_f32_rows(
+        &self,
+        name: &str,
+        first_row: u64,
+        out: &mut [f32],
+        scratch: &mut Vec<u8>,
+    ) -> Result<()> {
         let e = self.entry(name)?;
         let row_len = e.row_len().max(1);
         let rows = out.len() as u64 / row_len;
@@ -260,7 +266,11 @@ impl TensorSource {
             return Err(Error::Budget {
                 file: self.location.to_string(),
                 tensor: name.to_string(),
-                msg: format!("{} values from row {first_row} are not whole rows inside its {} rows", out.len(), e.rows()),
+                msg: format!(
+                    "{} values from row {first_row} are not whole rows inside its {} rows",
+                    out.len(),
+                    e.rows()
+                ),
             });
         }
         if let Some(m) = self.mlx() {
@@ -278,7 +288,14 @@ impl TensorSource {
                 read_part_rows(m, biases, first_row, rows, group_bytes, &mut b_raw).await?;
                 let s = to_f32(sd, &s_raw, name)?;
                 let b = to_f32(sd, &b_raw, name)?;
-                dequant::dequantize_mlx_affine(u32::from(params.bits), params.group_size as usize, scratch, &s, &b, out)?;
+                dequant::dequantize_mlx_affine(
+                    u32::from(params.bits),
+                    params.group_size as usize,
+                    scratch,
+                    &s,
+                    &b,
+                    out,
+                )?;
                 return Ok(());
             }
         }
@@ -311,7 +328,8 @@ async fn read_part_rows(
 }
 
 fn to_f32(d: Dtype, raw: &[u8], name: &str) -> Result<Vec<f32>> {
-    let ty = d.as_ggml().ok_or_else(|| Error::format(name, "dtype", format!("{d} values cannot be read as numbers")))?;
+    let ty =
+        d.as_ggml().ok_or_else(|| Error::format(name, "dtype", format!("{d} values cannot be read as numbers")))?;
     let mut out = vec![0f32; raw.len() / d.size()];
     dequant::dequantize_ggml(ty, raw, &mut out)?;
     Ok(out)
@@ -362,7 +380,14 @@ fn list(inner: &Inner) -> Vec<TensorEntry> {
                         (r, r)
                     }
                 };
-                TensorEntry { name: t.name.clone(), ty: t.ty, shape: t.shape.clone(), bytes: t.nbytes(), unit, row_bytes }
+                TensorEntry {
+                    name: t.name.clone(),
+                    ty: t.ty,
+                    shape: t.shape.clone(),
+                    bytes: t.nbytes(),
+                    unit,
+                    row_bytes,
+                }
             })
             .collect(),
     }

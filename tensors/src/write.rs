@@ -20,11 +20,23 @@ pub struct GgufWriter {
 }
 
 impl GgufWriter {
-    pub async fn create(target: &Location, version: u32, metadata: &[(String, Value)], tensors: &[TensorDesc], overwrite: bool) -> Result<GgufWriter> {
+    pub async fn create(
+        target: &Location,
+        version: u32,
+        metadata: &[(String, Value)],
+        tensors: &[TensorDesc],
+        overwrite: bool,
+    ) -> Result<GgufWriter> {
         let layout = encode_header(version, metadata, tensors)?;
         let mut sink = StagedSink::create(target, overwrite).await?;
         sink.write(&layout.header).await?;
-        let mut w = GgufWriter { sink, layout, names: tensors.iter().map(|t| t.name.clone()).collect(), current: 0, done_in_current: 0 };
+        let mut w = GgufWriter {
+            sink,
+            layout,
+            names: tensors.iter().map(|t| t.name.clone()).collect(),
+            current: 0,
+            done_in_current: 0,
+        };
         w.skip_empty().await?;
         Ok(w)
     }
@@ -43,7 +55,11 @@ impl GgufWriter {
     pub async fn write(&mut self, mut data: &[u8]) -> Result<()> {
         while !data.is_empty() {
             let Some(&(_, size)) = self.layout.tensors.get(self.current) else {
-                return Err(Error::format(self.sink_name(), "tensor data", format!("{} bytes more than the tensors hold", data.len())));
+                return Err(Error::format(
+                    self.sink_name(),
+                    "tensor data",
+                    format!("{} bytes more than the tensors hold", data.len()),
+                ));
             };
             let take = ((size - self.done_in_current) as usize).min(data.len());
             self.sink.write(&data[..take]).await?;
@@ -61,7 +77,10 @@ impl GgufWriter {
     /// Commits the file; an error (nothing visible) if any tensor is short.
     pub async fn finish(self) -> Result<Committed> {
         if self.current < self.layout.tensors.len() {
-            let msg = format!("tensor {:?} got {} of {} bytes", self.names[self.current], self.done_in_current, self.layout.tensors[self.current].1);
+            let msg = format!(
+                "tensor {:?} got {} of {} bytes",
+                self.names[self.current], self.done_in_current, self.layout.tensors[self.current].1
+            );
             self.sink.abort().await?;
             return Err(Error::format("<gguf writer>", "tensor data", msg));
         }
@@ -77,7 +96,12 @@ pub struct SafetensorsWriter {
 }
 
 impl SafetensorsWriter {
-    pub async fn create(target: &Location, tensors: &[StTensorDesc], metadata: &[(String, String)], overwrite: bool) -> Result<SafetensorsWriter> {
+    pub async fn create(
+        target: &Location,
+        tensors: &[StTensorDesc],
+        metadata: &[(String, String)],
+        overwrite: bool,
+    ) -> Result<SafetensorsWriter> {
         let header = st_header(tensors, metadata);
         let mut sink = StagedSink::create(target, overwrite).await?;
         sink.write(&header).await?;
@@ -102,26 +126,59 @@ impl SafetensorsWriter {
     }
 }
 
+/// A writer that takes a file's bytes in order, in pieces of any size.
+trait PieceWriter {
+    fn write_piece(&mut self, data: &[u8]) -> impl std::future::Future<Output = Result<()>>;
+}
+
+impl PieceWriter for GgufWriter {
+    async fn write_piece(&mut self, data: &[u8]) -> Result<()> {
+        self.write(data).await
+    }
+}
+
+impl PieceWriter for SafetensorsWriter {
+    async fn write_piece(&mut self, data: &[u8]) -> Result<()> {
+        self.write(data).await
+    }
+}
+
+/// Copies the stored bytes of tensor `name` from `src` to `w` in reads of at most `budget` bytes through `buf`.
+async fn copy_tensor(
+    src: &TensorSource,
+    name: &str,
+    budget: u64,
+    buf: &mut Vec<u8>,
+    w: &mut impl PieceWriter,
+) -> Result<()> {
+    let e = src.entry(name)?;
+    for r in src.chunks(e, budget)? {
+        buf.resize((r.end - r.start) as usize, 0);
+        src.read_range(name, r.start, buf).await?;
+        w.write_piece(buf).await?;
+    }
+    Ok(())
+}
+
 /// Writes the GGUF model read by `src` again at `dst` (split models as the same number of split files named after
 /// `dst`), copying tensor bytes within `budget`. All files are staged first and committed together at the end.
 pub async fn copy_gguf(src: &TensorSource, dst: &Location, budget: u64, overwrite: bool) -> Result<Vec<Committed>> {
     let model = src.gguf().ok_or_else(|| Error::format(src.location().to_string(), "format", "is not GGUF"))?;
     let n = model.shards.len();
     let name = dst.file_name();
-    let prefix = parse_split_file_name(name).map(|(p, _, _)| p).unwrap_or_else(|| name.strip_suffix(".gguf").unwrap_or(name)).to_string();
+    let prefix = parse_split_file_name(name)
+        .map(|(p, _, _)| p)
+        .unwrap_or_else(|| name.strip_suffix(".gguf").unwrap_or(name))
+        .to_string();
     let mut writers = Vec::with_capacity(n);
     let mut buf = Vec::new();
     for (i, (_, h)) in model.shards.iter().enumerate() {
         let target = if n == 1 { dst.clone() } else { dst.sibling(&split_file_name(&prefix, i as u16, n as u16))? };
-        let descs: Vec<TensorDesc> = h.tensors.iter().map(|t| TensorDesc { name: t.name.clone(), dims: t.dims.clone(), ty: t.ty }).collect();
+        let descs: Vec<TensorDesc> =
+            h.tensors.iter().map(|t| TensorDesc { name: t.name.clone(), dims: t.dims.clone(), ty: t.ty }).collect();
         let mut w = GgufWriter::create(&target, h.version, &h.metadata, &descs, overwrite).await?;
         for t in &h.tensors {
-            let e = src.entry(&t.name)?;
-            for r in src.chunks(e, budget)? {
-                buf.resize((r.end - r.start) as usize, 0);
-                src.read_range(&t.name, r.start, &mut buf).await?;
-                w.write(&buf).await?;
-            }
+            copy_tensor(src, &t.name, budget, &mut buf, &mut w).await?;
         }
         writers.push(w);
     }
@@ -146,7 +203,9 @@ pub async fn copy_safetensors(
     let mut descs = Vec::with_capacity(src.tensors().len());
     for e in src.tensors() {
         match e.ty {
-            crate::TensorType::Dtype(dtype) => descs.push(StTensorDesc { name: e.name.clone(), dtype, shape: e.shape.clone() }),
+            crate::TensorType::Dtype(dtype) => {
+                descs.push(StTensorDesc { name: e.name.clone(), dtype, shape: e.shape.clone() })
+            }
             other => {
                 return Err(Error::format(
                     src.location().to_string(),
@@ -164,12 +223,7 @@ pub async fn copy_safetensors(
         let target = dst_dir.child(&crate::safetensors::shard_file_name(i, shards.len()))?;
         let mut w = SafetensorsWriter::create(&target, &descs[range.clone()], &metadata, overwrite).await?;
         for d in &descs[range.clone()] {
-            let e = src.entry(&d.name)?;
-            for r in src.chunks(e, budget)? {
-                buf.resize((r.end - r.start) as usize, 0);
-                src.read_range(&d.name, r.start, &mut buf).await?;
-                w.write(&buf).await?;
-            }
+            copy_tensor(src, &d.name, budget, &mut buf, &mut w).await?;
         }
         writers.push(w);
     }

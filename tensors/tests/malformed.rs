@@ -125,7 +125,11 @@ fn corpus() -> Vec<(&'static str, Vec<u8>, &'static str)> {
     c.push(("n-kv-2e60.gguf", mutate(&|b| put_u64(b, 16, 1 << 60)), "n_kv"));
     c.push(("n-tensors-negative.gguf", mutate(&|b| put_u64(b, 8, u64::MAX)), "n_tensors"));
     c.push(("truncated-counts.gguf", v[..40].to_vec(), "n_tensors"));
-    c.push(("truncated-string.gguf", gguf_raw(0, &kv(b"general.name", 8, &[5, 0, 0, 0, 0, 0, 0, 0, b'a']), 1, &[]), "general.name"));
+    c.push((
+        "truncated-string.gguf",
+        gguf_raw(0, &kv(b"general.name", 8, &[5, 0, 0, 0, 0, 0, 0, 0, b'a']), 1, &[]),
+        "general.name",
+    ));
     c.push(("key-length-2e62.gguf", mutate(&|b| put_u64(b, 24, 1 << 62)), "metadata[0].key"));
     c.push(("key-not-utf8.gguf", mutate(&|b| b[32] = 0xff), "metadata[0].key"));
     c.push(("key-empty.gguf", gguf_raw(0, &kv(b"", 4, &1u32.to_le_bytes()), 1, &[]), "metadata[0].key"));
@@ -135,8 +139,16 @@ fn corpus() -> Vec<(&'static str, Vec<u8>, &'static str)> {
     let arr = [8u32.to_le_bytes().to_vec(), (1u64 << 60).to_le_bytes().to_vec()].concat();
     c.push(("array-count-2e60.gguf", gguf_raw(0, &kv(b"tokens", 9, &arr), 1, &[]), "tokens"));
     c.push(("bool-2.gguf", gguf_raw(0, &kv(b"flag", 7, &[2]), 1, &[]), "flag"));
-    c.push(("alignment-3.gguf", gguf_raw(0, &kv(b"general.alignment", 4, &3u32.to_le_bytes()), 1, &[]), "general.alignment"));
-    c.push(("alignment-u64.gguf", gguf_raw(0, &kv(b"general.alignment", 10, &32u64.to_le_bytes()), 1, &[]), "general.alignment"));
+    c.push((
+        "alignment-3.gguf",
+        gguf_raw(0, &kv(b"general.alignment", 4, &3u32.to_le_bytes()), 1, &[]),
+        "general.alignment",
+    ));
+    c.push((
+        "alignment-u64.gguf",
+        gguf_raw(0, &kv(b"general.alignment", 10, &32u64.to_le_bytes()), 1, &[]),
+        "general.alignment",
+    ));
     let mut nest = Vec::new();
     for _ in 0..10 {
         nest.extend_from_slice(&9u32.to_le_bytes());
@@ -147,19 +159,43 @@ fn corpus() -> Vec<(&'static str, Vec<u8>, &'static str)> {
     c.push(("arrays-nested-10-deep.gguf", gguf_raw(0, &kv(b"deep", 9, &nest[4..]), 1, &[0; 64]), "deep"));
     let two = [tinfo(b"x", &[4], 0, 0), tinfo(b"x", &[4], 0, 32)].concat();
     c.push(("tensor-duplicate-name.gguf", gguf_raw(2, &[], 0, &[two, vec![0; 128]].concat()), "duplicate tensor name"));
-    c.push(("tensor-5-dims.gguf", gguf_raw(1, &[], 0, &[tinfo(b"x", &[1, 1, 1, 1, 1], 0, 0), vec![0; 64]].concat()), "n_dims"));
-    c.push(("tensor-dims-overflow.gguf", gguf_raw(1, &[], 0, &[tinfo(b"x", &[1 << 40, 1 << 40], 0, 0), vec![0; 64]].concat()), "ne"));
-    c.push(("tensor-dim-negative.gguf", gguf_raw(1, &[], 0, &[tinfo(b"x", &[u64::MAX], 0, 0), vec![0; 64]].concat()), "ne[0]"));
+    c.push((
+        "tensor-5-dims.gguf",
+        gguf_raw(1, &[], 0, &[tinfo(b"x", &[1, 1, 1, 1, 1], 0, 0), vec![0; 64]].concat()),
+        "n_dims",
+    ));
+    c.push((
+        "tensor-dims-overflow.gguf",
+        gguf_raw(1, &[], 0, &[tinfo(b"x", &[1 << 40, 1 << 40], 0, 0), vec![0; 64]].concat()),
+        "ne",
+    ));
+    c.push((
+        "tensor-dim-negative.gguf",
+        gguf_raw(1, &[], 0, &[tinfo(b"x", &[u64::MAX], 0, 0), vec![0; 64]].concat()),
+        "ne[0]",
+    ));
     c.push(("tensor-removed-type-4.gguf", mutate(&|b| put_u32(b, w_type, 4)), "tensor \"w\".type"));
     c.push(("tensor-type-99.gguf", mutate(&|b| put_u32(b, w_type, 99)), "tensor \"w\".type"));
-    c.push(("tensor-not-whole-blocks.gguf", mutate(&|b| put_u32(b, w_type, GgmlType::Q4_0.id())), "tensor \"w\".ne[0]"));
+    c.push((
+        "tensor-not-whole-blocks.gguf",
+        mutate(&|b| put_u32(b, w_type, GgmlType::Q4_0.id())),
+        "tensor \"w\".ne[0]",
+    ));
     c.push(("tensor-offset-past-end.gguf", mutate(&|b| put_u64(b, b_off, 1 << 20)), "tensor \"b\".offset"));
     c.push(("tensor-offset-misaligned.gguf", mutate(&|b| put_u64(b, b_off, 4)), "tensor \"b\".offset"));
     c.push(("tensor-overlap.gguf", mutate(&|b| put_u64(b, b_off, 0)), "overlaps"));
     c.push(("data-truncated.gguf", v[..v.len() - 20].to_vec(), "tensor \"b\".offset"));
     let long = vec![b'n'; 64];
-    c.push(("tensor-name-64-bytes.gguf", gguf_raw(1, &[], 0, &[tinfo(&long, &[4], 0, 0), vec![0; 64]].concat()), "tensor_info[0].name"));
-    c.push(("tensor-name-not-utf8.gguf", gguf_raw(1, &[], 0, &[tinfo(b"\xc3\x28", &[4], 0, 0), vec![0; 64]].concat()), "tensor_info[0].name"));
+    c.push((
+        "tensor-name-64-bytes.gguf",
+        gguf_raw(1, &[], 0, &[tinfo(&long, &[4], 0, 0), vec![0; 64]].concat()),
+        "tensor_info[0].name",
+    ));
+    c.push((
+        "tensor-name-not-utf8.gguf",
+        gguf_raw(1, &[], 0, &[tinfo(b"\xc3\x28", &[4], 0, 0), vec![0; 64]].concat()),
+        "tensor_info[0].name",
+    ));
 
     c.push(("tiny.safetensors", vec![1, 2, 3], "header length"));
     let mut lie = st(r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#, 8);
@@ -170,17 +206,49 @@ fn corpus() -> Vec<(&'static str, Vec<u8>, &'static str)> {
     c.push(("header-length-2e63.safetensors", huge, "header length"));
     c.push(("header-not-json.safetensors", st("{\"a\": [", 0), "header"));
     c.push(("header-array.safetensors", st("[1, 2]", 0), "header"));
-    c.push(("header-not-utf8.safetensors", [8u64.to_le_bytes().to_vec(), b"{\"\xff\":1} ".to_vec()].concat(), "header"));
-    c.push(("dtype-unknown.safetensors", st(r#"{"a":{"dtype":"F17","shape":[2],"data_offsets":[0,8]}}"#, 8), "a.dtype"));
-    c.push(("dtype-size-lies.safetensors", st(r#"{"a":{"dtype":"F32","shape":[2,2],"data_offsets":[0,8]}}"#, 8), "a.data_offsets"));
-    c.push(("offsets-past-end.safetensors", st(r#"{"a":{"dtype":"U8","shape":[64],"data_offsets":[0,64]}}"#, 8), "a.data_offsets"));
-    c.push(("offsets-reversed.safetensors", st(r#"{"a":{"dtype":"U8","shape":[0],"data_offsets":[8,0]}}"#, 8), "a.data_offsets"));
+    c.push((
+        "header-not-utf8.safetensors",
+        [8u64.to_le_bytes().to_vec(), b"{\"\xff\":1} ".to_vec()].concat(),
+        "header",
+    ));
+    c.push((
+        "dtype-unknown.safetensors",
+        st(r#"{"a":{"dtype":"F17","shape":[2],"data_offsets":[0,8]}}"#, 8),
+        "a.dtype",
+    ));
+    c.push((
+        "dtype-size-lies.safetensors",
+        st(r#"{"a":{"dtype":"F32","shape":[2,2],"data_offsets":[0,8]}}"#, 8),
+        "a.data_offsets",
+    ));
+    c.push((
+        "offsets-past-end.safetensors",
+        st(r#"{"a":{"dtype":"U8","shape":[64],"data_offsets":[0,64]}}"#, 8),
+        "a.data_offsets",
+    ));
+    c.push((
+        "offsets-reversed.safetensors",
+        st(r#"{"a":{"dtype":"U8","shape":[0],"data_offsets":[8,0]}}"#, 8),
+        "a.data_offsets",
+    ));
     c.push(("overlap.safetensors", st(r#"{"a":{"dtype":"U8","shape":[8],"data_offsets":[0,8]},"b":{"dtype":"U8","shape":[4],"data_offsets":[4,8]}}"#, 8), "b.data_offsets"));
-    c.push(("shape-negative.safetensors", st(r#"{"a":{"dtype":"U8","shape":[-1],"data_offsets":[0,8]}}"#, 8), "a.shape"));
-    c.push(("shape-overflow.safetensors", st(r#"{"a":{"dtype":"F64","shape":[4294967296,4294967296],"data_offsets":[0,8]}}"#, 8), "a.shape"));
+    c.push((
+        "shape-negative.safetensors",
+        st(r#"{"a":{"dtype":"U8","shape":[-1],"data_offsets":[0,8]}}"#, 8),
+        "a.shape",
+    ));
+    c.push((
+        "shape-overflow.safetensors",
+        st(r#"{"a":{"dtype":"F64","shape":[4294967296,4294967296],"data_offsets":[0,8]}}"#, 8),
+        "a.shape",
+    ));
     c.push(("offsets-missing.safetensors", st(r#"{"a":{"dtype":"U8","shape":[8]}}"#, 8), "a.data_offsets"));
     c.push(("metadata-not-string.safetensors", st(r#"{"__metadata__":{"format":1}}"#, 0), "__metadata__.format"));
-    c.push(("unknown-field.safetensors", st(r#"{"a":{"dtype":"U8","shape":[8],"data_offsets":[0,8],"extra":1}}"#, 8), "a.extra"));
+    c.push((
+        "unknown-field.safetensors",
+        st(r#"{"a":{"dtype":"U8","shape":[8],"data_offsets":[0,8],"extra":1}}"#, 8),
+        "a.extra",
+    ));
     c
 }
 

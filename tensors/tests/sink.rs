@@ -8,7 +8,8 @@ fn rt() -> tokio::runtime::Runtime {
 }
 
 fn names(dir: &std::path::Path) -> Vec<String> {
-    let mut v: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    let mut v: Vec<_> =
+        std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     v.sort();
     v
 }

@@ -96,12 +96,7 @@ pub fn run_py(script: &str, args: &[&std::ffi::OsStr]) -> String {
         .args(args)
         .output()
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", path.display()));
-    assert!(
-        out.status.success(),
-        "{} failed:\n{}",
-        path.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{} failed:\n{}", path.display(), String::from_utf8_lossy(&out.stderr));
     String::from_utf8(out.stdout).expect("script prints UTF-8")
 }
 

@@ -55,7 +55,16 @@ impl S3Server {
     pub fn start_at(root: &Path) -> S3Server {
         let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
         let child = Command::new(s3s_fs_bin())
-            .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY])
+            .args([
+                "--host",
+                "127.0.0.1",
+                "--port",
+                &port.to_string(),
+                "--access-key",
+                ACCESS_KEY,
+                "--secret-key",
+                SECRET_KEY,
+            ])
             .arg(root)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -110,7 +119,8 @@ impl S3Server {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         rt.block_on(async {
             for (path, key) in files {
-                let mut sink = quantfarm_tensors::StagedSink::create(&self.location(bucket, &key), true).await.expect("upload");
+                let mut sink =
+                    quantfarm_tensors::StagedSink::create(&self.location(bucket, &key), true).await.expect("upload");
                 let mut f = std::fs::File::open(&path).expect("open file to upload");
                 let mut buf = vec![0u8; 8 << 20];
                 loop {

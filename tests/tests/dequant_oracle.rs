@@ -11,10 +11,7 @@ use quantfarm_tensors::GgmlType;
 fn read_f32(path: &Path) -> Vec<f32> {
     let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     assert_eq!(bytes.len() % 4, 0, "{}", path.display());
-    bytes
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect()
+    bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
 }
 
 /// Compares bit patterns (so NaN == NaN only with the same payload, and 0.0 != -0.0); panics on the first few
@@ -26,13 +23,7 @@ fn assert_same_bits(what: &str, ours: &[f32], reference: &[f32]) {
         .zip(reference)
         .enumerate()
         .filter(|(_, (a, b))| a.to_bits() != b.to_bits())
-        .map(|(i, (a, b))| {
-            format!(
-                "[{i}] ours {a:e} ({:#010x}) ref {b:e} ({:#010x})",
-                a.to_bits(),
-                b.to_bits()
-            )
-        })
+        .map(|(i, (a, b))| format!("[{i}] ours {a:e} ({:#010x}) ref {b:e} ({:#010x})", a.to_bits(), b.to_bits()))
         .collect();
     assert!(
         diffs.is_empty(),
@@ -46,15 +37,7 @@ fn assert_same_bits(what: &str, ours: &[f32], reference: &[f32]) {
 /// Dequantizes `input` (raw blocks of `ty`) with gguf-py and with ours and compares; returns the element count.
 fn check_against_gguf_py(what: &str, ty: GgmlType, input: &Path, tmp: &Path) -> usize {
     let out = tmp.join("ref.f32");
-    run_py(
-        "dequant_ref.py",
-        &[
-            OsStr::new("ggml"),
-            OsStr::new(ty.name()),
-            input.as_os_str(),
-            out.as_os_str(),
-        ],
-    );
+    run_py("dequant_ref.py", &[OsStr::new("ggml"), OsStr::new(ty.name()), input.as_os_str(), out.as_os_str()]);
     let reference = read_f32(&out);
     let data = std::fs::read(input).expect("input readable");
     let mut ours = vec![f32::NAN; data.len() / ty.type_size() * ty.block_size()];
@@ -93,11 +76,7 @@ fn golden_files_match_gguf_py() {
     }
     eprintln!("{} golden files identical to gguf-py: {checked:?}", checked.len());
     // 12 types with and without imatrix, plus 5 fma_ variants, at the time of writing.
-    assert!(
-        checked.len() >= 29,
-        "only {} golden files checked: {checked:?}",
-        checked.len()
-    );
+    assert!(checked.len() >= 29, "only {} golden files checked: {checked:?}", checked.len());
 }
 
 #[test]
@@ -115,9 +94,7 @@ fn every_f16_and_bf16_bit_pattern_matches_numpy() {
 fn random_bytes(n: usize, mut state: u64) -> Vec<u8> {
     (0..n)
         .map(|_| {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             (state >> 56) as u8
         })
         .collect()
@@ -129,9 +106,7 @@ fn random_bytes(n: usize, mut state: u64) -> Vec<u8> {
 fn random_blocks_match_gguf_py() {
     use GgmlType::*;
     let tmp = tempfile::tempdir().unwrap();
-    let types = [
-        Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, F32, F64, I8, I16, I32, I64,
-    ];
+    let types = [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, F32, F64, I8, I16, I32, I64];
     for (seed, ty) in types.into_iter().enumerate() {
         let blocks = 16384 / ty.block_size();
         let mut data = random_bytes(blocks * ty.type_size(), seed as u64 + 1);
@@ -157,19 +132,14 @@ fn mlx_affine_matches_mx_dequantize() {
     let mut checked = 0;
     for line in cases.lines() {
         let f: Vec<usize> = line.split_whitespace().map(|x| x.parse().expect("number")).collect();
-        let [bits, g, rows, cols] = f[..] else {
-            panic!("bad case line {line:?}")
-        };
+        let [bits, g, rows, cols] = f[..] else { panic!("bad case line {line:?}") };
         let name = format!("{bits}_{g}");
         let packed = std::fs::read(dir.join(format!("{name}.wq"))).unwrap();
         let scales = read_f32(&dir.join(format!("{name}.scales")));
         let biases = read_f32(&dir.join(format!("{name}.biases")));
         let reference = read_f32(&dir.join(format!("{name}.deq")));
         assert_eq!(packed.len(), rows * cols * bits / 8, "{name}: packed size");
-        assert!(
-            scales.iter().any(|s| *s < 0.0) && scales.iter().any(|s| *s > 0.0),
-            "{name}: both scale signs"
-        );
+        assert!(scales.iter().any(|s| *s < 0.0) && scales.iter().any(|s| *s > 0.0), "{name}: both scale signs");
         let mut ours = vec![f32::NAN; rows * cols];
         dequantize_mlx_affine(bits as u32, g, &packed, &scales, &biases, &mut ours).unwrap();
         assert_same_bits(&format!("mlx {name}"), &ours, &reference);

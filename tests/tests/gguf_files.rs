@@ -63,7 +63,11 @@ fn three_way_split_by_llama_gguf_split_round_trips() {
         .unwrap_or_else(|e| panic!("{}: {e}", tool.display()));
     assert!(status.success(), "llama-gguf-split failed");
     let first = split_dir.join("smollm2-00001-of-00003.gguf");
-    assert!(first.exists(), "llama-gguf-split did not write 3 files: {:?}", std::fs::read_dir(&split_dir).unwrap().collect::<Vec<_>>());
+    assert!(
+        first.exists(),
+        "llama-gguf-split did not write 3 files: {:?}",
+        std::fs::read_dir(&split_dir).unwrap().collect::<Vec<_>>()
+    );
 
     let src = rt().block_on(TensorSource::open(&Location::local(&first))).unwrap();
     assert_eq!(src.tensors().len(), 272, "the split model reads as one model");
@@ -99,6 +103,10 @@ fn smollm2_dequantizes_like_gguf_py_bit_for_bit() {
         out
     });
     assert_eq!(ours.len(), reference.len());
-    let mismatched: Vec<_> = ours.iter().filter(|(n, h)| reference.get(n).and_then(|v| v.as_str()) != Some(h.as_str())).map(|(n, _)| n.clone()).collect();
+    let mismatched: Vec<_> = ours
+        .iter()
+        .filter(|(n, h)| reference.get(n).and_then(|v| v.as_str()) != Some(h.as_str()))
+        .map(|(n, _)| n.clone())
+        .collect();
     assert!(mismatched.is_empty(), "{} tensors dequantize differently from gguf-py: {mismatched:?}", mismatched.len());
 }

@@ -28,7 +28,12 @@ fn every_value_type_reads_like_gguf_py_and_round_trips() {
         assert_eq!(names, ["f32", "f16", "one", "q8"]);
         let h = &src.gguf().unwrap().header();
         let dims: Vec<_> = h.tensors.iter().map(|t| t.dims.clone()).collect();
-        let their_dims: Vec<Vec<u64>> = theirs["tensors"].as_array().unwrap().iter().map(|t| serde_json::from_value(t["ne"].clone()).unwrap()).collect();
+        let their_dims: Vec<Vec<u64>> = theirs["tensors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| serde_json::from_value(t["ne"].clone()).unwrap())
+            .collect();
         assert_eq!(dims, their_dims, "ne as stored (gguf-py keeps a leading 1)");
 
         // Round trip on disk, and into and out of the in-memory store.

@@ -9,7 +9,10 @@ fn check(bits: u8, group: u32) {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join(format!("mlx-q{bits}"));
     let hf = smollm2_derived().join("smollm2-hf");
-    run_py("mlx_checkpoint.py", &["convert".as_ref(), hf.as_os_str(), out.as_os_str(), bits.to_string().as_ref(), group.to_string().as_ref()]);
+    run_py(
+        "mlx_checkpoint.py",
+        &["convert".as_ref(), hf.as_os_str(), out.as_os_str(), bits.to_string().as_ref(), group.to_string().as_ref()],
+    );
     let reference: serde_json::Map<String, serde_json::Value> =
         serde_json::from_str(&run_py("mlx_checkpoint.py", &["hashes".as_ref(), out.as_os_str()])).unwrap();
 
@@ -42,7 +45,12 @@ fn check(bits: u8, group: u32) {
                 }
                 first += n;
             }
-            assert_eq!(quantfarm_tensors::sink::hex(&h.finalize()), r["sha256"].as_str().unwrap(), "values of {}", e.name);
+            assert_eq!(
+                quantfarm_tensors::sink::hex(&h.finalize()),
+                r["sha256"].as_str().unwrap(),
+                "values of {}",
+                e.name
+            );
         }
         assert!(quantized >= 200, "only {quantized} quantized modules found");
     });

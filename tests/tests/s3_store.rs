@@ -54,7 +54,11 @@ fn a_staged_upload_is_invisible_until_commit_and_leaves_nothing_when_aborted() {
         let mut sink = StagedSink::create(&loc, false).await.unwrap();
         sink.write(&data[..12 << 20]).await.unwrap();
         sink.write(&data[12 << 20..]).await.unwrap();
-        assert!(!server.files().iter().any(|f| f.ends_with("model.gguf")), "visible before commit: {:?}", server.files());
+        assert!(
+            !server.files().iter().any(|f| f.ends_with("model.gguf")),
+            "visible before commit: {:?}",
+            server.files()
+        );
         assert!(server.location("out", "a").list().await.unwrap().is_empty());
         let committed = sink.commit().await.unwrap();
         assert_eq!(committed.bytes, data.len() as u64);
@@ -76,7 +80,8 @@ fn a_staged_upload_is_invisible_until_commit_and_leaves_nothing_when_aborted() {
             dropped.write(&data).await.unwrap();
         }
         tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-        let left: Vec<_> = server.files().into_iter().filter(|f| f.contains("aborted") || f.contains("dropped")).collect();
+        let left: Vec<_> =
+            server.files().into_iter().filter(|f| f.contains("aborted") || f.contains("dropped")).collect();
         assert!(left.is_empty(), "partial uploads left behind: {left:?}");
     });
 }

@@ -71,13 +71,7 @@ pub(super) fn i64_le(data: &[u8], out: &mut [f32]) {
 
 /// Applies `f` to each `N`-byte element of `data`, writing `out`.
 fn convert<const N: usize>(data: &[u8], out: &mut [f32], f: impl Fn([u8; N]) -> f32) {
-    assert_eq!(
-        data.len(),
-        N * out.len(),
-        "{} bytes of {N}-byte elements into {} outputs",
-        data.len(),
-        out.len()
-    );
+    assert_eq!(data.len(), N * out.len(), "{} bytes of {N}-byte elements into {} outputs", data.len(), out.len());
     for (b, o) in data.chunks_exact(N).zip(out.iter_mut()) {
         let mut a = [0u8; N];
         a.copy_from_slice(b);

@@ -30,10 +30,7 @@ pub fn dequantize_mlx_affine(
         return Err(DequantError::MlxUnsupported { bits, group_size });
     }
     if out.len() % group_size != 0 {
-        return Err(DequantError::MlxPartialGroup {
-            elements: out.len(),
-            group_size,
-        });
+        return Err(DequantError::MlxPartialGroup { elements: out.len(), group_size });
     }
     let groups = out.len() / group_size;
     let group_bytes = group_size * bits as usize / 8;
@@ -48,10 +45,7 @@ pub fn dequantize_mlx_affine(
     check("scales", groups, scales.len())?;
     check("biases", groups, biases.len())?;
 
-    let groups = packed
-        .chunks_exact(group_bytes)
-        .zip(out.chunks_exact_mut(group_size))
-        .zip(scales.iter().zip(biases));
+    let groups = packed.chunks_exact(group_bytes).zip(out.chunks_exact_mut(group_size)).zip(scales.iter().zip(biases));
     for ((words, o), (&scale, &bias)) in groups {
         decode_group(bits, words, o, scale, bias);
     }
@@ -131,27 +125,11 @@ mod tests {
         let err = dequantize_mlx_affine(7, 64, &[], &[], &[], &mut out).unwrap_err();
         assert!(matches!(err, DequantError::MlxUnsupported { bits: 7, .. }), "{err}");
         let err = dequantize_mlx_affine(4, 16, &[], &[], &[], &mut out).unwrap_err();
-        assert!(
-            matches!(err, DequantError::MlxUnsupported { group_size: 16, .. }),
-            "{err}"
-        );
+        assert!(matches!(err, DequantError::MlxUnsupported { group_size: 16, .. }), "{err}");
         let err = dequantize_mlx_affine(4, 64, &[0; 32], &[1.0], &[0.0], &mut out[..40]).unwrap_err();
-        assert!(
-            matches!(err, DequantError::MlxPartialGroup { elements: 40, .. }),
-            "{err}"
-        );
+        assert!(matches!(err, DequantError::MlxPartialGroup { elements: 40, .. }), "{err}");
         let err = dequantize_mlx_affine(4, 64, &[0; 31], &[1.0], &[0.0], &mut out).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                DequantError::MlxLength {
-                    what: "packed bytes",
-                    expected: 32,
-                    got: 31
-                }
-            ),
-            "{err}"
-        );
+        assert!(matches!(err, DequantError::MlxLength { what: "packed bytes", expected: 32, got: 31 }), "{err}");
         let err = dequantize_mlx_affine(4, 64, &[0; 32], &[1.0, 2.0], &[0.0], &mut out).unwrap_err();
         assert!(matches!(err, DequantError::MlxLength { what: "scales", .. }), "{err}");
         let err = dequantize_mlx_affine(4, 64, &[0; 32], &[1.0], &[], &mut out).unwrap_err();

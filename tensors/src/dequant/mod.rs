@@ -36,11 +36,7 @@ pub enum DequantError {
     #[error("MLX affine output of {elements} elements is not a whole number of {group_size}-element groups")]
     MlxPartialGroup { elements: usize, group_size: usize },
     #[error("MLX affine {what} has {got} entries, expected {expected}")]
-    MlxLength {
-        what: &'static str,
-        expected: usize,
-        got: usize,
-    },
+    MlxLength { what: &'static str, expected: usize, got: usize },
 }
 
 /// One decoder over a whole, already length-checked buffer of blocks.
@@ -86,18 +82,11 @@ pub fn dequantize_ggml(ty: GgmlType, data: &[u8], out: &mut [f32]) -> Result<(),
     let decode = decoder(ty).ok_or(DequantError::Unsupported(ty))?;
     let type_size = ty.type_size();
     if data.len() % type_size != 0 {
-        return Err(DequantError::PartialBlock {
-            ty,
-            len: data.len(),
-            type_size,
-        });
+        return Err(DequantError::PartialBlock { ty, len: data.len(), type_size });
     }
     let expected = data.len() / type_size * ty.block_size();
     if out.len() != expected {
-        return Err(DequantError::OutLen {
-            expected,
-            got: out.len(),
-        });
+        return Err(DequantError::OutLen { expected, got: out.len() });
     }
     decode(data, out);
     Ok(())
@@ -172,17 +161,7 @@ mod tests {
     #[test]
     fn partial_block_and_wrong_out_len_are_errors() {
         let err = dequantize_ggml(GgmlType::Q4_0, &[0; 19], &mut [0.0; 32]).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                DequantError::PartialBlock {
-                    len: 19,
-                    type_size: 18,
-                    ..
-                }
-            ),
-            "{err}"
-        );
+        assert!(matches!(err, DequantError::PartialBlock { len: 19, type_size: 18, .. }), "{err}");
         let err = dequantize_ggml(GgmlType::Q4_0, &[0; 36], &mut [0.0; 32]).unwrap_err();
         assert!(matches!(err, DequantError::OutLen { expected: 64, got: 32 }), "{err}");
         let err = dequantize_ggml(GgmlType::F32, &[0; 6], &mut [0.0; 1]).unwrap_err();

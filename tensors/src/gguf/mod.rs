@@ -151,9 +151,8 @@ impl GgufModel {
     }
 
     pub fn tensor(&self, name: &str) -> Result<ModelTensor<'_>> {
-        self.tensors().find(|t| t.info.name == name).ok_or_else(|| Error::NoSuchTensor {
-            file: self.shards[0].0.name().to_string(),
-            name: name.to_string(),
-        })
+        self.tensors()
+            .find(|t| t.info.name == name)
+            .ok_or_else(|| Error::NoSuchTensor { file: self.shards[0].0.name().to_string(), name: name.to_string() })
     }
 }

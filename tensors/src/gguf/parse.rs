@@ -265,9 +265,10 @@ fn parse(c: &mut Cursor) -> R<GgufHeader> {
             if ne > i64::MAX as u64 {
                 return Err(c.err(&format!("{t}.ne[{d}]"), format!("{} is negative", ne as i64)));
             }
-            elements = elements.checked_mul(ne).filter(|&e| e <= i64::MAX as u64).ok_or_else(|| {
-                c.err(&format!("{t}.ne"), "the product of the dimensions overflows int64")
-            })?;
+            elements = elements
+                .checked_mul(ne)
+                .filter(|&e| e <= i64::MAX as u64)
+                .ok_or_else(|| c.err(&format!("{t}.ne"), "the product of the dimensions overflows int64"))?;
             dims.push(ne);
         }
         let type_id = c.u32(&format!("{t}.type"))?;

@@ -69,7 +69,11 @@ pub(super) async fn open_siblings(loc: &Location, blob: Blob, header: GgufHeader
     }
     let name = loc.file_name();
     let (prefix, _, name_count) = parse_split_file_name(name).ok_or_else(|| {
-        Error::format(&file, "file name", format!("split.count is {count} but the name is not PREFIX-00001-of-{count:05}.gguf"))
+        Error::format(
+            &file,
+            "file name",
+            format!("split.count is {count} but the name is not PREFIX-00001-of-{count:05}.gguf"),
+        )
     })?;
     if name_count != count {
         return Err(Error::format(&file, SPLIT_COUNT, format!("is {count} but the file name says {name_count}")));
@@ -93,7 +97,11 @@ pub(super) async fn open_siblings(loc: &Location, blob: Blob, header: GgufHeader
     }
     let found: usize = shards.iter().map(|(_, h)| h.tensors.len()).sum();
     if found as u64 != total {
-        return Err(Error::format(&file, SPLIT_TENSORS_COUNT, format!("is {total} but the {count} files hold {found}")));
+        return Err(Error::format(
+            &file,
+            SPLIT_TENSORS_COUNT,
+            format!("is {total} but the {count} files hold {found}"),
+        ));
     }
     let mut names = std::collections::HashSet::with_capacity(found);
     for (b, h) in &shards {
