@@ -143,10 +143,12 @@ fn parse_tensor(name: &str, v: &Json, data_len: u64, file: &str) -> Result<StTen
             ))
         }
     };
-    let nbytes = shape
-        .iter()
-        .try_fold(dtype.size() as u64, |acc, &d| acc.checked_mul(d))
-        .ok_or_else(|| Error::format(file, field("shape"), format!("{shape:?} overflows")))?;
+    // The non-zero dimensions' product must fit (so any partial product does, in any order), then the size.
+    let nonzero = shape.iter().try_fold(dtype.size() as u64, |acc, &d| acc.checked_mul(d.max(1)));
+    if nonzero.is_none_or(|n| n > i64::MAX as u64) {
+        return Err(Error::format(file, field("shape"), format!("{shape:?} overflows")));
+    }
+    let nbytes: u64 = shape.iter().product::<u64>() * dtype.size() as u64;
     if end - begin != nbytes {
         return Err(Error::format(
             file,

@@ -242,6 +242,7 @@ fn corpus() -> Vec<(&'static str, Vec<u8>, &'static str)> {
         st(r#"{"a":{"dtype":"F64","shape":[4294967296,4294967296],"data_offsets":[0,8]}}"#, 8),
         "a.shape",
     ));
+    c.push(("shape-zero-hides-overflow.safetensors", st(r#"{"a":{"dtype":"F64","shape":[4294967296,4294967296,0],"data_offsets":[0,0]}}"#, 8), "a.shape"));
     c.push(("offsets-missing.safetensors", st(r#"{"a":{"dtype":"U8","shape":[8]}}"#, 8), "a.data_offsets"));
     c.push(("metadata-not-string.safetensors", st(r#"{"__metadata__":{"format":1}}"#, 0), "__metadata__.format"));
     c.push((
@@ -308,4 +309,28 @@ fn write_fuzz_seed_corpus() {
         std::fs::write(root.join(target).join(name), bytes).unwrap();
     }
     std::fs::write(root.join("gguf_header/valid.gguf"), valid_gguf()).unwrap();
+}
+
+/// Every input a fuzzer once crashed on (`fuzz/regressions/TARGET-what`) now gives an error naming the file.
+#[test]
+fn fuzz_regressions_are_refused_without_panic() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/regressions");
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let mut seen = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        let bytes = std::fs::read(&path).unwrap();
+        let result = if name.starts_with("gguf_header") {
+            quantfarm_tensors::gguf::GgufHeader::parse(&bytes, bytes.len() as u64, &name).map(|_| ())
+        } else {
+            quantfarm_tensors::safetensors::StHeader::parse_file(&bytes, &name).map(|_| ())
+        };
+        let err = result.expect_err(&name).to_string();
+        assert!(err.contains(&name), "{name}: {err}");
+        // And through the whole open path.
+        assert!(rt.block_on(TensorSource::open(&Location::local(&path))).is_err(), "{name} opened");
+        seen += 1;
+    }
+    assert!(seen >= 1, "no regression files in {}", dir.display());
 }

@@ -259,14 +259,16 @@ fn parse(c: &mut Cursor) -> R<GgufHeader> {
             return Err(c.err(&format!("{t}.n_dims"), format!("{n_dims} dimensions (at most {MAX_DIMS})")));
         }
         let mut dims = Vec::with_capacity(n_dims as usize);
-        let mut elements: u64 = 1;
+        // The product of the non-zero dimensions must fit int64: then every partial product, in any order (rows,
+        // reversed shapes), fits too — also when a zero dimension makes the element count 0.
+        let mut nonzero: u64 = 1;
         for d in 0..n_dims {
             let ne = c.u64(&format!("{t}.ne[{d}]"))?;
             if ne > i64::MAX as u64 {
                 return Err(c.err(&format!("{t}.ne[{d}]"), format!("{} is negative", ne as i64)));
             }
-            elements = elements
-                .checked_mul(ne)
+            nonzero = nonzero
+                .checked_mul(ne.max(1))
                 .filter(|&e| e <= i64::MAX as u64)
                 .ok_or_else(|| c.err(&format!("{t}.ne"), "the product of the dimensions overflows int64"))?;
             dims.push(ne);
