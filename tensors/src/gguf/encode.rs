@@ -19,8 +19,7 @@ pub struct TensorDesc {
 
 impl TensorDesc {
     pub fn nbytes(&self) -> Option<u64> {
-        let row = self.ty.row_bytes(self.dims.first().copied().unwrap_or(1))?;
-        self.dims.iter().skip(1).try_fold(row, |acc, &d| acc.checked_mul(d))
+        super::tensor_nbytes(self.ty, &self.dims)
     }
 }
 

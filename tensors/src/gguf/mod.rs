@@ -55,8 +55,15 @@ impl TensorInfo {
     }
 
     pub(crate) fn checked_nbytes(&self) -> Option<u64> {
-        self.ty.row_bytes(self.row_len())?.checked_mul(self.rows())
+        tensor_nbytes(self.ty, &self.dims)
     }
+}
+
+/// `ggml_nbytes`: bytes of a tensor of type `ty` and shape `ne`, or `None` when rows are not whole blocks or the
+/// size overflows. The row count is formed first, so a zero dimension gives 0 however large the others are.
+pub(crate) fn tensor_nbytes(ty: GgmlType, ne: &[u64]) -> Option<u64> {
+    let rows = ne.iter().skip(1).try_fold(1u64, |acc, &d| acc.checked_mul(d))?;
+    ty.row_bytes(ne.first().copied().unwrap_or(1))?.checked_mul(rows)
 }
 
 /// The parsed header of one GGUF file.
