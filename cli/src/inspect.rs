@@ -195,7 +195,10 @@ async fn read_all(src: &TensorSource, budget: u64, hash: bool) -> Result<ReadSta
         let mut h = Sha256::new();
         for r in src.chunks(e, budget)? {
             let n = (r.end - r.start) as usize;
-            buf.resize(n, 0);
+            // Grow only: re-zeroing the buffer for every smaller-then-larger chunk would double the memory traffic.
+            if buf.len() < n {
+                buf.resize(n, 0);
+            }
             src.read_range(&e.name, r.start, &mut buf[..n]).await?;
             if hash {
                 h.update(&buf[..n]);

@@ -153,9 +153,12 @@ async fn copy_tensor(
 ) -> Result<()> {
     let e = src.entry(name)?;
     for r in src.chunks(e, budget)? {
-        buf.resize((r.end - r.start) as usize, 0);
-        src.read_range(name, r.start, buf).await?;
-        w.write_piece(buf).await?;
+        let n = (r.end - r.start) as usize;
+        if buf.len() < n {
+            buf.resize(n, 0);
+        }
+        src.read_range(name, r.start, &mut buf[..n]).await?;
+        w.write_piece(&buf[..n]).await?;
     }
     Ok(())
 }
