@@ -79,9 +79,18 @@ fn a_staged_upload_is_invisible_until_commit_and_leaves_nothing_when_aborted() {
             let mut dropped = StagedSink::create(&server.location("out", "b/dropped.gguf"), false).await.unwrap();
             dropped.write(&data).await.unwrap();
         }
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-        let left: Vec<_> =
-            server.files().into_iter().filter(|f| f.contains("aborted") || f.contains("dropped")).collect();
+        // The dropped sink aborts on the runtime in the background: give it up to 10 s.
+        // s3s-fs keeps uploaded parts as `.upload_id-UUID.part-N` and upload metadata under the key's name.
+        let partial = || {
+            let files = server.files().into_iter();
+            files.filter(|f| f.contains("aborted") || f.contains("dropped") || f.contains(".upload_id-")).collect::<Vec<_>>()
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut left = partial();
+        while !left.is_empty() && std::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            left = partial();
+        }
         assert!(left.is_empty(), "partial uploads left behind: {left:?}");
     });
 }
