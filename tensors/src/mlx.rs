@@ -253,3 +253,42 @@ fn affine_tensor(
         parts: MlxParts::Affine { params, weight, scales, biases },
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(v: serde_json::Value) -> Map<String, Json> {
+        v.as_object().cloned().unwrap()
+    }
+
+    #[test]
+    fn global_and_per_module_parameters() {
+        let c = config(serde_json::json!({"quantization": {
+            "group_size": 64, "bits": 4, "mode": "affine",
+            "model.layers.0.mlp.gate": {"group_size": 64, "bits": 8},
+            "lm_head": false
+        }}));
+        let q = QuantConfig::from_config(&c, "config.json").unwrap().unwrap();
+        assert_eq!(q.for_module("model.layers.3.self_attn.q_proj"), Some(AffineParams { bits: 4, group_size: 64 }));
+        assert_eq!(q.for_module("model.layers.0.mlp.gate"), Some(AffineParams { bits: 8, group_size: 64 }));
+        assert_eq!(q.for_module("lm_head"), None);
+        assert!(QuantConfig::from_config(&config(serde_json::json!({})), "c").unwrap().is_none());
+    }
+
+    #[test]
+    fn bad_parameters_name_the_key() {
+        for (v, field) in [
+            (serde_json::json!({"quantization": {"group_size": 64, "bits": 7}}), "quantization.bits"),
+            (serde_json::json!({"quantization": {"group_size": 48, "bits": 4}}), "quantization.group_size"),
+            (serde_json::json!({"quantization": {"group_size": 32, "bits": 4, "mode": "mxfp4"}}), "quantization.mode"),
+            (
+                serde_json::json!({"quantization": {"bits": 4, "group_size": 64, "m.x": {"bits": 4}}}),
+                "quantization.m.x.group_size",
+            ),
+        ] {
+            let e = QuantConfig::from_config(&config(v), "cfg.json").unwrap_err().to_string();
+            assert!(e.contains("cfg.json") && e.contains(field), "{e}");
+        }
+    }
+}

@@ -242,7 +242,11 @@ fn corpus() -> Vec<(&'static str, Vec<u8>, &'static str)> {
         st(r#"{"a":{"dtype":"F64","shape":[4294967296,4294967296],"data_offsets":[0,8]}}"#, 8),
         "a.shape",
     ));
-    c.push(("shape-zero-hides-overflow.safetensors", st(r#"{"a":{"dtype":"F64","shape":[4294967296,4294967296,0],"data_offsets":[0,0]}}"#, 8), "a.shape"));
+    c.push((
+        "shape-zero-hides-overflow.safetensors",
+        st(r#"{"a":{"dtype":"F64","shape":[4294967296,4294967296,0],"data_offsets":[0,0]}}"#, 8),
+        "a.shape",
+    ));
     c.push(("offsets-missing.safetensors", st(r#"{"a":{"dtype":"U8","shape":[8]}}"#, 8), "a.data_offsets"));
     c.push(("metadata-not-string.safetensors", st(r#"{"__metadata__":{"format":1}}"#, 0), "__metadata__.format"));
     c.push((
@@ -326,7 +330,8 @@ fn fuzz_regressions_hold() {
                 Err(e) => assert!(e.to_string().contains(&name), "{name}: {e}"),
                 Ok(h) => {
                     let layout = h.layout().unwrap_or_else(|e| panic!("{name}: parsed but does not re-encode: {e}"));
-                    let again = quantfarm_tensors::gguf::GgufHeader::parse(&layout.header, layout.file_len, &name).unwrap();
+                    let again =
+                        quantfarm_tensors::gguf::GgufHeader::parse(&layout.header, layout.file_len, &name).unwrap();
                     assert_eq!(again.layout().unwrap().header, layout.header, "{name}");
                 }
             }
