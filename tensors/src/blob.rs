@@ -46,6 +46,7 @@ impl Blob {
         }
         let (store, key) = loc.object().expect("a location is local or in a store");
         let meta = store.head(key).await.map_err(|e| Error::store(&name, e))?;
+        tracing::debug!(object = %name, bytes = meta.size, "opened");
         Ok(Blob { loc: loc.clone(), len: meta.size, file: None, name })
     }
 

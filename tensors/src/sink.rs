@@ -129,6 +129,7 @@ impl StagedSink {
             }
         }
         let sha256 = hex(&std::mem::take(&mut self.hasher).finalize());
+        tracing::debug!(location = %name, bytes = self.bytes, %sha256, "committed");
         Ok(Committed { location: name, bytes: self.bytes, sha256 })
     }
 
