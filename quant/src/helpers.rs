@@ -1,0 +1,241 @@
+//! Scalar primitives and the scale-search helpers of `ggml/src/ggml-quants.c`, step for step.
+//!
+//! The search helpers are sensitive to every rounding: accumulators are f32 and sequential, products associate left
+//! to right (`w*x*l` is `(w·x)·l`) and integers become floats inside the products, exactly as the C does. Rust never
+//! fuses `a * b + c`, which matches ggml-base built for baseline x86-64 (no FMA).
+
+/// Scales whose magnitude stays below this are treated as an all-zero group (`GROUP_MAX_EPS`).
+pub(crate) const GROUP_MAX_EPS: f32 = 1e-15;
+
+/// Round to nearest, ties to **even** (`ggml-quants.c::nearest_int`).
+///
+/// Uses the same trick as the C (add 1.5·2^23 so the FPU rounds, then read the mantissa bits) rather than
+/// `round_ties_even`, so that even inputs outside the valid range |f| ≤ 4194303 (or NaN, which gives 0) produce the
+/// same integer as a release build of ggml, where the range `assert` is compiled out.
+#[inline]
+pub fn nearest_int(f: f32) -> i32 {
+    let bits = (f + 12_582_912.0).to_bits() as i32;
+    (bits & 0x007F_FFFF) - 0x0040_0000
+}
+
+/// `(int32_t)f` as x86-64 `cvttss2si` computes it: truncation toward zero, and `i32::MIN` (the "integer
+/// indefinite") for NaN and out-of-range values.
+///
+/// The legacy `_ref` quantizers convert floats with C casts such as `(int8_t)(x*id + 8.5f)`; GCC on x86-64 does that
+/// with a 32-bit `cvttss2si` and keeps the low byte. For ordinary inputs the value is in range and this is plain
+/// truncation; it only matters when a subnormal scale makes `1/d` infinite.
+#[inline]
+pub(crate) fn c_trunc_i32(f: f32) -> i32 {
+    // 2^31 is exactly representable; everything in [-2^31, 2^31) truncates into range, NaN is in no range.
+    if !(-2_147_483_648.0..2_147_483_648.0).contains(&f) {
+        i32::MIN
+    } else {
+        f as i32
+    }
+}
+
+/// `make_qx_quants(n, nmax, x, L, rmse_type = 1, qw)` with importance weights `qw` (the only form the legacy
+/// `_impl` quantizers use). Writes `L` in `0..2·nmax` and returns the scale.
+///
+/// A symmetric scale search: start from `−nmax/max`, then try the 18 neighbouring scales `−(nmax ± 0.1·k)/max` and
+/// keep the one that maximises `sumlx²/suml2`, i.e. minimises the weighted squared error.
+pub(crate) fn make_qx_quants<const N: usize>(nmax: i32, x: &[f32; N], l_out: &mut [i8; N], qw: &[f32; N]) -> f32 {
+    let mut max = 0.0f32;
+    let mut amax = 0.0f32;
+    for &v in x {
+        let ax = v.abs();
+        if ax > amax {
+            amax = ax;
+            max = v;
+        }
+    }
+    if amax < GROUP_MAX_EPS {
+        l_out.fill(0);
+        return 0.0;
+    }
+    let clamp = |l: i32| l.min(nmax - 1).max(-nmax); // MAX(-nmax, MIN(nmax-1, l))
+
+    let mut iscale = -(nmax as f32) / max;
+    let mut sumlx = 0.0f32;
+    let mut suml2 = 0.0f32;
+    for i in 0..N {
+        let l = clamp(nearest_int(iscale * x[i]));
+        l_out[i] = (l + nmax) as i8;
+        let w = qw[i];
+        let lf = l as f32;
+        sumlx += w * x[i] * lf;
+        suml2 += w * lf * lf;
+    }
+    // C tests the float for truthiness: NaN counts as non-zero.
+    let mut scale = if suml2 != 0.0 { sumlx / suml2 } else { 0.0 };
+    let mut best = scale * sumlx;
+    for is in -9i32..=9 {
+        if is == 0 {
+            continue;
+        }
+        iscale = -(nmax as f32 + 0.1f32 * is as f32) / max;
+        sumlx = 0.0;
+        suml2 = 0.0;
+        for i in 0..N {
+            let lf = clamp(nearest_int(iscale * x[i])) as f32;
+            let w = qw[i];
+            sumlx += w * x[i] * lf;
+            suml2 += w * lf * lf;
+        }
+        if suml2 > 0.0 && sumlx * sumlx > best * suml2 {
+            for i in 0..N {
+                l_out[i] = (nmax + clamp(nearest_int(iscale * x[i]))) as i8;
+            }
+            scale = sumlx / suml2;
+            best = scale * sumlx;
+        }
+    }
+    scale
+}
+
+/// `make_qkx3_quants(n, nmax, x, weights, L, &the_min, Laux, rmin, rdelta, nstep, use_mad)` with weights given.
+/// Writes `L` in `0..=nmax` and returns `(scale, the_min)`, where `the_min` is the **positive** offset
+/// (`x ≈ scale·L − the_min`), as in the C.
+///
+/// An asymmetric search: for each candidate `iscale = (rmin + rdelta·is + nmax)/(max − min)` the quants are fixed and
+/// the best scale and min follow by weighted least squares; the candidate with the smallest weighted error wins.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn make_qkx3_quants<const N: usize>(
+    nmax: i32,
+    x: &[f32; N],
+    weights: &[f32; N],
+    l_out: &mut [u8; N],
+    rmin: f32,
+    rdelta: f32,
+    nstep: i32,
+    use_mad: bool,
+) -> (f32, f32) {
+    let mut laux = [0u8; N];
+    let mut min = x[0];
+    let mut max = x[0];
+    let mut sum_w = weights[0];
+    let mut sum_x = sum_w * x[0];
+    for i in 1..N {
+        if x[i] < min {
+            min = x[i];
+        }
+        if x[i] > max {
+            max = x[i];
+        }
+        let w = weights[i];
+        sum_w += w;
+        sum_x += w * x[i];
+    }
+    if min > 0.0 {
+        min = 0.0;
+    }
+    if max <= min {
+        l_out.fill(0);
+        return (0.0, -min);
+    }
+    let err = |diff: f32| if use_mad { diff.abs() } else { diff * diff };
+
+    let mut iscale = nmax as f32 / (max - min);
+    let mut scale = 1.0 / iscale;
+    let mut best_mad = 0.0f32;
+    for i in 0..N {
+        let l = nearest_int(iscale * (x[i] - min));
+        l_out[i] = l.min(nmax).max(0) as u8;
+        let diff = scale * l_out[i] as f32 + min - x[i];
+        best_mad += weights[i] * err(diff);
+    }
+    if nstep < 1 {
+        return (scale, -min);
+    }
+    for is in 0..=nstep {
+        iscale = (rmin + rdelta * is as f32 + nmax as f32) / (max - min);
+        let mut sum_l = 0.0f32;
+        let mut sum_l2 = 0.0f32;
+        let mut sum_xl = 0.0f32;
+        for i in 0..N {
+            let l = nearest_int(iscale * (x[i] - min)).min(nmax).max(0);
+            laux[i] = l as u8;
+            let w = weights[i];
+            let lf = l as f32;
+            sum_l += w * lf;
+            sum_l2 += w * lf * lf;
+            sum_xl += w * lf * x[i];
+        }
+        let d = sum_w * sum_l2 - sum_l * sum_l;
+        if d > 0.0 {
+            let mut this_scale = (sum_w * sum_xl - sum_x * sum_l) / d;
+            let mut this_min = (sum_l2 * sum_x - sum_l * sum_xl) / d;
+            if this_min > 0.0 {
+                this_min = 0.0;
+                this_scale = sum_xl / sum_l2;
+            }
+            let mut mad = 0.0f32;
+            for i in 0..N {
+                let diff = this_scale * laux[i] as f32 + this_min - x[i];
+                mad += weights[i] * err(diff);
+            }
+            if mad < best_mad {
+                *l_out = laux;
+                best_mad = mad;
+                scale = this_scale;
+                min = this_min;
+            }
+        }
+    }
+    (scale, -min)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_int_ties_to_even() {
+        assert_eq!(nearest_int(0.5), 0);
+        assert_eq!(nearest_int(1.5), 2);
+        assert_eq!(nearest_int(2.5), 2);
+        assert_eq!(nearest_int(-0.5), 0);
+        assert_eq!(nearest_int(-1.5), -2);
+        assert_eq!(nearest_int(-2.5), -2);
+        assert_eq!(nearest_int(2.5000002), 3);
+        assert_eq!(nearest_int(-7.49), -7);
+        assert_eq!(nearest_int(4_194_303.0), 4_194_303);
+        assert_eq!(nearest_int(-4_194_303.0), -4_194_303);
+        assert_eq!(nearest_int(f32::NAN), 0);
+    }
+
+    #[test]
+    fn nearest_int_agrees_with_round_ties_even_in_range() {
+        let mut f = -40.0f32;
+        while f < 40.0 {
+            assert_eq!(nearest_int(f), f.round_ties_even() as i32, "{f}");
+            f += 0.03125; // exact multiples of 1/32 hit every tie
+        }
+    }
+
+    #[test]
+    fn c_trunc_matches_cvttss2si() {
+        assert_eq!(c_trunc_i32(16.5), 16);
+        assert_eq!(c_trunc_i32(-0.7), 0);
+        assert_eq!(c_trunc_i32(f32::NAN), i32::MIN);
+        assert_eq!(c_trunc_i32(f32::INFINITY), i32::MIN);
+        assert_eq!(c_trunc_i32(2_147_483_648.0), i32::MIN);
+        assert_eq!(c_trunc_i32(-2_147_483_648.0), i32::MIN);
+    }
+
+    #[test]
+    fn make_qx_quants_zero_group() {
+        let mut l = [7i8; 4];
+        assert_eq!(make_qx_quants(8, &[0.0; 4], &mut l, &[1.0; 4]), 0.0);
+        assert_eq!(l, [0; 4]);
+    }
+
+    #[test]
+    fn make_qkx3_quants_constant_positive_group() {
+        // min is clamped to 0, so a constant positive group is still quantized (max > min = 0).
+        let mut l = [0u8; 4];
+        let (scale, the_min) = make_qkx3_quants(15, &[2.0; 4], &[1.0; 4], &mut l, -0.9, 0.05, 36, false);
+        assert_eq!(the_min, -0.0);
+        assert!((scale * l[0] as f32 - 2.0).abs() < 1e-6, "scale {scale} l {l:?}");
+    }
+}

@@ -1,0 +1,353 @@
+//! The 32-element formats Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0: one block type each, quantized as
+//! `ggml/src/ggml-quants.c` does and encoded in `ggml-common.h` layout (little-endian).
+//!
+//! Without an importance matrix every block is quantized on its own by `quantize_row_*_ref`. With one, ggml's
+//! `quantize_row_*_impl` weights each element by `qw_j·sqrt(σ² + x_j²)`, where σ² is the mean square of the **whole
+//! row**, and searches the scale (Q8_0 ignores the imatrix).
+
+use crate::float::f32_to_f16_bits;
+use crate::helpers::{c_trunc_i32, make_qkx3_quants, make_qx_quants};
+use quantfarm_tensors::GgmlType;
+
+/// Elements per block of every format here (`QK4_0`, `QK4_1`, `QK5_0`, `QK5_1`, `QK8_0`).
+pub(crate) const QK: usize = 32;
+
+/// One quantized block of a 32-element format.
+pub(crate) trait Block: Sized {
+    /// The ggml type this block encodes; its `type_size()` equals [`Block::SIZE`] (checked in the tests).
+    const TYPE: GgmlType;
+    /// Bytes of the encoded block.
+    const SIZE: usize;
+    /// Whether `quantize_<type>` takes the imatrix path (`false` for Q8_0, which ignores it).
+    const USES_IMATRIX: bool;
+
+    /// `quantize_row_<type>_ref` on one block.
+    fn quantize_ref(x: &[f32; QK]) -> Self;
+    /// The per-block body of `quantize_row_<type>_impl`, with the element weights already computed.
+    fn quantize_weighted(x: &[f32; QK], weights: &[f32; QK]) -> Self;
+    /// Writes the `ggml-common.h` layout; `out` is exactly [`Block::SIZE`] bytes.
+    fn write(&self, out: &mut [u8]);
+}
+
+/// Quantizes whole rows of `B` into `dst`, whose length the caller has checked (rows × blocks × `B::SIZE`).
+///
+/// Mirrors `quantize_q4_0` and friends: the `_ref` path runs over the whole chunk; the imatrix path runs per row so
+/// that σ² is taken over the row, with the same `imatrix` (length `n_per_row`) for every row.
+pub(crate) fn quantize_rows<B: Block>(src: &[f32], n_per_row: usize, imatrix: Option<&[f32]>, dst: &mut [u8]) {
+    match imatrix.filter(|_| B::USES_IMATRIX) {
+        None => {
+            for (x, out) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(B::SIZE)) {
+                if let Ok(x) = <&[f32; QK]>::try_from(x) {
+                    B::quantize_ref(x).write(out);
+                }
+            }
+        }
+        Some(imatrix) => {
+            let row_bytes = n_per_row / QK * B::SIZE;
+            for (row, out_row) in src.chunks_exact(n_per_row).zip(dst.chunks_exact_mut(row_bytes)) {
+                let sigma2 = mean_square(row);
+                let blocks = row.chunks_exact(QK).zip(imatrix.chunks_exact(QK)).zip(out_row.chunks_exact_mut(B::SIZE));
+                for ((x, qw), out) in blocks {
+                    if let (Ok(x), Ok(qw)) = (<&[f32; QK]>::try_from(x), <&[f32; QK]>::try_from(qw)) {
+                        let weights: [f32; QK] = std::array::from_fn(|j| qw[j] * (sigma2 + x[j] * x[j]).sqrt());
+                        B::quantize_weighted(x, &weights).write(out);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `sigma2 = (Σ x²)/n_per_row`, summed sequentially in f32 as the `_impl` functions do.
+fn mean_square(row: &[f32]) -> f32 {
+    let mut sum_x2 = 0.0f32;
+    for &x in row {
+        sum_x2 += x * x;
+    }
+    sum_x2 / row.len() as f32
+}
+
+/// The signed value of largest magnitude, first occurrence (`if (amax < fabsf(v))` in the `_ref` functions).
+fn signed_absmax(x: &[f32; QK]) -> f32 {
+    let mut amax = 0.0f32;
+    let mut max = 0.0f32;
+    for &v in x {
+        if amax < v.abs() {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    max
+}
+
+/// Block minimum and maximum, starting from `FLT_MAX` / `-FLT_MAX` as `quantize_row_q4_1_ref` does.
+fn min_max(x: &[f32; QK]) -> (f32, f32) {
+    let mut min = f32::MAX;
+    let mut max = -f32::MAX;
+    for &v in x {
+        if v < min {
+            min = v;
+        }
+        if v > max {
+            max = v;
+        }
+    }
+    (min, max)
+}
+
+/// `id = d ? 1.0f/d : 0.0f`: the fp32 reciprocal the `_ref` functions multiply by (never the fp16-rounded `d`).
+fn reciprocal(d: f32) -> f32 {
+    if d != 0.0 {
+        1.0 / d
+    } else {
+        0.0
+    }
+}
+
+/// `MIN(cap, (int8_t)(v))` stored into a `uint8_t`, as the `_ref` functions compute it.
+fn capped_i8(v: f32, cap: i32) -> u8 {
+    let q = i32::from(c_trunc_i32(v) as i8);
+    q.min(cap) as u8
+}
+
+/// Packs 32 4-bit values: element j in the low nibble of byte j, element j+16 in the high nibble.
+fn pack_nibbles(l: &[u8; QK]) -> [u8; QK / 2] {
+    std::array::from_fn(|j| l[j] | (l[j + QK / 2] << 4))
+}
+
+/// Packs 32 5-bit values: low nibbles as [`pack_nibbles`], bit 4 of element j in bit j of `qh`.
+fn pack_q5(l: &[u8; QK]) -> ([u8; QK / 2], u32) {
+    let mut qs = [0u8; QK / 2];
+    let mut qh = 0u32;
+    for j in 0..QK / 2 {
+        let (xi0, xi1) = (l[j], l[j + QK / 2]);
+        qs[j] = (xi0 & 0x0F) | ((xi1 & 0x0F) << 4);
+        qh |= u32::from((xi0 & 0x10) >> 4) << j;
+        qh |= u32::from((xi1 & 0x10) >> 4) << (j + QK / 2);
+    }
+    (qs, qh)
+}
+
+/// `make_qx_quants` levels are `0..2·nmax`, hence non-negative: reinterpret them as the unsigned quants.
+fn unsigned_levels(l: &[i8; QK]) -> [u8; QK] {
+    std::array::from_fn(|j| l[j] as u8)
+}
+
+/// `block_q8_0`: fp16 scale `d`, 32 signed 8-bit quants; `x = d·q`.
+pub(crate) struct BlockQ8_0 {
+    d: u16,
+    qs: [i8; QK],
+}
+
+impl Block for BlockQ8_0 {
+    const TYPE: GgmlType = GgmlType::Q8_0;
+    const SIZE: usize = 2 + QK;
+    const USES_IMATRIX: bool = false;
+
+    /// `quantize_row_q8_0_ref`: `d = amax/127`, `q = roundf(x·(1/d))` (half away from zero).
+    fn quantize_ref(x: &[f32; QK]) -> Self {
+        let mut amax = 0.0f32;
+        for &v in x {
+            // MAX(amax, fabsf(v))
+            amax = if amax > v.abs() { amax } else { v.abs() };
+        }
+        let d = amax / 127.0;
+        let id = reciprocal(d);
+        Self { d: f32_to_f16_bits(d), qs: std::array::from_fn(|j| c_trunc_i32((x[j] * id).round()) as i8) }
+    }
+
+    fn quantize_weighted(x: &[f32; QK], _weights: &[f32; QK]) -> Self {
+        Self::quantize_ref(x)
+    }
+
+    fn write(&self, out: &mut [u8]) {
+        out[..2].copy_from_slice(&self.d.to_le_bytes());
+        for (o, q) in out[2..].iter_mut().zip(self.qs) {
+            *o = q as u8;
+        }
+    }
+}
+
+/// `block_q4_0`: fp16 scale `d`, 32 4-bit quants; `x = d·(q − 8)`.
+pub(crate) struct BlockQ4_0 {
+    d: u16,
+    qs: [u8; QK / 2],
+}
+
+impl Block for BlockQ4_0 {
+    const TYPE: GgmlType = GgmlType::Q4_0;
+    const SIZE: usize = 2 + QK / 2;
+    const USES_IMATRIX: bool = true;
+
+    /// `quantize_row_q4_0_ref`: `d = max/−8` (signed absmax), `q = MIN(15, (int8)(x·(1/d) + 8.5))`.
+    fn quantize_ref(x: &[f32; QK]) -> Self {
+        let d = signed_absmax(x) / -8.0;
+        let id = reciprocal(d);
+        let l: [u8; QK] = std::array::from_fn(|j| capped_i8(x[j] * id + 8.5, 15));
+        Self { d: f32_to_f16_bits(d), qs: pack_nibbles(&l) }
+    }
+
+    /// `quantize_row_q4_0_impl`: `d = make_qx_quants(32, 8, x, L, 1, w)`, the levels packed as they are.
+    fn quantize_weighted(x: &[f32; QK], weights: &[f32; QK]) -> Self {
+        let mut l = [0i8; QK];
+        let d = make_qx_quants(8, x, &mut l, weights);
+        Self { d: f32_to_f16_bits(d), qs: pack_nibbles(&unsigned_levels(&l)) }
+    }
+
+    fn write(&self, out: &mut [u8]) {
+        out[..2].copy_from_slice(&self.d.to_le_bytes());
+        out[2..].copy_from_slice(&self.qs);
+    }
+}
+
+/// `block_q4_1`: fp16 scale `d` and offset `m`, 32 4-bit quants; `x = d·q + m`.
+pub(crate) struct BlockQ4_1 {
+    d: u16,
+    m: u16,
+    qs: [u8; QK / 2],
+}
+
+impl Block for BlockQ4_1 {
+    const TYPE: GgmlType = GgmlType::Q4_1;
+    const SIZE: usize = 4 + QK / 2;
+    const USES_IMATRIX: bool = true;
+
+    /// `quantize_row_q4_1_ref`: `d = (max − min)/15`, `q = MIN(15, (int8)((x − min)·(1/d) + 0.5))`.
+    fn quantize_ref(x: &[f32; QK]) -> Self {
+        let (min, max) = min_max(x);
+        let d = (max - min) / 15.0;
+        let id = reciprocal(d);
+        let l: [u8; QK] = std::array::from_fn(|j| capped_i8((x[j] - min) * id + 0.5, 15));
+        Self { d: f32_to_f16_bits(d), m: f32_to_f16_bits(min), qs: pack_nibbles(&l) }
+    }
+
+    /// `quantize_row_q4_1_impl`: `make_qkx3_quants(32, 15, x, w, L, &min, Laux, −0.9, 0.05, 36, false)`.
+    fn quantize_weighted(x: &[f32; QK], weights: &[f32; QK]) -> Self {
+        let mut l = [0u8; QK];
+        let (d, min) = make_qkx3_quants(15, x, weights, &mut l, -0.9, 0.05, 36, false);
+        Self { d: f32_to_f16_bits(d), m: f32_to_f16_bits(-min), qs: pack_nibbles(&l) }
+    }
+
+    fn write(&self, out: &mut [u8]) {
+        out[..2].copy_from_slice(&self.d.to_le_bytes());
+        out[2..4].copy_from_slice(&self.m.to_le_bytes());
+        out[4..].copy_from_slice(&self.qs);
+    }
+}
+
+/// `block_q5_0`: fp16 scale `d`, 32 5-bit quants (low nibbles in `qs`, fifth bits in `qh`); `x = d·(q − 16)`.
+pub(crate) struct BlockQ5_0 {
+    d: u16,
+    qh: u32,
+    qs: [u8; QK / 2],
+}
+
+impl Block for BlockQ5_0 {
+    const TYPE: GgmlType = GgmlType::Q5_0;
+    const SIZE: usize = 6 + QK / 2;
+    const USES_IMATRIX: bool = true;
+
+    /// `quantize_row_q5_0_ref`: `d = max/−16` (signed absmax), `q = MIN(31, (int8)(x·(1/d) + 16.5))`.
+    fn quantize_ref(x: &[f32; QK]) -> Self {
+        let d = signed_absmax(x) / -16.0;
+        let id = reciprocal(d);
+        let l: [u8; QK] = std::array::from_fn(|j| capped_i8(x[j] * id + 16.5, 31));
+        let (qs, qh) = pack_q5(&l);
+        Self { d: f32_to_f16_bits(d), qh, qs }
+    }
+
+    /// `quantize_row_q5_0_impl`: `d = make_qx_quants(32, 16, x, L, 1, w)`.
+    fn quantize_weighted(x: &[f32; QK], weights: &[f32; QK]) -> Self {
+        let mut l = [0i8; QK];
+        let d = make_qx_quants(16, x, &mut l, weights);
+        let (qs, qh) = pack_q5(&unsigned_levels(&l));
+        Self { d: f32_to_f16_bits(d), qh, qs }
+    }
+
+    fn write(&self, out: &mut [u8]) {
+        out[..2].copy_from_slice(&self.d.to_le_bytes());
+        out[2..6].copy_from_slice(&self.qh.to_le_bytes());
+        out[6..].copy_from_slice(&self.qs);
+    }
+}
+
+/// `block_q5_1`: fp16 scale `d` and offset `m`, 32 5-bit quants; `x = d·q + m`.
+pub(crate) struct BlockQ5_1 {
+    d: u16,
+    m: u16,
+    qh: u32,
+    qs: [u8; QK / 2],
+}
+
+impl Block for BlockQ5_1 {
+    const TYPE: GgmlType = GgmlType::Q5_1;
+    const SIZE: usize = 8 + QK / 2;
+    const USES_IMATRIX: bool = true;
+
+    /// `quantize_row_q5_1_ref`: `d = (max − min)/31`, `q = (uint8)((x − min)·(1/d) + 0.5)` with **no** cap.
+    fn quantize_ref(x: &[f32; QK]) -> Self {
+        let (min, max) = min_max(x);
+        let d = (max - min) / 31.0;
+        let id = reciprocal(d);
+        let l: [u8; QK] = std::array::from_fn(|j| c_trunc_i32((x[j] - min) * id + 0.5) as u8);
+        let (qs, qh) = pack_q5(&l);
+        Self { d: f32_to_f16_bits(d), m: f32_to_f16_bits(min), qh, qs }
+    }
+
+    /// `quantize_row_q5_1_impl`: `make_qkx3_quants(32, 31, x, w, L, &min, Laux, −0.9, 0.05, 36, false)`.
+    fn quantize_weighted(x: &[f32; QK], weights: &[f32; QK]) -> Self {
+        let mut l = [0u8; QK];
+        let (d, min) = make_qkx3_quants(31, x, weights, &mut l, -0.9, 0.05, 36, false);
+        let (qs, qh) = pack_q5(&l);
+        Self { d: f32_to_f16_bits(d), m: f32_to_f16_bits(-min), qh, qs }
+    }
+
+    fn write(&self, out: &mut [u8]) {
+        out[..2].copy_from_slice(&self.d.to_le_bytes());
+        out[2..4].copy_from_slice(&self.m.to_le_bytes());
+        out[4..8].copy_from_slice(&self.qh.to_le_bytes());
+        out[8..].copy_from_slice(&self.qs);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn geometry<B: Block>() {
+        assert_eq!(B::TYPE.block_size(), QK, "{}", B::TYPE);
+        assert_eq!(B::TYPE.type_size(), B::SIZE, "{}", B::TYPE);
+    }
+
+    #[test]
+    fn block_sizes_match_ggml_types() {
+        geometry::<BlockQ8_0>();
+        geometry::<BlockQ4_0>();
+        geometry::<BlockQ4_1>();
+        geometry::<BlockQ5_0>();
+        geometry::<BlockQ5_1>();
+    }
+
+    #[test]
+    fn q8_0_rounds_half_away_from_zero() {
+        // amax 127 gives d = 1 exactly, so x·id = x and the ties are visible.
+        let mut x = [0.0f32; QK];
+        x[0] = 127.0;
+        x[1] = 2.5;
+        x[2] = -2.5;
+        x[3] = 0.5;
+        let b = BlockQ8_0::quantize_ref(&x);
+        assert_eq!(b.d, 0x3C00);
+        assert_eq!(&b.qs[..5], &[127, 3, -3, 1, 0]);
+    }
+
+    #[test]
+    fn all_zero_blocks_encode_zero_scale() {
+        let x = [0.0f32; QK];
+        // d = 0/−8 is −0.0 in C as well, hence the sign bit; the zero quant sits at level 8.
+        let b = BlockQ4_0::quantize_ref(&x);
+        assert_eq!((b.d, b.qs), (0x8000, [0x88; 16]));
+        let b = BlockQ5_0::quantize_weighted(&x, &[1.0; QK]);
+        assert_eq!((b.d, b.qh, b.qs), (0, 0, [0; 16]));
+    }
+}

@@ -1,0 +1,180 @@
+//! ggml's reference quantizers, ported so that quantfarm writes the **same bytes as llama-quantize**.
+//!
+//! A release farm must be able to prove its outputs: a tensor quantized here is byte-identical to the one
+//! `ggml_quantize_chunk` (the function llama-quantize calls) produces on x86-64, so checksums can be compared with
+//! llama.cpp's and no model needs re-running to trust a release. That rules out "close enough": every rounding
+//! (round-half-even `nearest_int`, `roundf`, C casts, software fp16), accumulation order and association is copied
+//! from `ggml/src/ggml-quants.c` (llama.cpp 0c1e570), and nothing fuses multiply-adds (ggml-base is built without
+//! FMA; see `shared/specs/ggml-llamacpp.md` §2.9).
+//!
+//! Supported: F32, F16, BF16, Q8_0, and Q4_0, Q4_1, Q5_0, Q5_1 with or without an importance matrix. K-quants are
+//! not here yet.
+//!
+//! Modules: `float` (fp16/bf16 conversion), `helpers` (`nearest_int` and the scale searches), `legacy` (the
+//! 32-element block formats).
+
+mod float;
+mod helpers;
+mod legacy;
+
+pub use float::{f32_to_bf16_bits, f32_to_f16_bits};
+pub use helpers::nearest_int;
+pub use quantfarm_tensors::GgmlType;
+
+use legacy::{Block, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0};
+
+/// Why a quantization request was refused. Inputs are checked before anything is written to `dst`.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum QuantError {
+    #[error("quantization to {0} is not supported")]
+    Unsupported(GgmlType),
+    #[error("rows of {n_per_row} elements are not a whole number of {block_size}-element {ty} blocks")]
+    PartialBlock { ty: GgmlType, n_per_row: usize, block_size: usize },
+    #[error("input of {len} elements is not a whole number of {n_per_row}-element rows")]
+    PartialRow { len: usize, n_per_row: usize },
+    #[error("output buffer is {got} bytes, but {rows} rows of {ty} need {expected}")]
+    DstLen { ty: GgmlType, rows: usize, expected: usize, got: usize },
+    #[error("importance matrix has {got} entries, expected one per column ({expected})")]
+    ImatrixLen { expected: usize, got: usize },
+    #[error("input value {value} at row {row}, column {col} is not finite")]
+    NonFinite { row: usize, col: usize, value: f32 },
+}
+
+/// Whether [`quantize`] can produce `ty`.
+pub fn supported(ty: GgmlType) -> bool {
+    matches!(
+        ty,
+        GgmlType::F32
+            | GgmlType::F16
+            | GgmlType::BF16
+            | GgmlType::Q8_0
+            | GgmlType::Q4_0
+            | GgmlType::Q4_1
+            | GgmlType::Q5_0
+            | GgmlType::Q5_1
+    )
+}
+
+/// Quantizes `src` (whole rows of `n_per_row` f32 values, row-major) to `ty` into `dst`, exactly as
+/// `ggml_quantize_chunk(ty, src, dst, 0, nrows, n_per_row, imatrix)` does.
+///
+/// `imatrix`, when given, holds one importance weight per column and applies to every row (llama-quantize passes
+/// each expert's slice separately). F32, F16, BF16 and Q8_0 ignore it, as ggml does, but its length is still
+/// checked. `dst` must be exactly `rows × ty.row_bytes(n_per_row)` bytes.
+///
+/// NaN and infinity are refused up front: ggml would quantize them into garbage scales that llama-quantize's
+/// `ggml_validate_row_data` then rejects, and the error here says where the bad value is.
+pub fn quantize(
+    ty: GgmlType,
+    src: &[f32],
+    n_per_row: usize,
+    imatrix: Option<&[f32]>,
+    dst: &mut [u8],
+) -> Result<(), QuantError> {
+    if !supported(ty) {
+        return Err(QuantError::Unsupported(ty));
+    }
+    let block_size = ty.block_size();
+    if n_per_row == 0 || n_per_row % block_size != 0 {
+        return Err(QuantError::PartialBlock { ty, n_per_row, block_size });
+    }
+    if src.len() % n_per_row != 0 {
+        return Err(QuantError::PartialRow { len: src.len(), n_per_row });
+    }
+    let rows = src.len() / n_per_row;
+    let expected = (n_per_row / block_size)
+        .checked_mul(ty.type_size())
+        .and_then(|row_bytes| row_bytes.checked_mul(rows))
+        .ok_or(QuantError::DstLen { ty, rows, expected: usize::MAX, got: dst.len() })?;
+    if dst.len() != expected {
+        return Err(QuantError::DstLen { ty, rows, expected, got: dst.len() });
+    }
+    if let Some(imatrix) = imatrix {
+        if imatrix.len() != n_per_row {
+            return Err(QuantError::ImatrixLen { expected: n_per_row, got: imatrix.len() });
+        }
+    }
+    if let Some(i) = src.iter().position(|v| !v.is_finite()) {
+        return Err(QuantError::NonFinite { row: i / n_per_row, col: i % n_per_row, value: src[i] });
+    }
+
+    match ty {
+        GgmlType::F32 => float::f32_row(src, dst),
+        GgmlType::F16 => float::f16_row(src, dst),
+        GgmlType::BF16 => float::bf16_row(src, dst),
+        GgmlType::Q8_0 => legacy::quantize_rows::<BlockQ8_0>(src, n_per_row, imatrix, dst),
+        GgmlType::Q4_0 => legacy::quantize_rows::<BlockQ4_0>(src, n_per_row, imatrix, dst),
+        GgmlType::Q4_1 => legacy::quantize_rows::<BlockQ4_1>(src, n_per_row, imatrix, dst),
+        GgmlType::Q5_0 => legacy::quantize_rows::<BlockQ5_0>(src, n_per_row, imatrix, dst),
+        GgmlType::Q5_1 => legacy::quantize_rows::<BlockQ5_1>(src, n_per_row, imatrix, dst),
+        // `supported` was checked above; keep the two lists in step.
+        _ => return Err(QuantError::Unsupported(ty)),
+    }
+    Ok(())
+}
+
+/// Compile-time link between the block types and the dispatch above: each block names the type it encodes.
+const _: () = {
+    assert!(matches!(BlockQ8_0::TYPE, GgmlType::Q8_0));
+    assert!(matches!(BlockQ4_0::TYPE, GgmlType::Q4_0));
+    assert!(matches!(BlockQ4_1::TYPE, GgmlType::Q4_1));
+    assert!(matches!(BlockQ5_0::TYPE, GgmlType::Q5_0));
+    assert!(matches!(BlockQ5_1::TYPE, GgmlType::Q5_1));
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dst_for(ty: GgmlType, n_per_row: usize, rows: usize) -> Vec<u8> {
+        vec![0; n_per_row / ty.block_size() * ty.type_size() * rows]
+    }
+
+    #[test]
+    fn rejects_bad_requests() {
+        let src = vec![0.5f32; 64];
+        let mut dst = dst_for(GgmlType::Q4_0, 32, 2);
+        assert_eq!(quantize(GgmlType::Q4_K, &src, 256, None, &mut dst), Err(QuantError::Unsupported(GgmlType::Q4_K)));
+        assert!(matches!(quantize(GgmlType::Q4_0, &src, 48, None, &mut dst), Err(QuantError::PartialBlock { .. })));
+        assert!(matches!(quantize(GgmlType::Q4_0, &src, 0, None, &mut dst), Err(QuantError::PartialBlock { .. })));
+        assert!(matches!(quantize(GgmlType::Q4_0, &src[..48], 32, None, &mut dst), Err(QuantError::PartialRow { .. })));
+        assert_eq!(
+            quantize(GgmlType::Q4_0, &src, 32, None, &mut dst[..35]),
+            Err(QuantError::DstLen { ty: GgmlType::Q4_0, rows: 2, expected: 36, got: 35 })
+        );
+        assert_eq!(
+            quantize(GgmlType::Q4_0, &src, 32, Some(&[1.0; 31]), &mut dst),
+            Err(QuantError::ImatrixLen { expected: 32, got: 31 })
+        );
+        assert!(quantize(GgmlType::Q4_0, &src, 32, Some(&[1.0; 32]), &mut dst).is_ok());
+    }
+
+    #[test]
+    fn reports_where_a_non_finite_value_is() {
+        let mut src = vec![0.5f32; 96];
+        src[70] = f32::NAN;
+        let mut dst = dst_for(GgmlType::F16, 32, 3);
+        let err = quantize(GgmlType::F16, &src, 32, None, &mut dst).unwrap_err();
+        assert!(matches!(err, QuantError::NonFinite { row: 2, col: 6, .. }), "{err}");
+        assert!(dst.iter().all(|&b| b == 0), "nothing written on error");
+        src[70] = f32::NEG_INFINITY;
+        let err = quantize(GgmlType::Q8_0, &src, 32, None, &mut dst_for(GgmlType::Q8_0, 32, 3)).unwrap_err();
+        assert_eq!(err.to_string(), "input value -inf at row 2, column 6 is not finite");
+    }
+
+    #[test]
+    fn supported_list_is_what_quantize_accepts() {
+        for &ty in GgmlType::ALL {
+            let n = ty.block_size().max(32) * 2;
+            let src: Vec<f32> = (0..n).map(|i| i as f32 / 7.0 - 3.0).collect();
+            let mut dst = dst_for(ty, n, 1);
+            let result = quantize(ty, &src, n, None, &mut dst);
+            assert_eq!(result.is_ok(), supported(ty), "{ty}: {result:?}");
+        }
+    }
+
+    #[test]
+    fn empty_input_is_zero_rows() {
+        assert!(quantize(GgmlType::Q5_1, &[], 32, None, &mut []).is_ok());
+    }
+}

@@ -1,0 +1,143 @@
+//! Byte-for-byte comparison with `ggml_quantize_chunk` output from llama.cpp 0c1e570 (x86-64, no FMA), stored in
+//! `shared/fixtures/ggml-golden/` (see its README): 4 rows × 512 f32, quantized without and with `imatrix.f32`.
+
+use std::path::PathBuf;
+
+use quantfarm_quant::{quantize, supported, GgmlType};
+use quantfarm_tensors::dequant::dequantize_ggml;
+
+const N_PER_ROW: usize = 512;
+const ROWS: usize = 4;
+
+/// Every type this crate supports that has a golden file, with the file stem ggml's tests use.
+const GOLDEN: &[(GgmlType, &str)] = &[
+    (GgmlType::F16, "f16"),
+    (GgmlType::BF16, "bf16"),
+    (GgmlType::Q8_0, "q8_0"),
+    (GgmlType::Q4_0, "q4_0"),
+    (GgmlType::Q4_1, "q4_1"),
+    (GgmlType::Q5_0, "q5_0"),
+    (GgmlType::Q5_1, "q5_1"),
+];
+
+fn golden_dir() -> PathBuf {
+    let shared = match std::env::var_os("QUANTFARM_SHARED") {
+        Some(dir) => PathBuf::from(dir),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared"),
+    };
+    shared.join("fixtures/ggml-golden")
+}
+
+fn read(name: &str) -> Vec<u8> {
+    let path = golden_dir().join(name);
+    std::fs::read(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+}
+
+fn read_f32(name: &str) -> Vec<f32> {
+    read(name).chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+}
+
+fn quantized(ty: GgmlType, src: &[f32], imatrix: Option<&[f32]>) -> Vec<u8> {
+    let mut dst = vec![0u8; ROWS * ty.row_bytes(N_PER_ROW as u64).expect("whole blocks") as usize];
+    quantize(ty, src, N_PER_ROW, imatrix, &mut dst).unwrap_or_else(|e| panic!("{ty}: {e}"));
+    dst
+}
+
+/// Names the first differing block, so a failure points at the step to inspect.
+fn assert_same_bytes(ty: GgmlType, file: &str, got: &[u8], want: &[u8]) {
+    assert_eq!(got.len(), want.len(), "{file}: length");
+    if let Some(i) = got.iter().zip(want).position(|(a, b)| a != b) {
+        let bs = ty.type_size();
+        let block = i / bs;
+        let range = block * bs..(block + 1) * bs;
+        let differing = got.iter().zip(want).filter(|(a, b)| a != b).count();
+        panic!(
+            "{file}: {differing} bytes differ; first at byte {i} (block {block})\n got  {:02x?}\n want {:02x?}",
+            &got[range.clone()],
+            &want[range]
+        );
+    }
+}
+
+#[test]
+fn fixtures_are_the_documented_shape() {
+    assert_eq!(read_f32("input.f32").len(), ROWS * N_PER_ROW);
+    assert_eq!(read_f32("imatrix.f32").len(), N_PER_ROW);
+}
+
+#[test]
+fn matches_ggml_without_imatrix() {
+    let input = read_f32("input.f32");
+    for &(ty, stem) in GOLDEN {
+        assert!(supported(ty), "{ty}");
+        let file = format!("{stem}.bin");
+        assert_same_bytes(ty, &file, &quantized(ty, &input, None), &read(&file));
+    }
+}
+
+#[test]
+fn matches_ggml_with_imatrix() {
+    let input = read_f32("input.f32");
+    let imatrix = read_f32("imatrix.f32");
+    for &(ty, stem) in GOLDEN {
+        let file = format!("{stem}_imat.bin");
+        assert_same_bytes(ty, &file, &quantized(ty, &input, Some(&imatrix)), &read(&file));
+    }
+}
+
+/// The imatrix must change the legacy quants (otherwise the `_imat` comparison would prove nothing about `_impl`).
+#[test]
+fn imatrix_changes_the_legacy_quants() {
+    for (_, stem) in &GOLDEN[3..] {
+        assert_ne!(read(&format!("{stem}.bin")), read(&format!("{stem}_imat.bin")), "{stem}");
+    }
+}
+
+#[test]
+fn f32_is_a_little_endian_copy() {
+    let input = read_f32("input.f32");
+    assert_eq!(quantized(GgmlType::F32, &input, None), read("input.f32"));
+}
+
+/// Dequantizing our output gives back the input to within one quantization step for the affine and symmetric
+/// formats (half a step for the `_ref` rounding, the fp16-rounded scale adds a little more), and exactly for F32.
+#[test]
+fn round_trip_error_is_bounded() {
+    let input = read_f32("input.f32");
+    let imatrix = read_f32("imatrix.f32");
+    for &(ty, _) in GOLDEN {
+        for imat in [None, Some(imatrix.as_slice())] {
+            let bytes = quantized(ty, &input, imat);
+            let mut back = vec![0f32; input.len()];
+            dequantize_ggml(ty, &bytes, &mut back).unwrap_or_else(|e| panic!("{ty}: {e}"));
+            for (b, (xs, ys)) in input.chunks(32).zip(back.chunks(32)).enumerate() {
+                let (min, max) = xs.iter().fold((f32::MAX, f32::MIN), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+                let amax = xs.iter().fold(0f32, |m, x| m.max(x.abs()));
+                // One step of each format's grid, with the step sizes the `_ref` quantizers choose.
+                let step = match ty {
+                    GgmlType::F16 => amax * 2f32.powi(-10),
+                    GgmlType::BF16 => amax * 2f32.powi(-7),
+                    GgmlType::Q8_0 => amax / 127.0,
+                    GgmlType::Q4_0 => amax / 8.0 * 2.0,
+                    GgmlType::Q5_0 => amax / 16.0 * 2.0,
+                    GgmlType::Q4_1 => (max - min) / 15.0,
+                    GgmlType::Q5_1 => (max - min) / 31.0,
+                    _ => unreachable!(),
+                };
+                // Half a step for rounding (a full one where Q4_0/Q5_0 cap the top level, covered by their doubled
+                // step); the imatrix search may pick a scale ~10% off and clip the extreme element, hence 3 steps.
+                let steps = if imat.is_some() { 3.0 } else { 0.5 * 1.01 };
+                // The scale (and Q4_1/Q5_1 offset) are stored as fp16: up to 2^-11 relative error each.
+                let fp16_slack = if matches!(ty, GgmlType::F16 | GgmlType::BF16) { 0.0 } else { amax * 2f32.powi(-9) };
+                let bound = steps * step + fp16_slack + 1e-6;
+                for (j, (x, y)) in xs.iter().zip(ys).enumerate() {
+                    assert!(
+                        (x - y).abs() <= bound,
+                        "{ty} imatrix={} block {b} elem {j}: {x} → {y}, bound {bound}",
+                        imat.is_some()
+                    );
+                }
+            }
+        }
+    }
+}
