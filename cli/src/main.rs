@@ -2,6 +2,7 @@
 
 mod cp;
 mod inspect;
+mod quantize;
 mod units;
 
 use anyhow::Result;
@@ -25,6 +26,8 @@ enum Command {
     Inspect(inspect::Args),
     /// Copy a model file or folder between a path, file:// and s3:// (staged: nothing partial is ever visible).
     Cp(cp::Args),
+    /// Quantize a GGUF model to a llama-quantize file type (same bytes as llama-quantize).
+    Quantize(quantize::Args),
 }
 
 fn main() -> std::process::ExitCode {
@@ -44,6 +47,7 @@ fn main() -> std::process::ExitCode {
         match cli.command {
             Command::Inspect(args) => inspect::run(args).await,
             Command::Cp(args) => cp::run(args).await,
+            Command::Quantize(args) => quantize::run(args).await,
         }
     });
     match result {

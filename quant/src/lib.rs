@@ -13,11 +13,15 @@
 //! Modules: `float` (fp16/bf16 conversion), `helpers` (`nearest_int` and the scale searches), `legacy` (the
 //! 32-element block formats).
 
+pub mod file;
 mod float;
+pub mod ftype;
 mod helpers;
 mod legacy;
+pub mod mixture;
 
 pub use float::{f32_to_bf16_bits, f32_to_f16_bits};
+pub use ftype::FileType;
 pub use helpers::nearest_int;
 pub use quantfarm_tensors::GgmlType;
 

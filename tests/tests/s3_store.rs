@@ -83,7 +83,9 @@ fn a_staged_upload_is_invisible_until_commit_and_leaves_nothing_when_aborted() {
         // s3s-fs keeps uploaded parts as `.upload_id-UUID.part-N` and upload metadata under the key's name.
         let partial = || {
             let files = server.files().into_iter();
-            files.filter(|f| f.contains("aborted") || f.contains("dropped") || f.contains(".upload_id-")).collect::<Vec<_>>()
+            files
+                .filter(|f| f.contains("aborted") || f.contains("dropped") || f.contains(".upload_id-"))
+                .collect::<Vec<_>>()
         };
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         let mut left = partial();

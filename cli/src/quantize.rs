@@ -1,0 +1,63 @@
+//! `quantfarm quantize`: a GGUF model to a llama-quantize file type, with the same bytes llama-quantize writes.
+
+use anyhow::{Context, Result};
+use quantfarm_quant::file::{quantize_gguf, Options};
+use quantfarm_quant::FileType;
+use quantfarm_tensors::{Location, TensorSource};
+
+use crate::units::{human, parse_size};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The input GGUF (the first file of a split opens the whole split).
+    input: String,
+    /// The output GGUF.
+    output: String,
+    /// File type, e.g. Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, F16, BF16 (K-quant types are recognised, and refused with the
+    /// first tensor they would need a K-quant for, until those quantizers land).
+    #[arg(value_parser = parse_ftype)]
+    ftype: FileType,
+    /// Allow changing the type of tensors that are already quantized.
+    #[arg(long)]
+    allow_requantize: bool,
+    /// Replace an existing output.
+    #[arg(long)]
+    overwrite: bool,
+    /// Memory for values being quantized.
+    #[arg(long, default_value = "64MiB", value_parser = parse_size)]
+    budget: u64,
+}
+
+fn parse_ftype(s: &str) -> Result<FileType, String> {
+    FileType::from_name(s).ok_or_else(|| {
+        let names: Vec<_> = FileType::ALL.iter().map(|f| f.name()).collect();
+        format!("unknown file type {s:?} (one of {})", names.join(", "))
+    })
+}
+
+pub async fn run(args: Args) -> Result<()> {
+    let src = TensorSource::open(&Location::parse(&args.input)?)
+        .await
+        .with_context(|| format!("cannot open {}", args.input))?;
+    let opts = Options {
+        ftype: args.ftype,
+        allow_requantize: args.allow_requantize,
+        budget: args.budget,
+        overwrite: args.overwrite,
+    };
+    let q = quantize_gguf(&src, &Location::parse(&args.output)?, &opts).await?;
+    let mut counts = std::collections::BTreeMap::new();
+    for c in &q.choices {
+        *counts.entry(c.ty.name()).or_insert(0) += 1;
+    }
+    let fallbacks = q.choices.iter().filter(|c| c.fell_back).count();
+    let types: Vec<String> = counts.iter().map(|(t, n)| format!("{t}: {n}")).collect();
+    println!("{}  {}  {}", q.committed.sha256, human(q.committed.bytes), q.committed.location);
+    println!(
+        "{} as {}: {} ({fallbacks} tensors fell back: rows not whole blocks)",
+        args.input,
+        args.ftype,
+        types.join(", ")
+    );
+    Ok(())
+}

@@ -1,0 +1,80 @@
+//! llama-quantize's file types (`llama_ftype`, written as `general.file_type`) and their default tensor types
+//! (`llama_ftype_get_default_type`), `../shared/specs/ggml-llamacpp.md` §1.7 and §3.5.
+
+use quantfarm_tensors::GgmlType;
+
+macro_rules! file_types {
+    ($( $variant:ident = $id:literal, $name:literal, $default:ident; )*) => {
+        /// A llama-quantize file type: the recipe for a whole model.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[allow(non_camel_case_types)]
+        pub enum FileType {
+            $( $variant = $id, )*
+        }
+
+        impl FileType {
+            pub const ALL: &'static [FileType] = &[ $( FileType::$variant, )* ];
+
+            /// The name llama-quantize prints and accepts (`Q4_K_M`).
+            pub fn name(self) -> &'static str {
+                match self { $( FileType::$variant => $name, )* }
+            }
+
+            /// The type most tensors get.
+            pub fn default_type(self) -> GgmlType {
+                match self { $( FileType::$variant => GgmlType::$default, )* }
+            }
+        }
+    };
+}
+
+file_types! {
+    F32 = 0, "F32", F32;
+    F16 = 1, "F16", F16;
+    Q4_0 = 2, "Q4_0", Q4_0;
+    Q4_1 = 3, "Q4_1", Q4_1;
+    Q8_0 = 7, "Q8_0", Q8_0;
+    Q5_0 = 8, "Q5_0", Q5_0;
+    Q5_1 = 9, "Q5_1", Q5_1;
+    Q2_K = 10, "Q2_K", Q2_K;
+    Q3_K_S = 11, "Q3_K_S", Q3_K;
+    Q3_K_M = 12, "Q3_K_M", Q3_K;
+    Q3_K_L = 13, "Q3_K_L", Q3_K;
+    Q4_K_S = 14, "Q4_K_S", Q4_K;
+    Q4_K_M = 15, "Q4_K_M", Q4_K;
+    Q5_K_S = 16, "Q5_K_S", Q5_K;
+    Q5_K_M = 17, "Q5_K_M", Q5_K;
+    Q6_K = 18, "Q6_K", Q6_K;
+    BF16 = 32, "BF16", BF16;
+}
+
+impl FileType {
+    /// The `general.file_type` value.
+    pub fn id(self) -> u32 {
+        self as u32
+    }
+
+    /// Parses a name case-insensitively, with llama-quantize's aliases `Q4_K` = Q4_K_M, `Q5_K` = Q5_K_M,
+    /// `Q3_K` = Q3_K_M.
+    pub fn from_name(s: &str) -> Option<FileType> {
+        let s = s.to_ascii_uppercase();
+        let s = match s.as_str() {
+            "Q4_K" => "Q4_K_M",
+            "Q5_K" => "Q5_K_M",
+            "Q3_K" => "Q3_K_M",
+            other => other,
+        };
+        FileType::ALL.iter().copied().find(|f| f.name() == s)
+    }
+
+    /// Whether the type rules apply at all (they do not for the float file types).
+    pub fn is_quantized(self) -> bool {
+        !matches!(self, FileType::F32 | FileType::F16 | FileType::BF16)
+    }
+}
+
+impl std::fmt::Display for FileType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}

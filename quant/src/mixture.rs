@@ -1,0 +1,291 @@
+//! Which type llama-quantize gives each tensor of a file type: the tensor order, the tensors never quantized, the
+//! per-tensor mixture rules (with their layer counters) and the fallback for rows that are not whole blocks.
+//! Same decisions as `src/llama-quant.cpp` (`tensor_allows_quantization`, `llama_tensor_get_type`,
+//! `llama_tensor_get_type_impl`, `tensor_type_fallback`, `weight_name_comparer`) for dense models;
+//! `../shared/specs/ggml-llamacpp.md` §3.
+
+use std::cmp::Ordering;
+
+use quantfarm_tensors::GgmlType;
+
+use crate::ftype::FileType;
+
+/// Substrings that keep a tensor in its input type (`tensor_allows_quantization`).
+const NEVER_QUANTIZED: &[&str] = &[
+    "_norm.weight",
+    "ffn_gate_inp.weight",
+    "ffn_gate_tid2eid.weight",
+    "altup",
+    "laurel",
+    "per_layer_model_proj",
+    "ssm_conv1d",
+    "shortconv.conv.weight",
+    "indexer.k_proj.weight",
+    "indexer.q_proj.weight",
+    "time_mix_first.weight",
+    "time_mix_w0.weight",
+    "time_mix_w1.weight",
+    "time_mix_w2.weight",
+    "time_mix_v0.weight",
+    "time_mix_v1.weight",
+    "time_mix_v2.weight",
+    "time_mix_a0.weight",
+    "time_mix_a1.weight",
+    "time_mix_a2.weight",
+    "time_mix_g1.weight",
+    "time_mix_g2.weight",
+    "time_mix_decay_w1.weight",
+    "time_mix_decay_w2.weight",
+    "time_mix_lerp_fused.weight",
+    "attn_rel_b.weight",
+    ".position_embd",
+    "sam.",
+    ".rel_pos",
+    ".patch_embd",
+    ".patch_merger",
+    "a.rvq.codebook",
+    "mm.a.code_embd",
+];
+
+/// `llama_model_loader`'s tensor order: layer number from `blk.N.` (non-layer tensors, as -1, first), then bytes.
+pub fn tensor_order(a: &str, b: &str) -> Ordering {
+    fn layer(name: &str) -> i64 {
+        name.strip_prefix("blk.")
+            .and_then(|rest| rest.split('.').next())
+            .and_then(|n| n.parse::<i64>().ok())
+            .unwrap_or(-1)
+    }
+    layer(a).cmp(&layer(b)).then_with(|| a.as_bytes().cmp(b.as_bytes()))
+}
+
+/// `ggml_n_dims`: dimensions up to the last one larger than 1 (at least 1).
+pub fn n_dims(ne: &[u64]) -> usize {
+    ne.iter().rposition(|&d| d > 1).map_or(1, |i| i + 1)
+}
+
+/// Whether llama-quantize may change this tensor's type at all.
+pub fn allows_quantization(name: &str, ne: &[u64]) -> bool {
+    n_dims(ne) >= 2
+        && name.ends_with("weight")
+        && !NEVER_QUANTIZED.iter().any(|s| name.contains(s))
+        && !name.ends_with("pos_embd.weight")
+        && !name.ends_with("token_types.weight")
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Category {
+    Output,
+    TokenEmbd,
+    AttnV,
+    AttnK,
+    AttnQ,
+    AttnOutput,
+    FfnUp,
+    FfnGate,
+    FfnDown,
+    Other,
+}
+
+/// `tensor_get_category`: exact names first, then substrings, in this order.
+fn category(name: &str) -> Category {
+    match name {
+        "output.weight" => return Category::Output,
+        "token_embd.weight" | "per_layer_token_embd.weight" => return Category::TokenEmbd,
+        _ => {}
+    }
+    let table = [
+        ("attn_qkv.weight", Category::AttnV),
+        ("attn_kv_b.weight", Category::AttnV),
+        ("attn_v.weight", Category::AttnV),
+        ("attn_k.weight", Category::AttnK),
+        ("attn_q.weight", Category::AttnQ),
+        ("attn_output.weight", Category::AttnOutput),
+        ("ffn_up", Category::FfnUp),
+        ("ffn_gate", Category::FfnGate),
+        ("ffn_down", Category::FfnDown),
+    ];
+    table.iter().find(|(s, _)| name.contains(s)).map_or(Category::Other, |(_, c)| *c)
+}
+
+/// Whether a tensor counts towards `n_attention_wv`.
+pub fn is_attn_v(name: &str) -> bool {
+    category(name) == Category::AttnV
+}
+
+/// `use_more_bits`: the first and last eighth of the layers and every third one between.
+fn use_more_bits(i: i64, n: i64) -> bool {
+    i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2
+}
+
+/// `tensor_type_fallback`: a type whose block does not divide the row length falls back, then to F16.
+pub fn fallback(ty: GgmlType, ne0: u64) -> GgmlType {
+    if ne0 % ty.block_size() as u64 == 0 {
+        return ty;
+    }
+    let next = match ty {
+        GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q2_0 | GgmlType::TQ1_0 | GgmlType::TQ2_0 => GgmlType::Q4_0,
+        GgmlType::Q4_K => GgmlType::Q5_0,
+        GgmlType::Q5_K => GgmlType::Q5_1,
+        GgmlType::Q6_K => GgmlType::Q8_0,
+        GgmlType::IQ1_S
+        | GgmlType::IQ1_M
+        | GgmlType::IQ2_XXS
+        | GgmlType::IQ2_XS
+        | GgmlType::IQ2_S
+        | GgmlType::IQ3_XXS
+        | GgmlType::IQ3_S
+        | GgmlType::IQ4_XS => GgmlType::IQ4_NL,
+        other => other,
+    };
+    if ne0 % next.block_size() as u64 == 0 {
+        next
+    } else {
+        GgmlType::F16
+    }
+}
+
+/// Model facts the rules read (`llama_hparams`, `init_quantize_state_counters`).
+#[derive(Clone, Debug)]
+pub struct ModelFacts {
+    /// `{arch}.block_count`.
+    pub n_layer: i64,
+    /// `n_head / n_head_kv` of layer 0.
+    pub gqa: i64,
+    /// No tensor named exactly `output.weight`: token_embd doubles as the output.
+    pub tied_embeddings: bool,
+    /// Tensors in the attn_v category.
+    pub n_attention_wv: i64,
+}
+
+/// One tensor's decision.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Choice {
+    pub name: String,
+    pub ty: GgmlType,
+    /// Whether the fallback of §3.6 replaced the rule's type.
+    pub fell_back: bool,
+}
+
+/// Decides the type of every tensor, in llama-quantize's tensor order. `tensors` are (name, ne, current type).
+pub fn choose_types(ftype: FileType, facts: &ModelFacts, tensors: &[(String, Vec<u64>, GgmlType)]) -> Vec<Choice> {
+    let mut order: Vec<usize> = (0..tensors.len()).collect();
+    order.sort_by(|&a, &b| tensor_order(&tensors[a].0, &tensors[b].0));
+    let (mut i_attention_wv, mut i_ffn_down) = (0i64, 0i64);
+    let mut out = Vec::with_capacity(tensors.len());
+    for idx in order {
+        let (name, ne, current) = &tensors[idx];
+        if !allows_quantization(name, ne) {
+            out.push(Choice { name: name.clone(), ty: *current, fell_back: false });
+            continue;
+        }
+        let default = ftype.default_type();
+        if !ftype.is_quantized() {
+            out.push(Choice { name: name.clone(), ty: default, fell_back: false });
+            continue;
+        }
+        let ne0 = ne.first().copied().unwrap_or(1);
+        let cat = category(name);
+        let ruled = rule(ftype, cat, facts, ne0, &mut i_attention_wv, &mut i_ffn_down);
+        let ty = fallback(ruled, ne0);
+        out.push(Choice { name: name.clone(), ty, fell_back: ty != ruled });
+    }
+    out
+}
+
+/// `llama_tensor_get_type_impl` for dense (non-MoE, non-Falcon) models.
+fn rule(ftype: FileType, cat: Category, m: &ModelFacts, ne0: u64, i_v: &mut i64, i_down: &mut i64) -> GgmlType {
+    use FileType as F;
+    use GgmlType as T;
+    let default = ftype.default_type();
+    match cat {
+        Category::Output | Category::TokenEmbd if cat == Category::Output || m.tied_embeddings => {
+            if ne0 % default.block_size() as u64 != 0 || default == T::Q8_0 {
+                T::Q8_0
+            } else {
+                T::Q6_K
+            }
+        }
+        Category::AttnV => {
+            let i = *i_v;
+            *i_v += 1;
+            let n = m.n_attention_wv;
+            let mut t = match ftype {
+                F::Q2_K => {
+                    if m.gqa >= 4 {
+                        T::Q4_K
+                    } else {
+                        T::Q3_K
+                    }
+                }
+                F::Q3_K_M => {
+                    if i < 2 {
+                        T::Q5_K
+                    } else {
+                        T::Q4_K
+                    }
+                }
+                F::Q3_K_L => T::Q5_K,
+                F::Q4_K_S if i < 4 => T::Q5_K,
+                F::Q4_K_M | F::Q5_K_M if use_more_bits(i, n) => T::Q6_K,
+                _ => default,
+            };
+            // "70B" (LLaMA with 80 layers and grouped-query attention): more bits for V.
+            if m.n_layer == 80 && m.gqa > 1 && matches!(t, T::Q3_K | T::Q4_K) {
+                t = T::Q5_K;
+            }
+            t
+        }
+        Category::AttnOutput => match ftype {
+            F::Q2_K => T::Q3_K,
+            F::Q3_K_M => T::Q4_K,
+            F::Q3_K_L => T::Q5_K,
+            _ => default,
+        },
+        Category::FfnDown => {
+            let i = *i_down;
+            *i_down += 1;
+            let n = m.n_layer;
+            match ftype {
+                F::Q2_K => T::Q3_K,
+                F::Q3_K_M if i < n / 16 => T::Q5_K,
+                F::Q3_K_M => T::Q4_K,
+                F::Q3_K_L => T::Q5_K,
+                F::Q4_K_S if i < n / 8 => T::Q5_K,
+                F::Q4_K_M | F::Q5_K_M if use_more_bits(i, n) => T::Q6_K,
+                _ => default,
+            }
+        }
+        _ => default,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn order_is_layer_then_bytes() {
+        let mut v =
+            vec!["blk.10.a.weight", "blk.2.b.weight", "token_embd.weight", "blk.2.a.weight", "output_norm.weight"];
+        v.sort_by(|a, b| tensor_order(a, b));
+        assert_eq!(
+            v,
+            ["output_norm.weight", "token_embd.weight", "blk.2.a.weight", "blk.2.b.weight", "blk.10.a.weight"]
+        );
+    }
+
+    #[test]
+    fn use_more_bits_matches_the_spec_examples() {
+        let layers = |n| (0..n).filter(|&i| use_more_bits(i, n)).collect::<Vec<_>>();
+        assert_eq!(layers(16), [0, 1, 4, 7, 10, 13, 14, 15]);
+        assert_eq!(layers(28), [0, 1, 2, 5, 8, 11, 14, 17, 20, 23, 24, 25, 26, 27]);
+    }
+
+    #[test]
+    fn fallbacks() {
+        assert_eq!(fallback(GgmlType::Q4_K, 896), GgmlType::Q5_0);
+        assert_eq!(fallback(GgmlType::Q6_K, 896), GgmlType::Q8_0);
+        assert_eq!(fallback(GgmlType::Q4_K, 4096), GgmlType::Q4_K);
+        assert_eq!(fallback(GgmlType::Q2_K, 100), GgmlType::F16);
+    }
+}
