@@ -185,6 +185,87 @@ pub(crate) fn make_qkx3_quants<const N: usize>(
     (scale, -min)
 }
 
+/// `make_qp_quants(n, nmax, x, L, quant_weights)`: quantizes the non-negative sub-block scales (or mins) of the
+/// K-quant `_impl` functions to `0..=nmax` and returns the super-block scale.
+///
+/// A scale search over `(nmax + 0.1·is)/max` for `is` in −4..4, then up to 5 rounds of single-level refinement. The
+/// levels live in a `uint8_t` array in the C, so the first pass (no clamp) and every comparison go through `u8`.
+pub(crate) fn make_qp_quants<const N: usize>(nmax: i32, x: &[f32; N], l_out: &mut [u8; N], qw: &[f32; N]) -> f32 {
+    let mut max = 0.0f32;
+    for &v in x {
+        max = if max > v { max } else { v }; // MAX(max, x[i])
+    }
+    // `if (!max)`: exactly zero.
+    if max == 0.0 {
+        l_out.fill(0);
+        return 0.0;
+    }
+    let mut iscale = nmax as f32 / max;
+    for i in 0..N {
+        l_out[i] = nearest_int(iscale * x[i]) as u8;
+    }
+    let scale = 1.0 / iscale;
+    let mut best_mse = 0.0f32;
+    for i in 0..N {
+        let diff = x[i] - scale * l_out[i] as f32;
+        best_mse += qw[i] * diff * diff;
+    }
+    for is in -4i32..=4 {
+        if is == 0 {
+            continue;
+        }
+        let iscale_is = (0.1f32 * is as f32 + nmax as f32) / max;
+        let scale_is = 1.0 / iscale_is;
+        let mut mse = 0.0f32;
+        for i in 0..N {
+            let l = nearest_int(iscale_is * x[i]).min(nmax);
+            let diff = x[i] - scale_is * l as f32;
+            mse += qw[i] * diff * diff;
+        }
+        if mse < best_mse {
+            best_mse = mse;
+            iscale = iscale_is;
+        }
+    }
+    let mut sumlx = 0.0f32;
+    let mut suml2 = 0.0f32;
+    for i in 0..N {
+        let l = nearest_int(iscale * x[i]).min(nmax);
+        l_out[i] = l as u8;
+        let w = qw[i];
+        let lf = l as f32; // the int, not the stored byte
+        sumlx += w * x[i] * lf;
+        suml2 += w * lf * lf;
+    }
+    for _ in 0..5 {
+        let mut n_changed = 0;
+        for i in 0..N {
+            let w = qw[i];
+            let li = l_out[i] as f32;
+            let mut slx = sumlx - w * x[i] * li;
+            let mut sl2 = suml2 - w * li * li;
+            if slx > 0.0 && sl2 > 0.0 {
+                let new_l = nearest_int(x[i] * sl2 / slx).min(nmax);
+                if new_l != i32::from(l_out[i]) {
+                    let nf = new_l as f32;
+                    slx += w * x[i] * nf;
+                    sl2 += w * nf * nf;
+                    if slx * slx * suml2 > sumlx * sumlx * sl2 {
+                        l_out[i] = new_l as u8;
+                        sumlx = slx;
+                        suml2 = sl2;
+                        n_changed += 1;
+                    }
+                }
+            }
+        }
+        if n_changed == 0 {
+            break;
+        }
+    }
+    sumlx / suml2
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

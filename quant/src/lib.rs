@@ -7,16 +7,17 @@
 //! from `ggml/src/ggml-quants.c` (llama.cpp 0c1e570), and nothing fuses multiply-adds (ggml-base is built without
 //! FMA; see `shared/specs/ggml-llamacpp.md` §2.9).
 //!
-//! Supported: F32, F16, BF16, Q8_0, and Q4_0, Q4_1, Q5_0, Q5_1 with or without an importance matrix. K-quants are
-//! not here yet.
+//! Supported: F32, F16, BF16, Q8_0, and Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K with or without an importance
+//! matrix. Q2_K, Q3_K and the IQ formats are not here yet.
 //!
 //! Modules: `float` (fp16/bf16 conversion), `helpers` (`nearest_int` and the scale searches), `legacy` (the
-//! 32-element block formats).
+//! 32-element block formats), `kquants` (the 256-element super-block formats).
 
 pub mod file;
 mod float;
 pub mod ftype;
 mod helpers;
+mod kquants;
 mod legacy;
 pub mod mixture;
 
@@ -56,6 +57,9 @@ pub fn supported(ty: GgmlType) -> bool {
             | GgmlType::Q4_1
             | GgmlType::Q5_0
             | GgmlType::Q5_1
+            | GgmlType::Q4_K
+            | GgmlType::Q5_K
+            | GgmlType::Q6_K
     )
 }
 
@@ -111,6 +115,7 @@ pub fn quantize(
         GgmlType::Q4_1 => legacy::quantize_rows::<BlockQ4_1>(src, n_per_row, imatrix, dst),
         GgmlType::Q5_0 => legacy::quantize_rows::<BlockQ5_0>(src, n_per_row, imatrix, dst),
         GgmlType::Q5_1 => legacy::quantize_rows::<BlockQ5_1>(src, n_per_row, imatrix, dst),
+        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => kquants::quantize_rows(ty, src, n_per_row, imatrix, dst),
         // `supported` was checked above; keep the two lists in step.
         _ => return Err(QuantError::Unsupported(ty)),
     }
@@ -138,7 +143,7 @@ mod tests {
     fn rejects_bad_requests() {
         let src = vec![0.5f32; 64];
         let mut dst = dst_for(GgmlType::Q4_0, 32, 2);
-        assert_eq!(quantize(GgmlType::Q4_K, &src, 256, None, &mut dst), Err(QuantError::Unsupported(GgmlType::Q4_K)));
+        assert_eq!(quantize(GgmlType::Q2_K, &src, 256, None, &mut dst), Err(QuantError::Unsupported(GgmlType::Q2_K)));
         assert!(matches!(quantize(GgmlType::Q4_0, &src, 48, None, &mut dst), Err(QuantError::PartialBlock { .. })));
         assert!(matches!(quantize(GgmlType::Q4_0, &src, 0, None, &mut dst), Err(QuantError::PartialBlock { .. })));
         assert!(matches!(quantize(GgmlType::Q4_0, &src[..48], 32, None, &mut dst), Err(QuantError::PartialRow { .. })));

@@ -18,6 +18,9 @@ const GOLDEN: &[(GgmlType, &str)] = &[
     (GgmlType::Q4_1, "q4_1"),
     (GgmlType::Q5_0, "q5_0"),
     (GgmlType::Q5_1, "q5_1"),
+    (GgmlType::Q4_K, "q4_K"),
+    (GgmlType::Q5_K, "q5_K"),
+    (GgmlType::Q6_K, "q6_K"),
 ];
 
 fn golden_dir() -> PathBuf {
@@ -85,11 +88,26 @@ fn matches_ggml_with_imatrix() {
     }
 }
 
-/// The imatrix must change the legacy quants (otherwise the `_imat` comparison would prove nothing about `_impl`).
+/// The imatrix must change the legacy and K-quants (otherwise the `_imat` comparison would prove nothing about
+/// `_impl`).
 #[test]
-fn imatrix_changes_the_legacy_quants() {
+fn imatrix_changes_the_quants() {
     for (_, stem) in &GOLDEN[3..] {
         assert_ne!(read(&format!("{stem}.bin")), read(&format!("{stem}_imat.bin")), "{stem}");
+    }
+}
+
+/// The `fma_` files come from a `-march=haswell` build that fuses multiply-adds. For Q5_K they differ from the plain
+/// build, and our (never-fusing) output must be the plain one; for Q4_K and Q6_K both builds agree on this input.
+#[test]
+fn k_quants_match_the_non_fma_build() {
+    let input = read_f32("input.f32");
+    let q5 = quantized(GgmlType::Q5_K, &input, None);
+    assert_eq!(q5, read("q5_K.bin"));
+    assert_ne!(q5, read("fma_q5_K.bin"), "fma_q5_K.bin should differ, or this test proves nothing");
+    for (ty, stem) in [(GgmlType::Q4_K, "q4_K"), (GgmlType::Q6_K, "q6_K")] {
+        assert_eq!(read(&format!("fma_{stem}.bin")), read(&format!("{stem}.bin")), "{stem}");
+        assert_eq!(quantized(ty, &input, None), read(&format!("{stem}.bin")), "{stem}");
     }
 }
 
@@ -110,7 +128,10 @@ fn round_trip_error_is_bounded() {
             let bytes = quantized(ty, &input, imat);
             let mut back = vec![0f32; input.len()];
             dequantize_ggml(ty, &bytes, &mut back).unwrap_or_else(|e| panic!("{ty}: {e}"));
-            for (b, (xs, ys)) in input.chunks(32).zip(back.chunks(32)).enumerate() {
+            // Legacy formats are judged per 32-element block, K-quants per 256-element super-block (their sub-block
+            // scales are quantized against the super-block's largest one).
+            let chunk = ty.block_size().max(32);
+            for (b, (xs, ys)) in input.chunks(chunk).zip(back.chunks(chunk)).enumerate() {
                 let (min, max) = xs.iter().fold((f32::MAX, f32::MIN), |(lo, hi), &x| (lo.min(x), hi.max(x)));
                 let amax = xs.iter().fold(0f32, |m, x| m.max(x.abs()));
                 // One step of each format's grid, with the step sizes the `_ref` quantizers choose.
@@ -122,6 +143,9 @@ fn round_trip_error_is_bounded() {
                     GgmlType::Q5_0 => amax / 16.0 * 2.0,
                     GgmlType::Q4_1 => (max - min) / 15.0,
                     GgmlType::Q5_1 => (max - min) / 31.0,
+                    GgmlType::Q4_K => (max - min) / 15.0,
+                    GgmlType::Q5_K => (max - min) / 31.0,
+                    GgmlType::Q6_K => amax / 32.0 * 2.0,
                     _ => unreachable!(),
                 };
                 // Half a step for rounding (a full one where Q4_0/Q5_0 cap the top level, covered by their doubled

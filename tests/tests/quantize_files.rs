@@ -1,6 +1,6 @@
 //! llama-quantize's decisions and bytes on the real SmolLM2: for every ladder rung in the shared manifests the
 //! mixture rules pick the same type for every tensor, in the same order; for the rungs whose types quantfarm can
-//! produce today (Q8_0, Q4_0) the whole output file equals llama-quantize's, byte for byte.
+//! produce today (Q8_0, Q4_0, Q6_K, Q5_K_M, Q4_K_M) the whole output file equals llama-quantize's, byte for byte.
 
 use quantfarm_e2e::{fixtures_dir, smollm2_derived};
 use quantfarm_quant::file::{model_facts, quantize_gguf, Options};
@@ -52,11 +52,17 @@ fn mixture_rules_choose_llama_quantizes_types_for_every_rung() {
 }
 
 #[test]
-fn q8_0_and_q4_0_files_equal_llama_quantizes_byte_for_byte() {
+fn q8_0_q4_0_q6_k_q5_k_m_q4_k_m_files_equal_llama_quantizes_byte_for_byte() {
     let dir = tempfile::tempdir().unwrap();
     rt().block_on(async {
         let src = TensorSource::open(&Location::local(bf16())).await.unwrap();
-        for (file, ftype) in [("smollm2-q8_0.json", FileType::Q8_0), ("smollm2-q4_0.json", FileType::Q4_0)] {
+        for (file, ftype) in [
+            ("smollm2-q8_0.json", FileType::Q8_0),
+            ("smollm2-q4_0.json", FileType::Q4_0),
+            ("smollm2-q6_k.json", FileType::Q6_K),
+            ("smollm2-q5_k_m.json", FileType::Q5_K_M),
+            ("smollm2-q4_k_m.json", FileType::Q4_K_M),
+        ] {
             let m = manifest(file);
             let out = dir.path().join(format!("{ftype}.gguf"));
             // A small budget: tensors are quantized in many row chunks.
@@ -86,11 +92,12 @@ fn k_quant_rungs_are_refused_naming_the_tensor() {
     let dir = tempfile::tempdir().unwrap();
     rt().block_on(async {
         let src = TensorSource::open(&Location::local(bf16())).await.unwrap();
-        let opts = Options { ftype: FileType::Q6_K, allow_requantize: false, budget: 1 << 20, overwrite: false };
-        let out = dir.path().join("q6_k.gguf");
+        // Q2_K gives most tensors Q2_K or Q3_K, which quantfarm cannot produce yet (Q4_K..Q6_K it can).
+        let opts = Options { ftype: FileType::Q2_K, allow_requantize: false, budget: 1 << 20, overwrite: false };
+        let out = dir.path().join("q2_k.gguf");
         let err =
-            quantize_gguf(&src, &Location::local(&out), &opts).await.err().expect("Q6_K needs K-quants").to_string();
-        assert!(err.contains("Q6_K") && err.contains("tensor"), "{err}");
+            quantize_gguf(&src, &Location::local(&out), &opts).await.err().expect("Q2_K needs Q2_K/Q3_K").to_string();
+        assert!(err.contains("Q2_K") && err.contains("tensor"), "{err}");
         assert!(!out.exists(), "a refused quantization left a file");
     });
 }
