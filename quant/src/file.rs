@@ -3,7 +3,7 @@
 //! Pipeline of `llama_model_quantize_impl` (`../shared/specs/ggml-llamacpp.md` §3.1).
 
 use quantfarm_tensors::gguf::{split, TensorDesc, Value};
-use quantfarm_tensors::write::GgufWriter;
+use quantfarm_tensors::write::{copy_tensor, GgufWriter};
 use quantfarm_tensors::{Committed, GgmlType, Location, TensorSource};
 
 use crate::ftype::FileType;
@@ -128,11 +128,7 @@ pub async fn quantize_gguf(src: &TensorSource, dst: &Location, opts: &Options) -
         let info = infos.iter().find(|t| t.name == c.name).expect("choices name input tensors");
         let e = src.entry(&c.name)?;
         if c.ty == info.ty {
-            for r in src.chunks(e, opts.budget)? {
-                raw.resize((r.end - r.start) as usize, 0);
-                src.read_range(&c.name, r.start, &mut raw).await?;
-                w.write(&raw).await?;
-            }
+            copy_tensor(src, &c.name, opts.budget, &mut raw, &mut w).await?;
             continue;
         }
         let row_len = e.row_len() as usize;

@@ -127,7 +127,7 @@ impl SafetensorsWriter {
 }
 
 /// A writer that takes a file's bytes in order, in pieces of any size.
-trait PieceWriter {
+pub trait PieceWriter {
     fn write_piece(&mut self, data: &[u8]) -> impl std::future::Future<Output = Result<()>>;
 }
 
@@ -144,7 +144,7 @@ impl PieceWriter for SafetensorsWriter {
 }
 
 /// Copies the stored bytes of tensor `name` from `src` to `w` in reads of at most `budget` bytes through `buf`.
-async fn copy_tensor(
+pub async fn copy_tensor(
     src: &TensorSource,
     name: &str,
     budget: u64,
