@@ -1,7 +1,10 @@
 //! `quantfarm`: prove that every quantized artifact of a fine-tune still behaves like the model that was trained.
 
+mod convert;
 mod cp;
+mod farm;
 mod inspect;
+mod keys;
 mod quantize;
 mod units;
 
@@ -28,12 +31,37 @@ enum Command {
     Cp(cp::Args),
     /// Quantize a GGUF model to a llama-quantize file type (same bytes as llama-quantize).
     Quantize(quantize::Args),
+    /// Convert a Hugging Face safetensors checkpoint to GGUF BF16 (the bytes convert_hf_to_gguf.py writes).
+    Convert(convert::Args),
+    /// Make a release: a coordinator and local workers in this process (gRPC over loopback), a local store.
+    /// Exit status 0 released, 1 a gate failed, 2 error.
+    Run(farm::RunArgs),
+    /// Serve the farm: accept releases, schedule their tasks onto workers, sign reports.
+    Coordinator(farm::CoordinatorArgs),
+    /// Work for a coordinator: lease tasks, run them, report results.
+    Worker(farm::WorkerArgs),
+    /// Submit a release to a coordinator; with --watch, exit status 0 released, 1 a gate failed, 2 error.
+    Submit(farm::SubmitArgs),
+    /// Follow a submitted release to its verdict (exit status as `submit --watch`).
+    Watch(farm::WatchArgs),
+    /// Make an ed25519 signing key for reports.
+    Keygen(keys::KeygenArgs),
+    /// Signed reports.
+    #[command(subcommand)]
+    Report(ReportCommand),
+}
+
+#[derive(Subcommand)]
+enum ReportCommand {
+    /// Check a report's signature: exit 0 only for an untampered report.
+    Verify(keys::VerifyArgs),
 }
 
 fn main() -> std::process::ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("QUANTFARM_LOG").unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
@@ -43,15 +71,26 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
-    let result: Result<()> = rt.block_on(async {
+    let result: Result<u8> = rt.block_on(async {
+        let ok = |r: Result<()>| r.map(|()| 0);
         match cli.command {
-            Command::Inspect(args) => inspect::run(args).await,
-            Command::Cp(args) => cp::run(args).await,
-            Command::Quantize(args) => quantize::run(args).await,
+            Command::Inspect(args) => ok(inspect::run(args).await),
+            Command::Cp(args) => ok(cp::run(args).await),
+            Command::Quantize(args) => ok(quantize::run(args).await),
+            Command::Convert(args) => ok(convert::run(args).await),
+            Command::Run(args) => farm::run(args).await,
+            Command::Coordinator(args) => ok(farm::coordinator(args).await),
+            Command::Worker(args) => ok(farm::worker(args).await),
+            Command::Submit(args) => farm::submit(args).await,
+            Command::Watch(args) => farm::watch(args).await,
+            Command::Keygen(args) => ok(keys::keygen(args)),
+            Command::Report(ReportCommand::Verify(args)) => keys::verify(args).map(|valid| if valid { 0 } else { 1 }),
         }
     });
+    // Drop the runtime without waiting for blocked tasks (a lease long-poll) to notice.
+    rt.shutdown_timeout(std::time::Duration::from_millis(100));
     match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+        Ok(code) => std::process::ExitCode::from(code),
         Err(e) => {
             eprintln!("error: {e:#}");
             std::process::ExitCode::from(2)

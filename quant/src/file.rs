@@ -96,12 +96,50 @@ fn is_float(t: GgmlType) -> bool {
 /// Quantizes the GGUF model `src` (one file or a split) to `dst` as `llama-quantize SRC DST FTYPE` does.
 /// Every decision is checked before anything is written; the file appears only when complete.
 pub async fn quantize_gguf(src: &TensorSource, dst: &Location, opts: &Options) -> Result<Quantized, FileError> {
+    quantize_part(src, None, dst, opts).await
+}
+
+/// Quantizes the tensors of split file `shard` of `src` into `dst`, as split file `shard` of the quantized split
+/// model (llama-quantize `--keep-split`): the types are chosen over the whole model — the mixture rules count
+/// layers and attention tensors across every file — and the first file carries all metadata followed by the split
+/// keys, the others only the split keys. A one-file model is quantized whole. This is the farm's per-shard task.
+pub async fn quantize_gguf_shard(
+    src: &TensorSource,
+    shard: usize,
+    dst: &Location,
+    opts: &Options,
+) -> Result<Quantized, FileError> {
+    quantize_part(src, Some(shard), dst, opts).await
+}
+
+async fn quantize_part(
+    src: &TensorSource,
+    shard: Option<usize>,
+    dst: &Location,
+    opts: &Options,
+) -> Result<Quantized, FileError> {
     let facts = model_facts(src)?;
     let gguf = src.gguf().expect("model_facts checked the format");
+    let n_shards = gguf.shards.len();
+    if let Some(s) = shard {
+        if s >= n_shards {
+            return Err(FileError::Metadata {
+                file: src.location().to_string(),
+                key: split::SPLIT_COUNT.into(),
+                msg: format!("the model has {n_shards} file(s), there is no split file {}", s + 1),
+            });
+        }
+    }
+    let shard = shard.filter(|_| n_shards > 1);
     let infos: Vec<_> = gguf.tensors().map(|t| t.info.clone()).collect();
+    let in_part: std::collections::HashSet<&str> =
+        gguf.tensors().filter(|t| shard.is_none_or(|s| t.shard == s)).map(|t| t.info.name.as_str()).collect();
     let list: Vec<(String, Vec<u64>, GgmlType)> =
         infos.iter().map(|t| (t.name.clone(), t.dims.clone(), t.ty)).collect();
-    let choices = mixture::choose_types(opts.ftype, &facts, &list);
+    let choices: Vec<Choice> = mixture::choose_types(opts.ftype, &facts, &list)
+        .into_iter()
+        .filter(|c| in_part.contains(c.name.as_str()))
+        .collect();
 
     let mut descs = Vec::with_capacity(choices.len());
     for c in &choices {
@@ -119,7 +157,19 @@ pub async fn quantize_gguf(src: &TensorSource, dst: &Location, opts: &Options) -
         descs.push(TensorDesc { name: c.name.clone(), dims, ty: c.ty });
     }
 
-    let metadata = output_metadata(&gguf.header().metadata, opts.ftype);
+    let metadata = match shard {
+        None => output_metadata(&gguf.header().metadata, opts.ftype),
+        Some(s) => {
+            let split_keys = split::split_metadata(s as u16, n_shards as u16, infos.len() as i32);
+            if s == 0 {
+                let mut m = output_metadata(&gguf.header().metadata, opts.ftype);
+                m.extend(split_keys);
+                m
+            } else {
+                split_keys
+            }
+        }
+    };
     let mut w = GgufWriter::create(dst, 3, &metadata, &descs, opts.overwrite).await?;
     let mut raw = Vec::new();
     let mut values = Vec::new();

@@ -17,12 +17,25 @@ const MIN_PART_BYTES: usize = 8 << 20;
 /// …and at most this many at once.
 const MAX_PARTS_IN_FLIGHT: usize = 4;
 
+#[cfg(unix)]
+fn local_version(meta: &std::fs::Metadata) -> String {
+    use std::os::unix::fs::MetadataExt;
+    format!("file:{}:{}:{}.{}", meta.dev(), meta.ino(), meta.mtime(), meta.mtime_nsec())
+}
+
+#[cfg(not(unix))]
+fn local_version(meta: &std::fs::Metadata) -> String {
+    let t = meta.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).unwrap_or_default();
+    format!("file:{}", t.as_nanos())
+}
+
 /// An open file or object of known length.
 #[derive(Clone)]
 pub struct Blob {
     loc: Location,
     name: String,
     len: u64,
+    version: String,
     file: Option<Arc<std::fs::File>>,
 }
 
@@ -42,12 +55,24 @@ impl Blob {
             if !meta.is_file() {
                 return Err(Error::Io { file: name.clone(), source: std::io::Error::other("not a regular file") });
             }
-            return Ok(Blob { loc: loc.clone(), len: meta.len(), file: Some(Arc::new(file)), name });
+            let version = local_version(&meta);
+            return Ok(Blob { loc: loc.clone(), len: meta.len(), version, file: Some(Arc::new(file)), name });
         }
         let (store, key) = loc.object().expect("a location is local or in a store");
         let meta = store.head(key).await.map_err(|e| Error::store(&name, e))?;
         tracing::debug!(object = %name, bytes = meta.size, "opened");
-        Ok(Blob { loc: loc.clone(), len: meta.size, file: None, name })
+        let version = match (&meta.e_tag, &meta.version) {
+            (Some(e), _) => format!("etag:{e}"),
+            (None, Some(v)) => format!("version:{v}"),
+            (None, None) => format!("modified:{}", meta.last_modified.timestamp_nanos_opt().unwrap_or(0)),
+        };
+        Ok(Blob { loc: loc.clone(), len: meta.size, version, file: None, name })
+    }
+
+    /// What changes when the content changes: the store's ETag (or version), or a local file's modification
+    /// time, inode and device. Not a content hash — reading a whole model to name it is what this avoids.
+    pub fn version(&self) -> &str {
+        &self.version
     }
 
     pub fn len(&self) -> u64 {

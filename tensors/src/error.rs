@@ -40,6 +40,15 @@ pub enum Error {
     #[error("{0}: already exists (refusing to replace it)")]
     Exists(PathBuf),
 
+    /// An architecture mapping (`mappings/*.yaml`) that does not parse or validate; `msg` names the line.
+    #[error("mapping {file}: {msg}")]
+    Mapping { file: String, msg: String },
+
+    /// A checkpoint tensor that no rule of the mapping renames or drops (convert_hf_to_gguf's
+    /// `ModelBase.map_tensor_name` "Can not map tensor").
+    #[error("cannot map tensor '{tensor}' (mapping {mapping})")]
+    Unmapped { tensor: String, mapping: String },
+
     #[error(transparent)]
     Dequant(#[from] crate::dequant::DequantError),
 }

@@ -5,6 +5,7 @@
 //! fit a caller's budget, and outputs go through one [`StagedSink`] so nothing partial is ever visible.
 
 pub mod blob;
+pub mod convert;
 pub mod dequant;
 pub mod dtype;
 pub mod error;

@@ -1,0 +1,531 @@
+//! The farm commands: `run` (coordinator + local workers in one process, over gRPC on loopback), `coordinator`,
+//! `worker`, and `submit` (with `--watch` progress and an exit code that is the verdict).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context as _, Result};
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use quantfarm_coordinator::signing::{self, SigningKey};
+use quantfarm_coordinator::{Coordinator, CoordinatorConfig, SchedConfig};
+use quantfarm_proto::releases_client::ReleasesClient;
+use quantfarm_proto::{self as pb, ReleaseState, PROTOCOL_VERSION};
+use quantfarm_tensors::Location;
+use quantfarm_worker::{AddToken, WorkerConfig};
+use tokio::sync::watch;
+
+use crate::units::parse_size;
+
+/// Exit codes of `run` and `submit --watch`.
+pub const EXIT_RELEASED: u8 = 0;
+pub const EXIT_GATE_FAILED: u8 = 1;
+pub const EXIT_ERROR: u8 = 2;
+
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// The release to make.
+    release: PathBuf,
+    /// Local workers to start.
+    #[arg(long, default_value_t = 2)]
+    workers: u32,
+    /// Where artifacts, reports and the journal go: a folder, file:// or s3://bucket/prefix.
+    #[arg(long, default_value = "quantfarm-data")]
+    store: String,
+    /// Memory budget of each worker (tensor data held at once).
+    #[arg(long, default_value = "1GiB", value_parser = parse_size)]
+    memory: u64,
+    /// Signing key file (default: $QUANTFARM_SIGNING_KEY holding the key text, else $QUANTFARM_KEY_FILE, else
+    /// ~/.config/quantfarm/signing.key, created on first use).
+    #[arg(long)]
+    key: Option<PathBuf>,
+    /// Print the final report summary as JSON instead of progress bars.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+pub struct CoordinatorArgs {
+    /// Address to listen on. Off loopback a token is required.
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    listen: String,
+    /// Where artifacts and reports go: a folder, file:// or s3://bucket/prefix.
+    #[arg(long, default_value = "quantfarm-data")]
+    store: String,
+    /// The SQLite journal (default: journal.sqlite in the store folder, or ./quantfarm-coordinator.sqlite for an
+    /// object store).
+    #[arg(long)]
+    journal: Option<PathBuf>,
+    /// Farm token every worker and client must send (or $QUANTFARM_TOKEN).
+    #[arg(long, env = "QUANTFARM_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Signing key file (see `quantfarm run --help`).
+    #[arg(long)]
+    key: Option<PathBuf>,
+    /// TLS certificate and private key (PEM) to serve https.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// How long a lease lives without a heartbeat.
+    #[arg(long, default_value_t = 30_000)]
+    lease_ms: u64,
+    /// Tries per task before the release fails.
+    #[arg(long, default_value_t = 4)]
+    max_attempts: u32,
+    /// First retry delay (doubles per attempt).
+    #[arg(long, default_value_t = 500)]
+    backoff_ms: u64,
+}
+
+#[derive(clap::Args)]
+pub struct WorkerArgs {
+    /// The coordinator's URL.
+    #[arg(long, default_value = "http://127.0.0.1:7070")]
+    coordinator: String,
+    #[arg(long, env = "QUANTFARM_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Tasks run at once (default: 1).
+    #[arg(long, default_value_t = 1)]
+    slots: u32,
+    /// Memory budget shared by the running tasks.
+    #[arg(long, default_value = "1GiB", value_parser = parse_size)]
+    memory: u64,
+    /// Worker name (default: the host name).
+    #[arg(long)]
+    name: Option<String>,
+    /// CA certificate (PEM) for an https coordinator with a private CA.
+    #[arg(long)]
+    ca_cert: Option<PathBuf>,
+    /// Scratch folder for recomputed outputs.
+    #[arg(long)]
+    scratch: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+pub struct SubmitArgs {
+    release: PathBuf,
+    #[arg(long, default_value = "http://127.0.0.1:7070")]
+    coordinator: String,
+    #[arg(long, env = "QUANTFARM_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    #[arg(long)]
+    ca_cert: Option<PathBuf>,
+    /// Follow the release to its verdict; the exit code is 0 released, 1 a gate failed, 2 an error.
+    #[arg(long)]
+    watch: bool,
+    /// Print JSON lines (events, then the final summary) instead of progress bars.
+    #[arg(long)]
+    json: bool,
+}
+
+fn signing_key(path: Option<&Path>) -> Result<SigningKey> {
+    if let Some(p) = path {
+        return SigningKey::load(p).with_context(|| format!("signing key {}", p.display()));
+    }
+    if std::env::var_os("QUANTFARM_SIGNING_KEY").is_some() {
+        return Ok(SigningKey::from_env("QUANTFARM_SIGNING_KEY")?);
+    }
+    let p = signing::default_key_path();
+    let (key, created) = signing::load_or_create(&p)?;
+    if created {
+        eprintln!(
+            "made a new signing key at {} (public key {}, fingerprint {}); reports are signed with it",
+            p.display(),
+            key.public().to_text(),
+            key.public().fingerprint()
+        );
+    }
+    Ok(key)
+}
+
+fn journal_path(store: &Location, explicit: Option<PathBuf>) -> PathBuf {
+    explicit.unwrap_or_else(|| match store.local_path() {
+        Some(p) => p.join("journal.sqlite"),
+        None => PathBuf::from("quantfarm-coordinator.sqlite"),
+    })
+}
+
+fn store_location(s: &str) -> Result<Location> {
+    let loc = Location::parse(s)?;
+    if let Some(p) = loc.local_path() {
+        std::fs::create_dir_all(p).with_context(|| format!("cannot create the store folder {}", p.display()))?;
+        let abs = std::fs::canonicalize(p).with_context(|| p.display().to_string())?;
+        return Ok(Location::local(abs));
+    }
+    Ok(loc)
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = match signal(SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => return std::future::pending().await,
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+pub async fn coordinator(args: CoordinatorArgs) -> Result<()> {
+    let store = store_location(&args.store)?;
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(c), Some(k)) => Some((
+            std::fs::read(c).with_context(|| c.display().to_string())?,
+            std::fs::read(k).with_context(|| k.display().to_string())?,
+        )),
+        _ => None,
+    };
+    let cfg = CoordinatorConfig {
+        journal: journal_path(&store, args.journal),
+        store,
+        sched: SchedConfig {
+            lease: Duration::from_millis(args.lease_ms),
+            heartbeat: Duration::from_millis((args.lease_ms / 4).max(50)),
+            max_attempts: args.max_attempts,
+            backoff: Duration::from_millis(args.backoff_ms),
+        },
+        token: args.token.clone(),
+        key: signing_key(args.key.as_deref())?,
+        tls: tls.clone(),
+    };
+    let coord = Coordinator::open(&cfg)?;
+    let listener = tokio::net::TcpListener::bind(&args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let addr = listener.local_addr()?;
+    if !addr.ip().is_loopback() && args.token.is_none() {
+        bail!("refusing to listen on {addr} without a token: off loopback, workers and clients must authenticate (pass --token or set QUANTFARM_TOKEN)");
+    }
+    eprintln!(
+        "coordinator listening on {}://{addr}, store {}, journal {}",
+        if tls.is_some() { "https" } else { "http" },
+        cfg.store,
+        cfg.journal.display()
+    );
+    coord.serve(listener, args.token, tls, shutdown_signal()).await?;
+    Ok(())
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "worker".into())
+}
+
+pub async fn worker(args: WorkerArgs) -> Result<()> {
+    let ca = match &args.ca_cert {
+        Some(p) => Some(std::fs::read(p).with_context(|| p.display().to_string())?),
+        None => None,
+    };
+    let cfg = WorkerConfig {
+        coordinator: args.coordinator,
+        token: args.token,
+        name: args.name.unwrap_or_else(host_name),
+        slots: args.slots.max(1),
+        memory_budget: args.memory,
+        ca_cert: ca,
+        scratch: args.scratch.unwrap_or_else(|| std::env::temp_dir().join("quantfarm-scratch")),
+        patience: Duration::from_secs(300),
+    };
+    // First SIGTERM/Ctrl-C: drain (finish running tasks). A second one: hand back and stop.
+    let (first_tx, first_rx) = tokio::sync::oneshot::channel::<()>();
+    let (second_tx, second_rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        eprintln!("draining: finishing running tasks (signal again to hand them back and stop now)");
+        let _ = first_tx.send(());
+        shutdown_signal().await;
+        let _ = second_tx.send(());
+    });
+    quantfarm_worker::run(
+        cfg,
+        async {
+            let _ = first_rx.await;
+        },
+        async {
+            let _ = second_rx.await;
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+type Releases = ReleasesClient<tonic::codegen::InterceptedService<tonic::transport::Channel, AddToken>>;
+
+fn releases_client(url: &str, token: Option<&str>, ca: Option<&[u8]>) -> Result<Releases> {
+    let channel = quantfarm_worker::channel(url, ca)?;
+    Ok(ReleasesClient::with_interceptor(channel, AddToken::new(token)?)
+        .max_decoding_message_size(pb::MAX_MESSAGE_BYTES))
+}
+
+/// Submits `release` and returns its id. Relative paths in it are resolved against its folder.
+async fn submit_file(client: &mut Releases, release: &Path) -> Result<String> {
+    let yaml = std::fs::read_to_string(release).with_context(|| format!("cannot read {}", release.display()))?;
+    let dir = release.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let base = std::fs::canonicalize(dir).with_context(|| dir.display().to_string())?;
+    let req = pb::SubmitRequest {
+        protocol_version: PROTOCOL_VERSION,
+        release_yaml: yaml,
+        base: base.display().to_string(),
+        file_name: release.display().to_string(),
+    };
+    let r = client.submit(req).await.map_err(|s| anyhow::anyhow!("{}", s.message()))?;
+    Ok(r.into_inner().release_id)
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Show {
+    Bars,
+    JsonLines,
+    Nothing,
+}
+
+/// Follows a release to its end; returns the last event.
+async fn watch_release(client: &mut Releases, id: &str, show: Show) -> Result<pb::ReleaseEvent> {
+    let mut stream = client
+        .watch(pb::WatchRequest { release_id: id.to_string() })
+        .await
+        .map_err(|s| anyhow::anyhow!("{}", s.message()))?
+        .into_inner();
+    let bars = MultiProgress::new();
+    let style = ProgressStyle::with_template("{prefix:>16} [{bar:30}] {pos}/{len} {msg}")
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> ");
+    let mut stage_bars: Vec<(String, ProgressBar)> = Vec::new();
+    let mut last = None;
+    while let Some(ev) = stream.message().await.map_err(|s| anyhow::anyhow!("watch: {}", s.message()))? {
+        if show == Show::JsonLines {
+            println!("{}", event_json(&ev));
+        } else if show == Show::Bars {
+            for st in &ev.stages {
+                let bar = match stage_bars.iter().find(|(n, _)| n == &st.stage) {
+                    Some((_, b)) => b.clone(),
+                    None => {
+                        let b = bars.add(ProgressBar::new(st.total as u64));
+                        b.set_style(style.clone());
+                        b.set_prefix(st.stage.clone());
+                        stage_bars.push((st.stage.clone(), b.clone()));
+                        b
+                    }
+                };
+                bar.set_length(st.total as u64);
+                bar.set_position(st.done as u64);
+                bar.set_message(if st.running > 0 { format!("{} running", st.running) } else { String::new() });
+                if st.done == st.total {
+                    bar.finish();
+                }
+            }
+        }
+        let end = ev.state != ReleaseState::Running as i32;
+        last = Some(ev);
+        if end {
+            break;
+        }
+    }
+    for (_, b) in &stage_bars {
+        b.abandon();
+    }
+    last.ok_or_else(|| anyhow::anyhow!("the coordinator closed the progress stream without a verdict"))
+}
+
+fn state_name(s: i32) -> &'static str {
+    match ReleaseState::try_from(s) {
+        Ok(ReleaseState::Released) => "released",
+        Ok(ReleaseState::GateFailed) => "gate_failed",
+        Ok(ReleaseState::Failed) => "failed",
+        Ok(ReleaseState::Cancelled) => "cancelled",
+        Ok(ReleaseState::Running) => "running",
+        _ => "unknown",
+    }
+}
+
+fn event_json(ev: &pb::ReleaseEvent) -> serde_json::Value {
+    serde_json::json!({
+        "release_id": ev.release_id,
+        "state": state_name(ev.state),
+        "message": ev.message,
+        "error": ev.error,
+        "report_url": ev.report_url,
+        "stages": ev.stages.iter().map(|s| serde_json::json!({"stage": s.stage, "done": s.done, "total": s.total, "running": s.running})).collect::<Vec<_>>(),
+    })
+}
+
+/// Prints the outcome and returns the exit code.
+async fn conclude(client: &mut Releases, id: &str, last: &pb::ReleaseEvent, json: bool) -> Result<u8> {
+    let report = client
+        .get_report(pb::GetReportRequest { release_id: id.to_string() })
+        .await
+        .map_err(|s| anyhow::anyhow!("{}", s.message()))?
+        .into_inner();
+    let code = match ReleaseState::try_from(last.state) {
+        Ok(ReleaseState::Released) => EXIT_RELEASED,
+        Ok(ReleaseState::GateFailed) => EXIT_GATE_FAILED,
+        _ => EXIT_ERROR,
+    };
+    let parsed: Option<serde_json::Value> = serde_json::from_str(&report.report_json).ok();
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "release_id": id, "state": state_name(last.state), "error": last.error,
+                "report_url": report.report_url,
+                "artifacts": parsed.as_ref().map(|r| r["artifacts"].clone()),
+                "gates": parsed.as_ref().map(|r| r["gates"].clone()),
+            })
+        );
+        return Ok(code);
+    }
+    println!("release {id}: {}", state_name(last.state));
+    if !last.error.is_empty() {
+        println!("  error: {}", last.error);
+    }
+    if let Some(r) = &parsed {
+        for a in r["artifacts"].as_array().into_iter().flatten() {
+            println!(
+                "  {} ({:.2} bits/weight, {} files, verified: {})",
+                a["name"].as_str().unwrap_or(""),
+                a["bits_per_weight"].as_f64().unwrap_or(0.0),
+                a["files"].as_array().map_or(0, |f| f.len()),
+                a["verified"]
+            );
+            for f in a["files"].as_array().into_iter().flatten() {
+                println!("    {}  {}", f["sha256"].as_str().unwrap_or(""), f["url"].as_str().unwrap_or(""));
+            }
+        }
+        for g in r["gates"].as_array().into_iter().flatten() {
+            let ok = g["passed"].as_bool().unwrap_or(false);
+            println!(
+                "  gate {}: {} — {}",
+                g["name"].as_str().unwrap_or(""),
+                if ok { "pass" } else { "FAIL" },
+                g["detail"].as_str().unwrap_or("")
+            );
+        }
+    }
+    if !report.report_url.is_empty() {
+        println!("  signed report: {}", report.report_url);
+    }
+    Ok(code)
+}
+
+pub async fn submit(args: SubmitArgs) -> Result<u8> {
+    let ca = match &args.ca_cert {
+        Some(p) => Some(std::fs::read(p).with_context(|| p.display().to_string())?),
+        None => None,
+    };
+    let mut client = releases_client(&args.coordinator, args.token.as_deref(), ca.as_deref())?;
+    let id = submit_file(&mut client, &args.release).await?;
+    if !args.watch {
+        if args.json {
+            println!("{}", serde_json::json!({"release_id": id}));
+        } else {
+            println!("{id}");
+        }
+        return Ok(EXIT_RELEASED);
+    }
+    let last = watch_release(&mut client, &id, if args.json { Show::JsonLines } else { Show::Bars }).await?;
+    conclude(&mut client, &id, &last, args.json).await
+}
+
+#[derive(clap::Args)]
+pub struct WatchArgs {
+    release_id: String,
+    #[arg(long, default_value = "http://127.0.0.1:7070")]
+    coordinator: String,
+    #[arg(long, env = "QUANTFARM_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    #[arg(long)]
+    ca_cert: Option<PathBuf>,
+    #[arg(long)]
+    json: bool,
+}
+
+/// Follows a submitted release to its verdict (the exit code, as `submit --watch`).
+pub async fn watch(args: WatchArgs) -> Result<u8> {
+    let ca = match &args.ca_cert {
+        Some(p) => Some(std::fs::read(p).with_context(|| p.display().to_string())?),
+        None => None,
+    };
+    let mut client = releases_client(&args.coordinator, args.token.as_deref(), ca.as_deref())?;
+    let last =
+        watch_release(&mut client, &args.release_id, if args.json { Show::JsonLines } else { Show::Bars }).await?;
+    conclude(&mut client, &args.release_id, &last, args.json).await
+}
+
+/// `quantfarm run`: everything in one process, talking gRPC over loopback like a farm.
+pub async fn run(args: RunArgs) -> Result<u8> {
+    let store = store_location(&args.store)?;
+    let token = {
+        let mut b = [0u8; 16];
+        rand_core::RngCore::fill_bytes(&mut rand_core::OsRng, &mut b);
+        quantfarm_tensors::sink::hex(&b)
+    };
+    let cfg = CoordinatorConfig {
+        journal: journal_path(&store, None),
+        store: store.clone(),
+        sched: SchedConfig::default(),
+        token: Some(token.clone()),
+        key: signing_key(args.key.as_deref())?,
+        tls: None,
+    };
+    let coord = Coordinator::open(&cfg)?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("cannot listen on loopback")?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|v| *v).await;
+    };
+    let server = tokio::spawn(coord.serve(listener, Some(token.clone()), None, stopped(stop_rx.clone())));
+    let scratch = match store.local_path() {
+        Some(p) => p.join("scratch"),
+        None => std::env::temp_dir().join("quantfarm-scratch"),
+    };
+    let mut workers = Vec::new();
+    for i in 0..args.workers.max(1) {
+        let cfg = WorkerConfig {
+            coordinator: url.clone(),
+            token: Some(token.clone()),
+            name: format!("local-{}", i + 1),
+            slots: 1,
+            memory_budget: args.memory,
+            ca_cert: None,
+            scratch: scratch.clone(),
+            patience: Duration::from_secs(30),
+        };
+        let (a, b) = (stopped(stop_rx.clone()), stopped(stop_rx.clone()));
+        workers.push(tokio::spawn(quantfarm_worker::run(cfg, a, b)));
+    }
+    let mut client = releases_client(&url, Some(&token), None)?;
+    let outcome = async {
+        let id = submit_file(&mut client, &args.release).await?;
+        if !args.json {
+            eprintln!("release {id}: {} local workers, store {store}", args.workers.max(1));
+        }
+        let last = watch_release(&mut client, &id, if args.json { Show::Nothing } else { Show::Bars }).await?;
+        conclude(&mut client, &id, &last, args.json).await
+    }
+    .await;
+    let _ = stop_tx.send(true);
+    for w in workers {
+        if let Ok(Err(e)) = w.await {
+            eprintln!("worker: {e}");
+        }
+    }
+    match server.await {
+        Ok(Err(e)) => eprintln!("coordinator: {e}"),
+        Err(e) => eprintln!("coordinator: {e}"),
+        Ok(Ok(())) => {}
+    }
+    outcome
+}

@@ -1,0 +1,433 @@
+//! The farm end to end, as users run it: a real S3 server (s3s-fs), one `quantfarm coordinator` process and three
+//! `quantfarm worker` processes, a release of the real SmolLM2 HF checkpoint (uploaded to the bucket) with GGUF
+//! BF16 in 3 split files and Q8_0. Checked against the real tools' outputs: convert_hf_to_gguf.py's tensors
+//! (`smollm2-hf-bf16.json`), llama-quantize's Q8_0 (`smollm2-q8_0.json`), llama-completion loading the split.
+//! Then the same release again with a worker killed (SIGKILL) in the middle of a task and the coordinator killed
+//! and restarted: same artifact bytes, and no partial object ever listed in the bucket.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use quantfarm_e2e::s3::S3Server;
+use quantfarm_tensors::{Location, TensorSource};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+const TOKEN: &str = "farm-test-token-5f2c";
+const RELEASE: &str = "name: smollm2-135m
+source: s3://models/smollm2-hf
+outputs:
+  gguf:
+    prefix: SmolLM2-135M
+    split: {max_tensors: 100}
+    quants: [Q8_0]
+";
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_quantfarm")
+}
+
+/// Kills the process on drop, so a failing test leaves nothing running.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+struct Farm<'a> {
+    s3: &'a S3Server,
+    dir: PathBuf,
+    port: u16,
+    store_bucket: String,
+    key: PathBuf,
+}
+
+impl Farm<'_> {
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn coordinator(&self) -> Proc {
+        let log = std::fs::File::create(self.dir.join(format!("coordinator-{}.log", now_ms()))).unwrap();
+        let child = Command::new(bin())
+            .args(["coordinator", "--listen", &format!("127.0.0.1:{}", self.port)])
+            .args(["--store", &format!("s3://{}/store", self.store_bucket)])
+            .arg("--journal")
+            .arg(self.dir.join("journal.sqlite"))
+            .arg("--key")
+            .arg(&self.key)
+            .args(["--token", TOKEN, "--lease-ms", "2000", "--backoff-ms", "200"])
+            .envs(self.s3.env())
+            .env("QUANTFARM_LOG", "info")
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(Instant::now() < deadline, "the coordinator did not listen within 30 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Proc(child)
+    }
+
+    fn worker(&self, name: &str, token: &str) -> (Proc, PathBuf) {
+        let log_path = self.dir.join(format!("{name}.log"));
+        let log = std::fs::File::create(&log_path).unwrap();
+        let child = Command::new(bin())
+            .args(["worker", "--coordinator", &self.url(), "--token", token, "--name", name, "--memory", "256MiB"])
+            .arg("--scratch")
+            .arg(self.dir.join("scratch"))
+            .envs(self.s3.env())
+            .env("QUANTFARM_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        (Proc(child), log_path)
+    }
+
+    fn cli(&self, args: &[&str]) -> Output {
+        Command::new(bin())
+            .args(args)
+            .args(["--coordinator", &self.url(), "--token", TOKEN])
+            .envs(self.s3.env())
+            .output()
+            .unwrap()
+    }
+}
+
+fn now_ms() -> u128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis()
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+/// Every object of a bucket with its size, as an S3 client lists them.
+fn list_bucket(rt: &tokio::runtime::Runtime, s3: &S3Server, bucket: &str) -> BTreeMap<String, u64> {
+    use futures::StreamExt;
+    use object_store::ObjectStore;
+    let store = s3.config(bucket).build().unwrap();
+    rt.block_on(async {
+        let mut out = BTreeMap::new();
+        let mut stream = store.list(None);
+        while let Some(m) = stream.next().await {
+            if let Ok(m) = m {
+                out.insert(m.location.to_string(), m.size);
+            }
+        }
+        out
+    })
+}
+
+/// Per tensor: (type, sha256 of its bytes), for a GGUF (first split file opens all).
+fn tensor_hashes(rt: &tokio::runtime::Runtime, loc: &Location) -> BTreeMap<String, (String, String)> {
+    rt.block_on(async {
+        let src = TensorSource::open(loc).await.unwrap();
+        let mut out = BTreeMap::new();
+        for e in src.tensors().to_vec() {
+            let mut buf = vec![0u8; e.bytes as usize];
+            src.read_range(&e.name, 0, &mut buf).await.unwrap();
+            out.insert(e.name.clone(), (e.ty.to_string(), hex(&Sha256::digest(&buf))));
+        }
+        out
+    })
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn manifest(name: &str) -> BTreeMap<String, (String, String)> {
+    let path = quantfarm_e2e::fixtures_dir().join("smollm2/manifests").join(name);
+    let m: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    m["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["name"].as_str().unwrap().to_string(),
+                (t["type"].as_str().unwrap().to_string(), t["sha256"].as_str().unwrap().to_string()),
+            )
+        })
+        .collect()
+}
+
+/// The last JSON line of `submit --watch --json` / `watch --json`: the summary.
+fn summary(out: &Output) -> Value {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line =
+        stdout.lines().last().unwrap_or_else(|| panic!("no output; stderr:\n{}", String::from_utf8_lossy(&out.stderr)));
+    serde_json::from_str(line).unwrap()
+}
+
+/// (file name, sha256) of every artifact file in a summary.
+fn artifact_files(summary: &Value) -> BTreeSet<(String, String)> {
+    summary["artifacts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|a| a["files"].as_array().unwrap().iter())
+        .map(|f| {
+            let url = f["url"].as_str().unwrap();
+            (url.rsplit('/').next().unwrap().to_string(), f["sha256"].as_str().unwrap().to_string())
+        })
+        .collect()
+}
+
+fn read_object(rt: &tokio::runtime::Runtime, url: &str, s3: &S3Server) -> Vec<u8> {
+    let (bucket, key) = url.strip_prefix("s3://").unwrap().split_once('/').unwrap();
+    let loc = s3.location(bucket, key);
+    rt.block_on(async {
+        let b = quantfarm_tensors::blob::Blob::open(&loc).await.unwrap();
+        b.read_vec(0, b.len()).await.unwrap()
+    })
+}
+
+/// Watches a bucket's listing while a run goes on: every (key, size) ever listed.
+struct BucketWatch {
+    seen: Arc<Mutex<BTreeMap<String, BTreeSet<u64>>>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl BucketWatch {
+    fn start(s3: &S3Server, bucket: &str) -> BucketWatch {
+        let seen: Arc<Mutex<BTreeMap<String, BTreeSet<u64>>>> = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (seen2, stop2) = (seen.clone(), stop.clone());
+        let config = s3.config(bucket);
+        let thread = std::thread::spawn(move || {
+            use futures::StreamExt;
+            use object_store::ObjectStore;
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let store = config.build().unwrap();
+            while !stop2.load(Ordering::SeqCst) {
+                rt.block_on(async {
+                    let mut stream = store.list(None);
+                    while let Some(m) = stream.next().await {
+                        if let Ok(m) = m {
+                            seen2.lock().unwrap().entry(m.location.to_string()).or_default().insert(m.size);
+                        }
+                    }
+                });
+                std::thread::sleep(Duration::from_millis(40));
+            }
+        });
+        BucketWatch { seen, stop, thread: Some(thread) }
+    }
+
+    /// Stops watching; asserts every object ever listed is in `fin` with its final size (nothing partial, nothing
+    /// that later vanished).
+    fn check(mut self, fin: &BTreeMap<String, u64>) -> usize {
+        self.stop.store(true, Ordering::SeqCst);
+        self.thread.take().unwrap().join().unwrap();
+        let seen = self.seen.lock().unwrap();
+        for (key, sizes) in seen.iter() {
+            let size = fin.get(key).unwrap_or_else(|| panic!("{key} was listed during the run but is gone at the end"));
+            assert_eq!(sizes, &BTreeSet::from([*size]), "{key} was listed with sizes {sizes:?}, final size {size}");
+        }
+        seen.len()
+    }
+}
+
+fn wait_log(path: &Path, pattern: &regex::Regex, timeout: Duration) -> Option<String> {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if let Some(m) = pattern.find(&text) {
+            return Some(m.as_str().to_string());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    None
+}
+
+#[test]
+fn farm_release_of_smollm2_over_s3_survives_a_killed_worker_and_a_coordinator_restart() {
+    let hf = quantfarm_e2e::smollm2_derived().join("smollm2-hf");
+    let tmp = tempfile::tempdir().unwrap();
+    let s3 = S3Server::start();
+    s3.upload(&hf, "models", "smollm2-hf");
+    let rt = rt();
+    let key = tmp.path().join("signing.key");
+    let out = Command::new(bin()).arg("keygen").arg(&key).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    std::fs::write(tmp.path().join("release.yaml"), RELEASE).unwrap();
+    let release = tmp.path().join("release.yaml");
+    let release = release.to_str().unwrap();
+
+    // --- Run 1, undisturbed. -----------------------------------------------------------------------------------
+    let dir1 = tmp.path().join("run1");
+    std::fs::create_dir_all(&dir1).unwrap();
+    let farm = Farm { s3: &s3, dir: dir1.clone(), port: free_port(), store_bucket: "farm1".into(), key: key.clone() };
+    std::fs::create_dir_all(s3.root.join("farm1")).unwrap();
+    let _coord = farm.coordinator();
+    let _workers: Vec<_> = (1..=3).map(|i| farm.worker(&format!("w{i}"), TOKEN)).collect();
+
+    // A worker with the wrong token is refused, with a message that says why.
+    let (mut bad, bad_log) = farm.worker("intruder", "not-the-token");
+    let status = bad.0.wait().unwrap();
+    assert_eq!(status.code(), Some(2));
+    let msg = std::fs::read_to_string(&bad_log).unwrap();
+    assert!(msg.contains("token"), "refusal message: {msg}");
+
+    let watch = BucketWatch::start(&s3, "farm1");
+    let out = farm.cli(&["submit", release, "--watch", "--json"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "submit failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sum1 = summary(&out);
+    let listed = watch.check(&list_bucket(&rt, &s3, "farm1"));
+    assert!(listed >= 7, "the bucket listing saw {listed} objects");
+
+    // The report verifies against the farm's public key; a tampered copy does not.
+    let report_url = sum1["report_url"].as_str().unwrap();
+    let report_bytes = read_object(&rt, report_url, &s3);
+    let report_path = tmp.path().join("report.json");
+    std::fs::write(&report_path, &report_bytes).unwrap();
+    let pubkey = format!("{}.pub", key.display());
+    let v =
+        Command::new(bin()).args(["report", "verify"]).arg(&report_path).args(["--pubkey", &pubkey]).output().unwrap();
+    assert_eq!(
+        v.status.code(),
+        Some(0),
+        "{}{}",
+        String::from_utf8_lossy(&v.stdout),
+        String::from_utf8_lossy(&v.stderr)
+    );
+    let mut report: Value = serde_json::from_slice(&report_bytes).unwrap();
+    assert_eq!(report["verdict"], "released");
+    assert!(report["tasks"].as_array().unwrap().len() >= 13);
+    let sha = report["artifacts"][0]["files"][0]["sha256"].as_str().unwrap().to_string();
+    report["artifacts"][0]["files"][0]["sha256"] =
+        Value::String(sha.replacen(&sha[..1], if &sha[..1] == "0" { "1" } else { "0" }, 1));
+    let tampered = tmp.path().join("tampered.json");
+    std::fs::write(&tampered, serde_json::to_vec_pretty(&report).unwrap()).unwrap();
+    let v = Command::new(bin()).args(["report", "verify"]).arg(&tampered).output().unwrap();
+    assert_eq!(v.status.code(), Some(1), "a tampered report must fail verification");
+
+    // The artifacts: 3 BF16 split files equal to convert_hf_to_gguf.py's tensors, 3 Q8_0 files equal to
+    // llama-quantize's.
+    let files = artifact_files(&sum1);
+    assert_eq!(files.len(), 6, "{files:?}");
+    let urls: Vec<String> = sum1["artifacts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["files"][0]["url"].as_str().unwrap().to_string())
+        .collect();
+    assert!(urls[0].ends_with("SmolLM2-135M-BF16-00001-of-00003.gguf"), "{urls:?}");
+    assert!(urls[1].ends_with("SmolLM2-135M-Q8_0-00001-of-00003.gguf"), "{urls:?}");
+    let loc = |url: &str| {
+        let (bucket, key) = url.strip_prefix("s3://").unwrap().split_once('/').unwrap();
+        s3.location(bucket, key)
+    };
+    assert_eq!(
+        tensor_hashes(&rt, &loc(&urls[0])),
+        manifest("smollm2-hf-bf16.json"),
+        "BF16 tensors differ from convert_hf_to_gguf.py's"
+    );
+    assert_eq!(
+        tensor_hashes(&rt, &loc(&urls[1])),
+        manifest("smollm2-q8_0.json"),
+        "Q8_0 tensors differ from llama-quantize's"
+    );
+
+    // llama.cpp loads the split BF16 model and generates.
+    let local = tmp.path().join("bf16");
+    std::fs::create_dir_all(&local).unwrap();
+    let folder = &urls[0][..urls[0].rfind('/').unwrap()];
+    let cp = Command::new(bin()).args(["cp", folder]).arg(&local).envs(s3.env()).output().unwrap();
+    assert!(cp.status.success(), "{}", String::from_utf8_lossy(&cp.stderr));
+    let gen = Command::new(quantfarm_e2e::llama_bin().join("llama-completion"))
+        .arg("-m")
+        .arg(local.join("SmolLM2-135M-BF16-00001-of-00003.gguf"))
+        .args(["-p", "The capital of France is", "-n", "8", "--temp", "0", "-no-cnv", "-t", "2", "-c", "256"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&gen.stdout);
+    assert!(
+        gen.status.success()
+            && text.contains("The capital of France is")
+            && text.len() > "The capital of France is".len() + 3,
+        "llama-completion on the split GGUF:\n{text}\n{}",
+        String::from_utf8_lossy(&gen.stderr)
+    );
+
+    // --- Run 2: a worker killed mid-task, the coordinator killed and restarted. ----------------------------------
+    let dir2 = tmp.path().join("run2");
+    std::fs::create_dir_all(&dir2).unwrap();
+    let farm2 = Farm { s3: &s3, dir: dir2.clone(), port: free_port(), store_bucket: "farm2".into(), key: key.clone() };
+    std::fs::create_dir_all(s3.root.join("farm2")).unwrap();
+    let mut coord2 = farm2.coordinator();
+    let mut workers2: Vec<_> = (1..=3).map(|i| farm2.worker(&format!("w{i}"), TOKEN)).collect();
+    let watch = BucketWatch::start(&s3, "farm2");
+    let out = farm2.cli(&["submit", release]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    // Kill the first worker that starts a quantize task, while it runs.
+    let started = regex::Regex::new(r"started task=quantize/\S+").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    let victim = loop {
+        assert!(Instant::now() < deadline, "no worker started a quantize task");
+        if let Some(i) =
+            workers2.iter().position(|(_, log)| started.is_match(&std::fs::read_to_string(log).unwrap_or_default()))
+        {
+            break i;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let victim_log = workers2[victim].1.clone();
+    let task = wait_log(&victim_log, &started, Duration::from_secs(1)).unwrap();
+    let (mut killed, _) = workers2.remove(victim);
+    killed.0.kill().unwrap(); // SIGKILL
+    killed.0.wait().unwrap();
+    let log = std::fs::read_to_string(&victim_log).unwrap();
+    let task_id = task.trim_start_matches("started task=");
+    assert!(
+        !log.lines().any(|l| l.contains("done in") && l.contains(&format!("task={task_id}"))),
+        "the victim had already finished {task_id}:\n{log}"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    coord2.0.kill().unwrap(); // SIGKILL the coordinator too
+    coord2.0.wait().unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let _coord2b = farm2.coordinator();
+    let out = farm2.cli(&["watch", &id, "--json"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "watch after restart:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sum2 = summary(&out);
+    let listed = watch.check(&list_bucket(&rt, &s3, "farm2"));
+    assert!(listed >= 7);
+    assert_eq!(artifact_files(&sum2), files, "artifacts differ between the undisturbed and the disturbed run");
+    // The killed task was retried: the report shows a second attempt for it.
+    let report2: Value = serde_json::from_slice(&read_object(&rt, sum2["report_url"].as_str().unwrap(), &s3)).unwrap();
+    let t = report2["tasks"].as_array().unwrap().iter().find(|t| t["id"] == task_id).unwrap();
+    assert!(t["attempts"].as_u64().unwrap() >= 2, "{t}");
+    assert_ne!(t["worker"].as_str().unwrap(), format!("w{}", victim + 1));
+}

@@ -1,0 +1,352 @@
+//! The task graph of a release: which tasks exist (before and after planning), what each depends on, how costly
+//! it is (for critical-path priorities), and the concrete task message a worker receives once its dependencies
+//! have results.
+//!
+//! Task ids are structured keys (`gguf/2`, `quantize/Q8_0/2`, `verify/quantize/Q8_0/2`, …), parsed back into
+//! [`TaskKey`], so the journal stores only ids and results and the messages are rebuilt the same way after a
+//! restart. Output locations are content-addressed: a folder named by the sha256 of everything the output
+//! depends on, so a task run twice writes (or finds) the same object.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use quantfarm_proto::{self as pb, task, task_result, verify_task};
+use quantfarm_quant::FileType;
+use quantfarm_tensors::gguf::split::split_file_name;
+use quantfarm_tensors::Location;
+use sha2::{Digest, Sha256};
+
+use crate::spec::ReleaseSpec;
+
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum TaskKey {
+    Plan,
+    Gguf {
+        shard: u32,
+    },
+    Quantize {
+        level: FileType,
+        shard: u32,
+    },
+    VerifyGguf {
+        shard: u32,
+    },
+    VerifyQuantize {
+        level: FileType,
+        shard: u32,
+    },
+    Noop {
+        n: u32,
+    },
+    /// Gathers every result, applies the gates and signs: run by the coordinator itself.
+    Report,
+}
+
+impl fmt::Display for TaskKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TaskKey::Plan => write!(f, "plan"),
+            TaskKey::Gguf { shard } => write!(f, "gguf/{shard}"),
+            TaskKey::Quantize { level, shard } => write!(f, "quantize/{level}/{shard}"),
+            TaskKey::VerifyGguf { shard } => write!(f, "verify/gguf/{shard}"),
+            TaskKey::VerifyQuantize { level, shard } => write!(f, "verify/quantize/{level}/{shard}"),
+            TaskKey::Noop { n } => write!(f, "noop/{n}"),
+            TaskKey::Report => write!(f, "report"),
+        }
+    }
+}
+
+impl TaskKey {
+    pub fn parse(id: &str) -> Option<TaskKey> {
+        let parts: Vec<&str> = id.split('/').collect();
+        let num = |s: &str| s.parse::<u32>().ok();
+        let level = |s: &str| FileType::from_name(s).filter(|f| f.name() == s);
+        Some(match parts.as_slice() {
+            ["plan"] => TaskKey::Plan,
+            ["report"] => TaskKey::Report,
+            ["gguf", s] => TaskKey::Gguf { shard: num(s)? },
+            ["noop", n] => TaskKey::Noop { n: num(n)? },
+            ["quantize", l, s] => TaskKey::Quantize { level: level(l)?, shard: num(s)? },
+            ["verify", "gguf", s] => TaskKey::VerifyGguf { shard: num(s)? },
+            ["verify", "quantize", l, s] => TaskKey::VerifyQuantize { level: level(l)?, shard: num(s)? },
+            _ => return None,
+        })
+    }
+
+    /// The worker task kind (what workers advertise), or `None` for the coordinator's own tasks.
+    pub fn worker_kind(&self) -> Option<&'static str> {
+        match self {
+            TaskKey::Plan => Some("plan"),
+            TaskKey::Gguf { .. } => Some("gguf"),
+            TaskKey::Quantize { .. } => Some("quantize"),
+            TaskKey::VerifyGguf { .. } | TaskKey::VerifyQuantize { .. } => Some("verify"),
+            TaskKey::Noop { .. } => Some("noop"),
+            TaskKey::Report => None,
+        }
+    }
+
+    /// The progress stage the task counts towards.
+    pub fn stage(&self) -> String {
+        match self {
+            TaskKey::Plan => "plan".into(),
+            TaskKey::Gguf { .. } => "gguf BF16".into(),
+            TaskKey::Quantize { level, .. } => format!("quantize {level}"),
+            TaskKey::VerifyGguf { .. } | TaskKey::VerifyQuantize { .. } => "verify".into(),
+            TaskKey::Noop { .. } => "noop".into(),
+            TaskKey::Report => "report".into(),
+        }
+    }
+}
+
+/// A task as the scheduler needs it: identity, dependencies, and an estimated cost (bytes handled).
+#[derive(Clone, Debug)]
+pub struct TaskDef {
+    pub key: TaskKey,
+    pub deps: Vec<TaskKey>,
+    pub cost: u64,
+}
+
+/// What the graph needs to know about its release.
+pub struct Ctx<'a> {
+    pub spec: &'a ReleaseSpec,
+    /// The source, resolved against the submitter's folder.
+    pub source: &'a str,
+    pub store: &'a Location,
+}
+
+/// The tasks a release starts with: planning (and the scheduler's benchmark no-ops).
+pub fn initial(ctx: &Ctx) -> Vec<TaskDef> {
+    let mut out = Vec::new();
+    if ctx.spec.outputs.gguf.is_some() {
+        out.push(TaskDef { key: TaskKey::Plan, deps: vec![], cost: 1 });
+    }
+    if let Some(noop) = &ctx.spec.outputs.noop {
+        for n in 0..noop.tasks {
+            out.push(TaskDef { key: TaskKey::Noop { n }, deps: vec![], cost: noop.sleep_ms as u64 + 1 });
+        }
+    }
+    if ctx.spec.outputs.gguf.is_none() {
+        let deps = out.iter().map(|t| t.key.clone()).collect();
+        out.push(TaskDef { key: TaskKey::Report, deps, cost: 1 });
+    }
+    out
+}
+
+/// Everything after planning, from the plan's inventory: per split file a conversion and its verification, per
+/// (level, split file) a quantization and its verification, then the report over all of them.
+pub fn expand(ctx: &Ctx, plan: &pb::PlanResult) -> Vec<TaskDef> {
+    let shard_bytes: Vec<u64> = plan
+        .shards
+        .iter()
+        .map(|r| plan.tensors[r.start as usize..r.end as usize].iter().map(|t| t.bytes).sum())
+        .collect();
+    let n = shard_bytes.len() as u32;
+    let mut out = Vec::new();
+    let mut verifies = Vec::new();
+    let ggufs: Vec<TaskKey> = (0..n).map(|shard| TaskKey::Gguf { shard }).collect();
+    for shard in 0..n {
+        let bytes = shard_bytes[shard as usize];
+        out.push(TaskDef { key: TaskKey::Gguf { shard }, deps: vec![TaskKey::Plan], cost: bytes });
+        let v = TaskKey::VerifyGguf { shard };
+        out.push(TaskDef { key: v.clone(), deps: vec![TaskKey::Gguf { shard }], cost: bytes });
+        verifies.push(v);
+    }
+    for level in ctx.spec.quants() {
+        for shard in 0..n {
+            let bytes = shard_bytes[shard as usize] * 2;
+            let q = TaskKey::Quantize { level: level.0, shard };
+            out.push(TaskDef { key: q.clone(), deps: ggufs.clone(), cost: bytes });
+            let v = TaskKey::VerifyQuantize { level: level.0, shard };
+            out.push(TaskDef { key: v.clone(), deps: vec![q], cost: bytes });
+            verifies.push(v);
+        }
+    }
+    if let Some(noop) = &ctx.spec.outputs.noop {
+        verifies.extend((0..noop.tasks).map(|n| TaskKey::Noop { n }));
+    }
+    out.push(TaskDef { key: TaskKey::Report, deps: verifies, cost: 1 });
+    out
+}
+
+/// Critical-path priorities: a task's cost plus the most expensive chain of tasks that wait on it, so the
+/// scheduler starts the work that gates the release's end first.
+pub fn priorities(tasks: &[TaskDef]) -> HashMap<TaskKey, u64> {
+    let mut dependents: HashMap<&TaskKey, Vec<&TaskDef>> = HashMap::new();
+    for t in tasks {
+        for d in &t.deps {
+            dependents.entry(d).or_default().push(t);
+        }
+    }
+    let mut memo: HashMap<TaskKey, u64> = HashMap::new();
+    fn visit<'a>(
+        t: &'a TaskDef,
+        dependents: &HashMap<&TaskKey, Vec<&'a TaskDef>>,
+        memo: &mut HashMap<TaskKey, u64>,
+    ) -> u64 {
+        if let Some(&p) = memo.get(&t.key) {
+            return p;
+        }
+        let tail =
+            dependents.get(&t.key).map_or(0, |ds| ds.iter().map(|d| visit(d, dependents, memo)).max().unwrap_or(0));
+        let p = t.cost.saturating_add(tail);
+        memo.insert(t.key.clone(), p);
+        p
+    }
+    for t in tasks {
+        visit(t, &dependents, &mut memo);
+    }
+    memo
+}
+
+fn short_hash(parts: &[&str]) -> String {
+    let mut h = Sha256::new();
+    for p in parts {
+        h.update(p.as_bytes());
+        h.update(b"\n");
+    }
+    quantfarm_tensors::sink::hex(&h.finalize()[..16])
+}
+
+fn split_text(rule: &Option<pb::SplitRule>) -> String {
+    match rule.as_ref().and_then(|r| r.rule.as_ref()) {
+        None => "one file".into(),
+        Some(pb::split_rule::Rule::MaxTensors(n)) => format!("max_tensors {n}"),
+        Some(pb::split_rule::Rule::MaxBytes(n)) => format!("max_bytes {n}"),
+    }
+}
+
+fn file_name(prefix: &str, shard: u32, n: u32) -> String {
+    if n == 1 {
+        format!("{prefix}.gguf")
+    } else {
+        split_file_name(prefix, shard as u16, n as u16)
+    }
+}
+
+/// Looks up the results of finished tasks.
+pub type Results<'a> = dyn Fn(&TaskKey) -> Option<&'a pb::TaskResult> + 'a;
+
+fn plan_of<'a>(results: &Results<'a>) -> Result<&'a pb::PlanResult, String> {
+    match results(&TaskKey::Plan).and_then(|r| r.kind.as_ref()) {
+        Some(task_result::Kind::Plan(p)) => Ok(p),
+        _ => Err("the plan task has no plan result".into()),
+    }
+}
+
+fn artifact_of<'a>(results: &Results<'a>, key: &TaskKey) -> Result<&'a pb::Artifact, String> {
+    match results(key).and_then(|r| r.kind.as_ref()) {
+        Some(task_result::Kind::Artifact(a)) => a.artifact.as_ref().ok_or_else(|| format!("{key}: empty artifact")),
+        _ => Err(format!("{key} has no artifact result")),
+    }
+}
+
+fn gguf_task(ctx: &Ctx, results: &Results, shard: u32) -> Result<pb::GgufShardTask, String> {
+    let plan = plan_of(results)?;
+    let n = plan.shards.len() as u32;
+    let split = ctx.spec.split_rule();
+    let folder = short_hash(&["quantfarm gguf-bf16 v1", &plan.source_identity, &plan.plan_digest, &split_text(&split)]);
+    let name = file_name(&format!("{}-BF16", ctx.spec.prefix()), shard, n);
+    let output = ctx.store.child(&format!("artifacts/{folder}/{name}")).map_err(|e| e.to_string())?;
+    Ok(pb::GgufShardTask {
+        source: ctx.source.to_string(),
+        plan_digest: plan.plan_digest.clone(),
+        split,
+        shard,
+        n_shards: n,
+        output: output.to_string(),
+    })
+}
+
+fn quantize_task(ctx: &Ctx, results: &Results, level: FileType, shard: u32) -> Result<pb::QuantizeTask, String> {
+    let plan = plan_of(results)?;
+    let n = plan.shards.len() as u32;
+    let inputs: Vec<&pb::Artifact> =
+        (0..n).map(|s| artifact_of(results, &TaskKey::Gguf { shard: s })).collect::<Result<_, _>>()?;
+    let mut parts = vec!["quantfarm quantize v1", level.name()];
+    parts.extend(inputs.iter().map(|a| a.sha256.as_str()));
+    let folder = short_hash(&parts);
+    let name = file_name(&format!("{}-{}", ctx.spec.prefix(), level.name()), shard, n);
+    let output = ctx.store.child(&format!("artifacts/{folder}/{name}")).map_err(|e| e.to_string())?;
+    Ok(pb::QuantizeTask {
+        input: inputs[0].url.clone(),
+        shard,
+        n_shards: n,
+        file_type: level.name().to_string(),
+        output: output.to_string(),
+    })
+}
+
+/// The message a worker gets for `key`, built from the results of its dependencies (all present).
+pub fn build(ctx: &Ctx, key: &TaskKey, results: &Results) -> Result<pb::Task, String> {
+    let kind = match key {
+        TaskKey::Plan => {
+            task::Kind::Plan(pb::PlanTask { source: ctx.source.to_string(), split: ctx.spec.split_rule() })
+        }
+        TaskKey::Gguf { shard } => task::Kind::Gguf(gguf_task(ctx, results, *shard)?),
+        TaskKey::Quantize { level, shard } => task::Kind::Quantize(quantize_task(ctx, results, *level, *shard)?),
+        TaskKey::VerifyGguf { shard } => {
+            let a = artifact_of(results, &TaskKey::Gguf { shard: *shard })?;
+            let mut t = gguf_task(ctx, results, *shard)?;
+            t.output = a.url.clone();
+            task::Kind::Verify(pb::VerifyTask {
+                what: Some(verify_task::What::Gguf(t)),
+                expect_sha256: a.sha256.clone(),
+            })
+        }
+        TaskKey::VerifyQuantize { level, shard } => {
+            let a = artifact_of(results, &TaskKey::Quantize { level: *level, shard: *shard })?;
+            let mut t = quantize_task(ctx, results, *level, *shard)?;
+            t.output = a.url.clone();
+            task::Kind::Verify(pb::VerifyTask {
+                what: Some(verify_task::What::Quantize(t)),
+                expect_sha256: a.sha256.clone(),
+            })
+        }
+        TaskKey::Noop { .. } => {
+            task::Kind::Noop(pb::NoopTask { sleep_ms: ctx.spec.outputs.noop.as_ref().map_or(0, |n| n.sleep_ms) })
+        }
+        TaskKey::Report => return Err("the report is the coordinator's own task".into()),
+    };
+    Ok(pb::Task { kind: Some(kind) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_round_trip() {
+        for k in [
+            TaskKey::Plan,
+            TaskKey::Report,
+            TaskKey::Gguf { shard: 3 },
+            TaskKey::Noop { n: 7 },
+            TaskKey::Quantize { level: FileType::Q4_K_M, shard: 0 },
+            TaskKey::VerifyGguf { shard: 1 },
+            TaskKey::VerifyQuantize { level: FileType::Q8_0, shard: 2 },
+        ] {
+            assert_eq!(TaskKey::parse(&k.to_string()), Some(k.clone()), "{k}");
+        }
+        assert_eq!(TaskKey::parse("quantize/q8_0/1"), None);
+        assert_eq!(TaskKey::parse("gguf/x"), None);
+    }
+
+    #[test]
+    fn critical_path_prefers_long_chains() {
+        let t = |key: TaskKey, deps: Vec<TaskKey>, cost| TaskDef { key, deps, cost };
+        let tasks = vec![
+            t(TaskKey::Gguf { shard: 0 }, vec![], 10),
+            t(TaskKey::Gguf { shard: 1 }, vec![], 10),
+            t(TaskKey::Quantize { level: FileType::Q8_0, shard: 0 }, vec![TaskKey::Gguf { shard: 0 }], 100),
+            t(
+                TaskKey::Report,
+                vec![TaskKey::Quantize { level: FileType::Q8_0, shard: 0 }, TaskKey::Gguf { shard: 1 }],
+                1,
+            ),
+        ];
+        let p = priorities(&tasks);
+        assert_eq!(p[&TaskKey::Report], 1);
+        assert_eq!(p[&TaskKey::Gguf { shard: 0 }], 111);
+        assert_eq!(p[&TaskKey::Gguf { shard: 1 }], 11);
+    }
+}

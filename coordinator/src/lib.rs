@@ -1,0 +1,18 @@
+//! The farm's coordinator: turns a `release.yaml` into a graph of small tasks, leases them to workers by
+//! capability and critical path, retries what fails, keeps every change in a SQLite journal so a restart resumes
+//! each release, and gathers the results into one signed report.
+//!
+//! It never touches tensor bytes: planning, conversion, quantization and verification run on workers; the
+//! coordinator only writes the report.
+
+pub mod canonical;
+pub mod graph;
+pub mod journal;
+pub mod report;
+pub mod sched;
+pub mod server;
+pub mod signing;
+pub mod spec;
+
+pub use sched::SchedConfig;
+pub use server::{Coordinator, CoordinatorConfig, ServeError};

@@ -1,0 +1,223 @@
+//! The release's record: `report.json` with the spec, every artifact's identity (URL, sha256, bytes, type mix,
+//! bits per weight), every task's inputs, outputs, worker and duration, the gates with their inputs and results,
+//! and the verdict. It is signed by [`crate::signing`] over its RFC 8785 canonical form.
+
+use std::collections::BTreeMap;
+
+use quantfarm_proto::{self as pb, task, task_result, verify_task};
+use serde_json::{json, Map, Value};
+
+use crate::graph::TaskKey;
+use crate::sched::Release;
+use crate::spec::GateRule;
+
+pub const FORMAT: &str = "quantfarm-report/1";
+
+/// One published artifact: every file of one output (all split files of one GGUF).
+#[derive(Default)]
+struct ArtifactAcc {
+    files: Vec<Value>,
+    bytes: u64,
+    types: BTreeMap<String, (u64, u64, u64)>,
+    verified: Vec<bool>,
+    produced_by: Vec<String>,
+}
+
+fn artifact_result(r: Option<&pb::TaskResult>) -> Option<(&pb::Artifact, bool)> {
+    match r?.kind.as_ref()? {
+        task_result::Kind::Artifact(a) => Some((a.artifact.as_ref()?, a.cache_hit)),
+        _ => None,
+    }
+}
+
+fn verify_result(r: Option<&pb::TaskResult>) -> Option<&pb::VerifyResult> {
+    match r?.kind.as_ref()? {
+        task_result::Kind::Verify(v) => Some(v),
+        _ => None,
+    }
+}
+
+fn split_json(rule: &Option<pb::SplitRule>) -> Value {
+    match rule.as_ref().and_then(|r| r.rule.as_ref()) {
+        None => Value::Null,
+        Some(pb::split_rule::Rule::MaxTensors(n)) => json!({"max_tensors": n}),
+        Some(pb::split_rule::Rule::MaxBytes(n)) => json!({"max_bytes": n}),
+    }
+}
+
+/// A task's inputs, as the report shows them.
+fn inputs_json(t: Option<&pb::Task>) -> Value {
+    let Some(kind) = t.and_then(|t| t.kind.as_ref()) else { return Value::Null };
+    match kind {
+        task::Kind::Plan(p) => json!({"source": p.source, "split": split_json(&p.split)}),
+        task::Kind::Gguf(g) => json!({
+            "source": g.source, "plan_digest": g.plan_digest, "shard": g.shard, "n_shards": g.n_shards,
+            "split": split_json(&g.split)
+        }),
+        task::Kind::Quantize(q) => {
+            json!({"input": q.input, "file_type": q.file_type, "shard": q.shard, "n_shards": q.n_shards})
+        }
+        task::Kind::Verify(v) => {
+            let (artifact, what) = match &v.what {
+                Some(verify_task::What::Gguf(g)) => (g.output.clone(), "gguf"),
+                Some(verify_task::What::Quantize(q)) => (q.output.clone(), "quantize"),
+                None => (String::new(), "none"),
+            };
+            json!({"artifact": artifact, "recompute": what, "expect_sha256": v.expect_sha256})
+        }
+        task::Kind::Noop(n) => json!({"sleep_ms": n.sleep_ms}),
+    }
+}
+
+fn outputs_json(r: Option<&pb::TaskResult>) -> Value {
+    let Some(kind) = r.and_then(|r| r.kind.as_ref()) else { return Value::Null };
+    match kind {
+        task_result::Kind::Plan(p) => json!({
+            "architecture": p.architecture, "format": p.format, "plan_digest": p.plan_digest,
+            "source_identity": p.source_identity, "source_bytes": p.source_bytes, "tensors": p.tensors.len(),
+            "split_files": p.shards.len()
+        }),
+        task_result::Kind::Artifact(a) => {
+            let art = a.artifact.as_ref();
+            json!({
+                "url": art.map(|a| a.url.clone()), "sha256": art.map(|a| a.sha256.clone()),
+                "bytes": art.map(|a| a.bytes), "cache_hit": a.cache_hit
+            })
+        }
+        task_result::Kind::Verify(v) => json!({
+            "identical": v.identical, "stored_sha256": v.stored_sha256, "recomputed_sha256": v.recomputed_sha256,
+            "detail": v.detail
+        }),
+        task_result::Kind::Noop(_) => json!({}),
+    }
+}
+
+/// Builds the unsigned report of a release whose tasks (but the report) are all done; returns it with whether
+/// every gate passed.
+pub fn build(rel: &Release) -> (Value, bool) {
+    let mut artifacts: BTreeMap<(u32, String), ArtifactAcc> = BTreeMap::new();
+    let level_order =
+        |l: &str| rel.spec.quants().iter().position(|q| q.0.name() == l).map_or(u32::MAX, |p| p as u32 + 1);
+    for t in &rel.tasks {
+        let (slot, producer) = match &t.key {
+            TaskKey::Gguf { .. } => ((0, "BF16".to_string()), true),
+            TaskKey::Quantize { level, .. } => ((level_order(level.name()), level.name().to_string()), true),
+            TaskKey::VerifyGguf { .. } => ((0, "BF16".to_string()), false),
+            TaskKey::VerifyQuantize { level, .. } => ((level_order(level.name()), level.name().to_string()), false),
+            _ => continue,
+        };
+        let acc = artifacts.entry(slot).or_default();
+        if producer {
+            if let Some((a, _)) = artifact_result(t.result.as_ref()) {
+                acc.files.push(json!({"url": a.url, "sha256": a.sha256, "bytes": a.bytes}));
+                acc.bytes += a.bytes;
+                for tc in &a.types {
+                    let e = acc.types.entry(tc.ggml_type.clone()).or_default();
+                    e.0 += tc.tensors;
+                    e.1 += tc.elements;
+                    e.2 += tc.bytes;
+                }
+                acc.produced_by.push(t.id.clone());
+            }
+        } else {
+            acc.verified.push(verify_result(t.result.as_ref()).is_some_and(|v| v.identical));
+        }
+    }
+    let mut artifact_list = Vec::new();
+    let mut all_verified = !artifacts.is_empty() || rel.spec.outputs.noop.is_some();
+    for ((_, ty), acc) in &artifacts {
+        let elements: u64 = acc.types.values().map(|t| t.1).sum();
+        let tensor_bytes: u64 = acc.types.values().map(|t| t.2).sum();
+        let verified =
+            !acc.verified.is_empty() && acc.verified.iter().all(|&v| v) && acc.verified.len() == acc.files.len();
+        all_verified &= verified;
+        let bpw =
+            if elements > 0 { (tensor_bytes as f64 * 8.0 / elements as f64 * 10000.0).round() / 10000.0 } else { 0.0 };
+        artifact_list.push(json!({
+            "name": format!("{}-{ty}", rel.spec.prefix()),
+            "container": "gguf",
+            "file_type": ty,
+            "files": acc.files,
+            "bytes": acc.bytes,
+            "bits_per_weight": bpw,
+            "type_mix": acc.types.iter().map(|(k, v)| json!({"type": k, "tensors": v.0, "elements": v.1, "bytes": v.2})).collect::<Vec<_>>(),
+            "verified": verified,
+        }));
+    }
+    let mut gates = Vec::new();
+    let mut passed = true;
+    for g in &rel.spec.gates {
+        let (ok, detail) = match g.rule {
+            GateRule::Verified => (
+                all_verified,
+                if all_verified {
+                    "every artifact was recomputed from its inputs with identical bytes".to_string()
+                } else {
+                    "at least one artifact was not reproduced byte for byte (see artifacts[].verified)".to_string()
+                },
+            ),
+            GateRule::KldMean => {
+                (false, "not measured: this farm has no kld task yet, and an unmeasured level never passes".to_string())
+            }
+        };
+        passed &= ok;
+        let mut gj = Map::new();
+        gj.insert("name".into(), json!(g.name));
+        gj.insert("rule".into(), serde_json::to_value(g.rule).unwrap_or(Value::Null));
+        if let Some(l) = g.level {
+            gj.insert("level".into(), json!(l.0.name()));
+        }
+        if let Some(m) = g.max {
+            gj.insert("max".into(), json!(m));
+        }
+        gj.insert("passed".into(), json!(ok));
+        gj.insert("detail".into(), json!(detail));
+        gates.push(Value::Object(gj));
+    }
+    let tasks: Vec<Value> = rel
+        .tasks
+        .iter()
+        .filter(|t| t.key != TaskKey::Report)
+        .map(|t| {
+            json!({
+                "id": t.id, "worker": t.worker, "attempts": t.attempts, "duration_ms": t.duration_ms,
+                "inputs": inputs_json(t.task.as_ref()), "outputs": outputs_json(t.result.as_ref()),
+            })
+        })
+        .collect();
+    let plan = rel.result(&TaskKey::Plan).and_then(|r| match r.kind.as_ref()? {
+        task_result::Kind::Plan(p) => Some(p),
+        _ => None,
+    });
+    let spec = serde_json::to_value(&rel.spec).unwrap_or(Value::Null);
+    let report = json!({
+        "format": FORMAT,
+        "quantfarm_version": env!("CARGO_PKG_VERSION"),
+        "release": {
+            "id": rel.id,
+            "name": rel.spec.name,
+            "spec_file": rel.file_name,
+            "spec_sha256": quantfarm_tensors::sink::hex(&<sha2::Sha256 as sha2::Digest>::digest(rel.yaml.as_bytes())),
+            "spec": spec,
+        },
+        "source": {
+            "url": rel.source,
+            "format": plan.map(|p| p.format.clone()),
+            "architecture": plan.map(|p| p.architecture.clone()),
+            "identity": plan.map(|p| p.source_identity.clone()),
+            "bytes": plan.map(|p| p.source_bytes),
+            "tensors": plan.map(|p| p.tensors.len()),
+        },
+        "links": {
+            "merge": "not applicable: no adapter",
+            "conversion": "GGUF BF16 written from the source by the mapping; each file recomputed and compared byte for byte",
+            "quantization": "llama-quantize's algorithms; each file recomputed and compared byte for byte; information loss (KL divergence) not measured yet",
+            "probes": "not measured yet",
+        },
+        "artifacts": artifact_list,
+        "tasks": tasks,
+        "gates": gates,
+        "verdict": if passed { "released" } else { "gate_failed" },
+    });
+    (report, passed)
+}

@@ -1,0 +1,861 @@
+//! The scheduler: every release's tasks and their states, the ready queue ordered by critical path, leases with
+//! deadlines, retries with backoff, and the journal write that goes with each change. Pure state transitions
+//! under one lock; the gRPC layer (`server`) waits and wakes around it.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, HashMap};
+use std::time::{Duration, Instant};
+
+use prost::Message;
+use quantfarm_proto::{self as pb, task_result, FailureKind, ReleaseState};
+use quantfarm_tensors::Location;
+
+use crate::graph::{self, Ctx, TaskDef, TaskKey};
+use crate::journal::{Batch, Journal, JournalError, ReleaseRow, TaskRow};
+use crate::spec::ReleaseSpec;
+
+#[derive(Clone, Debug)]
+pub struct SchedConfig {
+    pub lease: Duration,
+    pub heartbeat: Duration,
+    /// Tries per task (leases that expired count) before the release fails with the task's last error.
+    pub max_attempts: u32,
+    /// First retry delay; doubled per attempt, capped at a minute.
+    pub backoff: Duration,
+}
+
+impl Default for SchedConfig {
+    fn default() -> Self {
+        SchedConfig {
+            lease: Duration::from_secs(30),
+            heartbeat: Duration::from_secs(5),
+            max_attempts: 4,
+            backoff: Duration::from_millis(500),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum TState {
+    Blocked,
+    Ready,
+    Leased { lease_id: String, worker: String, deadline: Instant },
+    Done,
+}
+
+impl TState {
+    fn name(&self) -> &'static str {
+        match self {
+            TState::Blocked => "blocked",
+            TState::Ready => "ready",
+            TState::Leased { .. } => "leased",
+            TState::Done => "done",
+        }
+    }
+}
+
+pub struct TaskRec {
+    pub key: TaskKey,
+    pub id: String,
+    pub deps: Vec<usize>,
+    pub dependents: Vec<usize>,
+    pub waiting: usize,
+    pub priority: u64,
+    pub state: TState,
+    pub attempts: u32,
+    pub not_before: Option<Instant>,
+    pub task: Option<pb::Task>,
+    pub result: Option<pb::TaskResult>,
+    pub error: Option<String>,
+    pub worker: Option<String>,
+    pub duration_ms: u64,
+}
+
+impl TaskRec {
+    fn row(&self, tasks: &[TaskRec]) -> TaskRow {
+        let (lease_id, worker) = match &self.state {
+            TState::Leased { lease_id, worker, .. } => (Some(lease_id.clone()), Some(worker.clone())),
+            _ => (None, self.worker.clone()),
+        };
+        TaskRow {
+            id: self.id.clone(),
+            deps: self.deps.iter().map(|&d| tasks[d].id.clone()).collect(),
+            priority: self.priority,
+            state: self.state.name().into(),
+            attempts: self.attempts,
+            lease_id,
+            worker,
+            task: self.task.as_ref().map(|t| t.encode_to_vec()),
+            result: self.result.as_ref().map(|r| r.encode_to_vec()),
+            error: self.error.clone(),
+            duration_ms: self.duration_ms,
+        }
+    }
+}
+
+pub struct Release {
+    pub id: String,
+    pub yaml: String,
+    pub file_name: String,
+    pub base: String,
+    pub spec: ReleaseSpec,
+    pub source: String,
+    pub state: ReleaseState,
+    pub tasks: Vec<TaskRec>,
+    pub index: HashMap<TaskKey, usize>,
+    pub error: Option<String>,
+    pub report_json: Option<String>,
+    pub report_url: Option<String>,
+    pub created_ms: i64,
+    pub finished_ms: Option<i64>,
+}
+
+impl Release {
+    pub fn result(&self, key: &TaskKey) -> Option<&pb::TaskResult> {
+        self.index.get(key).and_then(|&i| self.tasks[i].result.as_ref())
+    }
+
+    /// Per-stage counts for progress displays, in first-appearance order.
+    pub fn stages(&self) -> Vec<pb::StageProgress> {
+        let mut out: Vec<pb::StageProgress> = Vec::new();
+        for t in &self.tasks {
+            let stage = t.key.stage();
+            let i = match out.iter().position(|s| s.stage == stage) {
+                Some(i) => i,
+                None => {
+                    out.push(pb::StageProgress { stage, ..Default::default() });
+                    out.len() - 1
+                }
+            };
+            out[i].total += 1;
+            match t.state {
+                TState::Done => out[i].done += 1,
+                TState::Leased { .. } => out[i].running += 1,
+                _ => {}
+            }
+        }
+        out
+    }
+
+    pub fn event(&self, message: String) -> pb::ReleaseEvent {
+        pb::ReleaseEvent {
+            release_id: self.id.clone(),
+            state: self.state as i32,
+            stages: self.stages(),
+            message,
+            error: self.error.clone().unwrap_or_default(),
+            report_url: self.report_url.clone().unwrap_or_default(),
+        }
+    }
+
+    fn finished(&self) -> bool {
+        self.state != ReleaseState::Running
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SchedError {
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+    #[error("{0}")]
+    Spec(#[from] crate::spec::SpecError),
+    #[error("no release {0:?}")]
+    NoRelease(String),
+    #[error("unknown worker {0:?} (the coordinator restarted or forgot it): register again")]
+    UnknownWorker(String),
+    #[error("release {release}: no task {task:?}")]
+    NoTask { release: String, task: String },
+}
+
+pub struct WorkerRec {
+    pub info: pb::WorkerInfo,
+    pub last_seen: Instant,
+}
+
+/// A report the coordinator must now produce (the release's report task became ready).
+#[derive(Debug, Clone)]
+pub struct ReportJob {
+    pub release_id: String,
+}
+
+pub struct Sched {
+    pub cfg: SchedConfig,
+    pub store: Location,
+    journal: Journal,
+    pub releases: Vec<Release>,
+    by_id: HashMap<String, usize>,
+    ready: BTreeSet<(Reverse<u64>, usize, usize)>,
+    leases: HashMap<String, (usize, usize)>,
+    pub workers: HashMap<String, WorkerRec>,
+    /// Events produced by the last transitions, for the server to broadcast.
+    pub events: Vec<pb::ReleaseEvent>,
+    /// Reports to produce.
+    pub reports: Vec<ReportJob>,
+    counter: u64,
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+fn random_hex(bytes: usize) -> String {
+    let mut b = vec![0u8; bytes];
+    rand_core::RngCore::fill_bytes(&mut rand_core::OsRng, &mut b);
+    quantfarm_tensors::sink::hex(&b)
+}
+
+/// Resolves a release's source against the submitter's folder: URLs and absolute paths as they are.
+pub fn resolve_source(source: &str, base: &str) -> String {
+    if source.contains("://") || std::path::Path::new(source).is_absolute() || base.is_empty() {
+        return source.to_string();
+    }
+    if base.contains("://") {
+        return format!("{}/{}", base.trim_end_matches('/'), source.trim_start_matches("./"));
+    }
+    std::path::Path::new(base).join(source).display().to_string()
+}
+
+impl Sched {
+    /// Opens the journal and resumes every release it holds.
+    pub fn open(journal: Journal, store: Location, cfg: SchedConfig) -> Result<Sched, SchedError> {
+        let rows = journal.load()?;
+        let mut s = Sched {
+            cfg,
+            store,
+            journal,
+            releases: Vec::new(),
+            by_id: HashMap::new(),
+            ready: BTreeSet::new(),
+            leases: HashMap::new(),
+            workers: HashMap::new(),
+            events: Vec::new(),
+            reports: Vec::new(),
+            counter: 0,
+        };
+        for (rel, tasks) in rows {
+            s.restore(rel, tasks)?;
+        }
+        Ok(s)
+    }
+
+    fn restore(&mut self, row: ReleaseRow, rows: Vec<TaskRow>) -> Result<(), SchedError> {
+        let spec = ReleaseSpec::parse(&row.yaml, &row.file_name)?;
+        let source = resolve_source(&spec.source, &row.base);
+        let state = ReleaseState::try_from(row.state).unwrap_or(ReleaseState::Failed);
+        let ri = self.releases.len();
+        let mut rel = Release {
+            id: row.id.clone(),
+            yaml: row.yaml,
+            file_name: row.file_name,
+            base: row.base,
+            spec,
+            source,
+            state,
+            tasks: Vec::new(),
+            index: HashMap::new(),
+            error: row.error,
+            report_json: row.report_json,
+            report_url: row.report_url,
+            created_ms: row.created_ms,
+            finished_ms: row.finished_ms,
+        };
+        let deadline = Instant::now() + self.cfg.lease;
+        for r in &rows {
+            let key = TaskKey::parse(&r.id)
+                .ok_or_else(|| SchedError::NoTask { release: row.id.clone(), task: r.id.clone() })?;
+            let state = match r.state.as_str() {
+                "done" => TState::Done,
+                "ready" => TState::Ready,
+                // A lease from before the restart lives on: its worker may still finish it, or it expires.
+                "leased" => match (&r.lease_id, &r.worker) {
+                    (Some(l), Some(w)) => TState::Leased { lease_id: l.clone(), worker: w.clone(), deadline },
+                    _ => TState::Ready,
+                },
+                _ => TState::Blocked,
+            };
+            rel.index.insert(key.clone(), rel.tasks.len());
+            rel.tasks.push(TaskRec {
+                key,
+                id: r.id.clone(),
+                deps: Vec::new(),
+                dependents: Vec::new(),
+                waiting: 0,
+                priority: r.priority,
+                state,
+                attempts: r.attempts,
+                not_before: None,
+                task: r.task.as_deref().and_then(|b| pb::Task::decode(b).ok()),
+                result: r.result.as_deref().and_then(|b| pb::TaskResult::decode(b).ok()),
+                error: r.error.clone(),
+                worker: r.worker.clone(),
+                duration_ms: r.duration_ms,
+            });
+        }
+        for (i, r) in rows.iter().enumerate() {
+            for d in &r.deps {
+                let key =
+                    TaskKey::parse(d).ok_or_else(|| SchedError::NoTask { release: row.id.clone(), task: d.clone() })?;
+                let di = *rel
+                    .index
+                    .get(&key)
+                    .ok_or_else(|| SchedError::NoTask { release: row.id.clone(), task: d.clone() })?;
+                rel.tasks[i].deps.push(di);
+                rel.tasks[di].dependents.push(i);
+                if rel.tasks[di].state != TState::Done {
+                    rel.tasks[i].waiting += 1;
+                }
+            }
+        }
+        let running = rel.state == ReleaseState::Running;
+        self.by_id.insert(rel.id.clone(), ri);
+        self.releases.push(rel);
+        if running {
+            for ti in 0..self.releases[ri].tasks.len() {
+                let t = &self.releases[ri].tasks[ti];
+                match &t.state {
+                    TState::Ready => self.make_ready(ri, ti),
+                    TState::Leased { lease_id, worker, .. } if worker == COORDINATOR => {
+                        let _ = lease_id;
+                        self.releases[ri].tasks[ti].state = TState::Ready;
+                        self.make_ready(ri, ti);
+                    }
+                    TState::Leased { lease_id, .. } => {
+                        self.leases.insert(lease_id.clone(), (ri, ti));
+                    }
+                    TState::Blocked if t.waiting == 0 => {
+                        // Its last dependency finished just before the stop, before the task was made ready.
+                        self.ready_up(ri, ti)?;
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn release(&self, id: &str) -> Result<&Release, SchedError> {
+        self.by_id.get(id).map(|&i| &self.releases[i]).ok_or_else(|| SchedError::NoRelease(id.into()))
+    }
+
+    /// Accepts a release: parses its spec and creates its first tasks.
+    pub fn submit(&mut self, yaml: &str, file_name: &str, base: &str) -> Result<String, SchedError> {
+        let spec = ReleaseSpec::parse(yaml, file_name)?;
+        let source = resolve_source(&spec.source, base);
+        self.counter += 1;
+        let mut id = format!("{}-{}", spec.name, &random_hex(4));
+        while self.by_id.contains_key(&id) || self.journal.release_exists(&id)? {
+            id = format!("{}-{}", spec.name, &random_hex(4));
+        }
+        let row = ReleaseRow {
+            id: id.clone(),
+            yaml: yaml.to_string(),
+            file_name: file_name.to_string(),
+            base: base.to_string(),
+            state: ReleaseState::Running as i32,
+            error: None,
+            report_json: None,
+            report_url: None,
+            created_ms: now_ms(),
+            finished_ms: None,
+        };
+        let ri = self.releases.len();
+        self.releases.push(Release {
+            id: id.clone(),
+            yaml: row.yaml.clone(),
+            file_name: row.file_name.clone(),
+            base: row.base.clone(),
+            spec,
+            source,
+            state: ReleaseState::Running,
+            tasks: Vec::new(),
+            index: HashMap::new(),
+            error: None,
+            report_json: None,
+            report_url: None,
+            created_ms: row.created_ms,
+            finished_ms: None,
+        });
+        self.by_id.insert(id.clone(), ri);
+        let defs = {
+            let rel = &self.releases[ri];
+            graph::initial(&Ctx { spec: &rel.spec, source: &rel.source, store: &self.store })
+        };
+        self.journal.batch(|b| b.insert_release(&row))?;
+        self.add_tasks(ri, defs)?;
+        let ev = self.releases[ri].event(format!("release {id} submitted"));
+        self.events.push(ev);
+        Ok(id)
+    }
+
+    /// Adds tasks to a release (journalled in one transaction) and readies those with no open dependency.
+    fn add_tasks(&mut self, ri: usize, defs: Vec<TaskDef>) -> Result<(), SchedError> {
+        let prio = graph::priorities(&defs);
+        let rel = &mut self.releases[ri];
+        let first_new = rel.tasks.len();
+        for d in &defs {
+            rel.index.insert(d.key.clone(), rel.tasks.len());
+            rel.tasks.push(TaskRec {
+                id: d.key.to_string(),
+                key: d.key.clone(),
+                deps: Vec::new(),
+                dependents: Vec::new(),
+                waiting: 0,
+                priority: prio.get(&d.key).copied().unwrap_or(d.cost),
+                state: TState::Blocked,
+                attempts: 0,
+                not_before: None,
+                task: None,
+                result: None,
+                error: None,
+                worker: None,
+                duration_ms: 0,
+            });
+        }
+        for (k, d) in defs.iter().enumerate() {
+            let i = first_new + k;
+            for dep in &d.deps {
+                let di = rel.index[dep];
+                rel.tasks[i].deps.push(di);
+                rel.tasks[di].dependents.push(i);
+                if rel.tasks[di].state != TState::Done {
+                    rel.tasks[i].waiting += 1;
+                }
+            }
+        }
+        let rel = &self.releases[ri];
+        let rows: Vec<TaskRow> = rel.tasks[first_new..].iter().map(|t| t.row(&rel.tasks)).collect();
+        let id = rel.id.clone();
+        self.journal.batch(|b| {
+            for (k, r) in rows.iter().enumerate() {
+                b.insert_task(&id, first_new + k, r)?;
+            }
+            Ok(())
+        })?;
+        for i in first_new..self.releases[ri].tasks.len() {
+            if self.releases[ri].tasks[i].waiting == 0 {
+                self.ready_up(ri, i)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A task whose dependencies are all done: build its message and queue it (or queue the report).
+    fn ready_up(&mut self, ri: usize, ti: usize) -> Result<(), SchedError> {
+        let rel = &self.releases[ri];
+        let key = rel.tasks[ti].key.clone();
+        if key == TaskKey::Report {
+            let t = &mut self.releases[ri].tasks[ti];
+            t.state = TState::Leased {
+                lease_id: format!("report-{}", random_hex(8)),
+                worker: COORDINATOR.into(),
+                deadline: far_future(),
+            };
+            t.attempts += 1;
+            self.journal_task(ri, ti)?;
+            self.reports.push(ReportJob { release_id: self.releases[ri].id.clone() });
+            return Ok(());
+        }
+        let built = {
+            let ctx = Ctx { spec: &rel.spec, source: &rel.source, store: &self.store };
+            let results = |k: &TaskKey| rel.result(k);
+            graph::build(&ctx, &key, &results)
+        };
+        match built {
+            Ok(task) => {
+                let t = &mut self.releases[ri].tasks[ti];
+                t.task = Some(task);
+                t.state = TState::Ready;
+                self.journal_task(ri, ti)?;
+                self.make_ready(ri, ti);
+            }
+            Err(e) => self.fail_release(ri, format!("task {key}: cannot be built: {e}"))?,
+        }
+        Ok(())
+    }
+
+    fn make_ready(&mut self, ri: usize, ti: usize) {
+        self.ready.insert((Reverse(self.releases[ri].tasks[ti].priority), ri, ti));
+    }
+
+    fn journal_task(&mut self, ri: usize, ti: usize) -> Result<(), SchedError> {
+        let rel = &self.releases[ri];
+        let row = rel.tasks[ti].row(&rel.tasks);
+        let id = rel.id.clone();
+        self.journal.batch(|b| b.update_task(&id, &row))?;
+        Ok(())
+    }
+
+    pub fn register(&mut self, info: pb::WorkerInfo) -> String {
+        let id = format!("{}-{}", if info.name.is_empty() { "worker" } else { &info.name }, random_hex(4));
+        self.workers.insert(id.clone(), WorkerRec { info, last_seen: Instant::now() });
+        id
+    }
+
+    /// Leases up to `slots` ready tasks the worker can run, best critical path first. Returns the leases and,
+    /// when none could be given, when a backed-off task becomes ready (for the caller's wait).
+    pub fn lease(&mut self, worker_id: &str, slots: u32) -> Result<(Vec<pb::Lease>, Option<Instant>), SchedError> {
+        let now = Instant::now();
+        let w = self.workers.get_mut(worker_id).ok_or_else(|| SchedError::UnknownWorker(worker_id.into()))?;
+        w.last_seen = now;
+        let kinds: Vec<String> = w.info.task_kinds.clone();
+        let mut picked = Vec::new();
+        let mut next_wake: Option<Instant> = None;
+        for &(prio, ri, ti) in self.ready.iter() {
+            if picked.len() >= slots.max(1) as usize {
+                break;
+            }
+            let t = &self.releases[ri].tasks[ti];
+            let Some(kind) = t.key.worker_kind() else { continue };
+            if !kinds.iter().any(|k| k == kind) {
+                continue;
+            }
+            if let Some(nb) = t.not_before {
+                if nb > now {
+                    next_wake = Some(next_wake.map_or(nb, |w: Instant| w.min(nb)));
+                    continue;
+                }
+            }
+            picked.push((prio, ri, ti));
+        }
+        let mut out = Vec::with_capacity(picked.len());
+        let lease_ms = self.cfg.lease.as_millis() as u32;
+        let mut rows = Vec::with_capacity(picked.len());
+        for (prio, ri, ti) in picked {
+            self.ready.remove(&(prio, ri, ti));
+            let lease_id = random_hex(12);
+            let rel = &mut self.releases[ri];
+            let t = &mut rel.tasks[ti];
+            t.state = TState::Leased {
+                lease_id: lease_id.clone(),
+                worker: worker_id.to_string(),
+                deadline: now + self.cfg.lease,
+            };
+            t.attempts += 1;
+            t.not_before = None;
+            self.leases.insert(lease_id.clone(), (ri, ti));
+            out.push(pb::Lease {
+                lease_id,
+                release_id: rel.id.clone(),
+                task_id: t.id.clone(),
+                attempt: t.attempts,
+                lease_ms,
+                task: t.task.clone(),
+            });
+            rows.push((rel.id.clone(), rel.tasks[ti].row(&rel.tasks)));
+        }
+        if !rows.is_empty() {
+            self.journal.batch(|b| {
+                for (id, r) in &rows {
+                    b.update_task(id, r)?;
+                }
+                Ok(())
+            })?;
+        }
+        if !out.is_empty() {
+            for l in &out {
+                let ri = self.by_id[&l.release_id];
+                if self.wants_events() {
+                    let ev = self.releases[ri].event(format!("{} started on {worker_id}", l.task_id));
+                    self.events.push(ev);
+                }
+            }
+        }
+        Ok((out, next_wake))
+    }
+
+    fn wants_events(&self) -> bool {
+        true
+    }
+
+    /// Extends the deadlines of the given leases; returns those no longer valid.
+    pub fn heartbeat(&mut self, worker_id: &str, lease_ids: &[String]) -> (Vec<String>, bool) {
+        let now = Instant::now();
+        let known = match self.workers.get_mut(worker_id) {
+            Some(w) => {
+                w.last_seen = now;
+                true
+            }
+            None => false,
+        };
+        let mut revoked = Vec::new();
+        for l in lease_ids {
+            match self.leases.get(l) {
+                Some(&(ri, ti)) => {
+                    if let TState::Leased { deadline, .. } = &mut self.releases[ri].tasks[ti].state {
+                        *deadline = now + self.cfg.lease;
+                    }
+                }
+                None => revoked.push(l.clone()),
+            }
+        }
+        (revoked, !known)
+    }
+
+    /// Records a task's outcome. Returns false when it was not needed (already done, or the release is over).
+    pub fn complete(&mut self, req: pb::CompleteRequest) -> Result<bool, SchedError> {
+        let ri = *self.by_id.get(&req.release_id).ok_or_else(|| SchedError::NoRelease(req.release_id.clone()))?;
+        let key = TaskKey::parse(&req.task_id)
+            .ok_or_else(|| SchedError::NoTask { release: req.release_id.clone(), task: req.task_id.clone() })?;
+        let ti = *self.releases[ri]
+            .index
+            .get(&key)
+            .ok_or_else(|| SchedError::NoTask { release: req.release_id.clone(), task: req.task_id.clone() })?;
+        if self.releases[ri].finished() || self.releases[ri].tasks[ti].state == TState::Done {
+            self.leases.remove(&req.lease_id);
+            return Ok(false);
+        }
+        // Whatever lease this task is under now ends here: the outcome is in (outputs are content-addressed, so a
+        // result from an earlier, expired lease is as good as one from the current lease).
+        self.end_lease(ri, ti);
+        let worker = req.worker_id.clone();
+        match req.outcome {
+            Some(pb::complete_request::Outcome::Result(result)) => {
+                if let Err(e) = check_result(&key, &result) {
+                    self.fail_task(ri, ti, FailureKind::Internal, format!("worker {worker}: {e}"))?;
+                    return Ok(true);
+                }
+                self.finish_task(ri, ti, result, worker, req.duration_ms)?;
+            }
+            Some(pb::complete_request::Outcome::Failure(f)) => {
+                let kind = FailureKind::try_from(f.kind).unwrap_or(FailureKind::Internal);
+                self.fail_task(ri, ti, kind, format!("{} (worker {worker})", f.message))?;
+            }
+            None => self.fail_task(ri, ti, FailureKind::Internal, format!("worker {worker} sent no outcome"))?,
+        }
+        Ok(true)
+    }
+
+    fn end_lease(&mut self, ri: usize, ti: usize) {
+        if let TState::Leased { lease_id, .. } = &self.releases[ri].tasks[ti].state {
+            self.leases.remove(lease_id);
+        }
+        self.ready.remove(&(Reverse(self.releases[ri].tasks[ti].priority), ri, ti));
+    }
+
+    fn finish_task(
+        &mut self,
+        ri: usize,
+        ti: usize,
+        result: pb::TaskResult,
+        worker: String,
+        duration_ms: u64,
+    ) -> Result<(), SchedError> {
+        let plan = match &result.kind {
+            Some(task_result::Kind::Plan(p)) => Some(p.clone()),
+            _ => None,
+        };
+        {
+            let t = &mut self.releases[ri].tasks[ti];
+            t.state = TState::Done;
+            t.result = Some(result);
+            t.worker = Some(worker.clone());
+            t.duration_ms = duration_ms;
+            t.error = None;
+        }
+        self.journal_task(ri, ti)?;
+        if let Some(plan) = plan {
+            let defs = {
+                let rel = &self.releases[ri];
+                graph::expand(&Ctx { spec: &rel.spec, source: &rel.source, store: &self.store }, &plan)
+            };
+            if let Err(e) = check_plan(&plan) {
+                return self.fail_release(ri, format!("plan: {e}"));
+            }
+            self.add_tasks(ri, defs)?;
+        }
+        let dependents = self.releases[ri].tasks[ti].dependents.clone();
+        for d in dependents {
+            let t = &mut self.releases[ri].tasks[d];
+            t.waiting = t.waiting.saturating_sub(1);
+            if t.waiting == 0 && t.state == TState::Blocked && self.releases[ri].state == ReleaseState::Running {
+                self.ready_up(ri, d)?;
+            }
+        }
+        let rel = &self.releases[ri];
+        let ev = rel.event(format!("{} done on {worker} in {:.1} s", rel.tasks[ti].id, duration_ms as f64 / 1000.0));
+        self.events.push(ev);
+        Ok(())
+    }
+
+    fn fail_task(&mut self, ri: usize, ti: usize, kind: FailureKind, msg: String) -> Result<(), SchedError> {
+        let id = self.releases[ri].tasks[ti].id.clone();
+        let attempts = self.releases[ri].tasks[ti].attempts;
+        tracing::warn!(release = %self.releases[ri].id, task = %id, attempt = attempts, "task failed: {msg}");
+        let retry = match kind {
+            FailureKind::Input => false,
+            // A revoked lease is not the task's fault: it does not use up a try.
+            FailureKind::Cancelled => {
+                self.releases[ri].tasks[ti].attempts = attempts.saturating_sub(1);
+                true
+            }
+            _ => attempts < self.cfg.max_attempts,
+        };
+        if !retry {
+            let what = if kind == FailureKind::Input {
+                format!("task {id} failed: {msg}")
+            } else {
+                format!("task {id} failed after {attempts} attempts; last error: {msg}")
+            };
+            self.releases[ri].tasks[ti].error = Some(msg);
+            return self.fail_release(ri, what);
+        }
+        let delay =
+            self.cfg.backoff.saturating_mul(1 << attempts.saturating_sub(1).min(7)).min(Duration::from_secs(60));
+        let t = &mut self.releases[ri].tasks[ti];
+        t.state = TState::Ready;
+        t.error = Some(msg.clone());
+        t.not_before = Some(Instant::now() + delay);
+        self.journal_task(ri, ti)?;
+        self.make_ready(ri, ti);
+        let ev = self.releases[ri].event(format!("{id} failed, retrying in {:.1} s: {msg}", delay.as_secs_f64()));
+        self.events.push(ev);
+        Ok(())
+    }
+
+    /// Ends a release for good with `error`: its leases are revoked, nothing else runs.
+    pub fn fail_release(&mut self, ri: usize, error: String) -> Result<(), SchedError> {
+        tracing::error!(release = %self.releases[ri].id, "release failed: {error}");
+        self.end_release(ri, ReleaseState::Failed, Some(error), None, None)
+    }
+
+    fn end_release(
+        &mut self,
+        ri: usize,
+        state: ReleaseState,
+        error: Option<String>,
+        report_json: Option<String>,
+        report_url: Option<String>,
+    ) -> Result<(), SchedError> {
+        let n = self.releases[ri].tasks.len();
+        for ti in 0..n {
+            self.end_lease(ri, ti);
+        }
+        let rel = &mut self.releases[ri];
+        rel.state = state;
+        rel.error = error;
+        rel.report_json = report_json;
+        rel.report_url = report_url;
+        rel.finished_ms = Some(now_ms());
+        let (id, st, err, rj, ru, fm) = (
+            rel.id.clone(),
+            rel.state as i32,
+            rel.error.clone(),
+            rel.report_json.clone(),
+            rel.report_url.clone(),
+            rel.finished_ms.unwrap_or(0),
+        );
+        self.journal.batch(|b: &Batch| b.finish_release(&id, st, err.as_deref(), rj.as_deref(), ru.as_deref(), fm))?;
+        let ev = self.releases[ri].event(format!("release {id}: {}", state.as_str_name()));
+        self.events.push(ev);
+        Ok(())
+    }
+
+    /// The coordinator finished the report task.
+    pub fn report_done(
+        &mut self,
+        release_id: &str,
+        outcome: Result<(String, String, bool), String>,
+    ) -> Result<(), SchedError> {
+        let ri = *self.by_id.get(release_id).ok_or_else(|| SchedError::NoRelease(release_id.into()))?;
+        if self.releases[ri].finished() {
+            return Ok(());
+        }
+        match outcome {
+            Ok((json, url, passed)) => {
+                if let Some(&ti) = self.releases[ri].index.get(&TaskKey::Report) {
+                    let t = &mut self.releases[ri].tasks[ti];
+                    t.state = TState::Done;
+                    t.worker = Some(COORDINATOR.into());
+                    self.journal_task(ri, ti)?;
+                }
+                let state = if passed { ReleaseState::Released } else { ReleaseState::GateFailed };
+                self.end_release(ri, state, None, Some(json), Some(url))
+            }
+            Err(e) => self.fail_release(ri, format!("report: {e}")),
+        }
+    }
+
+    pub fn cancel(&mut self, release_id: &str) -> Result<ReleaseState, SchedError> {
+        let ri = *self.by_id.get(release_id).ok_or_else(|| SchedError::NoRelease(release_id.into()))?;
+        if !self.releases[ri].finished() {
+            self.end_release(ri, ReleaseState::Cancelled, Some("cancelled".into()), None, None)?;
+        }
+        Ok(self.releases[ri].state)
+    }
+
+    /// Expires leases whose worker stopped heartbeating: each counts as a failed attempt.
+    pub fn expire(&mut self) -> Result<(), SchedError> {
+        let now = Instant::now();
+        let expired: Vec<(usize, usize, String)> = self
+            .leases
+            .values()
+            .filter_map(|&(ri, ti)| match &self.releases[ri].tasks[ti].state {
+                TState::Leased { deadline, worker, .. } if *deadline < now => Some((ri, ti, worker.clone())),
+                _ => None,
+            })
+            .collect();
+        for (ri, ti, worker) in expired {
+            self.end_lease(ri, ti);
+            let msg = format!("lease expired: worker {worker} stopped heartbeating");
+            self.fail_task(ri, ti, FailureKind::Transient, msg)?;
+        }
+        Ok(())
+    }
+
+    /// Hands leases back: the tasks become ready again without using up a try.
+    pub fn hand_back(&mut self, lease_ids: &[String]) -> Result<(), SchedError> {
+        for l in lease_ids {
+            if let Some(&(ri, ti)) = self.leases.get(l) {
+                self.end_lease(ri, ti);
+                let t = &mut self.releases[ri].tasks[ti];
+                t.state = TState::Ready;
+                t.attempts = t.attempts.saturating_sub(1);
+                self.journal_task(ri, ti)?;
+                self.make_ready(ri, ti);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The worker name recorded for tasks the coordinator runs itself.
+pub const COORDINATOR: &str = "coordinator";
+
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600)
+}
+
+fn check_result(key: &TaskKey, r: &pb::TaskResult) -> Result<(), String> {
+    let ok = matches!(
+        (key, &r.kind),
+        (TaskKey::Plan, Some(task_result::Kind::Plan(_)))
+            | (TaskKey::Gguf { .. } | TaskKey::Quantize { .. }, Some(task_result::Kind::Artifact(_)))
+            | (TaskKey::VerifyGguf { .. } | TaskKey::VerifyQuantize { .. }, Some(task_result::Kind::Verify(_)))
+            | (TaskKey::Noop { .. }, Some(task_result::Kind::Noop(_)))
+    );
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("task {key} got a result of the wrong kind"))
+    }
+}
+
+fn check_plan(p: &pb::PlanResult) -> Result<(), String> {
+    if p.shards.is_empty() || p.tensors.is_empty() {
+        return Err("the source has no tensors".into());
+    }
+    let mut next = 0u32;
+    for s in &p.shards {
+        if s.start != next || s.end <= s.start || s.end as usize > p.tensors.len() {
+            return Err("the split ranges do not cover the tensors in order".into());
+        }
+        next = s.end;
+    }
+    if next as usize != p.tensors.len() {
+        return Err("the split ranges do not cover every tensor".into());
+    }
+    if p.shards.len() > 99_999 {
+        return Err("more than 99999 split files".into());
+    }
+    Ok(())
+}

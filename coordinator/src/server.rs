@@ -1,0 +1,359 @@
+//! The coordinator's gRPC face: the `Farm` service for workers and the `Releases` service for users, both behind
+//! the token check, around one [`Sched`] under a mutex. Long-polled leases wait on a notification that every
+//! state change fires; an expiry ticker turns silent workers' leases into retries; reports are produced here,
+//! signed, and written to the store through the staged sink.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use quantfarm_proto::farm_server::{Farm, FarmServer};
+use quantfarm_proto::releases_server::{Releases, ReleasesServer};
+use quantfarm_proto::{self as pb, ReleaseState, PROTOCOL_VERSION};
+use quantfarm_tensors::{Location, StagedSink};
+use tokio::sync::{broadcast, Notify};
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tonic::{Request, Response, Status};
+
+use crate::journal::Journal;
+use crate::sched::{Sched, SchedConfig, SchedError};
+use crate::signing::{self, SigningKey};
+
+pub struct CoordinatorConfig {
+    pub journal: std::path::PathBuf,
+    /// Where artifacts and reports are written.
+    pub store: Location,
+    pub sched: SchedConfig,
+    /// Required from every client when set; required to be set off loopback.
+    pub token: Option<String>,
+    pub key: SigningKey,
+    /// TLS certificate and key (PEM); off loopback traffic should be encrypted.
+    pub tls: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Sched(#[from] SchedError),
+    #[error(transparent)]
+    Journal(#[from] crate::journal::JournalError),
+    #[error("refusing to listen on {0} without a token: off loopback, workers and clients must authenticate (pass --token or set QUANTFARM_TOKEN)")]
+    NoToken(SocketAddr),
+    #[error("transport: {0}")]
+    Transport(#[from] tonic::transport::Error),
+    #[error("listener: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+struct Shared {
+    sched: Mutex<Sched>,
+    notify: Notify,
+    events: broadcast::Sender<pb::ReleaseEvent>,
+    key: SigningKey,
+}
+
+/// A handle on a running coordinator's state (for the embedded run and tests).
+#[derive(Clone)]
+pub struct Coordinator {
+    shared: Arc<Shared>,
+}
+
+fn status(e: SchedError) -> Status {
+    match e {
+        SchedError::NoRelease(_) | SchedError::NoTask { .. } => Status::not_found(e.to_string()),
+        SchedError::UnknownWorker(_) => Status::not_found(e.to_string()),
+        SchedError::Spec(_) => Status::invalid_argument(e.to_string()),
+        SchedError::Journal(_) => Status::internal(e.to_string()),
+    }
+}
+
+impl Coordinator {
+    pub fn open(cfg: &CoordinatorConfig) -> Result<Coordinator, ServeError> {
+        if let Some(dir) = cfg.journal.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let journal = Journal::open(&cfg.journal)?;
+        let sched = Sched::open(journal, cfg.store.clone(), cfg.sched.clone())?;
+        let (events, _) = broadcast::channel(4096);
+        let c = Coordinator {
+            shared: Arc::new(Shared { sched: Mutex::new(sched), notify: Notify::new(), events, key: cfg.key.clone() }),
+        };
+        Ok(c)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Sched> {
+        self.shared.sched.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Publishes what the last transitions produced: events, woken lease waiters, reports to make.
+    fn after(&self, mut s: MutexGuard<'_, Sched>) {
+        let events = std::mem::take(&mut s.events);
+        let reports = std::mem::take(&mut s.reports);
+        drop(s);
+        for e in events {
+            let _ = self.shared.events.send(e);
+        }
+        self.shared.notify.notify_waiters();
+        for job in reports {
+            let me = self.clone();
+            tokio::spawn(async move { me.make_report(job.release_id).await });
+        }
+    }
+
+    async fn make_report(&self, release_id: String) {
+        let built = {
+            let s = self.lock();
+            match s.release(&release_id) {
+                Ok(rel) => {
+                    let (report, passed) = crate::report::build(rel);
+                    let target = s.store.child(&format!("releases/{release_id}/report.json"));
+                    Some((report, passed, target))
+                }
+                Err(_) => None,
+            }
+        };
+        let Some((report, passed, target)) = built else { return };
+        let outcome = async {
+            let target = target.map_err(|e| e.to_string())?;
+            let signed = signing::sign_report(report, &self.shared.key).map_err(|e| e.to_string())?;
+            let text = crate::canonical::canonical_json(&signed).map_err(|e| e.to_string())?;
+            let mut sink = StagedSink::create(&target, true).await.map_err(|e| e.to_string())?;
+            sink.write(text.as_bytes()).await.map_err(|e| e.to_string())?;
+            sink.commit().await.map_err(|e| e.to_string())?;
+            Ok::<_, String>((text, target.to_string(), passed))
+        }
+        .await;
+        let mut s = self.lock();
+        if let Err(e) = s.report_done(&release_id, outcome) {
+            tracing::error!("release {release_id}: {e}");
+        }
+        self.after(s);
+    }
+
+    /// Turns expired leases into retries, forever (run it as a task).
+    async fn expiry_loop(self) {
+        let period = {
+            let s = self.lock();
+            (s.cfg.lease / 4).clamp(Duration::from_millis(50), Duration::from_millis(500))
+        };
+        loop {
+            tokio::time::sleep(period).await;
+            let mut s = self.lock();
+            if let Err(e) = s.expire() {
+                tracing::error!("lease expiry: {e}");
+            }
+            self.after(s);
+        }
+    }
+
+    /// Serves on `listener` until `shutdown` resolves.
+    pub async fn serve(
+        self,
+        listener: tokio::net::TcpListener,
+        token: Option<String>,
+        tls: Option<(Vec<u8>, Vec<u8>)>,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ServeError> {
+        let addr = listener.local_addr()?;
+        if !addr.ip().is_loopback() && token.is_none() {
+            return Err(ServeError::NoToken(addr));
+        }
+        // Reports that were due when the coordinator stopped, and releases resumed from the journal.
+        {
+            let s = self.lock();
+            self.after(s);
+        }
+        let expiry = tokio::spawn(self.clone().expiry_loop());
+        let check = TokenCheck { token: token.map(Arc::from) };
+        let farm = FarmServer::new(FarmSvc(self.clone()))
+            .max_decoding_message_size(pb::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(pb::MAX_MESSAGE_BYTES);
+        let releases = ReleasesServer::new(ReleasesSvc(self.clone()))
+            .max_decoding_message_size(pb::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(pb::MAX_MESSAGE_BYTES);
+        let mut builder = tonic::transport::Server::builder();
+        if let Some((cert, key)) = tls {
+            let identity = tonic::transport::Identity::from_pem(cert, key);
+            builder = builder.tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))?;
+        }
+        let result = builder
+            .add_service(tonic::service::interceptor::InterceptedService::new(farm, check.clone()))
+            .add_service(tonic::service::interceptor::InterceptedService::new(releases, check))
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+            .await;
+        expiry.abort();
+        result.map_err(ServeError::from)
+    }
+
+    /// Submits a release directly (the embedded run uses the gRPC path; this is for tests and tools).
+    pub fn submit(&self, yaml: &str, file_name: &str, base: &str) -> Result<String, SchedError> {
+        let mut s = self.lock();
+        let r = s.submit(yaml, file_name, base);
+        self.after(s);
+        r
+    }
+}
+
+/// Checks the `x-quantfarm-token` metadata in constant time.
+#[derive(Clone)]
+struct TokenCheck {
+    token: Option<Arc<str>>,
+}
+
+impl tonic::service::Interceptor for TokenCheck {
+    fn call(&mut self, req: Request<()>) -> Result<Request<()>, Status> {
+        let Some(want) = &self.token else { return Ok(req) };
+        let got = req.metadata().get(pb::TOKEN_HEADER).map(|v| v.as_bytes()).unwrap_or(b"");
+        let want = want.as_bytes();
+        let mut diff = (got.len() != want.len()) as u8;
+        for (i, &b) in want.iter().enumerate() {
+            diff |= b ^ got.get(i).copied().unwrap_or(0);
+        }
+        if diff == 0 {
+            Ok(req)
+        } else {
+            Err(Status::unauthenticated("wrong or missing farm token (x-quantfarm-token)"))
+        }
+    }
+}
+
+fn check_version(v: u32, who: &str) -> Result<(), Status> {
+    if v == PROTOCOL_VERSION {
+        Ok(())
+    } else {
+        Err(Status::failed_precondition(format!(
+            "this {who} speaks quantfarm protocol {v}, the coordinator speaks {PROTOCOL_VERSION}: upgrade the {who} (or the coordinator) so both match"
+        )))
+    }
+}
+
+struct FarmSvc(Coordinator);
+
+#[tonic::async_trait]
+impl Farm for FarmSvc {
+    async fn register(&self, req: Request<pb::RegisterRequest>) -> Result<Response<pb::RegisterResponse>, Status> {
+        let req = req.into_inner();
+        check_version(req.protocol_version, "worker")?;
+        let info = req.worker.ok_or_else(|| Status::invalid_argument("register: no worker info"))?;
+        if info.task_kinds.is_empty() || info.slots == 0 {
+            return Err(Status::invalid_argument("register: a worker must offer at least one task kind and slot"));
+        }
+        let mut s = self.0.lock();
+        let id = s.register(info);
+        let (hb, lease) = (s.cfg.heartbeat.as_millis() as u32, s.cfg.lease.as_millis() as u32);
+        tracing::info!("worker {id} registered");
+        drop(s);
+        Ok(Response::new(pb::RegisterResponse { worker_id: id, heartbeat_ms: hb, lease_ms: lease }))
+    }
+
+    async fn lease(&self, req: Request<pb::LeaseRequest>) -> Result<Response<pb::LeaseResponse>, Status> {
+        let req = req.into_inner();
+        let deadline = Instant::now() + Duration::from_millis(req.wait_ms.min(60_000) as u64);
+        loop {
+            let notified = self.0.shared.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let (leases, wake) = {
+                let mut s = self.0.lock();
+                let r = s.lease(&req.worker_id, req.free_slots).map_err(status)?;
+                self.0.after(s);
+                r
+            };
+            if !leases.is_empty() {
+                return Ok(Response::new(pb::LeaseResponse { leases }));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(Response::new(pb::LeaseResponse { leases: vec![] }));
+            }
+            let until = wake.map_or(deadline, |w| w.min(deadline));
+            tokio::select! {
+                _ = &mut notified => {}
+                _ = tokio::time::sleep_until(until.into()) => {}
+            }
+        }
+    }
+
+    async fn heartbeat(&self, req: Request<pb::HeartbeatRequest>) -> Result<Response<pb::HeartbeatResponse>, Status> {
+        let req = req.into_inner();
+        let (revoked, reregister) = self.0.lock().heartbeat(&req.worker_id, &req.lease_ids);
+        Ok(Response::new(pb::HeartbeatResponse { revoked, reregister }))
+    }
+
+    async fn complete(&self, req: Request<pb::CompleteRequest>) -> Result<Response<pb::CompleteResponse>, Status> {
+        let mut s = self.0.lock();
+        let accepted = s.complete(req.into_inner()).map_err(status)?;
+        self.0.after(s);
+        Ok(Response::new(pb::CompleteResponse { accepted }))
+    }
+
+    async fn hand_back(&self, req: Request<pb::HandBackRequest>) -> Result<Response<pb::HandBackResponse>, Status> {
+        let mut s = self.0.lock();
+        s.hand_back(&req.into_inner().lease_ids).map_err(status)?;
+        self.0.after(s);
+        Ok(Response::new(pb::HandBackResponse {}))
+    }
+}
+
+struct ReleasesSvc(Coordinator);
+
+#[tonic::async_trait]
+impl Releases for ReleasesSvc {
+    async fn submit(&self, req: Request<pb::SubmitRequest>) -> Result<Response<pb::SubmitResponse>, Status> {
+        let req = req.into_inner();
+        check_version(req.protocol_version, "client")?;
+        let name = if req.file_name.is_empty() { "release.yaml" } else { &req.file_name };
+        let id = self.0.submit(&req.release_yaml, name, &req.base).map_err(status)?;
+        Ok(Response::new(pb::SubmitResponse { release_id: id }))
+    }
+
+    type WatchStream = ReceiverStream<Result<pb::ReleaseEvent, Status>>;
+
+    async fn watch(&self, req: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
+        let id = req.into_inner().release_id;
+        let mut rx = self.0.shared.events.subscribe();
+        let snapshot = self.0.lock().release(&id).map_err(status)?.event("snapshot".into());
+        let (tx, out) = tokio::sync::mpsc::channel(256);
+        let me = self.0.clone();
+        tokio::spawn(async move {
+            let terminal = |e: &pb::ReleaseEvent| e.state != ReleaseState::Running as i32;
+            let done = terminal(&snapshot);
+            if tx.send(Ok(snapshot)).await.is_err() || done {
+                return;
+            }
+            loop {
+                let ev = match rx.recv().await {
+                    Ok(ev) if ev.release_id == id => ev,
+                    Ok(_) => continue,
+                    Err(broadcast::error::RecvError::Lagged(_)) => match me.lock().release(&id) {
+                        Ok(r) => r.event("(progress events were dropped; this is the current state)".into()),
+                        Err(_) => return,
+                    },
+                    Err(broadcast::error::RecvError::Closed) => return,
+                };
+                let end = terminal(&ev);
+                if tx.send(Ok(ev)).await.is_err() || end {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(out)))
+    }
+
+    async fn get_report(&self, req: Request<pb::GetReportRequest>) -> Result<Response<pb::GetReportResponse>, Status> {
+        let s = self.0.lock();
+        let rel = s.release(&req.into_inner().release_id).map_err(status)?;
+        Ok(Response::new(pb::GetReportResponse {
+            state: rel.state as i32,
+            report_json: rel.report_json.clone().unwrap_or_default(),
+            report_url: rel.report_url.clone().unwrap_or_default(),
+        }))
+    }
+
+    async fn cancel(&self, req: Request<pb::CancelRequest>) -> Result<Response<pb::CancelResponse>, Status> {
+        let mut s = self.0.lock();
+        let state = s.cancel(&req.into_inner().release_id).map_err(status)?;
+        self.0.after(s);
+        Ok(Response::new(pb::CancelResponse { state: state as i32 }))
+    }
+}

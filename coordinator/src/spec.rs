@@ -1,0 +1,304 @@
+//! `release.yaml`: what a release is made of, parsed strictly (unknown keys are errors; every error names the line
+//! and the key) so a typo never silently drops an output or a gate.
+//!
+//! ```yaml
+//! name: smollm2-135m            # names the release and its artifact files
+//! source: s3://models/smollm2   # HF safetensors folder: a path (relative to this file), file:// or s3://
+//! outputs:
+//!   gguf:
+//!     prefix: SmolLM2-135M      # artifact file prefix (default: name)
+//!     split: {max_tensors: 100} # or {max_size: 2GB}: llama.cpp split files (gguf-split's rules); default one file
+//!     quants: [Q8_0]            # llama-quantize file types
+//! gates:                        # default: one gate `reproducible` (rule: verified)
+//!   - {name: reproducible, rule: verified}
+//!   - {name: q8-close, rule: kld_mean, level: Q8_0, max: 0.01}
+//! ```
+
+use quantfarm_quant::FileType;
+use serde::{Deserialize, Deserializer, Serialize};
+
+#[derive(Debug, thiserror::Error)]
+#[error("{file}: {msg}")]
+pub struct SpecError {
+    pub file: String,
+    pub msg: String,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseSpec {
+    pub name: String,
+    pub source: String,
+    pub outputs: Outputs,
+    #[serde(default = "default_gates")]
+    pub gates: Vec<Gate>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Outputs {
+    #[serde(default)]
+    pub gguf: Option<GgufOutputs>,
+    /// Tasks that do nothing but sleep: for measuring the farm's scheduling, not for releases.
+    #[serde(default)]
+    pub noop: Option<NoopOutputs>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct NoopOutputs {
+    pub tasks: u32,
+    #[serde(default)]
+    pub sleep_ms: u32,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct GgufOutputs {
+    #[serde(default)]
+    pub prefix: Option<String>,
+    #[serde(default)]
+    pub split: Option<Split>,
+    #[serde(default)]
+    pub quants: Vec<QuantLevel>,
+}
+
+/// gguf-split's two rules; exactly one is given.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Split {
+    #[serde(default)]
+    pub max_tensors: Option<u64>,
+    /// Decimal units as gguf-split reads them: `500M` = 500·10⁶ bytes, `2G` = 2·10⁹ (also `MB`, `GB`).
+    #[serde(default)]
+    pub max_size: Option<String>,
+}
+
+/// A rung of the quant ladder: a llama-quantize file type that quantfarm can produce.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct QuantLevel(pub FileType);
+
+impl<'de> Deserialize<'de> for QuantLevel {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        let ft = FileType::from_name(&s).ok_or_else(|| {
+            let names: Vec<&str> = FileType::ALL.iter().map(|f| f.name()).collect();
+            serde::de::Error::custom(format!("unknown quant type {s:?}, expected one of {}", names.join(", ")))
+        })?;
+        if !quantfarm_quant::supported(ft.default_type()) {
+            return Err(serde::de::Error::custom(format!(
+                "quant type {s}: its {} blocks are not implemented yet",
+                ft.default_type()
+            )));
+        }
+        Ok(QuantLevel(ft))
+    }
+}
+
+impl Serialize for QuantLevel {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.0.name())
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Gate {
+    pub name: String,
+    pub rule: GateRule,
+    /// The quant level a per-level rule applies to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub level: Option<QuantLevel>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max: Option<f64>,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum GateRule {
+    /// Every artifact was recomputed from its inputs by a verify task and the bytes are identical.
+    Verified,
+    /// The level's mean KL divergence against the bf16 reference is at most `max`. Needs the kld tasks; until a
+    /// farm measures it, this gate fails with "not measured" — an unmeasured level never passes.
+    KldMean,
+}
+
+fn default_gates() -> Vec<Gate> {
+    vec![Gate { name: "reproducible".into(), rule: GateRule::Verified, level: None, max: None }]
+}
+
+impl ReleaseSpec {
+    /// Parses and checks `text`; `file` names it in errors.
+    pub fn parse(text: &str, file: &str) -> Result<ReleaseSpec, SpecError> {
+        let err = |msg: String| SpecError { file: file.to_string(), msg };
+        let spec: ReleaseSpec = serde_norway::from_str(text).map_err(|e| err(e.to_string()))?;
+        spec.check().map_err(err)?;
+        Ok(spec)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if !valid_name(&self.name) {
+            return Err(format!(
+                "name: {:?} must be 1–100 characters of letters, digits, '.', '_' and '-', not starting with '.'",
+                self.name
+            ));
+        }
+        if self.source.trim().is_empty() {
+            return Err("source: is empty".into());
+        }
+        if let Some(n) = &self.outputs.noop {
+            if n.tasks == 0 || n.tasks > 1_000_000 || n.sleep_ms > 3_600_000 {
+                return Err("outputs.noop: tasks must be 1–1000000 and sleep_ms at most 3600000".into());
+            }
+        }
+        let empty = GgufOutputs { prefix: None, split: None, quants: vec![] };
+        let gguf = match (&self.outputs.gguf, &self.outputs.noop) {
+            (Some(g), _) => g,
+            (None, Some(_)) => &empty,
+            (None, None) => return Err("outputs: names no output (add outputs.gguf)".into()),
+        };
+        if let Some(p) = &gguf.prefix {
+            if !valid_name(p) {
+                return Err(format!("outputs.gguf.prefix: {p:?} must be letters, digits, '.', '_' and '-'"));
+            }
+        }
+        if let Some(split) = &gguf.split {
+            split.rule()?;
+        }
+        let mut seen = std::collections::HashSet::new();
+        for q in &gguf.quants {
+            if !seen.insert(q.0) {
+                return Err(format!("outputs.gguf.quants: {} is listed twice", q.0));
+            }
+            if !q.0.is_quantized() {
+                return Err(format!("outputs.gguf.quants: {} is not a quantized type (BF16 is always made)", q.0));
+            }
+        }
+        let mut names = std::collections::HashSet::new();
+        for (i, g) in self.gates.iter().enumerate() {
+            if !names.insert(g.name.as_str()) {
+                return Err(format!("gates[{i}].name: {:?} is used twice", g.name));
+            }
+            match g.rule {
+                GateRule::Verified => {
+                    if g.level.is_some() || g.max.is_some() {
+                        return Err(format!("gates[{i}] ({}): rule verified takes no level or max", g.name));
+                    }
+                }
+                GateRule::KldMean => {
+                    let level = g.level.ok_or_else(|| format!("gates[{i}] ({}): rule kld_mean needs level", g.name))?;
+                    if !gguf.quants.contains(&level) {
+                        return Err(format!(
+                            "gates[{i}] ({}): level {} is not in outputs.gguf.quants",
+                            g.name, level.0
+                        ));
+                    }
+                    match g.max {
+                        Some(m) if m.is_finite() && m >= 0.0 => {}
+                        _ => return Err(format!("gates[{i}] ({}): rule kld_mean needs max ≥ 0", g.name)),
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn prefix(&self) -> &str {
+        self.outputs.gguf.as_ref().and_then(|g| g.prefix.as_deref()).unwrap_or(&self.name)
+    }
+
+    pub fn quants(&self) -> &[QuantLevel] {
+        self.outputs.gguf.as_ref().map_or(&[], |g| &g.quants)
+    }
+
+    pub fn split_rule(&self) -> Option<quantfarm_proto::SplitRule> {
+        self.outputs.gguf.as_ref()?.split.as_ref()?.rule().ok()
+    }
+}
+
+impl Split {
+    pub fn rule(&self) -> Result<quantfarm_proto::SplitRule, String> {
+        use quantfarm_proto::split_rule::Rule;
+        let rule = match (self.max_tensors, &self.max_size) {
+            (Some(0), None) => return Err("outputs.gguf.split.max_tensors: must be at least 1".into()),
+            (Some(n), None) => Rule::MaxTensors(n),
+            (None, Some(s)) => {
+                Rule::MaxBytes(parse_decimal_size(s).map_err(|e| format!("outputs.gguf.split.max_size: {e}"))?)
+            }
+            _ => return Err("outputs.gguf.split: give exactly one of max_tensors, max_size".into()),
+        };
+        Ok(quantfarm_proto::SplitRule { rule: Some(rule) })
+    }
+}
+
+/// gguf-split's `--split-max-size` units: M = 10⁶, G = 10⁹ (a plain number is bytes).
+fn parse_decimal_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (num, mult) = match t.to_ascii_uppercase() {
+        u if u.ends_with("GB") => (&t[..t.len() - 2], 1e9),
+        u if u.ends_with("MB") => (&t[..t.len() - 2], 1e6),
+        u if u.ends_with('G') => (&t[..t.len() - 1], 1e9),
+        u if u.ends_with('M') => (&t[..t.len() - 1], 1e6),
+        _ => (t, 1.0),
+    };
+    let n: f64 = num.trim().parse().map_err(|_| format!("{s:?} is not a size such as 500M or 2G"))?;
+    let v = n * mult;
+    if !(1.0..1e18).contains(&v) {
+        return Err(format!("{s:?} is out of range"));
+    }
+    Ok(v as u64)
+}
+
+fn valid_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 100
+        && !s.starts_with('.')
+        && s.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str =
+        "name: smollm2\nsource: ./m\noutputs:\n  gguf:\n    split: {max_tensors: 100}\n    quants: [Q8_0]\n";
+
+    #[test]
+    fn parses_with_default_gate() {
+        let s = ReleaseSpec::parse(GOOD, "release.yaml").unwrap();
+        assert_eq!(s.quants(), &[QuantLevel(FileType::Q8_0)]);
+        assert_eq!(s.gates.len(), 1);
+        assert_eq!(s.gates[0].rule, GateRule::Verified);
+        assert_eq!(s.prefix(), "smollm2");
+    }
+
+    #[test]
+    fn unknown_key_names_line_and_key() {
+        let text = GOOD.replace("    quants", "    quant_levels: [Q4_0]\n    quants");
+        let e = ReleaseSpec::parse(&text, "release.yaml").unwrap_err().to_string();
+        assert!(e.contains("release.yaml") && e.contains("quant_levels") && e.contains("line 6"), "{e}");
+    }
+
+    #[test]
+    fn bad_quant_type_is_named() {
+        let e = ReleaseSpec::parse(&GOOD.replace("Q8_0", "Q9_X"), "r.yaml").unwrap_err().to_string();
+        assert!(e.contains("Q9_X") && e.contains("line 6"), "{e}");
+    }
+
+    #[test]
+    fn semantic_errors() {
+        let both = GOOD.replace("{max_tensors: 100}", "{max_tensors: 100, max_size: 2G}");
+        assert!(ReleaseSpec::parse(&both, "r").unwrap_err().to_string().contains("exactly one"));
+        let bad_name = GOOD.replace("smollm2", "../x");
+        assert!(ReleaseSpec::parse(&bad_name, "r").unwrap_err().to_string().contains("name"));
+        let gate = format!("{GOOD}gates:\n  - {{name: g, rule: kld_mean, level: Q4_0, max: 0.1}}\n");
+        assert!(ReleaseSpec::parse(&gate, "r").unwrap_err().to_string().contains("not in outputs.gguf.quants"));
+    }
+
+    #[test]
+    fn decimal_sizes() {
+        assert_eq!(parse_decimal_size("500M").unwrap(), 500_000_000);
+        assert_eq!(parse_decimal_size("2GB").unwrap(), 2_000_000_000);
+        assert!(parse_decimal_size("x").is_err());
+    }
+}

@@ -1,0 +1,87 @@
+//! The small JSON/text files of an HF checkpoint folder that conversion reads besides tensor headers.
+
+use serde_json::{Map, Value as Json};
+
+use crate::blob::Blob;
+use crate::error::{Error, Result};
+use crate::store::Location;
+
+/// Files are small; a bigger one is not what we think it is.
+const MAX_FILE: u64 = 256 << 20;
+
+pub struct HfFiles {
+    /// The folder, for messages.
+    pub dir: String,
+    /// The folder's own name (`general.name` comes from it).
+    pub dir_name: String,
+    pub config: Map<String, Json>,
+    pub tokenizer: Option<Json>,
+    pub tokenizer_config: Option<Json>,
+    pub chat_template_jinja: Option<String>,
+    pub chat_template_json: Option<Json>,
+    /// A sentencepiece `tokenizer.model` is present (convert_hf_to_gguf would prefer it over tokenizer.json).
+    pub has_sentencepiece: bool,
+}
+
+impl HfFiles {
+    pub async fn read(dir: &Location) -> Result<HfFiles> {
+        let names = dir.list().await?;
+        let has = |n: &str| names.iter().any(|x| x == n);
+        let config = match read_json(dir, "config.json", has("config.json")).await? {
+            Some(Json::Object(m)) => m,
+            Some(_) => return Err(Error::format(format!("{dir}/config.json"), "config.json", "is not a JSON object")),
+            None => return Err(Error::format(format!("{dir}/config.json"), "config.json", "missing")),
+        };
+        let chat_template_jinja = match read_bytes(dir, "chat_template.jinja", has("chat_template.jinja")).await? {
+            Some(b) => Some(String::from_utf8(b).map_err(|_| {
+                Error::format(format!("{dir}/chat_template.jinja"), "chat_template.jinja", "is not UTF-8")
+            })?),
+            None => None,
+        };
+        Ok(HfFiles {
+            dir: dir.to_string(),
+            dir_name: dir.file_name().to_string(),
+            config,
+            tokenizer: read_json(dir, "tokenizer.json", has("tokenizer.json")).await?,
+            tokenizer_config: read_json(dir, "tokenizer_config.json", has("tokenizer_config.json")).await?,
+            chat_template_jinja,
+            chat_template_json: read_json(dir, "chat_template.json", has("chat_template.json")).await?,
+            has_sentencepiece: has("tokenizer.model"),
+        })
+    }
+
+    /// `DIR/name`, for messages.
+    pub fn file_name(&self, name: &str) -> String {
+        format!("{}/{name}", self.dir.trim_end_matches('/'))
+    }
+
+    /// A config value by dotted path (`rope_scaling.rope_type`); JSON null counts as absent.
+    pub fn config_value(&self, path: &str) -> Option<&Json> {
+        let mut parts = path.split('.');
+        let mut v = self.config.get(parts.next()?)?;
+        for p in parts {
+            v = v.as_object()?.get(p)?;
+        }
+        (!v.is_null()).then_some(v)
+    }
+}
+
+async fn read_bytes(dir: &Location, name: &str, present: bool) -> Result<Option<Vec<u8>>> {
+    if !present {
+        return Ok(None);
+    }
+    let blob = Blob::open(&dir.child(name)?).await?;
+    if blob.len() > MAX_FILE {
+        return Err(Error::format(blob.name(), name, format!("{} bytes is too large", blob.len())));
+    }
+    Ok(Some(blob.read_vec(0, blob.len()).await?))
+}
+
+async fn read_json(dir: &Location, name: &str, present: bool) -> Result<Option<Json>> {
+    match read_bytes(dir, name, present).await? {
+        None => Ok(None),
+        Some(b) => serde_json::from_slice(&b)
+            .map(Some)
+            .map_err(|e| Error::format(format!("{dir}/{name}"), name, format!("not JSON: {e}"))),
+    }
+}

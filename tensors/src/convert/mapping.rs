@@ -1,0 +1,355 @@
+//! The architecture mappings (`mappings/*.yaml`): tensor renames, drops, permutations, forced-F32 rules and the
+//! metadata keys to write, as data. They are embedded in the binary (so it works from any folder) and checked when
+//! loaded: unknown fields, bad regexes and malformed entries are errors naming the file and line.
+
+use std::collections::BTreeMap;
+
+use regex::Regex;
+use serde::Deserialize;
+use serde_json::Value as Json;
+
+use crate::error::{Error, Result};
+
+/// `(file name, text)` of every embedded architecture mapping.
+const MAPPINGS: &[(&str, &str)] = &[("llama.yaml", include_str!("../../../mappings/llama.yaml"))];
+
+pub(crate) const PRE_TOKENIZERS_FILE: &str = "pre-tokenizers.yaml";
+const PRE_TOKENIZERS: &str = include_str!("../../../mappings/pre-tokenizers.yaml");
+
+/// One architecture mapping, validated.
+#[derive(Debug)]
+pub struct Mapping {
+    /// The file it came from, for messages.
+    pub file: String,
+    pub architecture: String,
+    pub hf_architectures: Vec<String>,
+    pub unsupported: Vec<Unsupported>,
+    pub tensors: Vec<TensorRule>,
+    pub drop: Vec<AnchoredRegex>,
+    pub f32: F32Rule,
+    pub metadata: Vec<MetaEntry>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMapping {
+    architecture: String,
+    hf_architectures: Vec<String>,
+    #[serde(default)]
+    unsupported: Vec<Unsupported>,
+    tensors: Vec<TensorRule>,
+    #[serde(default)]
+    drop: Vec<AnchoredRegex>,
+    f32: F32Rule,
+    metadata: Vec<MetaEntry>,
+}
+
+/// A config value this mapping cannot convert exactly: present and not one of `allow` is an error.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Unsupported {
+    pub config: String,
+    #[serde(default)]
+    pub allow: Vec<Json>,
+}
+
+/// A regex that must match the whole name (so `lm_head\.weight` does not also match `x.lm_head.weight.scales`).
+#[derive(Debug, Clone)]
+pub struct AnchoredRegex(pub Regex);
+
+impl<'de> Deserialize<'de> for AnchoredRegex {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Regex::new(&format!("^(?:{s})$")).map(AnchoredRegex).map_err(serde::de::Error::custom)
+    }
+}
+
+impl AnchoredRegex {
+    pub fn is_match(&self, s: &str) -> bool {
+        self.0.is_match(s)
+    }
+}
+
+/// One rename: HF name → GGUF name, `{b}` filled from the regex group named `b`.
+#[derive(Debug, Deserialize)]
+#[serde(try_from = "RawTensorRule")]
+pub struct TensorRule {
+    pub hf: AnchoredRegex,
+    pub gguf: String,
+    pub permute: Option<Permute>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTensorRule {
+    hf: AnchoredRegex,
+    gguf: String,
+    #[serde(default)]
+    permute: Option<Permute>,
+}
+
+impl TryFrom<RawTensorRule> for TensorRule {
+    type Error = String;
+    fn try_from(r: RawTensorRule) -> std::result::Result<Self, String> {
+        let has_group = r.hf.0.capture_names().flatten().any(|n| n == "b");
+        if r.gguf.contains("{b}") != has_group {
+            return Err(format!(
+                "tensor rule {:?} → {:?}: the GGUF name uses {{b}} exactly when the regex has a group named b",
+                r.hf.0.as_str(),
+                r.gguf
+            ));
+        }
+        Ok(TensorRule { hf: r.hf, gguf: r.gguf, permute: r.permute })
+    }
+}
+
+/// The q/k rope permutation (convert_hf_to_gguf's `LlamaModel.permute`) with the head count from config field
+/// `heads`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Permute {
+    pub heads: String,
+}
+
+/// Which tensors are stored F32 whatever the output type (`ModelBase.prepare_tensors`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct F32Rule {
+    /// Tensors with at most this many dimensions.
+    pub max_dims: usize,
+    /// GGUF names matching one of these.
+    #[serde(default)]
+    pub names: Vec<AnchoredRegex>,
+    /// GGUF names not ending in one of these.
+    #[serde(default)]
+    pub unless_suffix: Vec<String>,
+}
+
+impl F32Rule {
+    pub fn forces_f32(&self, gguf_name: &str, n_dims: usize) -> bool {
+        n_dims <= self.max_dims
+            || self.names.iter().any(|r| r.is_match(gguf_name))
+            || (!self.unless_suffix.is_empty() && !self.unless_suffix.iter().any(|s| gguf_name.ends_with(s.as_str())))
+    }
+}
+
+/// The GGUF value type of a metadata entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KvType {
+    String,
+    U32,
+    I32,
+    F32,
+    Bool,
+}
+
+/// Values computed from the checkpoint rather than read from config (`gguf.Metadata` heuristics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Computed {
+    /// The checkpoint folder's name in title form (`Metadata.id_to_title`).
+    Name,
+    /// The parameter count in gguf-py's rounded notation (`size_label`).
+    SizeLabel,
+}
+
+/// Where a metadata entry's value comes from.
+#[derive(Debug, Clone)]
+pub enum MetaSource {
+    Literal(Json),
+    /// The first present config field of the list (`find_hparam`), else `a / b` of `else_div`.
+    Config {
+        fields: Vec<String>,
+        else_div: Option<[String; 2]>,
+    },
+    Computed(Computed),
+    /// The whole group of GPT-2 BPE tokenizer keys (`TextModel._set_vocab_gpt2`).
+    TokenizerGpt2,
+}
+
+/// One metadata entry, validated.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(try_from = "RawMetaEntry")]
+pub struct MetaEntry {
+    pub key: String,
+    pub ty: Option<KvType>,
+    pub source: MetaSource,
+    pub optional: bool,
+    /// Only written when every config field equals the given value.
+    pub when: BTreeMap<String, Json>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMetaEntry {
+    key: Option<String>,
+    #[serde(rename = "type")]
+    ty: Option<KvType>,
+    value: Option<Json>,
+    config: Option<Vec<String>>,
+    else_div: Option<[String; 2]>,
+    computed: Option<Computed>,
+    tokenizer: Option<String>,
+    #[serde(default)]
+    optional: bool,
+    #[serde(default)]
+    when: BTreeMap<String, Json>,
+}
+
+impl TryFrom<RawMetaEntry> for MetaEntry {
+    type Error = String;
+    fn try_from(r: RawMetaEntry) -> std::result::Result<Self, String> {
+        let sources = [r.value.is_some(), r.config.is_some(), r.computed.is_some(), r.tokenizer.is_some()];
+        if sources.iter().filter(|s| **s).count() != 1 {
+            return Err("a metadata entry has exactly one of value, config, computed, tokenizer".into());
+        }
+        if let Some(t) = r.tokenizer {
+            if t != "gpt2" {
+                return Err(format!("tokenizer {t:?}: only gpt2 is supported"));
+            }
+            if r.key.is_some() || r.ty.is_some() || r.optional || !r.when.is_empty() {
+                return Err("a tokenizer entry takes no other field".into());
+            }
+            return Ok(MetaEntry {
+                key: String::new(),
+                ty: None,
+                source: MetaSource::TokenizerGpt2,
+                optional: false,
+                when: r.when,
+            });
+        }
+        let key = r.key.ok_or("a metadata entry needs a key")?;
+        if r.else_div.is_some() && r.config.is_none() {
+            return Err(format!("{key}: else_div only goes with config"));
+        }
+        let source = match (r.value, r.config, r.computed) {
+            (Some(v), _, _) => MetaSource::Literal(v),
+            (_, Some(fields), _) => {
+                if fields.is_empty() {
+                    return Err(format!("{key}: config lists no field"));
+                }
+                MetaSource::Config { fields, else_div: r.else_div }
+            }
+            (_, _, Some(c)) => MetaSource::Computed(c),
+            _ => unreachable!("exactly one source was checked above"),
+        };
+        let needs_type = !matches!(source, MetaSource::Computed(_));
+        if needs_type != r.ty.is_some() {
+            return Err(format!("{key}: a type is required for value and config entries, and not allowed otherwise"));
+        }
+        Ok(MetaEntry { key, ty: r.ty, source, optional: r.optional, when: r.when })
+    }
+}
+
+/// One row of the pre-tokenizer table.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PreTokenizer {
+    pub sha256: String,
+    pub pre: String,
+    #[serde(default)]
+    pub example: Option<String>,
+}
+
+fn parse_yaml<T: serde::de::DeserializeOwned>(file: &str, text: &str) -> Result<T> {
+    serde_norway::from_str(text).map_err(|e| Error::Mapping { file: format!("mappings/{file}"), msg: e.to_string() })
+}
+
+/// Parses and validates one mapping's text (`file` names it in errors).
+pub fn parse_mapping(file: &str, text: &str) -> Result<Mapping> {
+    let r: RawMapping = parse_yaml(file, text)?;
+    Ok(Mapping {
+        file: file.to_string(),
+        architecture: r.architecture,
+        hf_architectures: r.hf_architectures,
+        unsupported: r.unsupported,
+        tensors: r.tensors,
+        drop: r.drop,
+        f32: r.f32,
+        metadata: r.metadata,
+    })
+}
+
+/// The embedded mapping that handles HF architecture `hf_arch` (config.json `architectures[0]`).
+pub fn mapping_for(hf_arch: &str) -> Result<Mapping> {
+    for (file, text) in MAPPINGS {
+        let m = parse_mapping(file, text)?;
+        if m.hf_architectures.iter().any(|a| a == hf_arch) {
+            return Ok(m);
+        }
+    }
+    Err(Error::Mapping {
+        file: "mappings/*.yaml".into(),
+        msg: format!("no mapping handles architecture {hf_arch:?} (add it to a mapping's hf_architectures)"),
+    })
+}
+
+/// The embedded pre-tokenizer table.
+pub fn pre_tokenizers() -> Result<Vec<PreTokenizer>> {
+    parse_yaml(PRE_TOKENIZERS_FILE, PRE_TOKENIZERS)
+}
+
+/// What a mapping says about one HF tensor.
+#[derive(Debug, PartialEq)]
+pub enum Mapped<'a> {
+    Drop,
+    Rename { gguf: String, permute: Option<&'a Permute> },
+}
+
+impl Mapping {
+    /// Maps an HF tensor name: a rename (first matching rule), a drop, or an error naming the tensor.
+    pub fn map_tensor(&self, hf: &str) -> Result<Mapped<'_>> {
+        for rule in &self.tensors {
+            if let Some(c) = rule.hf.0.captures(hf) {
+                let gguf = match c.name("b") {
+                    Some(b) => rule.gguf.replace("{b}", b.as_str()),
+                    None => rule.gguf.clone(),
+                };
+                return Ok(Mapped::Rename { gguf, permute: rule.permute.as_ref() });
+            }
+        }
+        if self.drop.iter().any(|r| r.is_match(hf)) {
+            return Ok(Mapped::Drop);
+        }
+        Err(Error::Unmapped { tensor: hf.to_string(), mapping: self.file.clone() })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_mappings_parse() {
+        for (file, text) in MAPPINGS {
+            parse_mapping(file, text).unwrap();
+        }
+        assert!(!pre_tokenizers().unwrap().is_empty());
+    }
+
+    #[test]
+    fn renames_drops_and_refuses() {
+        let m = mapping_for("LlamaForCausalLM").unwrap();
+        match m.map_tensor("model.layers.12.self_attn.k_proj.weight").unwrap() {
+            Mapped::Rename { gguf, permute } => {
+                assert_eq!(gguf, "blk.12.attn_k.weight");
+                assert_eq!(permute.unwrap().heads, "num_key_value_heads");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(m.map_tensor("model.layers.0.self_attn.rotary_emb.inv_freq").unwrap(), Mapped::Drop);
+        let e = m.map_tensor("lm_head.biases").unwrap_err().to_string();
+        assert_eq!(e, "cannot map tensor 'lm_head.biases' (mapping llama.yaml)");
+    }
+
+    #[test]
+    fn errors_name_file_and_line() {
+        let text = "architecture: x\nhf_architectures: [X]\ntensors: []\nf32: {max_dims: 1}\nmetadata:\n  - {key: a, typo: 1}\n";
+        let e = parse_mapping("bad.yaml", text).unwrap_err().to_string();
+        assert!(e.contains("mappings/bad.yaml") && e.contains("line 6"), "{e}");
+        let text = "architecture: x\nhf_architectures: [X]\ntensors:\n  - {hf: 'a(', gguf: b}\nf32: {max_dims: 1}\nmetadata: []\n";
+        let e = parse_mapping("bad.yaml", text).unwrap_err().to_string();
+        assert!(e.contains("line 4"), "{e}");
+    }
+}

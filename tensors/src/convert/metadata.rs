@@ -1,0 +1,183 @@
+//! GGUF metadata from a mapping's `metadata` list: literals, config.json fields, computed values and the tokenizer
+//! group, in insertion order with gguf-py's writer semantics.
+
+use serde_json::Value as Json;
+
+use super::hf::HfFiles;
+use super::mapping::{Computed, KvType, Mapping, MetaEntry, MetaSource};
+use super::tokenizer;
+use crate::error::{Error, Result};
+use crate::gguf::Value;
+
+/// Metadata in insertion order, with gguf-py `GGUFWriter` semantics: setting an existing key keeps its position
+/// and replaces the value; empty strings and arrays are not written (`add_string("")`, `add_array([])`).
+#[derive(Default)]
+pub struct Kvs(pub Vec<(String, Value)>);
+
+impl Kvs {
+    pub fn set(&mut self, key: &str, v: Value) {
+        let empty = match &v {
+            Value::String(s) => s.0.is_empty(),
+            Value::Array(a) => a.is_empty(),
+            _ => false,
+        };
+        if empty {
+            return;
+        }
+        match self.0.iter_mut().find(|(k, _)| k == key) {
+            Some(e) => e.1 = v,
+            None => self.0.push((key.to_string(), v)),
+        }
+    }
+}
+
+/// What computed entries need from the tensor plan.
+pub struct PlanFacts {
+    /// Elements of all written tensors (`GGUFWriter.get_total_parameter_count`, no experts).
+    pub total_params: u64,
+}
+
+/// Evaluates the mapping's metadata list.
+pub fn build(m: &Mapping, hf: &HfFiles, facts: &PlanFacts) -> Result<Vec<(String, Value)>> {
+    let mut kv = Kvs::default();
+    for e in &m.metadata {
+        if !e.when.iter().all(|(field, want)| hf.config_value(field) == Some(want)) {
+            continue;
+        }
+        let key = e.key.replace("{arch}", &m.architecture);
+        match &e.source {
+            MetaSource::TokenizerGpt2 => tokenizer::gpt2_keys(hf, &mut kv)?,
+            MetaSource::Computed(Computed::Name) => {
+                kv.set(&key, Value::String(id_to_title(&hf.dir_name).as_str().into()))
+            }
+            MetaSource::Computed(Computed::SizeLabel) => {
+                if facts.total_params > 0 {
+                    kv.set(&key, Value::String(size_label(facts.total_params).as_str().into()))
+                }
+            }
+            MetaSource::Literal(v) => kv.set(&key, typed(m, hf, e, &key, v, "value")?),
+            MetaSource::Config { fields, else_div } => {
+                let found = fields.iter().find_map(|f| hf.config_value(f).map(|v| (f, v.clone())));
+                let value = match (found, else_div) {
+                    (Some((f, v)), _) => Some((v, f.clone())),
+                    (None, Some([a, b])) => div(hf, a, b)?.map(|v| (v, format!("{a} / {b}"))),
+                    (None, None) => None,
+                };
+                match value {
+                    Some((v, field)) => kv.set(&key, typed(m, hf, e, &key, &v, &field)?),
+                    None if e.optional => {}
+                    None => {
+                        return Err(Error::format(
+                            hf.file_name("config.json"),
+                            fields.join(" | "),
+                            format!("missing: required for {key} by mapping {}", m.file),
+                        ))
+                    }
+                }
+            }
+        }
+    }
+    Ok(kv.0)
+}
+
+/// `a / b` of two integer config fields (integer division, as Python's `//`).
+fn div(hf: &HfFiles, a: &str, b: &str) -> Result<Option<Json>> {
+    let (Some(x), Some(y)) = (hf.config_value(a), hf.config_value(b)) else { return Ok(None) };
+    let (Some(x), Some(y)) = (x.as_u64(), y.as_u64().filter(|y| *y > 0)) else {
+        return Err(Error::format(hf.file_name("config.json"), format!("{a} / {b}"), "not positive integers"));
+    };
+    Ok(Some((x / y).into()))
+}
+
+/// A JSON value as the entry's GGUF type; a value that does not fit is an error naming the key and its source.
+fn typed(m: &Mapping, hf: &HfFiles, e: &MetaEntry, key: &str, v: &Json, field: &str) -> Result<Value> {
+    let bad = || {
+        Error::format(
+            hf.file_name("config.json"),
+            field,
+            format!("value {v} does not fit {key} ({:?}) of mapping {}", e.ty, m.file),
+        )
+    };
+    Ok(match e.ty.ok_or_else(bad)? {
+        KvType::String => Value::String(v.as_str().ok_or_else(bad)?.into()),
+        KvType::U32 => Value::U32(v.as_u64().and_then(|x| u32::try_from(x).ok()).ok_or_else(bad)?),
+        KvType::I32 => Value::I32(v.as_i64().and_then(|x| i32::try_from(x).ok()).ok_or_else(bad)?),
+        // gguf-py packs a Python float as '<f': the f64 is rounded to f32.
+        KvType::F32 => Value::F32(v.as_f64().ok_or_else(bad)? as f32),
+        KvType::Bool => Value::Bool(v.as_bool().ok_or_else(bad)?),
+    })
+}
+
+/// gguf-py `Metadata.id_to_title`: words split on '-' and whitespace; all-lowercase words that are not version
+/// numbers (`v1.2`) or start with a digit are title-cased (Python `str.title`).
+pub fn id_to_title(s: &str) -> String {
+    let version = regex::Regex::new(r"^(v\d+(?:\.\d+)*|\d.*)$").expect("constant regex");
+    s.trim()
+        .replace('-', " ")
+        .split_whitespace()
+        .map(|w| {
+            let lower = w.chars().any(char::is_lowercase) && !w.chars().any(char::is_uppercase);
+            if lower && !version.is_match(w) {
+                py_title(w)
+            } else {
+                w.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Python `str.title`: a cased character after an uncased one is upper-cased, the others lower-cased.
+fn py_title(w: &str) -> String {
+    let mut out = String::with_capacity(w.len());
+    let mut prev_cased = false;
+    for c in w.chars() {
+        if prev_cased {
+            out.extend(c.to_lowercase());
+        } else {
+            out.extend(c.to_uppercase());
+        }
+        prev_cased = c.is_lowercase() || c.is_uppercase();
+    }
+    out
+}
+
+/// gguf-py `model_weight_count_rounded_notation(n, min_digits=2)`, used for `general.size_label`.
+pub fn size_label(n: u64) -> String {
+    let x = n as f64;
+    let (scaled, suffix) = if x > 1e12 {
+        (x * 1e-12, "T")
+    } else if x > 1e9 {
+        (x * 1e-9, "B")
+    } else if x > 1e6 {
+        (x * 1e-6, "M")
+    } else {
+        (x * 1e-3, "K")
+    };
+    // Python's round() is ties-to-even; str() of the int has no leading zeros except for 0 itself.
+    let rounded = scaled.round_ties_even() as u64;
+    let digits = rounded.to_string().trim_start_matches('0').len();
+    let fix = 2usize.saturating_sub(digits);
+    format!("{scaled:.fix$}{suffix}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn titles_like_gguf_py() {
+        assert_eq!(id_to_title("smollm2-hf"), "Smollm2 Hf");
+        assert_eq!(id_to_title("Llama-3.2-1B-v1.0"), "Llama 3.2 1B v1.0");
+        assert_eq!(id_to_title("qwen3-instruct"), "Qwen3 Instruct");
+    }
+
+    #[test]
+    fn size_labels_like_gguf_py() {
+        assert_eq!(size_label(134_515_008), "135M");
+        assert_eq!(size_label(1_235_814_400), "1.2B");
+        assert_eq!(size_label(7_241_732_096), "7.2B");
+        assert_eq!(size_label(494_032_768), "494M");
+        assert_eq!(size_label(70_553_706_496), "71B");
+    }
+}

@@ -1,0 +1,220 @@
+//! HF safetensors checkpoints → GGUF (bf16), byte-identical to llama.cpp's `convert_hf_to_gguf.py --outtype bf16`
+//! and split-aware, driven by the architecture mappings in `mappings/*.yaml`.
+//!
+//! The work is cut so a farm can spread it: [`plan_hf_to_gguf`] reads only headers and the small JSON files and
+//! yields a [`GgufPlan`] (metadata, and per output tensor its source, type, shape and transform) whose
+//! [`GgufPlan::digest`] lets a worker check it recomputed the coordinator's plan; [`split_ranges`] cuts the tensor
+//! list into files by gguf-split's rules; [`write_gguf_shard`] streams one file within a memory budget through the
+//! staged sink, so nothing partial is ever visible.
+
+mod hf;
+pub mod mapping;
+mod metadata;
+mod split;
+mod tokenizer;
+pub mod transform;
+mod write;
+
+use std::ops::Range;
+
+use sha2::{Digest, Sha256};
+
+pub use metadata::{id_to_title, size_label};
+pub use split::{output_file_name, split_ranges, SplitRule};
+pub use tokenizer::pre_tokenizer_sha256;
+
+use crate::dtype::Dtype;
+use crate::error::{Error, Result};
+use crate::gguf::{encode_header, TensorDesc, Value};
+use crate::sink::Committed;
+use crate::source::{Format, TensorSource};
+use crate::store::Location;
+use crate::GgmlType;
+
+use hf::HfFiles;
+use mapping::{mapping_for, Mapped};
+use write::stage_shard;
+
+/// The GGUF version written (gguf-py and gguf.cpp both write 3).
+const GGUF_VERSION: u32 = 3;
+
+/// Everything needed to write the GGUF files of a conversion, computed from headers alone.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GgufPlan {
+    /// Key/values in file order, without the split keys (those depend on how the plan is cut into files).
+    pub metadata: Vec<(String, Value)>,
+    /// Output tensors in file order.
+    pub tensors: Vec<PlannedTensor>,
+}
+
+/// One output tensor and how to make it from its source.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlannedTensor {
+    /// GGUF name.
+    pub name: String,
+    /// HF (safetensors) name.
+    pub source: String,
+    pub source_dtype: Dtype,
+    pub ty: GgmlType,
+    /// GGUF `ne`, innermost first (the HF shape reversed).
+    pub ne: Vec<u64>,
+    pub nbytes: u64,
+    /// Rows are permuted within heads of `rows / heads` rows (q/k rope permutation), when set.
+    pub permute_heads: Option<u64>,
+}
+
+impl GgufPlan {
+    /// sha256 (hex) of the plan: the GGUF header it describes (metadata and tensor infos, encoded exactly as
+    /// written) followed by each tensor's source, source dtype and permutation.
+    pub fn digest(&self) -> String {
+        let mut h = Sha256::new();
+        match encode_header(GGUF_VERSION, &self.metadata, &self.descs(0..self.tensors.len())) {
+            Ok(layout) => h.update(&layout.header),
+            // An unencodable plan still gets a digest; writing it will report the problem.
+            Err(e) => h.update(format!("unencodable: {e}").as_bytes()),
+        }
+        for t in &self.tensors {
+            h.update(format!("\n{}\t{}\t{:?}", t.source, t.source_dtype, t.permute_heads).as_bytes());
+        }
+        crate::sink::hex(&h.finalize())
+    }
+
+    pub(crate) fn descs(&self, r: Range<usize>) -> Vec<TensorDesc> {
+        self.tensors[r].iter().map(|t| TensorDesc { name: t.name.clone(), dims: t.ne.clone(), ty: t.ty }).collect()
+    }
+
+    /// Bytes of each tensor, for [`split_ranges`].
+    pub fn nbytes(&self) -> Vec<u64> {
+        self.tensors.iter().map(|t| t.nbytes).collect()
+    }
+}
+
+/// Plans the conversion of the HF checkpoint folder `source` (LLaMA family: the mapping is chosen by config.json
+/// `architectures`). Reads tensor headers, config.json, tokenizer.json, tokenizer_config.json and the chat template
+/// files; no tensor bytes.
+pub async fn plan_hf_to_gguf(source: &TensorSource) -> Result<GgufPlan> {
+    let loc = source.location();
+    let st = match (source.format(), source.safetensors()) {
+        (Format::Safetensors, Some(st)) => st,
+        _ => return Err(Error::format(loc.to_string(), "format", "is not an HF safetensors checkpoint")),
+    };
+    if !loc.is_dir().await? {
+        return Err(Error::format(loc.to_string(), "location", "give the checkpoint folder (config.json is read too)"));
+    }
+    let hf = HfFiles::read(loc).await?;
+    let config_file = hf.file_name("config.json");
+    let arch = hf
+        .config_value("architectures")
+        .and_then(|a| a.as_array()?.first()?.as_str())
+        .ok_or_else(|| Error::format(&config_file, "architectures", "missing or not a list of names"))?;
+    let m = mapping_for(arch)?;
+    for u in &m.unsupported {
+        if let Some(v) = hf.config_value(&u.config) {
+            if !u.allow.contains(v) {
+                return Err(Error::format(
+                    &config_file,
+                    &u.config,
+                    format!("{v} is not supported by mapping {} (allowed: {:?})", m.file, u.allow),
+                ));
+            }
+        }
+    }
+
+    // convert_hf_to_gguf order: part files by name, names sorted within each part (§6.6).
+    let mut tensors = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for (_, h) in &st.files {
+        let mut names: Vec<&crate::safetensors::StTensor> = h.tensors.iter().collect();
+        names.sort_by(|a, b| a.name.cmp(&b.name));
+        for t in names {
+            let (gguf, permute) = match m.map_tensor(&t.name)? {
+                Mapped::Drop => continue,
+                Mapped::Rename { gguf, permute } => (gguf, permute),
+            };
+            if !seen.insert(gguf.clone()) {
+                return Err(Error::format(
+                    loc.to_string(),
+                    format!("tensor {:?}", t.name),
+                    format!("maps to {gguf:?}, as another tensor does"),
+                ));
+            }
+            let bad = |msg: String| Error::format(loc.to_string(), format!("tensor {:?}", t.name), msg);
+            if !matches!(t.dtype, Dtype::BF16 | Dtype::F16 | Dtype::F32) {
+                return Err(bad(format!("dtype {} cannot be converted (BF16, F16 or F32 only)", t.dtype)));
+            }
+            let ty = if m.f32.forces_f32(&gguf, t.shape.len()) { GgmlType::F32 } else { GgmlType::BF16 };
+            let ne: Vec<u64> = t.shape.iter().rev().copied().collect();
+            let rows = t.shape.first().copied().unwrap_or(1);
+            let permute_heads = match permute {
+                None => None,
+                Some(p) => {
+                    let heads =
+                        hf.config_value(&p.heads).and_then(serde_json::Value::as_u64).filter(|h| *h > 0).ok_or_else(
+                            || Error::format(&config_file, &p.heads, format!("missing: needed to permute {}", t.name)),
+                        )?;
+                    if t.shape.len() != 2 || rows % heads != 0 || (rows / heads) % 2 != 0 {
+                        return Err(bad(format!(
+                            "shape {:?} cannot be permuted in {heads} heads of even size",
+                            t.shape
+                        )));
+                    }
+                    Some(heads)
+                }
+            };
+            let nbytes =
+                crate::gguf::tensor_nbytes(ty, &ne).ok_or_else(|| bad(format!("shape {:?} overflows", t.shape)))?;
+            tensors.push(PlannedTensor {
+                name: gguf,
+                source: t.name.clone(),
+                source_dtype: t.dtype,
+                ty,
+                ne,
+                nbytes,
+                permute_heads,
+            });
+        }
+    }
+    let total_params = tensors.iter().map(|t| t.ne.iter().product::<u64>()).sum();
+    let metadata = metadata::build(&m, &hf, &metadata::PlanFacts { total_params })?;
+    Ok(GgufPlan { metadata, tensors })
+}
+
+/// Writes file `shard` of the plan cut by `ranges` (see [`split_ranges`]) at `dst` (the file itself, see
+/// [`output_file_name`]), reading at most about `budget` bytes of tensor data at a time; the file appears only
+/// complete.
+pub async fn write_gguf_shard(
+    plan: &GgufPlan,
+    source: &TensorSource,
+    ranges: &[Range<usize>],
+    shard: usize,
+    dst: &Location,
+    budget: u64,
+    overwrite: bool,
+) -> Result<Committed> {
+    stage_shard(plan, source, ranges, shard, dst, budget, overwrite).await?.finish().await
+}
+
+/// Converts the checkpoint folder `src` into `dst_dir/PREFIX.gguf`, or split files `PREFIX-0000N-of-0000M.gguf`
+/// by `rule`. All files are staged first and committed together at the end.
+pub async fn convert_hf_to_gguf(
+    src: &Location,
+    dst_dir: &Location,
+    prefix: &str,
+    rule: Option<SplitRule>,
+    budget: u64,
+    overwrite: bool,
+) -> Result<Vec<Committed>> {
+    let source = TensorSource::open(src).await?;
+    let plan = plan_hf_to_gguf(&source).await?;
+    let ranges = split_ranges(&plan.nbytes(), rule);
+    let mut staged = Vec::with_capacity(ranges.len());
+    for i in 0..ranges.len() {
+        let dst = dst_dir.child(&output_file_name(prefix, i, ranges.len()))?;
+        staged.push(stage_shard(&plan, &source, &ranges, i, &dst, budget, overwrite).await?);
+    }
+    let mut out = Vec::with_capacity(staged.len());
+    for w in staged {
+        out.push(w.finish().await?);
+    }
+    Ok(out)
+}

@@ -1,0 +1,99 @@
+//! Element conversions and the q/k row permutation, applied to row chunks so a tensor never has to fit in memory.
+
+use crate::dequant::{bf16_bits_to_f32, f16_bits_to_f32};
+use crate::dtype::Dtype;
+use crate::error::{Error, Result};
+use crate::GgmlType;
+
+/// `ggml_compute_fp32_to_bf16` (and gguf-py's `BF16.quantize_blocks`): round to nearest even, NaN forced quiet.
+pub fn f32_to_bf16_bits(x: f32) -> u16 {
+    let u = x.to_bits();
+    if (u & 0x7fff_ffff) > 0x7f80_0000 {
+        return ((u >> 16) | 64) as u16;
+    }
+    ((u + (0x7fff + ((u >> 16) & 1))) >> 16) as u16
+}
+
+/// The source row that output row `r` of a permuted tensor comes from: within each head of `hd` rows,
+/// new_row[h·hd + 2i + j] = old_row[h·hd + j·(hd/2) + i] — same as convert_hf_to_gguf's `LlamaModel.permute`
+/// (reshape to (heads, 2, hd/2, …), swap axes 1 and 2).
+pub fn permuted_source_row(r: u64, hd: u64) -> u64 {
+    let (h, k) = (r / hd, r % hd);
+    let (i, j) = (k / 2, k % 2);
+    h * hd + j * (hd / 2) + i
+}
+
+/// Converts little-endian elements of `src` (dtype `from`) into `to`, appending to `out`. bf16 → bf16 and
+/// f32 → f32 are byte copies; widening is exact; narrowing to bf16 rounds as ggml does.
+pub fn convert_elements(from: Dtype, to: GgmlType, src: &[u8], out: &mut Vec<u8>, tensor: &str) -> Result<()> {
+    let value = |b: &[u8]| -> f32 {
+        match from {
+            Dtype::BF16 => bf16_bits_to_f32(u16::from_le_bytes([b[0], b[1]])),
+            Dtype::F16 => f16_bits_to_f32(u16::from_le_bytes([b[0], b[1]])),
+            _ => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+        }
+    };
+    match (from, to) {
+        (Dtype::BF16, GgmlType::BF16) | (Dtype::F32, GgmlType::F32) | (Dtype::F16, GgmlType::F16) => {
+            out.extend_from_slice(src)
+        }
+        (Dtype::BF16 | Dtype::F16, GgmlType::F32) => {
+            for b in src.chunks_exact(from.size()) {
+                out.extend_from_slice(&value(b).to_le_bytes());
+            }
+        }
+        (Dtype::F16 | Dtype::F32, GgmlType::BF16) => {
+            for b in src.chunks_exact(from.size()) {
+                out.extend_from_slice(&f32_to_bf16_bits(value(b)).to_le_bytes());
+            }
+        }
+        _ => {
+            return Err(Error::format(
+                tensor,
+                "dtype",
+                format!("converting {from} to {to} is not supported (sources are BF16, F16 or F32)"),
+            ))
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bf16_rounding_is_ggml_rne_with_quiet_nan() {
+        assert_eq!(f32_to_bf16_bits(1.0), 0x3f80);
+        // Exactly halfway: ties to even (down for 0x3f80, up for 0x3f81).
+        assert_eq!(f32_to_bf16_bits(f32::from_bits(0x3f80_8000)), 0x3f80);
+        assert_eq!(f32_to_bf16_bits(f32::from_bits(0x3f81_8000)), 0x3f82);
+        assert_eq!(f32_to_bf16_bits(f32::from_bits(0x3f80_8001)), 0x3f81);
+        // A signalling NaN whose payload is only in the low half stays a NaN.
+        assert_eq!(f32_to_bf16_bits(f32::from_bits(0x7f80_0001)), 0x7fc0);
+        assert_eq!(f32_to_bf16_bits(f32::INFINITY), 0x7f80);
+    }
+
+    /// The permutation on a small example, against the reshape/swapaxes definition written out by hand:
+    /// 2 heads of 4 rows: rows (a0 a1 b0 b1) of each head become (a0 b0 a1 b1).
+    #[test]
+    fn qk_permutation_small_example() {
+        let hd = 4;
+        let order: Vec<u64> = (0..8).map(|r| permuted_source_row(r, hd)).collect();
+        assert_eq!(order, [0, 2, 1, 3, 4, 6, 5, 7]);
+        // hd = 6: (H, 2, 3) swapped to (H, 3, 2).
+        let order: Vec<u64> = (0..6).map(|r| permuted_source_row(r, 6)).collect();
+        assert_eq!(order, [0, 3, 1, 4, 2, 5]);
+    }
+
+    #[test]
+    fn conversions() {
+        let mut out = Vec::new();
+        convert_elements(Dtype::BF16, GgmlType::F32, &[0x80, 0x3f], &mut out, "t").unwrap();
+        assert_eq!(out, 1.0f32.to_le_bytes());
+        out.clear();
+        convert_elements(Dtype::F32, GgmlType::BF16, &1.5f32.to_le_bytes(), &mut out, "t").unwrap();
+        assert_eq!(out, [0xc0, 0x3f]);
+        assert!(convert_elements(Dtype::I32, GgmlType::BF16, &[0; 4], &mut out, "t").is_err());
+    }
+}

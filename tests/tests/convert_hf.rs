@@ -1,0 +1,302 @@
+//! HF safetensors → GGUF bf16 against llama.cpp's own converter: SmolLM2's converted file must equal the manifest of
+//! `convert_hf_to_gguf.py --outtype bf16` (every tensor and key), split files must be what `llama-gguf-split` writes
+//! and what llama.cpp loads, and failures must name their cause and leave nothing at the destination.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use quantfarm_e2e::{fixtures_dir, llama_bin, smollm2_derived};
+use quantfarm_tensors::convert::{convert_hf_to_gguf, plan_hf_to_gguf, SplitRule};
+use quantfarm_tensors::gguf::{Array, GgufHeader, Value};
+use quantfarm_tensors::{Location, TensorSource};
+use serde_json::Value as Json;
+use sha2::{Digest, Sha256};
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+fn hex(b: &[u8]) -> String {
+    quantfarm_tensors::sink::hex(b)
+}
+
+fn sha256_file(p: &Path) -> String {
+    let mut h = Sha256::new();
+    let mut f = std::fs::File::open(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    std::io::copy(&mut f, &mut h).unwrap();
+    hex(&h.finalize())
+}
+
+fn hf_dir() -> PathBuf {
+    smollm2_derived().join("smollm2-hf")
+}
+
+fn manifest() -> Json {
+    let p = fixtures_dir().join("smollm2/manifests/smollm2-hf-bf16.json");
+    serde_json::from_slice(&std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))).unwrap()
+}
+
+fn convert(dst: &Path, prefix: &str, rule: Option<SplitRule>, budget: u64) -> Vec<PathBuf> {
+    rt().block_on(async {
+        let out = convert_hf_to_gguf(&Location::local(hf_dir()), &Location::local(dst), prefix, rule, budget, false)
+            .await
+            .unwrap();
+        out.iter().map(|c| PathBuf::from(&c.location)).collect()
+    })
+}
+
+/// The GGUF-encoded bytes of an array's elements (the manifest's `raw_sha256` covers these).
+fn raw_elements(a: &Array) -> Vec<u8> {
+    let mut out = Vec::new();
+    match a {
+        Array::String(v) => {
+            for s in v {
+                out.extend_from_slice(&(s.0.len() as u64).to_le_bytes());
+                out.extend_from_slice(&s.0);
+            }
+        }
+        Array::I32(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+        Array::U32(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+        Array::F32(v) => v.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+        other => panic!("array type {:?} not expected in this model", other.elem_type()),
+    }
+    out
+}
+
+/// Compares metadata with the manifest's entries, in order: key, type, and value (F32 by bit pattern, arrays by
+/// both of the manifest's hashes).
+fn assert_metadata_matches(got: &[(String, Value)], want: &[Json]) {
+    let got_keys: Vec<&str> = got.iter().map(|(k, _)| k.as_str()).collect();
+    let want_keys: Vec<&str> = want.iter().map(|e| e["key"].as_str().unwrap()).collect();
+    assert_eq!(got_keys, want_keys, "metadata keys or their order differ");
+    for ((key, v), w) in got.iter().zip(want) {
+        assert_eq!(v.value_type().name(), w["type"].as_str().unwrap(), "{key}: type");
+        match v {
+            Value::Array(a) => {
+                assert_eq!(a.elem_type().name(), w["elem_type"].as_str().unwrap(), "{key}: element type");
+                assert_eq!(a.len() as u64, w["length"].as_u64().unwrap(), "{key}: length");
+                let raw = hex(&Sha256::digest(raw_elements(a)));
+                assert_eq!(raw, w["raw_sha256"].as_str().unwrap(), "{key}: raw bytes");
+                let canon = serde_json::to_string(&a.to_json()).unwrap();
+                assert_eq!(hex(&Sha256::digest(canon.as_bytes())), w["sha256"].as_str().unwrap(), "{key}: values");
+            }
+            Value::F32(x) => assert_eq!(hex(&x.to_le_bytes()), w["hex"].as_str().unwrap(), "{key}: f32 bits"),
+            other => assert_eq!(other.to_json(), w["value"], "{key}: value"),
+        }
+    }
+}
+
+/// Reads every tensor of the model at `first` (one file or the first split) and compares name, type, shape and
+/// sha256 with the manifest, in order.
+fn assert_tensors_match(first: &Path, want: &[Json]) {
+    rt().block_on(async {
+        let src = TensorSource::open(&Location::local(first)).await.unwrap();
+        let model = src.gguf().expect("a GGUF model");
+        let infos: Vec<_> = model.tensors().map(|t| t.info.clone()).collect();
+        assert_eq!(infos.len(), want.len(), "tensor count");
+        for (info, w) in infos.iter().zip(want) {
+            let name = w["name"].as_str().unwrap();
+            assert_eq!(info.name, name);
+            assert_eq!(info.ty.name(), w["type"].as_str().unwrap(), "{name}: type");
+            let shape: Vec<u64> = w["shape"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+            assert_eq!(info.dims, shape, "{name}: shape");
+            let mut buf = vec![0u8; info.nbytes() as usize];
+            src.read_range(name, 0, &mut buf).await.unwrap();
+            assert_eq!(hex(&Sha256::digest(&buf)), w["sha256"].as_str().unwrap(), "{name}: bytes");
+        }
+    })
+}
+
+fn header(p: &Path) -> GgufHeader {
+    rt().block_on(async {
+        let src = TensorSource::open(&Location::local(p)).await.unwrap();
+        src.gguf().unwrap().shards[0].1.clone()
+    })
+}
+
+#[test]
+fn smollm2_single_file_equals_convert_hf_to_gguf() {
+    let m = manifest();
+    let dir = tempfile::tempdir().unwrap();
+    let out = convert(dir.path(), "smollm2", None, 64 << 20);
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].file_name().unwrap(), "smollm2.gguf");
+    let h = header(&out[0]);
+    assert_metadata_matches(&h.metadata, m["metadata"].as_array().unwrap());
+    assert_eq!(h.data_offset, m["header"]["data_offset"].as_u64().unwrap());
+    assert_tensors_match(&out[0], m["tensors"].as_array().unwrap());
+    // With every key and tensor equal, the file is the converter's byte for byte.
+    assert_eq!(sha256_file(&out[0]), m["file"]["sha256"].as_str().unwrap(), "whole-file sha256");
+}
+
+#[test]
+fn smollm2_split_files_are_gguf_splits_and_load_in_llama_cpp() {
+    let m = manifest();
+    let dir = tempfile::tempdir().unwrap();
+    // A budget of a few rows forces chunked reads, and q/k heads gathered row by row.
+    let out = convert(dir.path(), "smollm2", Some(SplitRule::MaxTensors(100)), 7000);
+    let names: Vec<_> = out.iter().map(|p| p.file_name().unwrap().to_string_lossy().into_owned()).collect();
+    assert_eq!(names, ["smollm2-00001-of-00003.gguf", "smollm2-00002-of-00003.gguf", "smollm2-00003-of-00003.gguf"]);
+
+    // Shard 0: all KVs then split.no, split.tensors.count, split.count; the others only the split keys.
+    let split_keys = |no: u16| {
+        vec![
+            ("split.no".to_string(), Value::U16(no)),
+            ("split.tensors.count".to_string(), Value::I32(272)),
+            ("split.count".to_string(), Value::U16(3)),
+        ]
+    };
+    let h0 = header(&out[0]);
+    let n = h0.metadata.len();
+    assert_metadata_matches(&h0.metadata[..n - 3], m["metadata"].as_array().unwrap());
+    assert_eq!(h0.metadata[n - 3..], split_keys(0)[..]);
+    assert_eq!(h0.tensors.len(), 100);
+    // Reading the first file opens its siblings (our reader checks the split keys and the tensor count).
+    assert_tensors_match(&out[0], m["tensors"].as_array().unwrap());
+
+    // llama-gguf-split cuts our single file into the same bytes.
+    let bin = llama_bin();
+    let single = convert(&dir.path().join("single"), "smollm2", None, 64 << 20);
+    let theirs = dir.path().join("theirs");
+    std::fs::create_dir_all(&theirs).unwrap();
+    let st = Command::new(bin.join("llama-gguf-split"))
+        .args(["--split", "--split-max-tensors", "100"])
+        .arg(&single[0])
+        .arg(theirs.join("smollm2"))
+        .output()
+        .unwrap();
+    assert!(st.status.success(), "llama-gguf-split --split: {}", String::from_utf8_lossy(&st.stderr));
+    for (i, ours) in out.iter().enumerate() {
+        let t = theirs.join(format!("smollm2-{:05}-of-00003.gguf", i + 1));
+        assert_eq!(sha256_file(ours), sha256_file(&t), "split {} differs from llama-gguf-split's", i + 1);
+    }
+
+    // llama.cpp merges them back and generates the same text from the split files as from the single file.
+    let merged = dir.path().join("merged.gguf");
+    let st = Command::new(bin.join("llama-gguf-split")).arg("--merge").arg(&out[0]).arg(&merged).output().unwrap();
+    assert!(st.status.success(), "llama-gguf-split --merge: {}", String::from_utf8_lossy(&st.stderr));
+    assert_tensors_match(&merged, m["tensors"].as_array().unwrap());
+    let generate = |model: &Path| {
+        let o = Command::new(bin.join("llama-completion"))
+            .arg("-m")
+            .arg(model)
+            .args(["-p", "Hello", "-n", "4", "--temp", "0", "-no-cnv", "--no-warmup", "-t", "2", "--simple-io"])
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "llama-completion {}: {}", model.display(), String::from_utf8_lossy(&o.stderr));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let from_split = generate(&out[0]);
+    assert!(from_split.starts_with("Hello") && from_split.len() > "Hello".len(), "generated {from_split:?}");
+    assert_eq!(from_split, generate(&single[0]));
+}
+
+/// A small checkpoint folder: SmolLM2's tokenizer files, its config edited by `edit`, and one safetensors file
+/// with the given (name, shape) bf16 tensors.
+fn tiny_checkpoint(dir: &Path, tensors: &[(&str, &[u64])], edit: impl FnOnce(&mut serde_json::Map<String, Json>)) {
+    std::fs::create_dir_all(dir).unwrap();
+    for f in ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja"] {
+        std::fs::copy(hf_dir().join(f), dir.join(f)).unwrap();
+    }
+    let mut config: serde_json::Map<String, Json> =
+        serde_json::from_slice(&std::fs::read(hf_dir().join("config.json")).unwrap()).unwrap();
+    edit(&mut config);
+    std::fs::write(dir.join("config.json"), serde_json::to_vec(&Json::Object(config)).unwrap()).unwrap();
+    let mut header = serde_json::Map::new();
+    let mut offset = 0u64;
+    for (name, shape) in tensors {
+        let n = shape.iter().product::<u64>() * 2;
+        header.insert(
+            name.to_string(),
+            serde_json::json!({"dtype": "BF16", "shape": shape, "data_offsets": [offset, offset + n]}),
+        );
+        offset += n;
+    }
+    let mut h = serde_json::to_vec(&Json::Object(header)).unwrap();
+    h.resize(h.len().div_ceil(8) * 8, b' ');
+    let mut bytes = (h.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(&h);
+    bytes.extend((0..offset).map(|i| (i % 251) as u8));
+    std::fs::write(dir.join("model.safetensors"), bytes).unwrap();
+}
+
+fn convert_err(src: &Path, dst: &Path, budget: u64) -> String {
+    rt().block_on(async {
+        convert_hf_to_gguf(&Location::local(src), &Location::local(dst), "out", None, budget, false)
+            .await
+            .expect_err("conversion must fail")
+            .to_string()
+    })
+}
+
+fn assert_empty(dst: &Path) {
+    let left: Vec<_> = std::fs::read_dir(dst).map(|d| d.map(|e| e.unwrap().file_name()).collect()).unwrap_or_default();
+    assert!(left.is_empty(), "files left at the destination: {left:?}");
+}
+
+#[test]
+fn failures_name_their_cause_and_write_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let ok: &[(&str, &[u64])] =
+        &[("model.norm.weight", &[576]), ("model.layers.0.self_attn.q_proj.weight", &[576, 576])];
+
+    // An MLX-style tensor no rule maps.
+    let src = dir.path().join("unmapped");
+    tiny_checkpoint(&src, &[ok[0], ok[1], ("lm_head.biases", &[4])], |_| {});
+    let dst = dir.path().join("out1");
+    let e = convert_err(&src, &dst, 1 << 20);
+    assert_eq!(e, "cannot map tensor 'lm_head.biases' (mapping llama.yaml)");
+    assert_empty(&dst);
+
+    // A config.json without a required key.
+    let src = dir.path().join("nokey");
+    tiny_checkpoint(&src, ok, |c| {
+        c.remove("num_hidden_layers");
+    });
+    let dst = dir.path().join("out2");
+    let e = convert_err(&src, &dst, 1 << 20);
+    assert!(e.contains("config.json") && e.contains("num_hidden_layers") && e.contains("missing"), "{e}");
+    assert_empty(&dst);
+
+    // A failure while writing (a row larger than the budget) leaves no partial file either.
+    let src = dir.path().join("budget");
+    tiny_checkpoint(&src, ok, |_| {});
+    let dst = dir.path().join("out3");
+    let e = convert_err(&src, &dst, 1000);
+    assert!(e.contains("q_proj") && e.contains("budget"), "{e}");
+    assert_empty(&dst);
+
+    // Unsupported rope scaling is refused, not silently converted without its keys.
+    let src = dir.path().join("rope");
+    tiny_checkpoint(&src, ok, |c| {
+        c.insert("rope_scaling".into(), serde_json::json!({"rope_type": "llama3", "factor": 8.0}));
+    });
+    let e = convert_err(&src, &dir.path().join("out4"), 1 << 20);
+    assert!(e.contains("rope_scaling.rope_type") && e.contains("llama3"), "{e}");
+}
+
+#[test]
+fn plan_digest_is_stable_and_sensitive() {
+    let dir = tempfile::tempdir().unwrap();
+    let ok: &[(&str, &[u64])] =
+        &[("model.norm.weight", &[576]), ("model.layers.0.self_attn.q_proj.weight", &[576, 576])];
+    tiny_checkpoint(&dir.path().join("a"), ok, |_| {});
+    tiny_checkpoint(&dir.path().join("b"), ok, |c| {
+        c.insert("rms_norm_eps".into(), serde_json::json!(1e-6));
+    });
+    rt().block_on(async {
+        let plan = |p: PathBuf| async move {
+            let s = TensorSource::open(&Location::local(p)).await.unwrap();
+            plan_hf_to_gguf(&s).await.unwrap()
+        };
+        let a1 = plan(dir.path().join("a")).await;
+        let a2 = plan(dir.path().join("a")).await;
+        let b = plan(dir.path().join("b")).await;
+        assert_eq!(a1.digest(), a2.digest());
+        assert_ne!(a1.digest(), b.digest());
+        let q = a1.tensors.iter().find(|t| t.name == "blk.0.attn_q.weight").unwrap();
+        assert_eq!(q.permute_heads, Some(9));
+        assert_eq!(q.ne, [576, 576]);
+    });
+}

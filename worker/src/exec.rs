@@ -1,0 +1,265 @@
+//! One executor per task kind. Each is a thin call into `tensors`/`quant`: the worker loop only leases, runs,
+//! heartbeats and reports. Outputs go through the staged sink; an output that already exists at its
+//! content-addressed location is the right one (a cache hit) and is only hashed.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use quantfarm_proto::{self as pb, task, task_result, verify_task, FailureKind};
+use quantfarm_quant::file::{quantize_gguf_shard, FileError, Options};
+use quantfarm_quant::FileType;
+use quantfarm_tensors::blob::Blob;
+use quantfarm_tensors::convert::{self, GgufPlan, SplitRule};
+use quantfarm_tensors::gguf::GgufHeader;
+use quantfarm_tensors::{Location, TensorSource};
+use sha2::{Digest, Sha256};
+
+/// A task's failure, classified so the coordinator knows whether a retry can help.
+#[derive(Debug)]
+pub struct Failure {
+    pub kind: FailureKind,
+    pub message: String,
+}
+
+impl Failure {
+    pub fn input(message: impl Into<String>) -> Failure {
+        Failure { kind: FailureKind::Input, message: message.into() }
+    }
+
+    pub fn into_proto(self) -> pb::TaskFailure {
+        pb::TaskFailure { kind: self.kind as i32, message: self.message }
+    }
+}
+
+impl From<quantfarm_tensors::Error> for Failure {
+    fn from(e: quantfarm_tensors::Error) -> Failure {
+        use quantfarm_tensors::Error as E;
+        let kind = match &e {
+            E::Io { .. } | E::Store { .. } | E::Budget { .. } => FailureKind::Transient,
+            _ => FailureKind::Input,
+        };
+        Failure { kind, message: e.to_string() }
+    }
+}
+
+impl From<FileError> for Failure {
+    fn from(e: FileError) -> Failure {
+        match e {
+            FileError::Tensors(t) => t.into(),
+            other => Failure::input(other.to_string()),
+        }
+    }
+}
+
+/// What an executor may use.
+#[derive(Clone)]
+pub struct Env {
+    /// Bytes of tensor data one task holds at once.
+    pub budget: u64,
+    /// Scratch folder for recomputed outputs (verify).
+    pub scratch: std::path::PathBuf,
+}
+
+pub async fn run(t: &pb::Task, env: &Env) -> Result<pb::TaskResult, Failure> {
+    let kind = match t.kind.as_ref().ok_or_else(|| Failure::input("the task has no kind"))? {
+        task::Kind::Plan(p) => task_result::Kind::Plan(plan(p).await?),
+        task::Kind::Gguf(g) => task_result::Kind::Artifact(gguf(g, env).await?),
+        task::Kind::Quantize(q) => task_result::Kind::Artifact(quantize(q, env).await?),
+        task::Kind::Verify(v) => task_result::Kind::Verify(verify(v, env).await?),
+        task::Kind::Noop(n) => {
+            if n.sleep_ms > 0 {
+                tokio::time::sleep(Duration::from_millis(n.sleep_ms as u64)).await;
+            }
+            task_result::Kind::Noop(pb::NoopResult {})
+        }
+    };
+    Ok(pb::TaskResult { kind: Some(kind) })
+}
+
+fn location(url: &str) -> Result<Location, Failure> {
+    Location::parse(url).map_err(Failure::from)
+}
+
+fn split_rule(r: &Option<pb::SplitRule>) -> Option<SplitRule> {
+    match r.as_ref()?.rule.as_ref()? {
+        pb::split_rule::Rule::MaxTensors(n) => Some(SplitRule::MaxTensors(*n as usize)),
+        pb::split_rule::Rule::MaxBytes(n) => Some(SplitRule::MaxBytes(*n)),
+    }
+}
+
+/// sha256 over the source files' names, sizes and store versions.
+fn source_identity(src: &TensorSource) -> String {
+    let mut h = Sha256::new();
+    for b in src.files() {
+        h.update(format!("{}\n{}\n{}\n", b.name(), b.len(), b.version()).as_bytes());
+    }
+    quantfarm_tensors::sink::hex(&h.finalize())
+}
+
+async fn open_plan(source: &str) -> Result<(TensorSource, GgufPlan), Failure> {
+    let src = TensorSource::open(&location(source)?).await?;
+    let plan = convert::plan_hf_to_gguf(&src).await?;
+    Ok((src, plan))
+}
+
+async fn plan(p: &pb::PlanTask) -> Result<pb::PlanResult, Failure> {
+    let (src, plan) = open_plan(&p.source).await?;
+    let nbytes: Vec<u64> = plan.tensors.iter().map(|t| t.nbytes).collect();
+    let ranges = convert::split_ranges(&nbytes, split_rule(&p.split));
+    Ok(pb::PlanResult {
+        architecture: src.architecture().unwrap_or_default(),
+        format: src.format().name().to_string(),
+        plan_digest: plan.digest(),
+        source_identity: source_identity(&src),
+        source_bytes: src.files().iter().map(|b| b.len()).sum(),
+        tensors: plan
+            .tensors
+            .iter()
+            .map(|t| pb::PlannedTensor {
+                name: t.name.clone(),
+                source: t.source.clone(),
+                ggml_type: t.ty.name().to_string(),
+                bytes: t.nbytes,
+                elements: t.ne.iter().product(),
+            })
+            .collect(),
+        shards: ranges.iter().map(|r| pb::ShardRange { start: r.start as u32, end: r.end as u32 }).collect(),
+    })
+}
+
+/// Reads a whole object within `budget` and hashes it.
+pub async fn hash_object(loc: &Location, budget: u64) -> Result<(String, u64), Failure> {
+    let blob = Blob::open(loc).await?;
+    let mut buf = vec![0u8; budget.clamp(1 << 16, 64 << 20).min(blob.len().max(1)) as usize];
+    let mut h = Sha256::new();
+    let mut off = 0;
+    while off < blob.len() {
+        let n = buf.len().min((blob.len() - off) as usize);
+        blob.read_at(off, &mut buf[..n]).await?;
+        h.update(&buf[..n]);
+        off += n as u64;
+    }
+    Ok((quantfarm_tensors::sink::hex(&h.finalize()), blob.len()))
+}
+
+/// Per-type tensor counts of one GGUF file (from its header).
+async fn type_mix(loc: &Location) -> Result<Vec<pb::TypeCount>, Failure> {
+    let blob = Blob::open(loc).await?;
+    let header = GgufHeader::read(&blob).await?;
+    let mut mix: BTreeMap<String, pb::TypeCount> = BTreeMap::new();
+    for t in &header.tensors {
+        let e = mix
+            .entry(t.ty.name().to_string())
+            .or_insert_with(|| pb::TypeCount { ggml_type: t.ty.name().to_string(), ..Default::default() });
+        e.tensors += 1;
+        e.elements += t.elements();
+        e.bytes += t.nbytes();
+    }
+    Ok(mix.into_values().collect())
+}
+
+async fn exists(loc: &Location) -> bool {
+    Blob::open(loc).await.is_ok()
+}
+
+/// The artifact at `out`, whether just written or found there.
+async fn artifact(out: &Location, committed: Option<(String, u64)>, env: &Env) -> Result<pb::ArtifactResult, Failure> {
+    let cache_hit = committed.is_none();
+    let (sha256, bytes) = match committed {
+        Some(c) => c,
+        None => hash_object(out, env.budget).await?,
+    };
+    Ok(pb::ArtifactResult {
+        artifact: Some(pb::Artifact { url: out.to_string(), sha256, bytes, types: type_mix(out).await? }),
+        cache_hit,
+    })
+}
+
+async fn write_gguf(g: &pb::GgufShardTask, out: &Location, env: &Env) -> Result<(String, u64), Failure> {
+    let (src, plan) = open_plan(&g.source).await?;
+    if plan.digest() != g.plan_digest {
+        return Err(Failure::input(format!(
+            "{}: the source's headers changed since the release was planned (plan {} now, {} then)",
+            g.source,
+            plan.digest(),
+            g.plan_digest
+        )));
+    }
+    let nbytes: Vec<u64> = plan.tensors.iter().map(|t| t.nbytes).collect();
+    let ranges = convert::split_ranges(&nbytes, split_rule(&g.split));
+    if ranges.len() != g.n_shards as usize || g.shard >= g.n_shards {
+        return Err(Failure::input(format!(
+            "split file {} of {}: the plan gives {} files",
+            g.shard + 1,
+            g.n_shards,
+            ranges.len()
+        )));
+    }
+    let c = convert::write_gguf_shard(&plan, &src, &ranges, g.shard as usize, out, env.budget, false).await?;
+    Ok((c.sha256, c.bytes))
+}
+
+async fn gguf(g: &pb::GgufShardTask, env: &Env) -> Result<pb::ArtifactResult, Failure> {
+    let out = location(&g.output)?;
+    if exists(&out).await {
+        return artifact(&out, None, env).await;
+    }
+    match write_gguf(g, &out, env).await {
+        Ok(c) => artifact(&out, Some(c), env).await,
+        // Another lease of this task committed first: its output is the same bytes.
+        Err(_) if exists(&out).await => artifact(&out, None, env).await,
+        Err(e) => Err(e),
+    }
+}
+
+async fn write_quantized(q: &pb::QuantizeTask, out: &Location, env: &Env) -> Result<(String, u64), Failure> {
+    let ftype = FileType::from_name(&q.file_type)
+        .ok_or_else(|| Failure::input(format!("unknown file type {:?}", q.file_type)))?;
+    let src = TensorSource::open(&location(&q.input)?).await?;
+    let n = src.gguf().map_or(0, |g| g.shards.len());
+    if n != q.n_shards as usize {
+        return Err(Failure::input(format!("{}: has {n} split files, the task expects {}", q.input, q.n_shards)));
+    }
+    let opts = Options { ftype, allow_requantize: false, budget: env.budget, overwrite: false };
+    let done = quantize_gguf_shard(&src, q.shard as usize, out, &opts).await?;
+    Ok((done.committed.sha256, done.committed.bytes))
+}
+
+async fn quantize(q: &pb::QuantizeTask, env: &Env) -> Result<pb::ArtifactResult, Failure> {
+    let out = location(&q.output)?;
+    if exists(&out).await {
+        return artifact(&out, None, env).await;
+    }
+    match write_quantized(q, &out, env).await {
+        Ok(c) => artifact(&out, Some(c), env).await,
+        Err(_) if exists(&out).await => artifact(&out, None, env).await,
+        Err(e) => Err(e),
+    }
+}
+
+/// Recomputes the artifact into a scratch file and compares it with the stored object and the producer's sha256.
+async fn verify(v: &pb::VerifyTask, env: &Env) -> Result<pb::VerifyResult, Failure> {
+    std::fs::create_dir_all(&env.scratch)
+        .map_err(|e| Failure { kind: FailureKind::Transient, message: format!("{}: {e}", env.scratch.display()) })?;
+    let dir = tempfile::tempdir_in(&env.scratch)
+        .map_err(|e| Failure { kind: FailureKind::Transient, message: format!("{}: {e}", env.scratch.display()) })?;
+    let scratch = Location::local(dir.path().join("recomputed.gguf"));
+    let (stored_url, recomputed) = match v.what.as_ref().ok_or_else(|| Failure::input("verify: nothing to verify"))? {
+        verify_task::What::Gguf(g) => (g.output.clone(), write_gguf(g, &scratch, env).await?),
+        verify_task::What::Quantize(q) => (q.output.clone(), write_quantized(q, &scratch, env).await?),
+    };
+    let (stored, _) = hash_object(&location(&stored_url)?, env.budget).await?;
+    let identical = stored == recomputed.0 && stored == v.expect_sha256;
+    let detail = if identical {
+        format!("{stored_url}: recomputed {} bytes, identical", recomputed.1)
+    } else {
+        format!("{stored_url}: stored {stored}, recomputed {}, the producer reported {}", recomputed.0, v.expect_sha256)
+    };
+    Ok(pb::VerifyResult {
+        identical,
+        expected_sha256: v.expect_sha256.clone(),
+        stored_sha256: stored,
+        recomputed_sha256: recomputed.0,
+        detail,
+    })
+}

@@ -1,0 +1,347 @@
+//! A farm worker: registers with the coordinator, leases tasks for its free slots, runs each with the executor
+//! of its kind within its share of the memory budget, heartbeats the leases it holds, and reports typed results
+//! or failures. On shutdown it stops leasing and finishes (or, when told to stop now, hands back) what it holds.
+//! A coordinator that restarts is waited for: results are re-sent until it takes them.
+
+pub mod exec;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use quantfarm_proto::farm_client::FarmClient;
+use quantfarm_proto::{self as pb, PROTOCOL_VERSION};
+use tokio::task::JoinSet;
+use tonic::codegen::InterceptedService;
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
+use tonic::{Code, Request, Status};
+
+pub use exec::Env;
+
+#[derive(Clone, Debug)]
+pub struct WorkerConfig {
+    /// `http://host:port` or `https://host:port`.
+    pub coordinator: String,
+    pub token: Option<String>,
+    pub name: String,
+    /// Tasks run at once.
+    pub slots: u32,
+    /// Bytes of memory all running tasks together stay within.
+    pub memory_budget: u64,
+    /// PEM CA certificate that signed the coordinator's certificate (for https).
+    pub ca_cert: Option<Vec<u8>>,
+    pub scratch: std::path::PathBuf,
+    /// How long to keep trying to reach a coordinator that is down before giving up.
+    pub patience: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("coordinator {url}: {msg}")]
+    Connect { url: String, msg: String },
+    #[error("coordinator refused the worker: {0}")]
+    Refused(String),
+}
+
+#[derive(Clone)]
+pub struct AddToken(Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>);
+
+impl tonic::service::Interceptor for AddToken {
+    fn call(&mut self, mut req: Request<()>) -> Result<Request<()>, Status> {
+        if let Some(t) = &self.0 {
+            req.metadata_mut().insert(pb::TOKEN_HEADER, t.clone());
+        }
+        Ok(req)
+    }
+}
+
+pub type Client = FarmClient<InterceptedService<Channel, AddToken>>;
+
+/// A lazy channel to the coordinator (calls fail until it is reachable, then work), with TLS for `https://`.
+pub fn channel(url: &str, ca_cert: Option<&[u8]>) -> Result<Channel, WorkerError> {
+    let err = |msg: String| WorkerError::Connect { url: url.to_string(), msg };
+    let mut ep = Endpoint::from_shared(url.to_string()).map_err(|e| err(e.to_string()))?;
+    ep = ep.connect_timeout(Duration::from_secs(5)).tcp_nodelay(true);
+    if url.starts_with("https://") {
+        let mut tls = ClientTlsConfig::new().with_enabled_roots();
+        if let Some(ca) = ca_cert {
+            tls = tls.ca_certificate(tonic::transport::Certificate::from_pem(ca));
+        }
+        ep = ep.tls_config(tls).map_err(|e| err(e.to_string()))?;
+    }
+    Ok(ep.connect_lazy())
+}
+
+impl AddToken {
+    pub fn new(token: Option<&str>) -> Result<AddToken, WorkerError> {
+        match token {
+            Some(t) => Ok(AddToken(Some(
+                t.parse().map_err(|_| WorkerError::Refused("the token must be printable ASCII".into()))?,
+            ))),
+            None => Ok(AddToken(None)),
+        }
+    }
+}
+
+/// The `Farm` client a worker uses.
+pub fn connect(url: &str, token: Option<&str>, ca_cert: Option<&[u8]>) -> Result<Client, WorkerError> {
+    Ok(FarmClient::with_interceptor(channel(url, ca_cert)?, AddToken::new(token)?)
+        .max_decoding_message_size(pb::MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(pb::MAX_MESSAGE_BYTES))
+}
+
+fn is_down(s: &Status) -> bool {
+    matches!(s.code(), Code::Unavailable | Code::Unknown | Code::Cancelled | Code::DeadlineExceeded)
+}
+
+/// Kinds this build has executors for.
+pub const TASK_KINDS: [&str; 5] = ["plan", "gguf", "quantize", "verify", "noop"];
+
+fn runtimes() -> Vec<String> {
+    let on_path =
+        |bin: &str| std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(bin).is_file()));
+    let mut out = Vec::new();
+    if on_path("llama-completion") || on_path("llama-cli") {
+        out.push("llama.cpp".to_string());
+    }
+    out
+}
+
+struct Running {
+    task_id: String,
+    abort: tokio::task::AbortHandle,
+    /// The outcome is being reported: the coordinator may already have ended the lease, which is no reason to stop.
+    reporting: Arc<std::sync::atomic::AtomicBool>,
+}
+
+struct Session {
+    client: Client,
+    cfg: WorkerConfig,
+    worker_id: Arc<Mutex<String>>,
+    heartbeat: Duration,
+}
+
+impl Session {
+    fn info(&self) -> pb::WorkerInfo {
+        pb::WorkerInfo {
+            name: self.cfg.name.clone(),
+            os: std::env::consts::OS.into(),
+            arch: std::env::consts::ARCH.into(),
+            slots: self.cfg.slots,
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
+            memory_budget: self.cfg.memory_budget,
+            task_kinds: TASK_KINDS.iter().map(|s| s.to_string()).collect(),
+            runtimes: runtimes(),
+            version: env!("CARGO_PKG_VERSION").into(),
+        }
+    }
+
+    /// Registers, waiting for a coordinator that is down; a refusal (wrong token, version) is final.
+    async fn register(&mut self) -> Result<(), WorkerError> {
+        let start = Instant::now();
+        loop {
+            let req = pb::RegisterRequest { protocol_version: PROTOCOL_VERSION, worker: Some(self.info()) };
+            match self.client.register(req).await {
+                Ok(r) => {
+                    let r = r.into_inner();
+                    tracing::info!(worker = %r.worker_id, "registered with {}", self.cfg.coordinator);
+                    *self.worker_id.lock().unwrap_or_else(|p| p.into_inner()) = r.worker_id;
+                    self.heartbeat = Duration::from_millis(r.heartbeat_ms.max(50) as u64);
+                    return Ok(());
+                }
+                Err(s) if is_down(&s) && start.elapsed() < self.cfg.patience => {
+                    tracing::debug!("coordinator not reachable yet: {}", s.message());
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
+                Err(s) if is_down(&s) => {
+                    return Err(WorkerError::Connect {
+                        url: self.cfg.coordinator.clone(),
+                        msg: s.message().to_string(),
+                    })
+                }
+                Err(s) => return Err(WorkerError::Refused(s.message().to_string())),
+            }
+        }
+    }
+
+    fn id(&self) -> String {
+        self.worker_id.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// Sends a completion until the coordinator takes it (it may be restarting), within `patience`.
+async fn send_completion(mut client: Client, req: pb::CompleteRequest, patience: Duration) {
+    let start = Instant::now();
+    loop {
+        match client.complete(req.clone()).await {
+            Ok(_) => return,
+            Err(s) if is_down(&s) && start.elapsed() < patience => tokio::time::sleep(Duration::from_millis(300)).await,
+            Err(s) => {
+                tracing::error!(task = %req.task_id, "could not report the outcome: {}", s.message());
+                return;
+            }
+        }
+    }
+}
+
+/// Runs the worker until `shutdown` resolves; then drains: no new leases, running tasks finish and report
+/// (a second `shutdown_now` signal hands them back instead).
+pub async fn run(
+    cfg: WorkerConfig,
+    shutdown: impl std::future::Future<Output = ()>,
+    shutdown_now: impl std::future::Future<Output = ()>,
+) -> Result<(), WorkerError> {
+    let client = connect(&cfg.coordinator, cfg.token.as_deref(), cfg.ca_cert.as_deref())?;
+    let mut s =
+        Session { client, cfg, worker_id: Arc::new(Mutex::new(String::new())), heartbeat: Duration::from_secs(5) };
+    s.register().await?;
+    let env =
+        Env { budget: (s.cfg.memory_budget / s.cfg.slots.max(1) as u64).max(1 << 20), scratch: s.cfg.scratch.clone() };
+    let running: Arc<Mutex<HashMap<String, Running>>> = Arc::default();
+    let mut tasks: JoinSet<()> = JoinSet::new();
+
+    let hb = tokio::spawn(heartbeat_loop(s.client.clone(), s.worker_id.clone(), running.clone(), s.heartbeat));
+    tokio::pin!(shutdown);
+    tokio::pin!(shutdown_now);
+    let result = loop {
+        while tasks.try_join_next().is_some() {}
+        let busy = running.lock().unwrap_or_else(|p| p.into_inner()).len() as u32;
+        let free = s.cfg.slots.saturating_sub(busy);
+        if free == 0 {
+            tokio::select! {
+                _ = tasks.join_next() => continue,
+                _ = &mut shutdown => break Ok(()),
+            }
+        }
+        let wait_ms = if busy == 0 { 10_000 } else { 500 };
+        let req = pb::LeaseRequest { worker_id: s.id(), free_slots: free, wait_ms };
+        let mut client = s.client.clone();
+        let leased = tokio::select! {
+            r = client.lease(req) => r,
+            _ = &mut shutdown => break Ok(()),
+        };
+        let leases = match leased {
+            Ok(r) => r.into_inner().leases,
+            Err(st) if st.code() == Code::NotFound => {
+                tracing::warn!("{}", st.message());
+                if let Err(e) = s.register().await {
+                    break Err(e);
+                }
+                continue;
+            }
+            Err(st) if is_down(&st) => {
+                tracing::debug!("lease: coordinator unreachable: {}", st.message());
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                continue;
+            }
+            Err(st) if st.code() == Code::Unauthenticated || st.code() == Code::FailedPrecondition => {
+                break Err(WorkerError::Refused(st.message().to_string()));
+            }
+            Err(st) => {
+                tracing::warn!("lease: {}", st.message());
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+        };
+        for lease in leases {
+            start_task(&mut tasks, &s, lease, &env, &running);
+        }
+    };
+    // Drain: finish what runs, unless told to stop now; then hand back whatever is left.
+    tokio::select! {
+        _ = async { while tasks.join_next().await.is_some() {} } => {}
+        _ = &mut shutdown_now => {
+            let held: Vec<(String, Running)> = running.lock().unwrap_or_else(|p| p.into_inner()).drain().collect();
+            for (_, r) in &held {
+                r.abort.abort();
+            }
+            let ids: Vec<String> = held.into_iter().map(|(l, r)| { tracing::info!(task = %r.task_id, "handed back"); l }).collect();
+            if !ids.is_empty() {
+                let _ = s.client.clone().hand_back(pb::HandBackRequest { worker_id: s.id(), lease_ids: ids }).await;
+            }
+        }
+    }
+    hb.abort();
+    result
+}
+
+fn start_task(
+    tasks: &mut JoinSet<()>,
+    s: &Session,
+    lease: pb::Lease,
+    env: &Env,
+    running: &Arc<Mutex<HashMap<String, Running>>>,
+) {
+    let client = s.client.clone();
+    let env = env.clone();
+    let worker_id = s.worker_id.clone();
+    let patience = s.cfg.patience;
+    let lease_id = lease.lease_id.clone();
+    let task_id = lease.task_id.clone();
+    let reg = running.clone();
+    let reporting = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reporting_flag = reporting.clone();
+    // The registration happens before the task can finish: the entry is inserted under the lock the task's
+    // own removal takes.
+    let mut guard = running.lock().unwrap_or_else(|p| p.into_inner());
+    let handle = tasks.spawn(async move {
+        tracing::info!(task = %lease.task_id, attempt = lease.attempt, "started");
+        let start = Instant::now();
+        let outcome = match &lease.task {
+            Some(t) => exec::run(t, &env).await,
+            None => Err(exec::Failure::input("the lease carries no task")),
+        };
+        let duration_ms = start.elapsed().as_millis() as u64;
+        let outcome = match outcome {
+            Ok(r) => {
+                tracing::info!(task = %lease.task_id, "done in {duration_ms} ms");
+                pb::complete_request::Outcome::Result(r)
+            }
+            Err(f) => {
+                tracing::warn!(task = %lease.task_id, "failed: {}", f.message);
+                pb::complete_request::Outcome::Failure(f.into_proto())
+            }
+        };
+        let req = pb::CompleteRequest {
+            worker_id: worker_id.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+            lease_id: lease.lease_id.clone(),
+            release_id: lease.release_id.clone(),
+            task_id: lease.task_id.clone(),
+            duration_ms,
+            outcome: Some(outcome),
+        };
+        reporting_flag.store(true, std::sync::atomic::Ordering::SeqCst);
+        send_completion(client, req, patience).await;
+        reg.lock().unwrap_or_else(|p| p.into_inner()).remove(&lease.lease_id);
+    });
+    guard.insert(lease_id, Running { task_id, abort: handle, reporting });
+}
+
+async fn heartbeat_loop(
+    client: Client,
+    worker_id: Arc<Mutex<String>>,
+    running: Arc<Mutex<HashMap<String, Running>>>,
+    period: Duration,
+) {
+    loop {
+        tokio::time::sleep(period).await;
+        let ids: Vec<String> = running.lock().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect();
+        let id = worker_id.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        match client.clone().heartbeat(pb::HeartbeatRequest { worker_id: id, lease_ids: ids }).await {
+            Ok(r) => {
+                let r = r.into_inner();
+                let mut held = running.lock().unwrap_or_else(|p| p.into_inner());
+                for l in r.revoked {
+                    if held.get(&l).is_some_and(|t| t.reporting.load(std::sync::atomic::Ordering::SeqCst)) {
+                        continue;
+                    }
+                    if let Some(t) = held.remove(&l) {
+                        tracing::warn!(task = %t.task_id, "lease revoked by the coordinator: stopping");
+                        t.abort.abort();
+                    }
+                }
+            }
+            Err(s) => tracing::debug!("heartbeat: {}", s.message()),
+        }
+    }
+}
