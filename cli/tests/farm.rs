@@ -431,3 +431,73 @@ fn farm_release_of_smollm2_over_s3_survives_a_killed_worker_and_a_coordinator_re
     assert!(t["attempts"].as_u64().unwrap() >= 2, "{t}");
     assert_ne!(t["worker"].as_str().unwrap(), format!("w{}", victim + 1));
 }
+
+#[test]
+fn a_worker_drains_on_sigterm_and_another_finishes_the_release() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s3 = S3Server::start();
+    let key = tmp.path().join("signing.key");
+    assert!(Command::new(bin()).arg("keygen").arg(&key).output().unwrap().status.success());
+    let farm = Farm { s3: &s3, dir: tmp.path().to_path_buf(), port: free_port(), store_bucket: "drain".into(), key };
+    std::fs::create_dir_all(s3.root.join("drain")).unwrap();
+    let _coord = farm.coordinator();
+    let (mut w1, log1) = farm.worker("w1", TOKEN);
+    let release = tmp.path().join("noop.yaml");
+    std::fs::write(&release, "name: drain\nsource: unused\noutputs:\n  noop: {tasks: 2, sleep_ms: 2500}\n").unwrap();
+    let out = farm.cli(&["submit", release.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let started = regex::Regex::new(r"started task=noop/\d").unwrap();
+    let task = wait_log(&log1, &started, Duration::from_secs(60)).expect("w1 started a task");
+    let task_id = task.trim_start_matches("started task=").to_string();
+    let kill = Command::new("kill").args(["-TERM", &w1.0.id().to_string()]).status().unwrap();
+    assert!(kill.success());
+    let status = w1.0.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "a draining worker exits cleanly:\n{}", std::fs::read_to_string(&log1).unwrap());
+    let log = std::fs::read_to_string(&log1).unwrap();
+    assert!(log.lines().any(|l| l.contains("done in") && l.contains(&format!("task={task_id}"))), "w1 finished {task_id}:\n{log}");
+    assert_eq!(started.find_iter(&log).count(), 1, "a draining worker takes no new task:\n{log}");
+    // A second worker finishes the release.
+    let (_w2, _) = farm.worker("w2", TOKEN);
+    let out = farm.cli(&["watch", &id, "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let rt = rt();
+    let report: Value = serde_json::from_slice(&read_object(&rt, summary(&out)["report_url"].as_str().unwrap(), &s3)).unwrap();
+    let t = report["tasks"].as_array().unwrap().iter().find(|t| t["id"] == task_id.as_str()).unwrap();
+    assert_eq!(t["attempts"], 1, "{t}");
+    assert!(t["worker"].as_str().unwrap().starts_with("w1"), "{t}");
+}
+
+#[test]
+fn quantfarm_run_makes_the_readme_example_offline() {
+    let tmp = tempfile::tempdir().unwrap();
+    let example = quantfarm_e2e::repo_root().join("examples/tiny-llama.yaml");
+    let key = tmp.path().join("k");
+    let out = Command::new(bin())
+        .arg("run")
+        .arg(&example)
+        .arg("--store")
+        .arg(tmp.path().join("data"))
+        .env("QUANTFARM_KEY_FILE", &key)
+        .env("QUANTFARM_LOG", "warn")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    assert!(stderr.contains("made a new signing key at"), "run says where the key is:\n{stderr}");
+    assert!(stdout.contains("TinyLlama-BF16") && stdout.contains("TinyLlama-Q8_0") && stdout.contains("TinyLlama-Q4_0"), "{stdout}");
+    assert!(stdout.contains("gate reproducible: pass"), "{stdout}");
+    let report = stdout.lines().find_map(|l| l.trim().strip_prefix("signed report: ")).unwrap().to_string();
+    // `run` made the key on first use (no public key file): verify against the key recorded in the report.
+    let v = Command::new(bin()).args(["report", "verify", &report]).output().unwrap();
+    assert_eq!(v.status.code(), Some(0), "{}", String::from_utf8_lossy(&v.stderr));
+    assert!(String::from_utf8_lossy(&v.stdout).contains("integrity only"));
+    // The synthetic source was written into the store, and a second run is all cache hits with the same bytes.
+    assert!(tmp.path().join("data/sources/synthetic").is_dir());
+    let again = Command::new(bin()).arg("run").arg(&example).arg("--store").arg(tmp.path().join("data"))
+        .env("QUANTFARM_KEY_FILE", &key).output().unwrap();
+    assert_eq!(again.status.code(), Some(0));
+    let shas = |s: &str| -> BTreeSet<String> { s.lines().filter(|l| l.contains(".gguf")).map(|l| l.trim().to_string()).collect() };
+    assert_eq!(shas(&String::from_utf8_lossy(&again.stdout)), shas(&stdout));
+}

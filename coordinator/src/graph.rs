@@ -198,6 +198,15 @@ pub fn priorities(tasks: &[TaskDef]) -> HashMap<TaskKey, u64> {
     memo
 }
 
+/// For `synthetic:NAME` sources: the versioned name of the built-in model, or why NAME is unknown.
+pub fn synthetic_name(source: &str) -> Option<Result<&'static str, String>> {
+    let name = source.strip_prefix("synthetic:")?;
+    Some(match name {
+        "tiny-llama" => Ok(quantfarm_tensors::synthetic::TINY_LLAMA),
+        other => Err(format!("unknown synthetic model {other:?} (known: tiny-llama)")),
+    })
+}
+
 fn short_hash(parts: &[&str]) -> String {
     let mut h = Sha256::new();
     for p in parts {
@@ -280,7 +289,14 @@ fn quantize_task(ctx: &Ctx, results: &Results, level: FileType, shard: u32) -> R
 pub fn build(ctx: &Ctx, key: &TaskKey, results: &Results) -> Result<pb::Task, String> {
     let kind = match key {
         TaskKey::Plan => {
-            task::Kind::Plan(pb::PlanTask { source: ctx.source.to_string(), split: ctx.spec.split_rule() })
+            task::Kind::Plan(pb::PlanTask {
+                source: ctx.source.to_string(),
+                split: ctx.spec.split_rule(),
+                synthetic: match synthetic_name(&ctx.spec.source) {
+                    Some(Ok(_)) => ctx.spec.source.trim_start_matches("synthetic:").to_string(),
+                    _ => String::new(),
+                },
+            })
         }
         TaskKey::Gguf { shard } => task::Kind::Gguf(gguf_task(ctx, results, *shard)?),
         TaskKey::Quantize { level, shard } => task::Kind::Quantize(quantize_task(ctx, results, *level, *shard)?),

@@ -161,6 +161,8 @@ pub enum SchedError {
     Spec(#[from] crate::spec::SpecError),
     #[error("no release {0:?}")]
     NoRelease(String),
+    #[error("source: {0}")]
+    Source(String),
     #[error("unknown worker {0:?} (the coordinator restarted or forgot it): register again")]
     UnknownWorker(String),
     #[error("release {release}: no task {task:?}")]
@@ -204,7 +206,20 @@ fn random_hex(bytes: usize) -> String {
     quantfarm_tensors::sink::hex(&b)
 }
 
-/// Resolves a release's source against the submitter's folder: URLs and absolute paths as they are.
+/// Where a release's source is: a synthetic model (`synthetic:NAME`) lives in the store under its versioned name;
+/// anything else is resolved against the submitter's folder.
+pub fn source_location(source: &str, base: &str, store: &Location) -> Result<String, SchedError> {
+    match graph::synthetic_name(source) {
+        Some(Ok(versioned)) => store
+            .child(&format!("sources/synthetic/{versioned}"))
+            .map(|l| l.to_string())
+            .map_err(|e| SchedError::Source(e.to_string())),
+        Some(Err(e)) => Err(SchedError::Source(e)),
+        None => Ok(resolve_source(source, base)),
+    }
+}
+
+/// Resolves a path against the submitter's folder: URLs and absolute paths as they are.
 pub fn resolve_source(source: &str, base: &str) -> String {
     if source.contains("://") || std::path::Path::new(source).is_absolute() || base.is_empty() {
         return source.to_string();
@@ -240,7 +255,7 @@ impl Sched {
 
     fn restore(&mut self, row: ReleaseRow, rows: Vec<TaskRow>) -> Result<(), SchedError> {
         let spec = ReleaseSpec::parse(&row.yaml, &row.file_name)?;
-        let source = resolve_source(&spec.source, &row.base);
+        let source = source_location(&spec.source, &row.base, &self.store)?;
         let state = ReleaseState::try_from(row.state).unwrap_or(ReleaseState::Failed);
         let ri = self.releases.len();
         let mut rel = Release {
@@ -340,7 +355,7 @@ impl Sched {
     /// Accepts a release: parses its spec and creates its first tasks.
     pub fn submit(&mut self, yaml: &str, file_name: &str, base: &str) -> Result<String, SchedError> {
         let spec = ReleaseSpec::parse(yaml, file_name)?;
-        let source = resolve_source(&spec.source, base);
+        let source = source_location(&spec.source, base, &self.store)?;
         self.counter += 1;
         let mut id = format!("{}-{}", spec.name, &random_hex(4));
         while self.by_id.contains_key(&id) || self.journal.release_exists(&id)? {

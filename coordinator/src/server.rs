@@ -62,7 +62,7 @@ fn status(e: SchedError) -> Status {
     match e {
         SchedError::NoRelease(_) | SchedError::NoTask { .. } => Status::not_found(e.to_string()),
         SchedError::UnknownWorker(_) => Status::not_found(e.to_string()),
-        SchedError::Spec(_) => Status::invalid_argument(e.to_string()),
+        SchedError::Spec(_) | SchedError::Source(_) => Status::invalid_argument(e.to_string()),
         SchedError::Journal(_) => Status::internal(e.to_string()),
     }
 }

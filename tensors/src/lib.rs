@@ -17,6 +17,7 @@ pub mod safetensors;
 pub mod sink;
 pub mod source;
 pub mod store;
+pub mod synthetic;
 pub mod write;
 
 pub use dtype::{Dtype, TensorType};

@@ -102,7 +102,27 @@ async fn open_plan(source: &str) -> Result<(TensorSource, GgufPlan), Failure> {
     Ok((src, plan))
 }
 
+/// Writes the built-in synthetic model at `dir` unless it is there (any worker writes the same bytes).
+async fn materialize(name: &str, dir: &Location) -> Result<(), Failure> {
+    use quantfarm_tensors::synthetic;
+    if name != "tiny-llama" {
+        return Err(Failure::input(format!("unknown synthetic model {name:?}")));
+    }
+    if synthetic::tiny_llama_exists(dir).await? {
+        return Ok(());
+    }
+    match synthetic::write_tiny_llama(dir).await {
+        Ok(_) => Ok(()),
+        // Another worker wrote it meanwhile.
+        Err(_) if synthetic::tiny_llama_exists(dir).await? => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
 async fn plan(p: &pb::PlanTask) -> Result<pb::PlanResult, Failure> {
+    if !p.synthetic.is_empty() {
+        materialize(&p.synthetic, &location(&p.source)?).await?;
+    }
     let (src, plan) = open_plan(&p.source).await?;
     let nbytes: Vec<u64> = plan.tensors.iter().map(|t| t.nbytes).collect();
     let ranges = convert::split_ranges(&nbytes, split_rule(&p.split));
