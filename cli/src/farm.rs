@@ -463,6 +463,22 @@ pub async fn watch(args: WatchArgs) -> Result<u8> {
     conclude(&mut client, &args.release_id, &last, args.json).await
 }
 
+/// Cancels a release: its leases are revoked (workers stop those tasks), nothing more runs.
+pub async fn cancel(args: WatchArgs) -> Result<u8> {
+    let ca = match &args.ca_cert {
+        Some(p) => Some(std::fs::read(p).with_context(|| p.display().to_string())?),
+        None => None,
+    };
+    let mut client = releases_client(&args.coordinator, args.token.as_deref(), ca.as_deref())?;
+    let r = client
+        .cancel(pb::CancelRequest { release_id: args.release_id.clone() })
+        .await
+        .map_err(|s| anyhow::anyhow!("{}", s.message()))?
+        .into_inner();
+    println!("release {}: {}", args.release_id, state_name(r.state));
+    Ok(EXIT_RELEASED)
+}
+
 /// `quantfarm run`: everything in one process, talking gRPC over loopback like a farm.
 pub async fn run(args: RunArgs) -> Result<u8> {
     let store = store_location(&args.store)?;

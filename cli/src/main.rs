@@ -44,6 +44,8 @@ enum Command {
     Submit(farm::SubmitArgs),
     /// Follow a submitted release to its verdict (exit status as `submit --watch`).
     Watch(farm::WatchArgs),
+    /// Cancel a release (its running tasks are stopped; a finished release is left as it is).
+    Cancel(farm::WatchArgs),
     /// Make an ed25519 signing key for reports.
     Keygen(keys::KeygenArgs),
     /// Signed reports.
@@ -83,6 +85,7 @@ fn main() -> std::process::ExitCode {
             Command::Worker(args) => ok(farm::worker(args).await),
             Command::Submit(args) => farm::submit(args).await,
             Command::Watch(args) => farm::watch(args).await,
+            Command::Cancel(args) => farm::cancel(args).await,
             Command::Keygen(args) => ok(keys::keygen(args)),
             Command::Report(ReportCommand::Verify(args)) => keys::verify(args).map(|valid| if valid { 0 } else { 1 }),
         }

@@ -288,16 +288,14 @@ fn quantize_task(ctx: &Ctx, results: &Results, level: FileType, shard: u32) -> R
 /// The message a worker gets for `key`, built from the results of its dependencies (all present).
 pub fn build(ctx: &Ctx, key: &TaskKey, results: &Results) -> Result<pb::Task, String> {
     let kind = match key {
-        TaskKey::Plan => {
-            task::Kind::Plan(pb::PlanTask {
-                source: ctx.source.to_string(),
-                split: ctx.spec.split_rule(),
-                synthetic: match synthetic_name(&ctx.spec.source) {
-                    Some(Ok(_)) => ctx.spec.source.trim_start_matches("synthetic:").to_string(),
-                    _ => String::new(),
-                },
-            })
-        }
+        TaskKey::Plan => task::Kind::Plan(pb::PlanTask {
+            source: ctx.source.to_string(),
+            split: ctx.spec.split_rule(),
+            synthetic: match synthetic_name(&ctx.spec.source) {
+                Some(Ok(_)) => ctx.spec.source.trim_start_matches("synthetic:").to_string(),
+                _ => String::new(),
+            },
+        }),
         TaskKey::Gguf { shard } => task::Kind::Gguf(gguf_task(ctx, results, *shard)?),
         TaskKey::Quantize { level, shard } => task::Kind::Quantize(quantize_task(ctx, results, *level, *shard)?),
         TaskKey::VerifyGguf { shard } => {

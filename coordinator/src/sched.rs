@@ -193,6 +193,8 @@ pub struct Sched {
     pub events: Vec<pb::ReleaseEvent>,
     /// Reports to produce.
     pub reports: Vec<ReportJob>,
+    /// A task became ready since the server last looked (it wakes waiting leases).
+    pub ready_changed: bool,
     counter: u64,
 }
 
@@ -245,6 +247,7 @@ impl Sched {
             workers: HashMap::new(),
             events: Vec::new(),
             reports: Vec::new(),
+            ready_changed: false,
             counter: 0,
         };
         for (rel, tasks) in rows {
@@ -489,6 +492,7 @@ impl Sched {
     }
 
     fn make_ready(&mut self, ri: usize, ti: usize) {
+        self.ready_changed = true;
         self.ready.insert((Reverse(self.releases[ri].tasks[ti].priority), ri, ti));
     }
 
@@ -566,20 +570,12 @@ impl Sched {
                 Ok(())
             })?;
         }
-        if !out.is_empty() {
-            for l in &out {
-                let ri = self.by_id[&l.release_id];
-                if self.wants_events() {
-                    let ev = self.releases[ri].event(format!("{} started on {worker_id}", l.task_id));
-                    self.events.push(ev);
-                }
-            }
+        for l in &out {
+            let ri = self.by_id[&l.release_id];
+            let ev = self.releases[ri].event(format!("{} started on {worker_id}", l.task_id));
+            self.events.push(ev);
         }
         Ok((out, next_wake))
-    }
-
-    fn wants_events(&self) -> bool {
-        true
     }
 
     /// Extends the deadlines of the given leases; returns those no longer valid.

@@ -12,7 +12,7 @@ use quantfarm_proto::releases_server::{Releases, ReleasesServer};
 use quantfarm_proto::{self as pb, ReleaseState, PROTOCOL_VERSION};
 use quantfarm_tensors::{Location, StagedSink};
 use tokio::sync::{broadcast, Notify};
-use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use crate::journal::Journal;
@@ -47,7 +47,9 @@ pub enum ServeError {
 
 struct Shared {
     sched: Mutex<Sched>,
+    /// Fired when a task becomes ready (or the server is closing): wakes long-polled leases.
     notify: Notify,
+    closing: std::sync::atomic::AtomicBool,
     events: broadcast::Sender<pb::ReleaseEvent>,
     key: SigningKey,
 }
@@ -76,7 +78,13 @@ impl Coordinator {
         let sched = Sched::open(journal, cfg.store.clone(), cfg.sched.clone())?;
         let (events, _) = broadcast::channel(4096);
         let c = Coordinator {
-            shared: Arc::new(Shared { sched: Mutex::new(sched), notify: Notify::new(), events, key: cfg.key.clone() }),
+            shared: Arc::new(Shared {
+                sched: Mutex::new(sched),
+                notify: Notify::new(),
+                closing: std::sync::atomic::AtomicBool::new(false),
+                events,
+                key: cfg.key.clone(),
+            }),
         };
         Ok(c)
     }
@@ -89,11 +97,16 @@ impl Coordinator {
     fn after(&self, mut s: MutexGuard<'_, Sched>) {
         let events = std::mem::take(&mut s.events);
         let reports = std::mem::take(&mut s.reports);
+        // Only news of ready work wakes the lease waiters (waking them on every change would have idle waiters
+        // wake each other forever).
+        let woke = std::mem::take(&mut s.ready_changed);
         drop(s);
         for e in events {
             let _ = self.shared.events.send(e);
         }
-        self.shared.notify.notify_waiters();
+        if woke {
+            self.shared.notify.notify_waiters();
+        }
         for job in reports {
             let me = self.clone();
             tokio::spawn(async move { me.make_report(job.release_id).await });
@@ -171,6 +184,13 @@ impl Coordinator {
         let releases = ReleasesServer::new(ReleasesSvc(self.clone()))
             .max_decoding_message_size(pb::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(pb::MAX_MESSAGE_BYTES);
+        // On shutdown, long-polled leases return at once, so the graceful stop does not wait out their polls.
+        let me = self.clone();
+        let closing = async move {
+            shutdown.await;
+            me.shared.closing.store(true, std::sync::atomic::Ordering::SeqCst);
+            me.shared.notify.notify_waiters();
+        };
         let mut builder = tonic::transport::Server::builder();
         if let Some((cert, key)) = tls {
             let identity = tonic::transport::Identity::from_pem(cert, key);
@@ -179,7 +199,11 @@ impl Coordinator {
         let result = builder
             .add_service(tonic::service::interceptor::InterceptedService::new(farm, check.clone()))
             .add_service(tonic::service::interceptor::InterceptedService::new(releases, check))
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+            // No Nagle: a lease answer must not wait for the delayed ACK of the previous reply (40 ms per task).
+            .serve_with_incoming_shutdown(
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
+                closing,
+            )
             .await;
         expiry.abort();
         result.map_err(ServeError::from)
@@ -263,7 +287,7 @@ impl Farm for FarmSvc {
                 return Ok(Response::new(pb::LeaseResponse { leases }));
             }
             let now = Instant::now();
-            if now >= deadline {
+            if now >= deadline || self.0.shared.closing.load(std::sync::atomic::Ordering::SeqCst) {
                 return Ok(Response::new(pb::LeaseResponse { leases: vec![] }));
             }
             let until = wake.map_or(deadline, |w| w.min(deadline));

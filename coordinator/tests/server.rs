@@ -103,13 +103,13 @@ async fn wrong_tokens_and_old_protocols_are_refused_with_reasons() {
     let info = pb::WorkerInfo { name: "old".into(), slots: 1, task_kinds: vec!["noop".into()], ..Default::default() };
     let channel = quantfarm_worker::channel(&url, None).unwrap();
     let mut client = FarmClient::with_interceptor(channel.clone(), AddToken::new(Some(TOKEN)).unwrap());
-    let e = client
-        .register(pb::RegisterRequest { protocol_version: 0, worker: Some(info.clone()) })
-        .await
-        .unwrap_err();
+    let e = client.register(pb::RegisterRequest { protocol_version: 0, worker: Some(info.clone()) }).await.unwrap_err();
     assert_eq!(e.code(), tonic::Code::FailedPrecondition);
     assert!(e.message().contains("protocol 0") && e.message().contains("upgrade"), "{}", e.message());
-    client.register(pb::RegisterRequest { protocol_version: PROTOCOL_VERSION, worker: Some(info.clone()) }).await.unwrap();
+    client
+        .register(pb::RegisterRequest { protocol_version: PROTOCOL_VERSION, worker: Some(info.clone()) })
+        .await
+        .unwrap();
 
     let mut intruder = FarmClient::with_interceptor(channel.clone(), AddToken::new(Some("guess")).unwrap());
     let e = intruder
@@ -122,9 +122,13 @@ async fn wrong_tokens_and_old_protocols_are_refused_with_reasons() {
     assert_eq!(e.code(), tonic::Code::Unauthenticated, "the Releases service is guarded too");
 
     // The worker loop gives up at once on a refusal and says why.
-    let e = quantfarm_worker::run(worker_cfg(&url, "guess", None, dir.path()), std::future::pending(), std::future::pending())
-        .await
-        .unwrap_err();
+    let e = quantfarm_worker::run(
+        worker_cfg(&url, "guess", None, dir.path()),
+        std::future::pending(),
+        std::future::pending(),
+    )
+    .await
+    .unwrap_err();
     assert!(e.to_string().contains("token"), "{e}");
 }
 

@@ -48,7 +48,12 @@ impl StagedSink {
             let io = |e| Error::Io { file: name.clone(), source: e };
             std::fs::create_dir_all(&dir).map_err(io)?;
             let prefix = format!(".{}.partial-", target.file_name());
-            let tmp = tempfile::Builder::new().prefix(&prefix).tempfile_in(&dir).map_err(io)?;
+            let mut builder = tempfile::Builder::new();
+            builder.prefix(&prefix);
+            // Outputs are ordinary files (rw-r--r--, less the umask), not the private 0600 of a temp file.
+            #[cfg(unix)]
+            builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644));
+            let tmp = builder.tempfile_in(&dir).map_err(io)?;
             let out = std::io::BufWriter::with_capacity(1 << 20, tmp.as_file().try_clone().map_err(io)?);
             Stage::Local { tmp, out, overwrite }
         } else {

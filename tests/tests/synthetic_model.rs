@@ -72,14 +72,3 @@ fn tiny_llama_converts_and_llama_cpp_generates() {
     assert!(o.status.success(), "llama-completion failed:\n{stderr}");
     assert!(stdout.starts_with("hello") && stdout.len() > "hello".len(), "generated {stdout:?}\n{stderr}");
 }
-
-#[test]
-#[ignore]
-fn tmp_dump() {
-    let d = PathBuf::from("/tmp/synth_dump").join(TINY_LLAMA);
-    write(&d);
-    let out = rt()
-        .block_on(convert_hf_to_gguf(&Location::local(&d), &Location::local("/tmp/synth_dump"), "tiny", None, 1 << 20, true))
-        .unwrap();
-    println!("{out:?}");
-}
