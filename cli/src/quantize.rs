@@ -1,7 +1,10 @@
 //! `quantfarm quantize`: a GGUF model to a llama-quantize file type, with the same bytes llama-quantize writes.
 
 use anyhow::{Context, Result};
+use std::sync::Arc;
+
 use quantfarm_quant::file::{quantize_gguf, Options};
+use quantfarm_quant::imatrix::Imatrix;
 use quantfarm_quant::FileType;
 use quantfarm_tensors::{Location, TensorSource};
 
@@ -13,8 +16,8 @@ pub struct Args {
     input: String,
     /// The output GGUF.
     output: String,
-    /// File type, e.g. Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, F16, BF16 (K-quant types are recognised, and refused with the
-    /// first tensor they would need a K-quant for, until those quantizers land).
+    /// File type, e.g. Q8_0, Q6_K, Q5_K_M, Q4_K_M, Q4_0, F16, BF16 (types that need a quantizer quantfarm lacks yet are
+    /// refused, naming the first tensor that would need it).
     #[arg(value_parser = parse_ftype)]
     ftype: FileType,
     /// Allow changing the type of tensors that are already quantized.
@@ -26,6 +29,13 @@ pub struct Args {
     /// Memory for values being quantized.
     #[arg(long, default_value = "64MiB", value_parser = parse_size)]
     budget: u64,
+    /// Importance matrix (llama-imatrix's GGUF or legacy .dat; a path or s3:// URL), as llama-quantize's
+    /// `--imatrix`: used for every tensor it has an entry for, and recorded as `quantize.imatrix.*`.
+    #[arg(long, value_name = "FILE")]
+    imatrix: Option<String>,
+    /// Quantization threads (default: all cores). The output does not depend on it.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    threads: Option<u64>,
 }
 
 fn parse_ftype(s: &str) -> Result<FileType, String> {
@@ -39,11 +49,22 @@ pub async fn run(args: Args) -> Result<()> {
     let src = TensorSource::open(&Location::parse(&args.input)?)
         .await
         .with_context(|| format!("cannot open {}", args.input))?;
+    let imatrix = match &args.imatrix {
+        None => None,
+        Some(f) => {
+            let mut im = Imatrix::load(&Location::parse(f)?).await?;
+            // llama-quantize records the argument as given.
+            im.file = f.clone();
+            Some(Arc::new(im))
+        }
+    };
     let opts = Options {
         ftype: args.ftype,
         allow_requantize: args.allow_requantize,
         budget: args.budget,
         overwrite: args.overwrite,
+        imatrix,
+        threads: args.threads.map(|n| n as usize),
     };
     let q = quantize_gguf(&src, &Location::parse(&args.output)?, &opts).await?;
     let mut counts = std::collections::BTreeMap::new();

@@ -195,7 +195,6 @@ pub struct Sched {
     pub reports: Vec<ReportJob>,
     /// A task became ready since the server last looked (it wakes waiting leases).
     pub ready_changed: bool,
-    counter: u64,
 }
 
 fn now_ms() -> i64 {
@@ -248,7 +247,6 @@ impl Sched {
             events: Vec::new(),
             reports: Vec::new(),
             ready_changed: false,
-            counter: 0,
         };
         for (rel, tasks) in rows {
             s.restore(rel, tasks)?;
@@ -332,10 +330,10 @@ impl Sched {
                 let t = &self.releases[ri].tasks[ti];
                 match &t.state {
                     TState::Ready => self.make_ready(ri, ti),
-                    TState::Leased { lease_id, worker, .. } if worker == COORDINATOR => {
-                        let _ = lease_id;
-                        self.releases[ri].tasks[ti].state = TState::Ready;
-                        self.make_ready(ri, ti);
+                    // The report was being made when the coordinator stopped: make it again.
+                    TState::Leased { worker, .. } if worker == COORDINATOR => {
+                        self.releases[ri].tasks[ti].state = TState::Blocked;
+                        self.ready_up(ri, ti)?;
                     }
                     TState::Leased { lease_id, .. } => {
                         self.leases.insert(lease_id.clone(), (ri, ti));
@@ -359,7 +357,6 @@ impl Sched {
     pub fn submit(&mut self, yaml: &str, file_name: &str, base: &str) -> Result<String, SchedError> {
         let spec = ReleaseSpec::parse(yaml, file_name)?;
         let source = source_location(&spec.source, base, &self.store)?;
-        self.counter += 1;
         let mut id = format!("{}-{}", spec.name, &random_hex(4));
         while self.by_id.contains_key(&id) || self.journal.release_exists(&id)? {
             id = format!("{}-{}", spec.name, &random_hex(4));

@@ -2,11 +2,14 @@
 //! streamed tensor by tensor (and row chunk by row chunk) within a memory budget, written through the staged sink.
 //! Pipeline of `llama_model_quantize_impl` (`../shared/specs/ggml-llamacpp.md` §3.1).
 
+use std::sync::Arc;
+
 use quantfarm_tensors::gguf::{split, TensorDesc, Value};
 use quantfarm_tensors::write::{copy_tensor, GgufWriter};
 use quantfarm_tensors::{Committed, GgmlType, Location, TensorSource};
 
 use crate::ftype::FileType;
+use crate::imatrix::Imatrix;
 use crate::mixture::{self, Choice, ModelFacts};
 use crate::QuantError;
 
@@ -22,6 +25,15 @@ pub enum FileError {
     Requantize { tensor: String, from: GgmlType, to: GgmlType },
     #[error("tensor {tensor:?}: {ftype} gives it type {ty}, which quantfarm cannot produce yet")]
     Unsupported { tensor: String, ftype: FileType, ty: GgmlType },
+    /// llama-quantize: "imatrix size %d is different from tensor size %d for %s" (refused, except for the token
+    /// embeddings, which are then quantized without it).
+    #[error(
+        "tensor {tensor:?}: imatrix {file} has {got} values for it, but it needs {expected} \
+         ({ne0} columns × {experts} experts): is the imatrix for another model?"
+    )]
+    ImatrixSize { tensor: String, file: String, got: usize, expected: u64, ne0: u64, experts: u64 },
+    #[error("cannot start {threads} quantization threads: {msg}")]
+    Threads { threads: usize, msg: String },
     #[error("tensor {tensor:?}: {source}")]
     Quant {
         tensor: String,
@@ -37,6 +49,19 @@ pub struct Options {
     /// Bytes of f32 values (plus their quantized output) held at once.
     pub budget: u64,
     pub overwrite: bool,
+    /// llama-quantize's `--imatrix`: per-tensor importance values for the quantizers, the imatrix-dependent mixture
+    /// rules, and the `quantize.imatrix.*` metadata. Shared, so one loaded imatrix serves many shard tasks.
+    pub imatrix: Option<Arc<Imatrix>>,
+    /// Threads for the quantizers (a rayon pool of this size); `None` uses rayon's global pool (all cores).
+    /// Output bytes do not depend on it.
+    pub threads: Option<usize>,
+}
+
+impl Options {
+    /// No requantizing, no imatrix, a 64 MiB budget, all cores, refuse to replace an existing output.
+    pub fn new(ftype: FileType) -> Options {
+        Options { ftype, allow_requantize: false, budget: 64 << 20, overwrite: false, imatrix: None, threads: None }
+    }
 }
 
 /// What was written, and the type each tensor got (in file order).
@@ -75,18 +100,39 @@ pub fn model_facts(src: &TensorSource) -> Result<ModelFacts, FileError> {
 }
 
 /// The output metadata: the input's, without split keys, then `general.quantization_version` and
-/// `general.file_type` removed and appended (the C writer's remove-and-append).
-fn output_metadata(input: &[(String, Value)], ftype: FileType) -> Vec<(String, Value)> {
-    const MOVED: [&str; 2] = ["general.quantization_version", "general.file_type"];
+/// `general.file_type`, then the `quantize.imatrix.*` keys when an imatrix is used — each set with the C writer's
+/// remove-and-append, so a key already in the input moves to the end (`llama_model_quantize_impl`, §3.1, §3.9).
+fn output_metadata(input: &[(String, Value)], ftype: FileType, imatrix: Option<&Imatrix>) -> Vec<(String, Value)> {
+    let mut set: Vec<(String, Value)> = vec![
+        ("general.quantization_version".into(), Value::U32(2)),
+        ("general.file_type".into(), Value::U32(ftype.id())),
+    ];
+    set.extend(imatrix.map(Imatrix::quantize_metadata).unwrap_or_default());
     let mut out: Vec<(String, Value)> = input
         .iter()
         .filter(|(k, _)| ![split::SPLIT_NO, split::SPLIT_COUNT, split::SPLIT_TENSORS_COUNT].contains(&k.as_str()))
-        .filter(|(k, _)| !MOVED.contains(&k.as_str()))
+        .filter(|(k, _)| !set.iter().any(|(s, _)| s == k))
         .cloned()
         .collect();
-    out.push((MOVED[0].into(), Value::U32(2)));
-    out.push((MOVED[1].into(), Value::U32(ftype.id())));
+    out.extend(set);
     out
+}
+
+/// The imatrix slice for a tensor being quantized, as `llama_model_quantize_impl` looks it up: by name; no entry
+/// means no imatrix (the `_ref` quantizers); an entry must hold `ne[0]·ne[2]` values (one block of columns per
+/// expert), except that a wrong-sized entry for the token embeddings is ignored rather than refused.
+fn imatrix_for<'a>(im: Option<&'a Imatrix>, name: &str, dims: &[u64]) -> Result<Option<&'a [f32]>, FileError> {
+    let Some((im, w)) = im.and_then(|im| im.get(name).map(|w| (im, w))) else { return Ok(None) };
+    let ne0 = dims.first().copied().unwrap_or(1);
+    let experts = dims.get(2).copied().unwrap_or(1);
+    let expected = ne0.saturating_mul(experts);
+    if w.len() as u64 == expected {
+        Ok(Some(w))
+    } else if name == "token_embd.weight" || name == "per_layer_token_embd.weight" {
+        Ok(None)
+    } else {
+        Err(FileError::ImatrixSize { tensor: name.into(), file: im.file.clone(), got: w.len(), expected, ne0, experts })
+    }
 }
 
 fn is_float(t: GgmlType) -> bool {
@@ -136,7 +182,10 @@ async fn quantize_part(
         gguf.tensors().filter(|t| shard.is_none_or(|s| t.shard == s)).map(|t| t.info.name.as_str()).collect();
     let list: Vec<(String, Vec<u64>, GgmlType)> =
         infos.iter().map(|t| (t.name.clone(), t.dims.clone(), t.ty)).collect();
-    let choices: Vec<Choice> = mixture::choose_types(opts.ftype, &facts, &list)
+    let imatrix = opts.imatrix.as_deref();
+    // `qs.has_imatrix`: set when llama-quantize is given a non-empty imatrix (a loaded one always has entries).
+    let has_imatrix = imatrix.is_some_and(|im| !im.entries.is_empty());
+    let choices: Vec<Choice> = mixture::choose_types(opts.ftype, &facts, &list, has_imatrix)
         .into_iter()
         .filter(|c| in_part.contains(c.name.as_str()))
         .collect();
@@ -151,18 +200,32 @@ async fn quantize_part(
             if !crate::supported(c.ty) {
                 return Err(FileError::Unsupported { tensor: c.name.clone(), ftype: opts.ftype, ty: c.ty });
             }
+            // Checked up front, as in llama-quantize, so a wrong imatrix fails before anything is written.
+            imatrix_for(imatrix, &c.name, &info.dims)?;
+            // `tensor_requires_imatrix` (IQ1/IQ2/IQ3_XXS types, and Q2_K under Q2_K_S) refuses to run without an
+            // imatrix. No file type quantfarm offers yet (no Q2_K_S, no IQ types) produces those, so there is
+            // nothing to refuse here; add the check together with the first such file type.
         }
         // The C writer stores `ggml_n_dims` dimensions: trailing 1s are dropped.
         let dims = info.dims[..mixture::n_dims(&info.dims).min(info.dims.len())].to_vec();
         descs.push(TensorDesc { name: c.name.clone(), dims, ty: c.ty });
     }
 
+    let pool = match opts.threads {
+        None => None,
+        Some(n) => Some(
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .build()
+                .map_err(|e| FileError::Threads { threads: n, msg: e.to_string() })?,
+        ),
+    };
     let metadata = match shard {
-        None => output_metadata(&gguf.header().metadata, opts.ftype),
+        None => output_metadata(&gguf.header().metadata, opts.ftype, imatrix),
         Some(s) => {
             let split_keys = split::split_metadata(s as u16, n_shards as u16, infos.len() as i32);
             if s == 0 {
-                let mut m = output_metadata(&gguf.header().metadata, opts.ftype);
+                let mut m = output_metadata(&gguf.header().metadata, opts.ftype, imatrix);
                 m.extend(split_keys);
                 m
             } else {
@@ -184,14 +247,37 @@ async fn quantize_part(
         let row_len = e.row_len() as usize;
         let out_row = c.ty.row_bytes(row_len as u64).expect("types were checked against the row length") as usize;
         let rows_per_step = (opts.budget as usize / (row_len * 4 + out_row).max(1)).max(1) as u64;
+        let weights = imatrix_for(imatrix, &c.name, &info.dims)?;
+        // Rows of one expert (`ne[1]`): a step never crosses an expert, whose imatrix slice is its own
+        // (`llama_tensor_quantize_impl`'s `imatrix_for_row`).
+        let rows_per_expert = info.dims.get(1).copied().unwrap_or(1).max(1);
         let mut row = 0;
         while row < e.rows() {
-            let n = rows_per_step.min(e.rows() - row);
+            let n = rows_per_step.min(e.rows() - row).min(rows_per_expert - row % rows_per_expert);
             values.resize(n as usize * row_len, 0f32);
             src.read_f32_rows(&c.name, row, &mut values, &mut raw).await?;
             out.resize(n as usize * out_row, 0u8);
-            crate::quantize(c.ty, &values, row_len, None, &mut out)
-                .map_err(|source| FileError::Quant { tensor: d.name.clone(), source })?;
+            let expert = (row / rows_per_expert) as usize;
+            let slice = match weights {
+                None => None,
+                // Out of range only for a 4-D tensor (`ne[3] > 1`), which llama.cpp would read past the end for.
+                Some(w) => {
+                    Some(w.get(expert * row_len..(expert + 1) * row_len).ok_or_else(|| FileError::ImatrixSize {
+                        tensor: c.name.clone(),
+                        file: imatrix.map(|im| im.file.clone()).unwrap_or_default(),
+                        got: w.len(),
+                        expected: e.rows() / rows_per_expert * row_len as u64,
+                        ne0: row_len as u64,
+                        experts: e.rows() / rows_per_expert,
+                    })?)
+                }
+            };
+            let mut run = || crate::quantize(c.ty, &values, row_len, slice, &mut out);
+            let done = match &pool {
+                Some(p) => p.install(run),
+                None => run(),
+            };
+            done.map_err(|source| FileError::Quant { tensor: d.name.clone(), source })?;
             w.write(&out).await?;
             row += n;
         }

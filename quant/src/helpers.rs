@@ -93,6 +93,93 @@ pub(crate) fn make_qx_quants<const N: usize>(nmax: i32, x: &[f32; N], l_out: &mu
     scale
 }
 
+/// `make_q3_quants(n, nmax, x, L, do_rmse = true)`: the symmetric search of `quantize_row_q3_K_ref`. Writes `L` in
+/// `0..2·nmax` and returns the scale.
+///
+/// Same steps as ggml's `make_q3_quants`: levels from `−nmax/max`, then up to 5 rounds of single-level refinement
+/// with weights `x²` (recomputed per element, as the C does), accepting a change when it raises `sumlx²/suml2`.
+pub(crate) fn make_q3_quants<const N: usize>(nmax: i32, x: &[f32; N], l_out: &mut [i8; N]) -> f32 {
+    let mut max = 0.0f32;
+    let mut amax = 0.0f32;
+    for &v in x {
+        let ax = v.abs();
+        if ax > amax {
+            amax = ax;
+            max = v;
+        }
+    }
+    if amax < GROUP_MAX_EPS {
+        l_out.fill(0);
+        return 0.0;
+    }
+    let clamp = |l: i32| l.min(nmax - 1).max(-nmax); // MAX(-nmax, MIN(nmax-1, l))
+    let iscale = -(nmax as f32) / max; // `-nmax / max`: the int is negated, then converted
+    let mut l = [0i32; N];
+    let mut sumlx = 0.0f32;
+    let mut suml2 = 0.0f32;
+    for i in 0..N {
+        l[i] = clamp(nearest_int(iscale * x[i]));
+        let w = x[i] * x[i];
+        let lf = l[i] as f32;
+        sumlx += w * x[i] * lf;
+        suml2 += w * lf * lf;
+    }
+    for _ in 0..5 {
+        let mut n_changed = 0;
+        for i in 0..N {
+            let w = x[i] * x[i];
+            let li = l[i] as f32;
+            let mut slx = sumlx - w * x[i] * li;
+            if slx > 0.0 {
+                let mut sl2 = suml2 - w * li * li;
+                let new_l = clamp(nearest_int(x[i] * sl2 / slx));
+                if new_l != l[i] {
+                    let nf = new_l as f32;
+                    slx += w * x[i] * nf;
+                    sl2 += w * nf * nf;
+                    if sl2 > 0.0 && slx * slx * suml2 > sumlx * sumlx * sl2 {
+                        l[i] = new_l;
+                        sumlx = slx;
+                        suml2 = sl2;
+                        n_changed += 1;
+                    }
+                }
+            }
+        }
+        if n_changed == 0 {
+            break;
+        }
+    }
+    for i in 0..N {
+        l_out[i] = (l[i] + nmax) as i8;
+    }
+    if suml2 > 0.0 {
+        sumlx / suml2
+    } else {
+        0.0
+    }
+}
+
+/// `make_qkx2_quants(n, nmax, x, weights, L, &the_min, Laux, rmin, rdelta, nstep, use_mad)`, the asymmetric search
+/// of the K-quant `_ref` quantizers. Returns `(scale, the_min)` like [`make_qkx3_quants`].
+///
+/// Same steps as ggml's `make_qkx2_quants`, which differs from `make_qkx3_quants` with weights given only in its
+/// degenerate test (`max == min` instead of `max <= min`). After `min` is clamped to at most 0, `max < min` cannot
+/// happen for finite input (which `quantize` guarantees), so the two agree and this delegates.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn make_qkx2_quants<const N: usize>(
+    nmax: i32,
+    x: &[f32; N],
+    weights: &[f32; N],
+    l_out: &mut [u8; N],
+    rmin: f32,
+    rdelta: f32,
+    nstep: i32,
+    use_mad: bool,
+) -> (f32, f32) {
+    make_qkx3_quants(nmax, x, weights, l_out, rmin, rdelta, nstep, use_mad)
+}
+
 /// `make_qkx3_quants(n, nmax, x, weights, L, &the_min, Laux, rmin, rdelta, nstep, use_mad)` with weights given.
 /// Writes `L` in `0..=nmax` and returns `(scale, the_min)`, where `the_min` is the **positive** offset
 /// (`x ≈ scale·L − the_min`), as in the C.
@@ -302,6 +389,21 @@ mod tests {
         assert_eq!(c_trunc_i32(f32::INFINITY), i32::MIN);
         assert_eq!(c_trunc_i32(2_147_483_648.0), i32::MIN);
         assert_eq!(c_trunc_i32(-2_147_483_648.0), i32::MIN);
+    }
+
+    #[test]
+    fn make_q3_quants_levels_and_zero_group() {
+        let mut l = [7i8; 4];
+        assert_eq!(make_q3_quants(4, &[0.0; 4], &mut l), 0.0);
+        assert_eq!(l, [0; 4]);
+        // Levels are offset by nmax and lie in 0..2·nmax; within one step (−1.0 is clipped to level 3, the grid being
+        // −4..3 with the scale negative).
+        let x = [1.0, -0.5, 0.25, -1.0];
+        let scale = make_q3_quants(4, &x, &mut l);
+        assert!(l.iter().all(|&v| (0..8).contains(&v)), "{l:?}");
+        for (xi, li) in x.iter().zip(l) {
+            assert!((scale * (li - 4) as f32 - xi).abs() <= scale.abs() + 1e-6, "{x:?} {l:?} {scale}");
+        }
     }
 
     #[test]

@@ -1,15 +1,17 @@
-//! The 256-element super-block formats Q4_K, Q5_K and Q6_K, quantized as `ggml/src/ggml-quants.c` does and encoded in
+//! The 256-element super-block formats Q2_K, Q3_K, Q4_K, Q5_K and Q6_K, quantized as `ggml/src/ggml-quants.c` does and encoded in
 //! `ggml-common.h` layout (little-endian).
 //!
 //! Without an importance matrix every super-block is quantized on its own by `quantize_row_q*_K_ref`. With one,
-//! `quantize_row_q*_K_impl` runs per super-block with the imatrix slice of its columns (Q4_K/Q5_K take σ² over the
-//! super-block, not the row, so rows need no statistics of their own).
+//! `quantize_row_q*_K_impl` runs per super-block with the imatrix slice of its columns (the K-quants take σ² over
+//! the super-block, not the row, so rows need no statistics of their own).
 //!
-//! All three then **requantize** the elements with the fp16-rounded scales read back as f32, dividing by the
+//! All five then **requantize** the elements with the fp16-rounded scales read back as f32, dividing by the
 //! sub-block scale `dd` (not multiplying by a reciprocal), and keep the search's levels where `dd` is zero.
 
 use crate::float::f32_to_f16_bits;
-use crate::helpers::{make_qkx3_quants, make_qp_quants, make_qx_quants, nearest_int, GROUP_MAX_EPS};
+use crate::helpers::{
+    make_q3_quants, make_qkx2_quants, make_qkx3_quants, make_qp_quants, make_qx_quants, nearest_int, GROUP_MAX_EPS,
+};
 use quantfarm_tensors::dequant::f16_bits_to_f32;
 use quantfarm_tensors::GgmlType;
 
@@ -23,6 +25,8 @@ type SuperBlockFn = fn(&[f32; QK_K], Option<&[f32; QK_K]>, &mut [u8]);
 /// Bytes of one encoded super-block, for the types this module handles.
 pub(crate) fn block_bytes(ty: GgmlType) -> Option<usize> {
     match ty {
+        GgmlType::Q2_K => Some(84),
+        GgmlType::Q3_K => Some(110),
         GgmlType::Q4_K => Some(144),
         GgmlType::Q5_K => Some(176),
         GgmlType::Q6_K => Some(210),
@@ -30,12 +34,14 @@ pub(crate) fn block_bytes(ty: GgmlType) -> Option<usize> {
     }
 }
 
-/// Quantizes whole rows of `ty` (Q4_K, Q5_K or Q6_K) into `dst`, whose length the caller has checked.
+/// Quantizes whole rows of `ty` (Q2_K, Q3_K, Q4_K, Q5_K or Q6_K) into `dst`, whose length the caller has checked.
 ///
 /// Mirrors `quantize_q*_K`: `_ref` over the whole chunk without an imatrix, `_impl` per row with one (the same
 /// `imatrix`, of length `n_per_row`, for every row; super-block `i` of a row uses columns `256·i..256·(i+1)`).
 pub(crate) fn quantize_rows(ty: GgmlType, src: &[f32], n_per_row: usize, imatrix: Option<&[f32]>, dst: &mut [u8]) {
     let f: SuperBlockFn = match ty {
+        GgmlType::Q2_K => q2_k,
+        GgmlType::Q3_K => q3_k,
         GgmlType::Q4_K => q4_k,
         GgmlType::Q5_K => q5_k,
         GgmlType::Q6_K => q6_k,
@@ -59,6 +65,222 @@ fn sub<const N: usize>(s: &[f32], at: usize) -> [f32; N] {
 
 fn put_f16(out: &mut [u8], at: usize, bits: u16) {
     out[at..at + 2].copy_from_slice(&bits.to_le_bytes());
+}
+
+/// The 2-bit "128-half" packing of `quantize_row_q2_K_ref` / `quantize_row_q3_K_ref`: for each half of 128 levels,
+/// `qs[32h + l] = L[128h+l] | L[128h+l+32]<<2 | L[128h+l+64]<<4 | L[128h+l+96]<<6`. Levels must be in `0..4`.
+fn pack_2bit(l: &[u8; QK_K], qs: &mut [u8]) {
+    for h in 0..2 {
+        let j = 128 * h;
+        for k in 0..32 {
+            qs[32 * h + k] = l[j + k] | (l[j + k + 32] << 2) | (l[j + k + 64] << 4) | (l[j + k + 96] << 6);
+        }
+    }
+}
+
+// ====================== Q2_K
+
+/// `quantize_row_q2_K_ref` (`qw == None`) and `quantize_row_q2_K_impl` (imatrix) on one super-block. Layout:
+/// `scales[16]` @0 (low nibble scale, high nibble min), `qs[64]` @16, `d` f16 @80, `dmin` f16 @82.
+fn q2_k(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>, out: &mut [u8]) {
+    let mut l = [0u8; QK_K];
+    let mut scales = [0f32; QK_K / 16];
+    let mut mins = [0f32; QK_K / 16];
+    let (sc, d, dmin) = match qw {
+        None => {
+            // quantize_row_q2_K_ref: weights |x|, make_qkx2_quants(16, 3, …, −0.5, 0.1, 15, use_mad = true).
+            let mut max_scale = 0.0f32;
+            let mut max_min = 0.0f32;
+            for j in 0..QK_K / 16 {
+                let xs: [f32; 16] = sub(x, 16 * j);
+                let w: [f32; 16] = std::array::from_fn(|i| xs[i].abs());
+                let mut lb = [0u8; 16];
+                let (scale, min) = make_qkx2_quants(3, &xs, &w, &mut lb, -0.5, 0.1, 15, true);
+                l[16 * j..16 * j + 16].copy_from_slice(&lb);
+                scales[j] = scale;
+                mins[j] = min;
+                if scale > max_scale {
+                    max_scale = scale;
+                }
+                if min > max_min {
+                    max_min = min;
+                }
+            }
+            let mut sc = [0u8; QK_K / 16];
+            let mut d = 0u16;
+            let mut dmin = 0u16;
+            if max_scale > 0.0 {
+                let iscale = 15.0f32 / max_scale;
+                for j in 0..QK_K / 16 {
+                    // `y[i].scales[j] = l`: an int stored into a uint8_t (wraps, not clamped).
+                    sc[j] = nearest_int(iscale * scales[j]) as u8;
+                }
+                d = f32_to_f16_bits(max_scale / 15.0);
+            }
+            if max_min > 0.0 {
+                let iscale = 15.0f32 / max_min;
+                for j in 0..QK_K / 16 {
+                    sc[j] |= (nearest_int(iscale * mins[j]) << 4) as u8;
+                }
+                dmin = f32_to_f16_bits(max_min / 15.0);
+            }
+            (sc, d, dmin)
+        }
+        Some(qw) => {
+            // quantize_row_q2_K_impl: σ² = Σx²/256 (no factor 2), w = qw·sqrt(σ² + x²),
+            // make_qkx3_quants(16, 3, …, −0.9, 0.05, 36, false), make_qp_quants(16, 15, …) on scales and mins.
+            let mut sumx2 = 0.0f32;
+            for &v in x {
+                sumx2 += v * v;
+            }
+            let sigma2 = sumx2 / QK_K as f32;
+            let mut sw = [0f32; QK_K / 16];
+            for j in 0..QK_K / 16 {
+                let xs: [f32; 16] = sub(x, 16 * j);
+                let w: [f32; 16] = std::array::from_fn(|i| qw[16 * j + i] * (sigma2 + xs[i] * xs[i]).sqrt());
+                for &v in &w {
+                    sw[j] += v;
+                }
+                let mut lb = [0u8; 16];
+                let (scale, min) = make_qkx3_quants(3, &xs, &w, &mut lb, -0.9, 0.05, 36, false);
+                l[16 * j..16 * j + 16].copy_from_slice(&lb);
+                scales[j] = scale;
+                mins[j] = min;
+            }
+            let mut ls = [0u8; QK_K / 16];
+            let mut lm = [0u8; QK_K / 16];
+            let dm = make_qp_quants(15, &scales, &mut ls, &sw);
+            let mm = make_qp_quants(15, &mins, &mut lm, &sw);
+            let sc: [u8; QK_K / 16] = std::array::from_fn(|j| ls[j] | (lm[j] << 4));
+            (sc, f32_to_f16_bits(dm), f32_to_f16_bits(mm))
+        }
+    };
+    // Requantize with the fp16 scales read back (the impl's `requantize` is always true).
+    let (df, dminf) = (f16_bits_to_f32(d), f16_bits_to_f32(dmin));
+    for j in 0..QK_K / 16 {
+        let dd = df * (sc[j] & 0xF) as f32;
+        if dd == 0.0 {
+            continue; // keep L from the search
+        }
+        let dm = dminf * (sc[j] >> 4) as f32;
+        for ii in 0..16 {
+            let q = nearest_int((x[16 * j + ii] + dm) / dd).clamp(0, 3);
+            l[16 * j + ii] = q as u8;
+        }
+    }
+    out[..16].copy_from_slice(&sc);
+    pack_2bit(&l, &mut out[16..80]);
+    put_f16(out, 80, d);
+    put_f16(out, 82, dmin);
+}
+
+// ====================== Q3_K
+
+/// Packs 16 six-bit Q3_K sub-block scales (`0..64`, stored +32) into 12 bytes, as `quantize_row_q3_K_ref` does:
+/// low nibbles in bytes 0..8, the top 2 bits of scale `j` at bit `2·(j/4)` of byte `8 + j%4`.
+fn pack_q3_scales(ls: &[u8; 16]) -> [u8; 12] {
+    let mut s = [0u8; 12];
+    for (j, &l) in ls.iter().enumerate() {
+        if j < 8 {
+            s[j] = l & 0xF;
+        } else {
+            s[j - 8] |= (l & 0xF) << 4;
+        }
+        s[8 + j % 4] |= (l >> 4) << (2 * (j / 4));
+    }
+    s
+}
+
+/// Sub-block `j`'s signed scale (`−32..32`) from the 12 packed bytes, as the requant loop of
+/// `quantize_row_q3_K_ref` decodes it.
+fn q3_scale(j: usize, s: &[u8; 12]) -> i8 {
+    let low = if j < 8 { s[j] & 0xF } else { s[j - 8] >> 4 };
+    (low | (((s[8 + j % 4] >> (2 * (j / 4))) & 3) << 4)) as i8 - 32
+}
+
+/// `quantize_row_q3_K_ref` (`qw == None`) and `quantize_row_q3_K_impl` (imatrix) on one super-block. Layout:
+/// `hmask[32]` @0, `qs[64]` @32, `scales[12]` @96, `d` f16 @108.
+fn q3_k(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>, out: &mut [u8]) {
+    let mut l = [0i8; QK_K];
+    let mut scales = [0f32; QK_K / 16];
+    let (packed, d) = match qw {
+        None => {
+            // quantize_row_q3_K_ref: make_q3_quants(16, 4, x, L, true), then −32/max_scale.
+            let mut max_scale = 0.0f32;
+            let mut amax = 0.0f32;
+            for j in 0..QK_K / 16 {
+                let xs: [f32; 16] = sub(x, 16 * j);
+                let mut lb = [0i8; 16];
+                scales[j] = make_q3_quants(4, &xs, &mut lb);
+                l[16 * j..16 * j + 16].copy_from_slice(&lb);
+                let scale = scales[j].abs();
+                if scale > amax {
+                    amax = scale;
+                    max_scale = scales[j];
+                }
+            }
+            if max_scale != 0.0 {
+                let iscale = -32.0f32 / max_scale;
+                // `int8_t l = nearest_int(...)` (wraps), then MAX(-32, MIN(31, l)) + 32.
+                let ls: [u8; 16] =
+                    std::array::from_fn(|j| ((nearest_int(iscale * scales[j]) as i8).clamp(-32, 31) + 32) as u8);
+                (pack_q3_scales(&ls), f32_to_f16_bits(1.0 / iscale))
+            } else {
+                ([0u8; 12], f32_to_f16_bits(0.0))
+            }
+        }
+        Some(qw) => {
+            // quantize_row_q3_K_impl: σ² = 2·Σx²/256, w = qw·sqrt(σ² + x²), make_qx_quants(16, 4, x, L, 1, w), then
+            // make_qx_quants(16, 32, scales, Ls, 1, sw) for the super-block scale.
+            let mut sumx2 = 0.0f32;
+            for &v in x {
+                sumx2 += v * v;
+            }
+            let sigma2 = 2.0 * sumx2 / QK_K as f32;
+            let mut sw = [0f32; QK_K / 16];
+            for j in 0..QK_K / 16 {
+                let xs: [f32; 16] = sub(x, 16 * j);
+                let w: [f32; 16] = std::array::from_fn(|i| qw[16 * j + i] * (sigma2 + xs[i] * xs[i]).sqrt());
+                let mut sumw = 0.0f32;
+                for &v in &w {
+                    sumw += v;
+                }
+                sw[j] = sumw;
+                let mut lb = [0i8; 16];
+                scales[j] = make_qx_quants(4, &xs, &mut lb, &w);
+                l[16 * j..16 * j + 16].copy_from_slice(&lb);
+            }
+            let mut ls = [0i8; 16];
+            let d_block = make_qx_quants(32, &scales, &mut ls, &sw);
+            (pack_q3_scales(&ls.map(|v| v as u8)), f32_to_f16_bits(d_block))
+        }
+    };
+    let df = f16_bits_to_f32(d);
+    for j in 0..QK_K / 16 {
+        let dd = df * q3_scale(j, &packed) as f32;
+        if dd == 0.0 {
+            continue; // keep L from the search
+        }
+        for ii in 0..16 {
+            let q = nearest_int(x[16 * j + ii] / dd).clamp(-4, 3);
+            l[16 * j + ii] = (q + 4) as i8;
+        }
+    }
+    // High bit of element j goes to bit j/32 of hmask[j%32]; the low 2 bits stay in L.
+    let mut hmask = [0u8; 32];
+    let mut low = [0u8; QK_K];
+    for (j, &v) in l.iter().enumerate() {
+        let mut v = v as u8;
+        if v > 3 {
+            hmask[j % 32] |= 1 << (j / 32);
+            v -= 4;
+        }
+        low[j] = v;
+    }
+    out[..32].copy_from_slice(&hmask);
+    pack_2bit(&low, &mut out[32..96]);
+    out[96..108].copy_from_slice(&packed);
+    put_f16(out, 108, d);
 }
 
 // ====================== Q6_K
@@ -170,8 +392,7 @@ fn k4_quants<const NMAX: i32>(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>) -> K4Qu
     let mut mins = [0f32; 8];
     let (packed, d, dmin) = match qw {
         None => {
-            // quantize_row_q{4,5}_K_ref: weights av_x + |x| per sub-block, make_qkx2_quants (identical to
-            // make_qkx3_quants with weights given, for finite input).
+            // quantize_row_q{4,5}_K_ref: weights av_x + |x| per sub-block, make_qkx2_quants.
             let (rmin, rdelta, nstep) = if NMAX == 15 { (-1.0f32, 0.1f32, 20) } else { (-0.5f32, 0.1f32, 15) };
             let mut max_scale = 0.0f32;
             let mut max_min = 0.0f32;
@@ -184,7 +405,7 @@ fn k4_quants<const NMAX: i32>(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>) -> K4Qu
                 let av_x = (sum_x2 / 32.0).sqrt();
                 let w: [f32; 32] = std::array::from_fn(|i| av_x + xs[i].abs());
                 let mut lb = [0u8; 32];
-                let (scale, min) = make_qkx3_quants(NMAX, &xs, &w, &mut lb, rmin, rdelta, nstep, false);
+                let (scale, min) = make_qkx2_quants(NMAX, &xs, &w, &mut lb, rmin, rdelta, nstep, false);
                 l[32 * j..32 * j + 32].copy_from_slice(&lb);
                 scales[j] = scale;
                 mins[j] = min;
@@ -305,7 +526,7 @@ mod tests {
 
     #[test]
     fn block_sizes_match_ggml_types() {
-        for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
+        for ty in [GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
             assert_eq!(ty.block_size(), QK_K, "{ty}");
             assert_eq!(block_bytes(ty), Some(ty.type_size()), "{ty}");
         }
@@ -318,6 +539,29 @@ mod tests {
         let packed = pack_k4(&ls, &lm);
         for j in 0..8 {
             assert_eq!(get_scale_min_k4(j, &packed), (ls[j], lm[j]), "pair {j}");
+        }
+    }
+
+    #[test]
+    fn q3_scale_packing_round_trips() {
+        let ls: [u8; 16] = std::array::from_fn(|j| ((j * 29 + 7) % 64) as u8);
+        let packed = pack_q3_scales(&ls);
+        for (j, &l) in ls.iter().enumerate() {
+            assert_eq!(q3_scale(j, &packed), l as i8 - 32, "scale {j}");
+        }
+    }
+
+    #[test]
+    fn all_zero_super_blocks_encode_zero_in_q2_k_and_q3_k() {
+        let x = [0.0f32; QK_K];
+        for qw in [None, Some(&[1.0f32; QK_K])] {
+            let mut out = [0xAAu8; 84];
+            q2_k(&x, qw, &mut out);
+            assert!(out.iter().all(|&b| b == 0), "Q2_K {out:?}");
+            // An all-zero group gets level 0 from the search (not the offset 4), and d = 0 keeps it.
+            let mut out = [0xAAu8; 110];
+            q3_k(&x, qw, &mut out);
+            assert!(out.iter().all(|&b| b == 0), "Q3_K {out:?}");
         }
     }
 

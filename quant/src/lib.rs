@@ -7,8 +7,11 @@
 //! from `ggml/src/ggml-quants.c` (llama.cpp 0c1e570), and nothing fuses multiply-adds (ggml-base is built without
 //! FMA; see `shared/specs/ggml-llamacpp.md` §2.9).
 //!
-//! Supported: F32, F16, BF16, Q8_0, and Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K with or without an importance
-//! matrix. Q2_K, Q3_K and the IQ formats are not here yet.
+//! Supported: F32, F16, BF16, Q8_0, and Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K with or without an
+//! importance matrix. The IQ formats are not here yet.
+//!
+//! Rows are quantized in parallel on the current rayon pool. Every row is quantized on its own, exactly as before,
+//! so the bytes do not depend on the number of threads.
 //!
 //! Modules: `float` (fp16/bf16 conversion), `helpers` (`nearest_int` and the scale searches), `legacy` (the
 //! 32-element block formats), `kquants` (the 256-element super-block formats).
@@ -17,9 +20,12 @@ pub mod file;
 mod float;
 pub mod ftype;
 mod helpers;
+pub mod imatrix;
 mod kquants;
 mod legacy;
 pub mod mixture;
+pub mod mlx;
+pub mod mlx_file;
 
 pub use float::{f32_to_bf16_bits, f32_to_f16_bits};
 pub use ftype::FileType;
@@ -27,6 +33,7 @@ pub use helpers::nearest_int;
 pub use quantfarm_tensors::GgmlType;
 
 use legacy::{Block, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0};
+use rayon::prelude::*;
 
 /// Why a quantization request was refused. Inputs are checked before anything is written to `dst`.
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -57,6 +64,8 @@ pub fn supported(ty: GgmlType) -> bool {
             | GgmlType::Q4_1
             | GgmlType::Q5_0
             | GgmlType::Q5_1
+            | GgmlType::Q2_K
+            | GgmlType::Q3_K
             | GgmlType::Q4_K
             | GgmlType::Q5_K
             | GgmlType::Q6_K
@@ -69,6 +78,9 @@ pub fn supported(ty: GgmlType) -> bool {
 /// `imatrix`, when given, holds one importance weight per column and applies to every row (llama-quantize passes
 /// each expert's slice separately). F32, F16, BF16 and Q8_0 ignore it, as ggml does, but its length is still
 /// checked. `dst` must be exactly `rows × ty.row_bytes(n_per_row)` bytes.
+///
+/// Rows are split into chunks quantized in parallel on the current rayon pool (`ThreadPool::install` to bound it);
+/// each row is quantized exactly as ggml would, so the bytes are the same for any number of threads.
 ///
 /// NaN and infinity are refused up front: ggml would quantize them into garbage scales that llama-quantize's
 /// `ggml_validate_row_data` then rejects, and the error here says where the bad value is.
@@ -83,17 +95,20 @@ pub fn quantize(
         return Err(QuantError::Unsupported(ty));
     }
     let block_size = ty.block_size();
-    if n_per_row == 0 || n_per_row % block_size != 0 {
+    if n_per_row == 0 || !n_per_row.is_multiple_of(block_size) {
         return Err(QuantError::PartialBlock { ty, n_per_row, block_size });
     }
-    if src.len() % n_per_row != 0 {
+    if !src.len().is_multiple_of(n_per_row) {
         return Err(QuantError::PartialRow { len: src.len(), n_per_row });
     }
     let rows = src.len() / n_per_row;
-    let expected = (n_per_row / block_size)
-        .checked_mul(ty.type_size())
-        .and_then(|row_bytes| row_bytes.checked_mul(rows))
-        .ok_or(QuantError::DstLen { ty, rows, expected: usize::MAX, got: dst.len() })?;
+    let row_bytes = (n_per_row / block_size).checked_mul(ty.type_size());
+    let expected = row_bytes.and_then(|row_bytes| row_bytes.checked_mul(rows)).ok_or(QuantError::DstLen {
+        ty,
+        rows,
+        expected: usize::MAX,
+        got: dst.len(),
+    })?;
     if dst.len() != expected {
         return Err(QuantError::DstLen { ty, rows, expected, got: dst.len() });
     }
@@ -106,6 +121,25 @@ pub fn quantize(
         return Err(QuantError::NonFinite { row: i / n_per_row, col: i % n_per_row, value: src[i] });
     }
 
+    // `expected` did not overflow, so neither does one row.
+    let row_bytes = row_bytes.unwrap_or(0);
+    if rows == 0 || row_bytes == 0 {
+        return Ok(());
+    }
+    // Chunks of whole rows, about `MIN_CHUNK_ELEMS` input values each, so small tensors stay on one thread and the
+    // per-task overhead is negligible for large ones. Each chunk is quantized as the whole input would have been.
+    let rows_per_chunk = MIN_CHUNK_ELEMS.div_ceil(n_per_row).clamp(1, rows);
+    dst.par_chunks_mut(rows_per_chunk * row_bytes)
+        .zip(src.par_chunks(rows_per_chunk * n_per_row))
+        .for_each(|(dst, src)| quantize_chunk(ty, src, n_per_row, imatrix, dst));
+    Ok(())
+}
+
+/// Input values per parallel task (rounded up to whole rows).
+const MIN_CHUNK_ELEMS: usize = 64 * 1024;
+
+/// Quantizes whole rows (already validated by [`quantize`]) on the calling thread.
+fn quantize_chunk(ty: GgmlType, src: &[f32], n_per_row: usize, imatrix: Option<&[f32]>, dst: &mut [u8]) {
     match ty {
         GgmlType::F32 => float::f32_row(src, dst),
         GgmlType::F16 => float::f16_row(src, dst),
@@ -115,11 +149,12 @@ pub fn quantize(
         GgmlType::Q4_1 => legacy::quantize_rows::<BlockQ4_1>(src, n_per_row, imatrix, dst),
         GgmlType::Q5_0 => legacy::quantize_rows::<BlockQ5_0>(src, n_per_row, imatrix, dst),
         GgmlType::Q5_1 => legacy::quantize_rows::<BlockQ5_1>(src, n_per_row, imatrix, dst),
-        GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => kquants::quantize_rows(ty, src, n_per_row, imatrix, dst),
-        // `supported` was checked above; keep the two lists in step.
-        _ => return Err(QuantError::Unsupported(ty)),
+        GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
+            kquants::quantize_rows(ty, src, n_per_row, imatrix, dst)
+        }
+        // `quantize` checked `supported` first; keep the two lists in step (the test below does).
+        _ => {}
     }
-    Ok(())
 }
 
 /// Compile-time link between the block types and the dispatch above: each block names the type it encodes.
@@ -143,7 +178,10 @@ mod tests {
     fn rejects_bad_requests() {
         let src = vec![0.5f32; 64];
         let mut dst = dst_for(GgmlType::Q4_0, 32, 2);
-        assert_eq!(quantize(GgmlType::Q2_K, &src, 256, None, &mut dst), Err(QuantError::Unsupported(GgmlType::Q2_K)));
+        assert_eq!(
+            quantize(GgmlType::IQ2_XXS, &src, 256, None, &mut dst),
+            Err(QuantError::Unsupported(GgmlType::IQ2_XXS))
+        );
         assert!(matches!(quantize(GgmlType::Q4_0, &src, 48, None, &mut dst), Err(QuantError::PartialBlock { .. })));
         assert!(matches!(quantize(GgmlType::Q4_0, &src, 0, None, &mut dst), Err(QuantError::PartialBlock { .. })));
         assert!(matches!(quantize(GgmlType::Q4_0, &src[..48], 32, None, &mut dst), Err(QuantError::PartialRow { .. })));
@@ -185,5 +223,56 @@ mod tests {
     #[test]
     fn empty_input_is_zero_rows() {
         assert!(quantize(GgmlType::Q5_1, &[], 32, None, &mut []).is_ok());
+    }
+
+    /// Quantizes `rows × n_per_row` pseudo-random values (with outliers) to every supported type, with and without
+    /// an imatrix, on a pool of `threads` threads.
+    fn quantize_all_on(threads: usize, src: &[f32], n_per_row: usize, imatrix: &[f32]) -> Vec<Vec<u8>> {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("thread pool");
+        pool.install(|| {
+            let mut outs = Vec::new();
+            for &ty in GgmlType::ALL.iter().filter(|&&ty| supported(ty)) {
+                for imat in [None, Some(imatrix)] {
+                    let mut dst = dst_for(ty, n_per_row, src.len() / n_per_row);
+                    quantize(ty, src, n_per_row, imat, &mut dst).unwrap_or_else(|e| panic!("{ty}: {e}"));
+                    outs.push(dst);
+                }
+            }
+            outs
+        })
+    }
+
+    #[test]
+    fn bytes_do_not_depend_on_thread_count() {
+        let (rows, n_per_row) = (300, 512);
+        let mut state = 0x0123_4567_89ab_cdefu64;
+        let src: Vec<f32> = (0..rows * n_per_row)
+            .map(|i| {
+                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                let x = ((state >> 40) as i32 - 8_388_608) as f32 / 8_388_608.0;
+                if i % 97 == 0 {
+                    x * 8.0
+                } else {
+                    x
+                }
+            })
+            .collect();
+        let imatrix: Vec<f32> = (0..n_per_row).map(|j| ((j * 37) % 101 + 1) as f32 / 64.0).collect();
+        let one = quantize_all_on(1, &src, n_per_row, &imatrix);
+        let four = quantize_all_on(4, &src, n_per_row, &imatrix);
+        assert_eq!(one.len(), four.len());
+        for (i, (a, b)) in one.iter().zip(&four).enumerate() {
+            assert!(a == b, "output {i} differs between 1 and 4 threads");
+        }
+        // Also against a row-at-a-time reference: each row alone gives the same bytes as within the whole tensor.
+        let ty = GgmlType::Q3_K;
+        let row_bytes = dst_for(ty, n_per_row, 1).len();
+        let index = GgmlType::ALL.iter().filter(|&&t| supported(t)).position(|&t| t == ty).expect("Q3_K is supported");
+        let whole = &one[2 * index];
+        for (r, x) in src.chunks(n_per_row).enumerate().step_by(37) {
+            let mut dst = dst_for(ty, n_per_row, 1);
+            quantize(ty, x, n_per_row, None, &mut dst).expect("one row");
+            assert_eq!(dst, whole[r * row_bytes..(r + 1) * row_bytes], "row {r}");
+        }
     }
 }

@@ -167,7 +167,14 @@ pub struct Choice {
 }
 
 /// Decides the type of every tensor, in llama-quantize's tensor order. `tensors` are (name, ne, current type).
-pub fn choose_types(ftype: FileType, facts: &ModelFacts, tensors: &[(String, Vec<u64>, GgmlType)]) -> Vec<Choice> {
+/// `has_imatrix` is llama-quantize's `qs.has_imatrix` (an imatrix with at least one entry was given): some rules
+/// depend on it.
+pub fn choose_types(
+    ftype: FileType,
+    facts: &ModelFacts,
+    tensors: &[(String, Vec<u64>, GgmlType)],
+    has_imatrix: bool,
+) -> Vec<Choice> {
     let mut order: Vec<usize> = (0..tensors.len()).collect();
     order.sort_by(|&a, &b| tensor_order(&tensors[a].0, &tensors[b].0));
     let (mut i_attention_wv, mut i_ffn_down) = (0i64, 0i64);
@@ -185,7 +192,7 @@ pub fn choose_types(ftype: FileType, facts: &ModelFacts, tensors: &[(String, Vec
         }
         let ne0 = ne.first().copied().unwrap_or(1);
         let cat = category(name);
-        let ruled = rule(ftype, cat, facts, ne0, &mut i_attention_wv, &mut i_ffn_down);
+        let ruled = rule(ftype, cat, facts, has_imatrix, ne0, &mut i_attention_wv, &mut i_ffn_down);
         let ty = fallback(ruled, ne0);
         out.push(Choice { name: name.clone(), ty, fell_back: ty != ruled });
     }
@@ -193,7 +200,15 @@ pub fn choose_types(ftype: FileType, facts: &ModelFacts, tensors: &[(String, Vec
 }
 
 /// `llama_tensor_get_type_impl` for dense (non-MoE, non-Falcon) models.
-fn rule(ftype: FileType, cat: Category, m: &ModelFacts, ne0: u64, i_v: &mut i64, i_down: &mut i64) -> GgmlType {
+fn rule(
+    ftype: FileType,
+    cat: Category,
+    m: &ModelFacts,
+    has_imatrix: bool,
+    ne0: u64,
+    i_v: &mut i64,
+    i_down: &mut i64,
+) -> GgmlType {
     use FileType as F;
     use GgmlType as T;
     let default = ftype.default_type();
@@ -252,6 +267,10 @@ fn rule(ftype: FileType, cat: Category, m: &ModelFacts, ne0: u64, i_v: &mut i64,
                 F::Q3_K_L => T::Q5_K,
                 F::Q4_K_S if i < n / 8 => T::Q5_K,
                 F::Q4_K_M | F::Q5_K_M if use_more_bits(i, n) => T::Q6_K,
+                // Only with an imatrix (so that a plain Q4_0/Q5_0 stays what it always was): "guard against
+                // craziness in the first few ffn_down layers".
+                F::Q4_0 if has_imatrix && i < n / 8 => T::Q4_1,
+                F::Q5_0 if has_imatrix && i < n / 8 => T::Q5_1,
                 _ => default,
             }
         }
@@ -279,6 +298,21 @@ mod tests {
         let layers = |n| (0..n).filter(|&i| use_more_bits(i, n)).collect::<Vec<_>>();
         assert_eq!(layers(16), [0, 1, 4, 7, 10, 13, 14, 15]);
         assert_eq!(layers(28), [0, 1, 2, 5, 8, 11, 14, 17, 20, 23, 24, 25, 26, 27]);
+    }
+
+    #[test]
+    fn q4_0_and_q5_0_ffn_down_rule_needs_an_imatrix() {
+        let facts = ModelFacts { n_layer: 16, gqa: 1, tied_embeddings: true, n_attention_wv: 16 };
+        let tensors: Vec<_> =
+            (0..16).map(|i| (format!("blk.{i}.ffn_down.weight"), vec![64, 64], GgmlType::F16)).collect();
+        for (ftype, more) in [(FileType::Q4_0, GgmlType::Q4_1), (FileType::Q5_0, GgmlType::Q5_1)] {
+            let with: Vec<_> = choose_types(ftype, &facts, &tensors, true).into_iter().map(|c| c.ty).collect();
+            let default = ftype.default_type();
+            assert_eq!(with[..2], [more, more], "{ftype}: i < n/8");
+            assert!(with[2..].iter().all(|&t| t == default), "{ftype}: {with:?}");
+            let without = choose_types(ftype, &facts, &tensors, false);
+            assert!(without.iter().all(|c| c.ty == default), "{ftype}");
+        }
     }
 
     #[test]

@@ -18,6 +18,8 @@ const GOLDEN: &[(GgmlType, &str)] = &[
     (GgmlType::Q4_1, "q4_1"),
     (GgmlType::Q5_0, "q5_0"),
     (GgmlType::Q5_1, "q5_1"),
+    (GgmlType::Q2_K, "q2_K"),
+    (GgmlType::Q3_K, "q3_K"),
     (GgmlType::Q4_K, "q4_K"),
     (GgmlType::Q5_K, "q5_K"),
     (GgmlType::Q6_K, "q6_K"),
@@ -97,15 +99,18 @@ fn imatrix_changes_the_quants() {
     }
 }
 
-/// The `fma_` files come from a `-march=haswell` build that fuses multiply-adds. For Q5_K they differ from the plain
-/// build, and our (never-fusing) output must be the plain one; for Q4_K and Q6_K both builds agree on this input.
+/// The `fma_` files come from a `-march=haswell` build that fuses multiply-adds. For Q2_K and Q5_K they differ from
+/// the plain build, and our (never-fusing) output must be the plain one; for Q3_K, Q4_K and Q6_K both builds agree on
+/// this input.
 #[test]
 fn k_quants_match_the_non_fma_build() {
     let input = read_f32("input.f32");
-    let q5 = quantized(GgmlType::Q5_K, &input, None);
-    assert_eq!(q5, read("q5_K.bin"));
-    assert_ne!(q5, read("fma_q5_K.bin"), "fma_q5_K.bin should differ, or this test proves nothing");
-    for (ty, stem) in [(GgmlType::Q4_K, "q4_K"), (GgmlType::Q6_K, "q6_K")] {
+    for (ty, stem) in [(GgmlType::Q2_K, "q2_K"), (GgmlType::Q5_K, "q5_K")] {
+        let q = quantized(ty, &input, None);
+        assert_eq!(q, read(&format!("{stem}.bin")), "{stem}");
+        assert_ne!(q, read(&format!("fma_{stem}.bin")), "fma_{stem}.bin should differ, or this test proves nothing");
+    }
+    for (ty, stem) in [(GgmlType::Q3_K, "q3_K"), (GgmlType::Q4_K, "q4_K"), (GgmlType::Q6_K, "q6_K")] {
         assert_eq!(read(&format!("fma_{stem}.bin")), read(&format!("{stem}.bin")), "{stem}");
         assert_eq!(quantized(ty, &input, None), read(&format!("{stem}.bin")), "{stem}");
     }
@@ -143,6 +148,8 @@ fn round_trip_error_is_bounded() {
                     GgmlType::Q5_0 => amax / 16.0 * 2.0,
                     GgmlType::Q4_1 => (max - min) / 15.0,
                     GgmlType::Q5_1 => (max - min) / 31.0,
+                    GgmlType::Q2_K => (max - min) / 3.0,
+                    GgmlType::Q3_K => amax / 4.0 * 2.0,
                     GgmlType::Q4_K => (max - min) / 15.0,
                     GgmlType::Q5_K => (max - min) / 31.0,
                     GgmlType::Q6_K => amax / 32.0 * 2.0,
@@ -150,7 +157,13 @@ fn round_trip_error_is_bounded() {
                 };
                 // Half a step for rounding (a full one where Q4_0/Q5_0 cap the top level, covered by their doubled
                 // step); the imatrix search may pick a scale ~10% off and clip the extreme element, hence 3 steps.
-                let steps = if imat.is_some() { 3.0 } else { 0.5 * 1.01 };
+                // Q2_K and Q3_K also quantize their 16 sub-block scales (and Q2_K's mins) to 4 and 6 bits, and Q2_K's
+                // `_ref` search minimises the absolute error, which may clip: a whole step either way.
+                let steps = match (imat.is_some(), ty) {
+                    (true, _) => 3.0,
+                    (false, GgmlType::Q2_K | GgmlType::Q3_K) => 1.0,
+                    (false, _) => 0.5 * 1.01,
+                };
                 // The scale (and Q4_1/Q5_1 offset) are stored as fp16: up to 2^-11 relative error each.
                 let fp16_slack = if matches!(ty, GgmlType::F16 | GgmlType::BF16) { 0.0 } else { amax * 2f32.powi(-9) };
                 let bound = steps * step + fp16_slack + 1e-6;

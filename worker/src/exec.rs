@@ -240,7 +240,7 @@ async fn write_quantized(q: &pb::QuantizeTask, out: &Location, env: &Env) -> Res
     if n != q.n_shards as usize {
         return Err(Failure::input(format!("{}: has {n} split files, the task expects {}", q.input, q.n_shards)));
     }
-    let opts = Options { ftype, allow_requantize: false, budget: env.budget, overwrite: false };
+    let opts = Options { budget: env.budget, ..Options::new(ftype) };
     let done = quantize_gguf_shard(&src, q.shard as usize, out, &opts).await?;
     Ok((done.committed.sha256, done.committed.bytes))
 }

@@ -1,0 +1,301 @@
+//! MLX affine quantization, byte-identical to `mlx.core.quantize(w, group_size, bits)` (mode "affine") on CPU.
+//!
+//! A checkpoint written here must be the one `mlx_lm.convert -q` writes, so the per-group arithmetic is a port of
+//! the CPU kernel `mlx/backend/cpu/quantized.cpp::quantize` (mlx 0.32), not of the docstring (spec
+//! `shared/specs/mlx-peft.md` §2.2–2.4):
+//!
+//! * everything is f32, the extremes are C `std::max`/`std::min` folds starting at ∓∞;
+//! * the larger-magnitude extreme is the anchor (`edge`), so the scale is negative when `|max| ≥ |min|`;
+//! * `scale = max((max − min) / n, 1e-7)` with its sign, then `q0 = rint(edge / scale)` and, when `q0 ≠ 0`,
+//!   `scale = edge / q0` and `bias = edge` (0.0 becomes exactly representable);
+//! * codes are `clamp(rint((w − bias) / scale), 0, n)` computed from the **unrounded f32** scale and bias; only the
+//!   stored scale and bias are cast to the source dtype (bf16 / f16 / f32, round to nearest even);
+//! * `rint` is round-half-even (the CPU kernel; Metal and CUDA round half away from zero and differ).
+//!
+//! Packing: code `i` of a row occupies bits `[i·b, (i+1)·b)` of the row's little-endian bitstream, bit `k` being bit
+//! `k mod 32` of uint32 word `k / 32`. For 2/4/8 bits that is the kernel's word packing, for 3/5/6 bits it is its
+//! 3-, 5- and 3-byte packs read back as little-endian words (codes cross word boundaries). Every group starts on a
+//! word boundary because `group_size · bits` is a multiple of 32 for every supported pair.
+
+use quantfarm_tensors::Dtype;
+use rayon::prelude::*;
+
+use crate::float::{f32_to_bf16_bits, f32_to_f16_bits};
+
+/// Bit widths `mx.quantize` accepts in affine mode.
+pub const MLX_BITS: [u32; 6] = [2, 3, 4, 5, 6, 8];
+/// Group sizes `mx.quantize` accepts in affine mode.
+pub const MLX_GROUP_SIZES: [usize; 3] = [32, 64, 128];
+
+/// The `eps` floor of the scale's magnitude in the CPU kernel (`float eps = 1e-7`).
+const EPS: f32 = 1e-7;
+
+/// Why an MLX quantization request was refused. Everything is checked before any work is done.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum MlxQuantError {
+    #[error("MLX affine quantization supports bits 2, 3, 4, 5, 6, 8 and group sizes 32, 64, 128, not {bits} bits with groups of {group_size}")]
+    Unsupported { bits: u32, group_size: usize },
+    #[error("scales and biases must be F32, F16 or BF16 (the source dtype), not {0:?}")]
+    ScaleDtype(Dtype),
+    #[error("rows of {cols} elements are not a whole number of {group_size}-element groups")]
+    PartialGroup { cols: usize, group_size: usize },
+    #[error("input of {len} elements is not a whole number of {cols}-element rows")]
+    PartialRow { len: usize, cols: usize },
+    #[error("input value {value} at row {row}, column {col} is not finite")]
+    NonFinite { row: usize, col: usize, value: f32 },
+}
+
+/// The three arrays `mx.quantize` returns, row-major, in the layout mlx stores them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MlxQuantized {
+    /// `rows × cols·bits/32` uint32 words (`P.weight`).
+    pub packed: Vec<u32>,
+    /// `rows × cols/group_size` scales, little-endian bytes of the requested dtype (`P.scales`).
+    pub scales: Vec<u8>,
+    /// `rows × cols/group_size` biases, little-endian bytes of the requested dtype (`P.biases`).
+    pub biases: Vec<u8>,
+}
+
+impl MlxQuantized {
+    /// The packed words as the little-endian bytes a safetensors file holds.
+    pub fn packed_bytes(&self) -> Vec<u8> {
+        self.packed.iter().flat_map(|w| w.to_le_bytes()).collect()
+    }
+}
+
+/// Checks a request: supported `bits`/`group_size`, a float scale dtype, `cols` a whole number of groups.
+pub fn check_params(cols: usize, bits: u32, group_size: usize, dtype: Dtype) -> Result<(), MlxQuantError> {
+    if !MLX_BITS.contains(&bits) || !MLX_GROUP_SIZES.contains(&group_size) {
+        return Err(MlxQuantError::Unsupported { bits, group_size });
+    }
+    if !matches!(dtype, Dtype::F32 | Dtype::F16 | Dtype::BF16) {
+        return Err(MlxQuantError::ScaleDtype(dtype));
+    }
+    if cols == 0 || !cols.is_multiple_of(group_size) {
+        return Err(MlxQuantError::PartialGroup { cols, group_size });
+    }
+    Ok(())
+}
+
+/// Quantizes `w` (whole rows of `cols` values, row-major, already widened to f32 from the source dtype) as
+/// `mx.quantize(w, group_size, bits)` does on CPU, with scales and biases stored in `dtype`.
+///
+/// Pass the source dtype as `dtype`: mlx keeps scales and biases in the input's dtype, and converting bf16 or f16
+/// to f32 first is exact, so the codes do not depend on it. Rows are quantized in parallel; groups are independent,
+/// so the bytes do not depend on the number of threads.
+///
+/// NaN and infinity are refused: the kernel would cast a NaN code to an integer (undefined in C++).
+pub fn quantize_affine(
+    w: &[f32],
+    cols: usize,
+    bits: u32,
+    group_size: usize,
+    dtype: Dtype,
+) -> Result<MlxQuantized, MlxQuantError> {
+    check_params(cols, bits, group_size, dtype)?;
+    if !w.len().is_multiple_of(cols) {
+        return Err(MlxQuantError::PartialRow { len: w.len(), cols });
+    }
+    if let Some(i) = w.iter().position(|v| !v.is_finite()) {
+        return Err(MlxQuantError::NonFinite { row: i / cols, col: i % cols, value: w[i] });
+    }
+    let rows = w.len() / cols;
+    let row_words = cols * bits as usize / 32;
+    let row_groups = cols / group_size;
+    let esize = dtype.size();
+    let mut out = MlxQuantized {
+        packed: vec![0; rows * row_words],
+        scales: vec![0; rows * row_groups * esize],
+        biases: vec![0; rows * row_groups * esize],
+    };
+    // Enough rows per task that small tensors do not drown in scheduling, independent of the thread count.
+    let rows_per_task = (65536 / cols).max(1);
+    w.par_chunks(cols * rows_per_task)
+        .zip(out.packed.par_chunks_mut(row_words * rows_per_task))
+        .zip(out.scales.par_chunks_mut(row_groups * esize * rows_per_task))
+        .zip(out.biases.par_chunks_mut(row_groups * esize * rows_per_task))
+        .for_each(|(((w, packed), scales), biases)| {
+            let groups = w.chunks_exact(group_size).zip(packed.chunks_exact_mut(group_size * bits as usize / 32));
+            let params = scales.chunks_exact_mut(esize).zip(biases.chunks_exact_mut(esize));
+            for ((group, words), (s, b)) in groups.zip(params) {
+                let (scale, bias) = quantize_group(group, bits, words);
+                store(scale, dtype, s);
+                store(bias, dtype, b);
+            }
+        });
+    Ok(out)
+}
+
+/// C++ `std::max(a, b)`: `(a < b) ? b : a` (keeps `a` on ties and when `b` is NaN).
+#[inline]
+fn c_max(a: f32, b: f32) -> f32 {
+    if a < b {
+        b
+    } else {
+        a
+    }
+}
+
+/// C++ `std::min(a, b)`: `(b < a) ? b : a`.
+#[inline]
+fn c_min(a: f32, b: f32) -> f32 {
+    if b < a {
+        b
+    } else {
+        a
+    }
+}
+
+/// One group of the CPU kernel `quantize<T, U>`: returns the f32 (scale, bias) and packs the codes into `words`
+/// (`group.len() · bits / 32` words, overwritten).
+#[inline]
+fn quantize_group(group: &[f32], bits: u32, words: &mut [u32]) -> (f32, f32) {
+    let n_bins = ((1u32 << bits) - 1) as f32;
+    let mut w_min = f32::INFINITY;
+    let mut w_max = -w_min;
+    for &x in group {
+        w_max = c_max(w_max, x);
+        w_min = c_min(w_min, x);
+    }
+    let mask = w_min.abs() > w_max.abs();
+    let mut scale = c_max((w_max - w_min) / n_bins, EPS);
+    scale = if mask { scale } else { -scale };
+    let edge = if mask { w_min } else { w_max };
+    let q0 = (edge / scale).round_ties_even();
+    let mut bias = 0.0f32;
+    if q0 != 0.0 {
+        scale = edge / q0;
+        bias = edge;
+    }
+
+    words.fill(0);
+    let mut acc = 0u64;
+    let mut have = 0u32;
+    let mut next = 0usize;
+    for &x in group {
+        let q = c_min(c_max(((x - bias) / scale).round_ties_even(), 0.0), n_bins) as u64;
+        acc |= q << have;
+        have += bits;
+        if have >= 32 {
+            words[next] = acc as u32;
+            next += 1;
+            acc >>= 32;
+            have -= 32;
+        }
+    }
+    debug_assert!(have == 0 && next == words.len());
+    (scale, bias)
+}
+
+/// `static_cast<T>(x)` into little-endian bytes: bf16 and f16 round to nearest even (mlx's software conversions
+/// agree with ggml's for every finite value, and the scale and bias of finite input are finite).
+#[inline]
+fn store(x: f32, dtype: Dtype, out: &mut [u8]) {
+    match dtype {
+        Dtype::BF16 => out.copy_from_slice(&f32_to_bf16_bits(x).to_le_bytes()),
+        Dtype::F16 => out.copy_from_slice(&f32_to_f16_bits(x).to_le_bytes()),
+        _ => out.copy_from_slice(&x.to_le_bytes()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quantfarm_tensors::dequant::dequantize_mlx_affine;
+
+    fn f32s(bytes: &[u8]) -> Vec<f32> {
+        bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    }
+
+    #[test]
+    fn worked_examples_from_the_spec() {
+        // [-1, 0.5] at 4 bits: positive scale 0.1, bias -1, 0 is code 10.
+        let mut w: Vec<f32> = (0..32).map(|i| -1.0 + 1.5 * i as f32 / 31.0).collect();
+        w[5] = 0.0;
+        let q = quantize_affine(&w, 32, 4, 32, Dtype::F32).unwrap();
+        let (s, b) = (f32s(&q.scales)[0], f32s(&q.biases)[0]);
+        assert_eq!(b, -1.0);
+        assert!((s - 0.1).abs() < 1e-6, "{s}");
+        assert_eq!((q.packed[0] >> 20) & 0xF, 10, "code of 0.0");
+        // [-0.5, 1]: negative scale, bias +1, 1.0 is code 0.
+        let w: Vec<f32> = w.iter().map(|x| -x).collect();
+        let q = quantize_affine(&w, 32, 4, 32, Dtype::F32).unwrap();
+        assert_eq!(f32s(&q.biases)[0], 1.0);
+        assert!(f32s(&q.scales)[0] < 0.0);
+        assert_eq!(q.packed[0] & 0xF, 0);
+    }
+
+    #[test]
+    fn constant_and_zero_groups() {
+        let q = quantize_affine(&[0.0; 64], 64, 4, 64, Dtype::F32).unwrap();
+        assert!(q.packed.iter().all(|&w| w == 0));
+        assert_eq!(f32s(&q.scales), [-EPS]);
+        assert_eq!(f32s(&q.biases), [0.0]);
+        // A constant group: the anchor is the value itself, every code is 0 and decodes exactly.
+        let q = quantize_affine(&[0.75; 64], 64, 3, 64, Dtype::F32).unwrap();
+        let mut out = [0f32; 64];
+        dequantize_mlx_affine(3, 64, &q.packed_bytes(), &f32s(&q.scales), &f32s(&q.biases), &mut out).unwrap();
+        assert!(out.iter().all(|&x| x == 0.75), "{out:?}");
+    }
+
+    #[test]
+    fn decodes_to_the_nearest_grid_point_at_every_width() {
+        for bits in MLX_BITS {
+            for g in MLX_GROUP_SIZES {
+                let cols = 256;
+                let w: Vec<f32> = (0..cols * 3).map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0).collect();
+                let q = quantize_affine(&w, cols, bits, g, Dtype::F32).unwrap();
+                assert_eq!(q.packed.len(), 3 * cols * bits as usize / 32);
+                let (s, b) = (f32s(&q.scales), f32s(&q.biases));
+                let mut out = vec![0f32; w.len()];
+                dequantize_mlx_affine(bits, g, &q.packed_bytes(), &s, &b, &mut out).unwrap();
+                for (i, (x, y)) in w.iter().zip(&out).enumerate() {
+                    // Each value decodes to the nearest point of its group's grid (the far extreme may lie beyond
+                    // the grid, spec §2.2, so "within half a step" is not the property).
+                    let (sc, bi) = (s[i / g], b[i / g]);
+                    let best =
+                        (0..1u32 << bits).map(|q| (x - (sc * q as f32 + bi)).abs()).fold(f32::INFINITY, f32::min);
+                    assert!((x - y).abs() <= best + sc.abs() * 1e-4, "bits {bits} g {g} i {i}: {x} vs {y}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bytes_do_not_depend_on_thread_count() {
+        let w: Vec<f32> = (0..4096 * 64).map(|i| ((i as u64 * 2654435761) % 1000) as f32 / 333.0 - 1.5).collect();
+        let many = quantize_affine(&w, 4096, 5, 64, Dtype::BF16).unwrap();
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+        let one = pool.install(|| quantize_affine(&w, 4096, 5, 64, Dtype::BF16).unwrap());
+        assert_eq!(many, one);
+    }
+
+    #[test]
+    fn rejects_bad_requests() {
+        let w = [0.5f32; 128];
+        assert_eq!(
+            quantize_affine(&w, 64, 7, 64, Dtype::F32),
+            Err(MlxQuantError::Unsupported { bits: 7, group_size: 64 })
+        );
+        assert_eq!(
+            quantize_affine(&w, 64, 4, 16, Dtype::F32),
+            Err(MlxQuantError::Unsupported { bits: 4, group_size: 16 })
+        );
+        assert_eq!(quantize_affine(&w, 64, 4, 64, Dtype::U32), Err(MlxQuantError::ScaleDtype(Dtype::U32)));
+        assert_eq!(
+            quantize_affine(&w, 96, 4, 64, Dtype::F32),
+            Err(MlxQuantError::PartialGroup { cols: 96, group_size: 64 })
+        );
+        assert_eq!(
+            quantize_affine(&w[..100], 64, 4, 64, Dtype::F32),
+            Err(MlxQuantError::PartialRow { len: 100, cols: 64 })
+        );
+        let mut bad = w;
+        bad[70] = f32::NAN;
+        assert!(matches!(
+            quantize_affine(&bad, 64, 4, 64, Dtype::F32),
+            Err(MlxQuantError::NonFinite { row: 1, col: 6, .. })
+        ));
+        assert!(quantize_affine(&[], 64, 4, 64, Dtype::F32).unwrap().packed.is_empty());
+    }
+}

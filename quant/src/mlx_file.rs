@@ -1,0 +1,464 @@
+//! `mlx_lm.convert -q` for whole checkpoints: a Hugging Face or unquantized MLX folder becomes an MLX affine
+//! checkpoint whose tensors (names, dtypes, shapes, bytes) are the ones mlx-lm 0.32.2 writes, streamed row chunk by
+//! row chunk within a memory budget and written through the staged sink.
+//!
+//! Pipeline of `mlx_lm/convert.py::convert` (spec `shared/specs/mlx-peft.md` §2.5–2.8):
+//!
+//! 1. `model.sanitize`: llama-family models drop `self_attn.rotary_emb.inv_freq` and, with tied embeddings,
+//!    `lm_head.weight` (`mlx_lm/models/llama.py::sanitize`; qwen2/qwen3/mistral do the same or less);
+//! 2. every floating tensor is cast to the config's `torch_dtype` (`set_dtype`, round to nearest even), **before**
+//!    quantizing, so an f32 Linear is quantized from its bf16 values;
+//! 3. `quantize_model`'s predicate: a module with `to_quantized` (Linear, Embedding: here the 2-D `*.weight` tensors,
+//!    which for the supported architectures are exactly those) whose last dimension is a multiple of the group size
+//!    is quantized with `mx.quantize` into `P.weight` (uint32), `P.scales` and `P.biases` (the cast dtype);
+//! 4. `save_model`: `format: mlx` safetensors shards of at most 5 GiB, `model.safetensors.index.json` (always, with
+//!    `total_size` and `total_parameters`, 4-space indent), and `save_config`: top-level keys sorted, `quantization`
+//!    copied to `quantization_config`, written as Python's `json.dump(indent=4)` writes it.
+//!
+//! Not reproduced: the order of tensors inside a shard file (mlx writes them in `std::unordered_map` order), hence
+//! the whole-file bytes and the shard boundaries of multi-shard models; tokenizer files are copied as they are
+//! rather than re-serialized by `tokenizer.save_pretrained`; mlx-lm's model-specific `quant_predicate`s (MoE
+//! routers) are not needed for, and so not accepted beyond, the dense architectures listed in [`ARCHITECTURES`].
+
+use serde_json::{Map, Value as Json};
+
+use quantfarm_tensors::blob::Blob;
+use quantfarm_tensors::safetensors::{shard_file_name, StTensorDesc};
+use quantfarm_tensors::sink::StagedSink;
+use quantfarm_tensors::write::{copy_tensor, SafetensorsWriter};
+use quantfarm_tensors::{Committed, Dtype, Format, Location, TensorSource, TensorType};
+
+use crate::float::{f32_to_bf16_bits, f32_to_f16_bits};
+use crate::mlx::{check_params, quantize_affine, MlxQuantError};
+
+/// `model_type`s whose mlx-lm `sanitize` and quantization predicate are the generic ones implemented here.
+pub const ARCHITECTURES: [&str; 4] = ["llama", "mistral", "qwen2", "qwen3"];
+
+/// `mlx_lm.utils.MAX_FILE_SIZE_GB << 30`.
+const MAX_SHARD_BYTES: u64 = 5 << 30;
+
+/// Files beside the weights that `mlx_lm.convert` carries over (the tokenizer's, `generation_config.json`).
+const CARRIED_FILES: [&str; 10] = [
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+    "generation_config.json",
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum MlxFileError {
+    #[error(transparent)]
+    Tensors(#[from] quantfarm_tensors::Error),
+    #[error(transparent)]
+    Params(MlxQuantError),
+    #[error("tensor {tensor:?}: {source}")]
+    Quant {
+        tensor: String,
+        #[source]
+        source: MlxQuantError,
+    },
+    #[error("{file}: mlx conversion reads Hugging Face or MLX safetensors folders, this is {format}")]
+    NotSafetensors { file: String, format: &'static str },
+    #[error("{file}: is already quantized ({what}); convert from the unquantized checkpoint")]
+    AlreadyQuantized { file: String, what: String },
+    #[error("{file}: model_type {model_type:?} is not one quantfarm converts to MLX yet (supported: {supported})")]
+    Architecture { file: String, model_type: String, supported: String },
+    #[error("{file}: config.json: {msg}")]
+    Config { file: String, msg: String },
+}
+
+pub struct MlxOptions {
+    pub bits: u32,
+    pub group_size: usize,
+    /// `mlx_lm.convert --dtype`; `None` uses the config's `torch_dtype`, as mlx-lm does.
+    pub dtype: Option<Dtype>,
+    /// Bytes of f32 values held at once (plus their quantized output and one tensor's scales and biases).
+    pub budget: u64,
+    pub overwrite: bool,
+}
+
+impl MlxOptions {
+    /// mlx-lm's defaults for affine mode: 4 bits, groups of 64.
+    pub fn new(bits: u32, group_size: usize) -> MlxOptions {
+        MlxOptions { bits, group_size, dtype: None, budget: 256 << 20, overwrite: false }
+    }
+}
+
+/// What a conversion wrote.
+pub struct MlxConverted {
+    pub files: Vec<Committed>,
+    /// Modules quantized (each wrote `.weight`, `.scales`, `.biases`).
+    pub quantized: usize,
+    /// `total_parameters` of the index: elements of the kept tensors, a quantized weight counted unpacked.
+    pub total_parameters: u64,
+}
+
+/// One tensor of the source and what becomes of it.
+enum Item {
+    /// Stored as `dtype` under the same name (cast when it differs from the source's).
+    Plain { name: String, dtype: Dtype, shape: Vec<u64> },
+    /// Quantized into `module.weight`, `module.scales`, `module.biases`.
+    Quant { name: String, module: String, rows: u64, cols: u64, dtype: Dtype },
+}
+
+/// Converts the checkpoint `src` (a Hugging Face or unquantized MLX folder) into an MLX affine checkpoint in folder
+/// `dst_dir`, as `mlx_lm.convert --hf-path SRC --mlx-path DST -q --q-bits BITS --q-group-size GROUP` does.
+///
+/// Every file is staged and committed at the end (config and index last), so a failure leaves no checkpoint that
+/// looks complete.
+pub async fn quantize_mlx_checkpoint(
+    src: &TensorSource,
+    dst_dir: &Location,
+    opts: &MlxOptions,
+) -> Result<MlxConverted, MlxFileError> {
+    let file = src.location().to_string();
+    if !matches!(src.format(), Format::Safetensors | Format::Mlx) {
+        return Err(MlxFileError::NotSafetensors { file, format: src.format().name() });
+    }
+    let config = src.metadata();
+    let model_type = config.get("model_type").and_then(Json::as_str).unwrap_or("").to_string();
+    if !ARCHITECTURES.contains(&model_type.as_str()) {
+        return Err(MlxFileError::Architecture { file, model_type, supported: ARCHITECTURES.join(", ") });
+    }
+    if let Some(e) = src.tensors().iter().find(|e| !matches!(e.ty, TensorType::Dtype(_))) {
+        return Err(MlxFileError::AlreadyQuantized { file, what: format!("tensor {:?} is {}", e.name, e.ty) });
+    }
+    if config.contains_key("quantization") {
+        return Err(MlxFileError::AlreadyQuantized { file, what: "config.json has `quantization`".into() });
+    }
+    let cast = match opts.dtype {
+        Some(d) => Some(d),
+        None => match config.get("torch_dtype").and_then(Json::as_str) {
+            Some("bfloat16") => Some(Dtype::BF16),
+            Some("float16") => Some(Dtype::F16),
+            Some("float32") => Some(Dtype::F32),
+            _ => None,
+        },
+    };
+    check_params(opts.group_size, opts.bits, opts.group_size, cast.unwrap_or(Dtype::F32))
+        .map_err(MlxFileError::Params)?;
+    let tied = config.get("tie_word_embeddings").and_then(Json::as_bool).unwrap_or(false);
+
+    // Plan: sanitize, cast, predicate. Sorted by name, a quantized module's three tensors together.
+    let mut entries: Vec<_> = src
+        .tensors()
+        .iter()
+        .filter(|e| !(e.name.contains("self_attn.rotary_emb.inv_freq") || tied && e.name == "lm_head.weight"))
+        .collect();
+    entries.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut items = Vec::with_capacity(entries.len());
+    for e in entries {
+        let TensorType::Dtype(stored) = e.ty else { unreachable!("checked above") };
+        let floating = matches!(stored, Dtype::F32 | Dtype::F16 | Dtype::BF16);
+        let dtype = if floating { cast.unwrap_or(stored) } else { stored };
+        let module = e.name.strip_suffix(".weight");
+        match module {
+            Some(m) if floating && e.shape.len() == 2 && e.row_len().is_multiple_of(opts.group_size as u64) => {
+                check_params(opts.group_size, opts.bits, opts.group_size, dtype).map_err(MlxFileError::Params)?;
+                items.push(Item::Quant {
+                    name: e.name.clone(),
+                    module: m.to_string(),
+                    rows: e.rows(),
+                    cols: e.row_len(),
+                    dtype,
+                })
+            }
+            _ => items.push(Item::Plain { name: e.name.clone(), dtype, shape: e.shape.clone() }),
+        }
+    }
+
+    let bits = u64::from(opts.bits);
+    let g = opts.group_size as u64;
+    let mut descs = Vec::new();
+    let mut total_parameters = 0u64;
+    for item in &items {
+        match item {
+            Item::Plain { name, dtype, shape } => {
+                total_parameters += shape.iter().product::<u64>();
+                descs.push(StTensorDesc { name: name.clone(), dtype: *dtype, shape: shape.clone() });
+            }
+            Item::Quant { module, rows, cols, dtype, .. } => {
+                total_parameters += rows * cols;
+                let (r, c) = (*rows, *cols);
+                descs.push(StTensorDesc {
+                    name: format!("{module}.weight"),
+                    dtype: Dtype::U32,
+                    shape: vec![r, c * bits / 32],
+                });
+                descs.push(StTensorDesc { name: format!("{module}.scales"), dtype: *dtype, shape: vec![r, c / g] });
+                descs.push(StTensorDesc { name: format!("{module}.biases"), dtype: *dtype, shape: vec![r, c / g] });
+            }
+        }
+    }
+
+    let shards = quantfarm_tensors::safetensors::plan_shards(&descs, MAX_SHARD_BYTES);
+    let shard_of_desc: Vec<usize> =
+        shards.iter().enumerate().flat_map(|(i, r)| std::iter::repeat_n(i, r.len())).collect();
+    let metadata = [("format".to_string(), "mlx".to_string())];
+    let mut writers = Vec::with_capacity(shards.len());
+    for (i, range) in shards.iter().enumerate() {
+        let target = dst_dir.child(&shard_file_name(i, shards.len()))?;
+        writers.push(SafetensorsWriter::create(&target, &descs[range.clone()], &metadata, opts.overwrite).await?);
+    }
+
+    let mut buf = Vec::new();
+    let mut scratch = Vec::new();
+    let mut next_desc = 0usize;
+    let mut quantized = 0usize;
+    for item in &items {
+        match item {
+            Item::Plain { name, dtype, .. } => {
+                let w = &mut writers[shard_of_desc[next_desc]];
+                next_desc += 1;
+                let e = src.entry(name)?;
+                if e.ty == TensorType::Dtype(*dtype) {
+                    copy_tensor(src, name, opts.budget, &mut buf, w).await?;
+                    continue;
+                }
+                let cols = e.row_len().max(1);
+                let step = (opts.budget / (cols * 4)).max(1);
+                let mut row = 0;
+                while row < e.rows() {
+                    let n = step.min(e.rows() - row);
+                    let mut vals = vec![0f32; (n * cols) as usize];
+                    src.read_f32_rows(name, row, &mut vals, &mut scratch).await?;
+                    w.write(&encode(&vals, *dtype)).await?;
+                    row += n;
+                }
+            }
+            Item::Quant { name, rows, cols, dtype, .. } => {
+                // The three tensors are adjacent, so they are in one shard unless the shard planner split them.
+                let shard = [0, 1, 2].map(|k| shard_of_desc[next_desc + k]);
+                next_desc += 3;
+                quantized += 1;
+                let step = (opts.budget / (cols * 4)).max(1);
+                let (mut scales, mut biases) = (Vec::new(), Vec::new());
+                let mut row = 0;
+                while row < *rows {
+                    let n = step.min(rows - row);
+                    let mut vals = vec![0f32; (n * cols) as usize];
+                    src.read_f32_rows(name, row, &mut vals, &mut scratch).await?;
+                    round_to(&mut vals, *dtype);
+                    let q = quantize_affine(&vals, *cols as usize, opts.bits, opts.group_size, *dtype)
+                        .map_err(|source| MlxFileError::Quant { tensor: name.clone(), source })?;
+                    writers[shard[0]].write(&q.packed_bytes()).await?;
+                    scales.extend_from_slice(&q.scales);
+                    biases.extend_from_slice(&q.biases);
+                    row += n;
+                }
+                writers[shard[1]].write(&scales).await?;
+                writers[shard[2]].write(&biases).await?;
+            }
+        }
+    }
+
+    let mut files = Vec::with_capacity(writers.len() + 2 + CARRIED_FILES.len());
+    for w in writers {
+        files.push(w.finish().await?);
+    }
+
+    // Files mlx-lm carries over, when the source folder has them.
+    let src_dir = src.location();
+    let present = src_dir.list().await.unwrap_or_default();
+    for name in CARRIED_FILES.iter().filter(|n| present.iter().any(|p| p == *n)) {
+        let blob = Blob::open(&src_dir.child(name)?).await?;
+        let bytes = blob.read_vec(0, blob.len()).await?;
+        files.push(write_file(dst_dir, name, &bytes, opts.overwrite).await?);
+    }
+
+    let mut weight_map = Map::new();
+    for (i, r) in shards.iter().enumerate() {
+        for d in &descs[r.clone()] {
+            weight_map.insert(d.name.clone(), Json::String(shard_file_name(i, shards.len())));
+        }
+    }
+    weight_map.sort_keys();
+    let total_size: u64 = descs.iter().map(StTensorDesc::nbytes).sum();
+    let index = serde_json::json!({
+        "metadata": { "total_size": total_size, "total_parameters": total_parameters },
+        "weight_map": weight_map,
+    });
+    files.push(write_file(dst_dir, "model.safetensors.index.json", &python_json(&index), opts.overwrite).await?);
+
+    let config = mlx_config(config, opts.bits, opts.group_size);
+    files.push(write_file(dst_dir, "config.json", &python_json(&Json::Object(config)), opts.overwrite).await?);
+    Ok(MlxConverted { files, quantized, total_parameters })
+}
+
+/// `quantize_model` + `save_config`: the global `quantization` block (and its `quantization_config` copy), without
+/// `_name_or_path` and `vision_config`, top-level keys sorted.
+pub fn mlx_config(mut config: Map<String, Json>, bits: u32, group_size: usize) -> Map<String, Json> {
+    let q = serde_json::json!({ "group_size": group_size, "bits": bits, "mode": "affine" });
+    config.insert("quantization".into(), q.clone());
+    config.remove("_name_or_path");
+    config.remove("vision_config");
+    config.insert("quantization_config".into(), q);
+    config.sort_keys();
+    config
+}
+
+async fn write_file(dir: &Location, name: &str, bytes: &[u8], overwrite: bool) -> Result<Committed, MlxFileError> {
+    let mut sink = StagedSink::create(&dir.child(name)?, overwrite).await?;
+    sink.write(bytes).await?;
+    Ok(sink.commit().await?)
+}
+
+/// `x.astype(dtype)` for values already widened to f32 (round to nearest even).
+fn round_to(vals: &mut [f32], dtype: Dtype) {
+    match dtype {
+        Dtype::BF16 => vals.iter_mut().for_each(|x| *x = f32::from_bits(u32::from(f32_to_bf16_bits(*x)) << 16)),
+        Dtype::F16 => {
+            vals.iter_mut().for_each(|x| *x = quantfarm_tensors::dequant::f16_bits_to_f32(f32_to_f16_bits(*x)))
+        }
+        _ => {}
+    }
+}
+
+/// Little-endian bytes of `vals` in `dtype` (a float dtype; the plan only casts floating tensors).
+fn encode(vals: &[f32], dtype: Dtype) -> Vec<u8> {
+    match dtype {
+        Dtype::BF16 => vals.iter().flat_map(|&x| f32_to_bf16_bits(x).to_le_bytes()).collect(),
+        Dtype::F16 => vals.iter().flat_map(|&x| f32_to_f16_bits(x).to_le_bytes()).collect(),
+        _ => vals.iter().flat_map(|x| x.to_le_bytes()).collect(),
+    }
+}
+
+/// `json.dumps(value, indent=4)` (ensure_ascii, Python float repr, no trailing newline).
+pub fn python_json(value: &Json) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut ser = serde_json::Serializer::with_formatter(
+        &mut out,
+        PyFormatter(serde_json::ser::PrettyFormatter::with_indent(b"    ")),
+    );
+    serde::Serialize::serialize(value, &mut ser).expect("JSON values serialize");
+    // ensure_ascii: non-ASCII only occurs inside strings, where \uXXXX (UTF-16) is what Python writes.
+    let text = String::from_utf8(out).expect("serde_json writes UTF-8");
+    let mut ascii = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_ascii() {
+            ascii.push(c);
+        } else {
+            let mut units = [0u16; 2];
+            for u in c.encode_utf16(&mut units) {
+                ascii.push_str(&format!("\\u{u:04x}"));
+            }
+        }
+    }
+    ascii.into_bytes()
+}
+
+/// Python's `repr(float)`: shortest round-trip digits, positional for decimal exponents in [-4, 16), else
+/// `d.ddde±XX`; integral values keep `.0`.
+pub fn python_float_repr(x: f64) -> String {
+    if !x.is_finite() {
+        return if x.is_nan() {
+            "NaN".into()
+        } else if x > 0.0 {
+            "Infinity".into()
+        } else {
+            "-Infinity".into()
+        };
+    }
+    if x == 0.0 {
+        return if x.is_sign_negative() { "-0.0".into() } else { "0.0".into() };
+    }
+    // `{:e}` gives the shortest round-trip digits as d.ddde±X.
+    let sci = format!("{x:e}");
+    let (mant, exp) = sci.split_once('e').expect("{:e} has an exponent");
+    let exp: i32 = exp.parse().expect("{:e} exponent is an integer");
+    let (sign, mant) = mant.strip_prefix('-').map(|m| ("-", m)).unwrap_or(("", mant));
+    let digits: String = mant.chars().filter(|c| *c != '.').collect();
+    if (-4..16).contains(&exp) {
+        let n = digits.len() as i32;
+        let s = if exp < 0 {
+            format!("0.{}{}", "0".repeat((-exp - 1) as usize), digits)
+        } else if exp + 1 >= n {
+            format!("{}{}.0", digits, "0".repeat((exp + 1 - n) as usize))
+        } else {
+            format!("{}.{}", &digits[..(exp + 1) as usize], &digits[(exp + 1) as usize..])
+        };
+        format!("{sign}{s}")
+    } else {
+        let m = if digits.len() > 1 { format!("{}.{}", &digits[..1], &digits[1..]) } else { digits };
+        format!("{sign}{m}e{}{:02}", if exp < 0 { '-' } else { '+' }, exp.abs())
+    }
+}
+
+/// serde_json's pretty printer with Python's float formatting.
+struct PyFormatter<'a>(serde_json::ser::PrettyFormatter<'a>);
+
+impl serde_json::ser::Formatter for PyFormatter<'_> {
+    fn write_f64<W: ?Sized + std::io::Write>(&mut self, w: &mut W, value: f64) -> std::io::Result<()> {
+        w.write_all(python_float_repr(value).as_bytes())
+    }
+    fn write_f32<W: ?Sized + std::io::Write>(&mut self, w: &mut W, value: f32) -> std::io::Result<()> {
+        self.write_f64(w, f64::from(value))
+    }
+    fn begin_array<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.begin_array(w)
+    }
+    fn end_array<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.end_array(w)
+    }
+    fn begin_array_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W, first: bool) -> std::io::Result<()> {
+        self.0.begin_array_value(w, first)
+    }
+    fn end_array_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.end_array_value(w)
+    }
+    fn begin_object<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.begin_object(w)
+    }
+    fn end_object<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.end_object(w)
+    }
+    fn begin_object_key<W: ?Sized + std::io::Write>(&mut self, w: &mut W, first: bool) -> std::io::Result<()> {
+        self.0.begin_object_key(w, first)
+    }
+    fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.begin_object_value(w)
+    }
+    fn end_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        self.0.end_object_value(w)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn floats_print_as_python_repr() {
+        for (x, s) in [
+            (1e-5, "1e-05"),
+            (1e-6, "1e-06"),
+            (100000.0, "100000.0"),
+            (0.02, "0.02"),
+            (0.0001, "0.0001"),
+            (1.5e-7, "1.5e-07"),
+            (1e16, "1e+16"),
+            (123456789012345.6, "123456789012345.6"),
+            (-2.5, "-2.5"),
+            (0.0, "0.0"),
+            (10000000.0, "10000000.0"),
+        ] {
+            assert_eq!(python_float_repr(x), s, "{x}");
+        }
+    }
+
+    #[test]
+    fn json_is_python_indent_4() {
+        let v = serde_json::json!({"b": [1, 2.0], "a": {"x": "é"}, "e": [], "o": {}});
+        let text = String::from_utf8(python_json(&v)).unwrap();
+        assert_eq!(
+            text,
+            "{\n    \"b\": [\n        1,\n        2.0\n    ],\n    \"a\": {\n        \"x\": \"\\u00e9\"\n    },\n    \"e\": [],\n    \"o\": {}\n}"
+        );
+    }
+}
