@@ -87,6 +87,9 @@ pub struct WorkerArgs {
     /// Tasks run at once (default: 1).
     #[arg(long, default_value_t = 1)]
     slots: u32,
+    /// Cores the worker's tasks may use together (default: all of the machine's).
+    #[arg(long)]
+    cores: Option<u32>,
     /// Memory budget shared by the running tasks.
     #[arg(long, default_value = "1GiB", value_parser = parse_size)]
     memory: u64,
@@ -233,6 +236,7 @@ pub async fn worker(args: WorkerArgs) -> Result<()> {
         token: args.token,
         name: args.name.unwrap_or_else(host_name),
         slots: args.slots.max(1),
+        cores: args.cores.unwrap_or_else(quantfarm_worker::available_cores).max(1),
         memory_budget: args.memory,
         ca_cert: ca,
         scratch: args.scratch.unwrap_or_else(|| std::env::temp_dir().join("quantfarm-scratch")),
@@ -514,6 +518,8 @@ pub async fn run(args: RunArgs) -> Result<u8> {
             token: Some(token.clone()),
             name: format!("local-{}", i + 1),
             slots: 1,
+            // The local workers share the machine's cores.
+            cores: (quantfarm_worker::available_cores() / args.workers.max(1)).max(1),
             memory_budget: args.memory,
             ca_cert: None,
             scratch: scratch.clone(),

@@ -57,6 +57,8 @@ impl TState {
 pub struct TaskRec {
     pub key: TaskKey,
     pub id: String,
+    /// Index into the release's `stage_names` (progress counting without a string per task per event).
+    pub stage: usize,
     pub deps: Vec<usize>,
     pub dependents: Vec<usize>,
     pub waiting: usize,
@@ -103,6 +105,7 @@ pub struct Release {
     pub state: ReleaseState,
     pub tasks: Vec<TaskRec>,
     pub index: HashMap<TaskKey, usize>,
+    pub stage_names: Vec<String>,
     pub error: Option<String>,
     pub report_json: Option<String>,
     pub report_url: Option<String>,
@@ -117,24 +120,30 @@ impl Release {
 
     /// Per-stage counts for progress displays, in first-appearance order.
     pub fn stages(&self) -> Vec<pb::StageProgress> {
-        let mut out: Vec<pb::StageProgress> = Vec::new();
+        let mut out: Vec<pb::StageProgress> =
+            self.stage_names.iter().map(|s| pb::StageProgress { stage: s.clone(), ..Default::default() }).collect();
         for t in &self.tasks {
-            let stage = t.key.stage();
-            let i = match out.iter().position(|s| s.stage == stage) {
-                Some(i) => i,
-                None => {
-                    out.push(pb::StageProgress { stage, ..Default::default() });
-                    out.len() - 1
-                }
-            };
-            out[i].total += 1;
+            let p = &mut out[t.stage];
+            p.total += 1;
             match t.state {
-                TState::Done => out[i].done += 1,
-                TState::Leased { .. } => out[i].running += 1,
+                TState::Done => p.done += 1,
+                TState::Leased { .. } => p.running += 1,
                 _ => {}
             }
         }
         out
+    }
+
+    /// The index of `key`'s stage, adding the stage when it is new.
+    fn stage_of(&mut self, key: &TaskKey) -> usize {
+        let name = key.stage();
+        match self.stage_names.iter().position(|s| *s == name) {
+            Some(i) => i,
+            None => {
+                self.stage_names.push(name);
+                self.stage_names.len() - 1
+            }
+        }
     }
 
     pub fn event(&self, message: String) -> pb::ReleaseEvent {
@@ -269,6 +278,7 @@ impl Sched {
             state,
             tasks: Vec::new(),
             index: HashMap::new(),
+            stage_names: Vec::new(),
             error: row.error,
             report_json: row.report_json,
             report_url: row.report_url,
@@ -290,8 +300,10 @@ impl Sched {
                 _ => TState::Blocked,
             };
             rel.index.insert(key.clone(), rel.tasks.len());
+            let stage = rel.stage_of(&key);
             rel.tasks.push(TaskRec {
                 key,
+                stage,
                 id: r.id.clone(),
                 deps: Vec::new(),
                 dependents: Vec::new(),
@@ -384,6 +396,7 @@ impl Sched {
             state: ReleaseState::Running,
             tasks: Vec::new(),
             index: HashMap::new(),
+            stage_names: Vec::new(),
             error: None,
             report_json: None,
             report_url: None,
@@ -409,7 +422,9 @@ impl Sched {
         let first_new = rel.tasks.len();
         for d in &defs {
             rel.index.insert(d.key.clone(), rel.tasks.len());
+            let stage = rel.stage_of(&d.key);
             rel.tasks.push(TaskRec {
+                stage,
                 id: d.key.to_string(),
                 key: d.key.clone(),
                 deps: Vec::new(),

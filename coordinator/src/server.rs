@@ -271,7 +271,17 @@ impl Farm for FarmSvc {
     }
 
     async fn lease(&self, req: Request<pb::LeaseRequest>) -> Result<Response<pb::LeaseResponse>, Status> {
-        let req = req.into_inner();
+        let mut req = req.into_inner();
+        if !req.completed.is_empty() {
+            let mut s = self.0.lock();
+            for c in std::mem::take(&mut req.completed) {
+                let task = c.task_id.clone();
+                if let Err(e) = s.complete(c) {
+                    tracing::warn!(task = %task, "completion from {}: {e}", req.worker_id);
+                }
+            }
+            self.0.after(s);
+        }
         let deadline = Instant::now() + Duration::from_millis(req.wait_ms.min(60_000) as u64);
         loop {
             let notified = self.0.shared.notify.notified();

@@ -30,6 +30,7 @@ fn worker_cfg(url: &str, token: &str, ca: Option<Vec<u8>>, dir: &std::path::Path
         token: Some(token.into()),
         name: "t".into(),
         slots: 2,
+        cores: 2,
         memory_budget: 64 << 20,
         ca_cert: ca,
         scratch: dir.join("scratch"),

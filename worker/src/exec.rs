@@ -58,6 +58,8 @@ pub struct Env {
     pub budget: u64,
     /// Scratch folder for recomputed outputs (verify).
     pub scratch: std::path::PathBuf,
+    /// Threads one task may use: the worker's cores shared among its slots.
+    pub threads: usize,
 }
 
 pub async fn run(t: &pb::Task, env: &Env) -> Result<pb::TaskResult, Failure> {
@@ -240,7 +242,7 @@ async fn write_quantized(q: &pb::QuantizeTask, out: &Location, env: &Env) -> Res
     if n != q.n_shards as usize {
         return Err(Failure::input(format!("{}: has {n} split files, the task expects {}", q.input, q.n_shards)));
     }
-    let opts = Options { budget: env.budget, ..Options::new(ftype) };
+    let opts = Options { budget: env.budget, threads: Some(env.threads), ..Options::new(ftype) };
     let done = quantize_gguf_shard(&src, q.shard as usize, out, &opts).await?;
     Ok((done.committed.sha256, done.committed.bytes))
 }

@@ -18,6 +18,11 @@ use tonic::{Code, Request, Status};
 
 pub use exec::Env;
 
+/// The machine's cores, the default share of a worker.
+pub fn available_cores() -> u32 {
+    std::thread::available_parallelism().map_or(1, |n| n.get() as u32)
+}
+
 #[derive(Clone, Debug)]
 pub struct WorkerConfig {
     /// `http://host:port` or `https://host:port`.
@@ -26,6 +31,8 @@ pub struct WorkerConfig {
     pub name: String,
     /// Tasks run at once.
     pub slots: u32,
+    /// Cores all running tasks together may use (each task gets cores ÷ slots threads).
+    pub cores: u32,
     /// Bytes of memory all running tasks together stay within.
     pub memory_budget: u64,
     /// PEM CA certificate that signed the coordinator's certificate (for https).
@@ -110,8 +117,15 @@ fn runtimes() -> Vec<String> {
 struct Running {
     task_id: String,
     abort: tokio::task::AbortHandle,
-    /// The outcome is being reported: the coordinator may already have ended the lease, which is no reason to stop.
+    /// The task has finished and its outcome waits in the outbox: the coordinator may already have ended the lease,
+    /// which is no reason to stop, and the slot is free.
     reporting: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Running {
+    fn reported(&self) -> bool {
+        self.reporting.load(std::sync::atomic::Ordering::SeqCst)
+    }
 }
 
 struct Session {
@@ -128,7 +142,7 @@ impl Session {
             os: std::env::consts::OS.into(),
             arch: std::env::consts::ARCH.into(),
             slots: self.cfg.slots,
-            cores: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
+            cores: self.cfg.cores,
             memory_budget: self.cfg.memory_budget,
             task_kinds: TASK_KINDS.iter().map(|s| s.to_string()).collect(),
             runtimes: runtimes(),
@@ -195,9 +209,13 @@ pub async fn run(
     let mut s =
         Session { client, cfg, worker_id: Arc::new(Mutex::new(String::new())), heartbeat: Duration::from_secs(5) };
     s.register().await?;
-    let env =
-        Env { budget: (s.cfg.memory_budget / s.cfg.slots.max(1) as u64).max(1 << 20), scratch: s.cfg.scratch.clone() };
+    let env = Env {
+        budget: (s.cfg.memory_budget / s.cfg.slots.max(1) as u64).max(1 << 20),
+        scratch: s.cfg.scratch.clone(),
+        threads: (s.cfg.cores / s.cfg.slots.max(1)).max(1) as usize,
+    };
     let running: Arc<Mutex<HashMap<String, Running>>> = Arc::default();
+    let outbox: Outbox = Arc::default();
     let mut tasks: JoinSet<()> = JoinSet::new();
 
     let hb = tokio::spawn(heartbeat_loop(s.client.clone(), s.worker_id.clone(), running.clone(), s.heartbeat));
@@ -205,21 +223,36 @@ pub async fn run(
     tokio::pin!(shutdown_now);
     let result = loop {
         while tasks.try_join_next().is_some() {}
-        let busy = running.lock().unwrap_or_else(|p| p.into_inner()).len() as u32;
-        let free = s.cfg.slots.saturating_sub(busy);
-        if free == 0 {
+        let active = running.lock().unwrap_or_else(|p| p.into_inner()).values().filter(|r| !r.reported()).count();
+        let free = s.cfg.slots.saturating_sub(active as u32);
+        let completed = std::mem::take(&mut *outbox.lock().unwrap_or_else(|p| p.into_inner()));
+        if free == 0 && completed.is_empty() {
             tokio::select! {
                 _ = tasks.join_next() => continue,
                 _ = &mut shutdown => break Ok(()),
             }
         }
-        let wait_ms = if busy == 0 { 10_000 } else { 500 };
-        let req = pb::LeaseRequest { worker_id: s.id(), free_slots: free, wait_ms };
+        // Idle: a long poll. Busy: a quick look, so a finishing task's outcome is not held up.
+        let wait_ms = if active == 0 { 10_000 } else { 0 };
+        let done: Vec<String> = completed.iter().map(|c| c.lease_id.clone()).collect();
+        let req = pb::LeaseRequest { worker_id: s.id(), free_slots: free.max(1), wait_ms, completed: completed.clone() };
         let mut client = s.client.clone();
         let leased = tokio::select! {
             r = client.lease(req) => r,
-            _ = &mut shutdown => break Ok(()),
+            _ = &mut shutdown => {
+                outbox.lock().unwrap_or_else(|p| p.into_inner()).extend(completed);
+                break Ok(());
+            }
         };
+        if leased.is_err() {
+            // Not delivered (or not known to be): send again with the next request; a duplicate is harmless.
+            outbox.lock().unwrap_or_else(|p| p.into_inner()).extend(completed);
+        } else {
+            let mut held = running.lock().unwrap_or_else(|p| p.into_inner());
+            for l in &done {
+                held.remove(l);
+            }
+        }
         let leases = match leased {
             Ok(r) => r.into_inner().leases,
             Err(st) if st.code() == Code::NotFound => {
@@ -243,19 +276,50 @@ pub async fn run(
                 continue;
             }
         };
+        if leases.is_empty() && active > 0 {
+            tokio::select! {
+                _ = tasks.join_next() => {}
+                _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+                _ = &mut shutdown => break Ok(()),
+            }
+        }
         for lease in leases {
-            start_task(&mut tasks, &s, lease, &env, &running);
+            start_task(&mut tasks, &s, lease, &env, &running, &outbox);
         }
     };
-    // Drain: finish what runs, unless told to stop now; then hand back whatever is left.
+    // Drain: finish what runs (reporting each outcome as it comes), unless told to stop now; then hand back
+    // whatever is left.
+    let flush = |outbox: &Outbox| {
+        let pending = std::mem::take(&mut *outbox.lock().unwrap_or_else(|p| p.into_inner()));
+        let client = s.client.clone();
+        let patience = s.cfg.patience;
+        async move {
+            for c in pending {
+                send_completion(client.clone(), c, patience).await;
+            }
+        }
+    };
     tokio::select! {
-        _ = async { while tasks.join_next().await.is_some() {} } => {}
+        _ = async {
+            flush(&outbox).await;
+            while tasks.join_next().await.is_some() {
+                flush(&outbox).await;
+            }
+        } => {}
         _ = &mut shutdown_now => {
             let held: Vec<(String, Running)> = running.lock().unwrap_or_else(|p| p.into_inner()).drain().collect();
             for (_, r) in &held {
                 r.abort.abort();
             }
-            let ids: Vec<String> = held.into_iter().map(|(l, r)| { tracing::info!(task = %r.task_id, "handed back"); l }).collect();
+            let ids: Vec<String> = held
+                .into_iter()
+                .filter(|(_, r)| !r.reported())
+                .map(|(l, r)| {
+                    tracing::info!(task = %r.task_id, "handed back");
+                    l
+                })
+                .collect();
+            flush(&outbox).await;
             if !ids.is_empty() {
                 let _ = s.client.clone().hand_back(pb::HandBackRequest { worker_id: s.id(), lease_ids: ids }).await;
             }
@@ -265,17 +329,20 @@ pub async fn run(
     result
 }
 
+/// Outcomes waiting to be delivered with the next lease request.
+type Outbox = Arc<Mutex<Vec<pb::CompleteRequest>>>;
+
 fn start_task(
     tasks: &mut JoinSet<()>,
     s: &Session,
     lease: pb::Lease,
     env: &Env,
     running: &Arc<Mutex<HashMap<String, Running>>>,
+    outbox: &Outbox,
 ) {
-    let client = s.client.clone();
     let env = env.clone();
     let worker_id = s.worker_id.clone();
-    let patience = s.cfg.patience;
+    let outbox = outbox.clone();
     let lease_id = lease.lease_id.clone();
     let task_id = lease.task_id.clone();
     let reg = running.clone();
@@ -310,9 +377,10 @@ fn start_task(
             duration_ms,
             outcome: Some(outcome),
         };
+        // Delivered by the worker loop with its next request; the lease stays in the heartbeats until then.
+        let _held = reg.lock().unwrap_or_else(|p| p.into_inner());
         reporting_flag.store(true, std::sync::atomic::Ordering::SeqCst);
-        send_completion(client, req, patience).await;
-        reg.lock().unwrap_or_else(|p| p.into_inner()).remove(&lease.lease_id);
+        outbox.lock().unwrap_or_else(|p| p.into_inner()).push(req);
     });
     guard.insert(lease_id, Running { task_id, abort: handle, reporting });
 }
