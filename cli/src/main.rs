@@ -5,6 +5,7 @@ mod cp;
 mod farm;
 mod inspect;
 mod keys;
+mod mlx;
 mod quantize;
 mod units;
 
@@ -33,6 +34,8 @@ enum Command {
     Quantize(quantize::Args),
     /// Convert a Hugging Face safetensors checkpoint to GGUF BF16 (the bytes convert_hf_to_gguf.py writes).
     Convert(convert::Args),
+    /// Quantize a Hugging Face checkpoint to MLX affine bits (the checkpoint mlx_lm.convert -q writes).
+    Mlx(mlx::Args),
     /// Make a release: a coordinator and local workers in this process (gRPC over loopback), a local store.
     /// Exit status 0 released, 1 a gate failed, 2 error.
     Run(farm::RunArgs),
@@ -80,6 +83,7 @@ fn main() -> std::process::ExitCode {
             Command::Cp(args) => ok(cp::run(args).await),
             Command::Quantize(args) => ok(quantize::run(args).await),
             Command::Convert(args) => ok(convert::run(args).await),
+            Command::Mlx(args) => ok(mlx::run(args).await),
             Command::Run(args) => farm::run(args).await,
             Command::Coordinator(args) => ok(farm::coordinator(args).await),
             Command::Worker(args) => ok(farm::worker(args).await),

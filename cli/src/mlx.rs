@@ -1,0 +1,44 @@
+//! `quantfarm mlx`: a Hugging Face checkpoint to an MLX affine-quantized checkpoint, the tensors and config that
+//! `mlx_lm.convert --hf-path IN -q --q-bits B --q-group-size G` writes (mlx-lm's choice of quantized modules,
+//! `mlx.core.quantize`'s arithmetic and packing).
+
+use anyhow::{Context, Result};
+use quantfarm_quant::mlx_file::{quantize_mlx_checkpoint, MlxOptions};
+use quantfarm_tensors::{Location, TensorSource};
+
+use crate::units::{human, parse_size};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The HF checkpoint folder (config.json, *.safetensors, tokenizer files): a path or s3:// URL.
+    input: String,
+    /// The output folder.
+    output_dir: String,
+    /// Bits per weight: 2, 3, 4, 5, 6 or 8.
+    #[arg(long, default_value_t = 4)]
+    bits: u32,
+    /// Weights per scale/bias group: 32, 64 or 128.
+    #[arg(long, default_value_t = 64)]
+    group_size: usize,
+    /// Replace existing outputs.
+    #[arg(long)]
+    overwrite: bool,
+    /// Memory for tensor data held at once.
+    #[arg(long, default_value = "256MiB", value_parser = parse_size)]
+    budget: u64,
+}
+
+pub async fn run(args: Args) -> Result<()> {
+    let src = TensorSource::open(&Location::parse(&args.input)?).await?;
+    let dst = Location::parse(&args.output_dir)?;
+    let opts =
+        MlxOptions { budget: args.budget, overwrite: args.overwrite, ..MlxOptions::new(args.bits, args.group_size) };
+    let done = quantize_mlx_checkpoint(&src, &dst, &opts)
+        .await
+        .with_context(|| format!("cannot quantize {} to MLX {}-bit", args.input, args.bits))?;
+    println!("{} modules quantized to {} bits (group size {})", done.quantized, args.bits, args.group_size);
+    for c in &done.files {
+        println!("{}  {}  {}", c.sha256, human(c.bytes), c.location);
+    }
+    Ok(())
+}
