@@ -520,3 +520,43 @@ fn quantfarm_run_makes_the_readme_example_offline() {
     };
     assert_eq!(shas(&String::from_utf8_lossy(&again.stdout)), shas(&stdout));
 }
+
+#[test]
+fn a_release_with_an_importance_matrix_matches_llama_quantize() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hf = quantfarm_e2e::smollm2_derived().join("smollm2-hf");
+    let imatrix = quantfarm_e2e::fixtures_dir().join("smollm2/imatrix-gpl3.gguf");
+    let release = tmp.path().join("release.yaml");
+    std::fs::write(
+        &release,
+        format!(
+            "name: smollm2-imat\nsource: {}\noutputs:\n  gguf:\n    quants: [Q4_K_M]\n    imatrix: {}\n",
+            hf.display(),
+            imatrix.display()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(bin())
+        .arg("run")
+        .arg(&release)
+        .arg("--store")
+        .arg(tmp.path().join("data"))
+        .arg("--json")
+        .env("QUANTFARM_KEY_FILE", tmp.path().join("k"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let sum = summary(&out);
+    let q4 = sum["artifacts"].as_array().unwrap().iter().find(|a| a["file_type"] == "Q4_K_M").unwrap();
+    let url = q4["files"][0]["url"].as_str().unwrap();
+    let rt = rt();
+    assert_eq!(
+        tensor_hashes(&rt, &Location::local(url)),
+        manifest("smollm2-imat-q4_k_m.json"),
+        "imatrix Q4_K_M tensors differ from llama-quantize's"
+    );
+    // The quantize.imatrix.* keys are llama-quantize's (the file recorded by its name).
+    let meta = rt.block_on(async { TensorSource::open(&Location::local(url)).await.unwrap().metadata() });
+    assert_eq!(meta["quantize.imatrix.file"], "imatrix-gpl3.gguf");
+    assert_eq!(meta["quantize.imatrix.dataset"], "gpl3.txt");
+}

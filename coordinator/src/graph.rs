@@ -111,6 +111,8 @@ pub struct Ctx<'a> {
     pub spec: &'a ReleaseSpec,
     /// The source, resolved against the submitter's folder.
     pub source: &'a str,
+    /// The importance matrix, resolved likewise ("" for none).
+    pub imatrix: &'a str,
     pub store: &'a Location,
 }
 
@@ -273,6 +275,10 @@ fn quantize_task(ctx: &Ctx, results: &Results, level: FileType, shard: u32) -> R
         (0..n).map(|s| artifact_of(results, &TaskKey::Gguf { shard: s })).collect::<Result<_, _>>()?;
     let mut parts = vec!["quantfarm quantize v1", level.name()];
     parts.extend(inputs.iter().map(|a| a.sha256.as_str()));
+    if !ctx.imatrix.is_empty() {
+        parts.push("imatrix");
+        parts.push(&plan.imatrix_sha256);
+    }
     let folder = short_hash(&parts);
     let name = file_name(&format!("{}-{}", ctx.spec.prefix(), level.name()), shard, n);
     let output = ctx.store.child(&format!("artifacts/{folder}/{name}")).map_err(|e| e.to_string())?;
@@ -282,6 +288,8 @@ fn quantize_task(ctx: &Ctx, results: &Results, level: FileType, shard: u32) -> R
         n_shards: n,
         file_type: level.name().to_string(),
         output: output.to_string(),
+        imatrix: ctx.imatrix.to_string(),
+        imatrix_sha256: plan.imatrix_sha256.clone(),
     })
 }
 
@@ -291,6 +299,7 @@ pub fn build(ctx: &Ctx, key: &TaskKey, results: &Results) -> Result<pb::Task, St
         TaskKey::Plan => task::Kind::Plan(pb::PlanTask {
             source: ctx.source.to_string(),
             split: ctx.spec.split_rule(),
+            imatrix: ctx.imatrix.to_string(),
             synthetic: match synthetic_name(&ctx.spec.source) {
                 Some(Ok(_)) => ctx.spec.source.trim_start_matches("synthetic:").to_string(),
                 _ => String::new(),

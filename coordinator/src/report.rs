@@ -49,13 +49,14 @@ fn split_json(rule: &Option<pb::SplitRule>) -> Value {
 fn inputs_json(t: Option<&pb::Task>) -> Value {
     let Some(kind) = t.and_then(|t| t.kind.as_ref()) else { return Value::Null };
     match kind {
-        task::Kind::Plan(p) => json!({"source": p.source, "split": split_json(&p.split)}),
+        task::Kind::Plan(p) => json!({"source": p.source, "split": split_json(&p.split), "imatrix": p.imatrix}),
         task::Kind::Gguf(g) => json!({
             "source": g.source, "plan_digest": g.plan_digest, "shard": g.shard, "n_shards": g.n_shards,
             "split": split_json(&g.split)
         }),
         task::Kind::Quantize(q) => {
-            json!({"input": q.input, "file_type": q.file_type, "shard": q.shard, "n_shards": q.n_shards})
+            json!({"input": q.input, "file_type": q.file_type, "shard": q.shard, "n_shards": q.n_shards,
+                   "imatrix": q.imatrix, "imatrix_sha256": q.imatrix_sha256})
         }
         task::Kind::Verify(v) => {
             let (artifact, what) = match &v.what {
@@ -75,6 +76,7 @@ fn outputs_json(r: Option<&pb::TaskResult>) -> Value {
         task_result::Kind::Plan(p) => json!({
             "architecture": p.architecture, "format": p.format, "plan_digest": p.plan_digest,
             "source_identity": p.source_identity, "source_bytes": p.source_bytes, "tensors": p.tensors.len(),
+            "imatrix_sha256": p.imatrix_sha256,
             "split_files": p.shards.len()
         }),
         task_result::Kind::Artifact(a) => {

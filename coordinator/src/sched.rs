@@ -102,6 +102,8 @@ pub struct Release {
     pub base: String,
     pub spec: ReleaseSpec,
     pub source: String,
+    /// The importance matrix's location ("" for none).
+    pub imatrix: String,
     pub state: ReleaseState,
     pub tasks: Vec<TaskRec>,
     pub index: HashMap<TaskKey, usize>,
@@ -114,6 +116,10 @@ pub struct Release {
 }
 
 impl Release {
+    pub fn ctx<'a>(&'a self, store: &'a Location) -> Ctx<'a> {
+        Ctx { spec: &self.spec, source: &self.source, imatrix: &self.imatrix, store }
+    }
+
     pub fn result(&self, key: &TaskKey) -> Option<&pb::TaskResult> {
         self.index.get(key).and_then(|&i| self.tasks[i].result.as_ref())
     }
@@ -229,6 +235,10 @@ pub fn source_location(source: &str, base: &str, store: &Location) -> Result<Str
     }
 }
 
+fn imatrix_location(spec: &ReleaseSpec, base: &str) -> String {
+    spec.outputs.gguf.as_ref().and_then(|g| g.imatrix.as_deref()).map_or_else(String::new, |p| resolve_source(p, base))
+}
+
 /// Resolves a path against the submitter's folder: URLs and absolute paths as they are.
 pub fn resolve_source(source: &str, base: &str) -> String {
     if source.contains("://") || std::path::Path::new(source).is_absolute() || base.is_empty() {
@@ -266,6 +276,7 @@ impl Sched {
     fn restore(&mut self, row: ReleaseRow, rows: Vec<TaskRow>) -> Result<(), SchedError> {
         let spec = ReleaseSpec::parse(&row.yaml, &row.file_name)?;
         let source = source_location(&spec.source, &row.base, &self.store)?;
+        let imatrix = imatrix_location(&spec, &row.base);
         let state = ReleaseState::try_from(row.state).unwrap_or(ReleaseState::Failed);
         let ri = self.releases.len();
         let mut rel = Release {
@@ -275,6 +286,7 @@ impl Sched {
             base: row.base,
             spec,
             source,
+            imatrix,
             state,
             tasks: Vec::new(),
             index: HashMap::new(),
@@ -369,6 +381,7 @@ impl Sched {
     pub fn submit(&mut self, yaml: &str, file_name: &str, base: &str) -> Result<String, SchedError> {
         let spec = ReleaseSpec::parse(yaml, file_name)?;
         let source = source_location(&spec.source, base, &self.store)?;
+        let imatrix = imatrix_location(&spec, base);
         let mut id = format!("{}-{}", spec.name, &random_hex(4));
         while self.by_id.contains_key(&id) || self.journal.release_exists(&id)? {
             id = format!("{}-{}", spec.name, &random_hex(4));
@@ -393,6 +406,7 @@ impl Sched {
             base: row.base.clone(),
             spec,
             source,
+            imatrix,
             state: ReleaseState::Running,
             tasks: Vec::new(),
             index: HashMap::new(),
@@ -406,7 +420,7 @@ impl Sched {
         self.by_id.insert(id.clone(), ri);
         let defs = {
             let rel = &self.releases[ri];
-            graph::initial(&Ctx { spec: &rel.spec, source: &rel.source, store: &self.store })
+            graph::initial(&rel.ctx(&self.store))
         };
         self.journal.batch(|b| b.insert_release(&row))?;
         self.add_tasks(ri, defs)?;
@@ -486,7 +500,7 @@ impl Sched {
             return Ok(());
         }
         let built = {
-            let ctx = Ctx { spec: &rel.spec, source: &rel.source, store: &self.store };
+            let ctx = rel.ctx(&self.store);
             let results = |k: &TaskKey| rel.result(k);
             graph::build(&ctx, &key, &results)
         };
@@ -679,7 +693,7 @@ impl Sched {
         if let Some(plan) = plan {
             let defs = {
                 let rel = &self.releases[ri];
-                graph::expand(&Ctx { spec: &rel.spec, source: &rel.source, store: &self.store }, &plan)
+                graph::expand(&rel.ctx(&self.store), &plan)
             };
             if let Err(e) = check_plan(&plan) {
                 return self.fail_release(ri, format!("plan: {e}"));

@@ -9,6 +9,7 @@
 //!     prefix: SmolLM2-135M      # artifact file prefix (default: name)
 //!     split: {max_tensors: 100} # or {max_size: 2GB}: llama.cpp split files (gguf-split's rules); default one file
 //!     quants: [Q8_0]            # llama-quantize file types
+//!     imatrix: imatrix.gguf     # optional importance matrix (path relative to this file, file:// or s3://)
 //! gates:                        # default: one gate `reproducible` (rule: verified)
 //!   - {name: reproducible, rule: verified}
 //!   - {name: q8-close, rule: kld_mean, level: Q8_0, max: 0.01}
@@ -61,6 +62,10 @@ pub struct GgufOutputs {
     pub split: Option<Split>,
     #[serde(default)]
     pub quants: Vec<QuantLevel>,
+    /// An importance matrix for the quants (llama.cpp's GGUF imatrix or legacy `.dat`): a path (relative to this
+    /// file), file:// or s3://.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub imatrix: Option<String>,
 }
 
 /// gguf-split's two rules; exactly one is given.
@@ -151,7 +156,7 @@ impl ReleaseSpec {
                 return Err("outputs.noop: tasks must be 1–1000000 and sleep_ms at most 3600000".into());
             }
         }
-        let empty = GgufOutputs { prefix: None, split: None, quants: vec![] };
+        let empty = GgufOutputs { prefix: None, split: None, quants: vec![], imatrix: None };
         let gguf = match (&self.outputs.gguf, &self.outputs.noop) {
             (Some(g), _) => g,
             (None, Some(_)) => &empty,

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use quantfarm_proto::{self as pb, task, task_result, verify_task, FailureKind};
 use quantfarm_quant::file::{quantize_gguf_shard, FileError, Options};
+use quantfarm_quant::imatrix::Imatrix;
 use quantfarm_quant::FileType;
 use quantfarm_tensors::blob::Blob;
 use quantfarm_tensors::convert::{self, GgufPlan, SplitRule};
@@ -128,6 +129,15 @@ async fn plan(p: &pb::PlanTask) -> Result<pb::PlanResult, Failure> {
     let (src, plan) = open_plan(&p.source).await?;
     let nbytes: Vec<u64> = plan.tensors.iter().map(|t| t.nbytes).collect();
     let ranges = convert::split_ranges(&nbytes, split_rule(&p.split));
+    // The importance matrix is checked now (it must load) and named by its bytes, so the quant outputs are
+    // content-addressed by it and every quantize task can tell it is the same file.
+    let imatrix_sha256 = if p.imatrix.is_empty() {
+        String::new()
+    } else {
+        let loc = location(&p.imatrix)?;
+        Imatrix::load(&loc).await.map_err(|e| Failure::input(e.to_string()))?;
+        hash_object(&loc, 8 << 20).await?.0
+    };
     Ok(pb::PlanResult {
         architecture: src.architecture().unwrap_or_default(),
         format: src.format().name().to_string(),
@@ -146,6 +156,7 @@ async fn plan(p: &pb::PlanTask) -> Result<pb::PlanResult, Failure> {
             })
             .collect(),
         shards: ranges.iter().map(|r| pb::ShardRange { start: r.start as u32, end: r.end as u32 }).collect(),
+        imatrix_sha256,
     })
 }
 
@@ -242,7 +253,23 @@ async fn write_quantized(q: &pb::QuantizeTask, out: &Location, env: &Env) -> Res
     if n != q.n_shards as usize {
         return Err(Failure::input(format!("{}: has {n} split files, the task expects {}", q.input, q.n_shards)));
     }
-    let opts = Options { budget: env.budget, threads: Some(env.threads), ..Options::new(ftype) };
+    let imatrix = if q.imatrix.is_empty() {
+        None
+    } else {
+        let loc = location(&q.imatrix)?;
+        let (sha, _) = hash_object(&loc, 8 << 20).await?;
+        if sha != q.imatrix_sha256 {
+            return Err(Failure::input(format!(
+                "{}: the importance matrix changed since the release was planned (sha256 {sha}, planned {})",
+                q.imatrix, q.imatrix_sha256
+            )));
+        }
+        let mut im = Imatrix::load(&loc).await.map_err(|e| Failure::input(e.to_string()))?;
+        // llama-quantize records the file as named on its command line; the farm records the file's name.
+        im.file = loc.file_name().to_string();
+        Some(std::sync::Arc::new(im))
+    };
+    let opts = Options { budget: env.budget, threads: Some(env.threads), imatrix, ..Options::new(ftype) };
     let done = quantize_gguf_shard(&src, q.shard as usize, out, &opts).await?;
     Ok((done.committed.sha256, done.committed.bytes))
 }

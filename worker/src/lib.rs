@@ -235,7 +235,8 @@ pub async fn run(
         // Idle: a long poll. Busy: a quick look, so a finishing task's outcome is not held up.
         let wait_ms = if active == 0 { 10_000 } else { 0 };
         let done: Vec<String> = completed.iter().map(|c| c.lease_id.clone()).collect();
-        let req = pb::LeaseRequest { worker_id: s.id(), free_slots: free.max(1), wait_ms, completed: completed.clone() };
+        let req =
+            pb::LeaseRequest { worker_id: s.id(), free_slots: free.max(1), wait_ms, completed: completed.clone() };
         let mut client = s.client.clone();
         let leased = tokio::select! {
             r = client.lease(req) => r,
