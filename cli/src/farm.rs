@@ -104,15 +104,35 @@ pub struct WorkerArgs {
     scratch: Option<PathBuf>,
 }
 
+/// How a client reaches the coordinator's Releases service.
+#[derive(clap::Args)]
+pub struct Connect {
+    /// The coordinator's URL (https:// for TLS).
+    #[arg(long, default_value = "http://127.0.0.1:7070")]
+    coordinator: String,
+    /// The farm token (or $QUANTFARM_TOKEN).
+    #[arg(long, env = "QUANTFARM_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// CA certificate (PEM) for a coordinator with a private CA.
+    #[arg(long)]
+    ca_cert: Option<PathBuf>,
+}
+
+impl Connect {
+    fn client(&self) -> Result<Releases> {
+        let ca = match &self.ca_cert {
+            Some(p) => Some(std::fs::read(p).with_context(|| p.display().to_string())?),
+            None => None,
+        };
+        releases_client(&self.coordinator, self.token.as_deref(), ca.as_deref())
+    }
+}
+
 #[derive(clap::Args)]
 pub struct SubmitArgs {
     release: PathBuf,
-    #[arg(long, default_value = "http://127.0.0.1:7070")]
-    coordinator: String,
-    #[arg(long, env = "QUANTFARM_TOKEN", hide_env_values = true)]
-    token: Option<String>,
-    #[arg(long)]
-    ca_cert: Option<PathBuf>,
+    #[command(flatten)]
+    conn: Connect,
     /// Follow the release to its verdict; the exit code is 0 released, 1 a gate failed, 2 an error.
     #[arg(long)]
     watch: bool,
@@ -424,11 +444,7 @@ async fn conclude(client: &mut Releases, id: &str, last: &pb::ReleaseEvent, json
 }
 
 pub async fn submit(args: SubmitArgs) -> Result<u8> {
-    let ca = match &args.ca_cert {
-        Some(p) => Some(std::fs::read(p).with_context(|| p.display().to_string())?),
-        None => None,
-    };
-    let mut client = releases_client(&args.coordinator, args.token.as_deref(), ca.as_deref())?;
+    let mut client = args.conn.client()?;
     let id = submit_file(&mut client, &args.release).await?;
     if !args.watch {
         if args.json {
@@ -445,23 +461,15 @@ pub async fn submit(args: SubmitArgs) -> Result<u8> {
 #[derive(clap::Args)]
 pub struct WatchArgs {
     release_id: String,
-    #[arg(long, default_value = "http://127.0.0.1:7070")]
-    coordinator: String,
-    #[arg(long, env = "QUANTFARM_TOKEN", hide_env_values = true)]
-    token: Option<String>,
-    #[arg(long)]
-    ca_cert: Option<PathBuf>,
+    #[command(flatten)]
+    conn: Connect,
     #[arg(long)]
     json: bool,
 }
 
 /// Follows a submitted release to its verdict (the exit code, as `submit --watch`).
 pub async fn watch(args: WatchArgs) -> Result<u8> {
-    let ca = match &args.ca_cert {
-        Some(p) => Some(std::fs::read(p).with_context(|| p.display().to_string())?),
-        None => None,
-    };
-    let mut client = releases_client(&args.coordinator, args.token.as_deref(), ca.as_deref())?;
+    let mut client = args.conn.client()?;
     let last =
         watch_release(&mut client, &args.release_id, if args.json { Show::JsonLines } else { Show::Bars }).await?;
     conclude(&mut client, &args.release_id, &last, args.json).await
@@ -469,11 +477,7 @@ pub async fn watch(args: WatchArgs) -> Result<u8> {
 
 /// Cancels a release: its leases are revoked (workers stop those tasks), nothing more runs.
 pub async fn cancel(args: WatchArgs) -> Result<u8> {
-    let ca = match &args.ca_cert {
-        Some(p) => Some(std::fs::read(p).with_context(|| p.display().to_string())?),
-        None => None,
-    };
-    let mut client = releases_client(&args.coordinator, args.token.as_deref(), ca.as_deref())?;
+    let mut client = args.conn.client()?;
     let r = client
         .cancel(pb::CancelRequest { release_id: args.release_id.clone() })
         .await
