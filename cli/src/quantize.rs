@@ -6,7 +6,7 @@ use std::sync::Arc;
 use quantfarm_quant::file::{quantize_gguf, Options};
 use quantfarm_quant::imatrix::Imatrix;
 use quantfarm_quant::FileType;
-use quantfarm_tensors::{Location, TensorSource};
+use quantfarm_tensors::{GgmlType, Location, TensorSource};
 
 use crate::units::{human, parse_size};
 
@@ -36,6 +36,28 @@ pub struct Args {
     /// Quantization threads (default: all cores). The output does not depend on it.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     threads: Option<u64>,
+    /// As llama-quantize's `--pure`: no mixture rules; every quantizable tensor gets the file type's default type
+    /// (norms and other 1-D tensors stay as they are, rows that are not whole blocks still fall back).
+    #[arg(long)]
+    pure: bool,
+    /// As llama-quantize's `--output-tensor-type`: this ggml type (e.g. q8_0, q6_K, f16) for output.weight, used as
+    /// given (no fallback); a tied token_embd gets it too (unless --pure).
+    #[arg(long, value_name = "TYPE", value_parser = parse_ggml_type)]
+    output_tensor_type: Option<GgmlType>,
+    /// As llama-quantize's `--token-embedding-type`: this ggml type for token_embd.weight, used as given.
+    #[arg(long, value_name = "TYPE", value_parser = parse_ggml_type)]
+    token_embedding_type: Option<GgmlType>,
+    /// As llama-quantize's `--leave-output-tensor`: output.weight keeps its input type.
+    #[arg(long)]
+    leave_output_tensor: bool,
+}
+
+/// llama-quantize's `parse_ggml_type`: a `ggml_type_name`, case-insensitively.
+fn parse_ggml_type(s: &str) -> Result<GgmlType, String> {
+    GgmlType::from_name(s).ok_or_else(|| {
+        let names: Vec<_> = GgmlType::ALL.iter().map(|t| t.name()).collect();
+        format!("unknown ggml type {s:?} (one of {})", names.join(", "))
+    })
 }
 
 fn parse_ftype(s: &str) -> Result<FileType, String> {
@@ -65,6 +87,10 @@ pub async fn run(args: Args) -> Result<()> {
         overwrite: args.overwrite,
         imatrix,
         threads: args.threads.map(|n| n as usize),
+        pure: args.pure,
+        output_tensor_type: args.output_tensor_type,
+        token_embedding_type: args.token_embedding_type,
+        leave_output_tensor: args.leave_output_tensor,
     };
     let q = quantize_gguf(&src, &Location::parse(&args.output)?, &opts).await?;
     let mut counts = std::collections::BTreeMap::new();

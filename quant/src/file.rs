@@ -32,6 +32,12 @@ pub enum FileError {
          ({ne0} columns × {experts} experts): is the imatrix for another model?"
     )]
     ImatrixSize { tensor: String, file: String, got: usize, expected: u64, ne0: u64, experts: u64 },
+    /// An `--output-tensor-type`/`--token-embedding-type` override skips llama-quantize's fallback, so a type whose
+    /// block does not divide the rows is refused here (llama-quantize would fail while quantizing).
+    #[error(
+        "tensor {tensor:?}: type {ty} needs rows that are whole blocks of {block}, but its rows have {ne0} values"
+    )]
+    BlockSize { tensor: String, ty: GgmlType, block: usize, ne0: u64 },
     #[error("cannot start {threads} quantization threads: {msg}")]
     Threads { threads: usize, msg: String },
     #[error("tensor {tensor:?}: {source}")]
@@ -55,12 +61,32 @@ pub struct Options {
     /// Threads for the quantizers (a rayon pool of this size); `None` uses rayon's global pool (all cores).
     /// Output bytes do not depend on it.
     pub threads: Option<usize>,
+    /// llama-quantize's `--pure`: no mixture rules, every quantizable tensor the file type's default type (then the
+    /// fallback for rows that are not whole blocks).
+    pub pure: bool,
+    /// llama-quantize's `--output-tensor-type`.
+    pub output_tensor_type: Option<GgmlType>,
+    /// llama-quantize's `--token-embedding-type`.
+    pub token_embedding_type: Option<GgmlType>,
+    /// llama-quantize's `--leave-output-tensor`: `output.weight` keeps its input type.
+    pub leave_output_tensor: bool,
 }
 
 impl Options {
-    /// No requantizing, no imatrix, a 64 MiB budget, all cores, refuse to replace an existing output.
+    /// No requantizing, no imatrix, a 64 MiB budget, all cores, refuse to replace an existing output, no type flags.
     pub fn new(ftype: FileType) -> Options {
-        Options { ftype, allow_requantize: false, budget: 64 << 20, overwrite: false, imatrix: None, threads: None }
+        Options {
+            ftype,
+            allow_requantize: false,
+            budget: 64 << 20,
+            overwrite: false,
+            imatrix: None,
+            threads: None,
+            pure: false,
+            output_tensor_type: None,
+            token_embedding_type: None,
+            leave_output_tensor: false,
+        }
     }
 }
 
@@ -185,7 +211,14 @@ async fn quantize_part(
     let imatrix = opts.imatrix.as_deref();
     // `qs.has_imatrix`: set when llama-quantize is given a non-empty imatrix (a loaded one always has entries).
     let has_imatrix = imatrix.is_some_and(|im| !im.entries.is_empty());
-    let choices: Vec<Choice> = mixture::choose_types(opts.ftype, &facts, &list, has_imatrix)
+    let params = mixture::Params {
+        has_imatrix,
+        pure: opts.pure,
+        output_tensor_type: opts.output_tensor_type,
+        token_embedding_type: opts.token_embedding_type,
+        leave_output_tensor: opts.leave_output_tensor,
+    };
+    let choices: Vec<Choice> = mixture::choose_types_with(opts.ftype, &facts, &list, &params)
         .into_iter()
         .filter(|c| in_part.contains(c.name.as_str()))
         .collect();
@@ -199,6 +232,10 @@ async fn quantize_part(
             }
             if !crate::supported(c.ty) {
                 return Err(FileError::Unsupported { tensor: c.name.clone(), ftype: opts.ftype, ty: c.ty });
+            }
+            let ne0 = info.dims.first().copied().unwrap_or(1);
+            if c.ty.row_bytes(ne0).is_none() {
+                return Err(FileError::BlockSize { tensor: c.name.clone(), ty: c.ty, block: c.ty.block_size(), ne0 });
             }
             // Checked up front, as in llama-quantize, so a wrong imatrix fails before anything is written.
             imatrix_for(imatrix, &c.name, &info.dims)?;

@@ -166,14 +166,41 @@ pub struct Choice {
     pub fell_back: bool,
 }
 
+/// llama-quantize's flags that change the types chosen (`llama_model_quantize_params`; spec §3.3, §3.7).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Params {
+    /// `qs.has_imatrix`: an imatrix with at least one entry was given; some rules depend on it.
+    pub has_imatrix: bool,
+    /// `--pure`: no mixture rules (`llama_tensor_get_type_impl` is skipped, so its layer counters do not advance);
+    /// every quantizable tensor gets the default type, then the fallback. Output and token embeddings included.
+    pub pure: bool,
+    /// `--output-tensor-type T`: `output.weight` gets T as is (no fallback); a tied `token_embd.weight` gets T
+    /// through the mixture rules, so with the fallback (and not under `--pure`).
+    pub output_tensor_type: Option<GgmlType>,
+    /// `--token-embedding-type T`: token embeddings get T as is (no fallback), tied or not.
+    pub token_embedding_type: Option<GgmlType>,
+    /// `--leave-output-tensor` (`quantize_output_tensor = false`): `output.weight` keeps its input type.
+    pub leave_output_tensor: bool,
+}
+
 /// Decides the type of every tensor, in llama-quantize's tensor order. `tensors` are (name, ne, current type).
 /// `has_imatrix` is llama-quantize's `qs.has_imatrix` (an imatrix with at least one entry was given): some rules
-/// depend on it.
+/// depend on it. No flags; see [`choose_types_with`].
 pub fn choose_types(
     ftype: FileType,
     facts: &ModelFacts,
     tensors: &[(String, Vec<u64>, GgmlType)],
     has_imatrix: bool,
+) -> Vec<Choice> {
+    choose_types_with(ftype, facts, tensors, &Params { has_imatrix, ..Params::default() })
+}
+
+/// [`choose_types`] with llama-quantize's type flags: `llama_tensor_get_type` for every tensor in order.
+pub fn choose_types_with(
+    ftype: FileType,
+    facts: &ModelFacts,
+    tensors: &[(String, Vec<u64>, GgmlType)],
+    params: &Params,
 ) -> Vec<Choice> {
     let mut order: Vec<usize> = (0..tensors.len()).collect();
     order.sort_by(|&a, &b| tensor_order(&tensors[a].0, &tensors[b].0));
@@ -181,18 +208,33 @@ pub fn choose_types(
     let mut out = Vec::with_capacity(tensors.len());
     for idx in order {
         let (name, ne, current) = &tensors[idx];
-        if !allows_quantization(name, ne) {
-            out.push(Choice { name: name.clone(), ty: *current, fell_back: false });
+        let keep = |ty| Choice { name: name.clone(), ty, fell_back: false };
+        // `tensor_allows_quantization`, with `quantize_output_tensor`.
+        if !allows_quantization(name, ne) || (params.leave_output_tensor && name == "output.weight") {
+            out.push(keep(*current));
             continue;
+        }
+        let cat = category(name);
+        // The two overrides come before everything else in `llama_tensor_get_type`, even for float file types, and
+        // skip the fallback: a type that does not divide the rows is the caller's error.
+        match (cat, params.token_embedding_type, params.output_tensor_type) {
+            (Category::TokenEmbd, Some(t), _) | (Category::Output, _, Some(t)) => {
+                out.push(keep(t));
+                continue;
+            }
+            _ => {}
         }
         let default = ftype.default_type();
         if !ftype.is_quantized() {
-            out.push(Choice { name: name.clone(), ty: default, fell_back: false });
+            out.push(keep(default));
             continue;
         }
         let ne0 = ne.first().copied().unwrap_or(1);
-        let cat = category(name);
-        let ruled = rule(ftype, cat, facts, has_imatrix, ne0, &mut i_attention_wv, &mut i_ffn_down);
+        let ruled = if params.pure {
+            default
+        } else {
+            rule(ftype, cat, facts, params, ne0, &mut i_attention_wv, &mut i_ffn_down)
+        };
         let ty = fallback(ruled, ne0);
         out.push(Choice { name: name.clone(), ty, fell_back: ty != ruled });
     }
@@ -204,7 +246,7 @@ fn rule(
     ftype: FileType,
     cat: Category,
     m: &ModelFacts,
-    has_imatrix: bool,
+    params: &Params,
     ne0: u64,
     i_v: &mut i64,
     i_down: &mut i64,
@@ -212,8 +254,14 @@ fn rule(
     use FileType as F;
     use GgmlType as T;
     let default = ftype.default_type();
+    let has_imatrix = params.has_imatrix;
     match cat {
+        // Reached by `output.weight` only without `--output-tensor-type` (which returned earlier), but by a tied
+        // token_embd with it: that one takes the output type here, and then the fallback.
         Category::Output | Category::TokenEmbd if cat == Category::Output || m.tied_embeddings => {
+            if let Some(t) = params.output_tensor_type {
+                return t;
+            }
             if ne0 % default.block_size() as u64 != 0 || default == T::Q8_0 {
                 T::Q8_0
             } else {
@@ -321,5 +369,101 @@ mod tests {
         assert_eq!(fallback(GgmlType::Q6_K, 896), GgmlType::Q8_0);
         assert_eq!(fallback(GgmlType::Q4_K, 4096), GgmlType::Q4_K);
         assert_eq!(fallback(GgmlType::Q2_K, 100), GgmlType::F16);
+    }
+
+    /// A 4-layer model with rows of 256 (no fallback) unless `ne0` says otherwise; untied unless `tied`.
+    fn model(tied: bool, ne0: u64) -> (ModelFacts, Vec<(String, Vec<u64>, GgmlType)>) {
+        let mut t = vec![("token_embd.weight".to_string(), vec![ne0, 300], GgmlType::BF16)];
+        if !tied {
+            t.push(("output.weight".into(), vec![ne0, 300], GgmlType::BF16));
+        }
+        t.push(("output_norm.weight".into(), vec![ne0], GgmlType::F32));
+        for i in 0..4 {
+            for n in ["attn_v", "ffn_down", "attn_q"] {
+                t.push((format!("blk.{i}.{n}.weight"), vec![ne0, ne0], GgmlType::BF16));
+            }
+        }
+        let facts = ModelFacts { n_layer: 4, gqa: 2, tied_embeddings: tied, n_attention_wv: 4 };
+        (facts, t)
+    }
+
+    fn types(ftype: FileType, tied: bool, ne0: u64, p: &Params) -> Vec<(String, GgmlType)> {
+        let (facts, t) = model(tied, ne0);
+        choose_types_with(ftype, &facts, &t, p).into_iter().map(|c| (c.name, c.ty)).collect()
+    }
+
+    fn ty_of(v: &[(String, GgmlType)], name: &str) -> GgmlType {
+        v.iter().find(|(n, _)| n == name).map(|(_, t)| *t).expect("tensor present")
+    }
+
+    #[test]
+    fn pure_gives_every_quantizable_tensor_the_default_type_then_the_fallback() {
+        let pure = Params { pure: true, ..Params::default() };
+        let v = types(FileType::Q4_K_M, false, 256, &pure);
+        for (n, t) in &v {
+            let want = if n.ends_with("_norm.weight") { GgmlType::F32 } else { GgmlType::Q4_K };
+            assert_eq!(*t, want, "{n}");
+        }
+        // Without --pure, the rules give output Q6_K and attn_v/ffn_down of layers 2, 3 (use_more_bits) Q6_K.
+        let ruled = types(FileType::Q4_K_M, false, 256, &Params::default());
+        assert_eq!(ty_of(&ruled, "output.weight"), GgmlType::Q6_K);
+        assert_eq!(ty_of(&ruled, "blk.3.attn_v.weight"), GgmlType::Q6_K);
+        // A tied token_embd is the default type too, and the fallback still applies (Q4_K on 96 columns → Q5_0).
+        assert_eq!(ty_of(&types(FileType::Q4_K_M, true, 256, &pure), "token_embd.weight"), GgmlType::Q4_K);
+        let narrow = types(FileType::Q4_K_M, true, 96, &pure);
+        assert!(narrow.iter().filter(|(n, _)| !n.ends_with("_norm.weight")).all(|(_, t)| *t == GgmlType::Q5_0));
+        // Float file types ignore --pure.
+        assert!(types(FileType::F16, false, 256, &pure)
+            .iter()
+            .all(|(n, t)| n.ends_with("_norm.weight") || *t == GgmlType::F16));
+    }
+
+    #[test]
+    fn output_tensor_type_sets_output_without_fallback_and_a_tied_embedding_with_it() {
+        let p = Params { output_tensor_type: Some(GgmlType::Q4_K), ..Params::default() };
+        // Untied: output.weight takes it as is, even where Q4_K does not divide the rows; token_embd is unaffected.
+        let v = types(FileType::Q6_K, false, 96, &p);
+        assert_eq!(ty_of(&v, "output.weight"), GgmlType::Q4_K);
+        assert_eq!(ty_of(&v, "token_embd.weight"), GgmlType::Q8_0);
+        // Tied: token_embd gets the output type through the rules, so the fallback applies.
+        assert_eq!(ty_of(&types(FileType::Q6_K, true, 256, &p), "token_embd.weight"), GgmlType::Q4_K);
+        assert_eq!(ty_of(&types(FileType::Q6_K, true, 96, &p), "token_embd.weight"), GgmlType::Q5_0);
+        // Under --pure a tied token_embd does not reach the rules: default type.
+        let pure = Params { pure: true, ..p.clone() };
+        assert_eq!(ty_of(&types(FileType::Q6_K, true, 256, &pure), "token_embd.weight"), GgmlType::Q6_K);
+        assert_eq!(ty_of(&types(FileType::Q6_K, false, 256, &pure), "output.weight"), GgmlType::Q4_K);
+        // It applies even to float file types.
+        assert_eq!(ty_of(&types(FileType::F16, false, 256, &p), "output.weight"), GgmlType::Q4_K);
+        // Other tensors and the layer counters are untouched.
+        assert_eq!(ty_of(&types(FileType::Q4_K_M, false, 256, &p), "blk.3.attn_v.weight"), GgmlType::Q6_K);
+    }
+
+    #[test]
+    fn token_embedding_type_wins_tied_or_not_without_fallback() {
+        let p = Params {
+            token_embedding_type: Some(GgmlType::Q8_0),
+            output_tensor_type: Some(GgmlType::Q4_K),
+            ..Params::default()
+        };
+        for tied in [false, true] {
+            let v = types(FileType::Q4_K_M, tied, 256, &p);
+            assert_eq!(ty_of(&v, "token_embd.weight"), GgmlType::Q8_0, "tied {tied}");
+        }
+        let q2 = Params { token_embedding_type: Some(GgmlType::Q2_K), ..Params::default() };
+        assert_eq!(ty_of(&types(FileType::Q8_0, false, 96, &q2), "token_embd.weight"), GgmlType::Q2_K);
+        assert_eq!(ty_of(&types(FileType::BF16, false, 256, &q2), "token_embd.weight"), GgmlType::Q2_K);
+        let pure = Params { pure: true, ..q2 };
+        assert_eq!(ty_of(&types(FileType::Q4_0, true, 256, &pure), "token_embd.weight"), GgmlType::Q2_K);
+    }
+
+    #[test]
+    fn leave_output_tensor_keeps_output_as_is_and_nothing_else() {
+        let p = Params { leave_output_tensor: true, output_tensor_type: Some(GgmlType::Q8_0), ..Params::default() };
+        let v = types(FileType::Q4_K_M, false, 256, &p);
+        assert_eq!(ty_of(&v, "output.weight"), GgmlType::BF16);
+        assert_eq!(ty_of(&v, "token_embd.weight"), GgmlType::Q4_K);
+        // A tied token_embd is not output.weight: still quantized, with the output rule.
+        let tied = types(FileType::Q4_K_M, true, 256, &Params { leave_output_tensor: true, ..Params::default() });
+        assert_eq!(ty_of(&tied, "token_embd.weight"), GgmlType::Q6_K);
     }
 }

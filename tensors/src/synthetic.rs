@@ -23,12 +23,38 @@ pub const TINY_LLAMA: &str = "tiny-llama-v1";
 /// complete).
 pub const TINY_LLAMA_FILES: [&str; 4] = ["tokenizer.json", "tokenizer_config.json", "model.safetensors", "config.json"];
 
-const HIDDEN: u64 = 64;
-const LAYERS: u64 = 2;
-const HEADS: u64 = 4;
-const KV_HEADS: u64 = 2;
-const HEAD_DIM: u64 = HIDDEN / HEADS;
-const INTERMEDIATE: u64 = 128;
+/// Name/version of the second synthetic model, [`write_wide_llama`]; bump the version whenever its bytes change.
+pub const WIDE_LLAMA: &str = "wide-llama-v1";
+/// Name/version of [`write_wide_tied_llama`]'s model.
+pub const WIDE_TIED_LLAMA: &str = "wide-tied-llama-v1";
+
+/// The sizes of a synthetic Llama.
+struct Shape {
+    hidden: u64,
+    layers: u64,
+    heads: u64,
+    kv_heads: u64,
+    intermediate: u64,
+    /// Whether some tensors get outliers, constant rows and all-zero rows (see [`tensor_values`]).
+    special_rows: bool,
+    /// `tie_word_embeddings`: no `lm_head.weight`, the embeddings double as the output.
+    tied: bool,
+}
+
+impl Shape {
+    fn head_dim(&self) -> u64 {
+        self.hidden / self.heads
+    }
+}
+
+const TINY: Shape =
+    Shape { hidden: 64, layers: 2, heads: 4, kv_heads: 2, intermediate: 128, special_rows: false, tied: false };
+/// Every row width a multiple of 256, so the K-quant mixture rules run without the fallback; 8 layers, so the
+/// `use_more_bits` and `i < n/8` layer rules pick some layers and not others.
+const WIDE: Shape =
+    Shape { hidden: 256, layers: 8, heads: 4, kv_heads: 2, intermediate: 512, special_rows: true, tied: false };
+/// [`WIDE`] with tied embeddings: llama-quantize's output rule then applies to `token_embd.weight`.
+const WIDE_TIED: Shape = Shape { tied: true, ..WIDE };
 const CONTEXT: u64 = 256;
 
 /// Special tokens, ids 0.. (as SmolLM2 numbers them); the 256 byte tokens follow, then the merged tokens.
@@ -62,10 +88,34 @@ const WEIGHT_SCALE: f64 = 0.02 / 0.577_350_269_189_625_8;
 /// ([`Error::Exists`]): put each [`TINY_LLAMA`] version in its own folder. Returns one [`Committed`] per file, in
 /// [`TINY_LLAMA_FILES`] order.
 pub async fn write_tiny_llama(dst_dir: &Location) -> Result<Vec<Committed>> {
+    write_files(dst_dir, tiny_llama_files()).await
+}
+
+/// Writes the wide Llama HF checkpoint into `dst_dir`, as [`write_tiny_llama`] does the tiny one: an 8-layer
+/// `LlamaForCausalLM` (hidden 256, 4 heads, 2 kv heads, intermediate 512, bf16, untied output) with the tiny
+/// model's tokenizer. Every row width is a multiple of 256, so the K-quants apply everywhere and llama-quantize's
+/// mixture rules decide each type without the fallback; some tensors have outliers, a constant row and an
+/// all-zero row, the edge cases of the quantizers' scale searches. Files in [`TINY_LLAMA_FILES`] order.
+pub async fn write_wide_llama(dst_dir: &Location) -> Result<Vec<Committed>> {
+    write_files(dst_dir, wide_llama_files()).await
+}
+
+/// The wide checkpoint's files and their bytes, in [`TINY_LLAMA_FILES`] order.
+pub fn wide_llama_files() -> Vec<(&'static str, Vec<u8>)> {
+    files(&WIDE)
+}
+
+/// [`write_wide_llama`]'s model with `tie_word_embeddings` (no `lm_head.weight`; the same other tensors), for the
+/// rules and flags that treat a tied `token_embd.weight` as the output.
+pub async fn write_wide_tied_llama(dst_dir: &Location) -> Result<Vec<Committed>> {
+    write_files(dst_dir, files(&WIDE_TIED)).await
+}
+
+async fn write_files(dst_dir: &Location, files: Vec<(&'static str, Vec<u8>)>) -> Result<Vec<Committed>> {
     let present = existing_names(dst_dir).await?;
     let mut staged = Vec::new();
     let mut out = Vec::new();
-    for (i, (name, bytes)) in tiny_llama_files().into_iter().enumerate() {
+    for (i, (name, bytes)) in files.into_iter().enumerate() {
         let target = dst_dir.child(name)?;
         if present.iter().any(|n| n == name) {
             out.push((i, keep_identical(&target, &bytes).await?));
@@ -90,14 +140,18 @@ pub async fn tiny_llama_exists(dst_dir: &Location) -> Result<bool> {
 
 /// The checkpoint's files and their bytes, in [`TINY_LLAMA_FILES`] order.
 pub fn tiny_llama_files() -> Vec<(&'static str, Vec<u8>)> {
+    files(&TINY)
+}
+
+fn files(shape: &Shape) -> Vec<(&'static str, Vec<u8>)> {
     TINY_LLAMA_FILES
         .iter()
         .map(|&name| {
             let bytes = match name {
                 "tokenizer.json" => pretty(&tokenizer_json()),
                 "tokenizer_config.json" => pretty(&tokenizer_config_json()),
-                "model.safetensors" => model_safetensors(),
-                _ => pretty(&config_json()),
+                "model.safetensors" => model_safetensors(shape),
+                _ => pretty(&config_json(shape)),
             };
             (name, bytes)
         })
@@ -133,29 +187,29 @@ fn pretty(v: &Json) -> Vec<u8> {
     out
 }
 
-fn config_json() -> Json {
+fn config_json(shape: &Shape) -> Json {
     json!({
         "architectures": ["LlamaForCausalLM"],
         "attention_bias": false,
         "attention_dropout": 0.0,
         "bos_token_id": 1,
         "eos_token_id": 2,
-        "head_dim": HEAD_DIM,
+        "head_dim": shape.head_dim(),
         "hidden_act": "silu",
-        "hidden_size": HIDDEN,
+        "hidden_size": shape.hidden,
         "initializer_range": 0.02,
-        "intermediate_size": INTERMEDIATE,
+        "intermediate_size": shape.intermediate,
         "max_position_embeddings": CONTEXT,
         "mlp_bias": false,
         "model_type": "llama",
-        "num_attention_heads": HEADS,
-        "num_hidden_layers": LAYERS,
-        "num_key_value_heads": KV_HEADS,
+        "num_attention_heads": shape.heads,
+        "num_hidden_layers": shape.layers,
+        "num_key_value_heads": shape.kv_heads,
         "pretraining_tp": 1,
         "rms_norm_eps": 1e-5,
         "rope_scaling": null,
         "rope_theta": 10000.0,
-        "tie_word_embeddings": false,
+        "tie_word_embeddings": shape.tied,
         "torch_dtype": "bfloat16",
         "use_cache": true,
         "vocab_size": VOCAB,
@@ -246,44 +300,65 @@ fn tokenizer_json() -> Json {
 }
 
 /// The HF tensors, in file order, with their shapes (rows, columns).
-fn tensor_descs() -> Vec<StTensorDesc> {
+fn tensor_descs(shape: &Shape) -> Vec<StTensorDesc> {
+    let (hidden, heads, kv_heads, intermediate) = (shape.hidden, shape.heads, shape.kv_heads, shape.intermediate);
+    let head_dim = shape.head_dim();
     let bf16 = |name: String, shape: Vec<u64>| StTensorDesc { name, dtype: Dtype::BF16, shape };
-    let mut out = vec![bf16("model.embed_tokens.weight".into(), vec![VOCAB, HIDDEN])];
-    for i in 0..LAYERS {
+    let mut out = vec![bf16("model.embed_tokens.weight".into(), vec![VOCAB, hidden])];
+    for i in 0..shape.layers {
         let p = format!("model.layers.{i}");
-        out.push(bf16(format!("{p}.input_layernorm.weight"), vec![HIDDEN]));
-        out.push(bf16(format!("{p}.self_attn.q_proj.weight"), vec![HEADS * HEAD_DIM, HIDDEN]));
-        out.push(bf16(format!("{p}.self_attn.k_proj.weight"), vec![KV_HEADS * HEAD_DIM, HIDDEN]));
-        out.push(bf16(format!("{p}.self_attn.v_proj.weight"), vec![KV_HEADS * HEAD_DIM, HIDDEN]));
-        out.push(bf16(format!("{p}.self_attn.o_proj.weight"), vec![HIDDEN, HEADS * HEAD_DIM]));
-        out.push(bf16(format!("{p}.post_attention_layernorm.weight"), vec![HIDDEN]));
-        out.push(bf16(format!("{p}.mlp.gate_proj.weight"), vec![INTERMEDIATE, HIDDEN]));
-        out.push(bf16(format!("{p}.mlp.up_proj.weight"), vec![INTERMEDIATE, HIDDEN]));
-        out.push(bf16(format!("{p}.mlp.down_proj.weight"), vec![HIDDEN, INTERMEDIATE]));
+        out.push(bf16(format!("{p}.input_layernorm.weight"), vec![hidden]));
+        out.push(bf16(format!("{p}.self_attn.q_proj.weight"), vec![heads * head_dim, hidden]));
+        out.push(bf16(format!("{p}.self_attn.k_proj.weight"), vec![kv_heads * head_dim, hidden]));
+        out.push(bf16(format!("{p}.self_attn.v_proj.weight"), vec![kv_heads * head_dim, hidden]));
+        out.push(bf16(format!("{p}.self_attn.o_proj.weight"), vec![hidden, heads * head_dim]));
+        out.push(bf16(format!("{p}.post_attention_layernorm.weight"), vec![hidden]));
+        out.push(bf16(format!("{p}.mlp.gate_proj.weight"), vec![intermediate, hidden]));
+        out.push(bf16(format!("{p}.mlp.up_proj.weight"), vec![intermediate, hidden]));
+        out.push(bf16(format!("{p}.mlp.down_proj.weight"), vec![hidden, intermediate]));
     }
-    out.push(bf16("model.norm.weight".into(), vec![HIDDEN]));
-    out.push(bf16("lm_head.weight".into(), vec![VOCAB, HIDDEN]));
+    out.push(bf16("model.norm.weight".into(), vec![hidden]));
+    if !shape.tied {
+        out.push(bf16("lm_head.weight".into(), vec![VOCAB, hidden]));
+    }
     out
 }
 
 /// The safetensors file: header (`format: pt`, as `save_pretrained` writes) then every tensor's bf16 bytes.
-fn model_safetensors() -> Vec<u8> {
-    let descs = tensor_descs();
+fn model_safetensors(shape: &Shape) -> Vec<u8> {
+    let descs = tensor_descs(shape);
     let mut out = encode_header(&descs, &[("format".to_string(), "pt".to_string())]);
     for d in &descs {
-        out.extend(tensor_values(d).into_iter().flat_map(|x| f32_to_bf16_bits(x).to_le_bytes()));
+        out.extend(tensor_values(d, shape.special_rows).into_iter().flat_map(|x| f32_to_bf16_bits(x).to_le_bytes()));
     }
     out
 }
 
-/// Norm weights are 1.0; every other tensor is deterministic noise from its own stream.
-fn tensor_values(d: &StTensorDesc) -> Vec<f32> {
+/// Norm weights are 1.0; every other tensor is deterministic noise from its own stream. With `special_rows`, every
+/// 509th value is an outlier (×12), and in the token embeddings, layer 1's q_proj and layer 2's down_proj one row is
+/// constant and one is all zeros: the cases where the quantizers' scale searches meet ties, a zero maximum or a
+/// block dominated by one value.
+fn tensor_values(d: &StTensorDesc, special_rows: bool) -> Vec<f32> {
     let n = d.shape.iter().product::<u64>() as usize;
     if d.name.ends_with("norm.weight") {
         return vec![1.0; n];
     }
     let mut rng = SplitMix64(SEED ^ fnv1a(d.name.as_bytes()));
-    (0..n).map(|_| rng.normalish()).collect()
+    let mut v: Vec<f32> = (0..n).map(|_| rng.normalish()).collect();
+    if special_rows {
+        v.iter_mut().step_by(509).for_each(|x| *x *= 12.0);
+        let cols = d.shape.last().copied().unwrap_or(1) as usize;
+        let special = [
+            ("model.embed_tokens.weight", 10, 11),
+            ("model.layers.1.self_attn.q_proj.weight", 3, 5),
+            ("model.layers.2.mlp.down_proj.weight", 7, 0),
+        ];
+        if let Some((_, constant, zero)) = special.iter().find(|(name, _, _)| *name == d.name) {
+            v[constant * cols..(constant + 1) * cols].fill(0.015625);
+            v[zero * cols..(zero + 1) * cols].fill(0.0);
+        }
+    }
+    v
 }
 
 /// FNV-1a, 64-bit: a stable hash of a tensor name for its stream's seed.
@@ -357,14 +432,14 @@ mod tests {
         let a = tiny_llama_files();
         assert_eq!(a, tiny_llama_files());
         let st = &a.iter().find(|(n, _)| *n == "model.safetensors").expect("model file").1;
-        let descs = tensor_descs();
+        let descs = tensor_descs(&TINY);
         let data: u64 = descs.iter().map(StTensorDesc::nbytes).sum();
         let header = u64::from_le_bytes(st[..8].try_into().expect("8 bytes"));
         assert_eq!(st.len() as u64, 8 + header + data);
         assert!(st.len() < 1 << 20);
-        let v = tensor_values(&descs[1]);
+        let v = tensor_values(&descs[1], false);
         assert!(v.iter().all(|x| *x == 1.0), "{} is a norm", descs[1].name);
-        let w = tensor_values(&descs[0]);
+        let w = tensor_values(&descs[0], false);
         let mean = w.iter().map(|x| f64::from(*x)).sum::<f64>() / w.len() as f64;
         let std = (w.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>() / w.len() as f64).sqrt();
         assert!(mean.abs() < 0.002 && (0.015..0.025).contains(&std), "mean {mean} std {std}");
@@ -372,6 +447,25 @@ mod tests {
         for d in &descs {
             assert!(d.shape.last().is_some_and(|c| c % 32 == 0), "{}: rows are whole Q8_0 blocks", d.name);
         }
+    }
+
+    #[test]
+    fn synthetic_wide_rows_are_whole_super_blocks_with_special_rows() {
+        assert_eq!(wide_llama_files(), wide_llama_files());
+        let descs = tensor_descs(&WIDE);
+        assert_eq!(descs.len(), 3 + 9 * WIDE.layers as usize);
+        for d in &descs {
+            assert!(d.shape.last().is_some_and(|c| c % 256 == 0), "{}: rows are whole K-quant blocks", d.name);
+        }
+        let q = descs.iter().find(|d| d.name == "model.layers.1.self_attn.q_proj.weight").expect("q_proj");
+        let v = tensor_values(q, true);
+        let cols = q.shape[1] as usize;
+        assert!(v[3 * cols..4 * cols].iter().all(|x| *x == 0.015625), "constant row");
+        assert!(v[5 * cols..6 * cols].iter().all(|x| *x == 0.0), "zero row");
+        let max = v.iter().fold(0f32, |m, x| m.max(x.abs()));
+        assert!(max > 0.2, "outliers: max {max}");
+        // The special rows are the wide model's only: the tiny one is unchanged.
+        assert_eq!(tensor_values(q, false)[3 * cols..4 * cols].iter().filter(|x| **x == 0.015625).count(), 0);
     }
 
     #[test]
