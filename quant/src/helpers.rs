@@ -54,18 +54,26 @@ pub(crate) fn make_qx_quants<const N: usize>(nmax: i32, x: &[f32; N], l_out: &mu
         return 0.0;
     }
     let clamp = |l: i32| l.min(nmax - 1).max(-nmax); // MAX(-nmax, MIN(nmax-1, l))
+    // `w*x[i]*l` in C is `(w*x[i])*l`: the product is the same float whichever pass computes it, so it is computed
+    // once. The levels of a step are computed in one pass (which the compiler vectorizes) before the two sums,
+    // which keep C's serial order.
+    let wx: [f32; N] = std::array::from_fn(|i| qw[i] * x[i]);
+    let levels = |iscale: f32| -> [i32; N] { std::array::from_fn(|i| clamp(nearest_int(iscale * x[i]))) };
+    let sums = |l: &[i32; N]| {
+        let (mut sumlx, mut suml2) = (0.0f32, 0.0f32);
+        for i in 0..N {
+            let lf = l[i] as f32;
+            sumlx += wx[i] * lf;
+            suml2 += qw[i] * lf * lf;
+        }
+        (sumlx, suml2)
+    };
 
-    let mut iscale = -(nmax as f32) / max;
-    let mut sumlx = 0.0f32;
-    let mut suml2 = 0.0f32;
+    let l = levels(-(nmax as f32) / max);
     for i in 0..N {
-        let l = clamp(nearest_int(iscale * x[i]));
-        l_out[i] = (l + nmax) as i8;
-        let w = qw[i];
-        let lf = l as f32;
-        sumlx += w * x[i] * lf;
-        suml2 += w * lf * lf;
+        l_out[i] = (l[i] + nmax) as i8;
     }
+    let (sumlx, suml2) = sums(&l);
     // C tests the float for truthiness: NaN counts as non-zero.
     let mut scale = if suml2 != 0.0 { sumlx / suml2 } else { 0.0 };
     let mut best = scale * sumlx;
@@ -73,18 +81,11 @@ pub(crate) fn make_qx_quants<const N: usize>(nmax: i32, x: &[f32; N], l_out: &mu
         if is == 0 {
             continue;
         }
-        iscale = -(nmax as f32 + 0.1f32 * is as f32) / max;
-        sumlx = 0.0;
-        suml2 = 0.0;
-        for i in 0..N {
-            let lf = clamp(nearest_int(iscale * x[i])) as f32;
-            let w = qw[i];
-            sumlx += w * x[i] * lf;
-            suml2 += w * lf * lf;
-        }
+        let l = levels(-(nmax as f32 + 0.1f32 * is as f32) / max);
+        let (sumlx, suml2) = sums(&l);
         if suml2 > 0.0 && sumlx * sumlx > best * suml2 {
             for i in 0..N {
-                l_out[i] = (nmax + clamp(nearest_int(iscale * x[i]))) as i8;
+                l_out[i] = (nmax + l[i]) as i8;
             }
             scale = sumlx / suml2;
             best = scale * sumlx;
