@@ -61,10 +61,12 @@ fn tiny_llama_converts_and_llama_cpp_generates() {
     assert_eq!(meta.get("tokenizer.ggml.pre"), Some(&Json::from("smollm")));
     assert_eq!(meta.get("llama.block_count"), Some(&Json::from(2)));
 
+    // One thread: with 2, llama-completion on this 64-wide model exits early without output about half the time
+    // (rc 0, nothing after "threadpool init") and is not deterministic; with 1 it printed 20 of 20 times.
     let o = Command::new(llama_bin().join("llama-completion"))
         .arg("-m")
         .arg(&gguf)
-        .args(["-p", "hello", "-n", "4", "--temp", "0", "-no-cnv", "-t", "2", "-c", "128"])
+        .args(["-p", "hello", "-n", "4", "--temp", "0", "-no-cnv", "-t", "1", "-c", "128"])
         .stdin(Stdio::null())
         .output()
         .unwrap();
