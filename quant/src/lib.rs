@@ -117,8 +117,7 @@ pub fn quantize(
             return Err(QuantError::ImatrixLen { expected: n_per_row, got: imatrix.len() });
         }
     }
-    // On the pool too (it is a pass over every value); `position_first` still names the first bad value.
-    if let Some(i) = src.par_iter().with_min_len(1 << 14).position_first(|v| !v.is_finite()) {
+    if let Some(i) = src.iter().position(|v| !v.is_finite()) {
         return Err(QuantError::NonFinite { row: i / n_per_row, col: i % n_per_row, value: src[i] });
     }
 
