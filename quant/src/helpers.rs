@@ -34,14 +34,10 @@ pub(crate) fn c_trunc_i32(f: f32) -> i32 {
     }
 }
 
-/// `make_qx_quants(n, nmax, x, L, rmse_type = 1, qw)` with importance weights `qw` (the only form the legacy
-/// `_impl` quantizers use). Writes `L` in `0..2·nmax` and returns the scale.
-///
-/// A symmetric scale search: start from `−nmax/max`, then try the 18 neighbouring scales `−(nmax ± 0.1·k)/max` and
-/// keep the one that maximises `sumlx²/suml2`, i.e. minimises the weighted squared error.
-pub(crate) fn make_qx_quants<const N: usize>(nmax: i32, x: &[f32; N], l_out: &mut [i8; N], qw: &[f32; N]) -> f32 {
-    let mut max = 0.0f32;
-    let mut amax = 0.0f32;
+/// The value of largest magnitude (the first one, on ties) and its magnitude: the `max`/`amax` scan that
+/// `make_qx_quants` and `make_q3_quants` both open with.
+fn signed_max(x: &[f32]) -> (f32, f32) {
+    let (mut max, mut amax) = (0.0f32, 0.0f32);
     for &v in x {
         let ax = v.abs();
         if ax > amax {
@@ -49,14 +45,24 @@ pub(crate) fn make_qx_quants<const N: usize>(nmax: i32, x: &[f32; N], l_out: &mu
             max = v;
         }
     }
+    (max, amax)
+}
+
+/// `make_qx_quants(n, nmax, x, L, rmse_type = 1, qw)` with importance weights `qw` (the only form the legacy
+/// `_impl` quantizers use). Writes `L` in `0..2·nmax` and returns the scale.
+///
+/// A symmetric scale search: start from `−nmax/max`, then try the 18 neighbouring scales `−(nmax ± 0.1·k)/max` and
+/// keep the one that maximises `sumlx²/suml2`, i.e. minimises the weighted squared error.
+pub(crate) fn make_qx_quants<const N: usize>(nmax: i32, x: &[f32; N], l_out: &mut [i8; N], qw: &[f32; N]) -> f32 {
+    let (max, amax) = signed_max(x);
     if amax < GROUP_MAX_EPS {
         l_out.fill(0);
         return 0.0;
     }
     let clamp = |l: i32| l.min(nmax - 1).max(-nmax); // MAX(-nmax, MIN(nmax-1, l))
-    // `w*x[i]*l` in C is `(w*x[i])*l`: the product is the same float whichever pass computes it, so it is computed
-    // once. The levels of a step are computed in one pass (which the compiler vectorizes) before the two sums,
-    // which keep C's serial order.
+                                                     // `w*x[i]*l` in C is `(w*x[i])*l`: the product is the same float whichever pass computes it, so it is computed
+                                                     // once. The levels of a step are computed in one pass (which the compiler vectorizes) before the two sums,
+                                                     // which keep C's serial order.
     let wx: [f32; N] = std::array::from_fn(|i| qw[i] * x[i]);
     let levels = |iscale: f32| -> [i32; N] { std::array::from_fn(|i| clamp(nearest_int(iscale * x[i]))) };
     let sums = |l: &[i32; N]| {
@@ -100,15 +106,7 @@ pub(crate) fn make_qx_quants<const N: usize>(nmax: i32, x: &[f32; N], l_out: &mu
 /// Same steps as ggml's `make_q3_quants`: levels from `−nmax/max`, then up to 5 rounds of single-level refinement
 /// with weights `x²` (recomputed per element, as the C does), accepting a change when it raises `sumlx²/suml2`.
 pub(crate) fn make_q3_quants<const N: usize>(nmax: i32, x: &[f32; N], l_out: &mut [i8; N]) -> f32 {
-    let mut max = 0.0f32;
-    let mut amax = 0.0f32;
-    for &v in x {
-        let ax = v.abs();
-        if ax > amax {
-            amax = ax;
-            max = v;
-        }
-    }
+    let (max, amax) = signed_max(x);
     if amax < GROUP_MAX_EPS {
         l_out.fill(0);
         return 0.0;

@@ -232,17 +232,25 @@ async fn write_gguf(g: &pb::GgufShardTask, out: &Location, env: &Env) -> Result<
     Ok((c.sha256, c.bytes))
 }
 
-async fn gguf(g: &pb::GgufShardTask, env: &Env) -> Result<pb::ArtifactResult, Failure> {
-    let out = location(&g.output)?;
+/// Makes the content-addressed output at `url` with `write`, unless it is already there (a cache hit).
+async fn produce<F>(url: &str, env: &Env, write: impl FnOnce(Location) -> F) -> Result<pb::ArtifactResult, Failure>
+where
+    F: std::future::Future<Output = Result<(String, u64), Failure>>,
+{
+    let out = location(url)?;
     if exists(&out).await {
         return artifact(&out, None, env).await;
     }
-    match write_gguf(g, &out, env).await {
+    match write(out.clone()).await {
         Ok(c) => artifact(&out, Some(c), env).await,
         // Another lease of this task committed first: its output is the same bytes.
         Err(_) if exists(&out).await => artifact(&out, None, env).await,
         Err(e) => Err(e),
     }
+}
+
+async fn gguf(g: &pb::GgufShardTask, env: &Env) -> Result<pb::ArtifactResult, Failure> {
+    produce(&g.output, env, |out| async move { write_gguf(g, &out, env).await }).await
 }
 
 async fn write_quantized(q: &pb::QuantizeTask, out: &Location, env: &Env) -> Result<(String, u64), Failure> {
@@ -275,15 +283,7 @@ async fn write_quantized(q: &pb::QuantizeTask, out: &Location, env: &Env) -> Res
 }
 
 async fn quantize(q: &pb::QuantizeTask, env: &Env) -> Result<pb::ArtifactResult, Failure> {
-    let out = location(&q.output)?;
-    if exists(&out).await {
-        return artifact(&out, None, env).await;
-    }
-    match write_quantized(q, &out, env).await {
-        Ok(c) => artifact(&out, Some(c), env).await,
-        Err(_) if exists(&out).await => artifact(&out, None, env).await,
-        Err(e) => Err(e),
-    }
+    produce(&q.output, env, |out| async move { write_quantized(q, &out, env).await }).await
 }
 
 /// Recomputes the artifact into a scratch file and compares it with the stored object and the producer's sha256.
