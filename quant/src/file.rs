@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use quantfarm_tensors::gguf::{split, TensorDesc, Value};
 use quantfarm_tensors::write::{copy_tensor, GgufWriter};
+use quantfarm_tensors::dtype::TensorType;
 use quantfarm_tensors::{Committed, GgmlType, Location, TensorSource};
 
 use crate::ftype::FileType;
@@ -272,7 +273,6 @@ async fn quantize_part(
     };
     let mut w = GgufWriter::create(dst, 3, &metadata, &descs, opts.overwrite).await?;
     let mut raw = Vec::new();
-    let mut values = Vec::new();
     let mut out = Vec::new();
     for (c, d) in choices.iter().zip(&descs) {
         let info = infos.iter().find(|t| t.name == c.name).expect("choices name input tensors");
@@ -281,9 +281,14 @@ async fn quantize_part(
             copy_tensor(src, &c.name, opts.budget, &mut raw, &mut w).await?;
             continue;
         }
+        let TensorType::Ggml(src_ty) = e.ty else {
+            return Err(FileError::NotGguf { file: src.location().to_string(), format: src.format().name() });
+        };
         let row_len = e.row_len() as usize;
         let out_row = c.ty.row_bytes(row_len as u64).expect("types were checked against the row length") as usize;
-        let rows_per_step = (opts.budget as usize / (row_len * 4 + out_row).max(1)).max(1) as u64;
+        // The input rows as stored and their output; each quantizing thread widens its rows to f32 itself, in
+        // pieces of `quant::MIN_CHUNK_ELEMS` values, which the budget does not need to count.
+        let rows_per_step = (opts.budget / (e.row_bytes() + out_row as u64).max(1)).max(1);
         let weights = imatrix_for(imatrix, &c.name, &info.dims)?;
         // Rows of one expert (`ne[1]`): a step never crosses an expert, whose imatrix slice is its own
         // (`llama_tensor_quantize_impl`'s `imatrix_for_row`).
@@ -291,8 +296,8 @@ async fn quantize_part(
         let mut row = 0;
         while row < e.rows() {
             let n = rows_per_step.min(e.rows() - row).min(rows_per_expert - row % rows_per_expert);
-            values.resize(n as usize * row_len, 0f32);
-            src.read_f32_rows(&c.name, row, &mut values, &mut raw).await?;
+            raw.resize((n * e.row_bytes()) as usize, 0);
+            src.read_range(&c.name, row * e.row_bytes(), &mut raw).await?;
             out.resize(n as usize * out_row, 0u8);
             let expert = (row / rows_per_expert) as usize;
             let slice = match weights {
@@ -309,7 +314,7 @@ async fn quantize_part(
                     })?)
                 }
             };
-            let mut run = || crate::quantize(c.ty, &values, row_len, slice, &mut out);
+            let mut run = || crate::quantize_raw(c.ty, src_ty, &raw, row_len, slice, &mut out);
             let done = match &pool {
                 Some(p) => p.install(run),
                 None => run(),

@@ -34,6 +34,72 @@ pub(crate) fn c_trunc_i32(f: f32) -> i32 {
     }
 }
 
+/// `1.5·2^23`: adding it to a float of magnitude below 2^22 leaves the round-half-even integer in the low mantissa
+/// bits (the `nearest_int` trick).
+const MAGIC: f32 = 12_582_912.0;
+
+/// Magnitudes below this take the branch-free paths of [`c_round_block`] and [`c_trunc_block`]: 2^21 keeps
+/// `y + MAGIC` inside [2^23, 2^24), where the trick is exact (at 2^22 − 0.5 it would already round up to 2^24).
+const FAST_LIMIT: f32 = 2_097_152.0;
+
+/// `(int32_t)roundf(y)` for every element, as the `_ref` quantizers compute it: ties away from zero, and
+/// [`c_trunc_i32`]'s result for values out of range.
+///
+/// Bit for bit the scalar `c_trunc_i32(y.round())`, but branch-free when every `|y| < 2^21` (always, for real
+/// blocks): `roundf` is a libm call the compiler cannot vectorize, so it is rebuilt from the round-half-even of
+/// the magic-number trick plus a fix-up on exact ties, where the two disagree.
+#[inline]
+pub(crate) fn c_round_block<const N: usize>(y: &[f32; N]) -> [i32; N] {
+    let mut out = [0i32; N];
+    if !all_small(y) {
+        for (o, v) in out.iter_mut().zip(y) {
+            *o = c_trunc_i32(v.round());
+        }
+        return out;
+    }
+    for (o, &v) in out.iter_mut().zip(y) {
+        let (n, nf) = round_even_small(v);
+        // A tie that round-half-even took toward zero goes away from zero instead.
+        let up = (v - nf == 0.5) & (v > 0.0);
+        let down = (v - nf == -0.5) & (v < 0.0);
+        *o = n + i32::from(up) - i32::from(down);
+    }
+    out
+}
+
+/// `(int32_t)y` for every element (x86-64 `cvttss2si`, see [`c_trunc_i32`]), branch-free when every `|y| < 2^21`:
+/// truncation is the round-half-even integer stepped one toward zero where it overshot.
+#[inline]
+pub(crate) fn c_trunc_block<const N: usize>(y: &[f32; N]) -> [i32; N] {
+    let mut out = [0i32; N];
+    if !all_small(y) {
+        for (o, &v) in out.iter_mut().zip(y) {
+            *o = c_trunc_i32(v);
+        }
+        return out;
+    }
+    for (o, &v) in out.iter_mut().zip(y) {
+        let (n, nf) = round_even_small(v);
+        let over_up = (nf > v) & (v >= 0.0);
+        let over_down = (nf < v) & (v < 0.0);
+        *o = n - i32::from(over_up) + i32::from(over_down);
+    }
+    out
+}
+
+/// Whether every `|y| <` [`FAST_LIMIT`] (false for NaN): a fold, not a short-circuit, so it vectorizes.
+#[inline]
+fn all_small<const N: usize>(y: &[f32; N]) -> bool {
+    y.iter().fold(true, |ok, v| ok & (v.abs() < FAST_LIMIT))
+}
+
+/// Round-half-even of `|y| <` [`FAST_LIMIT`], as an integer and as the (exact) float.
+#[inline]
+fn round_even_small(y: f32) -> (i32, f32) {
+    let s = y + MAGIC;
+    ((s.to_bits() as i32 & 0x007F_FFFF) - 0x0040_0000, s - MAGIC)
+}
+
 /// The value of largest magnitude (the first one, on ties) and its magnitude: the `max`/`amax` scan that
 /// `make_qx_quants` and `make_q3_quants` both open with.
 fn signed_max(x: &[f32]) -> (f32, f32) {
@@ -101,10 +167,12 @@ pub(crate) fn make_qx_quants<const N: usize>(nmax: i32, x: &[f32; N], l_out: &mu
 }
 
 /// `make_q3_quants(n, nmax, x, L, do_rmse = true)`: the symmetric search of `quantize_row_q3_K_ref`. Writes `L` in
-/// `0..2·nmax` and returns the scale.
+/// `0..2·nmax` and returns the scale. The one-group form, kept as the step-for-step port that
+/// `lanes::make_q3_quants` is tested against.
 ///
 /// Same steps as ggml's `make_q3_quants`: levels from `−nmax/max`, then up to 5 rounds of single-level refinement
 /// with weights `x²` (recomputed per element, as the C does), accepting a change when it raises `sumlx²/suml2`.
+#[cfg(test)]
 pub(crate) fn make_q3_quants<const N: usize>(nmax: i32, x: &[f32; N], l_out: &mut [i8; N]) -> f32 {
     let (max, amax) = signed_max(x);
     if amax < GROUP_MAX_EPS {
@@ -157,26 +225,6 @@ pub(crate) fn make_q3_quants<const N: usize>(nmax: i32, x: &[f32; N], l_out: &mu
     } else {
         0.0
     }
-}
-
-/// `make_qkx2_quants(n, nmax, x, weights, L, &the_min, Laux, rmin, rdelta, nstep, use_mad)`, the asymmetric search
-/// of the K-quant `_ref` quantizers. Returns `(scale, the_min)` like [`make_qkx3_quants`].
-///
-/// Same steps as ggml's `make_qkx2_quants`, which differs from `make_qkx3_quants` with weights given only in its
-/// degenerate test (`max == min` instead of `max <= min`). After `min` is clamped to at most 0, `max < min` cannot
-/// happen for finite input (which `quantize` guarantees), so the two agree and this delegates.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn make_qkx2_quants<const N: usize>(
-    nmax: i32,
-    x: &[f32; N],
-    weights: &[f32; N],
-    l_out: &mut [u8; N],
-    rmin: f32,
-    rdelta: f32,
-    nstep: i32,
-    use_mad: bool,
-) -> (f32, f32) {
-    make_qkx3_quants(nmax, x, weights, l_out, rmin, rdelta, nstep, use_mad)
 }
 
 /// `make_qkx3_quants(n, nmax, x, weights, L, &the_min, Laux, rmin, rdelta, nstep, use_mad)` with weights given.
@@ -388,6 +436,38 @@ mod tests {
         assert_eq!(c_trunc_i32(f32::INFINITY), i32::MIN);
         assert_eq!(c_trunc_i32(2_147_483_648.0), i32::MIN);
         assert_eq!(c_trunc_i32(-2_147_483_648.0), i32::MIN);
+    }
+
+    /// Every float from a dense set of small values, ties, near-ties and out-of-range or non-finite values.
+    fn rounding_cases() -> Vec<f32> {
+        let mut v: Vec<f32> = (-2000..=2000).map(|i| i as f32 * 0.25).collect();
+        for k in [0.5f32, 1.5, 2.5, 127.5, 4_194_303.5, 2_097_152.5] {
+            for x in [k, -k, f32::from_bits(k.to_bits() + 1), f32::from_bits(k.to_bits() - 1)] {
+                v.extend([x, -x]);
+            }
+        }
+        v.extend([0.0, -0.0, 4_194_304.0, -4_194_304.0, 3e9, -3e9, f32::NAN, f32::INFINITY, f32::NEG_INFINITY]);
+        v.extend([f32::MIN_POSITIVE, -f32::MIN_POSITIVE, 1e-40, 0.49999997, -0.49999997]);
+        v
+    }
+
+    #[test]
+    fn block_rounding_equals_the_scalar_c_conversions() {
+        let cases = rounding_cases();
+        // Blocks of 4 with the cases at every position, so both the fast path and the scalar fallback are taken.
+        for w in cases.windows(4) {
+            let y: [f32; 4] = [w[0], w[1], w[2], w[3]];
+            let round: [i32; 4] = std::array::from_fn(|i| c_trunc_i32(y[i].round()));
+            let trunc: [i32; 4] = std::array::from_fn(|i| c_trunc_i32(y[i]));
+            assert_eq!(c_round_block(&y), round, "roundf {y:?}");
+            assert_eq!(c_trunc_block(&y), trunc, "trunc {y:?}");
+        }
+        // And every case on the fast path: pad with zeros.
+        for &x in &cases {
+            let y = [x, 0.0];
+            assert_eq!(c_round_block(&y)[0], c_trunc_i32(x.round()), "roundf {x}");
+            assert_eq!(c_trunc_block(&y)[0], c_trunc_i32(x), "trunc {x}");
+        }
     }
 
     #[test]

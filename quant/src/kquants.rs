@@ -9,9 +9,8 @@
 //! sub-block scale `dd` (not multiplying by a reciprocal), and keep the search's levels where `dd` is zero.
 
 use crate::float::f32_to_f16_bits;
-use crate::helpers::{
-    make_q3_quants, make_qkx2_quants, make_qkx3_quants, make_qp_quants, make_qx_quants, nearest_int, GROUP_MAX_EPS,
-};
+use crate::helpers::{make_qp_quants, make_qx_quants, nearest_int, GROUP_MAX_EPS};
+use crate::lanes;
 use quantfarm_tensors::dequant::f16_bits_to_f32;
 use quantfarm_tensors::GgmlType;
 
@@ -84,26 +83,25 @@ fn pack_2bit(l: &[u8; QK_K], qs: &mut [u8]) {
 /// `scales[16]` @0 (low nibble scale, high nibble min), `qs[64]` @16, `d` f16 @80, `dmin` f16 @82.
 fn q2_k(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>, out: &mut [u8]) {
     let mut l = [0u8; QK_K];
-    let mut scales = [0f32; QK_K / 16];
-    let mut mins = [0f32; QK_K / 16];
+    let scales: [f32; QK_K / 16];
+    let mins: [f32; QK_K / 16];
     let (sc, d, dmin) = match qw {
         None => {
             // quantize_row_q2_K_ref: weights |x|, make_qkx2_quants(16, 3, …, −0.5, 0.1, 15, use_mad = true).
+            // make_qkx2_quants equals make_qkx3_quants for finite input (see `lanes::make_qkx3_quants`).
+            let xs: [[f32; 16]; QK_K / 16] = std::array::from_fn(|j| sub(x, 16 * j));
+            let w = xs.map(|xs| xs.map(f32::abs));
+            let mut lb = [[0u8; 16]; QK_K / 16];
+            (scales, mins) = lanes::make_qkx3_quants(3, &xs, &w, &mut lb, -0.5, 0.1, 15, true);
             let mut max_scale = 0.0f32;
             let mut max_min = 0.0f32;
             for j in 0..QK_K / 16 {
-                let xs: [f32; 16] = sub(x, 16 * j);
-                let w: [f32; 16] = std::array::from_fn(|i| xs[i].abs());
-                let mut lb = [0u8; 16];
-                let (scale, min) = make_qkx2_quants(3, &xs, &w, &mut lb, -0.5, 0.1, 15, true);
-                l[16 * j..16 * j + 16].copy_from_slice(&lb);
-                scales[j] = scale;
-                mins[j] = min;
-                if scale > max_scale {
-                    max_scale = scale;
+                l[16 * j..16 * j + 16].copy_from_slice(&lb[j]);
+                if scales[j] > max_scale {
+                    max_scale = scales[j];
                 }
-                if min > max_min {
-                    max_min = min;
+                if mins[j] > max_min {
+                    max_min = mins[j];
                 }
             }
             let mut sc = [0u8; QK_K / 16];
@@ -135,17 +133,19 @@ fn q2_k(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>, out: &mut [u8]) {
             }
             let sigma2 = sumx2 / QK_K as f32;
             let mut sw = [0f32; QK_K / 16];
+            let xs: [[f32; 16]; QK_K / 16] = std::array::from_fn(|j| sub(x, 16 * j));
+            let w: [[f32; 16]; QK_K / 16] = std::array::from_fn(|j| {
+                std::array::from_fn(|i| qw[16 * j + i] * (sigma2 + xs[j][i] * xs[j][i]).sqrt())
+            });
             for j in 0..QK_K / 16 {
-                let xs: [f32; 16] = sub(x, 16 * j);
-                let w: [f32; 16] = std::array::from_fn(|i| qw[16 * j + i] * (sigma2 + xs[i] * xs[i]).sqrt());
-                for &v in &w {
+                for &v in &w[j] {
                     sw[j] += v;
                 }
-                let mut lb = [0u8; 16];
-                let (scale, min) = make_qkx3_quants(3, &xs, &w, &mut lb, -0.9, 0.05, 36, false);
-                l[16 * j..16 * j + 16].copy_from_slice(&lb);
-                scales[j] = scale;
-                mins[j] = min;
+            }
+            let mut lb = [[0u8; 16]; QK_K / 16];
+            (scales, mins) = lanes::make_qkx3_quants(3, &xs, &w, &mut lb, -0.9, 0.05, 36, false);
+            for j in 0..QK_K / 16 {
+                l[16 * j..16 * j + 16].copy_from_slice(&lb[j]);
             }
             let mut ls = [0u8; QK_K / 16];
             let mut lm = [0u8; QK_K / 16];
@@ -202,17 +202,17 @@ fn q3_scale(j: usize, s: &[u8; 12]) -> i8 {
 /// `hmask[32]` @0, `qs[64]` @32, `scales[12]` @96, `d` f16 @108.
 fn q3_k(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>, out: &mut [u8]) {
     let mut l = [0i8; QK_K];
-    let mut scales = [0f32; QK_K / 16];
+    let scales: [f32; QK_K / 16];
     let (packed, d) = match qw {
         None => {
             // quantize_row_q3_K_ref: make_q3_quants(16, 4, x, L, true), then −32/max_scale.
             let mut max_scale = 0.0f32;
             let mut amax = 0.0f32;
+            let xs: [[f32; 16]; QK_K / 16] = std::array::from_fn(|j| sub(x, 16 * j));
+            let mut lb = [[0i8; 16]; QK_K / 16];
+            scales = lanes::make_q3_quants(4, &xs, &mut lb);
             for j in 0..QK_K / 16 {
-                let xs: [f32; 16] = sub(x, 16 * j);
-                let mut lb = [0i8; 16];
-                scales[j] = make_q3_quants(4, &xs, &mut lb);
-                l[16 * j..16 * j + 16].copy_from_slice(&lb);
+                l[16 * j..16 * j + 16].copy_from_slice(&lb[j]);
                 let scale = scales[j].abs();
                 if scale > amax {
                     amax = scale;
@@ -238,17 +238,21 @@ fn q3_k(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>, out: &mut [u8]) {
             }
             let sigma2 = 2.0 * sumx2 / QK_K as f32;
             let mut sw = [0f32; QK_K / 16];
+            let xs: [[f32; 16]; QK_K / 16] = std::array::from_fn(|j| sub(x, 16 * j));
+            let w: [[f32; 16]; QK_K / 16] = std::array::from_fn(|j| {
+                std::array::from_fn(|i| qw[16 * j + i] * (sigma2 + xs[j][i] * xs[j][i]).sqrt())
+            });
             for j in 0..QK_K / 16 {
-                let xs: [f32; 16] = sub(x, 16 * j);
-                let w: [f32; 16] = std::array::from_fn(|i| qw[16 * j + i] * (sigma2 + xs[i] * xs[i]).sqrt());
                 let mut sumw = 0.0f32;
-                for &v in &w {
+                for &v in &w[j] {
                     sumw += v;
                 }
                 sw[j] = sumw;
-                let mut lb = [0i8; 16];
-                scales[j] = make_qx_quants(4, &xs, &mut lb, &w);
-                l[16 * j..16 * j + 16].copy_from_slice(&lb);
+            }
+            let mut lb = [[0i8; 16]; QK_K / 16];
+            scales = lanes::make_qx_quants(4, &xs, &mut lb, &w);
+            for j in 0..QK_K / 16 {
+                l[16 * j..16 * j + 16].copy_from_slice(&lb[j]);
             }
             let mut ls = [0i8; 16];
             let d_block = make_qx_quants(32, &scales, &mut ls, &sw);
@@ -267,15 +271,16 @@ fn q3_k(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>, out: &mut [u8]) {
         }
     }
     // High bit of element j goes to bit j/32 of hmask[j%32]; the low 2 bits stay in L.
+    // Branch-free: the high bits are random, so a branch per element would mispredict half the time.
     let mut hmask = [0u8; 32];
     let mut low = [0u8; QK_K];
-    for (j, &v) in l.iter().enumerate() {
-        let mut v = v as u8;
-        if v > 3 {
-            hmask[j % 32] |= 1 << (j / 32);
-            v -= 4;
+    for b in 0..QK_K / 32 {
+        for k in 0..32 {
+            let v = l[32 * b + k] as u8;
+            let hi = u8::from(v > 3);
+            hmask[k] |= hi << b;
+            low[32 * b + k] = v - 4 * hi;
         }
-        low[j] = v;
     }
     out[..32].copy_from_slice(&hmask);
     pack_2bit(&low, &mut out[32..96]);
@@ -289,20 +294,18 @@ fn q3_k(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>, out: &mut [u8]) {
 /// super-block. Layout: `ql[128]` @0, `qh[64]` @128, `scales[16]` i8 @192, `d` f16 @208.
 fn q6_k(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>, out: &mut [u8]) {
     let mut l = [0i8; QK_K];
-    let mut scales = [0f32; QK_K / 16];
     let mut max_scale = 0.0f32;
     let mut max_abs_scale = 0.0f32;
-    for ib in 0..QK_K / 16 {
-        let xs: [f32; 16] = sub(x, 16 * ib);
-        // make_qx_quants(16, 32, x, L, 1, qw or NULL): with NULL, rmse_type 1 weighs by x².
-        let w: [f32; 16] = match qw {
-            Some(qw) => sub(qw, 16 * ib),
-            None => std::array::from_fn(|i| xs[i] * xs[i]),
-        };
-        let mut lb = [0i8; 16];
-        let scale = make_qx_quants(32, &xs, &mut lb, &w);
-        l[16 * ib..16 * ib + 16].copy_from_slice(&lb);
-        scales[ib] = scale;
+    let xs: [[f32; 16]; QK_K / 16] = std::array::from_fn(|ib| sub(x, 16 * ib));
+    // make_qx_quants(16, 32, x, L, 1, qw or NULL): with NULL, rmse_type 1 weighs by x².
+    let w: [[f32; 16]; QK_K / 16] = match qw {
+        Some(qw) => std::array::from_fn(|ib| sub(qw, 16 * ib)),
+        None => xs.map(|xs| xs.map(|v| v * v)),
+    };
+    let mut lb = [[0i8; 16]; QK_K / 16];
+    let scales = lanes::make_qx_quants(32, &xs, &mut lb, &w);
+    for (ib, &scale) in scales.iter().enumerate() {
+        l[16 * ib..16 * ib + 16].copy_from_slice(&lb[ib]);
         let abs_scale = scale.abs();
         if abs_scale > max_abs_scale {
             max_abs_scale = abs_scale;
@@ -388,32 +391,33 @@ struct K4Quants {
 /// The body shared by `quantize_row_q4_K_ref`/`_impl` and `quantize_row_q5_K_ref`/`_impl`, up to packing the levels.
 fn k4_quants<const NMAX: i32>(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>) -> K4Quants {
     let mut l = [0u8; QK_K];
-    let mut scales = [0f32; 8];
-    let mut mins = [0f32; 8];
+    let scales: [f32; 8];
+    let mins: [f32; 8];
     let (packed, d, dmin) = match qw {
         None => {
             // quantize_row_q{4,5}_K_ref: weights av_x + |x| per sub-block, make_qkx2_quants.
             let (rmin, rdelta, nstep) = if NMAX == 15 { (-1.0f32, 0.1f32, 20) } else { (-0.5f32, 0.1f32, 15) };
-            let mut max_scale = 0.0f32;
-            let mut max_min = 0.0f32;
-            for j in 0..8 {
-                let xs: [f32; 32] = sub(x, 32 * j);
+            let xs: [[f32; 32]; 8] = std::array::from_fn(|j| sub(x, 32 * j));
+            let w = xs.map(|xs| {
                 let mut sum_x2 = 0.0f32;
                 for &v in &xs {
                     sum_x2 += v * v;
                 }
                 let av_x = (sum_x2 / 32.0).sqrt();
-                let w: [f32; 32] = std::array::from_fn(|i| av_x + xs[i].abs());
-                let mut lb = [0u8; 32];
-                let (scale, min) = make_qkx2_quants(NMAX, &xs, &w, &mut lb, rmin, rdelta, nstep, false);
-                l[32 * j..32 * j + 32].copy_from_slice(&lb);
-                scales[j] = scale;
-                mins[j] = min;
-                if scale > max_scale {
-                    max_scale = scale;
+                xs.map(|v| av_x + v.abs())
+            });
+            // make_qkx2_quants equals make_qkx3_quants for finite input (see `lanes::make_qkx3_quants`).
+            let mut lb = [[0u8; 32]; 8];
+            (scales, mins) = lanes::make_qkx3_quants(NMAX, &xs, &w, &mut lb, rmin, rdelta, nstep, false);
+            let mut max_scale = 0.0f32;
+            let mut max_min = 0.0f32;
+            for j in 0..8 {
+                l[32 * j..32 * j + 32].copy_from_slice(&lb[j]);
+                if scales[j] > max_scale {
+                    max_scale = scales[j];
                 }
-                if min > max_min {
-                    max_min = min;
+                if mins[j] > max_min {
+                    max_min = mins[j];
                 }
             }
             let inv_scale = if max_scale > 0.0 { 63.0 / max_scale } else { 0.0 };
@@ -432,19 +436,21 @@ fn k4_quants<const NMAX: i32>(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>) -> K4Qu
             }
             let sigma2 = 2.0 * sum_x2 / QK_K as f32;
             let mut sw = [0f32; 8];
+            let xs: [[f32; 32]; 8] = std::array::from_fn(|j| sub(x, 32 * j));
+            let w: [[f32; 32]; 8] = std::array::from_fn(|j| {
+                std::array::from_fn(|i| qw[32 * j + i] * (sigma2 + xs[j][i] * xs[j][i]).sqrt())
+            });
             for j in 0..8 {
-                let xs: [f32; 32] = sub(x, 32 * j);
-                let w: [f32; 32] = std::array::from_fn(|i| qw[32 * j + i] * (sigma2 + xs[i] * xs[i]).sqrt());
                 let mut sumw = 0.0f32;
-                for &v in &w {
+                for &v in &w[j] {
                     sumw += v;
                 }
                 sw[j] = sumw;
-                let mut lb = [0u8; 32];
-                let (scale, min) = make_qkx3_quants(NMAX, &xs, &w, &mut lb, -0.9, 0.05, 36, false);
-                l[32 * j..32 * j + 32].copy_from_slice(&lb);
-                scales[j] = scale;
-                mins[j] = min;
+            }
+            let mut lb = [[0u8; 32]; 8];
+            (scales, mins) = lanes::make_qkx3_quants(NMAX, &xs, &w, &mut lb, -0.9, 0.05, 36, false);
+            for j in 0..8 {
+                l[32 * j..32 * j + 32].copy_from_slice(&lb[j]);
             }
             let mut ls = [0u8; 8];
             let mut lm = [0u8; 8];
@@ -498,25 +504,16 @@ fn q5_k(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>, out: &mut [u8]) {
     put_f16(out, 2, k.dmin);
     out[4..16].copy_from_slice(&k.scales);
     let (qh, qs) = out[16..176].split_at_mut(32);
+    // Bit 4 of level `64c + j` goes to bit `2c` of `qh[j]`, of level `64c + 32 + j` to bit `2c + 1` (the C's
+    // `m1`/`m2` masks); branch-free, as in `q3_k`.
     qh.fill(0);
-    let (mut m1, mut m2) = (1u8, 2u8);
     for c in 0..4 {
         let n = 64 * c;
         for j in 0..32 {
-            let mut l1 = k.l[n + j];
-            if l1 > 15 {
-                l1 -= 16;
-                qh[j] |= m1;
-            }
-            let mut l2 = k.l[n + j + 32];
-            if l2 > 15 {
-                l2 -= 16;
-                qh[j] |= m2;
-            }
-            qs[32 * c + j] = l1 | (l2 << 4);
+            let (l1, l2) = (k.l[n + j], k.l[n + j + 32]);
+            qh[j] |= ((l1 >> 4) << (2 * c)) | ((l2 >> 4) << (2 * c + 1));
+            qs[32 * c + j] = (l1 & 0xF) | ((l2 & 0xF) << 4);
         }
-        m1 <<= 2;
-        m2 <<= 2;
     }
 }
 

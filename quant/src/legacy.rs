@@ -6,7 +6,7 @@
 //! row**, and searches the scale (Q8_0 ignores the imatrix).
 
 use crate::float::f32_to_f16_bits;
-use crate::helpers::{c_trunc_i32, make_qkx3_quants, make_qx_quants};
+use crate::helpers::{c_round_block, c_trunc_block, make_qkx3_quants, make_qx_quants};
 use quantfarm_tensors::GgmlType;
 
 /// Elements per block of every format here (`QK4_0`, `QK4_1`, `QK5_0`, `QK5_1`, `QK8_0`).
@@ -68,16 +68,25 @@ fn mean_square(row: &[f32]) -> f32 {
 }
 
 /// The signed value of largest magnitude, first occurrence (`if (amax < fabsf(v))` in the `_ref` functions).
+///
+/// Found in two passes, the magnitude (order-free, so it vectorizes) then its first holder, which is what the
+/// one-pass scan keeps.
 fn signed_absmax(x: &[f32; QK]) -> f32 {
-    let mut amax = 0.0f32;
-    let mut max = 0.0f32;
-    for &v in x {
-        if amax < v.abs() {
-            amax = v.abs();
-            max = v;
+    let amax = abs_max(x);
+    x.iter().copied().find(|v| v.abs() == amax).filter(|_| amax > 0.0).unwrap_or(0.0)
+}
+
+/// `MAX(amax, fabsf(v))` over the block, from 0. For finite input the maximum does not depend on the order, so
+/// it is taken over 8 lanes (which the compiler keeps in vector registers) and then across them.
+fn abs_max(x: &[f32; QK]) -> f32 {
+    // `f32::max` equals the C's `a > b ? a : b` here: no NaN, and every magnitude is +0 or more.
+    let mut lanes = [0.0f32; 8];
+    for chunk in x.chunks_exact(8) {
+        for (m, &v) in lanes.iter_mut().zip(chunk) {
+            *m = m.max(v.abs());
         }
     }
-    max
+    lanes.iter().fold(0.0f32, |m, &v| m.max(v))
 }
 
 /// Block minimum and maximum, starting from `FLT_MAX` / `-FLT_MAX` as `quantize_row_q4_1_ref` does.
@@ -104,10 +113,24 @@ fn reciprocal(d: f32) -> f32 {
     }
 }
 
-/// `MIN(cap, (int8_t)(v))` stored into a `uint8_t`, as the `_ref` functions compute it.
-fn capped_i8(v: f32, cap: i32) -> u8 {
-    let q = i32::from(c_trunc_i32(v) as i8);
-    q.min(cap) as u8
+/// `MIN(cap, (int8_t)(v))` stored into a `uint8_t`, for every element, as the `_ref` functions compute it.
+fn capped_i8(v: &[f32; QK], cap: i32) -> [u8; QK] {
+    let t = c_trunc_block(v);
+    let mut out = [0u8; QK];
+    for (o, t) in out.iter_mut().zip(t) {
+        *o = i32::from(t as i8).min(cap) as u8;
+    }
+    out
+}
+
+/// `f(x_j)` for every element of a block, in a plain loop the compiler vectorizes (`array::from_fn` often is not).
+#[inline]
+fn each(x: &[f32; QK], f: impl Fn(f32) -> f32) -> [f32; QK] {
+    let mut out = [0f32; QK];
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = f(v);
+    }
+    out
 }
 
 /// Packs 32 4-bit values: element j in the low nibble of byte j, element j+16 in the high nibble.
@@ -136,7 +159,8 @@ fn unsigned_levels(l: &[i8; QK]) -> [u8; QK] {
 /// `block_q8_0`: fp16 scale `d`, 32 signed 8-bit quants; `x = d·q`.
 pub(crate) struct BlockQ8_0 {
     d: u16,
-    qs: [i8; QK],
+    /// The `int8_t` quants as their two's-complement bytes.
+    qs: [u8; QK],
 }
 
 impl Block for BlockQ8_0 {
@@ -146,14 +170,14 @@ impl Block for BlockQ8_0 {
 
     /// `quantize_row_q8_0_ref`: `d = amax/127`, `q = roundf(x·(1/d))` (half away from zero).
     fn quantize_ref(x: &[f32; QK]) -> Self {
-        let mut amax = 0.0f32;
-        for &v in x {
-            // MAX(amax, fabsf(v))
-            amax = if amax > v.abs() { amax } else { v.abs() };
-        }
-        let d = amax / 127.0;
+        let d = abs_max(x) / 127.0;
         let id = reciprocal(d);
-        Self { d: f32_to_f16_bits(d), qs: std::array::from_fn(|j| c_trunc_i32((x[j] * id).round()) as i8) }
+        let q = c_round_block(&each(x, |v| v * id));
+        let mut qs = [0u8; QK];
+        for (o, q) in qs.iter_mut().zip(q) {
+            *o = q as i8 as u8;
+        }
+        Self { d: f32_to_f16_bits(d), qs }
     }
 
     fn quantize_weighted(x: &[f32; QK], _weights: &[f32; QK]) -> Self {
@@ -162,9 +186,7 @@ impl Block for BlockQ8_0 {
 
     fn write(&self, out: &mut [u8]) {
         out[..2].copy_from_slice(&self.d.to_le_bytes());
-        for (o, q) in out[2..].iter_mut().zip(self.qs) {
-            *o = q as u8;
-        }
+        out[2..].copy_from_slice(&self.qs);
     }
 }
 
@@ -183,7 +205,7 @@ impl Block for BlockQ4_0 {
     fn quantize_ref(x: &[f32; QK]) -> Self {
         let d = signed_absmax(x) / -8.0;
         let id = reciprocal(d);
-        let l: [u8; QK] = std::array::from_fn(|j| capped_i8(x[j] * id + 8.5, 15));
+        let l = capped_i8(&each(x, |v| v * id + 8.5), 15);
         Self { d: f32_to_f16_bits(d), qs: pack_nibbles(&l) }
     }
 
@@ -217,7 +239,7 @@ impl Block for BlockQ4_1 {
         let (min, max) = min_max(x);
         let d = (max - min) / 15.0;
         let id = reciprocal(d);
-        let l: [u8; QK] = std::array::from_fn(|j| capped_i8((x[j] - min) * id + 0.5, 15));
+        let l = capped_i8(&each(x, |v| (v - min) * id + 0.5), 15);
         Self { d: f32_to_f16_bits(d), m: f32_to_f16_bits(min), qs: pack_nibbles(&l) }
     }
 
@@ -251,7 +273,7 @@ impl Block for BlockQ5_0 {
     fn quantize_ref(x: &[f32; QK]) -> Self {
         let d = signed_absmax(x) / -16.0;
         let id = reciprocal(d);
-        let l: [u8; QK] = std::array::from_fn(|j| capped_i8(x[j] * id + 16.5, 31));
+        let l = capped_i8(&each(x, |v| v * id + 16.5), 31);
         let (qs, qh) = pack_q5(&l);
         Self { d: f32_to_f16_bits(d), qh, qs }
     }
@@ -289,7 +311,11 @@ impl Block for BlockQ5_1 {
         let (min, max) = min_max(x);
         let d = (max - min) / 31.0;
         let id = reciprocal(d);
-        let l: [u8; QK] = std::array::from_fn(|j| c_trunc_i32((x[j] - min) * id + 0.5) as u8);
+        let t = c_trunc_block(&each(x, |v| (v - min) * id + 0.5));
+        let mut l = [0u8; QK];
+        for (o, t) in l.iter_mut().zip(t) {
+            *o = t as u8;
+        }
         let (qs, qh) = pack_q5(&l);
         Self { d: f32_to_f16_bits(d), m: f32_to_f16_bits(min), qh, qs }
     }
@@ -338,7 +364,7 @@ mod tests {
         x[3] = 0.5;
         let b = BlockQ8_0::quantize_ref(&x);
         assert_eq!(b.d, 0x3C00);
-        assert_eq!(&b.qs[..5], &[127, 3, -3, 1, 0]);
+        assert_eq!(&b.qs[..5], &[127, 3, -3i8 as u8, 1, 0]);
     }
 
     #[test]

@@ -22,6 +22,7 @@ pub mod ftype;
 mod helpers;
 pub mod imatrix;
 mod kquants;
+mod lanes;
 mod legacy;
 pub mod mixture;
 pub mod mlx;
@@ -50,6 +51,10 @@ pub enum QuantError {
     ImatrixLen { expected: usize, got: usize },
     #[error("input value {value} at row {row}, column {col} is not finite")]
     NonFinite { row: usize, col: usize, value: f32 },
+    #[error("{0} input cannot be read as numbers")]
+    UnsupportedInput(GgmlType),
+    #[error("input of {len} {ty} bytes is not a whole number of {row_bytes}-byte rows")]
+    PartialRawRow { ty: GgmlType, len: usize, row_bytes: usize },
 }
 
 /// Whether [`quantize`] can produce `ty`.
@@ -82,8 +87,10 @@ pub fn supported(ty: GgmlType) -> bool {
 /// Rows are split into chunks quantized in parallel on the current rayon pool (`ThreadPool::install` to bound it);
 /// each row is quantized exactly as ggml would, so the bytes are the same for any number of threads.
 ///
-/// NaN and infinity are refused up front: ggml would quantize them into garbage scales that llama-quantize's
-/// `ggml_validate_row_data` then rejects, and the error here says where the bad value is.
+/// NaN and infinity are refused: ggml would quantize them into garbage scales that llama-quantize's
+/// `ggml_validate_row_data` then rejects. The error names the first bad value in row order; `dst` then holds
+/// partial output (each chunk is checked just before it is quantized, while its values are in cache), which
+/// callers discard — the file writer never commits it.
 pub fn quantize(
     ty: GgmlType,
     src: &[f32],
@@ -91,6 +98,48 @@ pub fn quantize(
     imatrix: Option<&[f32]>,
     dst: &mut [u8],
 ) -> Result<(), QuantError> {
+    let rows = || match src.len().is_multiple_of(n_per_row) {
+        true => Ok(src.len() / n_per_row),
+        false => Err(QuantError::PartialRow { len: src.len(), n_per_row }),
+    };
+    let row_bytes = check_request(ty, rows, n_per_row, imatrix, dst)?;
+    run_chunks(ty, Input::F32(src), n_per_row, row_bytes, imatrix, dst)
+}
+
+/// [`quantize`] from the raw little-endian bytes of a tensor of type `src_ty` (F32, F16, BF16, or any type
+/// `quantfarm_tensors::dequant` reads, for requantizing), as llama-quantize widens its input to f32 first.
+///
+/// Each parallel task widens its own rows, so the conversion runs in parallel and the f32 values are quantized
+/// while still in cache. A non-finite value is reported as by [`quantize`].
+pub fn quantize_raw(
+    ty: GgmlType,
+    src_ty: GgmlType,
+    raw: &[u8],
+    n_per_row: usize,
+    imatrix: Option<&[f32]>,
+    dst: &mut [u8],
+) -> Result<(), QuantError> {
+    if !quantfarm_tensors::dequant::ggml_supported(src_ty) {
+        return Err(QuantError::UnsupportedInput(src_ty));
+    }
+    let src_row = src_ty.row_bytes(n_per_row as u64).unwrap_or(0) as usize;
+    let rows = || match src_row > 0 && raw.len().is_multiple_of(src_row) {
+        true => Ok(raw.len() / src_row),
+        false => Err(QuantError::PartialRawRow { ty: src_ty, len: raw.len(), row_bytes: src_row }),
+    };
+    let row_bytes = check_request(ty, rows, n_per_row, imatrix, dst)?;
+    run_chunks(ty, Input::Raw { ty: src_ty, data: raw, row_bytes: src_row }, n_per_row, row_bytes, imatrix, dst)
+}
+
+/// Checks a request and returns the output bytes per row; `rows` counts the input rows once the row length is
+/// known to be valid (the checks run in the order the errors are documented).
+fn check_request(
+    ty: GgmlType,
+    rows: impl FnOnce() -> Result<usize, QuantError>,
+    n_per_row: usize,
+    imatrix: Option<&[f32]>,
+    dst: &[u8],
+) -> Result<usize, QuantError> {
     if !supported(ty) {
         return Err(QuantError::Unsupported(ty));
     }
@@ -98,10 +147,7 @@ pub fn quantize(
     if n_per_row == 0 || !n_per_row.is_multiple_of(block_size) {
         return Err(QuantError::PartialBlock { ty, n_per_row, block_size });
     }
-    if !src.len().is_multiple_of(n_per_row) {
-        return Err(QuantError::PartialRow { len: src.len(), n_per_row });
-    }
-    let rows = src.len() / n_per_row;
+    let rows = rows()?;
     let row_bytes = (n_per_row / block_size).checked_mul(ty.type_size());
     let expected = row_bytes.and_then(|row_bytes| row_bytes.checked_mul(rows)).ok_or(QuantError::DstLen {
         ty,
@@ -117,26 +163,79 @@ pub fn quantize(
             return Err(QuantError::ImatrixLen { expected: n_per_row, got: imatrix.len() });
         }
     }
-    if let Some(i) = src.iter().position(|v| !v.is_finite()) {
-        return Err(QuantError::NonFinite { row: i / n_per_row, col: i % n_per_row, value: src[i] });
-    }
-
     // `expected` did not overflow, so neither does one row.
-    let row_bytes = row_bytes.unwrap_or(0);
-    if rows == 0 || row_bytes == 0 {
+    Ok(row_bytes.unwrap_or(0))
+}
+
+/// The rows to quantize, as f32 or as raw bytes each task widens itself.
+#[derive(Clone, Copy)]
+enum Input<'a> {
+    F32(&'a [f32]),
+    Raw { ty: GgmlType, data: &'a [u8], row_bytes: usize },
+}
+
+/// Quantizes the checked request in chunks of whole rows, in parallel. The result is the first failing chunk's
+/// error, in row order, so it does not depend on the thread count either.
+fn run_chunks(
+    ty: GgmlType,
+    input: Input,
+    n_per_row: usize,
+    row_bytes: usize,
+    imatrix: Option<&[f32]>,
+    dst: &mut [u8],
+) -> Result<(), QuantError> {
+    if dst.is_empty() || row_bytes == 0 {
         return Ok(());
     }
     // Chunks of whole rows, about `MIN_CHUNK_ELEMS` input values each, so small tensors stay on one thread and the
     // per-task overhead is negligible for large ones. Each chunk is quantized as the whole input would have been.
+    let rows = dst.len() / row_bytes;
     let rows_per_chunk = MIN_CHUNK_ELEMS.div_ceil(n_per_row).clamp(1, rows);
-    dst.par_chunks_mut(rows_per_chunk * row_bytes)
-        .zip(src.par_chunks(rows_per_chunk * n_per_row))
-        .for_each(|(dst, src)| quantize_chunk(ty, src, n_per_row, imatrix, dst));
-    Ok(())
+    let results: Vec<Result<(), QuantError>> = dst
+        .par_chunks_mut(rows_per_chunk * row_bytes)
+        .enumerate()
+        .map_init(Vec::new, |scratch: &mut Vec<f32>, (k, dst)| {
+            let first_row = k * rows_per_chunk;
+            let n_rows = dst.len() / row_bytes;
+            let src: &[f32] = match input {
+                Input::F32(src) => &src[first_row * n_per_row..(first_row + n_rows) * n_per_row],
+                Input::Raw { ty: src_ty, data, row_bytes: src_row } => {
+                    scratch.resize(n_rows * n_per_row, 0.0);
+                    let raw = &data[first_row * src_row..(first_row + n_rows) * src_row];
+                    // `quantize_raw` checked the type and that `raw` is whole rows, so this cannot fail.
+                    if quantfarm_tensors::dequant::dequantize_ggml(src_ty, raw, scratch).is_err() {
+                        return Err(QuantError::UnsupportedInput(src_ty));
+                    }
+                    scratch
+                }
+            };
+            if let Some(i) = first_non_finite(src) {
+                let (row, col, value) = (first_row + i / n_per_row, i % n_per_row, src[i]);
+                return Err(QuantError::NonFinite { row, col, value });
+            }
+            quantize_chunk(ty, src, n_per_row, imatrix, dst);
+            Ok(())
+        })
+        .collect();
+    results.into_iter().collect()
 }
 
 /// Input values per parallel task (rounded up to whole rows).
 const MIN_CHUNK_ELEMS: usize = 64 * 1024;
+
+/// The index of the first NaN or infinity. A vectorizable fold finds the 256-value piece that holds one; only
+/// that piece is searched element by element.
+fn first_non_finite(src: &[f32]) -> Option<usize> {
+    const PIECE: usize = 256;
+    src.chunks(PIECE).enumerate().find_map(|(k, piece)| {
+        // An all-ones exponent is NaN or infinity; OR-ing integer compares vectorizes where a `bool` fold does not.
+        if piece.iter().fold(0u32, |bad, v| bad | u32::from(v.to_bits() & 0x7F80_0000 == 0x7F80_0000)) == 0 {
+            None
+        } else {
+            piece.iter().position(|v| !v.is_finite()).map(|i| k * PIECE + i)
+        }
+    })
+}
 
 /// Quantizes whole rows (already validated by [`quantize`]) on the calling thread.
 fn quantize_chunk(ty: GgmlType, src: &[f32], n_per_row: usize, imatrix: Option<&[f32]>, dst: &mut [u8]) {
@@ -203,10 +302,49 @@ mod tests {
         let mut dst = dst_for(GgmlType::F16, 32, 3);
         let err = quantize(GgmlType::F16, &src, 32, None, &mut dst).unwrap_err();
         assert!(matches!(err, QuantError::NonFinite { row: 2, col: 6, .. }), "{err}");
-        assert!(dst.iter().all(|&b| b == 0), "nothing written on error");
         src[70] = f32::NEG_INFINITY;
         let err = quantize(GgmlType::Q8_0, &src, 32, None, &mut dst_for(GgmlType::Q8_0, 32, 3)).unwrap_err();
         assert_eq!(err.to_string(), "input value -inf at row 2, column 6 is not finite");
+    }
+
+    #[test]
+    fn raw_input_gives_the_bytes_of_its_f32_values() {
+        let (rows, n) = (40, 4096); // several parallel chunks
+        let f32s: Vec<f32> = (0..rows * n).map(|i| ((i * 7919) % 2003) as f32 / 97.0 - 10.0).collect();
+        let bf16: Vec<u8> = f32s.iter().flat_map(|v| f32_to_bf16_bits(*v).to_le_bytes()).collect();
+        let widened: Vec<f32> = bf16.chunks(2).map(|b| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16)).collect();
+        let imatrix: Vec<f32> = (0..n).map(|j| (j % 13 + 1) as f32).collect();
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().expect("pool");
+        for ty in [GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q6_K] {
+            for imat in [None, Some(imatrix.as_slice())] {
+                let mut want = dst_for(ty, n, rows);
+                quantize(ty, &widened, n, imat, &mut want).expect("f32");
+                let mut got = dst_for(ty, n, rows);
+                pool.install(|| quantize_raw(ty, GgmlType::BF16, &bf16, n, imat, &mut got)).expect("raw");
+                assert!(got == want, "{ty} imatrix {}", imat.is_some());
+            }
+        }
+    }
+
+    #[test]
+    fn raw_input_errors_name_the_first_bad_value_in_row_order() {
+        let (rows, n) = (64, 2048);
+        let mut bf16: Vec<u8> = (0..rows * n).flat_map(|i| f32_to_bf16_bits(i as f32 / 1e5).to_le_bytes()).collect();
+        // Infinity in a late chunk, NaN in an earlier one: whichever thread gets there first, the NaN is reported.
+        bf16[2 * (60 * n + 5)..][..2].copy_from_slice(&0x7F80u16.to_le_bytes());
+        bf16[2 * (33 * n + 9)..][..2].copy_from_slice(&0x7FC1u16.to_le_bytes());
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(4).build().expect("pool");
+        let mut dst = dst_for(GgmlType::Q4_0, n, rows);
+        let err = pool.install(|| quantize_raw(GgmlType::Q4_0, GgmlType::BF16, &bf16, n, None, &mut dst)).unwrap_err();
+        assert!(matches!(err, QuantError::NonFinite { row: 33, col: 9, .. }), "{err}");
+        assert_eq!(
+            quantize_raw(GgmlType::Q4_0, GgmlType::BF16, &bf16[..1000], n, None, &mut dst),
+            Err(QuantError::PartialRawRow { ty: GgmlType::BF16, len: 1000, row_bytes: 4096 })
+        );
+        assert_eq!(
+            quantize_raw(GgmlType::Q4_0, GgmlType::IQ2_XXS, &bf16, n, None, &mut dst),
+            Err(QuantError::UnsupportedInput(GgmlType::IQ2_XXS))
+        );
     }
 
     #[test]

@@ -3,7 +3,10 @@
 //! object store a multipart upload, completed on commit and aborted otherwise. A failed or dropped write therefore
 //! never leaves a partial artifact, nor replaces an existing one.
 
+mod write_behind;
+
 use sha2::{Digest, Sha256};
+use write_behind::WriteBehind;
 
 use crate::error::{Error, Result};
 use crate::store::Location;
@@ -24,12 +27,13 @@ pub struct StagedSink {
     target: Location,
     stage: Stage,
     bytes: u64,
-    hasher: Sha256,
 }
 
 enum Stage {
-    Local { tmp: tempfile::NamedTempFile, out: std::io::BufWriter<std::fs::File>, overwrite: bool },
-    Object { upload: Option<object_store::WriteMultipart> },
+    /// Written and hashed on a thread of its own. `out` is declared first so that, on drop, its thread is stopped
+    /// before `tmp` removes the file.
+    Local { out: WriteBehind, tmp: tempfile::NamedTempFile, overwrite: bool },
+    Object { upload: Option<object_store::WriteMultipart>, hasher: Sha256 },
 }
 
 impl StagedSink {
@@ -54,8 +58,8 @@ impl StagedSink {
             #[cfg(unix)]
             builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644));
             let tmp = builder.tempfile_in(&dir).map_err(io)?;
-            let out = std::io::BufWriter::with_capacity(1 << 20, tmp.as_file().try_clone().map_err(io)?);
-            Stage::Local { tmp, out, overwrite }
+            let out = WriteBehind::new(tmp.as_file().try_clone().map_err(io)?).map_err(io)?;
+            Stage::Local { out, tmp, overwrite }
         } else {
             use object_store::ObjectStoreExt;
             let (store, key) = target.object().expect("a location is local or in a store");
@@ -67,9 +71,10 @@ impl StagedSink {
                 }
             }
             let upload = store.put_multipart(key).await.map_err(|e| Error::store(&name, e))?;
-            Stage::Object { upload: Some(object_store::WriteMultipart::new_with_chunk_size(upload, PART_SIZE)) }
+            let upload = Some(object_store::WriteMultipart::new_with_chunk_size(upload, PART_SIZE));
+            Stage::Object { upload, hasher: Sha256::new() }
         };
-        Ok(StagedSink { target: target.clone(), stage, bytes: 0, hasher: Sha256::new() })
+        Ok(StagedSink { target: target.clone(), stage, bytes: 0 })
     }
 
     pub fn bytes_written(&self) -> u64 {
@@ -77,14 +82,13 @@ impl StagedSink {
     }
 
     pub async fn write(&mut self, data: &[u8]) -> Result<()> {
-        self.hasher.update(data);
         self.bytes += data.len() as u64;
         match &mut self.stage {
             Stage::Local { out, .. } => {
-                use std::io::Write;
-                out.write_all(data).map_err(|e| Error::Io { file: self.target.to_string(), source: e })
+                out.write(data).map_err(|e| Error::Io { file: self.target.to_string(), source: e })
             }
-            Stage::Object { upload } => {
+            Stage::Object { upload, hasher } => {
+                hasher.update(data);
                 let up = upload.as_mut().expect("upload present until commit");
                 up.wait_for_capacity(PARTS_IN_FLIGHT).await.map_err(|e| Error::store(self.target.to_string(), e))?;
                 up.write(data);
@@ -108,11 +112,11 @@ impl StagedSink {
     /// Makes the output visible at its final name, all at once.
     pub async fn commit(mut self) -> Result<Committed> {
         let name = self.target.to_string();
-        let stage = std::mem::replace(&mut self.stage, Stage::Object { upload: None });
-        match stage {
+        let stage = std::mem::replace(&mut self.stage, Stage::Object { upload: None, hasher: Sha256::new() });
+        let hasher = match stage {
             Stage::Local { tmp, out, overwrite } => {
                 let io = |e| Error::Io { file: name.clone(), source: e };
-                let file = out.into_inner().map_err(|e| io(e.into_error()))?;
+                let (file, hasher) = out.finish().map_err(io)?;
                 file.sync_all().map_err(io)?;
                 let path = self.target.local_path().expect("local stage has a local target").to_path_buf();
                 if overwrite {
@@ -127,20 +131,22 @@ impl StagedSink {
                 if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
                     std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
                 }
+                hasher
             }
-            Stage::Object { upload } => {
+            Stage::Object { upload, hasher } => {
                 let up = upload.expect("upload present until commit");
                 up.finish().await.map_err(|e| Error::store(&name, e))?;
+                hasher
             }
-        }
-        let sha256 = hex(&std::mem::take(&mut self.hasher).finalize());
+        };
+        let sha256 = hex(&hasher.finalize());
         tracing::debug!(location = %name, bytes = self.bytes, %sha256, "committed");
         Ok(Committed { location: name, bytes: self.bytes, sha256 })
     }
 
     /// Drops the staged output; nothing becomes visible.
     pub async fn abort(mut self) -> Result<()> {
-        if let Stage::Object { upload } = &mut self.stage {
+        if let Stage::Object { upload, .. } = &mut self.stage {
             if let Some(up) = upload.take() {
                 up.abort().await.map_err(|e| Error::store(self.target.to_string(), e))?;
             }
@@ -153,7 +159,7 @@ impl Drop for StagedSink {
     /// A sink dropped without commit (an error, a panic, a cancelled task) aborts: the local temp file is removed
     /// by `NamedTempFile`; an upload is aborted on the runtime if one is running.
     fn drop(&mut self) {
-        if let Stage::Object { upload } = &mut self.stage {
+        if let Stage::Object { upload, .. } = &mut self.stage {
             if let Some(up) = upload.take() {
                 if let Ok(rt) = tokio::runtime::Handle::try_current() {
                     rt.spawn(async move {

@@ -58,6 +58,11 @@ impl TensorEntry {
     pub fn rows(&self) -> u64 {
         self.elements() / self.row_len().max(1)
     }
+
+    /// Stored bytes of one row, the stride of [`TensorSource::read_range`] over rows.
+    pub fn row_bytes(&self) -> u64 {
+        self.row_bytes
+    }
 }
 
 enum Inner {
