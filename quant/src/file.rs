@@ -251,12 +251,12 @@ async fn quantize_part(
 
     let pool = match opts.threads {
         None => None,
-        Some(n) => Some(
+        Some(n) => Some(Arc::new(
             rayon::ThreadPoolBuilder::new()
                 .num_threads(n)
                 .build()
                 .map_err(|e| FileError::Threads { threads: n, msg: e.to_string() })?,
-        ),
+        )),
     };
     let metadata = match shard {
         None => output_metadata(&gguf.header().metadata, opts.ftype, imatrix),
@@ -272,13 +272,17 @@ async fn quantize_part(
         }
     };
     let mut w = GgufWriter::create(dst, 3, &metadata, &descs, opts.overwrite).await?;
-    let mut raw = Vec::new();
-    let mut out = Vec::new();
+    // Reading step k overlaps quantizing step k−1 on the pool (the two meet in `Pipeline::finish`), so neither
+    // the reads (pages from the cache, or ranged GETs from a store) nor the writes wait for the quantizers.
+    let mut pipe = Pipeline { pool, in_flight: None, raws: Vec::new(), outs: Vec::new() };
     for (c, d) in choices.iter().zip(&descs) {
         let info = infos.iter().find(|t| t.name == c.name).expect("choices name input tensors");
         let e = src.entry(&c.name)?;
         if c.ty == info.ty {
+            pipe.finish(&mut w).await?;
+            let mut raw = pipe.raws.pop().unwrap_or_default();
             copy_tensor(src, &c.name, opts.budget, &mut raw, &mut w).await?;
+            pipe.raws.push(raw);
             continue;
         }
         let TensorType::Ggml(src_ty) = e.ty else {
@@ -286,9 +290,10 @@ async fn quantize_part(
         };
         let row_len = e.row_len() as usize;
         let out_row = c.ty.row_bytes(row_len as u64).expect("types were checked against the row length") as usize;
-        // The input rows as stored and their output; each quantizing thread widens its rows to f32 itself, in
-        // pieces of `quant::MIN_CHUNK_ELEMS` values, which the budget does not need to count.
-        let rows_per_step = (opts.budget / (e.row_bytes() + out_row as u64).max(1)).max(1);
+        // Two steps of input rows as stored (one read, one quantizing) and their output; each quantizing thread
+        // widens its rows to f32 itself, in pieces of `quant::MIN_CHUNK_ELEMS` values, which the budget does not
+        // need to count.
+        let rows_per_step = (opts.budget / (2 * (e.row_bytes() + out_row as u64)).max(1)).max(1);
         let weights = imatrix_for(imatrix, &c.name, &info.dims)?;
         // Rows of one expert (`ne[1]`): a step never crosses an expert, whose imatrix slice is its own
         // (`llama_tensor_quantize_impl`'s `imatrix_for_row`).
@@ -296,9 +301,9 @@ async fn quantize_part(
         let mut row = 0;
         while row < e.rows() {
             let n = rows_per_step.min(e.rows() - row).min(rows_per_expert - row % rows_per_expert);
+            let mut raw = pipe.raws.pop().unwrap_or_default();
             raw.resize((n * e.row_bytes()) as usize, 0);
             src.read_range(&c.name, row * e.row_bytes(), &mut raw).await?;
-            out.resize(n as usize * out_row, 0u8);
             let expert = (row / rows_per_expert) as usize;
             let slice = match weights {
                 None => None,
@@ -314,16 +319,74 @@ async fn quantize_part(
                     })?)
                 }
             };
-            let mut run = || crate::quantize_raw(c.ty, src_ty, &raw, row_len, slice, &mut out);
-            let done = match &pool {
-                Some(p) => p.install(run),
-                None => run(),
-            };
-            done.map_err(|source| FileError::Quant { tensor: d.name.clone(), source })?;
-            w.write(&out).await?;
+            pipe.finish(&mut w).await?;
+            let mut out = pipe.outs.pop().unwrap_or_default();
+            out.resize(n as usize * out_row, 0u8);
+            let job = Job { ty: c.ty, src_ty, raw, row_len, imatrix: slice.map(<[f32]>::to_vec), out };
+            pipe.start(d.name.clone(), job);
             row += n;
         }
     }
+    pipe.finish(&mut w).await?;
     let committed = w.finish().await?;
     Ok(Quantized { committed, choices })
+}
+
+/// One step for the quantizing pool: owned buffers, so it can run while the caller reads the next step.
+struct Job {
+    ty: GgmlType,
+    src_ty: GgmlType,
+    raw: Vec<u8>,
+    row_len: usize,
+    imatrix: Option<Vec<f32>>,
+    out: Vec<u8>,
+}
+
+/// A job's buffers back, with its result.
+struct Done {
+    raw: Vec<u8>,
+    out: Vec<u8>,
+    result: Result<(), QuantError>,
+}
+
+/// At most one step quantizing on the pool, and the buffers of finished steps for reuse (two of each at most).
+struct Pipeline {
+    pool: Option<Arc<rayon::ThreadPool>>,
+    in_flight: Option<(String, futures::channel::oneshot::Receiver<Done>)>,
+    raws: Vec<Vec<u8>>,
+    outs: Vec<Vec<u8>>,
+}
+
+impl Pipeline {
+    /// Hands `job` (for tensor `tensor`) to the pool; the previous step must be finished.
+    fn start(&mut self, tensor: String, job: Job) {
+        debug_assert!(self.in_flight.is_none());
+        let (tx, rx) = futures::channel::oneshot::channel();
+        let run = move || {
+            let Job { ty, src_ty, raw, row_len, imatrix, mut out } = job;
+            // A panic (a bug) becomes this file's error instead of aborting the process, as rayon's `spawn` would.
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                crate::quantize_raw(ty, src_ty, &raw, row_len, imatrix.as_deref(), &mut out)
+            }))
+            .unwrap_or(Err(QuantError::Lost));
+            // The receiver is gone only when the quantization was abandoned for another error.
+            let _ = tx.send(Done { raw, out, result });
+        };
+        match &self.pool {
+            Some(p) => p.spawn(run),
+            None => rayon::spawn(run),
+        }
+        self.in_flight = Some((tensor, rx));
+    }
+
+    /// Waits for the step in flight, if any, and writes its output.
+    async fn finish(&mut self, w: &mut GgufWriter) -> Result<(), FileError> {
+        let Some((tensor, rx)) = self.in_flight.take() else { return Ok(()) };
+        let done = rx.await.map_err(|_| FileError::Quant { tensor: tensor.clone(), source: QuantError::Lost })?;
+        done.result.map_err(|source| FileError::Quant { tensor, source })?;
+        w.write(&done.out).await?;
+        self.raws.push(done.raw);
+        self.outs.push(done.out);
+        Ok(())
+    }
 }

@@ -36,11 +36,11 @@ pub(crate) fn c_trunc_i32(f: f32) -> i32 {
 
 /// `1.5·2^23`: adding it to a float of magnitude below 2^22 leaves the round-half-even integer in the low mantissa
 /// bits (the `nearest_int` trick).
-const MAGIC: f32 = 12_582_912.0;
+pub(crate) const MAGIC: f32 = 12_582_912.0;
 
 /// Magnitudes below this take the branch-free paths of [`c_round_block`] and [`c_trunc_block`]: 2^21 keeps
 /// `y + MAGIC` inside [2^23, 2^24), where the trick is exact (at 2^22 − 0.5 it would already round up to 2^24).
-const FAST_LIMIT: f32 = 2_097_152.0;
+pub(crate) const FAST_LIMIT: f32 = 2_097_152.0;
 
 /// `(int32_t)roundf(y)` for every element, as the `_ref` quantizers compute it: ties away from zero, and
 /// [`c_trunc_i32`]'s result for values out of range.
@@ -48,7 +48,7 @@ const FAST_LIMIT: f32 = 2_097_152.0;
 /// Bit for bit the scalar `c_trunc_i32(y.round())`, but branch-free when every `|y| < 2^21` (always, for real
 /// blocks): `roundf` is a libm call the compiler cannot vectorize, so it is rebuilt from the round-half-even of
 /// the magic-number trick plus a fix-up on exact ties, where the two disagree.
-#[inline]
+#[inline(always)]
 pub(crate) fn c_round_block<const N: usize>(y: &[f32; N]) -> [i32; N] {
     let mut out = [0i32; N];
     if !all_small(y) {
@@ -69,7 +69,7 @@ pub(crate) fn c_round_block<const N: usize>(y: &[f32; N]) -> [i32; N] {
 
 /// `(int32_t)y` for every element (x86-64 `cvttss2si`, see [`c_trunc_i32`]), branch-free when every `|y| < 2^21`:
 /// truncation is the round-half-even integer stepped one toward zero where it overshot.
-#[inline]
+#[inline(always)]
 pub(crate) fn c_trunc_block<const N: usize>(y: &[f32; N]) -> [i32; N] {
     let mut out = [0i32; N];
     if !all_small(y) {
@@ -167,12 +167,11 @@ pub(crate) fn make_qx_quants<const N: usize>(nmax: i32, x: &[f32; N], l_out: &mu
 }
 
 /// `make_q3_quants(n, nmax, x, L, do_rmse = true)`: the symmetric search of `quantize_row_q3_K_ref`. Writes `L` in
-/// `0..2·nmax` and returns the scale. The one-group form, kept as the step-for-step port that
-/// `lanes::make_q3_quants` is tested against.
+/// `0..2·nmax` and returns the scale. The one-group form: `lanes::make_q3_quants` falls back to it for groups
+/// outside its fast path, and is tested against it.
 ///
 /// Same steps as ggml's `make_q3_quants`: levels from `−nmax/max`, then up to 5 rounds of single-level refinement
 /// with weights `x²` (recomputed per element, as the C does), accepting a change when it raises `sumlx²/suml2`.
-#[cfg(test)]
 pub(crate) fn make_q3_quants<const N: usize>(nmax: i32, x: &[f32; N], l_out: &mut [i8; N]) -> f32 {
     let (max, amax) = signed_max(x);
     if amax < GROUP_MAX_EPS {

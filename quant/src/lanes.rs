@@ -11,7 +11,7 @@
 //! Each function equals its scalar twin in `helpers` group for group, bit for bit; the tests check that on random
 //! and degenerate groups, and the golden files check the scalar functions against ggml.
 
-use crate::helpers::{nearest_int, GROUP_MAX_EPS};
+use crate::helpers::{self, FAST_LIMIT, GROUP_MAX_EPS, MAGIC};
 
 /// `x[g][i]` → `t[i][g]`.
 fn transpose<T: Copy + Default, const N: usize, const G: usize>(x: &[[T; N]; G]) -> [[T; G]; N] {
@@ -22,12 +22,6 @@ fn transpose<T: Copy + Default, const N: usize, const G: usize>(x: &[[T; N]; G])
         }
     }
     t
-}
-
-/// `MAX(-nmax, MIN(nmax-1, l))` and friends: `l` clamped to `lo..=hi`, as `min` then `max`.
-#[inline(always)]
-fn clamp(l: i32, lo: i32, hi: i32) -> i32 {
-    l.min(hi).max(lo)
 }
 
 /// A per-lane condition as a select mask (all ones or all zeros), the form vector compares produce. Conditions
@@ -44,10 +38,24 @@ fn pick(m: u32, a: f32, b: f32) -> f32 {
     f32::from_bits((a.to_bits() & m) | (b.to_bits() & !m))
 }
 
-/// `m ? a : b` on the bits.
+/// `clamp(nearest_int(v), lo, hi)` as a float: clamping first and rounding after gives the same integer (rounding
+/// is monotonic and the bounds are integers), and `(v + MAGIC) − MAGIC` rounds half to even exactly. All in float
+/// registers (min, max, add, sub), with no float↔int conversions in the search loops.
+///
+/// Exact only for `|v| <` [`FAST_LIMIT`]: beyond it (and for NaN) ggml's `nearest_int` returns garbage bits, which
+/// its clamp then turns into some level. Where `v` is not bounded by construction, the callers flag such lanes
+/// ([`out_of_range`]) and redo those groups with the scalar port.
 #[inline(always)]
-fn pick_i(m: u32, a: i32, b: i32) -> i32 {
-    ((a as u32 & m) | (b as u32 & !m)) as i32
+fn level(v: f32, lo: f32, hi: f32) -> f32 {
+    let v = if v < hi { v } else { hi };
+    let v = if v > lo { v } else { lo };
+    (v + MAGIC) - MAGIC
+}
+
+/// All ones where [`level`] would not reproduce `nearest_int` on `v` (including NaN).
+#[inline(always)]
+fn out_of_range(v: f32) -> u32 {
+    mask(!(v.abs() < FAST_LIMIT))
 }
 
 /// Per lane, the value of largest magnitude (the first one, on ties) and its magnitude (`helpers::signed_max`).
@@ -80,11 +88,28 @@ pub(crate) fn make_qx_quants<const N: usize, const G: usize>(
             wx[i][g] = qwt[i][g] * xt[i][g];
         }
     }
+    let (lo, hi) = (-nmax as f32, (nmax - 1) as f32);
+    // Step `c` uses `iscale = −c/max`. Only the winning step's `c` is kept per lane; its levels are recomputed at
+    // the end (the same operations give the same levels), which spares a select over every level at every step.
+    let sums = |c: f32| {
+        let mut iscale = [0.0f32; G];
+        for g in 0..G {
+            iscale[g] = -c / max[g];
+        }
+        let (mut sumlx, mut suml2) = ([0.0f32; G], [0.0f32; G]);
+        for i in 0..N {
+            for g in 0..G {
+                let lf = level(iscale[g] * xt[i][g], lo, hi);
+                sumlx[g] += wx[i][g] * lf;
+                suml2[g] += qwt[i][g] * lf * lf;
+            }
+        }
+        (sumlx, suml2)
+    };
 
-    let mut l = [[0i32; G]; N];
-    qx_levels(-(nmax as f32), nmax, &max, &xt, &mut l);
-    let mut best_l = l;
-    let (sumlx, suml2) = qx_sums(&l, &wx, &qwt);
+    let c0 = nmax as f32;
+    let mut best_c = [c0; G];
+    let (sumlx, suml2) = sums(c0);
     let mut scale = [0.0f32; G];
     let mut best = [0.0f32; G];
     for g in 0..G {
@@ -95,68 +120,27 @@ pub(crate) fn make_qx_quants<const N: usize, const G: usize>(
         if is == 0 {
             continue;
         }
-        qx_levels(-(nmax as f32 + 0.1f32 * is as f32), nmax, &max, &xt, &mut l);
-        let (sumlx, suml2) = qx_sums(&l, &wx, &qwt);
-        let mut take = [0u32; G];
+        let c = nmax as f32 + 0.1f32 * is as f32;
+        let (sumlx, suml2) = sums(c);
         for g in 0..G {
-            take[g] = mask((suml2[g] > 0.0) & (sumlx[g] * sumlx[g] > best[g] * suml2[g]));
-            scale[g] = pick(take[g], sumlx[g] / suml2[g], scale[g]);
-            best[g] = pick(take[g], scale[g] * sumlx[g], best[g]);
-        }
-        for i in 0..N {
-            for g in 0..G {
-                best_l[i][g] = pick_i(take[g], l[i][g], best_l[i][g]);
-            }
+            let take = mask((suml2[g] > 0.0) & (sumlx[g] * sumlx[g] > best[g] * suml2[g]));
+            scale[g] = pick(take, sumlx[g] / suml2[g], scale[g]);
+            best[g] = pick(take, scale[g] * sumlx[g], best[g]);
+            best_c[g] = pick(take, c, best_c[g]);
         }
     }
     for g in 0..G {
         let zero = amax[g] < GROUP_MAX_EPS;
+        let iscale = -best_c[g] / max[g];
         for i in 0..N {
-            l_out[g][i] = if zero { 0 } else { (best_l[i][g] + nmax) as i8 };
+            let l = level(iscale * x[g][i], lo, hi) as i32;
+            l_out[g][i] = if zero { 0 } else { (l + nmax) as i8 };
         }
         if zero {
             scale[g] = 0.0;
         }
     }
     scale
-}
-
-/// The levels of one step of `make_qx_quants`: `clamp(nearest_int(iscale·x))` with `iscale = c/max` per lane.
-#[inline(always)]
-fn qx_levels<const N: usize, const G: usize>(
-    c: f32,
-    nmax: i32,
-    max: &[f32; G],
-    xt: &[[f32; G]; N],
-    l: &mut [[i32; G]; N],
-) {
-    let mut iscale = [0.0f32; G];
-    for g in 0..G {
-        iscale[g] = c / max[g];
-    }
-    for i in 0..N {
-        for g in 0..G {
-            l[i][g] = clamp(nearest_int(iscale[g] * xt[i][g]), -nmax, nmax - 1);
-        }
-    }
-}
-
-/// `sumlx = Σ (w·x)·l` and `suml2 = Σ w·l·l`, each lane in element order.
-#[inline(always)]
-fn qx_sums<const N: usize, const G: usize>(
-    l: &[[i32; G]; N],
-    wx: &[[f32; G]; N],
-    qwt: &[[f32; G]; N],
-) -> ([f32; G], [f32; G]) {
-    let (mut sumlx, mut suml2) = ([0.0f32; G], [0.0f32; G]);
-    for i in 0..N {
-        for g in 0..G {
-            let lf = l[i][g] as f32;
-            sumlx[g] += wx[i][g] * lf;
-            suml2[g] += qwt[i][g] * lf * lf;
-        }
-    }
-    (sumlx, suml2)
 }
 
 /// [`crate::helpers::make_q3_quants`] on `G` groups of `N`: levels into `l_out[g]`, scales returned.
@@ -170,42 +154,47 @@ pub(crate) fn make_q3_quants<const N: usize, const G: usize>(
 ) -> [f32; G] {
     let xt = transpose(x);
     let (max, amax) = signed_max(&xt);
+    let (lo, hi) = (-nmax as f32, (nmax - 1) as f32);
     let mut iscale = [0.0f32; G];
     for g in 0..G {
         iscale[g] = -(nmax as f32) / max[g];
     }
-    let mut l = [[0i32; G]; N];
+    // Levels as floats (see `level`); `l as f32` in the C is then the level itself.
+    let mut l = [[0.0f32; G]; N];
     let (mut sumlx, mut suml2) = ([0.0f32; G], [0.0f32; G]);
     for i in 0..N {
         for g in 0..G {
             let x = xt[i][g];
-            l[i][g] = clamp(nearest_int(iscale[g] * x), -nmax, nmax - 1);
+            l[i][g] = level(iscale[g] * x, lo, hi);
             let w = x * x;
-            let lf = l[i][g] as f32;
-            sumlx[g] += w * x * lf;
-            suml2[g] += w * lf * lf;
+            sumlx[g] += w * x * l[i][g];
+            suml2[g] += w * l[i][g] * l[i][g];
         }
     }
+    // `iscale·x` is bounded by `nmax` (`max` has the largest magnitude); the refinement's `x·sl2/slx` is not.
+    let mut bad = [0u32; G];
     for _ in 0..5 {
         let mut changed = [0u32; G];
         for i in 0..N {
             for g in 0..G {
                 let x = xt[i][g];
                 let w = x * x;
-                let li = l[i][g] as f32;
+                let li = l[i][g];
                 let slx = sumlx[g] - w * x * li;
                 let sl2 = suml2[g] - w * li * li;
-                let new_l = clamp(nearest_int(x * sl2 / slx), -nmax, nmax - 1);
-                let nf = new_l as f32;
-                let slx_new = slx + w * x * nf;
-                let sl2_new = sl2 + w * nf * nf;
+                let v = x * sl2 / slx;
+                let new_l = level(v, lo, hi);
+                // Only lanes that use `new_l` (`slx > 0`) need it exact.
+                bad[g] |= mask(slx > 0.0) & out_of_range(v);
+                let slx_new = slx + w * x * new_l;
+                let sl2_new = sl2 + w * new_l * new_l;
                 let take = mask(
                     (slx > 0.0)
-                        & (new_l != l[i][g])
+                        & (new_l != li)
                         & (sl2_new > 0.0)
                         & (slx_new * slx_new * suml2[g] > sumlx[g] * sumlx[g] * sl2_new),
                 );
-                l[i][g] = pick_i(take, new_l, l[i][g]);
+                l[i][g] = pick(take, new_l, li);
                 sumlx[g] = pick(take, slx_new, sumlx[g]);
                 suml2[g] = pick(take, sl2_new, suml2[g]);
                 changed[g] |= take;
@@ -217,9 +206,13 @@ pub(crate) fn make_q3_quants<const N: usize, const G: usize>(
     }
     let mut scale = [0.0f32; G];
     for g in 0..G {
+        if bad[g] != 0 {
+            scale[g] = helpers::make_q3_quants(nmax, &x[g], &mut l_out[g]);
+            continue;
+        }
         let zero = amax[g] < GROUP_MAX_EPS;
         for i in 0..N {
-            l_out[g][i] = if zero { 0 } else { (l[i][g] + nmax) as i8 };
+            l_out[g][i] = if zero { 0 } else { (l[i][g] as i32 + nmax) as i8 };
         }
         scale[g] = if !zero && suml2[g] > 0.0 { sumlx[g] / suml2[g] } else { 0.0 };
     }
@@ -266,25 +259,33 @@ pub(crate) fn make_qkx3_quants<const N: usize, const G: usize>(
     }
     // The scalar code returns `(0, -min)` with all-zero levels for these groups.
     let degenerate: [bool; G] = std::array::from_fn(|g| max[g] <= min[g]);
+    let (lo, hi) = (0.0f32, nmax as f32);
 
+    // The levels of the best candidate are `level(iscale·(x − min))` for the `iscale` and `min` it was computed
+    // with; those two are kept per lane and the levels recomputed at the end (see `make_qx_quants`).
     let mut iscale = [0.0f32; G];
     let mut scale = [0.0f32; G];
     for g in 0..G {
         iscale[g] = nmax as f32 / (max[g] - min[g]);
         scale[g] = 1.0 / iscale[g];
     }
-    let mut best_l = [[0i32; G]; N];
+    let mut best_iscale = iscale;
+    let mut best_from = min;
     let mut best_mad = [0.0f32; G];
+    // `iscale·(x − min) <= c`, but below 0 it is unbounded once `min` has moved up to a candidate's, and NaN for a
+    // subnormal range (`iscale` infinite).
+    let mut bad = [0u32; G];
     for i in 0..N {
         for g in 0..G {
-            let l = clamp(nearest_int(iscale[g] * (xt[i][g] - min[g])), 0, nmax);
-            best_l[i][g] = l;
-            let diff = scale[g] * l as f32 + min[g] - xt[i][g];
+            let v = iscale[g] * (xt[i][g] - min[g]);
+            bad[g] |= out_of_range(v);
+            let lf = level(v, lo, hi);
+            let diff = scale[g] * lf + min[g] - xt[i][g];
             best_mad[g] += wt[i][g] * err(use_mad, diff);
         }
     }
     if nstep >= 1 {
-        let mut laux = [[0i32; G]; N];
+        let mut laux = [[0.0f32; G]; N];
         for is in 0..=nstep {
             // `min` is the best candidate's so far, as in the C, which moves the grid with it.
             let c = rmin + rdelta * is as f32 + nmax as f32;
@@ -294,10 +295,11 @@ pub(crate) fn make_qkx3_quants<const N: usize, const G: usize>(
             let (mut sum_l, mut sum_l2, mut sum_xl) = ([0.0f32; G], [0.0f32; G], [0.0f32; G]);
             for i in 0..N {
                 for g in 0..G {
-                    let l = clamp(nearest_int(iscale[g] * (xt[i][g] - min[g])), 0, nmax);
-                    laux[i][g] = l;
+                    let v = iscale[g] * (xt[i][g] - min[g]);
+                    bad[g] |= out_of_range(v);
+                    let lf = level(v, lo, hi);
+                    laux[i][g] = lf;
                     let w = wt[i][g];
-                    let lf = l as f32;
                     sum_l[g] += w * lf;
                     sum_l2[g] += w * lf * lf;
                     sum_xl[g] += w * lf * xt[i][g];
@@ -318,28 +320,31 @@ pub(crate) fn make_qkx3_quants<const N: usize, const G: usize>(
             let mut mad = [0.0f32; G];
             for i in 0..N {
                 for g in 0..G {
-                    let diff = this_scale[g] * laux[i][g] as f32 + this_min[g] - xt[i][g];
+                    let diff = this_scale[g] * laux[i][g] + this_min[g] - xt[i][g];
                     mad[g] += wt[i][g] * err(use_mad, diff);
                 }
             }
-            let mut take = [0u32; G];
             for g in 0..G {
-                take[g] = d_pos[g] & mask(mad[g] < best_mad[g]);
-                best_mad[g] = pick(take[g], mad[g], best_mad[g]);
-                scale[g] = pick(take[g], this_scale[g], scale[g]);
-                min[g] = pick(take[g], this_min[g], min[g]);
-            }
-            for i in 0..N {
-                for g in 0..G {
-                    best_l[i][g] = pick_i(take[g], laux[i][g], best_l[i][g]);
-                }
+                let take = d_pos[g] & mask(mad[g] < best_mad[g]);
+                best_mad[g] = pick(take, mad[g], best_mad[g]);
+                scale[g] = pick(take, this_scale[g], scale[g]);
+                best_iscale[g] = pick(take, iscale[g], best_iscale[g]);
+                best_from[g] = pick(take, min[g], best_from[g]);
+                min[g] = pick(take, this_min[g], min[g]);
             }
         }
     }
     let mut the_min = [0.0f32; G];
     for g in 0..G {
+        if bad[g] != 0 && !degenerate[g] {
+            let w = &weights[g];
+            (scale[g], the_min[g]) =
+                helpers::make_qkx3_quants(nmax, &x[g], w, &mut l_out[g], rmin, rdelta, nstep, use_mad);
+            continue;
+        }
         for i in 0..N {
-            l_out[g][i] = if degenerate[g] { 0 } else { best_l[i][g] as u8 };
+            let l = level(best_iscale[g] * (x[g][i] - best_from[g]), lo, hi) as u8;
+            l_out[g][i] = if degenerate[g] { 0 } else { l };
         }
         scale[g] = if degenerate[g] { 0.0 } else { scale[g] };
         the_min[g] = -min[g];
@@ -362,7 +367,8 @@ mod tests {
     use super::*;
     use crate::helpers;
 
-    /// Groups of `N` pseudo-random values with outliers, plus degenerate ones: all zero, constant, one value, tiny.
+    /// Groups of `N` pseudo-random values with outliers, plus degenerate ones: all zero, constant, one value, tiny,
+/// subnormal.
     fn groups<const N: usize, const G: usize>(seed: u64) -> [[f32; N]; G] {
         let mut state = seed;
         let mut next = move || {
@@ -379,6 +385,9 @@ mod tests {
                 4 => next() * 1e-20,
                 5 if i % 5 == 0 => next() * 16.0,
                 6 => next().abs(),
+                // A subnormal range: `nmax/(max − min)` overflows to infinity, so the searches' levels leave
+                // `level`'s exact range and these groups take the scalar fallback.
+                7 => next().abs() * 1e-39,
                 _ => next(),
             })
         })

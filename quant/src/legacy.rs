@@ -69,15 +69,39 @@ fn mean_square(row: &[f32]) -> f32 {
 
 /// The signed value of largest magnitude, first occurrence (`if (amax < fabsf(v))` in the `_ref` functions).
 ///
-/// Found in two passes, the magnitude (order-free, so it vectorizes) then its first holder, which is what the
-/// one-pass scan keeps.
+/// The block's maximum and minimum (order-free, so they vectorize) decide it unless `max == −min`, where the
+/// first of the two decides: then, and for an all-zero block, the C's scan runs as written.
+#[inline]
 fn signed_absmax(x: &[f32; QK]) -> f32 {
-    let amax = abs_max(x);
-    x.iter().copied().find(|v| v.abs() == amax).filter(|_| amax > 0.0).unwrap_or(0.0)
+    let (mut hi, mut lo) = ([f32::NEG_INFINITY; 8], [f32::INFINITY; 8]);
+    for chunk in x.chunks_exact(8) {
+        for ((h, l), &v) in hi.iter_mut().zip(lo.iter_mut()).zip(chunk) {
+            *h = h.max(v);
+            *l = l.min(v);
+        }
+    }
+    let hi = hi.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    let lo = lo.iter().fold(f32::INFINITY, |m, &v| m.min(v));
+    // A zero is never returned from here, so `max`/`min` choosing either sign of zero cannot show.
+    if hi > -lo {
+        hi
+    } else if -lo > hi {
+        lo
+    } else {
+        let (mut amax, mut max) = (0.0f32, 0.0f32);
+        for &v in x {
+            if amax < v.abs() {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        max
+    }
 }
 
 /// `MAX(amax, fabsf(v))` over the block, from 0. For finite input the maximum does not depend on the order, so
 /// it is taken over 8 lanes (which the compiler keeps in vector registers) and then across them.
+#[inline]
 fn abs_max(x: &[f32; QK]) -> f32 {
     // `f32::max` equals the C's `a > b ? a : b` here: no NaN, and every magnitude is +0 or more.
     let mut lanes = [0.0f32; 8];
@@ -114,6 +138,7 @@ fn reciprocal(d: f32) -> f32 {
 }
 
 /// `MIN(cap, (int8_t)(v))` stored into a `uint8_t`, for every element, as the `_ref` functions compute it.
+#[inline(always)]
 fn capped_i8(v: &[f32; QK], cap: i32) -> [u8; QK] {
     let t = c_trunc_block(v);
     let mut out = [0u8; QK];
@@ -124,7 +149,7 @@ fn capped_i8(v: &[f32; QK], cap: i32) -> [u8; QK] {
 }
 
 /// `f(x_j)` for every element of a block, in a plain loop the compiler vectorizes (`array::from_fn` often is not).
-#[inline]
+#[inline(always)]
 fn each(x: &[f32; QK], f: impl Fn(f32) -> f32) -> [f32; QK] {
     let mut out = [0f32; QK];
     for (o, &v) in out.iter_mut().zip(x) {
@@ -352,6 +377,30 @@ mod tests {
         geometry::<BlockQ4_1>();
         geometry::<BlockQ5_0>();
         geometry::<BlockQ5_1>();
+    }
+
+    #[test]
+    fn signed_absmax_is_the_first_largest_magnitude() {
+        let scalar = |x: &[f32; QK]| {
+            let (mut amax, mut max) = (0.0f32, 0.0f32);
+            for &v in x {
+                if amax < v.abs() {
+                    amax = v.abs();
+                    max = v;
+                }
+            }
+            max
+        };
+        let mut cases: Vec<[f32; QK]> = vec![[0.0; QK], [-0.0; QK], [3.0; QK], [-2.0; QK]];
+        for (a, b) in [(3.0f32, -3.0f32), (-3.0, 3.0), (-0.0, 0.0), (1e-40, -1e-40)] {
+            let mut x = [0.5f32; QK];
+            (x[7], x[20]) = (a, b);
+            cases.push(x);
+        }
+        cases.extend((0..50).map(|k| std::array::from_fn(|i| ((i * 37 + k * 11) % 29) as f32 - 14.0)));
+        for x in cases {
+            assert_eq!(signed_absmax(&x).to_bits(), scalar(&x).to_bits(), "{x:?}");
+        }
     }
 
     #[test]

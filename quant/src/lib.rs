@@ -55,6 +55,9 @@ pub enum QuantError {
     UnsupportedInput(GgmlType),
     #[error("input of {len} {ty} bytes is not a whole number of {row_bytes}-byte rows")]
     PartialRawRow { ty: GgmlType, len: usize, row_bytes: usize },
+    /// A quantizing thread panicked (a bug in quantfarm, not in the input).
+    #[error("the quantizing thread failed without a result (a bug: please report it)")]
+    Lost,
 }
 
 /// Whether [`quantize`] can produce `ty`.
