@@ -17,10 +17,6 @@ use quantfarm_tensors::GgmlType;
 /// Elements per super-block (`QK_K`).
 pub(crate) const QK_K: usize = 256;
 
-/// One super-block quantizer: `ref` when `qw` is `None`, `impl` with the super-block's imatrix slice otherwise.
-/// `out` is exactly one encoded block.
-type SuperBlockFn = fn(&[f32; QK_K], Option<&[f32; QK_K]>, &mut [u8]);
-
 /// Bytes of one encoded super-block, for the types this module handles.
 pub(crate) fn block_bytes(ty: GgmlType) -> Option<usize> {
     match ty {
@@ -37,27 +33,31 @@ pub(crate) fn block_bytes(ty: GgmlType) -> Option<usize> {
 ///
 /// Mirrors `quantize_q*_K`: `_ref` over the whole chunk without an imatrix, `_impl` per row with one (the same
 /// `imatrix`, of length `n_per_row`, for every row; super-block `i` of a row uses columns `256·i..256·(i+1)`).
+/// Always inlined, with everything below it, so that it is also compiled for AVX2 (see `crate::quantize_chunk`).
+#[inline(always)]
 pub(crate) fn quantize_rows(ty: GgmlType, src: &[f32], n_per_row: usize, imatrix: Option<&[f32]>, dst: &mut [u8]) {
-    let f: SuperBlockFn = match ty {
-        GgmlType::Q2_K => q2_k,
-        GgmlType::Q3_K => q3_k,
-        GgmlType::Q4_K => q4_k,
-        GgmlType::Q5_K => q5_k,
-        GgmlType::Q6_K => q6_k,
-        _ => return,
-    };
     let Some(size) = block_bytes(ty) else { return };
     let row_bytes = n_per_row / QK_K * size;
     for (row, out_row) in src.chunks_exact(n_per_row).zip(dst.chunks_exact_mut(row_bytes)) {
         for (i, (x, out)) in row.chunks_exact(QK_K).zip(out_row.chunks_exact_mut(size)).enumerate() {
             let x: [f32; QK_K] = std::array::from_fn(|j| x[j]);
             let qw: Option<[f32; QK_K]> = imatrix.map(|m| std::array::from_fn(|j| m[QK_K * i + j]));
-            f(&x, qw.as_ref(), out);
+            let qw = qw.as_ref();
+            // Direct calls, not a table of function pointers: each body is inlined into both compilations.
+            match ty {
+                GgmlType::Q2_K => q2_k(&x, qw, out),
+                GgmlType::Q3_K => q3_k(&x, qw, out),
+                GgmlType::Q4_K => q4_k(&x, qw, out),
+                GgmlType::Q5_K => q5_k(&x, qw, out),
+                GgmlType::Q6_K => q6_k(&x, qw, out),
+                _ => return,
+            }
         }
     }
 }
 
 /// `N` consecutive values of `s` from `at`.
+#[inline(always)]
 fn sub<const N: usize>(s: &[f32], at: usize) -> [f32; N] {
     std::array::from_fn(|i| s[at + i])
 }
@@ -68,6 +68,7 @@ fn put_f16(out: &mut [u8], at: usize, bits: u16) {
 
 /// The 2-bit "128-half" packing of `quantize_row_q2_K_ref` / `quantize_row_q3_K_ref`: for each half of 128 levels,
 /// `qs[32h + l] = L[128h+l] | L[128h+l+32]<<2 | L[128h+l+64]<<4 | L[128h+l+96]<<6`. Levels must be in `0..4`.
+#[inline(always)]
 fn pack_2bit(l: &[u8; QK_K], qs: &mut [u8]) {
     for h in 0..2 {
         let j = 128 * h;
@@ -81,6 +82,7 @@ fn pack_2bit(l: &[u8; QK_K], qs: &mut [u8]) {
 
 /// `quantize_row_q2_K_ref` (`qw == None`) and `quantize_row_q2_K_impl` (imatrix) on one super-block. Layout:
 /// `scales[16]` @0 (low nibble scale, high nibble min), `qs[64]` @16, `d` f16 @80, `dmin` f16 @82.
+#[inline(always)]
 fn q2_k(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>, out: &mut [u8]) {
     let mut l = [0u8; QK_K];
     let scales: [f32; QK_K / 16];
@@ -178,6 +180,7 @@ fn q2_k(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>, out: &mut [u8]) {
 
 /// Packs 16 six-bit Q3_K sub-block scales (`0..64`, stored +32) into 12 bytes, as `quantize_row_q3_K_ref` does:
 /// low nibbles in bytes 0..8, the top 2 bits of scale `j` at bit `2·(j/4)` of byte `8 + j%4`.
+#[inline(always)]
 fn pack_q3_scales(ls: &[u8; 16]) -> [u8; 12] {
     let mut s = [0u8; 12];
     for (j, &l) in ls.iter().enumerate() {
@@ -193,6 +196,7 @@ fn pack_q3_scales(ls: &[u8; 16]) -> [u8; 12] {
 
 /// Sub-block `j`'s signed scale (`−32..32`) from the 12 packed bytes, as the requant loop of
 /// `quantize_row_q3_K_ref` decodes it.
+#[inline(always)]
 fn q3_scale(j: usize, s: &[u8; 12]) -> i8 {
     let low = if j < 8 { s[j] & 0xF } else { s[j - 8] >> 4 };
     (low | (((s[8 + j % 4] >> (2 * (j / 4))) & 3) << 4)) as i8 - 32
@@ -200,6 +204,7 @@ fn q3_scale(j: usize, s: &[u8; 12]) -> i8 {
 
 /// `quantize_row_q3_K_ref` (`qw == None`) and `quantize_row_q3_K_impl` (imatrix) on one super-block. Layout:
 /// `hmask[32]` @0, `qs[64]` @32, `scales[12]` @96, `d` f16 @108.
+#[inline(always)]
 fn q3_k(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>, out: &mut [u8]) {
     let mut l = [0i8; QK_K];
     let scales: [f32; QK_K / 16];
@@ -292,6 +297,7 @@ fn q3_k(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>, out: &mut [u8]) {
 
 /// `quantize_row_q6_K_ref` (`qw == None`) and `quantize_row_q6_K_impl` (raw imatrix weights, no σ² term) on one
 /// super-block. Layout: `ql[128]` @0, `qh[64]` @128, `scales[16]` i8 @192, `d` f16 @208.
+#[inline(always)]
 fn q6_k(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>, out: &mut [u8]) {
     let mut l = [0i8; QK_K];
     let mut max_scale = 0.0f32;
@@ -354,6 +360,7 @@ fn q6_k(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>, out: &mut [u8]) {
 
 /// Packs 8 (scale, min) pairs of 6 bits into the 12 bytes `get_scale_min_k4` reads (`quantize_row_q4_K_ref`).
 /// Bits above the sixth are dropped as the C's `uint8_t` stores drop them.
+#[inline(always)]
 fn pack_k4(ls: &[u8; 8], lm: &[u8; 8]) -> [u8; 12] {
     let mut s = [0u8; 12];
     for j in 0..8 {
@@ -371,6 +378,7 @@ fn pack_k4(ls: &[u8; 8], lm: &[u8; 8]) -> [u8; 12] {
 }
 
 /// `get_scale_min_k4(j, q, &sc, &m)`.
+#[inline(always)]
 fn get_scale_min_k4(j: usize, q: &[u8; 12]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
@@ -389,6 +397,7 @@ struct K4Quants {
 }
 
 /// The body shared by `quantize_row_q4_K_ref`/`_impl` and `quantize_row_q5_K_ref`/`_impl`, up to packing the levels.
+#[inline(always)]
 fn k4_quants<const NMAX: i32>(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>) -> K4Quants {
     let mut l = [0u8; QK_K];
     let scales: [f32; 8];
@@ -483,6 +492,7 @@ fn k4_quants<const NMAX: i32>(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>) -> K4Qu
 
 /// `quantize_row_q4_K_ref` / `quantize_row_q4_K_impl` on one super-block. Layout: `d` @0, `dmin` @2,
 /// `scales[12]` @4, `qs[128]` @16.
+#[inline(always)]
 fn q4_k(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>, out: &mut [u8]) {
     let k = k4_quants::<15>(x, qw);
     put_f16(out, 0, k.d);
@@ -498,6 +508,7 @@ fn q4_k(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>, out: &mut [u8]) {
 
 /// `quantize_row_q5_K_ref` / `quantize_row_q5_K_impl` on one super-block. Layout: `d` @0, `dmin` @2,
 /// `scales[12]` @4, `qh[32]` @16, `qs[128]` @48.
+#[inline(always)]
 fn q5_k(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>, out: &mut [u8]) {
     let k = k4_quants::<31>(x, qw);
     put_f16(out, 0, k.d);

@@ -14,6 +14,7 @@
 use crate::helpers::{self, FAST_LIMIT, GROUP_MAX_EPS, MAGIC};
 
 /// `x[g][i]` → `t[i][g]`.
+#[inline(always)]
 fn transpose<T: Copy + Default, const N: usize, const G: usize>(x: &[[T; N]; G]) -> [[T; G]; N] {
     let mut t = [[T::default(); G]; N];
     for (g, row) in x.iter().enumerate() {
@@ -59,6 +60,7 @@ fn out_of_range(v: f32) -> u32 {
 }
 
 /// Per lane, the value of largest magnitude (the first one, on ties) and its magnitude (`helpers::signed_max`).
+#[inline(always)]
 fn signed_max<const N: usize, const G: usize>(xt: &[[f32; G]; N]) -> ([f32; G], [f32; G]) {
     let (mut max, mut amax) = ([0.0f32; G], [0.0f32; G]);
     for row in xt {
@@ -73,6 +75,7 @@ fn signed_max<const N: usize, const G: usize>(xt: &[[f32; G]; N]) -> ([f32; G], 
 }
 
 /// [`crate::helpers::make_qx_quants`] on `G` groups of `N`: levels into `l_out[g]`, scales returned.
+#[inline(always)]
 pub(crate) fn make_qx_quants<const N: usize, const G: usize>(
     nmax: i32,
     x: &[[f32; N]; G],
@@ -147,6 +150,7 @@ pub(crate) fn make_qx_quants<const N: usize, const G: usize>(
 ///
 /// The refinement rounds run until no lane changes a level (or 5 rounds): a group whose round changed nothing
 /// would change nothing in the next round either, so running on where the scalar code stops is harmless.
+#[inline(always)]
 pub(crate) fn make_q3_quants<const N: usize, const G: usize>(
     nmax: i32,
     x: &[[f32; N]; G],
@@ -226,6 +230,7 @@ pub(crate) fn make_q3_quants<const N: usize, const G: usize>(
 /// given only in its degenerate test (`max == min` instead of `max <= min`). After `min` is clamped to at most 0,
 /// `max < min` cannot happen for finite input (which `quantize` guarantees), so the two agree.
 #[allow(clippy::too_many_arguments)]
+#[inline(always)]
 pub(crate) fn make_qkx3_quants<const N: usize, const G: usize>(
     nmax: i32,
     x: &[[f32; N]; G],

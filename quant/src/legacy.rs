@@ -6,11 +6,15 @@
 //! row**, and searches the scale (Q8_0 ignores the imatrix).
 
 use crate::float::f32_to_f16_bits;
-use crate::helpers::{c_round_block, c_trunc_block, make_qkx3_quants, make_qx_quants};
+use crate::helpers::{c_round_block, c_trunc_block};
+use crate::lanes;
 use quantfarm_tensors::GgmlType;
 
 /// Elements per block of every format here (`QK4_0`, `QK4_1`, `QK5_0`, `QK5_1`, `QK8_0`).
 pub(crate) const QK: usize = 32;
+
+/// Blocks of a row searched together on the imatrix path, one per SIMD lane (see `lanes`).
+pub(crate) const LANES: usize = 8;
 
 /// One quantized block of a 32-element format.
 pub(crate) trait Block: Sized {
@@ -23,8 +27,9 @@ pub(crate) trait Block: Sized {
 
     /// `quantize_row_<type>_ref` on one block.
     fn quantize_ref(x: &[f32; QK]) -> Self;
-    /// The per-block body of `quantize_row_<type>_impl`, with the element weights already computed.
-    fn quantize_weighted(x: &[f32; QK], weights: &[f32; QK]) -> Self;
+    /// The per-block body of `quantize_row_<type>_impl` on [`LANES`] blocks at once, with the element weights
+    /// already computed; block `k` of the result is what the C computes for block `k`.
+    fn quantize_weighted(x: &[[f32; QK]; LANES], weights: &[[f32; QK]; LANES]) -> [Self; LANES];
     /// Writes the `ggml-common.h` layout; `out` is exactly [`Block::SIZE`] bytes.
     fn write(&self, out: &mut [u8]);
 }
@@ -32,7 +37,9 @@ pub(crate) trait Block: Sized {
 /// Quantizes whole rows of `B` into `dst`, whose length the caller has checked (rows × blocks × `B::SIZE`).
 ///
 /// Mirrors `quantize_q4_0` and friends: the `_ref` path runs over the whole chunk; the imatrix path runs per row so
-/// that σ² is taken over the row, with the same `imatrix` (length `n_per_row`) for every row.
+/// that σ² is taken over the row, with the same `imatrix` (length `n_per_row`) for every row. Always inlined, so
+/// that it is also compiled for AVX2 (see `crate::quantize_chunk`).
+#[inline(always)]
 pub(crate) fn quantize_rows<B: Block>(src: &[f32], n_per_row: usize, imatrix: Option<&[f32]>, dst: &mut [u8]) {
     match imatrix.filter(|_| B::USES_IMATRIX) {
         None => {
@@ -46,11 +53,20 @@ pub(crate) fn quantize_rows<B: Block>(src: &[f32], n_per_row: usize, imatrix: Op
             let row_bytes = n_per_row / QK * B::SIZE;
             for (row, out_row) in src.chunks_exact(n_per_row).zip(dst.chunks_exact_mut(row_bytes)) {
                 let sigma2 = mean_square(row);
-                let blocks = row.chunks_exact(QK).zip(imatrix.chunks_exact(QK)).zip(out_row.chunks_exact_mut(B::SIZE));
-                for ((x, qw), out) in blocks {
-                    if let (Ok(x), Ok(qw)) = (<&[f32; QK]>::try_from(x), <&[f32; QK]>::try_from(qw)) {
-                        let weights: [f32; QK] = std::array::from_fn(|j| qw[j] * (sigma2 + x[j] * x[j]).sqrt());
-                        B::quantize_weighted(x, &weights).write(out);
+                // LANES blocks at a time; a last, partial group is padded with all-zero blocks (weights 0), whose
+                // results are dropped.
+                let groups = row.chunks(LANES * QK).zip(imatrix.chunks(LANES * QK));
+                for ((x, qw), out) in groups.zip(out_row.chunks_mut(LANES * B::SIZE)) {
+                    let mut xs = [[0.0f32; QK]; LANES];
+                    let mut ws = [[0.0f32; QK]; LANES];
+                    for (k, (x, qw)) in x.chunks_exact(QK).zip(qw.chunks_exact(QK)).enumerate() {
+                        for j in 0..QK {
+                            xs[k][j] = x[j];
+                            ws[k][j] = qw[j] * (sigma2 + x[j] * x[j]).sqrt();
+                        }
+                    }
+                    for (block, out) in B::quantize_weighted(&xs, &ws).iter().zip(out.chunks_exact_mut(B::SIZE)) {
+                        block.write(out);
                     }
                 }
             }
@@ -59,6 +75,7 @@ pub(crate) fn quantize_rows<B: Block>(src: &[f32], n_per_row: usize, imatrix: Op
 }
 
 /// `sigma2 = (Σ x²)/n_per_row`, summed sequentially in f32 as the `_impl` functions do.
+#[inline(always)]
 fn mean_square(row: &[f32]) -> f32 {
     let mut sum_x2 = 0.0f32;
     for &x in row {
@@ -71,7 +88,7 @@ fn mean_square(row: &[f32]) -> f32 {
 ///
 /// The block's maximum and minimum (order-free, so they vectorize) decide it unless `max == −min`, where the
 /// first of the two decides: then, and for an all-zero block, the C's scan runs as written.
-#[inline]
+#[inline(always)]
 fn signed_absmax(x: &[f32; QK]) -> f32 {
     let (mut hi, mut lo) = ([f32::NEG_INFINITY; 8], [f32::INFINITY; 8]);
     for chunk in x.chunks_exact(8) {
@@ -101,7 +118,7 @@ fn signed_absmax(x: &[f32; QK]) -> f32 {
 
 /// `MAX(amax, fabsf(v))` over the block, from 0. For finite input the maximum does not depend on the order, so
 /// it is taken over 8 lanes (which the compiler keeps in vector registers) and then across them.
-#[inline]
+#[inline(always)]
 fn abs_max(x: &[f32; QK]) -> f32 {
     // `f32::max` equals the C's `a > b ? a : b` here: no NaN, and every magnitude is +0 or more.
     let mut lanes = [0.0f32; 8];
@@ -194,6 +211,7 @@ impl Block for BlockQ8_0 {
     const USES_IMATRIX: bool = false;
 
     /// `quantize_row_q8_0_ref`: `d = amax/127`, `q = roundf(x·(1/d))` (half away from zero).
+    #[inline(always)]
     fn quantize_ref(x: &[f32; QK]) -> Self {
         let d = abs_max(x) / 127.0;
         let id = reciprocal(d);
@@ -205,10 +223,12 @@ impl Block for BlockQ8_0 {
         Self { d: f32_to_f16_bits(d), qs }
     }
 
-    fn quantize_weighted(x: &[f32; QK], _weights: &[f32; QK]) -> Self {
-        Self::quantize_ref(x)
+    #[inline(always)]
+    fn quantize_weighted(x: &[[f32; QK]; LANES], _weights: &[[f32; QK]; LANES]) -> [Self; LANES] {
+        x.each_ref().map(Self::quantize_ref)
     }
 
+    #[inline(always)]
     fn write(&self, out: &mut [u8]) {
         out[..2].copy_from_slice(&self.d.to_le_bytes());
         out[2..].copy_from_slice(&self.qs);
@@ -227,6 +247,7 @@ impl Block for BlockQ4_0 {
     const USES_IMATRIX: bool = true;
 
     /// `quantize_row_q4_0_ref`: `d = max/−8` (signed absmax), `q = MIN(15, (int8)(x·(1/d) + 8.5))`.
+    #[inline(always)]
     fn quantize_ref(x: &[f32; QK]) -> Self {
         let d = signed_absmax(x) / -8.0;
         let id = reciprocal(d);
@@ -235,12 +256,14 @@ impl Block for BlockQ4_0 {
     }
 
     /// `quantize_row_q4_0_impl`: `d = make_qx_quants(32, 8, x, L, 1, w)`, the levels packed as they are.
-    fn quantize_weighted(x: &[f32; QK], weights: &[f32; QK]) -> Self {
-        let mut l = [0i8; QK];
-        let d = make_qx_quants(8, x, &mut l, weights);
-        Self { d: f32_to_f16_bits(d), qs: pack_nibbles(&unsigned_levels(&l)) }
+    #[inline(always)]
+    fn quantize_weighted(x: &[[f32; QK]; LANES], weights: &[[f32; QK]; LANES]) -> [Self; LANES] {
+        let mut l = [[0i8; QK]; LANES];
+        let d = lanes::make_qx_quants(8, x, &mut l, weights);
+        std::array::from_fn(|k| Self { d: f32_to_f16_bits(d[k]), qs: pack_nibbles(&unsigned_levels(&l[k])) })
     }
 
+    #[inline(always)]
     fn write(&self, out: &mut [u8]) {
         out[..2].copy_from_slice(&self.d.to_le_bytes());
         out[2..].copy_from_slice(&self.qs);
@@ -260,6 +283,7 @@ impl Block for BlockQ4_1 {
     const USES_IMATRIX: bool = true;
 
     /// `quantize_row_q4_1_ref`: `d = (max − min)/15`, `q = MIN(15, (int8)((x − min)·(1/d) + 0.5))`.
+    #[inline(always)]
     fn quantize_ref(x: &[f32; QK]) -> Self {
         let (min, max) = min_max(x);
         let d = (max - min) / 15.0;
@@ -269,12 +293,18 @@ impl Block for BlockQ4_1 {
     }
 
     /// `quantize_row_q4_1_impl`: `make_qkx3_quants(32, 15, x, w, L, &min, Laux, −0.9, 0.05, 36, false)`.
-    fn quantize_weighted(x: &[f32; QK], weights: &[f32; QK]) -> Self {
-        let mut l = [0u8; QK];
-        let (d, min) = make_qkx3_quants(15, x, weights, &mut l, -0.9, 0.05, 36, false);
-        Self { d: f32_to_f16_bits(d), m: f32_to_f16_bits(-min), qs: pack_nibbles(&l) }
+    #[inline(always)]
+    fn quantize_weighted(x: &[[f32; QK]; LANES], weights: &[[f32; QK]; LANES]) -> [Self; LANES] {
+        let mut l = [[0u8; QK]; LANES];
+        let (d, min) = lanes::make_qkx3_quants(15, x, weights, &mut l, -0.9, 0.05, 36, false);
+        std::array::from_fn(|k| Self {
+            d: f32_to_f16_bits(d[k]),
+            m: f32_to_f16_bits(-min[k]),
+            qs: pack_nibbles(&l[k]),
+        })
     }
 
+    #[inline(always)]
     fn write(&self, out: &mut [u8]) {
         out[..2].copy_from_slice(&self.d.to_le_bytes());
         out[2..4].copy_from_slice(&self.m.to_le_bytes());
@@ -295,6 +325,7 @@ impl Block for BlockQ5_0 {
     const USES_IMATRIX: bool = true;
 
     /// `quantize_row_q5_0_ref`: `d = max/−16` (signed absmax), `q = MIN(31, (int8)(x·(1/d) + 16.5))`.
+    #[inline(always)]
     fn quantize_ref(x: &[f32; QK]) -> Self {
         let d = signed_absmax(x) / -16.0;
         let id = reciprocal(d);
@@ -304,13 +335,17 @@ impl Block for BlockQ5_0 {
     }
 
     /// `quantize_row_q5_0_impl`: `d = make_qx_quants(32, 16, x, L, 1, w)`.
-    fn quantize_weighted(x: &[f32; QK], weights: &[f32; QK]) -> Self {
-        let mut l = [0i8; QK];
-        let d = make_qx_quants(16, x, &mut l, weights);
-        let (qs, qh) = pack_q5(&unsigned_levels(&l));
-        Self { d: f32_to_f16_bits(d), qh, qs }
+    #[inline(always)]
+    fn quantize_weighted(x: &[[f32; QK]; LANES], weights: &[[f32; QK]; LANES]) -> [Self; LANES] {
+        let mut l = [[0i8; QK]; LANES];
+        let d = lanes::make_qx_quants(16, x, &mut l, weights);
+        std::array::from_fn(|k| {
+            let (qs, qh) = pack_q5(&unsigned_levels(&l[k]));
+            Self { d: f32_to_f16_bits(d[k]), qh, qs }
+        })
     }
 
+    #[inline(always)]
     fn write(&self, out: &mut [u8]) {
         out[..2].copy_from_slice(&self.d.to_le_bytes());
         out[2..6].copy_from_slice(&self.qh.to_le_bytes());
@@ -332,6 +367,7 @@ impl Block for BlockQ5_1 {
     const USES_IMATRIX: bool = true;
 
     /// `quantize_row_q5_1_ref`: `d = (max − min)/31`, `q = (uint8)((x − min)·(1/d) + 0.5)` with **no** cap.
+    #[inline(always)]
     fn quantize_ref(x: &[f32; QK]) -> Self {
         let (min, max) = min_max(x);
         let d = (max - min) / 31.0;
@@ -346,13 +382,17 @@ impl Block for BlockQ5_1 {
     }
 
     /// `quantize_row_q5_1_impl`: `make_qkx3_quants(32, 31, x, w, L, &min, Laux, −0.9, 0.05, 36, false)`.
-    fn quantize_weighted(x: &[f32; QK], weights: &[f32; QK]) -> Self {
-        let mut l = [0u8; QK];
-        let (d, min) = make_qkx3_quants(31, x, weights, &mut l, -0.9, 0.05, 36, false);
-        let (qs, qh) = pack_q5(&l);
-        Self { d: f32_to_f16_bits(d), m: f32_to_f16_bits(-min), qh, qs }
+    #[inline(always)]
+    fn quantize_weighted(x: &[[f32; QK]; LANES], weights: &[[f32; QK]; LANES]) -> [Self; LANES] {
+        let mut l = [[0u8; QK]; LANES];
+        let (d, min) = lanes::make_qkx3_quants(31, x, weights, &mut l, -0.9, 0.05, 36, false);
+        std::array::from_fn(|k| {
+            let (qs, qh) = pack_q5(&l[k]);
+            Self { d: f32_to_f16_bits(d[k]), m: f32_to_f16_bits(-min[k]), qh, qs }
+        })
     }
 
+    #[inline(always)]
     fn write(&self, out: &mut [u8]) {
         out[..2].copy_from_slice(&self.d.to_le_bytes());
         out[2..4].copy_from_slice(&self.m.to_le_bytes());
@@ -422,7 +462,7 @@ mod tests {
         // d = 0/−8 is −0.0 in C as well, hence the sign bit; the zero quant sits at level 8.
         let b = BlockQ4_0::quantize_ref(&x);
         assert_eq!((b.d, b.qs), (0x8000, [0x88; 16]));
-        let b = BlockQ5_0::quantize_weighted(&x, &[1.0; QK]);
+        let b = &BlockQ5_0::quantize_weighted(&[x; LANES], &[[1.0; QK]; LANES])[3];
         assert_eq!((b.d, b.qh, b.qs), (0, 0, [0; 16]));
     }
 }

@@ -241,7 +241,31 @@ fn first_non_finite(src: &[f32]) -> Option<usize> {
 }
 
 /// Quantizes whole rows (already validated by [`quantize`]) on the calling thread.
+///
+/// On x86-64 CPUs with AVX2 the same code runs compiled for AVX2, so the lane loops (`lanes`, and the per-block
+/// loops of `legacy`) process 8 values per instruction instead of 4. The arithmetic is the same IEEE single
+/// precision either way (no fused multiply-adds: Rust never contracts), so the bytes are too; the golden tests run
+/// whichever path the CPU takes, and `bytes_do_not_depend_on_the_cpu_path` compares the two.
 fn quantize_chunk(ty: GgmlType, src: &[f32], n_per_row: usize, imatrix: Option<&[f32]>, dst: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2, checked just above.
+        unsafe { quantize_chunk_avx2(ty, src, n_per_row, imatrix, dst) };
+        return;
+    }
+    quantize_chunk_portable(ty, src, n_per_row, imatrix, dst);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn quantize_chunk_avx2(ty: GgmlType, src: &[f32], n_per_row: usize, imatrix: Option<&[f32]>, dst: &mut [u8]) {
+    quantize_chunk_portable(ty, src, n_per_row, imatrix, dst);
+}
+
+/// The body of [`quantize_chunk`], for the baseline CPU. Always inlined, as is everything below it that matters
+/// for speed, so that `quantize_chunk_avx2` compiles all of it again for AVX2.
+#[inline(always)]
+fn quantize_chunk_portable(ty: GgmlType, src: &[f32], n_per_row: usize, imatrix: Option<&[f32]>, dst: &mut [u8]) {
     match ty {
         GgmlType::F32 => float::f32_row(src, dst),
         GgmlType::F16 => float::f16_row(src, dst),
@@ -348,6 +372,39 @@ mod tests {
             quantize_raw(GgmlType::Q4_0, GgmlType::IQ2_XXS, &bf16, n, None, &mut dst),
             Err(QuantError::UnsupportedInput(GgmlType::IQ2_XXS))
         );
+    }
+
+    #[test]
+    fn bytes_do_not_depend_on_the_cpu_path() {
+        #[cfg(target_arch = "x86_64")]
+        if !std::is_x86_feature_detected!("avx2") {
+            eprintln!("SKIP bytes_do_not_depend_on_the_cpu_path: this CPU has no AVX2, so there is one path only");
+        }
+        let n_per_row = 4 * 256 + 96; // K-quants use the first 1024 columns; 35 legacy blocks leave a partial group
+        let rows = 48;
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let src: Vec<f32> = (0..rows * n_per_row)
+            .map(|i| {
+                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                let x = ((state >> 40) as i32 - 8_388_608) as f32 / 8_388_608.0;
+                match i % 1000 {
+                    0..=255 if i / 1000 % 7 == 3 => 0.0, // all-zero blocks and super-blocks
+                    _ if i % 89 == 0 => x * 20.0,
+                    _ => x,
+                }
+            })
+            .collect();
+        let imatrix: Vec<f32> = (0..n_per_row).map(|j| ((j * 13) % 31) as f32 / 8.0).collect();
+        for &ty in GgmlType::ALL.iter().filter(|&&ty| supported(ty)) {
+            let n = n_per_row / ty.block_size() * ty.block_size();
+            let src: Vec<f32> = src.chunks(n_per_row).flat_map(|row| &row[..n]).copied().collect();
+            for imat in [None, Some(&imatrix[..n])] {
+                let (mut fast, mut portable) = (dst_for(ty, n, rows), dst_for(ty, n, rows));
+                quantize_chunk(ty, &src, n, imat, &mut fast);
+                quantize_chunk_portable(ty, &src, n, imat, &mut portable);
+                assert!(fast == portable, "{ty} imatrix {}", imat.is_some());
+            }
+        }
     }
 
     #[test]
