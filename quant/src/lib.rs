@@ -197,27 +197,23 @@ fn run_chunks(
     let results: Vec<Result<(), QuantError>> = dst
         .par_chunks_mut(rows_per_chunk * row_bytes)
         .enumerate()
-        .map_init(Vec::new, |scratch: &mut Vec<f32>, (k, dst)| {
+        .map(|(k, dst)| {
             let first_row = k * rows_per_chunk;
             let n_rows = dst.len() / row_bytes;
-            let src: &[f32] = match input {
-                Input::F32(src) => &src[first_row * n_per_row..(first_row + n_rows) * n_per_row],
+            let rows = match input {
+                Input::F32(src) => Input::F32(&src[first_row * n_per_row..(first_row + n_rows) * n_per_row]),
                 Input::Raw { ty: src_ty, data, row_bytes: src_row } => {
-                    scratch.resize(n_rows * n_per_row, 0.0);
-                    let raw = &data[first_row * src_row..(first_row + n_rows) * src_row];
-                    // `quantize_raw` checked the type and that `raw` is whole rows, so this cannot fail.
-                    if quantfarm_tensors::dequant::dequantize_ggml(src_ty, raw, scratch).is_err() {
-                        return Err(QuantError::UnsupportedInput(src_ty));
-                    }
-                    scratch
+                    let data = &data[first_row * src_row..(first_row + n_rows) * src_row];
+                    Input::Raw { ty: src_ty, data, row_bytes: src_row }
                 }
             };
-            if let Some(i) = first_non_finite(src) {
-                let (row, col, value) = (first_row + i / n_per_row, i % n_per_row, src[i]);
-                return Err(QuantError::NonFinite { row, col, value });
-            }
-            quantize_chunk(ty, src, n_per_row, imatrix, dst);
-            Ok(())
+            let done = SCRATCH.with_borrow_mut(|scratch| quantize_chunk(ty, rows, n_per_row, imatrix, dst, scratch));
+            done.map_err(|e| match e {
+                QuantError::NonFinite { row, col, value } => {
+                    QuantError::NonFinite { row: first_row + row, col, value }
+                }
+                e => e,
+            })
         })
         .collect();
     results.into_iter().collect()
@@ -226,8 +222,15 @@ fn run_chunks(
 /// Input values per parallel task (rounded up to whole rows).
 const MIN_CHUNK_ELEMS: usize = 64 * 1024;
 
+thread_local! {
+    /// Each quantizing thread's widened values of raw input: one chunk's worth (about `MIN_CHUNK_ELEMS`, more for
+    /// very long rows), kept between chunks so that it is not allocated and page-faulted in again for every one.
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// The index of the first NaN or infinity. A vectorizable fold finds the 256-value piece that holds one; only
 /// that piece is searched element by element.
+#[inline(always)]
 fn first_non_finite(src: &[f32]) -> Option<usize> {
     const PIECE: usize = 256;
     src.chunks(PIECE).enumerate().find_map(|(k, piece)| {
@@ -240,32 +243,74 @@ fn first_non_finite(src: &[f32]) -> Option<usize> {
     })
 }
 
-/// Quantizes whole rows (already validated by [`quantize`]) on the calling thread.
+/// Widens, checks and quantizes whole rows (a request already validated by [`quantize`] or [`quantize_raw`]) on
+/// the calling thread; `scratch` holds the widened values of raw input. A non-finite value's row is counted from
+/// the first of these rows.
 ///
 /// On x86-64 CPUs with AVX2 the same code runs compiled for AVX2, so the lane loops (`lanes`, and the per-block
 /// loops of `legacy`) process 8 values per instruction instead of 4. The arithmetic is the same IEEE single
 /// precision either way (no fused multiply-adds: Rust never contracts), so the bytes are too; the golden tests run
 /// whichever path the CPU takes, and `bytes_do_not_depend_on_the_cpu_path` compares the two.
-fn quantize_chunk(ty: GgmlType, src: &[f32], n_per_row: usize, imatrix: Option<&[f32]>, dst: &mut [u8]) {
+fn quantize_chunk(
+    ty: GgmlType,
+    rows: Input,
+    n_per_row: usize,
+    imatrix: Option<&[f32]>,
+    dst: &mut [u8],
+    scratch: &mut Vec<f32>,
+) -> Result<(), QuantError> {
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU supports AVX2, checked just above.
-        unsafe { quantize_chunk_avx2(ty, src, n_per_row, imatrix, dst) };
-        return;
+        return unsafe { quantize_chunk_avx2(ty, rows, n_per_row, imatrix, dst, scratch) };
     }
-    quantize_chunk_portable(ty, src, n_per_row, imatrix, dst);
+    quantize_chunk_portable(ty, rows, n_per_row, imatrix, dst, scratch)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn quantize_chunk_avx2(ty: GgmlType, src: &[f32], n_per_row: usize, imatrix: Option<&[f32]>, dst: &mut [u8]) {
-    quantize_chunk_portable(ty, src, n_per_row, imatrix, dst);
+fn quantize_chunk_avx2(
+    ty: GgmlType,
+    rows: Input,
+    n_per_row: usize,
+    imatrix: Option<&[f32]>,
+    dst: &mut [u8],
+    scratch: &mut Vec<f32>,
+) -> Result<(), QuantError> {
+    quantize_chunk_portable(ty, rows, n_per_row, imatrix, dst, scratch)
 }
 
 /// The body of [`quantize_chunk`], for the baseline CPU. Always inlined, as is everything below it that matters
 /// for speed, so that `quantize_chunk_avx2` compiles all of it again for AVX2.
 #[inline(always)]
-fn quantize_chunk_portable(ty: GgmlType, src: &[f32], n_per_row: usize, imatrix: Option<&[f32]>, dst: &mut [u8]) {
+fn quantize_chunk_portable(
+    ty: GgmlType,
+    rows: Input,
+    n_per_row: usize,
+    imatrix: Option<&[f32]>,
+    dst: &mut [u8],
+    scratch: &mut Vec<f32>,
+) -> Result<(), QuantError> {
+    let src: &[f32] = match rows {
+        Input::F32(src) => src,
+        Input::Raw { ty: src_ty, data, .. } => {
+            scratch.resize(data.len() / src_ty.type_size() * src_ty.block_size(), 0.0);
+            if src_ty == GgmlType::BF16 {
+                // The common case, widened here so that it is compiled with the rest (bf16 is the top half of an
+                // f32, as `dequant::bf16_to_f32`).
+                for (o, b) in scratch.iter_mut().zip(data.chunks_exact(2)) {
+                    *o = f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16);
+                }
+            } else if quantfarm_tensors::dequant::dequantize_ggml(src_ty, data, scratch).is_err() {
+                // `quantize_raw` checked the type and that `data` is whole rows, so this cannot happen.
+                return Err(QuantError::UnsupportedInput(src_ty));
+            }
+            scratch
+        }
+    };
+    if let Some(i) = first_non_finite(src) {
+        return Err(QuantError::NonFinite { row: i / n_per_row, col: i % n_per_row, value: src[i] });
+    }
     match ty {
         GgmlType::F32 => float::f32_row(src, dst),
         GgmlType::F16 => float::f16_row(src, dst),
@@ -281,6 +326,7 @@ fn quantize_chunk_portable(ty: GgmlType, src: &[f32], n_per_row: usize, imatrix:
         // `quantize` checked `supported` first; keep the two lists in step (the test below does).
         _ => {}
     }
+    Ok(())
 }
 
 /// Compile-time link between the block types and the dispatch above: each block names the type it encodes.
@@ -400,8 +446,9 @@ mod tests {
             let src: Vec<f32> = src.chunks(n_per_row).flat_map(|row| &row[..n]).copied().collect();
             for imat in [None, Some(&imatrix[..n])] {
                 let (mut fast, mut portable) = (dst_for(ty, n, rows), dst_for(ty, n, rows));
-                quantize_chunk(ty, &src, n, imat, &mut fast);
-                quantize_chunk_portable(ty, &src, n, imat, &mut portable);
+                let mut scratch = Vec::new();
+                quantize_chunk(ty, Input::F32(&src), n, imat, &mut fast, &mut scratch).expect("finite");
+                quantize_chunk_portable(ty, Input::F32(&src), n, imat, &mut portable, &mut scratch).expect("finite");
                 assert!(fast == portable, "{ty} imatrix {}", imat.is_some());
             }
         }
