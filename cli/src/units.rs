@@ -18,7 +18,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         u => return Err(format!("unknown size unit {u:?} in {s:?}")),
     };
     let v = n * mult;
-    if !(v >= 1.0 && v < 1e18) {
+    if !(1.0..1e18).contains(&v) {
         return Err(format!("{s:?} is out of range"));
     }
     Ok(v as u64)

@@ -166,7 +166,7 @@ fn a_restarted_scheduler_resumes_from_the_journal() {
     let done = rel.tasks.iter().filter(|t| t.result.is_some()).count();
     assert_eq!(done, 1);
     // The worker is unknown to the new process: it is told to register again, and its lease lives on.
-    let (revoked, reregister) = s.heartbeat(&w, &[held.lease_id.clone()]);
+    let (revoked, reregister) = s.heartbeat(&w, std::slice::from_ref(&held.lease_id));
     assert!(reregister && revoked.is_empty());
     let w2 = worker(&mut s, &["noop"]);
     let (rest, _) = s.lease(&w2, 4).unwrap();

@@ -55,6 +55,7 @@ fn level(v: f32, lo: f32, hi: f32) -> f32 {
 
 /// All ones where [`level`] would not reproduce `nearest_int` on `v` (including NaN).
 #[inline(always)]
+#[allow(clippy::neg_cmp_op_on_partial_ord)] // on purpose: NaN compares false, so it counts as out of range
 fn out_of_range(v: f32) -> u32 {
     mask(!(v.abs() < FAST_LIMIT))
 }
@@ -259,8 +260,8 @@ pub(crate) fn make_qkx3_quants<const N: usize, const G: usize>(
             sum_x[g] += wt[i][g] * x;
         }
     }
-    for g in 0..G {
-        min[g] = pick(mask(min[g] > 0.0), 0.0, min[g]);
+    for m in &mut min {
+        *m = pick(mask(*m > 0.0), 0.0, *m);
     }
     // The scalar code returns `(0, -min)` with all-zero levels for these groups.
     let degenerate: [bool; G] = std::array::from_fn(|g| max[g] <= min[g]);

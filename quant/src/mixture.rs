@@ -119,7 +119,7 @@ fn use_more_bits(i: i64, n: i64) -> bool {
 
 /// `tensor_type_fallback`: a type whose block does not divide the row length falls back, then to F16.
 pub fn fallback(ty: GgmlType, ne0: u64) -> GgmlType {
-    if ne0 % ty.block_size() as u64 == 0 {
+    if ne0.is_multiple_of(ty.block_size() as u64) {
         return ty;
     }
     let next = match ty {
@@ -137,7 +137,7 @@ pub fn fallback(ty: GgmlType, ne0: u64) -> GgmlType {
         | GgmlType::IQ4_XS => GgmlType::IQ4_NL,
         other => other,
     };
-    if ne0 % next.block_size() as u64 == 0 {
+    if ne0.is_multiple_of(next.block_size() as u64) {
         next
     } else {
         GgmlType::F16
@@ -262,7 +262,7 @@ fn rule(
             if let Some(t) = params.output_tensor_type {
                 return t;
             }
-            if ne0 % default.block_size() as u64 != 0 || default == T::Q8_0 {
+            if !ne0.is_multiple_of(default.block_size() as u64) || default == T::Q8_0 {
                 T::Q8_0
             } else {
                 T::Q6_K

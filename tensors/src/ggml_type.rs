@@ -98,7 +98,7 @@ impl GgmlType {
     /// Bytes of one row of `n` elements, or `None` if `n` is not a whole number of blocks or overflows.
     pub fn row_bytes(self, n: u64) -> Option<u64> {
         let block = self.block_size() as u64;
-        if n % block != 0 {
+        if !n.is_multiple_of(block) {
             return None;
         }
         (n / block).checked_mul(self.type_size() as u64)

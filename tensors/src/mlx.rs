@@ -213,7 +213,7 @@ fn affine_tensor(
     }
     let packed = *w.shape.last().expect("non-empty shape");
     let cols = packed * 32 / u64::from(params.bits);
-    if (packed * 32) % u64::from(params.bits) != 0 || cols % u64::from(params.group_size) != 0 {
+    if !(packed * 32).is_multiple_of(u64::from(params.bits)) || !cols.is_multiple_of(u64::from(params.group_size)) {
         return Err(Error::format(
             file,
             &w.name,

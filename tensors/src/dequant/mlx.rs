@@ -29,7 +29,7 @@ pub fn dequantize_mlx_affine(
     if !BITS.contains(&bits) || !GROUP_SIZES.contains(&group_size) {
         return Err(DequantError::MlxUnsupported { bits, group_size });
     }
-    if out.len() % group_size != 0 {
+    if !out.len().is_multiple_of(group_size) {
         return Err(DequantError::MlxPartialGroup { elements: out.len(), group_size });
     }
     let groups = out.len() / group_size;

@@ -81,7 +81,7 @@ pub fn ggml_supported(ty: GgmlType) -> bool {
 pub fn dequantize_ggml(ty: GgmlType, data: &[u8], out: &mut [f32]) -> Result<(), DequantError> {
     let decode = decoder(ty).ok_or(DequantError::Unsupported(ty))?;
     let type_size = ty.type_size();
-    if data.len() % type_size != 0 {
+    if !data.len().is_multiple_of(type_size) {
         return Err(DequantError::PartialBlock { ty, len: data.len(), type_size });
     }
     let expected = data.len() / type_size * ty.block_size();
