@@ -1,6 +1,6 @@
 //! `quantfarm convert`: a Hugging Face safetensors checkpoint to GGUF BF16, as `convert_hf_to_gguf.py --outtype
 //! bf16` writes it (tensor names, q/k permutation, metadata and tokenizer keys from `mappings/*.yaml`), in one
-//! file or llama.cpp split files.
+//! file or llama.cpp split files. An MLX checkpoint converts too, its affine weights dequantized as MLX does.
 
 use anyhow::{Context, Result};
 use quantfarm_tensors::convert::{convert_hf_to_gguf, SplitRule};
@@ -10,7 +10,7 @@ use crate::units::{human, parse_size};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The HF checkpoint folder (config.json, tokenizer files, *.safetensors): a path or s3:// URL.
+    /// The HF or MLX checkpoint folder (config.json, tokenizer files, *.safetensors): a path or s3:// URL.
     input: String,
     /// The output folder.
     output_dir: String,

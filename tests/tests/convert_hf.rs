@@ -300,3 +300,46 @@ fn plan_digest_is_stable_and_sensitive() {
         assert_eq!(q.ne, [576, 576]);
     });
 }
+
+/// An MLX checkpoint converts to GGUF with every affine triple dequantized exactly as MLX dequantizes it: SmolLM2
+/// quantized to 4 bits (`quantize_mlx_checkpoint`, equal to `mlx_lm.convert -q`, see `mlx_quantize.rs`), converted
+/// directly, gives the same file as the HF folder that `mx.dequantize` makes of it (tests/py/mlx_dequant_hf.py)
+/// converted as an ordinary f32 checkpoint. `convert_hf_to_gguf.py` itself cannot read MLX folders.
+#[test]
+fn mlx_checkpoint_converts_with_mlx_dequantized_weights() {
+    use quantfarm_quant::mlx_file::{quantize_mlx_checkpoint, MlxOptions};
+    let dir = tempfile::tempdir().unwrap();
+    // The same folder name on both sides: general.name comes from it.
+    let mlx = dir.path().join("mlx/SmolLM2-135M-Instruct");
+    let hf = dir.path().join("hf/SmolLM2-135M-Instruct");
+    rt().block_on(async {
+        let src = TensorSource::open(&Location::local(hf_dir())).await.unwrap();
+        let done = quantize_mlx_checkpoint(&src, &Location::local(&mlx), &MlxOptions::new(4, 64)).await.unwrap();
+        assert_eq!(done.quantized, 211, "every Linear and the embedding are quantized");
+    });
+    let printed = quantfarm_e2e::run_py("mlx_dequant_hf.py", &[mlx.as_os_str(), hf.as_os_str()]);
+    assert_eq!(printed.trim(), "dequantized 211");
+    let (from_mlx, from_hf) = rt().block_on(async {
+        let to = |src: &Path, out: &str| {
+            let (src, dst) = (Location::local(src), Location::local(dir.path().join(out)));
+            async move { convert_hf_to_gguf(&src, &dst, "model", None, 16 << 20, false).await.unwrap() }
+        };
+        (to(&mlx, "out-mlx").await, to(&hf, "out-hf").await)
+    });
+    assert_eq!((from_mlx.len(), from_hf.len()), (1, 1));
+    let (a, b) = (PathBuf::from(&from_mlx[0].location), PathBuf::from(&from_hf[0].location));
+    let h = header(&a);
+    assert_eq!(h.tensors.len(), 272);
+    assert!(h.tensors.iter().any(|t| t.name == "token_embd.weight" && t.ty == quantfarm_tensors::GgmlType::BF16));
+    assert_eq!(sha256_file(&a), sha256_file(&b), "MLX → GGUF differs from MLX-dequantized HF → GGUF");
+
+    // The plan says what happens to each tensor: an affine source, dequantized into BF16.
+    rt().block_on(async {
+        let s = TensorSource::open(&Location::local(&mlx)).await.unwrap();
+        let plan = plan_hf_to_gguf(&s).await.unwrap();
+        let q = plan.tensors.iter().find(|t| t.name == "blk.3.attn_q.weight").unwrap();
+        assert_eq!(q.source, "model.layers.3.self_attn.q_proj.weight");
+        assert!(matches!(q.source_type, quantfarm_tensors::TensorType::MlxAffine { bits: 4, group_size: 64, .. }));
+        assert_eq!(q.permute_heads, Some(9));
+    });
+}

@@ -23,7 +23,8 @@ pub use metadata::{id_to_title, size_label};
 pub use split::{output_file_name, split_ranges, SplitRule};
 pub use tokenizer::pre_tokenizer_sha256;
 
-use crate::dtype::Dtype;
+use crate::dtype::{Dtype, TensorType};
+use crate::mlx::MlxParts;
 use crate::error::{Error, Result};
 use crate::gguf::{encode_header, TensorDesc, Value};
 use crate::sink::Committed;
@@ -52,9 +53,10 @@ pub struct GgufPlan {
 pub struct PlannedTensor {
     /// GGUF name.
     pub name: String,
-    /// HF (safetensors) name.
+    /// HF (safetensors) name; for an MLX checkpoint, the logical name of a dense tensor or an affine triple.
     pub source: String,
-    pub source_dtype: Dtype,
+    /// A floating dtype, or MLX affine (dequantized as `mx.dequantize` does, then converted).
+    pub source_type: TensorType,
     pub ty: GgmlType,
     /// GGUF `ne`, innermost first (the HF shape reversed).
     pub ne: Vec<u64>,
@@ -74,7 +76,7 @@ impl GgufPlan {
             Err(e) => h.update(format!("unencodable: {e}").as_bytes()),
         }
         for t in &self.tensors {
-            h.update(format!("\n{}\t{}\t{:?}", t.source, t.source_dtype, t.permute_heads).as_bytes());
+            h.update(format!("\n{}\t{}\t{:?}", t.source, t.source_type, t.permute_heads).as_bytes());
         }
         crate::sink::hex(&h.finalize())
     }
@@ -92,11 +94,35 @@ impl GgufPlan {
 /// Plans the conversion of the HF checkpoint folder `source` (LLaMA family: the mapping is chosen by config.json
 /// `architectures`). Reads tensor headers, config.json, tokenizer.json, tokenizer_config.json and the chat template
 /// files; no tensor bytes.
+///
+/// An MLX checkpoint folder (`mlx_lm.convert` output, quantized or not) converts the same way: each affine triple
+/// (`P.weight` codes, `P.scales`, `P.biases`) is one source tensor `P.weight`, dequantized as `mx.dequantize`
+/// computes it and then converted like an F32 weight. (`convert_hf_to_gguf.py` has no such path: given an MLX
+/// folder it stops at the first `*.scales` tensor it cannot map.)
 pub async fn plan_hf_to_gguf(source: &TensorSource) -> Result<GgufPlan> {
     let loc = source.location();
-    let st = match (source.format(), source.safetensors()) {
-        (Format::Safetensors, Some(st)) => st,
-        _ => return Err(Error::format(loc.to_string(), "format", "is not an HF safetensors checkpoint")),
+    // Per part file, in file order: each tensor's name, type and shape.
+    let files: Vec<Vec<(&str, TensorType, &[u64])>> = match (source.format(), source.safetensors(), source.mlx()) {
+        (Format::Safetensors, Some(st), _) => st
+            .files
+            .iter()
+            .map(|(_, h)| h.tensors.iter().map(|t| (t.name.as_str(), TensorType::Dtype(t.dtype), &t.shape[..])).collect())
+            .collect(),
+        (Format::Mlx, _, Some(m)) => {
+            let mut per_file = vec![Vec::new(); m.files.files.len()];
+            for t in &m.tensors {
+                // An affine triple belongs to the file that holds its codes.
+                let file = match &t.parts {
+                    MlxParts::Plain { file, .. } => *file,
+                    MlxParts::Affine { weight, .. } => weight.0,
+                };
+                if let Some(f) = per_file.get_mut(file) {
+                    f.push((t.name.as_str(), t.ty, &t.shape[..]));
+                }
+            }
+            per_file
+        }
+        _ => return Err(Error::format(loc.to_string(), "format", "is not an HF safetensors or MLX checkpoint")),
     };
     if !loc.is_dir().await? {
         return Err(Error::format(loc.to_string(), "location", "give the checkpoint folder (config.json is read too)"));
@@ -123,50 +149,51 @@ pub async fn plan_hf_to_gguf(source: &TensorSource) -> Result<GgufPlan> {
     // convert_hf_to_gguf order: part files by name, names sorted within each part (§6.6).
     let mut tensors = Vec::new();
     let mut seen = std::collections::HashSet::new();
-    for (_, h) in &st.files {
-        let mut names: Vec<&crate::safetensors::StTensor> = h.tensors.iter().collect();
-        names.sort_by(|a, b| a.name.cmp(&b.name));
-        for t in names {
-            let (gguf, permute) = match m.map_tensor(&t.name)? {
+    for mut names in files {
+        names.sort_by(|a, b| a.0.cmp(b.0));
+        for (name, source_type, shape) in names {
+            let (gguf, permute) = match m.map_tensor(name)? {
                 Mapped::Drop => continue,
                 Mapped::Rename { gguf, permute } => (gguf, permute),
             };
             if !seen.insert(gguf.clone()) {
                 return Err(Error::format(
                     loc.to_string(),
-                    format!("tensor {:?}", t.name),
+                    format!("tensor {name:?}"),
                     format!("maps to {gguf:?}, as another tensor does"),
                 ));
             }
-            let bad = |msg: String| Error::format(loc.to_string(), format!("tensor {:?}", t.name), msg);
-            if !matches!(t.dtype, Dtype::BF16 | Dtype::F16 | Dtype::F32) {
-                return Err(bad(format!("dtype {} cannot be converted (BF16, F16 or F32 only)", t.dtype)));
+            let bad = |msg: String| Error::format(loc.to_string(), format!("tensor {name:?}"), msg);
+            if !matches!(
+                source_type,
+                TensorType::Dtype(Dtype::BF16 | Dtype::F16 | Dtype::F32) | TensorType::MlxAffine { .. }
+            ) {
+                return Err(bad(format!(
+                    "type {source_type} cannot be converted (BF16, F16, F32 or MLX affine only)"
+                )));
             }
-            let ty = if m.f32.forces_f32(&gguf, t.shape.len()) { GgmlType::F32 } else { GgmlType::BF16 };
-            let ne: Vec<u64> = t.shape.iter().rev().copied().collect();
-            let rows = t.shape.first().copied().unwrap_or(1);
+            let ty = if m.f32.forces_f32(&gguf, shape.len()) { GgmlType::F32 } else { GgmlType::BF16 };
+            let ne: Vec<u64> = shape.iter().rev().copied().collect();
+            let rows = shape.first().copied().unwrap_or(1);
             let permute_heads = match permute {
                 None => None,
                 Some(p) => {
                     let heads =
                         hf.config_value(&p.heads).and_then(serde_json::Value::as_u64).filter(|h| *h > 0).ok_or_else(
-                            || Error::format(&config_file, &p.heads, format!("missing: needed to permute {}", t.name)),
+                            || Error::format(&config_file, &p.heads, format!("missing: needed to permute {name}")),
                         )?;
-                    if t.shape.len() != 2 || rows % heads != 0 || (rows / heads) % 2 != 0 {
-                        return Err(bad(format!(
-                            "shape {:?} cannot be permuted in {heads} heads of even size",
-                            t.shape
-                        )));
+                    if shape.len() != 2 || rows % heads != 0 || (rows / heads) % 2 != 0 {
+                        return Err(bad(format!("shape {shape:?} cannot be permuted in {heads} heads of even size")));
                     }
                     Some(heads)
                 }
             };
             let nbytes =
-                crate::gguf::tensor_nbytes(ty, &ne).ok_or_else(|| bad(format!("shape {:?} overflows", t.shape)))?;
+                crate::gguf::tensor_nbytes(ty, &ne).ok_or_else(|| bad(format!("shape {shape:?} overflows")))?;
             tensors.push(PlannedTensor {
                 name: gguf,
-                source: t.name.clone(),
-                source_dtype: t.dtype,
+                source: name.to_string(),
+                source_type,
                 ty,
                 ne,
                 nbytes,

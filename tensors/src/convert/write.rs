@@ -4,7 +4,7 @@
 use std::ops::Range;
 
 use super::{transform, GgufPlan, PlannedTensor, GGUF_VERSION};
-use crate::dtype::TensorType;
+use crate::dtype::{Dtype, TensorType};
 use crate::error::{Error, Result};
 use crate::gguf::split::split_metadata;
 use crate::source::TensorSource;
@@ -59,15 +59,23 @@ async fn write_tensor(
 ) -> Result<()> {
     let e = src.entry(&t.source)?;
     let expect_ne: Vec<u64> = e.shape.iter().rev().copied().collect();
-    if e.ty != TensorType::Dtype(t.source_dtype) || expect_ne != t.ne {
+    if e.ty != t.source_type || expect_ne != t.ne {
         return Err(Error::format(
             src.location().to_string(),
             format!("tensor {:?}", t.source),
-            format!("is {} {:?} but the plan says {} {:?}", e.ty, e.shape, t.source_dtype, t.ne),
+            format!("is {} {:?} but the plan says {} {:?}", e.ty, e.shape, t.source_type, t.ne),
         ));
     }
     let rows = e.shape.first().copied().unwrap_or(1).max(1);
-    let src_row = e.bytes / rows;
+    // Rows as read: stored bytes of a dense tensor, or the f32 values of a dequantized MLX affine one.
+    let (read_dtype, src_row) = match e.ty {
+        TensorType::Dtype(d) => (d, e.bytes / rows),
+        TensorType::MlxAffine { .. } => (Dtype::F32, e.row_len() * 4),
+        TensorType::Ggml(g) => {
+            return Err(Error::format(src.location().to_string(), format!("tensor {:?}", t.source), format!("{g}")))
+        }
+    };
+    let read = Rows { src, name: &t.source, affine: matches!(e.ty, TensorType::MlxAffine { .. }), src_row };
     let out_row = t.nbytes / rows;
     let per_row = src_row + out_row;
     if per_row > budget {
@@ -91,15 +99,15 @@ async fn write_tensor(
         outb.clear();
         match hd {
             None => {
-                src.read_range(&t.source, r * src_row, inb).await?;
-                transform::convert_elements(t.source_dtype, t.ty, inb, outb, &t.source)?;
+                read.rows(r, inb).await?;
+                transform::convert_elements(read_dtype, t.ty, inb, outb, &t.source)?;
             }
             Some(hd) if n % hd == 0 && r % hd == 0 => {
                 // Whole heads: read them contiguously, then take rows in permuted order.
-                src.read_range(&t.source, r * src_row, inb).await?;
+                read.rows(r, inb).await?;
                 for k in 0..n {
                     let s = (transform::permuted_source_row(k, hd) * src_row) as usize;
-                    transform::convert_elements(t.source_dtype, t.ty, &inb[s..s + src_row as usize], outb, &t.source)?;
+                    transform::convert_elements(read_dtype, t.ty, &inb[s..s + src_row as usize], outb, &t.source)?;
                 }
             }
             Some(hd) => {
@@ -107,13 +115,37 @@ async fn write_tensor(
                 for k in 0..n {
                     let s = transform::permuted_source_row(r + k, hd);
                     let dst = &mut inb[(k * src_row) as usize..((k + 1) * src_row) as usize];
-                    src.read_range(&t.source, s * src_row, dst).await?;
+                    read.rows(s, dst).await?;
                 }
-                transform::convert_elements(t.source_dtype, t.ty, inb, outb, &t.source)?;
+                transform::convert_elements(read_dtype, t.ty, inb, outb, &t.source)?;
             }
         }
         w.write(outb).await?;
         r += n;
     }
     Ok(())
+}
+
+/// Reads whole rows of one source tensor into a buffer of `src_row`-byte rows.
+struct Rows<'a> {
+    src: &'a TensorSource,
+    name: &'a str,
+    /// An MLX affine triple: rows are dequantized to little-endian f32 (`mx.dequantize`'s `scale·q + bias`).
+    affine: bool,
+    src_row: u64,
+}
+
+impl Rows<'_> {
+    /// Fills `buf` (whole rows) from row `first`.
+    async fn rows(&self, first: u64, buf: &mut [u8]) -> Result<()> {
+        if !self.affine {
+            return self.src.read_range(self.name, first * self.src_row, buf).await;
+        }
+        let mut values = vec![0f32; buf.len() / 4];
+        self.src.read_f32_rows(self.name, first, &mut values, &mut Vec::new()).await?;
+        for (o, v) in buf.chunks_exact_mut(4).zip(values) {
+            o.copy_from_slice(&v.to_le_bytes());
+        }
+        Ok(())
+    }
 }
