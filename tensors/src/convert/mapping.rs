@@ -24,6 +24,9 @@ pub struct Mapping {
     pub architecture: String,
     pub hf_architectures: Vec<String>,
     pub unsupported: Vec<Unsupported>,
+    /// Wrapper prefixes (`language_model.` of multimodal and mlx-vlm checkpoints) removed from a name, the first
+    /// that matches and once, before the tensor rules and drops see it.
+    pub strip_prefixes: Vec<String>,
     pub tensors: Vec<TensorRule>,
     pub drop: Vec<AnchoredRegex>,
     pub f32: F32Rule,
@@ -37,6 +40,8 @@ struct RawMapping {
     hf_architectures: Vec<String>,
     #[serde(default)]
     unsupported: Vec<Unsupported>,
+    #[serde(default)]
+    strip_prefixes: Vec<String>,
     tensors: Vec<TensorRule>,
     #[serde(default)]
     drop: Vec<AnchoredRegex>,
@@ -264,6 +269,7 @@ pub fn parse_mapping(file: &str, text: &str) -> Result<Mapping> {
         architecture: r.architecture,
         hf_architectures: r.hf_architectures,
         unsupported: r.unsupported,
+        strip_prefixes: r.strip_prefixes,
         tensors: r.tensors,
         drop: r.drop,
         f32: r.f32,
@@ -300,6 +306,7 @@ pub enum Mapped<'a> {
 impl Mapping {
     /// Maps an HF tensor name: a rename (first matching rule), a drop, or an error naming the tensor.
     pub fn map_tensor(&self, hf: &str) -> Result<Mapped<'_>> {
+        let hf = self.strip_prefixes.iter().find_map(|p| hf.strip_prefix(p.as_str())).unwrap_or(hf);
         for rule in &self.tensors {
             if let Some(c) = rule.hf.0.captures(hf) {
                 let gguf = match c.name("b") {
@@ -326,6 +333,20 @@ mod tests {
             parse_mapping(file, text).unwrap();
         }
         assert!(!pre_tokenizers().unwrap().is_empty());
+    }
+
+    #[test]
+    fn wrapper_prefixes_are_stripped_once() {
+        let m = mapping_for("LlamaForCausalLM").unwrap();
+        let rename = |n: &str| match m.map_tensor(n) {
+            Ok(Mapped::Rename { gguf, .. }) => Ok(gguf),
+            Ok(Mapped::Drop) => Ok("(dropped)".into()),
+            Err(e) => Err(e.to_string()),
+        };
+        assert_eq!(rename("language_model.model.norm.weight").unwrap(), "output_norm.weight");
+        assert_eq!(rename("language_model.model.layers.2.mlp.up_proj.weight").unwrap(), "blk.2.ffn_up.weight");
+        assert_eq!(rename("language_model.lm_head.weight").unwrap(), "output.weight");
+        assert!(rename("language_model.language_model.model.norm.weight").is_err(), "stripped once only");
     }
 
     #[test]
