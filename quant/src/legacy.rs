@@ -105,15 +105,20 @@ fn signed_absmax(x: &[f32; QK]) -> f32 {
     } else if -lo > hi {
         lo
     } else {
-        let (mut amax, mut max) = (0.0f32, 0.0f32);
-        for &v in x {
-            if amax < v.abs() {
-                amax = v.abs();
-                max = v;
-            }
-        }
-        max
+        signed_absmax_scan(x)
     }
+}
+
+/// The `_ref` functions' scan as written: `if (amax < fabsf(v)) { amax = fabsf(v); max = v; }` from 0.
+fn signed_absmax_scan(x: &[f32; QK]) -> f32 {
+    let (mut amax, mut max) = (0.0f32, 0.0f32);
+    for &v in x {
+        if amax < v.abs() {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    max
 }
 
 /// `MAX(amax, fabsf(v))` over the block, from 0. For finite input the maximum does not depend on the order, so
@@ -421,16 +426,6 @@ mod tests {
 
     #[test]
     fn signed_absmax_is_the_first_largest_magnitude() {
-        let scalar = |x: &[f32; QK]| {
-            let (mut amax, mut max) = (0.0f32, 0.0f32);
-            for &v in x {
-                if amax < v.abs() {
-                    amax = v.abs();
-                    max = v;
-                }
-            }
-            max
-        };
         let mut cases: Vec<[f32; QK]> = vec![[0.0; QK], [-0.0; QK], [3.0; QK], [-2.0; QK]];
         for (a, b) in [(3.0f32, -3.0f32), (-3.0, 3.0), (-0.0, 0.0), (1e-40, -1e-40)] {
             let mut x = [0.5f32; QK];
@@ -439,7 +434,7 @@ mod tests {
         }
         cases.extend((0..50).map(|k| std::array::from_fn(|i| ((i * 37 + k * 11) % 29) as f32 - 14.0)));
         for x in cases {
-            assert_eq!(signed_absmax(&x).to_bits(), scalar(&x).to_bits(), "{x:?}");
+            assert_eq!(signed_absmax(&x).to_bits(), signed_absmax_scan(&x).to_bits(), "{x:?}");
         }
     }
 

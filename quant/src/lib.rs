@@ -207,7 +207,8 @@ fn run_chunks(
                     Input::Raw { ty: src_ty, data, row_bytes: src_row }
                 }
             };
-            let done = SCRATCH.with_borrow_mut(|scratch| quantize_chunk(ty, rows, n_per_row, imatrix, dst, scratch));
+            let chunk = Chunk { ty, rows, n_per_row, imatrix };
+            let done = SCRATCH.with_borrow_mut(|scratch| quantize_chunk(chunk, dst, scratch));
             done.map_err(|e| match e {
                 QuantError::NonFinite { row, col, value } => {
                     QuantError::NonFinite { row: first_row + row, col, value }
@@ -251,46 +252,35 @@ fn first_non_finite(src: &[f32]) -> Option<usize> {
 /// loops of `legacy`) process 8 values per instruction instead of 4. The arithmetic is the same IEEE single
 /// precision either way (no fused multiply-adds: Rust never contracts), so the bytes are too; the golden tests run
 /// whichever path the CPU takes, and `bytes_do_not_depend_on_the_cpu_path` compares the two.
-fn quantize_chunk(
-    ty: GgmlType,
-    rows: Input,
-    n_per_row: usize,
-    imatrix: Option<&[f32]>,
-    dst: &mut [u8],
-    scratch: &mut Vec<f32>,
-) -> Result<(), QuantError> {
+fn quantize_chunk(c: Chunk, dst: &mut [u8], scratch: &mut Vec<f32>) -> Result<(), QuantError> {
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU supports AVX2, checked just above.
-        return unsafe { quantize_chunk_avx2(ty, rows, n_per_row, imatrix, dst, scratch) };
+        return unsafe { quantize_chunk_avx2(c, dst, scratch) };
     }
-    quantize_chunk_portable(ty, rows, n_per_row, imatrix, dst, scratch)
+    quantize_chunk_portable(c, dst, scratch)
+}
+
+/// One chunk's request: the output type, its rows and the imatrix.
+#[derive(Clone, Copy)]
+struct Chunk<'a> {
+    ty: GgmlType,
+    rows: Input<'a>,
+    n_per_row: usize,
+    imatrix: Option<&'a [f32]>,
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn quantize_chunk_avx2(
-    ty: GgmlType,
-    rows: Input,
-    n_per_row: usize,
-    imatrix: Option<&[f32]>,
-    dst: &mut [u8],
-    scratch: &mut Vec<f32>,
-) -> Result<(), QuantError> {
-    quantize_chunk_portable(ty, rows, n_per_row, imatrix, dst, scratch)
+fn quantize_chunk_avx2(c: Chunk, dst: &mut [u8], scratch: &mut Vec<f32>) -> Result<(), QuantError> {
+    quantize_chunk_portable(c, dst, scratch)
 }
 
 /// The body of [`quantize_chunk`], for the baseline CPU. Always inlined, as is everything below it that matters
 /// for speed, so that `quantize_chunk_avx2` compiles all of it again for AVX2.
 #[inline(always)]
-fn quantize_chunk_portable(
-    ty: GgmlType,
-    rows: Input,
-    n_per_row: usize,
-    imatrix: Option<&[f32]>,
-    dst: &mut [u8],
-    scratch: &mut Vec<f32>,
-) -> Result<(), QuantError> {
+fn quantize_chunk_portable(c: Chunk, dst: &mut [u8], scratch: &mut Vec<f32>) -> Result<(), QuantError> {
+    let Chunk { ty, rows, n_per_row, imatrix } = c;
     let src: &[f32] = match rows {
         Input::F32(src) => src,
         Input::Raw { ty: src_ty, data, .. } => {
@@ -447,8 +437,9 @@ mod tests {
             for imat in [None, Some(&imatrix[..n])] {
                 let (mut fast, mut portable) = (dst_for(ty, n, rows), dst_for(ty, n, rows));
                 let mut scratch = Vec::new();
-                quantize_chunk(ty, Input::F32(&src), n, imat, &mut fast, &mut scratch).expect("finite");
-                quantize_chunk_portable(ty, Input::F32(&src), n, imat, &mut portable, &mut scratch).expect("finite");
+                let chunk = Chunk { ty, rows: Input::F32(&src), n_per_row: n, imatrix: imat };
+                quantize_chunk(chunk, &mut fast, &mut scratch).expect("finite");
+                quantize_chunk_portable(chunk, &mut portable, &mut scratch).expect("finite");
                 assert!(fast == portable, "{ty} imatrix {}", imat.is_some());
             }
         }
