@@ -3,8 +3,11 @@
 //! file or llama.cpp split files. An MLX checkpoint converts too, its affine weights dequantized as MLX does.
 
 use anyhow::{Context, Result};
-use quantfarm_tensors::convert::{convert_hf_to_gguf, SplitRule};
-use quantfarm_tensors::{Location, TensorSource};
+use quantfarm_tensors::convert::{
+    convert_hf_to_gguf, output_file_name, plan_hf_to_gguf, split_ranges, GgufPlan, SplitRule,
+};
+use quantfarm_tensors::gguf::Value;
+use quantfarm_tensors::{Location, TensorSource, TensorType};
 
 use crate::units::{human, parse_size};
 
@@ -26,6 +29,10 @@ pub struct Args {
     /// Replace existing outputs.
     #[arg(long)]
     overwrite: bool,
+    /// Print the whole plan (metadata, and per tensor its source, operations, destination, type, shape and bytes,
+    /// file by file) and write nothing.
+    #[arg(long)]
+    dry_run: bool,
     /// Memory for tensor data held at once.
     #[arg(long, default_value = "64MiB", value_parser = parse_size)]
     budget: u64,
@@ -51,6 +58,12 @@ pub async fn run(args: Args) -> Result<()> {
         _ => None,
     };
     let dst = Location::parse(&args.output_dir)?;
+    if args.dry_run {
+        let source = TensorSource::open(&src).await?;
+        let plan = plan_hf_to_gguf(&source).await.with_context(|| format!("cannot convert {}", args.input))?;
+        print!("{}", describe(&plan, &args.input, &dst, &prefix, rule));
+        return Ok(());
+    }
     let done = convert_hf_to_gguf(&src, &dst, &prefix, rule, args.budget, args.overwrite)
         .await
         .with_context(|| format!("cannot convert {}", args.input))?;
@@ -58,4 +71,81 @@ pub async fn run(args: Args) -> Result<()> {
         println!("{}  {}  {}", c.sha256, human(c.bytes), c.location);
     }
     Ok(())
+}
+
+/// The plan as text: what would be written where, before any weight moves.
+fn describe(plan: &GgufPlan, input: &str, dst: &Location, prefix: &str, rule: Option<SplitRule>) -> String {
+    use std::fmt::Write;
+    let ranges = split_ranges(&plan.nbytes(), rule);
+    let total: u64 = plan.nbytes().iter().sum();
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "plan {input} -> {dst}: {} tensors, {} in {} file(s); digest {}",
+        plan.tensors.len(),
+        human(total),
+        ranges.len(),
+        plan.digest()
+    );
+    let _ = writeln!(out, "metadata ({} keys):", plan.metadata.len());
+    for (k, v) in &plan.metadata {
+        let _ = writeln!(out, "  {k} = {}", brief(v));
+    }
+    for (i, r) in ranges.iter().enumerate() {
+        let bytes: u64 = plan.tensors[r.clone()].iter().map(|t| t.nbytes).sum();
+        let _ = writeln!(
+            out,
+            "file {}: {} ({} tensors, {})",
+            i + 1,
+            output_file_name(prefix, i, ranges.len()),
+            r.len(),
+            human(bytes)
+        );
+        for t in &plan.tensors[r.clone()] {
+            let mut ops = Vec::new();
+            if let TensorType::MlxAffine { bits, group_size, .. } = t.source_type {
+                ops.push(format!("dequantize (MLX {bits}-bit, groups of {group_size})"));
+            }
+            if let Some(h) = t.permute_heads {
+                ops.push(format!("permute rows in {h} heads"));
+            }
+            let from = match t.source_type {
+                TensorType::Dtype(d) => d.to_string(),
+                _ => "F32".into(),
+            };
+            ops.push(if from == t.ty.to_string() { "copy".into() } else { format!("{from} -> {}", t.ty) });
+            let shape: Vec<String> = t.ne.iter().map(u64::to_string).collect();
+            let _ = writeln!(
+                out,
+                "  {}  {}  [{}]  {} bytes  <-  {} ({})  {}",
+                t.name,
+                t.ty,
+                shape.join(", "),
+                t.nbytes,
+                t.source,
+                t.source_type,
+                ops.join(", ")
+            );
+        }
+    }
+    out
+}
+
+/// A metadata value in a line: scalars as they are, arrays by length and first elements.
+fn brief(v: &Value) -> String {
+    let j = v.to_json();
+    match j.as_array() {
+        Some(a) if a.len() > 4 => {
+            let head: Vec<String> = a.iter().take(3).map(|x| x.to_string()).collect();
+            format!("[{}, ... ({} items)]", head.join(", "), a.len())
+        }
+        _ => {
+            let s = j.to_string();
+            if s.chars().count() > 120 {
+                format!("{}... ({} chars)", s.chars().take(100).collect::<String>(), s.chars().count())
+            } else {
+                s
+            }
+        }
+    }
 }

@@ -4,9 +4,9 @@
 
 use std::sync::Arc;
 
+use quantfarm_tensors::dtype::TensorType;
 use quantfarm_tensors::gguf::{split, TensorDesc, Value};
 use quantfarm_tensors::write::{copy_tensor, GgufWriter};
-use quantfarm_tensors::dtype::TensorType;
 use quantfarm_tensors::{Committed, GgmlType, Location, TensorSource};
 
 use crate::ftype::FileType;

@@ -374,7 +374,7 @@ mod tests {
     use crate::helpers;
 
     /// Groups of `N` pseudo-random values with outliers, plus degenerate ones: all zero, constant, one value, tiny,
-/// subnormal.
+    /// subnormal.
     fn groups<const N: usize, const G: usize>(seed: u64) -> [[f32; N]; G] {
         let mut state = seed;
         let mut next = move || {

@@ -302,11 +302,7 @@ impl Block for BlockQ4_1 {
     fn quantize_weighted(x: &[[f32; QK]; LANES], weights: &[[f32; QK]; LANES]) -> [Self; LANES] {
         let mut l = [[0u8; QK]; LANES];
         let (d, min) = lanes::make_qkx3_quants(15, x, weights, &mut l, -0.9, 0.05, 36, false);
-        std::array::from_fn(|k| Self {
-            d: f32_to_f16_bits(d[k]),
-            m: f32_to_f16_bits(-min[k]),
-            qs: pack_nibbles(&l[k]),
-        })
+        std::array::from_fn(|k| Self { d: f32_to_f16_bits(d[k]), m: f32_to_f16_bits(-min[k]), qs: pack_nibbles(&l[k]) })
     }
 
     #[inline(always)]

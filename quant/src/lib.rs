@@ -210,9 +210,7 @@ fn run_chunks(
             let chunk = Chunk { ty, rows, n_per_row, imatrix };
             let done = SCRATCH.with_borrow_mut(|scratch| quantize_chunk(chunk, dst, scratch));
             done.map_err(|e| match e {
-                QuantError::NonFinite { row, col, value } => {
-                    QuantError::NonFinite { row: first_row + row, col, value }
-                }
+                QuantError::NonFinite { row, col, value } => QuantError::NonFinite { row: first_row + row, col, value },
                 e => e,
             })
         })
@@ -375,7 +373,8 @@ mod tests {
         let (rows, n) = (40, 4096); // several parallel chunks
         let f32s: Vec<f32> = (0..rows * n).map(|i| ((i * 7919) % 2003) as f32 / 97.0 - 10.0).collect();
         let bf16: Vec<u8> = f32s.iter().flat_map(|v| f32_to_bf16_bits(*v).to_le_bytes()).collect();
-        let widened: Vec<f32> = bf16.chunks(2).map(|b| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16)).collect();
+        let widened: Vec<f32> =
+            bf16.chunks(2).map(|b| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16)).collect();
         let imatrix: Vec<f32> = (0..n).map(|j| (j % 13 + 1) as f32).collect();
         let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().expect("pool");
         for ty in [GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q6_K] {

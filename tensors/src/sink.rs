@@ -32,8 +32,15 @@ pub struct StagedSink {
 enum Stage {
     /// Written and hashed on a thread of its own. `out` is declared first so that, on drop, its thread is stopped
     /// before `tmp` removes the file.
-    Local { out: WriteBehind, tmp: tempfile::NamedTempFile, overwrite: bool },
-    Object { upload: Option<object_store::WriteMultipart>, hasher: Sha256 },
+    Local {
+        out: WriteBehind,
+        tmp: tempfile::NamedTempFile,
+        overwrite: bool,
+    },
+    Object {
+        upload: Option<object_store::WriteMultipart>,
+        hasher: Sha256,
+    },
 }
 
 impl StagedSink {

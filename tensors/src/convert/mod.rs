@@ -24,9 +24,9 @@ pub use split::{output_file_name, split_ranges, SplitRule};
 pub use tokenizer::pre_tokenizer_sha256;
 
 use crate::dtype::{Dtype, TensorType};
-use crate::mlx::MlxParts;
 use crate::error::{Error, Result};
 use crate::gguf::{encode_header, TensorDesc, Value};
+use crate::mlx::MlxParts;
 use crate::sink::Committed;
 use crate::source::{Format, TensorSource};
 use crate::store::Location;
@@ -106,7 +106,9 @@ pub async fn plan_hf_to_gguf(source: &TensorSource) -> Result<GgufPlan> {
         (Format::Safetensors, Some(st), _) => st
             .files
             .iter()
-            .map(|(_, h)| h.tensors.iter().map(|t| (t.name.as_str(), TensorType::Dtype(t.dtype), &t.shape[..])).collect())
+            .map(|(_, h)| {
+                h.tensors.iter().map(|t| (t.name.as_str(), TensorType::Dtype(t.dtype), &t.shape[..])).collect()
+            })
             .collect(),
         (Format::Mlx, _, Some(m)) => {
             let mut per_file = vec![Vec::new(); m.files.files.len()];
@@ -168,9 +170,7 @@ pub async fn plan_hf_to_gguf(source: &TensorSource) -> Result<GgufPlan> {
                 source_type,
                 TensorType::Dtype(Dtype::BF16 | Dtype::F16 | Dtype::F32) | TensorType::MlxAffine { .. }
             ) {
-                return Err(bad(format!(
-                    "type {source_type} cannot be converted (BF16, F16, F32 or MLX affine only)"
-                )));
+                return Err(bad(format!("type {source_type} cannot be converted (BF16, F16, F32 or MLX affine only)")));
             }
             let ty = if m.f32.forces_f32(&gguf, shape.len()) { GgmlType::F32 } else { GgmlType::BF16 };
             let ne: Vec<u64> = shape.iter().rev().copied().collect();
