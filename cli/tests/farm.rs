@@ -360,21 +360,10 @@ fn farm_release_of_smollm2_over_s3_survives_a_killed_worker_and_a_coordinator_re
     let folder = &urls[0][..urls[0].rfind('/').unwrap()];
     let cp = Command::new(bin()).args(["cp", folder]).arg(&local).envs(s3.env()).output().unwrap();
     assert!(cp.status.success(), "{}", String::from_utf8_lossy(&cp.stderr));
-    let gen = Command::new(quantfarm_e2e::llama_bin().join("llama-completion"))
-        .arg("-m")
-        .arg(local.join("SmolLM2-135M-BF16-00001-of-00003.gguf"))
-        .args(["-p", "The capital of France is", "-n", "8", "--temp", "0", "-no-cnv", "-t", "2", "-c", "256"])
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&gen.stdout);
-    assert!(
-        gen.status.success()
-            && text.contains("The capital of France is")
-            && text.len() > "The capital of France is".len() + 3,
-        "llama-completion on the split GGUF:\n{text}\n{}",
-        String::from_utf8_lossy(&gen.stderr)
-    );
+    let prompt = "The capital of France is";
+    let split = local.join("SmolLM2-135M-BF16-00001-of-00003.gguf");
+    let text = quantfarm_e2e::llama_generate(&split, prompt, 8, 2, &["-c", "256"]);
+    assert!(text.contains(prompt) && text.len() > prompt.len() + 3, "llama-completion on the split GGUF:\n{text}");
 
     // --- Run 2: a worker killed mid-task, the coordinator killed and restarted. ----------------------------------
     let dir2 = tmp.path().join("run2");

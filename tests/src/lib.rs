@@ -88,6 +88,38 @@ pub fn llama_bin() -> PathBuf {
     shared_tool("install-llama-cpp")
 }
 
+/// Greedy text from `llama-completion -m MODEL -p PROMPT -n N --temp 0 -no-cnv -t THREADS EXTRA…` (stdin closed):
+/// its stdout, which starts with the echoed prompt. Panics when the tool fails.
+///
+/// llama-completion (0.3.36) prints through llama.cpp's asynchronous logger, and under CPU contention its output
+/// can be cut short: the process exits with status 0 before the logger thread has written everything (seen: no
+/// output at all, or only the echoed prompt; strace shows no write to stdout before `exit_group(0)`). It happens on
+/// any GGUF (16 of 40 runs of one fixed tiny model with two busy cores; 0 of 30 on an idle machine). Output that
+/// stops within the prompt is therefore retried, loudly, up to 10 times; anything else is returned at once.
+pub fn llama_generate(model: &Path, prompt: &str, n: u32, threads: u32, extra: &[&str]) -> String {
+    const ATTEMPTS: usize = 10;
+    for attempt in 1..=ATTEMPTS {
+        let o = Command::new(llama_bin().join("llama-completion"))
+            .arg("-m")
+            .arg(model)
+            .args(["-p", prompt, "-n", &n.to_string(), "--temp", "0", "-no-cnv", "-t", &threads.to_string()])
+            .args(extra)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run llama-completion: {e}"));
+        let (stdout, stderr) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        assert!(o.status.success(), "llama-completion on {} failed:\n{stderr}", model.display());
+        if prompt.starts_with(&*stdout) && attempt < ATTEMPTS {
+            eprintln!(
+                "RETRY llama-completion exited 0 with its output cut to {stdout:?} (attempt {attempt} of {ATTEMPTS})"
+            );
+            continue;
+        }
+        return stdout.into_owned();
+    }
+    unreachable!("the last attempt returns")
+}
+
 /// Runs a Python script from `tests/py/` with the peer venv; panics with its stderr on failure.
 pub fn run_py(script: &str, args: &[&std::ffi::OsStr]) -> String {
     let path = repo_root().join("tests").join("py").join(script);

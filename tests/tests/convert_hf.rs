@@ -176,17 +176,7 @@ fn smollm2_split_files_are_gguf_splits_and_load_in_llama_cpp() {
     let st = Command::new(bin.join("llama-gguf-split")).arg("--merge").arg(&out[0]).arg(&merged).output().unwrap();
     assert!(st.status.success(), "llama-gguf-split --merge: {}", String::from_utf8_lossy(&st.stderr));
     assert_tensors_match(&merged, m["tensors"].as_array().unwrap());
-    let generate = |model: &Path| {
-        let o = Command::new(bin.join("llama-completion"))
-            .arg("-m")
-            .arg(model)
-            .args(["-p", "Hello", "-n", "4", "--temp", "0", "-no-cnv", "--no-warmup", "-t", "2", "--simple-io"])
-            .stdin(std::process::Stdio::null())
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "llama-completion {}: {}", model.display(), String::from_utf8_lossy(&o.stderr));
-        String::from_utf8_lossy(&o.stdout).into_owned()
-    };
+    let generate = |model: &Path| quantfarm_e2e::llama_generate(model, "Hello", 4, 2, &["--no-warmup", "--simple-io"]);
     let from_split = generate(&out[0]);
     assert!(from_split.starts_with("Hello") && from_split.len() > "Hello".len(), "generated {from_split:?}");
     assert_eq!(from_split, generate(&single[0]));
