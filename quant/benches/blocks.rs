@@ -11,6 +11,7 @@ use quantfarm_quant::{quantize, GgmlType};
 const ROWS: usize = 256;
 const N_PER_ROW: usize = 4096;
 
+/// The same LCG stream as the crate's tests (`test_uniform`), every 97th value an outlier ×8.
 fn input() -> Vec<f32> {
     let mut state = 0x0123_4567_89ab_cdefu64;
     (0..ROWS * N_PER_ROW)

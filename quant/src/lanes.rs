@@ -376,11 +376,7 @@ mod tests {
     /// Groups of `N` pseudo-random values with outliers, plus degenerate ones: all zero, constant, one value, tiny,
     /// subnormal.
     fn groups<const N: usize, const G: usize>(seed: u64) -> [[f32; N]; G] {
-        let mut state = seed;
-        let mut next = move || {
-            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((state >> 40) as i32 - 8_388_608) as f32 / 8_388_608.0
-        };
+        let mut next = crate::test_uniform(seed);
         std::array::from_fn(|g| {
             std::array::from_fn(|i| match (seed as usize + g) % 9 {
                 0 => 0.0,

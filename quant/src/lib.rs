@@ -317,6 +317,17 @@ fn quantize_chunk_portable(c: Chunk, dst: &mut [u8], scratch: &mut Vec<f32>) -> 
     Ok(())
 }
 
+/// Pseudo-random values uniform in [−1, 1) from a 64-bit LCG seeded with `seed`: a fixed, dependency-free stream
+/// for the tests' inputs (the benchmark in `benches/blocks.rs` draws the same stream).
+#[cfg(test)]
+pub(crate) fn test_uniform(seed: u64) -> impl FnMut() -> f32 {
+    let mut state = seed;
+    move || {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        ((state >> 40) as i32 - 8_388_608) as f32 / 8_388_608.0
+    }
+}
+
 /// Compile-time link between the block types and the dispatch above: each block names the type it encodes.
 const _: () = {
     assert!(matches!(BlockQ8_0::TYPE, GgmlType::Q8_0));
@@ -417,11 +428,10 @@ mod tests {
         }
         let n_per_row = 4 * 256 + 96; // K-quants use the first 1024 columns; 35 legacy blocks leave a partial group
         let rows = 48;
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = test_uniform(0x9e37_79b9_7f4a_7c15);
         let src: Vec<f32> = (0..rows * n_per_row)
             .map(|i| {
-                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                let x = ((state >> 40) as i32 - 8_388_608) as f32 / 8_388_608.0;
+                let x = next();
                 match i % 1000 {
                     0..=255 if i / 1000 % 7 == 3 => 0.0, // all-zero blocks and super-blocks
                     _ if i % 89 == 0 => x * 20.0,
@@ -480,11 +490,10 @@ mod tests {
     #[test]
     fn bytes_do_not_depend_on_thread_count() {
         let (rows, n_per_row) = (300, 512);
-        let mut state = 0x0123_4567_89ab_cdefu64;
+        let mut next = test_uniform(0x0123_4567_89ab_cdef);
         let src: Vec<f32> = (0..rows * n_per_row)
             .map(|i| {
-                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-                let x = ((state >> 40) as i32 - 8_388_608) as f32 / 8_388_608.0;
+                let x = next();
                 if i % 97 == 0 {
                     x * 8.0
                 } else {
