@@ -75,7 +75,8 @@ async fn write_tensor(
             return Err(Error::format(src.location().to_string(), format!("tensor {:?}", t.source), format!("{g}")))
         }
     };
-    let read = Rows { src, name: &t.source, affine: matches!(e.ty, TensorType::MlxAffine { .. }), src_row };
+    let affine = matches!(e.ty, TensorType::MlxAffine { .. });
+    let mut read = Rows { src, name: &t.source, affine, src_row, values: Vec::new(), scratch: Vec::new() };
     let out_row = t.nbytes / rows;
     let per_row = src_row + out_row;
     if per_row > budget {
@@ -133,17 +134,20 @@ struct Rows<'a> {
     /// An MLX affine triple: rows are dequantized to little-endian f32 (`mx.dequantize`'s `scale·q + bias`).
     affine: bool,
     src_row: u64,
+    /// Dequantized values and the stored codes they come from, kept between reads.
+    values: Vec<f32>,
+    scratch: Vec<u8>,
 }
 
 impl Rows<'_> {
     /// Fills `buf` (whole rows) from row `first`.
-    async fn rows(&self, first: u64, buf: &mut [u8]) -> Result<()> {
+    async fn rows(&mut self, first: u64, buf: &mut [u8]) -> Result<()> {
         if !self.affine {
             return self.src.read_range(self.name, first * self.src_row, buf).await;
         }
-        let mut values = vec![0f32; buf.len() / 4];
-        self.src.read_f32_rows(self.name, first, &mut values, &mut Vec::new()).await?;
-        for (o, v) in buf.chunks_exact_mut(4).zip(values) {
+        self.values.resize(buf.len() / 4, 0.0);
+        self.src.read_f32_rows(self.name, first, &mut self.values, &mut self.scratch).await?;
+        for (o, v) in buf.chunks_exact_mut(4).zip(&self.values) {
             o.copy_from_slice(&v.to_le_bytes());
         }
         Ok(())
