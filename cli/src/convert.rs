@@ -1,10 +1,10 @@
-//! `quantfarm convert`: a Hugging Face safetensors checkpoint to GGUF BF16, as `convert_hf_to_gguf.py --outtype
-//! bf16` writes it (tensor names, q/k permutation, metadata and tokenizer keys from `mappings/*.yaml`), in one
-//! file or llama.cpp split files. An MLX checkpoint converts too, its affine weights dequantized as MLX does.
+//! `quantfarm convert`: a Hugging Face safetensors checkpoint to GGUF (bf16, f16 or f32), as `convert_hf_to_gguf.py
+//! --outtype …` writes it (tensor names, permutations, offsets, metadata and tokenizer keys from `mappings/*.yaml`),
+//! in one file or llama.cpp split files. An MLX checkpoint converts too, its affine weights dequantized as MLX does.
 
 use anyhow::{Context, Result};
 use quantfarm_tensors::convert::{
-    convert_hf_to_gguf, output_file_name, plan_hf_to_gguf, split_ranges, GgufPlan, SplitRule,
+    convert_hf_to_gguf, output_file_name, plan_hf_to_gguf, split_ranges, GgufPlan, OutType, SplitRule,
 };
 use quantfarm_tensors::gguf::Value;
 use quantfarm_tensors::{Location, TensorSource, TensorType};
@@ -15,11 +15,14 @@ use crate::units::{human, parse_size};
 pub struct Args {
     /// The HF or MLX checkpoint folder (config.json, tokenizer files, *.safetensors): a path or s3:// URL.
     input: String,
-    /// The output folder.
-    output_dir: String,
-    /// Output file name prefix (default: the input folder's name).
+    /// The output: a file `NAME.gguf`, or a folder (files named by --prefix, split files numbered).
+    output: String,
+    /// Output file name prefix in an output folder (default: the input folder's name).
     #[arg(long)]
     prefix: Option<String>,
+    /// The type of the weights (1-D tensors and norms are F32 whatever it is).
+    #[arg(long, default_value = "bf16", value_parser = parse_outtype)]
+    outtype: OutType,
     /// Split into files of at most N tensors (gguf-split's --split-max-tensors).
     #[arg(long, conflicts_with = "split_max_bytes")]
     split_max_tensors: Option<usize>,
@@ -38,10 +41,29 @@ pub struct Args {
     budget: u64,
 }
 
+fn parse_outtype(s: &str) -> std::result::Result<OutType, String> {
+    OutType::parse(s).ok_or_else(|| format!("{s:?}: expected bf16, f16 or f32"))
+}
+
 pub async fn run(args: Args) -> Result<()> {
     let src = Location::parse(&args.input)?;
-    let prefix = match &args.prefix {
-        Some(p) => p.clone(),
+    // DST ending in .gguf names the file: its folder is the output folder and its stem the prefix.
+    let (output_dir, file_prefix) = match args.output.strip_suffix(".gguf") {
+        Some(stem) => {
+            if args.prefix.is_some() {
+                anyhow::bail!("--prefix names files in an output folder; {} already names the file", args.output);
+            }
+            match stem.rsplit_once('/') {
+                Some((dir, name)) => {
+                    (if dir.is_empty() { "/".to_string() } else { dir.to_string() }, Some(name.to_string()))
+                }
+                None => (".".to_string(), Some(stem.to_string())),
+            }
+        }
+        None => (args.output.clone(), None),
+    };
+    let prefix = match file_prefix.or_else(|| args.prefix.clone()) {
+        Some(p) => p,
         None => {
             let s = TensorSource::open(&src).await?;
             let name = s.location().file_name().to_string();
@@ -57,14 +79,15 @@ pub async fn run(args: Args) -> Result<()> {
         (None, Some(b)) => Some(SplitRule::MaxBytes(b)),
         _ => None,
     };
-    let dst = Location::parse(&args.output_dir)?;
+    let dst = Location::parse(&output_dir)?;
     if args.dry_run {
         let source = TensorSource::open(&src).await?;
-        let plan = plan_hf_to_gguf(&source).await.with_context(|| format!("cannot convert {}", args.input))?;
+        let plan =
+            plan_hf_to_gguf(&source, args.outtype).await.with_context(|| format!("cannot convert {}", args.input))?;
         print!("{}", describe(&plan, &args.input, &dst, &prefix, rule));
         return Ok(());
     }
-    let done = convert_hf_to_gguf(&src, &dst, &prefix, rule, args.budget, args.overwrite)
+    let done = convert_hf_to_gguf(&src, &dst, &prefix, args.outtype, rule, args.budget, args.overwrite)
         .await
         .with_context(|| format!("cannot convert {}", args.input))?;
     for c in &done {
@@ -108,6 +131,9 @@ fn describe(plan: &GgufPlan, input: &str, dst: &Location, prefix: &str, rule: Op
             }
             if let Some(h) = t.permute_heads {
                 ops.push(format!("permute rows in {h} heads"));
+            }
+            if let Some(o) = t.offset {
+                ops.push(format!("add {o} (f32)"));
             }
             let from = match t.source_type {
                 TensorType::Dtype(d) => d.to_string(),

@@ -35,11 +35,16 @@ pub fn cache_dir() -> PathBuf {
 /// `flock` on a file in the cache (tests run in parallel, and two builds of llama.cpp in one folder would collide);
 /// `scripts/install-peers` takes the same locks.
 fn shared_tool(name: &str) -> PathBuf {
-    let script = shared_dir().join("tools").join(name);
+    installer(&shared_dir().join("tools").join(name))
+}
+
+/// Runs an idempotent installer script under its `flock` and returns the path it prints last.
+fn installer(script: &Path) -> PathBuf {
+    let name = script.file_name().and_then(|n| n.to_str()).expect("installer name");
     std::fs::create_dir_all(cache_dir()).expect("cache folder");
     let out = Command::new("flock")
         .arg(cache_dir().join(format!(".{name}.lock")))
-        .arg(&script)
+        .arg(script)
         .output()
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
     assert!(
@@ -59,6 +64,21 @@ pub fn peers_python() -> PathBuf {
         return p;
     }
     shared_tool("install-mlx")
+}
+
+/// The Python in which llama.cpp's own `convert_hf_to_gguf.py` runs (torch, transformers, sentencepiece, the
+/// source tree's gguf-py; `scripts/install-convert-oracle`).
+pub fn convert_python() -> PathBuf {
+    let venv = cache_dir().join("venv-convert");
+    if venv.join(".complete").exists() {
+        return venv.join("bin").join("python");
+    }
+    installer(&repo_root().join("scripts").join("install-convert-oracle"))
+}
+
+/// llama.cpp's source tree (`convert_hf_to_gguf.py`, `models/ggml-vocab-*.gguf`, `models/templates/`).
+pub fn llama_src() -> PathBuf {
+    llama_bin().join("../..").canonicalize().expect("llama.cpp source tree")
 }
 
 /// The real SmolLM2-135M-Instruct Q4_1 GGUF.
@@ -122,8 +142,13 @@ pub fn llama_generate(model: &Path, prompt: &str, n: u32, threads: u32, extra: &
 
 /// Runs a Python script from `tests/py/` with the peer venv; panics with its stderr on failure.
 pub fn run_py(script: &str, args: &[&std::ffi::OsStr]) -> String {
+    run_py_with(&peers_python(), script, args)
+}
+
+/// Runs a Python script from `tests/py/` with the given interpreter; panics with its stderr on failure.
+pub fn run_py_with(python: &Path, script: &str, args: &[&std::ffi::OsStr]) -> String {
     let path = repo_root().join("tests").join("py").join(script);
-    let out = Command::new(peers_python())
+    let out = Command::new(python)
         .arg(&path)
         .args(args)
         .output()

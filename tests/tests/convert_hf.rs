@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use quantfarm_e2e::{fixtures_dir, llama_bin, smollm2_derived};
-use quantfarm_tensors::convert::{convert_hf_to_gguf, plan_hf_to_gguf, SplitRule};
+use quantfarm_tensors::convert::{convert_hf_to_gguf, plan_hf_to_gguf, OutType, SplitRule};
 use quantfarm_tensors::gguf::{Array, GgufHeader, Value};
 use quantfarm_tensors::{Location, TensorSource};
 use serde_json::Value as Json;
@@ -38,9 +38,17 @@ fn manifest() -> Json {
 
 fn convert(dst: &Path, prefix: &str, rule: Option<SplitRule>, budget: u64) -> Vec<PathBuf> {
     rt().block_on(async {
-        let out = convert_hf_to_gguf(&Location::local(hf_dir()), &Location::local(dst), prefix, rule, budget, false)
-            .await
-            .unwrap();
+        let out = convert_hf_to_gguf(
+            &Location::local(hf_dir()),
+            &Location::local(dst),
+            prefix,
+            OutType::Bf16,
+            rule,
+            budget,
+            false,
+        )
+        .await
+        .unwrap();
         out.iter().map(|c| PathBuf::from(&c.location)).collect()
     })
 }
@@ -213,7 +221,7 @@ fn tiny_checkpoint(dir: &Path, tensors: &[(&str, &[u64])], edit: impl FnOnce(&mu
 
 fn convert_err(src: &Path, dst: &Path, budget: u64) -> String {
     rt().block_on(async {
-        convert_hf_to_gguf(&Location::local(src), &Location::local(dst), "out", None, budget, false)
+        convert_hf_to_gguf(&Location::local(src), &Location::local(dst), "out", OutType::Bf16, None, budget, false)
             .await
             .expect_err("conversion must fail")
             .to_string()
@@ -278,7 +286,7 @@ fn plan_digest_is_stable_and_sensitive() {
     rt().block_on(async {
         let plan = |p: PathBuf| async move {
             let s = TensorSource::open(&Location::local(p)).await.unwrap();
-            plan_hf_to_gguf(&s).await.unwrap()
+            plan_hf_to_gguf(&s, OutType::Bf16).await.unwrap()
         };
         let a1 = plan(dir.path().join("a")).await;
         let a2 = plan(dir.path().join("a")).await;
@@ -312,7 +320,7 @@ fn mlx_checkpoint_converts_with_mlx_dequantized_weights() {
     let (from_mlx, from_hf) = rt().block_on(async {
         let to = |src: &Path, out: &str| {
             let (src, dst) = (Location::local(src), Location::local(dir.path().join(out)));
-            async move { convert_hf_to_gguf(&src, &dst, "model", None, 16 << 20, false).await.unwrap() }
+            async move { convert_hf_to_gguf(&src, &dst, "model", OutType::Bf16, None, 16 << 20, false).await.unwrap() }
         };
         (to(&mlx, "out-mlx").await, to(&hf, "out-hf").await)
     });
@@ -326,7 +334,7 @@ fn mlx_checkpoint_converts_with_mlx_dequantized_weights() {
     // The plan says what happens to each tensor: an affine source, dequantized into BF16.
     rt().block_on(async {
         let s = TensorSource::open(&Location::local(&mlx)).await.unwrap();
-        let plan = plan_hf_to_gguf(&s).await.unwrap();
+        let plan = plan_hf_to_gguf(&s, OutType::Bf16).await.unwrap();
         let q = plan.tensors.iter().find(|t| t.name == "blk.3.attn_q.weight").unwrap();
         assert_eq!(q.source, "model.layers.3.self_attn.q_proj.weight");
         assert!(matches!(q.source_type, quantfarm_tensors::TensorType::MlxAffine { bits: 4, group_size: 64, .. }));

@@ -14,7 +14,7 @@ use quantfarm_quant::file::{quantize_gguf, Options};
 use quantfarm_quant::imatrix::Imatrix;
 use quantfarm_quant::mixture::Choice;
 use quantfarm_quant::{FileType, GgmlType};
-use quantfarm_tensors::convert::convert_hf_to_gguf;
+use quantfarm_tensors::convert::{convert_hf_to_gguf, OutType};
 use quantfarm_tensors::synthetic::{write_wide_llama, write_wide_tied_llama};
 use quantfarm_tensors::{Location, TensorSource};
 
@@ -57,9 +57,17 @@ fn convert_wide(dir: &Path, tied: bool) -> PathBuf {
         } else {
             write_wide_llama(&Location::local(&hf)).await.unwrap();
         }
-        let out = convert_hf_to_gguf(&Location::local(&hf), &Location::local(dir), "wide-bf16", None, 64 << 20, false)
-            .await
-            .unwrap();
+        let out = convert_hf_to_gguf(
+            &Location::local(&hf),
+            &Location::local(dir),
+            "wide-bf16",
+            OutType::Bf16,
+            None,
+            64 << 20,
+            false,
+        )
+        .await
+        .unwrap();
         assert_eq!(out.len(), 1);
         PathBuf::from(&out[0].location)
     })
@@ -365,9 +373,17 @@ fn an_override_type_that_does_not_divide_the_rows_is_refused() {
     rt().block_on(async {
         let hf = dir.path().join("tiny-hf");
         quantfarm_tensors::synthetic::write_tiny_llama(&Location::local(&hf)).await.unwrap();
-        let out = convert_hf_to_gguf(&Location::local(&hf), &Location::local(dir.path()), "tiny", None, 1 << 20, false)
-            .await
-            .unwrap();
+        let out = convert_hf_to_gguf(
+            &Location::local(&hf),
+            &Location::local(dir.path()),
+            "tiny",
+            OutType::Bf16,
+            None,
+            1 << 20,
+            false,
+        )
+        .await
+        .unwrap();
         let src = TensorSource::open(&Location::local(&out[0].location)).await.unwrap();
         let dst = dir.path().join("out.gguf");
         for opts in [

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use quantfarm_e2e::llama_generate;
-use quantfarm_tensors::convert::convert_hf_to_gguf;
+use quantfarm_tensors::convert::{convert_hf_to_gguf, OutType};
 use quantfarm_tensors::synthetic::{tiny_llama_exists, write_tiny_llama, TINY_LLAMA, TINY_LLAMA_FILES};
 use quantfarm_tensors::{Location, TensorSource};
 use serde_json::Value as Json;
@@ -50,7 +50,15 @@ fn tiny_llama_converts_and_llama_cpp_generates() {
     let hf = tmp.path().join(TINY_LLAMA);
     write(&hf);
     let out = rt()
-        .block_on(convert_hf_to_gguf(&Location::local(&hf), &Location::local(tmp.path()), "tiny", None, 1 << 20, false))
+        .block_on(convert_hf_to_gguf(
+            &Location::local(&hf),
+            &Location::local(tmp.path()),
+            "tiny",
+            OutType::Bf16,
+            None,
+            1 << 20,
+            false,
+        ))
         .unwrap();
     assert_eq!(out.len(), 1);
     let gguf = PathBuf::from(&out[0].location);

@@ -101,7 +101,7 @@ fn source_identity(src: &TensorSource) -> String {
 
 async fn open_plan(source: &str) -> Result<(TensorSource, GgufPlan), Failure> {
     let src = TensorSource::open(&location(source)?).await?;
-    let plan = convert::plan_hf_to_gguf(&src).await?;
+    let plan = convert::plan_hf_to_gguf(&src, convert::OutType::Bf16).await?;
     Ok((src, plan))
 }
 

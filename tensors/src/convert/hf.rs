@@ -19,8 +19,12 @@ pub struct HfFiles {
     pub tokenizer_config: Option<Json>,
     pub chat_template_jinja: Option<String>,
     pub chat_template_json: Option<Json>,
-    /// A sentencepiece `tokenizer.model` is present (convert_hf_to_gguf would prefer it over tokenizer.json).
-    pub has_sentencepiece: bool,
+    /// A SentencePiece model (`tokenizer.model`, protobuf).
+    pub sentencepiece: Option<Vec<u8>>,
+    /// `added_tokens.json` (SentencePiece vocabularies' extra tokens).
+    pub added_tokens: Option<Json>,
+    /// Names of the files in the folder.
+    pub names: Vec<String>,
 }
 
 impl HfFiles {
@@ -46,7 +50,9 @@ impl HfFiles {
             tokenizer_config: read_json(dir, "tokenizer_config.json", has("tokenizer_config.json")).await?,
             chat_template_jinja,
             chat_template_json: read_json(dir, "chat_template.json", has("chat_template.json")).await?,
-            has_sentencepiece: has("tokenizer.model"),
+            sentencepiece: read_bytes(dir, "tokenizer.model", has("tokenizer.model")).await?,
+            added_tokens: read_json(dir, "added_tokens.json", has("added_tokens.json")).await?,
+            names,
         })
     }
 
@@ -57,13 +63,26 @@ impl HfFiles {
 
     /// A config value by dotted path (`rope_scaling.rope_type`); JSON null counts as absent.
     pub fn config_value(&self, path: &str) -> Option<&Json> {
-        let mut parts = path.split('.');
-        let mut v = self.config.get(parts.next()?)?;
-        for p in parts {
-            v = v.as_object()?.get(p)?;
-        }
-        (!v.is_null()).then_some(v)
+        dotted(&self.config, path)
     }
+
+    /// A tokenizer_config.json value by dotted path; JSON null counts as absent.
+    pub fn tokenizer_config_value(&self, path: &str) -> Option<&Json> {
+        dotted(self.tokenizer_config.as_ref()?.as_object()?, path)
+    }
+
+    pub fn has_file(&self, name: &str) -> bool {
+        self.names.iter().any(|n| n == name)
+    }
+}
+
+fn dotted<'a>(root: &'a Map<String, Json>, path: &str) -> Option<&'a Json> {
+    let mut parts = path.split('.');
+    let mut v = root.get(parts.next()?)?;
+    for p in parts {
+        v = v.as_object()?.get(p)?;
+    }
+    (!v.is_null()).then_some(v)
 }
 
 async fn read_bytes(dir: &Location, name: &str, present: bool) -> Result<Option<Vec<u8>>> {

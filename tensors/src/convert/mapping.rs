@@ -11,7 +11,16 @@ use serde_json::Value as Json;
 use crate::error::{Error, Result};
 
 /// `(file name, text)` of every embedded architecture mapping.
-const MAPPINGS: &[(&str, &str)] = &[("llama.yaml", include_str!("../../../mappings/llama.yaml"))];
+const MAPPINGS: &[(&str, &str)] = &[
+    ("llama.yaml", include_str!("../../../mappings/llama.yaml")),
+    ("qwen2.yaml", include_str!("../../../mappings/qwen2.yaml")),
+    ("qwen3.yaml", include_str!("../../../mappings/qwen3.yaml")),
+    ("gemma3.yaml", include_str!("../../../mappings/gemma3.yaml")),
+];
+
+/// `(file name, text)` of the metadata groups a mapping's `metadata` may `include` (lists of entries shared by
+/// several architectures, such as `TextModel.set_gguf_parameters`' keys).
+const GROUPS: &[(&str, &str)] = &[("text-model.yaml", include_str!("../../../mappings/text-model.yaml"))];
 
 pub(crate) const PRE_TOKENIZERS_FILE: &str = "pre-tokenizers.yaml";
 const PRE_TOKENIZERS: &str = include_str!("../../../mappings/pre-tokenizers.yaml");
@@ -82,6 +91,9 @@ pub struct TensorRule {
     pub hf: AnchoredRegex,
     pub gguf: String,
     pub permute: Option<Permute>,
+    /// Added to every element in f32 before the output conversion (Gemma's RMSNorm stores `weight` and multiplies
+    /// by `1 + weight`; GGUF stores `1 + weight`).
+    pub offset: Option<f32>,
 }
 
 #[derive(Deserialize)]
@@ -91,6 +103,8 @@ struct RawTensorRule {
     gguf: String,
     #[serde(default)]
     permute: Option<Permute>,
+    #[serde(default)]
+    offset: Option<f32>,
 }
 
 impl TryFrom<RawTensorRule> for TensorRule {
@@ -104,7 +118,10 @@ impl TryFrom<RawTensorRule> for TensorRule {
                 r.gguf
             ));
         }
-        Ok(TensorRule { hf: r.hf, gguf: r.gguf, permute: r.permute })
+        if r.offset.is_some_and(|o| o == 0.0 || !o.is_finite()) {
+            return Err(format!("tensor rule {:?}: offset must be finite and not 0", r.hf.0.as_str()));
+        }
+        Ok(TensorRule { hf: r.hf, gguf: r.gguf, permute: r.permute, offset: r.offset })
     }
 }
 
@@ -153,24 +170,55 @@ pub enum KvType {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Computed {
+    /// The mapping's `architecture`.
+    Architecture,
     /// The checkpoint folder's name in title form (`Metadata.id_to_title`).
     Name,
     /// The parameter count in gguf-py's rounded notation (`size_label`).
     SizeLabel,
+    /// `general.file_type` of the output type (`LlamaFileType`: 0 F32, 1 F16, 32 BF16).
+    FileType,
+}
+
+/// A vocabulary reader of convert_hf_to_gguf, tried in the mapping's order; the first whose files are present is
+/// used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TokenizerKind {
+    /// `_set_vocab_sentencepiece`: `tokenizer.model` (SentencePiece protobuf), tokenizer model `llama`.
+    Sentencepiece,
+    /// `_set_vocab_llama_hf`: a tokenizer.json BPE with `byte_fallback` (SentencePiece converted to a fast
+    /// tokenizer). Recognised so it is refused by name rather than written as GPT-2 keys.
+    LlamaHf,
+    /// `_set_vocab_gpt2`: a byte-level BPE tokenizer.json, tokenizer model `gpt2`.
+    Gpt2,
 }
 
 /// Where a metadata entry's value comes from.
 #[derive(Debug, Clone)]
 pub enum MetaSource {
     Literal(Json),
-    /// The first present config field of the list (`find_hparam`), else `a / b` of `else_div`.
+    /// The first present field of the list (`find_hparam`) in `file` (config.json unless `from` names another
+    /// JSON file of the checkpoint), else `a / b` of `else_div`.
     Config {
+        file: ConfigFile,
         fields: Vec<String>,
         else_div: Option<[String; 2]>,
     },
     Computed(Computed),
-    /// The whole group of GPT-2 BPE tokenizer keys (`TextModel._set_vocab_gpt2`).
-    TokenizerGpt2,
+    /// The whole group of tokenizer keys, from the first reader of the list whose files are present.
+    Tokenizer(Vec<TokenizerKind>),
+    /// A group of entries from another file, spliced in place when the mapping is parsed.
+    Include(String),
+}
+
+/// The JSON files of a checkpoint a `config` entry can read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum ConfigFile {
+    #[serde(rename = "config.json")]
+    Config,
+    #[serde(rename = "tokenizer_config.json")]
+    TokenizerConfig,
 }
 
 /// One metadata entry, validated.
@@ -181,8 +229,14 @@ pub struct MetaEntry {
     pub ty: Option<KvType>,
     pub source: MetaSource,
     pub optional: bool,
+    /// The value when none of the config fields is present (a `config.get(field, default)` in the converter).
+    pub default: Option<Json>,
     /// Only written when every config field equals the given value.
     pub when: BTreeMap<String, Json>,
+    /// Not written when every config field equals the given value (an absent field equals nothing).
+    pub unless: BTreeMap<String, Json>,
+    /// Only written when this file is in the checkpoint folder.
+    pub when_file: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -193,40 +247,66 @@ struct RawMetaEntry {
     ty: Option<KvType>,
     value: Option<Json>,
     config: Option<Vec<String>>,
+    from: Option<ConfigFile>,
     else_div: Option<[String; 2]>,
     computed: Option<Computed>,
-    tokenizer: Option<String>,
+    tokenizer: Option<Vec<TokenizerKind>>,
+    include: Option<String>,
     #[serde(default)]
     optional: bool,
+    default: Option<Json>,
     #[serde(default)]
     when: BTreeMap<String, Json>,
+    #[serde(default)]
+    unless: BTreeMap<String, Json>,
+    when_file: Option<String>,
 }
 
 impl TryFrom<RawMetaEntry> for MetaEntry {
     type Error = String;
     fn try_from(r: RawMetaEntry) -> std::result::Result<Self, String> {
-        let sources = [r.value.is_some(), r.config.is_some(), r.computed.is_some(), r.tokenizer.is_some()];
+        let sources =
+            [r.value.is_some(), r.config.is_some(), r.computed.is_some(), r.tokenizer.is_some(), r.include.is_some()];
         if sources.iter().filter(|s| **s).count() != 1 {
-            return Err("a metadata entry has exactly one of value, config, computed, tokenizer".into());
+            return Err("a metadata entry has exactly one of value, config, computed, tokenizer, include".into());
         }
-        if let Some(t) = r.tokenizer {
-            if t != "gpt2" {
-                return Err(format!("tokenizer {t:?}: only gpt2 is supported"));
-            }
-            if r.key.is_some() || r.ty.is_some() || r.optional || !r.when.is_empty() {
-                return Err("a tokenizer entry takes no other field".into());
+        let group = match (r.tokenizer, r.include) {
+            (Some(kinds), _) if kinds.is_empty() => return Err("tokenizer lists no reader".into()),
+            (Some(kinds), _) => Some(MetaSource::Tokenizer(kinds)),
+            (_, Some(file)) => Some(MetaSource::Include(file)),
+            _ => None,
+        };
+        if let Some(source) = group {
+            if r.key.is_some()
+                || r.ty.is_some()
+                || r.optional
+                || r.default.is_some()
+                || r.from.is_some()
+                || !r.when.is_empty()
+                || !r.unless.is_empty()
+            {
+                return Err("tokenizer and include entries take no other field but when_file".into());
             }
             return Ok(MetaEntry {
                 key: String::new(),
                 ty: None,
-                source: MetaSource::TokenizerGpt2,
+                source,
                 optional: false,
+                default: None,
                 when: r.when,
+                unless: r.unless,
+                when_file: r.when_file,
             });
         }
         let key = r.key.ok_or("a metadata entry needs a key")?;
         if r.else_div.is_some() && r.config.is_none() {
             return Err(format!("{key}: else_div only goes with config"));
+        }
+        if r.from.is_some() && r.config.is_none() {
+            return Err(format!("{key}: from only goes with config"));
+        }
+        if r.default.is_some() && (r.config.is_none() || r.optional || r.else_div.is_some()) {
+            return Err(format!("{key}: default only goes with config, without optional or else_div"));
         }
         let source = match (r.value, r.config, r.computed) {
             (Some(v), _, _) => MetaSource::Literal(v),
@@ -234,7 +314,7 @@ impl TryFrom<RawMetaEntry> for MetaEntry {
                 if fields.is_empty() {
                     return Err(format!("{key}: config lists no field"));
                 }
-                MetaSource::Config { fields, else_div: r.else_div }
+                MetaSource::Config { file: r.from.unwrap_or(ConfigFile::Config), fields, else_div: r.else_div }
             }
             (_, _, Some(c)) => MetaSource::Computed(c),
             _ => unreachable!("exactly one source was checked above"),
@@ -243,7 +323,16 @@ impl TryFrom<RawMetaEntry> for MetaEntry {
         if needs_type != r.ty.is_some() {
             return Err(format!("{key}: a type is required for value and config entries, and not allowed otherwise"));
         }
-        Ok(MetaEntry { key, ty: r.ty, source, optional: r.optional, when: r.when })
+        Ok(MetaEntry {
+            key,
+            ty: r.ty,
+            source,
+            optional: r.optional,
+            default: r.default,
+            when: r.when,
+            unless: r.unless,
+            when_file: r.when_file,
+        })
     }
 }
 
@@ -261,9 +350,44 @@ fn parse_yaml<T: serde::de::DeserializeOwned>(file: &str, text: &str) -> Result<
     serde_norway::from_str(text).map_err(|e| Error::Mapping { file: format!("mappings/{file}"), msg: e.to_string() })
 }
 
+/// A metadata group file: a list of entries, which may not include further groups.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawGroup {
+    metadata: Vec<MetaEntry>,
+}
+
+/// Replaces each `include` entry with the entries of its group.
+fn expand_includes(file: &str, entries: Vec<MetaEntry>) -> Result<Vec<MetaEntry>> {
+    let mut out = Vec::with_capacity(entries.len());
+    for e in entries {
+        let MetaSource::Include(name) = &e.source else {
+            out.push(e);
+            continue;
+        };
+        let (gfile, text) = GROUPS.iter().find(|(f, _)| f == name).ok_or_else(|| Error::Mapping {
+            file: format!("mappings/{file}"),
+            msg: format!(
+                "include {name:?}: no such metadata group (known: {:?})",
+                GROUPS.iter().map(|g| g.0).collect::<Vec<_>>()
+            ),
+        })?;
+        let g: RawGroup = parse_yaml(gfile, text)?;
+        if g.metadata.iter().any(|x| matches!(x.source, MetaSource::Include(_))) {
+            return Err(Error::Mapping {
+                file: format!("mappings/{gfile}"),
+                msg: "a group cannot include another".into(),
+            });
+        }
+        out.extend(g.metadata);
+    }
+    Ok(out)
+}
+
 /// Parses and validates one mapping's text (`file` names it in errors).
 pub fn parse_mapping(file: &str, text: &str) -> Result<Mapping> {
     let r: RawMapping = parse_yaml(file, text)?;
+    let metadata = expand_includes(file, r.metadata)?;
     Ok(Mapping {
         file: file.to_string(),
         architecture: r.architecture,
@@ -273,7 +397,7 @@ pub fn parse_mapping(file: &str, text: &str) -> Result<Mapping> {
         tensors: r.tensors,
         drop: r.drop,
         f32: r.f32,
-        metadata: r.metadata,
+        metadata,
     })
 }
 
@@ -300,7 +424,7 @@ pub fn pre_tokenizers() -> Result<Vec<PreTokenizer>> {
 #[derive(Debug, PartialEq)]
 pub enum Mapped<'a> {
     Drop,
-    Rename { gguf: String, permute: Option<&'a Permute> },
+    Rename { gguf: String, permute: Option<&'a Permute>, offset: Option<f32> },
 }
 
 impl Mapping {
@@ -313,7 +437,7 @@ impl Mapping {
                     Some(b) => rule.gguf.replace("{b}", b.as_str()),
                     None => rule.gguf.clone(),
                 };
-                return Ok(Mapped::Rename { gguf, permute: rule.permute.as_ref() });
+                return Ok(Mapped::Rename { gguf, permute: rule.permute.as_ref(), offset: rule.offset });
             }
         }
         if self.drop.iter().any(|r| r.is_match(hf)) {
@@ -353,7 +477,7 @@ mod tests {
     fn renames_drops_and_refuses() {
         let m = mapping_for("LlamaForCausalLM").unwrap();
         match m.map_tensor("model.layers.12.self_attn.k_proj.weight").unwrap() {
-            Mapped::Rename { gguf, permute } => {
+            Mapped::Rename { gguf, permute, .. } => {
                 assert_eq!(gguf, "blk.12.attn_k.weight");
                 assert_eq!(permute.unwrap().heads, "num_key_value_heads");
             }
@@ -362,6 +486,33 @@ mod tests {
         assert_eq!(m.map_tensor("model.layers.0.self_attn.rotary_emb.inv_freq").unwrap(), Mapped::Drop);
         let e = m.map_tensor("lm_head.biases").unwrap_err().to_string();
         assert_eq!(e, "cannot map tensor 'lm_head.biases' (mapping llama.yaml)");
+    }
+
+    #[test]
+    fn groups_expand_and_bad_entries_are_refused() {
+        let m = mapping_for("Gemma3ForCausalLM").unwrap();
+        assert!(m.metadata.iter().all(|e| !matches!(e.source, MetaSource::Include(_))));
+        assert!(matches!(m.metadata[0].source, MetaSource::Computed(Computed::Architecture)));
+        match m.map_tensor("model.layers.3.post_feedforward_layernorm.weight").unwrap() {
+            Mapped::Rename { gguf, offset, .. } => {
+                assert_eq!((gguf.as_str(), offset), ("blk.3.post_ffw_norm.weight", Some(1.0)))
+            }
+            other => panic!("{other:?}"),
+        }
+        let head = "architecture: x\nhf_architectures: [X]\ntensors: []\nf32: {max_dims: 1}\nmetadata:\n";
+        for (entry, want) in [
+            ("  - {include: nope.yaml}\n", "no such metadata group"),
+            ("  - {key: a, type: u32, value: 1, default: 2}\n", "default only goes with config"),
+            ("  - {key: a, type: u32, value: 1, from: tokenizer_config.json}\n", "from only goes with config"),
+            ("  - {tokenizer: []}\n", "lists no reader"),
+            ("  - {tokenizer: [gpt2], key: a}\n", "take no other field"),
+            ("  - {tokenizer: [wordpiece]}\n", "unknown variant"),
+        ] {
+            let e = parse_mapping("bad.yaml", &format!("{head}{entry}")).unwrap_err().to_string();
+            assert!(e.contains(want) && e.contains("mappings/bad.yaml"), "{entry}: {e}");
+        }
+        let bad_offset = "architecture: x\nhf_architectures: [X]\ntensors:\n  - {hf: a, gguf: b, offset: 0.0}\nf32: {max_dims: 1}\nmetadata: []\n";
+        assert!(parse_mapping("bad.yaml", bad_offset).unwrap_err().to_string().contains("offset must be"));
     }
 
     #[test]

@@ -4,7 +4,7 @@
 use serde_json::Value as Json;
 
 use super::hf::HfFiles;
-use super::mapping::{Computed, KvType, Mapping, MetaEntry, MetaSource};
+use super::mapping::{Computed, ConfigFile, KvType, Mapping, MetaEntry, MetaSource};
 use super::tokenizer;
 use crate::error::{Error, Result};
 use crate::gguf::Value;
@@ -35,18 +35,31 @@ impl Kvs {
 pub struct PlanFacts {
     /// Elements of all written tensors (`GGUFWriter.get_total_parameter_count`, no experts).
     pub total_params: u64,
+    /// `general.file_type` of the output type.
+    pub file_type: u32,
 }
 
 /// Evaluates the mapping's metadata list.
 pub fn build(m: &Mapping, hf: &HfFiles, facts: &PlanFacts) -> Result<Vec<(String, Value)>> {
     let mut kv = Kvs::default();
     for e in &m.metadata {
-        if !e.when.iter().all(|(field, want)| hf.config_value(field) == Some(want)) {
+        let equal = |conds: &std::collections::BTreeMap<String, Json>| {
+            conds.iter().all(|(field, want)| hf.config_value(field) == Some(want))
+        };
+        if !equal(&e.when)
+            || (!e.unless.is_empty() && equal(&e.unless))
+            || e.when_file.as_ref().is_some_and(|f| !hf.has_file(f))
+        {
             continue;
         }
         let key = e.key.replace("{arch}", &m.architecture);
         match &e.source {
-            MetaSource::TokenizerGpt2 => tokenizer::gpt2_keys(hf, &mut kv)?,
+            MetaSource::Tokenizer(kinds) => tokenizer::keys(kinds, hf, &mut kv)?,
+            MetaSource::Include(group) => {
+                return Err(Error::Mapping { file: m.file.clone(), msg: format!("include {group:?} was not expanded") })
+            }
+            MetaSource::Computed(Computed::Architecture) => kv.set(&key, Value::String(m.architecture.as_str().into())),
+            MetaSource::Computed(Computed::FileType) => kv.set(&key, Value::U32(facts.file_type)),
             MetaSource::Computed(Computed::Name) => {
                 kv.set(&key, Value::String(id_to_title(&hf.dir_name).as_str().into()))
             }
@@ -56,12 +69,17 @@ pub fn build(m: &Mapping, hf: &HfFiles, facts: &PlanFacts) -> Result<Vec<(String
                 }
             }
             MetaSource::Literal(v) => kv.set(&key, typed(m, hf, e, &key, v, "value")?),
-            MetaSource::Config { fields, else_div } => {
-                let found = fields.iter().find_map(|f| hf.config_value(f).map(|v| (f, v.clone())));
-                let value = match (found, else_div) {
-                    (Some((f, v)), _) => Some((v, f.clone())),
-                    (None, Some([a, b])) => div(hf, a, b)?.map(|v| (v, format!("{a} / {b}"))),
-                    (None, None) => None,
+            MetaSource::Config { file, fields, else_div } => {
+                let lookup = |f: &str| match file {
+                    ConfigFile::Config => hf.config_value(f),
+                    ConfigFile::TokenizerConfig => hf.tokenizer_config_value(f),
+                };
+                let found = fields.iter().find_map(|f| lookup(f).map(|v| (f, v.clone())));
+                let value = match (found, else_div, &e.default) {
+                    (Some((f, v)), _, _) => Some((v, f.clone())),
+                    (None, Some([a, b]), _) => div(hf, a, b)?.map(|v| (v, format!("{a} / {b}"))),
+                    (None, None, Some(d)) => Some((d.clone(), "(default)".to_string())),
+                    (None, None, None) => None,
                 };
                 match value {
                     Some((v, field)) => kv.set(&key, typed(m, hf, e, &key, &v, &field)?),

@@ -1,5 +1,5 @@
-//! HF safetensors checkpoints → GGUF (bf16), byte-identical to llama.cpp's `convert_hf_to_gguf.py --outtype bf16`
-//! and split-aware, driven by the architecture mappings in `mappings/*.yaml`.
+//! HF safetensors checkpoints → GGUF (bf16, f16 or f32), byte-identical to llama.cpp's `convert_hf_to_gguf.py
+//! --outtype …` and split-aware, driven by the architecture mappings in `mappings/*.yaml`.
 //!
 //! The work is cut so a farm can spread it: [`plan_hf_to_gguf`] reads only headers and the small JSON files and
 //! yields a [`GgufPlan`] (metadata, and per output tensor its source, type, shape and transform) whose
@@ -10,6 +10,8 @@
 mod hf;
 pub mod mapping;
 mod metadata;
+mod sentencepiece;
+mod special_vocab;
 mod split;
 mod tokenizer;
 pub mod transform;
@@ -39,6 +41,51 @@ use write::stage_shard;
 /// The GGUF version written (gguf-py and gguf.cpp both write 3).
 const GGUF_VERSION: u32 = 3;
 
+/// The type of the converted weights (`--outtype`); 1-D tensors and norms are F32 whatever it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum OutType {
+    #[default]
+    Bf16,
+    F16,
+    F32,
+}
+
+impl OutType {
+    pub fn parse(s: &str) -> Option<OutType> {
+        Some(match s {
+            "bf16" => OutType::Bf16,
+            "f16" => OutType::F16,
+            "f32" => OutType::F32,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            OutType::Bf16 => "bf16",
+            OutType::F16 => "f16",
+            OutType::F32 => "f32",
+        }
+    }
+
+    fn ggml(self) -> GgmlType {
+        match self {
+            OutType::Bf16 => GgmlType::BF16,
+            OutType::F16 => GgmlType::F16,
+            OutType::F32 => GgmlType::F32,
+        }
+    }
+
+    /// `general.file_type` (gguf-py `LlamaFileType`: ALL_F32, MOSTLY_F16, MOSTLY_BF16).
+    fn file_type(self) -> u32 {
+        match self {
+            OutType::Bf16 => 32,
+            OutType::F16 => 1,
+            OutType::F32 => 0,
+        }
+    }
+}
+
 /// Everything needed to write the GGUF files of a conversion, computed from headers alone.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GgufPlan {
@@ -63,6 +110,8 @@ pub struct PlannedTensor {
     pub nbytes: u64,
     /// Rows are permuted within heads of `rows / heads` rows (q/k rope permutation), when set.
     pub permute_heads: Option<u64>,
+    /// Added to every element in f32 before the output conversion (the mapping's `offset`).
+    pub offset: Option<f32>,
 }
 
 impl GgufPlan {
@@ -76,7 +125,7 @@ impl GgufPlan {
             Err(e) => h.update(format!("unencodable: {e}").as_bytes()),
         }
         for t in &self.tensors {
-            h.update(format!("\n{}\t{}\t{:?}", t.source, t.source_type, t.permute_heads).as_bytes());
+            h.update(format!("\n{}\t{}\t{:?}\t{:?}", t.source, t.source_type, t.permute_heads, t.offset).as_bytes());
         }
         crate::sink::hex(&h.finalize())
     }
@@ -99,7 +148,7 @@ impl GgufPlan {
 /// (`P.weight` codes, `P.scales`, `P.biases`) is one source tensor `P.weight`, dequantized as `mx.dequantize`
 /// computes it and then converted like an F32 weight. (`convert_hf_to_gguf.py` has no such path: given an MLX
 /// folder it stops at the first `*.scales` tensor it cannot map.)
-pub async fn plan_hf_to_gguf(source: &TensorSource) -> Result<GgufPlan> {
+pub async fn plan_hf_to_gguf(source: &TensorSource, out: OutType) -> Result<GgufPlan> {
     let loc = source.location();
     // Per part file, in file order: each tensor's name, type and shape.
     let files: Vec<Vec<(&str, TensorType, &[u64])>> = match (source.format(), source.safetensors(), source.mlx()) {
@@ -154,9 +203,9 @@ pub async fn plan_hf_to_gguf(source: &TensorSource) -> Result<GgufPlan> {
     for mut names in files {
         names.sort_by(|a, b| a.0.cmp(b.0));
         for (name, source_type, shape) in names {
-            let (gguf, permute) = match m.map_tensor(name)? {
+            let (gguf, permute, offset) = match m.map_tensor(name)? {
                 Mapped::Drop => continue,
-                Mapped::Rename { gguf, permute } => (gguf, permute),
+                Mapped::Rename { gguf, permute, offset } => (gguf, permute, offset),
             };
             if !seen.insert(gguf.clone()) {
                 return Err(Error::format(
@@ -172,7 +221,7 @@ pub async fn plan_hf_to_gguf(source: &TensorSource) -> Result<GgufPlan> {
             ) {
                 return Err(bad(format!("type {source_type} cannot be converted (BF16, F16, F32 or MLX affine only)")));
             }
-            let ty = if m.f32.forces_f32(&gguf, shape.len()) { GgmlType::F32 } else { GgmlType::BF16 };
+            let ty = if m.f32.forces_f32(&gguf, shape.len()) { GgmlType::F32 } else { out.ggml() };
             let ne: Vec<u64> = shape.iter().rev().copied().collect();
             let rows = shape.first().copied().unwrap_or(1);
             let permute_heads = match permute {
@@ -198,11 +247,12 @@ pub async fn plan_hf_to_gguf(source: &TensorSource) -> Result<GgufPlan> {
                 ne,
                 nbytes,
                 permute_heads,
+                offset,
             });
         }
     }
     let total_params = tensors.iter().map(|t| t.ne.iter().product::<u64>()).sum();
-    let metadata = metadata::build(&m, &hf, &metadata::PlanFacts { total_params })?;
+    let metadata = metadata::build(&m, &hf, &metadata::PlanFacts { total_params, file_type: out.file_type() })?;
     Ok(GgufPlan { metadata, tensors })
 }
 
@@ -223,16 +273,18 @@ pub async fn write_gguf_shard(
 
 /// Converts the checkpoint folder `src` into `dst_dir/PREFIX.gguf`, or split files `PREFIX-0000N-of-0000M.gguf`
 /// by `rule`. All files are staged first and committed together at the end.
+#[allow(clippy::too_many_arguments)]
 pub async fn convert_hf_to_gguf(
     src: &Location,
     dst_dir: &Location,
     prefix: &str,
+    out: OutType,
     rule: Option<SplitRule>,
     budget: u64,
     overwrite: bool,
 ) -> Result<Vec<Committed>> {
     let source = TensorSource::open(src).await?;
-    let plan = plan_hf_to_gguf(&source).await?;
+    let plan = plan_hf_to_gguf(&source, out).await?;
     let ranges = split_ranges(&plan.nbytes(), rule);
     let mut staged = Vec::with_capacity(ranges.len());
     for i in 0..ranges.len() {

@@ -1,71 +1,144 @@
-//! The GPT-2-style BPE tokenizer keys, read from `tokenizer.json`, `tokenizer_config.json`, `config.json` and the
-//! chat template files as convert_hf_to_gguf writes them (`TextModel._set_vocab_gpt2`, `get_vocab_base`,
-//! `gguf.SpecialVocab`; ../shared/specs/ggml-llamacpp.md §6.4), without running a tokenizer.
+//! The tokenizer keys as convert_hf_to_gguf writes them (../shared/specs/ggml-llamacpp.md §6.4), without running a
+//! tokenizer: GPT-2-style BPE from tokenizer.json (`TextModel._set_vocab_gpt2`, `get_vocab_base`) and SentencePiece
+//! from tokenizer.model (`_set_vocab_sentencepiece`, `_create_vocab_sentencepiece`), each followed by
+//! [`special_vocab::add`].
 
 use serde_json::{Map, Value as Json};
 use sha2::{Digest, Sha256};
 
 use super::hf::HfFiles;
-use super::mapping::{pre_tokenizers, PRE_TOKENIZERS_FILE};
+use super::mapping::{pre_tokenizers, TokenizerKind, PRE_TOKENIZERS_FILE};
 use super::metadata::Kvs;
+use super::sentencepiece::{self, PieceType};
+use super::special_vocab;
 use crate::error::{Error, Result};
 use crate::gguf::{Array, GgufStr, Value};
 
 /// gguf `TokenType`.
 const NORMAL: i32 = 1;
+const UNKNOWN: i32 = 2;
 const CONTROL: i32 = 3;
 const USER_DEFINED: i32 = 4;
 const UNUSED: i32 = 5;
+const BYTE: i32 = 6;
 
-/// `SpecialVocab.special_token_types`, in order; cls has no GGUF key and is resolved but not written.
-const SPECIAL_TYPES: [&str; 7] = ["bos", "eos", "unk", "sep", "pad", "cls", "mask"];
-
-fn special_id_key(typ: &str) -> Option<&'static str> {
-    Some(match typ {
-        "bos" => "tokenizer.ggml.bos_token_id",
-        "eos" => "tokenizer.ggml.eos_token_id",
-        "unk" => "tokenizer.ggml.unknown_token_id",
-        "sep" => "tokenizer.ggml.seperator_token_id",
-        "pad" => "tokenizer.ggml.padding_token_id",
-        "mask" => "tokenizer.ggml.mask_token_id",
-        _ => return None,
-    })
+/// Appends the tokenizer group from the first reader of `kinds` whose files are in the checkpoint, as the
+/// converter's `set_vocab` falls through `FileNotFoundError`s.
+pub fn keys(kinds: &[TokenizerKind], hf: &HfFiles, kv: &mut Kvs) -> Result<()> {
+    for kind in kinds {
+        match kind {
+            TokenizerKind::Sentencepiece => {
+                if let Some(model) = &hf.sentencepiece {
+                    return sentencepiece_keys(hf, model, kv);
+                }
+            }
+            TokenizerKind::LlamaHf => {
+                if is_llama_hf(hf.tokenizer.as_ref()) {
+                    return Err(Error::format(
+                        hf.file_name("tokenizer.json"),
+                        "model",
+                        "a BPE with byte_fallback (a SentencePiece vocabulary converted to tokenizer.json, \
+                         convert_hf_to_gguf's LlamaHfVocab) is not supported yet; give tokenizer.model too",
+                    ));
+                }
+            }
+            TokenizerKind::Gpt2 => return gpt2_keys(hf, kv),
+        }
+    }
+    Err(Error::format(
+        hf.file_name("tokenizer.model"),
+        "tokenizer",
+        format!("none of the vocabularies this architecture reads ({kinds:?}) is in the checkpoint"),
+    ))
 }
 
-fn add_special_key(typ: &str) -> Option<&'static str> {
-    Some(match typ {
-        "bos" => "tokenizer.ggml.add_bos_token",
-        "eos" => "tokenizer.ggml.add_eos_token",
-        "sep" => "tokenizer.ggml.add_sep_token",
-        _ => return None,
-    })
+/// `LlamaHfVocab`'s test: a BPE with `byte_fallback` and a `Sequence` decoder.
+fn is_llama_hf(tok: Option<&Json>) -> bool {
+    let Some(tok) = tok else { return false };
+    tok.pointer("/model/type").and_then(Json::as_str) == Some("BPE")
+        && tok.pointer("/model/byte_fallback").and_then(Json::as_bool) == Some(true)
+        && tok.pointer("/decoder/type").and_then(Json::as_str) == Some("Sequence")
 }
 
-/// Appends the tokenizer group to `kv`.
-pub fn gpt2_keys(hf: &HfFiles, kv: &mut Kvs) -> Result<()> {
+/// `_set_vocab_sentencepiece`: tokens, scores and types from the model's pieces, padded to the config's
+/// vocab_size, overridden by added_tokens.json and tokenizer_config.json's `added_tokens_decoder`.
+fn sentencepiece_keys(hf: &HfFiles, model: &[u8], kv: &mut Kvs) -> Result<()> {
+    let file = hf.file_name("tokenizer.model");
+    let pieces = sentencepiece::pieces(model, &file)?;
+    // find_hparam(["vocab_size_per_layer_input", "vocab_size"], optional=True) or tokenizer.vocab_size()
+    let n = ["vocab_size_per_layer_input", "vocab_size"]
+        .iter()
+        .find_map(|f| hf.config.get(*f).filter(|v| !v.is_null()))
+        .map(|v| v.as_u64().ok_or_else(|| Error::format(hf.file_name("config.json"), "vocab_size", "not an integer")))
+        .transpose()?
+        .filter(|n| *n > 0)
+        .unwrap_or(pieces.len() as u64) as usize;
+    let mut tokens: Vec<String> = (0..n).map(|i| format!("[PAD{i}]")).collect();
+    let mut scores = vec![-10000.0f32; n];
+    let mut types = vec![UNUSED; n];
+    for (id, p) in pieces.iter().enumerate().take(n) {
+        tokens[id] = p.piece.clone();
+        scores[id] = p.score;
+        types[id] = match p.ty {
+            PieceType::Unknown => UNKNOWN,
+            PieceType::Control => CONTROL,
+            PieceType::Unused => UNUSED,
+            PieceType::Byte => BYTE,
+            // SentencePieceProcessor has no IsUserDefined: such pieces are written NORMAL.
+            PieceType::Normal | PieceType::UserDefined => NORMAL,
+        };
+    }
+    if let Some(added) = &hf.added_tokens {
+        let added = added
+            .as_object()
+            .ok_or_else(|| Error::format(hf.file_name("added_tokens.json"), "added_tokens.json", "is not an object"))?;
+        for (token, id) in added {
+            let id = id
+                .as_u64()
+                .ok_or_else(|| Error::format(hf.file_name("added_tokens.json"), token.as_str(), "is not a token id"))?
+                as usize;
+            if id < n {
+                tokens[id] = token.clone();
+                scores[id] = -1000.0;
+                types[id] = USER_DEFINED;
+            }
+        }
+    }
+    let tc_file = hf.file_name("tokenizer_config.json");
+    let decoder = hf.tokenizer_config.as_ref().and_then(|c| c.get("added_tokens_decoder")).and_then(Json::as_object);
+    for (id, data) in decoder.into_iter().flatten() {
+        let bad = |msg: &str| Error::format(&tc_file, format!("added_tokens_decoder.{id}"), msg);
+        let id: usize = id.parse().map_err(|_| bad("the key is not a token id"))?;
+        let content = data.get("content").and_then(Json::as_str).ok_or_else(|| bad("has no content"))?;
+        if id >= n {
+            continue;
+        }
+        let special = data.get("special").and_then(Json::as_bool).unwrap_or(false);
+        if special || looks_special(content) {
+            tokens[id] = content.to_string();
+            types[id] = CONTROL;
+        } else {
+            tokens[id] = content.replace('\u{2581}', " ");
+            types[id] = USER_DEFINED;
+        }
+        scores[id] = -1000.0;
+    }
+    kv.set("tokenizer.ggml.model", Value::String("llama".into()));
+    kv.set("tokenizer.ggml.pre", Value::String("default".into()));
+    kv.set("tokenizer.ggml.tokens", Value::Array(Array::String(tokens.iter().map(|t| t.as_str().into()).collect())));
+    kv.set("tokenizer.ggml.scores", Value::Array(Array::F32(scores)));
+    kv.set("tokenizer.ggml.token_type", Value::Array(Array::I32(types)));
+    special_vocab::add(hf, false, Some(n as u64), kv)
+}
+
+/// `_set_vocab_gpt2`.
+fn gpt2_keys(hf: &HfFiles, kv: &mut Kvs) -> Result<()> {
     let tok_file = hf.file_name("tokenizer.json");
-    let tok = hf.tokenizer.as_ref().ok_or_else(|| {
-        Error::format(
-            &tok_file,
-            "tokenizer.json",
-            "missing: a GPT-2 BPE vocabulary is read from it (sentencepiece is not supported)",
-        )
-    })?;
-    if hf.has_sentencepiece {
-        // LlamaModel.set_vocab tries sentencepiece first; writing gpt2 keys instead would silently differ.
-        return Err(Error::format(
-            hf.file_name("tokenizer.model"),
-            "tokenizer.model",
-            "sentencepiece vocabularies are not supported yet",
-        ));
-    }
+    let tok = hf
+        .tokenizer
+        .as_ref()
+        .ok_or_else(|| Error::format(&tok_file, "tokenizer.json", "missing: a GPT-2 BPE vocabulary is read from it"))?;
     let bad = |field: &str, msg: &str| Error::format(&tok_file, field, msg);
-    let tc = hf.tokenizer_config.as_ref().and_then(Json::as_object);
-
-    // LlamaModel.set_vocab: tokenizer_config.json's add_prefix_space comes first.
-    if let Some(b) = tc.and_then(|c| c.get("add_prefix_space")).and_then(Json::as_bool) {
-        kv.set("tokenizer.ggml.add_space_prefix", Value::Bool(b));
-    }
 
     let model = tok.get("model").and_then(Json::as_object).ok_or_else(|| bad("model", "missing or not an object"))?;
     if model.get("type").and_then(Json::as_str) != Some("BPE") {
@@ -131,7 +204,7 @@ pub fn gpt2_keys(hf: &HfFiles, kv: &mut Kvs) -> Result<()> {
     kv.set("tokenizer.ggml.pre", Value::String(pre_tokenizer_name(hf, tok)?.as_str().into()));
     kv.set("tokenizer.ggml.tokens", Value::Array(Array::String(tokens)));
     kv.set("tokenizer.ggml.token_type", Value::Array(Array::I32(types)));
-    special_vocab(hf, tok, tc, &added, kv)
+    special_vocab::add(hf, true, None, kv)
 }
 
 /// `TextModel.does_token_look_special`.
@@ -173,208 +246,4 @@ fn pre_tokenizer_name(hf: &HfFiles, tok: &Json) -> Result<String> {
             serde_json::to_string(pre).unwrap_or_default()
         ),
     })
-}
-
-/// `gguf.SpecialVocab(load_merges=True).add_to_gguf`: merges, special token ids, add_*_token flags, the chat
-/// template and normalizer flags, each group in the order the Python dicts fill.
-fn special_vocab(
-    hf: &HfFiles,
-    tok: &Json,
-    tc: Option<&Map<String, Json>>,
-    added: &[&Map<String, Json>],
-    kv: &mut Kvs,
-) -> Result<()> {
-    let tok_file = hf.file_name("tokenizer.json");
-    let merges = match tok.pointer("/model/merges") {
-        Some(Json::Array(m)) if !m.is_empty() => m,
-        _ => return Err(Error::format(&tok_file, "model.merges", "missing or empty (merges.txt is not supported)")),
-    };
-    let mut out = Vec::with_capacity(merges.len());
-    for m in merges {
-        match m {
-            Json::String(s) => out.push(GgufStr::from(s.as_str())),
-            Json::Array(pair) if pair.len() == 2 && pair.iter().all(Json::is_string) => {
-                // Spaces inside parts are encoded as U+0120 (chr(ord(' ') + 256)).
-                let parts: Vec<String> =
-                    pair.iter().filter_map(Json::as_str).map(|p| p.replace(' ', "\u{120}")).collect();
-                out.push(GgufStr::from(parts.join(" ").as_str()));
-            }
-            _ => return Err(Error::format(&tok_file, "model.merges", "unknown merges format")),
-        }
-    }
-    kv.set("tokenizer.ggml.merges", Value::Array(Array::String(out)));
-
-    // _try_load_from_tokenizer_json: the post-processor decides add_bos/add_eos first.
-    let token_of = |typ: &str| -> Option<String> {
-        match tc?.get(&format!("{typ}_token"))? {
-            Json::String(s) => Some(s.clone()),
-            Json::Object(o) => o.get("content").and_then(Json::as_str).map(str::to_string),
-            _ => None,
-        }
-    };
-    let mut add_special: Vec<(&str, bool)> = Vec::new();
-    let set_default = |list: &mut Vec<(&str, bool)>, typ: &'static str, v: bool, force: bool| match list
-        .iter_mut()
-        .find(|(t, _)| *t == typ)
-    {
-        Some(e) if force => e.1 = v,
-        Some(_) => {}
-        None => list.push((typ, v)),
-    };
-    if let Some(pp) = tok.get("post_processor").filter(|p| !p.is_null()) {
-        let procs: Vec<&Json> = match pp.get("processors").and_then(Json::as_array) {
-            Some(list) => list.iter().collect(),
-            None => vec![pp],
-        };
-        for p in procs {
-            match p.get("type").and_then(Json::as_str) {
-                Some("ByteLevel") => {
-                    set_default(&mut add_special, "bos", false, false);
-                    set_default(&mut add_special, "eos", false, false);
-                }
-                Some("RobertaProcessing") => {
-                    for t in ["bos", "eos", "sep"] {
-                        set_default(&mut add_special, t, true, true);
-                    }
-                }
-                Some("TemplateProcessing") => {
-                    let single = p.get("single").and_then(Json::as_array).map(Vec::as_slice).unwrap_or(&[]);
-                    if single.len() > 1 {
-                        let special =
-                            |e: &Json| e.pointer("/SpecialToken/id").and_then(Json::as_str).map(str::to_string);
-                        if let Some(first) = single.first().and_then(special) {
-                            let hit =
-                                Some(&first) == token_of("bos").as_ref() || Some(&first) == token_of("cls").as_ref();
-                            if !hit {
-                                return Err(unsupported_template(&tok_file, "leading", &first));
-                            }
-                            set_default(&mut add_special, "bos", true, true);
-                        }
-                        if let Some(last) = single.last().and_then(special) {
-                            if Some(&last) != token_of("eos").as_ref() {
-                                return Err(unsupported_template(&tok_file, "trailing", &last));
-                            }
-                            set_default(&mut add_special, "eos", true, true);
-                        }
-                        // The pair-template separator rules (add_sep) are not reproduced.
-                        if p.get("pair").and_then(Json::as_array).is_some_and(|pair| pair.len() > single.len() + 1) {
-                            return Err(unsupported_template(&tok_file, "pair separator", "(pair template)"));
-                        }
-                    }
-                }
-                _ => {}
-            }
-        }
-    }
-
-    // Special token ids: tokenizer_config strings resolved against added_tokens, then config.json ids; the first
-    // value set for a type wins, and the GGUF keys follow the order they were set in.
-    let mut ids: Vec<(&str, u64)> = Vec::new();
-    if tc.is_some() {
-        for typ in SPECIAL_TYPES {
-            if let Some(content) = token_of(typ) {
-                let id = added
-                    .iter()
-                    .find(|a| a.get("content").and_then(Json::as_str) == Some(content.as_str()))
-                    .and_then(|a| a.get("id").and_then(Json::as_u64));
-                if let Some(id) = id {
-                    if !ids.iter().any(|(t, _)| *t == typ) {
-                        ids.push((typ, id));
-                    }
-                }
-            }
-        }
-    }
-    for typ in SPECIAL_TYPES {
-        if let Some(id) = hf.config.get(&format!("{typ}_token_id")).and_then(Json::as_u64) {
-            if !ids.iter().any(|(t, _)| *t == typ) {
-                ids.push((typ, id));
-            }
-        }
-    }
-    for (typ, id) in ids {
-        if let Some(key) = special_id_key(typ) {
-            let id = u32::try_from(id)
-                .map_err(|_| Error::format(&tok_file, format!("{typ} token"), format!("id {id} does not fit u32")))?;
-            kv.set(key, Value::U32(id));
-        }
-    }
-
-    // add_*_token from tokenizer_config.json where the post-processor said nothing.
-    if let Some(tc) = tc {
-        for typ in SPECIAL_TYPES {
-            if let Some(b) = tc.get(&format!("add_{typ}_token")).and_then(Json::as_bool) {
-                set_default(&mut add_special, typ, b, false);
-            }
-        }
-    }
-    for (typ, v) in add_special {
-        if let Some(key) = add_special_key(typ) {
-            kv.set(key, Value::Bool(v));
-        }
-    }
-
-    if let Some(t) = chat_template(hf, tc)? {
-        kv.set("tokenizer.chat_template", Value::String(t.as_str().into()));
-    }
-    if let Some(n) = tok.get("normalizer").filter(|n| !n.is_null()) {
-        let (mut lower, mut strip) = (None, None);
-        normalizer_flags(n, &mut lower, &mut strip);
-        if let Some(b) = lower {
-            kv.set("tokenizer.ggml.normalizer.lowercase", Value::Bool(b));
-        }
-        if let Some(b) = strip {
-            kv.set("tokenizer.ggml.normalizer.strip_accents", Value::Bool(b));
-        }
-    }
-    Ok(())
-}
-
-fn unsupported_template(file: &str, what: &str, token: &str) -> Error {
-    Error::format(
-        file,
-        "post_processor",
-        format!("TemplateProcessing {what} token {token:?} is not one convert_hf_to_gguf maps plainly; not supported"),
-    )
-}
-
-/// `SpecialVocab._parse_normalizer`.
-fn normalizer_flags(n: &Json, lower: &mut Option<bool>, strip: &mut Option<bool>) {
-    match n.get("type").and_then(Json::as_str) {
-        Some("Lowercase") => *lower = Some(true),
-        Some("StripAccents") => *strip = Some(true),
-        Some("BertNormalizer") => {
-            if let Some(b) = n.get("lowercase").and_then(Json::as_bool) {
-                *lower = Some(b);
-            }
-            if let Some(b) = n.get("strip_accents").and_then(Json::as_bool) {
-                *strip = Some(b);
-            }
-        }
-        Some("Sequence") => {
-            for m in n.get("normalizers").and_then(Json::as_array).into_iter().flatten() {
-                normalizer_flags(m, lower, strip);
-            }
-        }
-        _ => {}
-    }
-}
-
-/// tokenizer_config.json `chat_template`, else `chat_template.jinja`, else `chat_template.json`'s.
-fn chat_template(hf: &HfFiles, tc: Option<&Map<String, Json>>) -> Result<Option<String>> {
-    let Some(tc) = tc else { return Ok(None) };
-    let alt = match (&hf.chat_template_jinja, &hf.chat_template_json) {
-        (Some(j), _) => Some(Json::String(j.clone())),
-        (None, Some(j)) => j.get("chat_template").cloned(),
-        _ => None,
-    };
-    match tc.get("chat_template").cloned().or(alt) {
-        None | Some(Json::Null) => Ok(None),
-        Some(Json::String(s)) => Ok(Some(s)),
-        Some(_) => Err(Error::format(
-            hf.file_name("tokenizer_config.json"),
-            "chat_template",
-            "a list of named templates is not supported yet",
-        )),
-    }
 }

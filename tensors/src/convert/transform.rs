@@ -23,9 +23,23 @@ pub fn permuted_source_row(r: u64, hd: u64) -> u64 {
     h * hd + j * (hd / 2) + i
 }
 
-/// Converts little-endian elements of `src` (dtype `from`) into `to`, appending to `out`. bf16 → bf16 and
-/// f32 → f32 are byte copies; widening is exact; narrowing to bf16 rounds as ggml does.
-pub fn convert_elements(from: Dtype, to: GgmlType, src: &[u8], out: &mut Vec<u8>, tensor: &str) -> Result<()> {
+/// numpy's `astype(np.float16)` of an f32 (what gguf-py writes for F16): round to nearest even, overflow to
+/// infinity.
+pub fn f32_to_f16_bits(x: f32) -> u16 {
+    half::f16::from_f32(x).to_bits()
+}
+
+/// Converts little-endian elements of `src` (dtype `from`) into `to`, appending to `out`, adding `offset` in f32
+/// first when set. Without an offset, same-type conversions are byte copies; widening is exact; narrowing rounds
+/// as gguf-py does (bf16: ggml's round to nearest even; f16: numpy's).
+pub fn convert_elements(
+    from: Dtype,
+    to: GgmlType,
+    src: &[u8],
+    out: &mut Vec<u8>,
+    tensor: &str,
+    offset: Option<f32>,
+) -> Result<()> {
     let value = |b: &[u8]| -> f32 {
         match from {
             Dtype::BF16 => bf16_bits_to_f32(u16::from_le_bytes([b[0], b[1]])),
@@ -33,9 +47,34 @@ pub fn convert_elements(from: Dtype, to: GgmlType, src: &[u8], out: &mut Vec<u8>
             _ => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
         }
     };
+    if !matches!(from, Dtype::BF16 | Dtype::F16 | Dtype::F32)
+        || !matches!(to, GgmlType::BF16 | GgmlType::F16 | GgmlType::F32)
+    {
+        return Err(Error::format(
+            tensor,
+            "dtype",
+            format!("converting {from} to {to} is not supported (BF16, F16 or F32 to BF16, F16 or F32)"),
+        ));
+    }
+    if let Some(o) = offset {
+        for b in src.chunks_exact(from.size()) {
+            let v = value(b) + o;
+            match to {
+                GgmlType::BF16 => out.extend_from_slice(&f32_to_bf16_bits(v).to_le_bytes()),
+                GgmlType::F16 => out.extend_from_slice(&f32_to_f16_bits(v).to_le_bytes()),
+                _ => out.extend_from_slice(&v.to_le_bytes()),
+            }
+        }
+        return Ok(());
+    }
     match (from, to) {
         (Dtype::BF16, GgmlType::BF16) | (Dtype::F32, GgmlType::F32) | (Dtype::F16, GgmlType::F16) => {
             out.extend_from_slice(src)
+        }
+        (Dtype::BF16 | Dtype::F32, GgmlType::F16) => {
+            for b in src.chunks_exact(from.size()) {
+                out.extend_from_slice(&f32_to_f16_bits(value(b)).to_le_bytes());
+            }
         }
         (Dtype::BF16 | Dtype::F16, GgmlType::F32) => {
             for b in src.chunks_exact(from.size()) {
@@ -89,11 +128,23 @@ mod tests {
     #[test]
     fn conversions() {
         let mut out = Vec::new();
-        convert_elements(Dtype::BF16, GgmlType::F32, &[0x80, 0x3f], &mut out, "t").unwrap();
+        convert_elements(Dtype::BF16, GgmlType::F32, &[0x80, 0x3f], &mut out, "t", None).unwrap();
         assert_eq!(out, 1.0f32.to_le_bytes());
         out.clear();
-        convert_elements(Dtype::F32, GgmlType::BF16, &1.5f32.to_le_bytes(), &mut out, "t").unwrap();
+        convert_elements(Dtype::F32, GgmlType::BF16, &1.5f32.to_le_bytes(), &mut out, "t", None).unwrap();
         assert_eq!(out, [0xc0, 0x3f]);
-        assert!(convert_elements(Dtype::I32, GgmlType::BF16, &[0; 4], &mut out, "t").is_err());
+        out.clear();
+        // 1 + 2^-11 is halfway between two f16 values: ties to even (1.0).
+        convert_elements(Dtype::F32, GgmlType::F16, &(1.0f32 + 2f32.powi(-11)).to_le_bytes(), &mut out, "t", None)
+            .unwrap();
+        assert_eq!(out, 0x3c00u16.to_le_bytes());
+        out.clear();
+        convert_elements(Dtype::F32, GgmlType::F16, &1e6f32.to_le_bytes(), &mut out, "t", None).unwrap();
+        assert_eq!(out, 0x7c00u16.to_le_bytes(), "overflow to infinity");
+        out.clear();
+        // Offsets are added in f32: bf16 0.5 + 1 = 1.5.
+        convert_elements(Dtype::BF16, GgmlType::F32, &[0x00, 0x3f], &mut out, "t", Some(1.0)).unwrap();
+        assert_eq!(out, 1.5f32.to_le_bytes());
+        assert!(convert_elements(Dtype::I32, GgmlType::BF16, &[0; 4], &mut out, "t", None).is_err());
     }
 }

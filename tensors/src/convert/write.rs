@@ -101,14 +101,21 @@ async fn write_tensor(
         match hd {
             None => {
                 read.rows(r, inb).await?;
-                transform::convert_elements(read_dtype, t.ty, inb, outb, &t.source)?;
+                transform::convert_elements(read_dtype, t.ty, inb, outb, &t.source, t.offset)?;
             }
             Some(hd) if n % hd == 0 && r % hd == 0 => {
                 // Whole heads: read them contiguously, then take rows in permuted order.
                 read.rows(r, inb).await?;
                 for k in 0..n {
                     let s = (transform::permuted_source_row(k, hd) * src_row) as usize;
-                    transform::convert_elements(read_dtype, t.ty, &inb[s..s + src_row as usize], outb, &t.source)?;
+                    transform::convert_elements(
+                        read_dtype,
+                        t.ty,
+                        &inb[s..s + src_row as usize],
+                        outb,
+                        &t.source,
+                        t.offset,
+                    )?;
                 }
             }
             Some(hd) => {
@@ -118,7 +125,7 @@ async fn write_tensor(
                     let dst = &mut inb[(k * src_row) as usize..((k + 1) * src_row) as usize];
                     read.rows(s, dst).await?;
                 }
-                transform::convert_elements(read_dtype, t.ty, inb, outb, &t.source)?;
+                transform::convert_elements(read_dtype, t.ty, inb, outb, &t.source, t.offset)?;
             }
         }
         w.write(outb).await?;

@@ -1,0 +1,206 @@
+"""Writes a tiny, random, bf16 HF checkpoint of one architecture with real tokenizer files, as a test input for
+HF -> GGUF conversion against llama.cpp's convert_hf_to_gguf.py.
+
+usage: make_synthetic_hf.py ARCH OUT_DIR LLAMA_CPP_SRC [SEED]
+ARCH: qwen2 | qwen3 | mistral | gemma3
+
+The vocabularies are real ones, taken from llama.cpp's own vocab-only test GGUFs (models/ggml-vocab-*.gguf):
+- qwen2 / qwen3: Qwen2's byte-level BPE (151,643 ranks and 151,387 merges) as a tokenizer.json with Qwen's
+  pre-tokenizer and the added tokens Qwen2.5 / Qwen3 ship (ids 151643-151668, `special` as they mark them);
+- mistral / gemma3: LLaMA's SentencePiece BPE model (32,000 pieces with scores and types, 256 byte pieces) as a
+  tokenizer.model, and the tokenizer.json transformers derives from it.
+Chat templates come from llama.cpp's models/templates/. config.json holds every field the real model's config.json
+writes. The weights are seeded normal values, so reruns give identical files.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+from gguf import GGUFReader
+
+ARCH, OUT, SRC = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+SEED = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+OUT.mkdir(parents=True, exist_ok=True)
+rng = np.random.default_rng(SEED)
+
+
+def field(reader, key):
+    return reader.fields[key].contents()
+
+
+def bf16(a: np.ndarray) -> np.ndarray:
+    """f32 -> bf16 bit patterns (round to nearest even), stored as the safetensors BF16 dtype via a uint16 view."""
+    u = a.astype(np.float32).view(np.uint32)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    return r
+
+
+QWEN_ADDED = [
+    ("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True), ("<|object_ref_start|>", True),
+    ("<|object_ref_end|>", True), ("<|box_start|>", True), ("<|box_end|>", True), ("<|quad_start|>", True),
+    ("<|quad_end|>", True), ("<|vision_start|>", True), ("<|vision_end|>", True), ("<|vision_pad|>", True),
+    ("<|image_pad|>", True), ("<|video_pad|>", True), ("<tool_call>", False), ("</tool_call>", False),
+    ("<|fim_prefix|>", False), ("<|fim_middle|>", False), ("<|fim_suffix|>", False), ("<|fim_pad|>", False),
+    ("<|repo_name|>", False), ("<|file_sep|>", False),
+]
+QWEN3_ADDED = [("<tool_response>", False), ("</tool_response>", False), ("<think>", False), ("</think>", False)]
+QWEN_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+              r"|\s+(?!\S)|\s+")
+
+
+def qwen_tokenizer(qwen3: bool):
+    r = GGUFReader(SRC / "models" / "ggml-vocab-qwen2.gguf")
+    tokens, types, merges = field(r, "tokenizer.ggml.tokens"), field(r, "tokenizer.ggml.token_type"), \
+        field(r, "tokenizer.ggml.merges")
+    vocab = {t: i for i, (t, ty) in enumerate(zip(tokens, types)) if ty == 1}
+    assert len(vocab) == 151643, len(vocab)
+    added = QWEN_ADDED + (QWEN3_ADDED if qwen3 else [])
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": False, "use_regex": False}
+    tok = {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": [{"id": 151643 + i, "content": c, "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": False, "special": s} for i, (c, s) in enumerate(added)],
+        "normalizer": {"type": "NFC"},
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": QWEN_SPLIT}, "behavior": "Isolated", "invert": False},
+            byte_level]},
+        "post_processor": byte_level, "decoder": byte_level,
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "",
+                  "end_of_word_suffix": "", "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                  "vocab": vocab, "merges": [m.split(" ") for m in merges]},
+    }
+    (OUT / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False, indent=2), encoding="utf-8")
+    template = "Qwen-Qwen3-0.6B.jinja" if qwen3 else "Qwen-Qwen2.5-7B-Instruct.jinja"
+    cfg = {
+        "add_bos_token": False, "add_prefix_space": False,
+        "added_tokens_decoder": {str(151643 + i): {"content": c, "lstrip": False, "normalized": False,
+                                                   "rstrip": False, "single_word": False, "special": s}
+                                 for i, (c, s) in enumerate(added)},
+        "bos_token": None, "clean_up_tokenization_spaces": False, "eos_token": "<|im_end|>",
+        "errors": "replace", "model_max_length": 131072, "pad_token": "<|endoftext|>", "split_special_tokens": False,
+        "tokenizer_class": "Qwen2Tokenizer", "unk_token": None,
+        "chat_template": (SRC / "models" / "templates" / template).read_text(encoding="utf-8"),
+    }
+    (OUT / "tokenizer_config.json").write_text(json.dumps(cfg, ensure_ascii=False, indent=2), encoding="utf-8")
+    return 151936
+
+
+def spm_tokenizer(cls: str, template: str, extra_cfg: dict):
+    from sentencepiece import sentencepiece_model_pb2 as pb
+
+    r = GGUFReader(SRC / "models" / "ggml-vocab-llama-spm.gguf")
+    tokens, scores, types = field(r, "tokenizer.ggml.tokens"), field(r, "tokenizer.ggml.scores"), \
+        field(r, "tokenizer.ggml.token_type")
+    m = pb.ModelProto()
+    for t, s, ty in zip(tokens, scores, types):
+        p = m.pieces.add()
+        p.piece, p.score, p.type = t, s, ty  # GGUF token types number SentencePiece's piece types
+    m.trainer_spec.model_type = pb.TrainerSpec.BPE
+    m.trainer_spec.vocab_size = len(tokens)
+    m.trainer_spec.byte_fallback = True
+    m.trainer_spec.unk_id, m.trainer_spec.bos_id, m.trainer_spec.eos_id, m.trainer_spec.pad_id = 0, 1, 2, -1
+    m.normalizer_spec.name = "identity"
+    m.normalizer_spec.add_dummy_prefix = True
+    m.normalizer_spec.remove_extra_whitespaces = False
+    m.normalizer_spec.escape_whitespaces = True
+    (OUT / "tokenizer.model").write_bytes(m.SerializeToString())
+    special = {str(i): {"content": tokens[i], "lstrip": False, "normalized": False, "rstrip": False,
+                        "single_word": False, "special": True} for i in range(3)}
+    cfg = {
+        "add_bos_token": True, "add_eos_token": False, "added_tokens_decoder": special,
+        "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": None,
+        "clean_up_tokenization_spaces": False, "legacy": False, "model_max_length": 32768,
+        "sp_model_kwargs": {}, "spaces_between_special_tokens": False, "tokenizer_class": cls,
+        "use_default_system_prompt": False,
+        "chat_template": (SRC / "models" / "templates" / template).read_text(encoding="utf-8"),
+        **extra_cfg,
+    }
+    (OUT / "tokenizer_config.json").write_text(json.dumps(cfg, ensure_ascii=False, indent=2), encoding="utf-8")
+    # The fast tokenizer (tokenizer.json) as transformers derives it from the SentencePiece model, as real
+    # SentencePiece repositories ship it beside tokenizer.model.
+    from transformers import AutoTokenizer
+    AutoTokenizer.from_pretrained(OUT).save_pretrained(OUT)
+    # save_pretrained rewrites tokenizer_config.json; keep the chat template inside it as the real repos do.
+    saved = json.loads((OUT / "tokenizer_config.json").read_text(encoding="utf-8"))
+    saved["chat_template"] = cfg["chat_template"]
+    (OUT / "tokenizer_config.json").write_text(json.dumps(saved, ensure_ascii=False, indent=2), encoding="utf-8")
+    (OUT / "chat_template.jinja").unlink(missing_ok=True)
+    return len(tokens)
+
+
+H, FF, LAYERS, HEADS, KV, HEAD_DIM = 64, 128, 2, 4, 2, 16
+common = {"hidden_size": H, "intermediate_size": FF, "num_hidden_layers": LAYERS, "num_attention_heads": HEADS,
+          "num_key_value_heads": KV, "initializer_range": 0.02, "attention_dropout": 0.0, "use_cache": True,
+          "torch_dtype": "bfloat16", "transformers_version": "4.51.0"}
+
+if ARCH in ("qwen2", "qwen3"):
+    vocab = qwen_tokenizer(ARCH == "qwen3")
+    cfg = {**common, "architectures": ["Qwen2ForCausalLM" if ARCH == "qwen2" else "Qwen3ForCausalLM"],
+           "model_type": ARCH, "vocab_size": vocab, "hidden_act": "silu", "max_position_embeddings": 40960,
+           "max_window_layers": LAYERS, "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000.0,
+           "sliding_window": None, "use_sliding_window": False, "bos_token_id": 151643, "eos_token_id": 151645,
+           "tie_word_embeddings": ARCH == "qwen3"}
+    if ARCH == "qwen3":
+        cfg.update({"head_dim": HEAD_DIM, "attention_bias": False})
+elif ARCH == "mistral":
+    vocab = spm_tokenizer("LlamaTokenizer", "mistralai-Mistral-Nemo-Instruct-2407.jinja", {})
+    cfg = {**common, "architectures": ["MistralForCausalLM"], "model_type": "mistral", "vocab_size": vocab,
+           "hidden_act": "silu", "max_position_embeddings": 32768, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
+           "sliding_window": None, "head_dim": HEAD_DIM, "bos_token_id": 1, "eos_token_id": 2,
+           "tie_word_embeddings": False}
+elif ARCH == "gemma3":
+    vocab = spm_tokenizer("GemmaTokenizer", "google-gemma-2-2b-it.jinja", {})
+    cfg = {**common, "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "vocab_size": vocab,
+           "head_dim": HEAD_DIM, "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 32768,
+           "query_pre_attn_scalar": HEAD_DIM, "rms_norm_eps": 1e-06, "rope_local_base_freq": 10000.0,
+           "rope_scaling": None, "rope_theta": 1000000.0, "sliding_window": 512, "sliding_window_pattern": 6,
+           "attn_logit_softcapping": None, "final_logit_softcapping": None, "attention_bias": False,
+           "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "cache_implementation": "hybrid"}
+else:
+    sys.exit(f"unknown architecture {ARCH!r}")
+(OUT / "config.json").write_text(json.dumps(cfg, indent=2), encoding="utf-8")
+
+q_out, kv_out = HEADS * HEAD_DIM, KV * HEAD_DIM
+shapes = {"model.embed_tokens.weight": (vocab, H), "model.norm.weight": (H,)}
+for b in range(LAYERS):
+    p = f"model.layers.{b}."
+    shapes.update({
+        p + "input_layernorm.weight": (H,), p + "post_attention_layernorm.weight": (H,),
+        p + "self_attn.q_proj.weight": (q_out, H), p + "self_attn.k_proj.weight": (kv_out, H),
+        p + "self_attn.v_proj.weight": (kv_out, H), p + "self_attn.o_proj.weight": (H, q_out),
+        p + "mlp.gate_proj.weight": (FF, H), p + "mlp.up_proj.weight": (FF, H), p + "mlp.down_proj.weight": (H, FF),
+    })
+    if ARCH == "qwen2":
+        shapes.update({p + "self_attn.q_proj.bias": (q_out,), p + "self_attn.k_proj.bias": (kv_out,),
+                       p + "self_attn.v_proj.bias": (kv_out,)})
+    if ARCH in ("qwen3", "gemma3"):
+        shapes.update({p + "self_attn.q_norm.weight": (HEAD_DIM,), p + "self_attn.k_norm.weight": (HEAD_DIM,)})
+    if ARCH == "gemma3":
+        shapes.update({p + "pre_feedforward_layernorm.weight": (H,), p + "post_feedforward_layernorm.weight": (H,)})
+if not cfg.get("tie_word_embeddings", ARCH == "gemma3"):
+    shapes["lm_head.weight"] = (vocab, H)
+
+tensors = {}
+for name, shape in shapes.items():
+    scale = 1.0 if name.endswith("norm.weight") else 0.05
+    a = rng.standard_normal(shape, dtype=np.float32) * scale
+    if name.endswith("norm.weight") and ARCH != "gemma3":
+        a += 1.0
+    tensors[name] = bf16(a)
+
+# safetensors' numpy API has no bfloat16, so the file is written here: a JSON header (sorted names, BF16, offsets)
+# padded with spaces to 8 bytes, then the data in the same order.
+header, offset = {"__metadata__": {"format": "pt"}}, 0
+for name in sorted(tensors):
+    a = tensors[name]
+    header[name] = {"dtype": "BF16", "shape": list(a.shape), "data_offsets": [offset, offset + a.nbytes]}
+    offset += a.nbytes
+text = json.dumps(header, separators=(",", ":")).encode()
+text += b" " * (-len(text) % 8)
+with open(OUT / "model.safetensors", "wb") as f:
+    f.write(len(text).to_bytes(8, "little") + text)
+    for name in sorted(tensors):
+        f.write(tensors[name].tobytes())
+print(OUT)
