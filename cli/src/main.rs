@@ -5,6 +5,7 @@ mod cp;
 mod farm;
 mod inspect;
 mod keys;
+mod merge;
 mod mlx;
 mod quantize;
 mod units;
@@ -36,6 +37,8 @@ enum Command {
     Convert(convert::Args),
     /// Quantize a Hugging Face checkpoint to MLX affine bits (the checkpoint mlx_lm.convert -q writes).
     Mlx(mlx::Args),
+    /// Merge a LoRA/DoRA adapter (PEFT or mlx-lm) into an HF base exactly (f64, rounded once).
+    Merge(merge::Args),
     /// Make a release: a coordinator and local workers in this process (gRPC over loopback), a local store.
     /// Exit status 0 released, 1 a gate failed, 2 error.
     Run(farm::RunArgs),
@@ -84,6 +87,7 @@ fn main() -> std::process::ExitCode {
             Command::Quantize(args) => ok(quantize::run(args).await),
             Command::Convert(args) => ok(convert::run(args).await),
             Command::Mlx(args) => ok(mlx::run(args).await),
+            Command::Merge(args) => ok(merge::run(args).await),
             Command::Run(args) => farm::run(args).await,
             Command::Coordinator(args) => ok(farm::coordinator(args).await),
             Command::Worker(args) => ok(farm::worker(args).await),

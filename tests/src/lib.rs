@@ -68,11 +68,8 @@ pub fn peers_python() -> PathBuf {
 
 /// The Python in which llama.cpp's own `convert_hf_to_gguf.py` runs (torch, transformers, sentencepiece, the
 /// source tree's gguf-py; `scripts/install-convert-oracle`).
+/// The installer always runs: it is quick when the venv is up to date, and it brings an older one up to its pins.
 pub fn convert_python() -> PathBuf {
-    let venv = cache_dir().join("venv-convert");
-    if venv.join(".complete").exists() {
-        return venv.join("bin").join("python");
-    }
     installer(&repo_root().join("scripts").join("install-convert-oracle"))
 }
 

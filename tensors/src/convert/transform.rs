@@ -14,6 +14,20 @@ pub fn f32_to_bf16_bits(x: f32) -> u16 {
     ((u + (0x7fff + ((u >> 16) & 1))) >> 16) as u16
 }
 
+/// An f64 rounded once to bf16 (nearest, ties to even; NaN quiet): through f32 with round-to-odd, which keeps the
+/// two roundings equal to one since f32 has more than 8 + 2 significant bits.
+pub fn f64_to_bf16_bits(x: f64) -> u16 {
+    let f = x as f32;
+    let f = if f64::from(f) == x || !x.is_finite() {
+        f
+    } else {
+        // The f32 truncation of x (toward zero; f32::MAX for an overflow), its last bit set: round to odd.
+        let toward_zero = if f64::from(f).abs() > x.abs() { f32::from_bits(f.to_bits() - 1) } else { f };
+        f32::from_bits(toward_zero.to_bits() | 1)
+    };
+    f32_to_bf16_bits(f)
+}
+
 /// The source row that output row `r` of a permuted tensor comes from: within each head of `hd` rows,
 /// new_row[h·hd + 2i + j] = old_row[h·hd + j·(hd/2) + i] — same as convert_hf_to_gguf's `LlamaModel.permute`
 /// (reshape to (heads, 2, hd/2, …), swap axes 1 and 2).
@@ -123,6 +137,24 @@ mod tests {
         // hd = 6: (H, 2, 3) swapped to (H, 3, 2).
         let order: Vec<u64> = (0..6).map(|r| permuted_source_row(r, 6)).collect();
         assert_eq!(order, [0, 3, 1, 4, 2, 5]);
+    }
+
+    #[test]
+    fn f64_rounds_once_to_bf16() {
+        // 1 + 2^-8 is a bf16 tie (even: 1.0); a hair above it must round up, though as f32 it is the tie itself.
+        assert_eq!(f64_to_bf16_bits(1.0 + 2f64.powi(-8)), 0x3f80);
+        assert_eq!(f64_to_bf16_bits(1.0 + 2f64.powi(-8) + 2f64.powi(-40)), 0x3f81);
+        assert_eq!(f64_to_bf16_bits(-(1.0 + 2f64.powi(-8) + 2f64.powi(-40))), 0xbf81);
+        assert_eq!(f64_to_bf16_bits(1.0 + 3.0 * 2f64.powi(-8)), 0x3f82, "tie to even upward");
+        assert_eq!(f64_to_bf16_bits(1e300), 0x7f80);
+        assert_eq!(f64_to_bf16_bits(-1e300), 0xff80);
+        assert_eq!(f64_to_bf16_bits(1e-300), 0x0000);
+        assert_eq!(f64_to_bf16_bits(f64::NAN) & 0x7fc0, 0x7fc0);
+        // Exhaustive over a range of f32 values: an exact f32 gives what f32 → bf16 gives.
+        for bits in (0x3f00_0000u32..0x4000_0000).step_by(977) {
+            let x = f32::from_bits(bits);
+            assert_eq!(f64_to_bf16_bits(f64::from(x)), f32_to_bf16_bits(x), "{x}");
+        }
     }
 
     #[test]

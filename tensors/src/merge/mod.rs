@@ -1,0 +1,435 @@
+//! Exact LoRA merge: an adapter (PEFT or mlx-lm, see [`adapter`]) folded into an HF safetensors base, written as a
+//! new HF checkpoint with the base's files, tensor order and dtypes.
+//!
+//! `W' = W + scale·(B·A)` (DoRA: each row then rescaled to `m / ‖W + ΔW‖`) is computed in f64 and rounded once to
+//! the base dtype, so the result is the exact merge correctly rounded: the converters people use add in the base
+//! dtype (mlx_lm.fuse, PEFT's merge) and lose the low bits of small deltas, which is one of the ways a merged model
+//! stops behaving like the adapter (../shared/specs/mlx-peft.md §3.5, §4.6).
+//!
+//! Everything is checked before a byte is written: every adapter tensor is used exactly once, every update's shape
+//! matches its base tensor, the adapter's recorded base matches the base given, the base is not quantized. A tied
+//! output embedding is untied (and `tie_word_embeddings` set to false) when the adapter changes either side, since
+//! merging into the shared tensor would change the output layer the adapter was trained against. All files are
+//! staged and committed together at the end.
+
+pub mod adapter;
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde_json::Value as Json;
+
+use crate::blob::Blob;
+use crate::convert::transform::f64_to_bf16_bits;
+use crate::dtype::{Dtype, TensorType};
+use crate::error::{Error, Result};
+use crate::safetensors::{StTensorDesc, INDEX_FILE};
+use crate::sink::{Committed, StagedSink};
+use crate::source::{Format, TensorSource};
+use crate::store::Location;
+use crate::write::{copy_tensor, SafetensorsWriter};
+
+pub use adapter::{Adapter, AdapterFormat};
+use adapter::{BiasUpdate, LowRank, Replacement};
+
+/// The HF names of the input embedding and the output projection (LLaMA-family causal LMs).
+const EMBED: &str = "model.embed_tokens.weight";
+const LM_HEAD: &str = "lm_head.weight";
+
+#[derive(Debug, Clone)]
+pub struct MergeOptions {
+    /// Tensor data held at once.
+    pub budget: u64,
+    pub overwrite: bool,
+    /// The base model's identity, when the folder does not say it (config.json `_name_or_path`, or the folder's
+    /// name); compared with the base the adapter records.
+    pub base_name: Option<String>,
+}
+
+/// What a merge did.
+#[derive(Debug)]
+pub struct Merged {
+    pub format: AdapterFormat,
+    pub files: Vec<Committed>,
+    /// Base tensors changed, in output order.
+    pub changed: Vec<String>,
+    /// `tie_word_embeddings` was turned off and `lm_head.weight` written.
+    pub untied: bool,
+}
+
+/// How one output tensor is made.
+enum Make<'a> {
+    Copy,
+    LowRank(&'a LowRank),
+    Bias(&'a BiasUpdate),
+    Replace(&'a Replacement),
+}
+
+/// One output tensor: its name, where its base values come from, and what is done to them.
+struct Out<'a> {
+    name: String,
+    /// The base tensor read (the embedding, for an untied `lm_head.weight`).
+    source: String,
+    dtype: Dtype,
+    shape: Vec<u64>,
+    make: Make<'a>,
+}
+
+/// One output file: the base file's name and `__metadata__`, and its tensors in order.
+struct OutFile<'a> {
+    name: String,
+    tensors: Vec<Out<'a>>,
+    metadata: Vec<(String, String)>,
+}
+
+/// Merges the adapter folder `adapter` into the HF checkpoint folder `base`, writing the merged checkpoint to folder
+/// `out`.
+pub async fn merge_adapter(base: &Location, adapter: &Location, out: &Location, opts: &MergeOptions) -> Result<Merged> {
+    let src = TensorSource::open(base).await?;
+    let base_name = base.to_string();
+    let st =
+        match (src.format(), src.safetensors()) {
+            (Format::Safetensors, Some(st)) => st,
+            (Format::Mlx, _) => return Err(Error::format(
+                &base_name,
+                "base",
+                "is an MLX checkpoint; a quantized base is refused (merging into rounded weights loses the adapter): \
+                 dequantize it to an HF checkpoint first",
+            )),
+            _ => return Err(Error::format(&base_name, "base", "is not an HF safetensors checkpoint folder")),
+        };
+    let config_file = format!("{}/config.json", base_name.trim_end_matches('/'));
+    let config_bytes = read_small(&base.child("config.json")?, &config_file).await?;
+    let mut config: serde_json::Map<String, Json> = match serde_json::from_slice(&config_bytes) {
+        Ok(Json::Object(m)) => m,
+        _ => return Err(Error::format(&config_file, "config.json", "is not a JSON object")),
+    };
+    if config.get("quantization_config").is_some_and(|q| !q.is_null()) || config.get("quantization").is_some() {
+        return Err(Error::format(
+            &config_file,
+            "quantization_config",
+            "the base is quantized; a quantized base is refused: dequantize it to bf16 first",
+        ));
+    }
+    let adapter = Adapter::open(adapter).await?;
+    check_base_identity(&adapter, base, &config, opts)?;
+
+    // Every base tensor by name: (dtype, shape).
+    let mut base_tensors: HashMap<&str, (Dtype, &[u64])> = HashMap::new();
+    for (_, h) in &st.files {
+        for t in &h.tensors {
+            base_tensors.insert(t.name.as_str(), (t.dtype, &t.shape[..]));
+        }
+    }
+    let tied = base_tensors.contains_key(EMBED)
+        && !base_tensors.contains_key(LM_HEAD)
+        && config.get("tie_word_embeddings").and_then(Json::as_bool) != Some(false);
+
+    // Updates by target, each target at most once; the lm_head of a tied base reads the embedding.
+    let mut updates: BTreeMap<&str, Make> = BTreeMap::new();
+    for lr in &adapter.low_rank {
+        let keys = lr.keys.join(", ");
+        let (dtype, shape) = base_tensor(&base_tensors, &lr.target, tied, &adapter, &keys, &base_name)?;
+        float_dtype(dtype, &lr.target, &base_name)?;
+        if shape != [lr.rows as u64, lr.cols as u64] {
+            return Err(Error::format(
+                &adapter.dir,
+                keys,
+                format!(
+                    "{} update is {}×{} (rank {}), but the base tensor {} is {shape:?}",
+                    adapter.format.name(),
+                    lr.rows,
+                    lr.cols,
+                    lr.rank,
+                    lr.target
+                ),
+            ));
+        }
+        insert(&mut updates, &lr.target, Make::LowRank(lr), &keys, &adapter.dir)?;
+    }
+    for b in &adapter.biases {
+        let (dtype, shape) = base_tensor(&base_tensors, &b.target, false, &adapter, &b.key, &base_name)?;
+        float_dtype(dtype, &b.target, &base_name)?;
+        if shape != [b.values.len() as u64] {
+            return Err(Error::format(
+                &adapter.dir,
+                &b.key,
+                format!("has {} values, but the base tensor {} is {shape:?}", b.values.len(), b.target),
+            ));
+        }
+        insert(&mut updates, &b.target, Make::Bias(b), &b.key, &adapter.dir)?;
+    }
+    for r in &adapter.replacements {
+        let (dtype, shape) = base_tensor(&base_tensors, &r.target, tied, &adapter, &r.key, &base_name)?;
+        float_dtype(dtype, &r.target, &base_name)?;
+        let e = adapter.tensors.entry(&r.key)?;
+        if e.shape != shape {
+            return Err(Error::format(
+                &adapter.dir,
+                &r.key,
+                format!("is {:?}, but the base tensor {} is {shape:?}", e.shape, r.target),
+            ));
+        }
+        if !matches!(e.ty, TensorType::Dtype(Dtype::BF16 | Dtype::F16 | Dtype::F32)) {
+            return Err(Error::format(&adapter.dir, &r.key, format!("is {}; BF16, F16 or F32 expected", e.ty)));
+        }
+        insert(&mut updates, &r.target, Make::Replace(r), &r.key, &adapter.dir)?;
+    }
+    if updates.is_empty() {
+        return Err(Error::format(&adapter.dir, "adapter", "has no tensors: nothing to merge"));
+    }
+    let untie = tied && (updates.contains_key(LM_HEAD) || updates.contains_key(EMBED));
+
+    // The output files: the base's, in its order; an untied lm_head goes after the embedding.
+    let mut files: Vec<OutFile> = Vec::new();
+    for (blob, h) in &st.files {
+        let mut outs = Vec::new();
+        for t in &h.tensors {
+            let make = updates.remove(t.name.as_str()).unwrap_or(Make::Copy);
+            outs.push(Out {
+                name: t.name.clone(),
+                source: t.name.clone(),
+                dtype: t.dtype,
+                shape: t.shape.clone(),
+                make,
+            });
+            if untie && t.name == EMBED {
+                let make = updates.remove(LM_HEAD).unwrap_or(Make::Copy);
+                outs.push(Out {
+                    name: LM_HEAD.into(),
+                    source: EMBED.into(),
+                    dtype: t.dtype,
+                    shape: t.shape.clone(),
+                    make,
+                });
+            }
+        }
+        files.push(OutFile {
+            name: blob.location().file_name().to_string(),
+            tensors: outs,
+            metadata: h.metadata.clone(),
+        });
+    }
+    debug_assert!(updates.is_empty(), "every update has its base tensor");
+
+    // Stage every file, then commit them all.
+    let mut staged_files = Vec::new();
+    let mut changed = Vec::new();
+    let mut buf = Vec::new();
+    for OutFile { name: file, tensors: outs, metadata } in &files {
+        let descs: Vec<StTensorDesc> = outs
+            .iter()
+            .map(|o| StTensorDesc { name: o.name.clone(), dtype: o.dtype, shape: o.shape.clone() })
+            .collect();
+        let mut w = SafetensorsWriter::create(&out.child(file)?, &descs, metadata, opts.overwrite).await?;
+        for o in outs {
+            match o.make {
+                Make::Copy => copy_tensor(&src, &o.source, opts.budget, &mut buf, &mut w).await?,
+                _ => {
+                    write_updated(&src, &adapter, o, opts.budget, &mut w).await?;
+                    changed.push(o.name.clone());
+                }
+            }
+        }
+        staged_files.push(w);
+    }
+    let mut small = Vec::new();
+    let shard_names: Vec<&str> = files.iter().map(|f| f.name.as_str()).collect();
+    for name in base.list().await? {
+        if shard_names.contains(&name.as_str()) {
+            continue;
+        }
+        let bytes = if name == INDEX_FILE {
+            index_json(&files)
+        } else if name == "config.json" && untie {
+            config.insert("tie_word_embeddings".into(), Json::Bool(false));
+            let mut text = serde_json::to_string_pretty(&Json::Object(config.clone())).expect("JSON serializes");
+            text.push('\n');
+            text.into_bytes()
+        } else {
+            read_small(&base.child(&name)?, &format!("{base_name}/{name}")).await?
+        };
+        let mut sink = StagedSink::create(&out.child(&name)?, opts.overwrite).await?;
+        sink.write(&bytes).await?;
+        small.push(sink);
+    }
+    let mut committed = Vec::new();
+    for w in staged_files {
+        committed.push(w.finish().await?);
+    }
+    for s in small {
+        committed.push(s.commit().await?);
+    }
+    Ok(Merged { format: adapter.format, files: committed, changed, untied: untie })
+}
+
+fn insert<'a>(
+    updates: &mut BTreeMap<&'a str, Make<'a>>,
+    target: &'a str,
+    m: Make<'a>,
+    keys: &str,
+    dir: &str,
+) -> Result<()> {
+    if updates.insert(target, m).is_some() {
+        return Err(Error::format(dir, keys, format!("updates {target}, which another adapter entry also updates")));
+    }
+    Ok(())
+}
+
+/// The base tensor an update targets (`lm_head.weight` of a tied base is the embedding), or an error naming the
+/// adapter keys: this is where a misspelled or foreign key is caught.
+fn base_tensor<'a>(
+    base: &HashMap<&str, (Dtype, &'a [u64])>,
+    target: &str,
+    tied: bool,
+    adapter: &Adapter,
+    keys: &str,
+    base_name: &str,
+) -> Result<(Dtype, &'a [u64])> {
+    let name = if tied && target == LM_HEAD { EMBED } else { target };
+    base.get(name).copied().ok_or_else(|| {
+        Error::format(
+            &adapter.dir,
+            keys,
+            format!("targets {target}, which the base {base_name} does not have (a misspelled key, or another model)"),
+        )
+    })
+}
+
+fn float_dtype(d: Dtype, target: &str, base_name: &str) -> Result<()> {
+    match d {
+        Dtype::BF16 | Dtype::F16 | Dtype::F32 => Ok(()),
+        other => Err(Error::format(base_name, target, format!("is {other}; only BF16, F16 or F32 weights are merged"))),
+    }
+}
+
+/// The adapter's recorded base must name the base given: compared by the last path component, case-insensitively,
+/// with config.json `_name_or_path`, the folder's name and `--base-name`.
+fn check_base_identity(
+    adapter: &Adapter,
+    base: &Location,
+    config: &serde_json::Map<String, Json>,
+    opts: &MergeOptions,
+) -> Result<()> {
+    let Some(recorded) = adapter.recorded_base.as_deref().filter(|r| !r.is_empty()) else { return Ok(()) };
+    let tail = |s: &str| s.trim_end_matches('/').rsplit('/').next().unwrap_or(s).to_lowercase();
+    let mut names: Vec<String> = vec![base.file_name().to_string()];
+    if let Some(n) = config.get("_name_or_path").and_then(Json::as_str) {
+        names.push(n.to_string());
+    }
+    if let Some(n) = &opts.base_name {
+        names.push(n.clone());
+    }
+    if names.iter().any(|n| tail(n) == tail(recorded)) {
+        return Ok(());
+    }
+    Err(Error::format(
+        format!("{}/adapter_config.json", adapter.dir),
+        match adapter.format {
+            AdapterFormat::Peft => "base_model_name_or_path",
+            AdapterFormat::MlxLm => "model",
+        },
+        format!(
+            "the adapter was trained on {recorded:?}, but the base given is known as {names:?}; if that base is \
+             {recorded:?}, say so with --base-name"
+        ),
+    ))
+}
+
+async fn read_small(loc: &Location, name: &str) -> Result<Vec<u8>> {
+    let blob = Blob::open(loc).await?;
+    if blob.len() > 256 << 20 {
+        return Err(Error::format(name, "file", format!("{} bytes is too large for a side file", blob.len())));
+    }
+    blob.read_vec(0, blob.len()).await
+}
+
+/// `model.safetensors.index.json` for the output files (their names are the base's).
+fn index_json(files: &[OutFile]) -> Vec<u8> {
+    let mut map = BTreeMap::new();
+    let mut total = 0u64;
+    for f in files {
+        for o in &f.tensors {
+            map.insert(o.name.clone(), f.name.clone());
+            total += o.shape.iter().product::<u64>() * o.dtype.size() as u64;
+        }
+    }
+    let index = serde_json::json!({ "metadata": { "total_size": total }, "weight_map": map });
+    let mut text = serde_json::to_string_pretty(&index).expect("JSON serializes");
+    text.push('\n');
+    text.into_bytes()
+}
+
+/// Writes one changed tensor, whole rows at a time within `budget`.
+async fn write_updated(
+    src: &TensorSource,
+    adapter: &Adapter,
+    o: &Out<'_>,
+    budget: u64,
+    w: &mut SafetensorsWriter,
+) -> Result<()> {
+    let (rows, cols) = match o.shape[..] {
+        [r, c] => (r as usize, c as usize),
+        [n] => (1, n as usize),
+        _ => return Err(Error::format(src.location().to_string(), &o.name, "only matrices and vectors are merged")),
+    };
+    let per_row = (cols * (4 + 8 + o.dtype.size())) as u64;
+    let step = (budget / per_row.max(1)).max(1) as usize;
+    let (mut vals, mut wide, mut bytes, mut scratch) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut r = 0;
+    while r < rows {
+        let n = step.min(rows - r);
+        vals.resize(n * cols, 0f32);
+        match o.make {
+            Make::Replace(rep) => adapter.tensors.read_f32_rows(&rep.key, r as u64, &mut vals, &mut scratch).await?,
+            _ => src.read_f32_rows(&o.source, r as u64, &mut vals, &mut scratch).await?,
+        }
+        wide.clear();
+        wide.extend(vals.iter().map(|&x| f64::from(x)));
+        match o.make {
+            Make::LowRank(lr) => apply_low_rank(lr, r, cols, &mut wide),
+            Make::Bias(b) => {
+                for (v, d) in wide.iter_mut().zip(&b.values) {
+                    *v += b.scale * d;
+                }
+            }
+            Make::Replace(_) | Make::Copy => {}
+        }
+        bytes.clear();
+        encode(&wide, o.dtype, &mut bytes);
+        w.write(&bytes).await?;
+        r += n;
+    }
+    Ok(())
+}
+
+/// Adds `scale · b[o]·a` to rows `first..` held in `rows` (and applies DoRA's row rescaling), all in f64.
+pub fn apply_low_rank(lr: &LowRank, first: usize, cols: usize, rows: &mut [f64]) {
+    let mut acc = vec![0f64; cols];
+    for (i, row) in rows.chunks_exact_mut(cols).enumerate() {
+        let o = first + i;
+        acc.iter_mut().for_each(|x| *x = 0.0);
+        for k in 0..lr.rank {
+            let bk = lr.b[o * lr.rank + k];
+            for (x, a) in acc.iter_mut().zip(&lr.a[k * cols..(k + 1) * cols]) {
+                *x += bk * a;
+            }
+        }
+        for (w, d) in row.iter_mut().zip(&acc) {
+            *w += lr.scale * d;
+        }
+        if let Some(m) = &lr.magnitude {
+            let norm = row.iter().map(|x| x * x).sum::<f64>().sqrt();
+            let f = m[o] / norm;
+            row.iter_mut().for_each(|x| *x *= f);
+        }
+    }
+}
+
+/// Each value rounded once to `dtype`, little-endian.
+fn encode(vals: &[f64], dtype: Dtype, out: &mut Vec<u8>) {
+    match dtype {
+        Dtype::BF16 => vals.iter().for_each(|&x| out.extend_from_slice(&f64_to_bf16_bits(x).to_le_bytes())),
+        Dtype::F16 => vals.iter().for_each(|&x| out.extend_from_slice(&half::f16::from_f64(x).to_bits().to_le_bytes())),
+        _ => vals.iter().for_each(|&x| out.extend_from_slice(&(x as f32).to_le_bytes())),
+    }
+}

@@ -1,0 +1,194 @@
+//! LoRA merge into SmolLM2 (HF bf16): a synthetic PEFT adapter (LoRA on q/k/v/o with an alpha pattern, and an
+//! embedding LoRA on the tied embedding) and a synthetic mlx-lm DoRA adapter must give, element for element, the
+//! float64 reference merge rounded to bf16 (`tests/py/lora_adapters.py`, numpy, written from the formulas in
+//! ../shared/specs/mlx-peft.md); every other tensor keeps its bytes. A misspelled key, a wrong shape or the wrong
+//! base is an error naming it, and nothing is written.
+//!
+//! The same adapters merged by the real tools (PEFT's `merge_and_unload`, `mlx_lm.fuse`) agree with ours within the
+//! rounding those tools add (they round the delta to bf16 and add in bf16): a transposed factor or a wrong scale
+//! would be off by the size of the delta itself.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+
+use quantfarm_e2e::{convert_python, peers_python, run_py, run_py_with, smollm2_derived};
+use quantfarm_tensors::merge::{merge_adapter, MergeOptions};
+use quantfarm_tensors::{Location, TensorSource};
+
+const RECORDED_BASE: &str = "HuggingFaceTB/SmolLM2-135M-Instruct";
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+fn base() -> PathBuf {
+    smollm2_derived().join("smollm2-hf")
+}
+
+/// Writes the adapter (and, unflawed, the reference merge) with `lora_adapters.py`.
+fn adapter(format: &str, dir: &Path, flaw: Option<&str>) -> (PathBuf, PathBuf) {
+    let (a, e) = (dir.join(format!("{format}-adapter")), dir.join(format!("{format}-expected.safetensors")));
+    let b = base();
+    let mut args = vec![OsStr::new(format), b.as_os_str(), a.as_os_str(), e.as_os_str()];
+    if let Some(f) = flaw {
+        args.push(OsStr::new(f));
+    }
+    run_py("lora_adapters.py", &args);
+    (a, e)
+}
+
+fn merge(adapter: &Path, out: &Path, base_name: Option<&str>) -> Result<quantfarm_tensors::merge::Merged, String> {
+    let opts = MergeOptions { budget: 8 << 20, overwrite: false, base_name: base_name.map(str::to_string) };
+    rt().block_on(merge_adapter(&Location::local(base()), &Location::local(adapter), &Location::local(out), &opts))
+        .map_err(|e| e.to_string())
+}
+
+/// Every tensor's stored bytes.
+fn tensors(p: &Path) -> HashMap<String, Vec<u8>> {
+    rt().block_on(async {
+        let src = TensorSource::open(&Location::local(p)).await.unwrap();
+        let mut out = HashMap::new();
+        for e in src.tensors() {
+            let mut buf = vec![0u8; e.bytes as usize];
+            src.read_range(&e.name, 0, &mut buf).await.unwrap();
+            out.insert(e.name.clone(), buf);
+        }
+        out
+    })
+}
+
+fn check_merged(format: &str, untied: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, expected_file) = adapter(format, dir.path(), None);
+    let out = dir.path().join("merged");
+    let done = merge(&a, &out, Some(RECORDED_BASE)).unwrap();
+    assert_eq!(done.untied, untied);
+    let (got, want, orig) = (tensors(&out), tensors(&expected_file), tensors(&base()));
+    // The untied lm_head.weight is a copy of the original embedding, not a change.
+    assert_eq!(done.changed.len(), want.len() - usize::from(untied), "changed {:?}", done.changed);
+    for (name, bytes) in &got {
+        match want.get(name) {
+            Some(w) => {
+                let differ = bytes.chunks(2).zip(w.chunks(2)).filter(|(x, y)| x != y).count();
+                assert_eq!(differ, 0, "{name}: {differ} of {} elements differ from the f64 reference", w.len() / 2);
+            }
+            None => assert!(orig.get(name) == Some(bytes), "{name}: not in the adapter, yet changed or new"),
+        }
+    }
+    for name in want.keys() {
+        assert!(got.contains_key(name), "{name} missing from the merged checkpoint");
+    }
+    assert_eq!(got.len(), orig.len() + usize::from(untied));
+    let config: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["tie_word_embeddings"], serde_json::Value::Bool(!untied));
+    for side in ["tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja"] {
+        assert_eq!(std::fs::read(out.join(side)).unwrap(), std::fs::read(base().join(side)).unwrap(), "{side}");
+    }
+    eprintln!("{format}: {} tensors equal the f64 reference merge rounded to bf16", want.len());
+}
+
+fn bf16(b: &[u8]) -> Vec<f64> {
+    b.chunks_exact(2).map(|c| f64::from(f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16))).collect()
+}
+
+/// One bf16 unit in the last place at |x| (the smallest subnormal's for 0).
+fn ulp(x: f64) -> f64 {
+    if x == 0.0 {
+        return 2f64.powi(-133);
+    }
+    2f64.powf(x.abs().log2().floor() - 7.0).max(2f64.powi(-133))
+}
+
+/// Compares our merge with a real tool's, tensor by tensor for `names`: every element within 3 bf16 units at
+/// max(|W|, |ΔW|) (the tool's two bf16 roundings against our one); returns (elements, identical).
+fn agree(ours: &HashMap<String, Vec<u8>>, tool: &HashMap<String, Vec<u8>>, names: &[String]) -> (usize, usize) {
+    let orig = tensors(&base());
+    let (mut total, mut same) = (0, 0);
+    for name in names {
+        let (o, t, w) = (bf16(&ours[name]), bf16(&tool[name]), bf16(&orig[name]));
+        for i in 0..o.len() {
+            let bound = 3.0 * ulp(w[i].abs().max((o[i] - w[i]).abs()));
+            assert!((o[i] - t[i]).abs() <= bound, "{name}[{i}]: ours {} vs the tool's {} (base {})", o[i], t[i], w[i]);
+            same += usize::from(o[i] == t[i]);
+        }
+        total += o.len();
+    }
+    (total, same)
+}
+
+/// PEFT itself: `PeftModel.from_pretrained(bf16 base).merge_and_unload()`. (PEFT keeps the embedding tied and
+/// merges the embedding LoRA into the shared tensor, changing the output layer too, with a warning — peft #2777;
+/// only the tensors both sides write are compared.)
+#[test]
+fn peft_adapter_agrees_with_peft_merge_and_unload() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, _) = adapter("peft", dir.path(), None);
+    let ours = dir.path().join("ours");
+    let done = merge(&a, &ours, Some(RECORDED_BASE)).unwrap();
+    let theirs = dir.path().join("peft");
+    let b = base();
+    run_py_with(&convert_python(), "peft_merge.py", &[b.as_os_str(), a.as_os_str(), theirs.as_os_str()]);
+    let (total, same) = agree(&tensors(&ours), &tensors(&theirs), &done.changed);
+    eprintln!("PEFT merge_and_unload: {same} of {total} merged elements identical, all within its rounding");
+}
+
+/// mlx-lm itself: `mlx_lm fuse` of a LoRA adapter on q/v/down_proj (down_proj is not square, so a transposed factor
+/// cannot even load).
+#[test]
+fn mlx_lora_adapter_agrees_with_mlx_lm_fuse() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, _) = adapter("mlx-lora", dir.path(), None);
+    let ours = dir.path().join("ours");
+    let done = merge(&a, &ours, Some(RECORDED_BASE)).unwrap();
+    assert_eq!(done.changed.len(), 12);
+    let theirs = dir.path().join("fused");
+    let out = std::process::Command::new(peers_python())
+        .args(["-m", "mlx_lm", "fuse", "--model"])
+        .arg(base())
+        .arg("--adapter-path")
+        .arg(&a)
+        .arg("--save-path")
+        .arg(&theirs)
+        .output()
+        .expect("run mlx_lm fuse");
+    assert!(out.status.success(), "mlx_lm fuse failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    let (total, same) = agree(&tensors(&ours), &tensors(&theirs), &done.changed);
+    eprintln!("mlx_lm fuse: {same} of {total} merged elements identical, all within its rounding");
+}
+
+/// PEFT: 120 attention LoRAs and an embedding LoRA; the tied embedding is untied (lm_head keeps the original).
+#[test]
+fn peft_adapter_equals_the_f64_reference_merge() {
+    check_merged("peft", true);
+}
+
+/// mlx-lm DoRA on q/v of the last 4 layers: the transposed factor layout and the row renormalisation.
+#[test]
+fn mlx_dora_adapter_equals_the_f64_reference_merge() {
+    check_merged("mlx", false);
+}
+
+#[test]
+fn flawed_adapters_are_refused_before_anything_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    for (format, flaw, want) in [
+        ("peft", "misspelled", "layers.3.self_attn.q_prj.lora_A.weight\"] but not both LoRA factors A and B"),
+        ("peft", "shape", "base_model.model.model.layers.5.self_attn.k_proj.lora_A.weight"),
+        ("peft", "base", "trained on \"Qwen/Qwen3-0.6B\""),
+        ("mlx", "misspelled", "model.layers.29.self_attn.v_proj.lora_bb: is not lora_a, lora_b or m"),
+        ("mlx", "shape", "model.layers.28.self_attn.q_proj"),
+        ("mlx", "base", "trained on \"mlx-community/Qwen3-0.6B-bf16\""),
+    ] {
+        let (a, _) = adapter(format, &dir.path().join(flaw), Some(flaw));
+        let out = dir.path().join(format!("{format}-{flaw}-out"));
+        let e = merge(&a, &out, Some(RECORDED_BASE)).expect_err(&format!("{format} {flaw}: merged"));
+        assert!(e.contains(want), "{format} {flaw}: {e}");
+        assert!(!out.exists(), "{format} {flaw}: the output folder exists after a refused merge");
+    }
+    // The right adapter without --base-name: the base folder's name does not say it is SmolLM2-135M-Instruct.
+    let (a, _) = adapter("peft", &dir.path().join("ok"), None);
+    let e = merge(&a, &dir.path().join("unnamed"), None).unwrap_err();
+    assert!(e.contains("--base-name") && e.contains(RECORDED_BASE), "{e}");
+    assert!(!dir.path().join("unnamed").exists());
+}
