@@ -40,6 +40,22 @@ pub struct Mapping {
     pub drop: Vec<AnchoredRegex>,
     pub f32: F32Rule,
     pub metadata: Vec<MetaEntry>,
+    /// How config.json is rebuilt from GGUF metadata (GGUF → HF / MLX).
+    pub hf_config: Option<HfConfig>,
+}
+
+/// config.json from a GGUF's metadata: each field from a GGUF key (skipped when the key is absent, unless the field
+/// is `required`), then literal fields.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HfConfig {
+    pub model_type: String,
+    /// HF field → GGUF key (`{arch}` replaced), in the order written.
+    pub fields: serde_norway::Mapping,
+    #[serde(default)]
+    pub required: Vec<String>,
+    #[serde(default)]
+    pub literals: serde_norway::Mapping,
 }
 
 #[derive(Debug, Deserialize)]
@@ -56,6 +72,8 @@ struct RawMapping {
     drop: Vec<AnchoredRegex>,
     f32: F32Rule,
     metadata: Vec<MetaEntry>,
+    #[serde(default)]
+    hf_config: Option<HfConfig>,
 }
 
 /// A config value this mapping cannot convert exactly: present and not one of `allow` is an error.
@@ -89,6 +107,11 @@ impl AnchoredRegex {
 #[serde(try_from = "RawTensorRule")]
 pub struct TensorRule {
     pub hf: AnchoredRegex,
+    /// The HF name as a template (`model.layers.{b}.mlp.up_proj.weight`), when the regex is a plain name with at
+    /// most the block group: what GGUF → HF writes.
+    pub hf_template: Option<String>,
+    /// The GGUF name template as an anchored regex, for GGUF → HF.
+    pub gguf_regex: AnchoredRegex,
     pub gguf: String,
     pub permute: Option<Permute>,
     /// Added to every element in f32 before the output conversion (Gemma's RMSNorm stores `weight` and multiplies
@@ -121,8 +144,21 @@ impl TryFrom<RawTensorRule> for TensorRule {
         if r.offset.is_some_and(|o| o == 0.0 || !o.is_finite()) {
             return Err(format!("tensor rule {:?}: offset must be finite and not 0", r.hf.0.as_str()));
         }
-        Ok(TensorRule { hf: r.hf, gguf: r.gguf, permute: r.permute, offset: r.offset })
+        let hf_template = plain_template(r.hf.0.as_str());
+        let gguf_regex = Regex::new(&format!("^(?:{})$", regex::escape(&r.gguf).replace(r"\{b\}", r"(?P<b>\d+)")))
+            .map(AnchoredRegex)
+            .map_err(|e| format!("tensor rule {:?}: {e}", r.gguf))?;
+        Ok(TensorRule { hf: r.hf, hf_template, gguf_regex, gguf: r.gguf, permute: r.permute, offset: r.offset })
     }
+}
+
+/// The name an anchored rule regex (`^(?:…)$`) matches when it is a plain name: escaped dots and at most the
+/// `(?P<b>\d+)` group, which becomes `{b}`.
+fn plain_template(anchored: &str) -> Option<String> {
+    let inner = anchored.strip_prefix("^(?:")?.strip_suffix(")$")?;
+    let t = inner.replace(r"(?P<b>\d+)", "{b}").replace(r"\.", ".");
+    let plain = t.replace("{b}", "").chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
+    plain.then_some(t)
 }
 
 /// The q/k rope permutation (convert_hf_to_gguf's `LlamaModel.permute`) with the head count from config field
@@ -344,6 +380,17 @@ pub struct PreTokenizer {
     pub pre: String,
     #[serde(default)]
     pub example: Option<String>,
+    /// tokenizer.json's `normalizer`, `pre_tokenizer` and `decoder`, for rebuilding a tokenizer from a GGUF.
+    #[serde(default)]
+    pub sections: Option<TokenizerSections>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenizerSections {
+    pub normalizer: Json,
+    pub pre_tokenizer: Json,
+    pub decoder: Json,
 }
 
 fn parse_yaml<T: serde::de::DeserializeOwned>(file: &str, text: &str) -> Result<T> {
@@ -398,6 +445,7 @@ pub fn parse_mapping(file: &str, text: &str) -> Result<Mapping> {
         drop: r.drop,
         f32: r.f32,
         metadata,
+        hf_config: r.hf_config,
     })
 }
 
@@ -415,9 +463,28 @@ pub fn mapping_for(hf_arch: &str) -> Result<Mapping> {
     })
 }
 
+/// The embedded mapping for GGUF architecture `arch` (`general.architecture`).
+pub fn mapping_for_gguf(arch: &str) -> Result<Mapping> {
+    for (file, text) in MAPPINGS {
+        let m = parse_mapping(file, text)?;
+        if m.architecture == arch {
+            return Ok(m);
+        }
+    }
+    Err(Error::Mapping { file: "mappings/*.yaml".into(), msg: format!("no mapping for GGUF architecture {arch:?}") })
+}
+
 /// The embedded pre-tokenizer table.
 pub fn pre_tokenizers() -> Result<Vec<PreTokenizer>> {
     parse_yaml(PRE_TOKENIZERS_FILE, PRE_TOKENIZERS)
+}
+
+/// What a mapping says about one GGUF tensor going back to HF.
+#[derive(Debug, PartialEq)]
+pub struct Unmapped<'a> {
+    pub hf: String,
+    pub permute: Option<&'a Permute>,
+    pub offset: Option<f32>,
 }
 
 /// What a mapping says about one HF tensor.
@@ -428,6 +495,24 @@ pub enum Mapped<'a> {
 }
 
 impl Mapping {
+    /// Maps a GGUF tensor name back to its HF name (the first rule whose GGUF template matches).
+    pub fn unmap_tensor(&self, gguf: &str) -> Result<Unmapped<'_>> {
+        for rule in &self.tensors {
+            if let Some(c) = rule.gguf_regex.0.captures(gguf) {
+                let template = rule.hf_template.as_ref().ok_or_else(|| Error::Mapping {
+                    file: self.file.clone(),
+                    msg: format!("rule {:?} has no plain HF name to write {gguf:?} back to", rule.hf.0.as_str()),
+                })?;
+                let hf = match c.name("b") {
+                    Some(b) => template.replace("{b}", b.as_str()),
+                    None => template.clone(),
+                };
+                return Ok(Unmapped { hf, permute: rule.permute.as_ref(), offset: rule.offset });
+            }
+        }
+        Err(Error::Unmapped { tensor: gguf.to_string(), mapping: self.file.clone() })
+    }
+
     /// Maps an HF tensor name: a rename (first matching rule), a drop, or an error naming the tensor.
     pub fn map_tensor(&self, hf: &str) -> Result<Mapped<'_>> {
         let hf = self.strip_prefixes.iter().find_map(|p| hf.strip_prefix(p.as_str())).unwrap_or(hf);
@@ -456,7 +541,13 @@ mod tests {
         for (file, text) in MAPPINGS {
             parse_mapping(file, text).unwrap();
         }
-        assert!(!pre_tokenizers().unwrap().is_empty());
+        let table = pre_tokenizers().unwrap();
+        assert!(!table.is_empty());
+        for p in &table {
+            if let Some(sec) = &p.sections {
+                assert_eq!(super::super::tokenizer::pre_tokenizer_sha256(&sec.pre_tokenizer), p.sha256, "{}", p.pre);
+            }
+        }
     }
 
     #[test]

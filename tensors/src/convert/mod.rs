@@ -8,11 +8,13 @@
 //! staged sink, so nothing partial is ever visible.
 
 mod hf;
+mod hf_tokenizer;
 pub mod mapping;
 mod metadata;
 mod sentencepiece;
 mod special_vocab;
 mod split;
+mod to_hf;
 mod tokenizer;
 pub mod transform;
 mod write;
@@ -23,6 +25,7 @@ use sha2::{Digest, Sha256};
 
 pub use metadata::{id_to_title, size_label};
 pub use split::{output_file_name, split_ranges, SplitRule};
+pub use to_hf::{convert_gguf_to_hf, plan_gguf_to_hf, unpermuted_source_row, write_hf, HfPlan, HfTensor};
 pub use tokenizer::pre_tokenizer_sha256;
 
 use crate::dtype::{Dtype, TensorType};

@@ -1,0 +1,320 @@
+//! GGUF → Hugging Face safetensors: the way back, driven by the same mappings. Each GGUF tensor is named back by
+//! its rule (`blk.{b}.attn_q.weight` → `model.layers.{b}.self_attn.q_proj.weight`), dequantized row chunk by row
+//! chunk within the memory budget (any type the reader knows), its q/k rope permutation undone and its offset
+//! (Gemma's `1 + w`) taken off in f32, and stored in the output dtype. config.json comes from the mapping's
+//! `hf_config` and the GGUF's keys; the tokenizer files are rebuilt from the GGUF's tokenizer keys
+//! ([`super::hf_tokenizer`]).
+//!
+//! A bf16 GGUF made from a bf16 checkpoint comes back bit for bit (the permutation is a row order, the f32 norms
+//! were exact widenings); from a quantized GGUF the weights are the dequantized values rounded to the output dtype.
+
+use serde_json::{Map, Value as Json};
+
+use super::hf_tokenizer;
+use super::mapping::mapping_for_gguf;
+use crate::dtype::Dtype;
+use crate::error::{Error, Result};
+use crate::gguf::Value;
+use crate::safetensors::{plan_shards, shard_file_name, write_index, StTensorDesc};
+use crate::sink::{Committed, StagedSink};
+use crate::source::TensorSource;
+use crate::store::Location;
+use crate::write::SafetensorsWriter;
+
+/// safetensors shards of at most this many bytes (`save_pretrained`'s default `max_shard_size` is 5 GB).
+const MAX_SHARD_BYTES: u64 = 5_000_000_000;
+
+/// One output tensor.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HfTensor {
+    /// HF name.
+    pub name: String,
+    /// GGUF name.
+    pub source: String,
+    /// numpy order (the GGUF `ne` reversed).
+    pub shape: Vec<u64>,
+    pub dtype: Dtype,
+    /// Undo the q/k permutation within heads of `rows / heads` rows.
+    pub unpermute_heads: Option<u64>,
+    /// Subtracted in f32 (the mapping's offset, taken back).
+    pub offset: Option<f32>,
+}
+
+/// Everything a GGUF → HF conversion writes besides tensor bytes.
+#[derive(Debug)]
+pub struct HfPlan {
+    pub config: Map<String, Json>,
+    /// Sorted by name, as `save_pretrained` orders them.
+    pub tensors: Vec<HfTensor>,
+    pub tokenizer_json: Json,
+    pub tokenizer_config: Json,
+}
+
+/// A metadata value as JSON; an f32 becomes the shortest decimal that reads back as the same f32 (1e-05, not
+/// 9.999999747378752e-06).
+pub(crate) fn value_json(v: &Value) -> Option<Json> {
+    Some(match v {
+        Value::U8(x) => (*x).into(),
+        Value::I8(x) => (*x).into(),
+        Value::U16(x) => (*x).into(),
+        Value::I16(x) => (*x).into(),
+        Value::U32(x) => (*x).into(),
+        Value::I32(x) => (*x).into(),
+        Value::U64(x) => (*x).into(),
+        Value::I64(x) => (*x).into(),
+        Value::F32(x) => serde_json::Number::from_f64(format!("{x}").parse::<f64>().ok()?)?.into(),
+        Value::F64(x) => serde_json::Number::from_f64(*x)?.into(),
+        Value::Bool(b) => (*b).into(),
+        Value::String(s) => s.as_str()?.into(),
+        Value::Array(_) => return None,
+    })
+}
+
+/// Plans the conversion of the GGUF model `src` to an HF checkpoint with weights in `dtype` (BF16, F16 or F32).
+pub fn plan_gguf_to_hf(src: &TensorSource, dtype: Dtype) -> Result<HfPlan> {
+    let file = src.location().to_string();
+    let model = src.gguf().ok_or_else(|| Error::format(&file, "format", "is not a GGUF model"))?;
+    if !matches!(dtype, Dtype::BF16 | Dtype::F16 | Dtype::F32) {
+        return Err(Error::format(&file, "dtype", format!("{dtype}: the output is BF16, F16 or F32")));
+    }
+    let kv = &model.header().metadata;
+    let get = |k: &str| kv.iter().find(|(key, _)| key == k).map(|(_, v)| v);
+    let arch = match get("general.architecture") {
+        Some(Value::String(s)) => s.to_string_lossy(),
+        _ => return Err(Error::format(&file, "general.architecture", "missing")),
+    };
+    let m = mapping_for_gguf(&arch)?;
+    let hc = m.hf_config.as_ref().ok_or_else(|| Error::Mapping {
+        file: m.file.clone(),
+        msg: "has no hf_config: GGUF → HF is not mapped for this architecture".into(),
+    })?;
+
+    let mut config = Map::new();
+    config.insert("architectures".into(), Json::Array(vec![m.hf_architectures[0].clone().into()]));
+    config.insert("model_type".into(), hc.model_type.clone().into());
+    for (field, key) in &hc.fields {
+        let (Some(field), Some(key)) = (field.as_str(), key.as_str()) else {
+            return Err(Error::Mapping {
+                file: m.file.clone(),
+                msg: "hf_config.fields maps names to GGUF keys".into(),
+            });
+        };
+        let key = key.replace("{arch}", &arch);
+        match get(&key).and_then(value_json) {
+            Some(v) => {
+                config.insert(field.to_string(), v);
+            }
+            None if hc.required.iter().any(|r| r == field) => {
+                return Err(Error::format(&file, &key, format!("missing: config.json needs it for {field}")))
+            }
+            None => {}
+        }
+    }
+    for (field, v) in &hc.literals {
+        let field = field.as_str().ok_or_else(|| Error::Mapping {
+            file: m.file.clone(),
+            msg: "hf_config.literals maps names to values".into(),
+        })?;
+        let v = serde_json::to_value(v).map_err(|e| Error::Mapping { file: m.file.clone(), msg: e.to_string() })?;
+        config.insert(field.to_string(), v);
+    }
+
+    let mut tensors = Vec::new();
+    let mut has_output = false;
+    for t in model.tensors() {
+        let info = t.info;
+        let u = m.unmap_tensor(&info.name)?;
+        has_output |= u.hf == "lm_head.weight";
+        let shape: Vec<u64> = info.dims.iter().rev().copied().collect();
+        let unpermute_heads = match u.permute {
+            None => None,
+            Some(p) => {
+                let heads = config.get(&p.heads).and_then(Json::as_u64).filter(|h| *h > 0).ok_or_else(|| {
+                    Error::format(
+                        &file,
+                        &info.name,
+                        format!("config field {} is needed to undo its permutation", p.heads),
+                    )
+                })?;
+                let rows = shape.first().copied().unwrap_or(0);
+                if shape.len() != 2 || rows % heads != 0 || (rows / heads) % 2 != 0 {
+                    return Err(Error::format(
+                        &file,
+                        &info.name,
+                        format!("shape {shape:?} is not {heads} heads of even size"),
+                    ));
+                }
+                Some(heads)
+            }
+        };
+        tensors.push(HfTensor {
+            name: u.hf,
+            source: info.name.clone(),
+            shape,
+            dtype,
+            unpermute_heads,
+            offset: u.offset,
+        });
+    }
+    tensors.sort_by(|a, b| a.name.cmp(&b.name));
+    if let Some(w) = tensors.windows(2).find(|w| w[0].name == w[1].name) {
+        return Err(Error::format(&file, &w[0].source, format!("and {} both map to {}", w[1].source, w[0].name)));
+    }
+
+    let (tokenizer_json, tokenizer_config) = hf_tokenizer::rebuild(kv, &file)?;
+    let vocab = match get("tokenizer.ggml.tokens") {
+        Some(Value::Array(a)) => Some(a.len() as u64),
+        _ => None,
+    };
+    let embd_rows = tensors.iter().find(|t| t.source == "token_embd.weight").and_then(|t| t.shape.first().copied());
+    if let Some(v) = vocab.or(embd_rows) {
+        config.insert("vocab_size".into(), v.into());
+    }
+    config.insert("tie_word_embeddings".into(), (!has_output).into());
+    config.insert("torch_dtype".into(), dtype_name(dtype).into());
+    Ok(HfPlan { config, tensors, tokenizer_json, tokenizer_config })
+}
+
+fn dtype_name(d: Dtype) -> &'static str {
+    match d {
+        Dtype::BF16 => "bfloat16",
+        Dtype::F16 => "float16",
+        _ => "float32",
+    }
+}
+
+/// The source row of output row `s` of an unpermuted tensor: the inverse of [`super::transform::permuted_source_row`].
+pub fn unpermuted_source_row(s: u64, hd: u64) -> u64 {
+    let (h, k) = (s / hd, s % hd);
+    let (j, i) = (k / (hd / 2), k % (hd / 2));
+    h * hd + 2 * i + j
+}
+
+/// Converts the GGUF model at `src` into an HF checkpoint folder `dst_dir`: `model.safetensors` (or shards with an
+/// index), config.json, tokenizer.json, tokenizer_config.json. Staged, committed together at the end.
+pub async fn convert_gguf_to_hf(
+    src: &Location,
+    dst_dir: &Location,
+    dtype: Dtype,
+    budget: u64,
+    overwrite: bool,
+) -> Result<Vec<Committed>> {
+    let source = TensorSource::open(src).await?;
+    let plan = plan_gguf_to_hf(&source, dtype)?;
+    write_hf(&source, &plan, dst_dir, budget, overwrite).await
+}
+
+/// Writes a planned conversion.
+pub async fn write_hf(
+    source: &TensorSource,
+    plan: &HfPlan,
+    dst_dir: &Location,
+    budget: u64,
+    overwrite: bool,
+) -> Result<Vec<Committed>> {
+    let descs: Vec<StTensorDesc> = plan
+        .tensors
+        .iter()
+        .map(|t| StTensorDesc { name: t.name.clone(), dtype: t.dtype, shape: t.shape.clone() })
+        .collect();
+    let shards = plan_shards(&descs, MAX_SHARD_BYTES);
+    let metadata = [("format".to_string(), "pt".to_string())];
+    let mut writers = Vec::with_capacity(shards.len());
+    for (i, range) in shards.iter().enumerate() {
+        let target = dst_dir.child(&shard_file_name(i, shards.len()))?;
+        let mut w = SafetensorsWriter::create(&target, &descs[range.clone()], &metadata, overwrite).await?;
+        for t in &plan.tensors[range.clone()] {
+            write_tensor(source, t, budget, &mut w).await?;
+        }
+        writers.push(w);
+    }
+    let mut small = Vec::new();
+    for (name, value) in [
+        ("config.json", Json::Object(plan.config.clone())),
+        ("tokenizer.json", plan.tokenizer_json.clone()),
+        ("tokenizer_config.json", plan.tokenizer_config.clone()),
+    ] {
+        let mut text = serde_json::to_string_pretty(&value).expect("JSON serializes");
+        text.push('\n');
+        let mut sink = StagedSink::create(&dst_dir.child(name)?, overwrite).await?;
+        sink.write(text.as_bytes()).await?;
+        small.push(sink);
+    }
+    let mut out = Vec::new();
+    for w in writers {
+        out.push(w.finish().await?);
+    }
+    for s in small {
+        out.push(s.commit().await?);
+    }
+    if shards.len() > 1 {
+        out.push(write_index(dst_dir, &descs, &shards, overwrite).await?);
+    }
+    Ok(out)
+}
+
+/// One tensor, whole rows at a time within `budget`: dequantized, unpermuted, offset removed, rounded to the dtype.
+async fn write_tensor(src: &TensorSource, t: &HfTensor, budget: u64, w: &mut SafetensorsWriter) -> Result<()> {
+    let cols = t.shape.last().copied().unwrap_or(1).max(1) as usize;
+    let rows = (t.shape.iter().product::<u64>() as usize) / cols;
+    let per_row = (cols * (4 + t.dtype.size())) as u64;
+    let hd = t.unpermute_heads.map(|h| rows as u64 / h);
+    // Whole heads per chunk when permuted, so every source row of a chunk is inside it.
+    let unit = hd.unwrap_or(1) as usize;
+    let step = ((budget / per_row.max(1)) as usize / unit).max(1) * unit;
+    let (mut vals, mut ordered, mut bytes, mut scratch) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut r = 0;
+    while r < rows {
+        let n = step.min(rows - r);
+        vals.resize(n * cols, 0f32);
+        src.read_f32_rows(&t.source, r as u64, &mut vals, &mut scratch).await?;
+        let rows_out: &[f32] = match hd {
+            None => &vals,
+            Some(hd) => {
+                ordered.clear();
+                for k in 0..n as u64 {
+                    let s = (unpermuted_source_row(r as u64 + k, hd) - r as u64) as usize;
+                    ordered.extend_from_slice(&vals[s * cols..(s + 1) * cols]);
+                }
+                &ordered
+            }
+        };
+        bytes.clear();
+        for &x in rows_out {
+            let x = match t.offset {
+                Some(o) => x - o,
+                None => x,
+            };
+            match t.dtype {
+                Dtype::BF16 => bytes.extend_from_slice(&super::transform::f32_to_bf16_bits(x).to_le_bytes()),
+                Dtype::F16 => bytes.extend_from_slice(&super::transform::f32_to_f16_bits(x).to_le_bytes()),
+                _ => bytes.extend_from_slice(&x.to_le_bytes()),
+            }
+        }
+        w.write(&bytes).await?;
+        r += n;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::transform::permuted_source_row;
+    use super::*;
+
+    #[test]
+    fn unpermute_inverts_permute() {
+        for hd in [2u64, 4, 6, 64] {
+            for r in 0..3 * hd {
+                assert_eq!(unpermuted_source_row(permuted_source_row(r, hd), hd), r);
+                assert_eq!(permuted_source_row(unpermuted_source_row(r, hd), hd), r);
+            }
+        }
+    }
+
+    #[test]
+    fn f32_metadata_reads_back_short() {
+        assert_eq!(value_json(&Value::F32(1e-5)).unwrap().to_string(), "1e-5");
+        assert_eq!(value_json(&Value::F32(100000.0)).unwrap().to_string(), "100000.0");
+    }
+}
