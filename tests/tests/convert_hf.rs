@@ -341,3 +341,56 @@ fn mlx_checkpoint_converts_with_mlx_dequantized_weights() {
         assert_eq!(q.permute_heads, Some(9));
     });
 }
+
+/// The checkpoint users actually have: `mlx_lm.convert -q` (4-bit) and then `mlx_lm fuse` of a LoRA adapter without
+/// `--dequantize` (so every Linear is requantized, the state `convert_hf_to_gguf.py` fails on with "Can not map
+/// tensor '…scales'"). quantfarm converts it, and llama.cpp loads the GGUF and generates.
+#[test]
+fn an_mlx_4bit_fused_checkpoint_converts_and_runs_in_llama_cpp() {
+    use std::ffi::OsStr;
+    let dir = tempfile::tempdir().unwrap();
+    let mlx = dir.path().join("mlx-4bit");
+    let hf = hf_dir();
+    quantfarm_e2e::run_py(
+        "mlx_checkpoint.py",
+        &[OsStr::new("convert"), hf.as_os_str(), mlx.as_os_str(), OsStr::new("4"), OsStr::new("64")],
+    );
+    let adapter = dir.path().join("adapter");
+    let unused = dir.path().join("unused.safetensors");
+    quantfarm_e2e::run_py(
+        "lora_adapters.py",
+        &[OsStr::new("mlx-lora"), hf.as_os_str(), adapter.as_os_str(), unused.as_os_str()],
+    );
+    let fused = dir.path().join("SmolLM2-fused");
+    let out = Command::new(quantfarm_e2e::peers_python())
+        .args(["-m", "mlx_lm", "fuse", "--model"])
+        .arg(&mlx)
+        .arg("--adapter-path")
+        .arg(&adapter)
+        .arg("--save-path")
+        .arg(&fused)
+        .output()
+        .expect("run mlx_lm fuse");
+    assert!(out.status.success(), "mlx_lm fuse: {}", String::from_utf8_lossy(&out.stderr));
+    let config: Json = serde_json::from_slice(&std::fs::read(fused.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["quantization"]["bits"], 4, "the fused model is still quantized");
+
+    let gguf = rt().block_on(async {
+        let out = convert_hf_to_gguf(
+            &Location::local(&fused),
+            &Location::local(dir.path()),
+            "fused",
+            OutType::Bf16,
+            None,
+            16 << 20,
+            false,
+        )
+        .await
+        .unwrap();
+        PathBuf::from(&out[0].location)
+    });
+    assert_eq!(header(&gguf).tensors.len(), 272);
+    let text = quantfarm_e2e::llama_generate(&gguf, "The capital of France is", 8, 2, &["--no-warmup", "--simple-io"]);
+    let generated = text.trim_start().strip_prefix("The capital of France is").unwrap_or(&text);
+    assert!(generated.chars().filter(|c| c.is_alphabetic()).count() >= 3, "llama.cpp generated {generated:?}");
+}
