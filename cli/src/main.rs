@@ -39,6 +39,8 @@ enum Command {
     Mlx(mlx::Args),
     /// Merge a LoRA/DoRA adapter (PEFT or mlx-lm) into an HF base exactly (f64, rounded once).
     Merge(merge::Args),
+    /// Convert a LoRA adapter (PEFT or mlx-lm) to a GGUF LoRA for llama.cpp (`llama-server --lora`).
+    LoraGguf(merge::LoraArgs),
     /// Make a release: a coordinator and local workers in this process (gRPC over loopback), a local store.
     /// Exit status 0 released, 1 a gate failed, 2 error.
     Run(farm::RunArgs),
@@ -88,6 +90,7 @@ fn main() -> std::process::ExitCode {
             Command::Convert(args) => ok(convert::run(args).await),
             Command::Mlx(args) => ok(mlx::run(args).await),
             Command::Merge(args) => ok(merge::run(args).await),
+            Command::LoraGguf(args) => ok(merge::lora_gguf(args).await),
             Command::Run(args) => farm::run(args).await,
             Command::Coordinator(args) => ok(farm::coordinator(args).await),
             Command::Worker(args) => ok(farm::worker(args).await),

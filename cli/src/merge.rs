@@ -3,7 +3,7 @@
 //! before anything is written.
 
 use anyhow::{Context, Result};
-use quantfarm_tensors::merge::{merge_adapter, MergeOptions};
+use quantfarm_tensors::merge::{adapter_to_gguf, merge_adapter, MergeOptions};
 use quantfarm_tensors::Location;
 
 use crate::units::{human, parse_size};
@@ -48,5 +48,36 @@ pub async fn run(args: Args) -> Result<()> {
     for c in &done.files {
         println!("{}  {}  {}", c.sha256, human(c.bytes), c.location);
     }
+    Ok(())
+}
+
+/// `quantfarm lora-gguf BASE ADAPTER OUT.gguf`: the adapter as a GGUF LoRA for `llama-server --lora`.
+#[derive(clap::Args)]
+pub struct LoraArgs {
+    /// The HF base checkpoint folder the adapter was trained on (its config.json names the architecture).
+    base: String,
+    /// The adapter folder (PEFT or mlx-lm).
+    adapter: String,
+    /// The GGUF LoRA file to write.
+    output: String,
+    /// The base model's name when its folder does not record it (see `merge --base-name`).
+    #[arg(long)]
+    base_name: Option<String>,
+    /// Replace an existing output.
+    #[arg(long)]
+    overwrite: bool,
+}
+
+pub async fn lora_gguf(args: LoraArgs) -> Result<()> {
+    let opts = MergeOptions { budget: 0, overwrite: args.overwrite, base_name: args.base_name.clone() };
+    let c = adapter_to_gguf(
+        &Location::parse(&args.base)?,
+        &Location::parse(&args.adapter)?,
+        &Location::parse(&args.output)?,
+        &opts,
+    )
+    .await
+    .with_context(|| format!("cannot convert {} to a GGUF LoRA", args.adapter))?;
+    println!("{}  {}  {}", c.sha256, human(c.bytes), c.location);
     Ok(())
 }

@@ -1,11 +1,12 @@
 """Synthetic LoRA adapters for an HF base, and their reference merge computed independently in float64.
 
 usage: lora_adapters.py FORMAT BASE_DIR ADAPTER_DIR EXPECTED_FILE [FLAW]
-FORMAT: peft | mlx | mlx-lora
+FORMAT: peft | peft-attn | mlx | mlx-lora
 FLAW (optional): misspelled | shape | base  (the adapter is broken that way; no reference is written)
 
 peft: LoRA r=8, lora_alpha=16 on q/k/v/o_proj of every layer (alpha_pattern gives v_proj alpha 32), rsLoRA off,
       plus an embedding LoRA on embed_tokens (lora_embedding_A (r, vocab), lora_embedding_B (dim, r)).
+peft-attn: the same without the embedding LoRA.
 mlx:  mlx-lm DoRA (fine_tune_type dora, scale 2.0) on q_proj and v_proj of the last 4 layers, LoRA factors
       lora_a (in, r) / lora_b (r, out); DoRA magnitudes m (out,).
 mlx-lora: mlx-lm LoRA (scale 2.0) on q_proj, v_proj and mlp.down_proj of the last 4 layers.
@@ -94,7 +95,7 @@ def factor(*shape):
 
 
 expected = {}
-if FORMAT == "peft":
+if FORMAT in ("peft", "peft-attn"):
     alpha, alpha_v = 16.0, 32.0
     tensors = {}
     for b in range(layers):
@@ -106,15 +107,17 @@ if FORMAT == "peft":
             tensors[f"{key}.lora_A.weight"], tensors[f"{key}.lora_B.weight"] = A, B
             s = (alpha_v if proj == "v_proj" else alpha) / R
             expected[w] = base[w] + s * (B.astype(np.float64) @ A.astype(np.float64))
-    emb = "model.embed_tokens.weight"
-    vocab, dim = base[emb].shape
-    EA, EB = factor(R, vocab), factor(dim, R)
-    tensors["base_model.model.model.embed_tokens.lora_embedding_A"] = EA
-    tensors["base_model.model.model.embed_tokens.lora_embedding_B"] = EB
-    expected[emb] = base[emb] + (alpha / R) * (EB.astype(np.float64) @ EA.astype(np.float64)).T
+    if FORMAT == "peft":
+        emb = "model.embed_tokens.weight"
+        vocab, dim = base[emb].shape
+        EA, EB = factor(R, vocab), factor(dim, R)
+        tensors["base_model.model.model.embed_tokens.lora_embedding_A"] = EA
+        tensors["base_model.model.model.embed_tokens.lora_embedding_B"] = EB
+        expected[emb] = base[emb] + (alpha / R) * (EB.astype(np.float64) @ EA.astype(np.float64)).T
     cfg = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": RECORDED_BASE, "r": R,
            "lora_alpha": alpha, "alpha_pattern": {"v_proj": alpha_v}, "rank_pattern": {}, "lora_dropout": 0.0,
-           "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "embed_tokens"], "use_rslora": False,
+           "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"] + (["embed_tokens"] if FORMAT == "peft" else []),
+           "use_rslora": False,
            "use_dora": False, "fan_in_fan_out": False, "bias": "none", "modules_to_save": None,
            "inference_mode": True}
     if FLAW == "misspelled":

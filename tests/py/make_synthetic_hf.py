@@ -14,6 +14,7 @@ writes. The weights are seeded normal values, so reruns give identical files.
 """
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -130,7 +131,8 @@ def spm_tokenizer(cls: str, template: str, extra_cfg: dict):
     return len(tokens)
 
 
-H, FF, LAYERS, HEADS, KV, HEAD_DIM = 64, 128, 2, 4, 2, 16
+# QF_SYNTHETIC_DIMS="hidden,ff,layers,heads,kv_heads,head_dim" makes a bigger model (the benchmarks use it).
+H, FF, LAYERS, HEADS, KV, HEAD_DIM = (int(x) for x in os.environ.get("QF_SYNTHETIC_DIMS", "64,128,2,4,2,16").split(","))
 common = {"hidden_size": H, "intermediate_size": FF, "num_hidden_layers": LAYERS, "num_attention_heads": HEADS,
           "num_key_value_heads": KV, "initializer_range": 0.02, "attention_dropout": 0.0, "use_cache": True,
           "torch_dtype": "bfloat16", "transformers_version": "4.51.0"}
@@ -182,25 +184,25 @@ for b in range(LAYERS):
 if not cfg.get("tie_word_embeddings", ARCH == "gemma3"):
     shapes["lm_head.weight"] = (vocab, H)
 
-tensors = {}
-for name, shape in shapes.items():
+def make(name):
+    shape = shapes[name]
     scale = 1.0 if name.endswith("norm.weight") else 0.05
     a = rng.standard_normal(shape, dtype=np.float32) * scale
     if name.endswith("norm.weight") and ARCH != "gemma3":
         a += 1.0
-    tensors[name] = bf16(a)
+    return bf16(a)
 
 # safetensors' numpy API has no bfloat16, so the file is written here: a JSON header (sorted names, BF16, offsets)
 # padded with spaces to 8 bytes, then the data in the same order.
 header, offset = {"__metadata__": {"format": "pt"}}, 0
-for name in sorted(tensors):
-    a = tensors[name]
-    header[name] = {"dtype": "BF16", "shape": list(a.shape), "data_offsets": [offset, offset + a.nbytes]}
-    offset += a.nbytes
+for name in sorted(shapes):
+    n = int(np.prod(shapes[name])) * 2
+    header[name] = {"dtype": "BF16", "shape": list(shapes[name]), "data_offsets": [offset, offset + n]}
+    offset += n
 text = json.dumps(header, separators=(",", ":")).encode()
 text += b" " * (-len(text) % 8)
 with open(OUT / "model.safetensors", "wb") as f:
     f.write(len(text).to_bytes(8, "little") + text)
-    for name in sorted(tensors):
-        f.write(tensors[name].tobytes())
+    for name in sorted(shapes):
+        f.write(make(name).tobytes())
 print(OUT)

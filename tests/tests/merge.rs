@@ -192,3 +192,87 @@ fn flawed_adapters_are_refused_before_anything_is_written() {
     assert!(e.contains("--base-name") && e.contains(RECORDED_BASE), "{e}");
     assert!(!dir.path().join("unnamed").exists());
 }
+
+/// PEFT → GGUF LoRA against llama.cpp's own `convert_lora_to_gguf.py`: the same keys and tensors (names, q/k rope
+/// order of lora_b), except where the adapter's `alpha_pattern` gives v_proj alpha 32 over the global 16:
+/// convert_lora_to_gguf.py drops that (llama.cpp applies one alpha per file) and quantfarm folds it into lora_b,
+/// which is therefore exactly twice the script's. llama.cpp loads the result with `--lora` over SmolLM2 and
+/// generates. An embedding LoRA on SmolLM2's tied embedding is refused: the script writes it, and llama.cpp then
+/// aborts on it (it applies it to the tied output layer too).
+#[test]
+fn peft_adapter_converts_to_the_gguf_lora_llama_cpp_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let (with_embedding, _) = adapter("peft", &dir.path().join("emb"), None);
+    let opts = MergeOptions { budget: 0, overwrite: false, base_name: Some(RECORDED_BASE.into()) };
+    let refused = dir.path().join("refused.gguf");
+    let e = rt()
+        .block_on(quantfarm_tensors::merge::adapter_to_gguf(
+            &Location::local(base()),
+            &Location::local(&with_embedding),
+            &Location::local(&refused),
+            &opts,
+        ))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("embed_tokens.lora_embedding_A") && e.contains("tied output embeddings"), "{e}");
+    assert!(!refused.exists());
+    let (a, _) = adapter("peft-attn", dir.path(), None);
+    let b = base();
+    let theirs = dir.path().join("theirs.gguf");
+    let script = quantfarm_e2e::llama_src().join("convert_lora_to_gguf.py");
+    let out = std::process::Command::new(convert_python())
+        .arg(&script)
+        .arg(&a)
+        .arg("--base")
+        .arg(&b)
+        .arg("--outfile")
+        .arg(&theirs)
+        .output()
+        .expect("run convert_lora_to_gguf.py");
+    assert!(out.status.success(), "convert_lora_to_gguf.py: {}", String::from_utf8_lossy(&out.stderr));
+    let ours = dir.path().join("ours.gguf");
+    rt().block_on(quantfarm_tensors::merge::adapter_to_gguf(
+        &Location::local(&b),
+        &Location::local(&a),
+        &Location::local(&ours),
+        &opts,
+    ))
+    .unwrap();
+
+    let read = |p: &Path| {
+        rt().block_on(async {
+            let src = TensorSource::open(&Location::local(p)).await.unwrap();
+            let meta = src.gguf().unwrap().header().metadata.clone();
+            let mut t = Vec::new();
+            for e in src.tensors() {
+                let mut v = vec![0f32; e.elements() as usize];
+                src.read_f32_rows(&e.name, 0, &mut v, &mut Vec::new()).await.unwrap();
+                t.push((e.name.clone(), e.shape.clone(), v));
+            }
+            (meta, t)
+        })
+    };
+    let ((mo, to), (mt, tt)) = (read(&ours), read(&theirs));
+    assert_eq!(mo, mt, "metadata");
+    assert_eq!(to.len(), 240);
+    let mut folded = 0;
+    for ((n, s, v), (n2, s2, v2)) in to.iter().zip(&tt) {
+        assert_eq!((n, s), (n2, s2));
+        if n.ends_with("attn_v.weight.lora_b") {
+            assert!(v.iter().zip(v2).all(|(x, y)| *x == 2.0 * y), "{n}: not twice convert_lora_to_gguf.py's");
+            folded += 1;
+        } else {
+            assert!(v.iter().zip(v2).all(|(x, y)| x.to_bits() == y.to_bits()), "{n} differs");
+        }
+    }
+    assert_eq!(folded, 30);
+    let lora = ours.to_str().unwrap().to_string();
+    let text = quantfarm_e2e::llama_generate(
+        &smollm2_derived().join("smollm2-bf16.gguf"),
+        "Hello",
+        4,
+        2,
+        &["--no-warmup", "--simple-io", "--lora", &lora],
+    );
+    assert!(text.trim_start().starts_with("Hello") && text.trim().len() > "Hello".len(), "{text:?}");
+}

@@ -75,6 +75,8 @@ pub struct Adapter {
     pub dir: String,
     /// The base model it records (`base_model_name_or_path` / `model`), when it records one.
     pub recorded_base: Option<String>,
+    /// PEFT's global `lora_alpha`.
+    pub lora_alpha: Option<f64>,
     pub low_rank: Vec<LowRank>,
     pub biases: Vec<BiasUpdate>,
     pub replacements: Vec<Replacement>,
@@ -125,6 +127,7 @@ impl Adapter {
             format,
             dir: dir.to_string(),
             recorded_base: None,
+            lora_alpha: None,
             low_rank: Vec::new(),
             biases: Vec::new(),
             replacements: Vec::new(),
@@ -135,6 +138,17 @@ impl Adapter {
             AdapterFormat::MlxLm => adapter.read_mlx(&config, &config_file, &tensor_file).await?,
         }
         Ok(adapter)
+    }
+
+    /// The low-rank updates in the order their first tensor appears in the adapter file (the order
+    /// convert_lora_to_gguf.py writes them in).
+    pub fn low_rank_in_file_order(&self) -> Vec<&LowRank> {
+        let pos: std::collections::HashMap<&str, usize> =
+            self.tensors.tensors().iter().enumerate().map(|(i, e)| (e.name.as_str(), i)).collect();
+        let first = |lr: &LowRank| lr.keys.iter().filter_map(|k| pos.get(k.as_str())).min().copied().unwrap_or(0);
+        let mut v: Vec<&LowRank> = self.low_rank.iter().collect();
+        v.sort_by_key(|lr| first(lr));
+        v
     }
 
     async fn matrix(&self, key: &str, file: &str) -> Result<(Vec<f64>, usize, usize)> {
@@ -167,6 +181,7 @@ impl Adapter {
         };
         let r_default = num("r", 8.0)?;
         let alpha_default = num("lora_alpha", 8.0)?;
+        self.lora_alpha = Some(alpha_default);
         let flag = |k: &str| c.get(k).and_then(Json::as_bool).unwrap_or(false);
         let (rslora, fan_in_fan_out, dora) = (flag("use_rslora"), flag("fan_in_fan_out"), flag("use_dora"));
         let patterns = |k: &str| -> Result<Vec<(Regex, f64)>> {

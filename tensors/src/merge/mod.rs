@@ -13,6 +13,7 @@
 //! staged and committed together at the end.
 
 pub mod adapter;
+mod lora_gguf;
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -30,6 +31,7 @@ use crate::write::{copy_tensor, SafetensorsWriter};
 
 pub use adapter::{Adapter, AdapterFormat};
 use adapter::{BiasUpdate, LowRank, Replacement};
+pub use lora_gguf::write_lora_gguf;
 
 /// The HF names of the input embedding and the output projection (LLaMA-family causal LMs).
 const EMBED: &str = "model.embed_tokens.weight";
@@ -260,6 +262,25 @@ pub async fn merge_adapter(base: &Location, adapter: &Location, out: &Location, 
         committed.push(s.commit().await?);
     }
     Ok(Merged { format: adapter.format, files: committed, changed, untied: untie })
+}
+
+/// Converts the adapter folder `adapter`, trained on the HF base folder `base` (its config.json is read, and the
+/// adapter's recorded base checked against it), into a GGUF LoRA file at `dst` (see [`write_lora_gguf`]).
+pub async fn adapter_to_gguf(
+    base: &Location,
+    adapter: &Location,
+    dst: &Location,
+    opts: &MergeOptions,
+) -> Result<Committed> {
+    let config_file = format!("{}/config.json", base.to_string().trim_end_matches('/'));
+    let config: serde_json::Map<String, Json> =
+        match serde_json::from_slice(&read_small(&base.child("config.json")?, &config_file).await?) {
+            Ok(Json::Object(m)) => m,
+            _ => return Err(Error::format(&config_file, "config.json", "is not a JSON object")),
+        };
+    let adapter = Adapter::open(adapter).await?;
+    check_base_identity(&adapter, base, &config, opts)?;
+    write_lora_gguf(&adapter, &config, dst, opts.overwrite).await
 }
 
 fn insert<'a>(
