@@ -23,8 +23,8 @@ pub struct Args {
     /// Replace existing outputs.
     #[arg(long)]
     overwrite: bool,
-    /// Memory for tensor data held at once.
-    #[arg(long, default_value = "256MiB", value_parser = parse_size)]
+    /// Memory for tensor data held at once (smaller chunks stay in cache: 32 MiB was faster than 256 MiB).
+    #[arg(long, default_value = "32MiB", value_parser = parse_size)]
     budget: u64,
 }
 

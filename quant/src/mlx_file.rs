@@ -239,12 +239,17 @@ pub async fn quantize_mlx_checkpoint(
                 quantized += 1;
                 let step = (opts.budget / (cols * 4)).max(1);
                 let (mut scales, mut biases) = (Vec::new(), Vec::new());
+                // Values read from a tensor already stored in the cast dtype need no rounding.
+                let exact = src.entry(name)?.ty == TensorType::Dtype(*dtype);
+                let mut vals = Vec::new();
                 let mut row = 0;
                 while row < *rows {
                     let n = step.min(rows - row);
-                    let mut vals = vec![0f32; (n * cols) as usize];
+                    vals.resize((n * cols) as usize, 0f32);
                     src.read_f32_rows(name, row, &mut vals, &mut scratch).await?;
-                    round_to(&mut vals, *dtype);
+                    if !exact {
+                        round_to(&mut vals, *dtype);
+                    }
                     let q = quantize_affine(&vals, *cols as usize, opts.bits, opts.group_size, *dtype)
                         .map_err(|source| MlxFileError::Quant { tensor: name.clone(), source })?;
                     writers[shard[0]].write(&q.packed_bytes()).await?;
