@@ -151,6 +151,31 @@ impl Adapter {
         v
     }
 
+    /// Reads the factors `ka` and `kb` of `module` and checks that their rank axes (picked from (rows, cols) by
+    /// `rank_a` and `rank_b`) agree.
+    #[allow(clippy::type_complexity)]
+    async fn factor_pair(
+        &self,
+        file: &str,
+        module: &str,
+        ka: &str,
+        kb: &str,
+        rank_a: fn((usize, usize)) -> usize,
+        rank_b: fn((usize, usize)) -> usize,
+    ) -> Result<((Vec<f64>, usize, usize), (Vec<f64>, usize, usize))> {
+        let (a, ar, ac) = self.matrix(ka, file).await?;
+        let (b, br, bc) = self.matrix(kb, file).await?;
+        let (ra, rb) = (rank_a((ar, ac)), rank_b((br, bc)));
+        if ra != rb {
+            return Err(Error::format(
+                file,
+                module,
+                format!("{ka} is {ar}×{ac} and {kb} is {br}×{bc}: the ranks ({ra} and {rb}) differ"),
+            ));
+        }
+        Ok(((a, ar, ac), (b, br, bc)))
+    }
+
     async fn matrix(&self, key: &str, file: &str) -> Result<(Vec<f64>, usize, usize)> {
         let e = self.tensors.entry(key)?;
         let (rows, cols) = match e.shape[..] {
@@ -250,15 +275,8 @@ impl Adapter {
             if embedding && (take("A").is_some() || take("B").is_some()) {
                 return Err(Error::format(file, &module, "has both linear and embedding LoRA factors"));
             }
-            let (a, ar, ac) = self.matrix(&ka, file).await?;
-            let (b, br, bc) = self.matrix(&kb, file).await?;
-            if ar != bc {
-                return Err(Error::format(
-                    file,
-                    &module,
-                    format!("{ka} is {ar}×{ac} and {kb} is {br}×{bc}: the ranks ({ar} and {bc}) differ"),
-                ));
-            }
+            // PEFT: A is (r, in), B is (out, r).
+            let ((a, ar, ac), (b, br, bc)) = self.factor_pair(file, &module, &ka, &kb, |(r, _)| r, |(_, c)| c).await?;
             let rank = ar;
             let pattern = |list: &[(Regex, f64)], default: f64| {
                 list.iter().find(|(re, _)| re.is_match(&module)).map(|(_, v)| *v).unwrap_or(default)
@@ -348,15 +366,8 @@ impl Adapter {
                 let have: Vec<&String> = parts.values().collect();
                 return Err(Error::format(file, &module, format!("has {have:?} but not both lora_a and lora_b")));
             };
-            let (a, ar, ac) = self.matrix(&ka, file).await?;
-            let (b, br, bc) = self.matrix(&kb, file).await?;
-            if ac != br {
-                return Err(Error::format(
-                    file,
-                    &module,
-                    format!("{ka} is {ar}×{ac} and {kb} is {br}×{bc}: the ranks ({ac} and {br}) differ"),
-                ));
-            }
+            // mlx-lm: lora_a is (in, r), lora_b is (r, out).
+            let ((a, ar, ac), (b, br, bc)) = self.factor_pair(file, &module, &ka, &kb, |(_, c)| c, |(r, _)| r).await?;
             let leaf = module.rsplit('.').next().unwrap_or(&module);
             let embedding = EMBEDDING_MODULES.contains(&leaf);
             let (b_n, a_n, rows, cols) = if embedding {
