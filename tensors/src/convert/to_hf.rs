@@ -314,7 +314,9 @@ mod tests {
 
     #[test]
     fn f32_metadata_reads_back_short() {
-        assert_eq!(value_json(&Value::F32(1e-5)).unwrap().to_string(), "1e-5");
-        assert_eq!(value_json(&Value::F32(100000.0)).unwrap().to_string(), "100000.0");
+        // The f64 is the decimal's, not the f32's widening (9.999999747378752e-06).
+        assert_eq!(value_json(&Value::F32(1e-5)).unwrap().as_f64(), Some(1e-5));
+        assert_eq!(value_json(&Value::F32(100000.0)).unwrap().as_f64(), Some(100000.0));
+        assert_eq!(value_json(&Value::U32(7)).unwrap(), Json::from(7));
     }
 }
