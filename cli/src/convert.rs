@@ -57,7 +57,7 @@ pub struct Args {
 }
 
 fn parse_outtype(s: &str) -> std::result::Result<OutType, String> {
-    OutType::parse(s).ok_or_else(|| format!("{s:?}: expected bf16, f16 or f32"))
+    OutType::parse(s).ok_or_else(|| format!("{s:?}: expected bf16, f16, f32 or q8_0"))
 }
 
 pub async fn run(args: Args) -> Result<()> {
@@ -127,6 +127,7 @@ async fn to_hf_run(args: &Args, src: &Location) -> Result<()> {
         OutType::Bf16 => Dtype::BF16,
         OutType::F16 => Dtype::F16,
         OutType::F32 => Dtype::F32,
+        OutType::Q8_0 => anyhow::bail!("--outtype q8_0 is for GGUF outputs; an HF checkpoint is bf16, f16 or f32"),
     };
     let source = TensorSource::open(src).await?;
     if source.format() != Format::Gguf {

@@ -62,7 +62,7 @@ fn a_gguf_destination_names_the_file_and_outtype_sets_the_types() {
     assert!(!text.contains("  BF16  ["), "no BF16 tensor at --outtype f32:\n{text}");
     let bad = run(&["--outtype", "q4_k"]);
     assert!(!bad.status.success());
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("expected bf16, f16 or f32"));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("expected bf16, f16, f32 or q8_0"));
     let bad = run(&["--prefix", "x"]);
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("already names the file"));

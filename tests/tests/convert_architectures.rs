@@ -95,10 +95,10 @@ fn check(arch: &str, outtypes: &[(&str, OutType)]) {
     }
 }
 
-/// Qwen2: byte-level BPE (pre-tokenizer "qwen2"), q/k/v biases, no permutation; all three out-types.
+/// Qwen2: byte-level BPE (pre-tokenizer "qwen2"), q/k/v biases, no permutation; all four out-types.
 #[test]
 fn qwen2_equals_convert_hf_to_gguf() {
-    check("qwen2", &[("bf16", OutType::Bf16), ("f16", OutType::F16), ("f32", OutType::F32)]);
+    check("qwen2", &[("bf16", OutType::Bf16), ("f16", OutType::F16), ("f32", OutType::F32), ("q8_0", OutType::Q8_0)]);
 }
 
 /// Qwen3: per-head q/k norms, head_dim, tied embeddings.
@@ -115,8 +115,8 @@ fn mistral_equals_convert_hf_to_gguf() {
 }
 
 /// Gemma 3: norms stored as 1 + weight, sliding-window and local rope keys, Gemma3Model's repeated keys, and
-/// SentencePiece with add_space_prefix false; all three out-types.
+/// SentencePiece with add_space_prefix false; all four out-types.
 #[test]
 fn gemma3_equals_convert_hf_to_gguf() {
-    check("gemma3", &[("bf16", OutType::Bf16), ("f16", OutType::F16), ("f32", OutType::F32)]);
+    check("gemma3", &[("bf16", OutType::Bf16), ("f16", OutType::F16), ("f32", OutType::F32), ("q8_0", OutType::Q8_0)]);
 }

@@ -51,6 +51,8 @@ pub enum OutType {
     Bf16,
     F16,
     F32,
+    /// gguf-py's Q8_0 for 2-D weights whose rows are whole 32-blocks; others fall back to F16 as gguf-py does.
+    Q8_0,
 }
 
 impl OutType {
@@ -59,6 +61,7 @@ impl OutType {
             "bf16" => OutType::Bf16,
             "f16" => OutType::F16,
             "f32" => OutType::F32,
+            "q8_0" => OutType::Q8_0,
             _ => return None,
         })
     }
@@ -68,6 +71,7 @@ impl OutType {
             OutType::Bf16 => "bf16",
             OutType::F16 => "f16",
             OutType::F32 => "f32",
+            OutType::Q8_0 => "q8_0",
         }
     }
 
@@ -76,15 +80,17 @@ impl OutType {
             OutType::Bf16 => GgmlType::BF16,
             OutType::F16 => GgmlType::F16,
             OutType::F32 => GgmlType::F32,
+            OutType::Q8_0 => GgmlType::Q8_0,
         }
     }
 
-    /// `general.file_type` (gguf-py `LlamaFileType`: ALL_F32, MOSTLY_F16, MOSTLY_BF16).
+    /// `general.file_type` (gguf-py `LlamaFileType`: ALL_F32, MOSTLY_F16, MOSTLY_BF16, MOSTLY_Q8_0).
     fn file_type(self) -> u32 {
         match self {
             OutType::Bf16 => 32,
             OutType::F16 => 1,
             OutType::F32 => 0,
+            OutType::Q8_0 => 7,
         }
     }
 }
@@ -224,7 +230,14 @@ pub async fn plan_hf_to_gguf(source: &TensorSource, out: OutType) -> Result<Gguf
             ) {
                 return Err(bad(format!("type {source_type} cannot be converted (BF16, F16, F32 or MLX affine only)")));
             }
-            let ty = if m.f32.forces_f32(&gguf, shape.len()) { GgmlType::F32 } else { out.ggml() };
+            let ty = if m.f32.forces_f32(&gguf, shape.len()) {
+                GgmlType::F32
+            } else if out == OutType::Q8_0 && shape.last().is_some_and(|c| c % 32 != 0) {
+                // gguf-py's QuantError fallback: rows that are not whole blocks are written F16.
+                GgmlType::F16
+            } else {
+                out.ggml()
+            };
             let ne: Vec<u64> = shape.iter().rev().copied().collect();
             let rows = shape.first().copied().unwrap_or(1);
             let permute_heads = match permute {

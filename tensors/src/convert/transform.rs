@@ -43,6 +43,18 @@ pub fn f32_to_f16_bits(x: f32) -> u16 {
     half::f16::from_f32(x).to_bits()
 }
 
+/// gguf-py's `Q8_0.quantize_blocks`, which is ggml's `quantize_row_q8_0_ref`: per block of 32, `d = amax / 127`,
+/// codes `roundf(x · (1/d))` (half away from zero; 0 when d is 0), `d` stored as f16. `values` is whole blocks.
+/// (The quant crate has the same blocks in its SIMD pipeline; both are checked against ggml's golden vectors.)
+pub fn q8_0_blocks(values: &[f32], out: &mut Vec<u8>) {
+    for block in values.chunks_exact(32) {
+        let d = block.iter().fold(0f32, |m, x| m.max(x.abs())) / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        out.extend_from_slice(&f32_to_f16_bits(d).to_le_bytes());
+        out.extend(block.iter().map(|x| (x * id).round() as i8 as u8));
+    }
+}
+
 /// Converts little-endian elements of `src` (dtype `from`) into `to`, appending to `out`, adding `offset` in f32
 /// first when set. Without an offset, same-type conversions are byte copies; widening is exact; narrowing rounds
 /// as gguf-py does (bf16: ggml's round to nearest even; f16: numpy's).
@@ -62,13 +74,21 @@ pub fn convert_elements(
         }
     };
     if !matches!(from, Dtype::BF16 | Dtype::F16 | Dtype::F32)
-        || !matches!(to, GgmlType::BF16 | GgmlType::F16 | GgmlType::F32)
+        || !matches!(to, GgmlType::BF16 | GgmlType::F16 | GgmlType::F32 | GgmlType::Q8_0)
     {
         return Err(Error::format(
             tensor,
             "dtype",
             format!("converting {from} to {to} is not supported (BF16, F16 or F32 to BF16, F16 or F32)"),
         ));
+    }
+    if to == GgmlType::Q8_0 {
+        let vals: Vec<f32> = src.chunks_exact(from.size()).map(|b| value(b) + offset.unwrap_or(0.0)).collect();
+        if vals.len() % 32 != 0 {
+            return Err(Error::format(tensor, "Q8_0", format!("{} values are not whole 32-value blocks", vals.len())));
+        }
+        q8_0_blocks(&vals, out);
+        return Ok(());
     }
     if let Some(o) = offset {
         for b in src.chunks_exact(from.size()) {
@@ -155,6 +175,17 @@ mod tests {
             let x = f32::from_bits(bits);
             assert_eq!(f64_to_bf16_bits(f64::from(x)), f32_to_bf16_bits(x), "{x}");
         }
+    }
+
+    /// ggml's own Q8_0 output for the golden input (../shared/fixtures/ggml-golden).
+    #[test]
+    fn q8_0_equals_ggml_golden_vectors() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures/ggml-golden");
+        let input = std::fs::read(dir.join("input.f32")).expect("golden input");
+        let want = std::fs::read(dir.join("q8_0.bin")).expect("golden q8_0");
+        let mut out = Vec::new();
+        convert_elements(Dtype::F32, GgmlType::Q8_0, &input, &mut out, "golden", None).unwrap();
+        assert_eq!(out, want);
     }
 
     #[test]
