@@ -84,7 +84,7 @@ pub fn convert_elements(
     }
     if to == GgmlType::Q8_0 {
         let vals: Vec<f32> = src.chunks_exact(from.size()).map(|b| value(b) + offset.unwrap_or(0.0)).collect();
-        if vals.len() % 32 != 0 {
+        if !vals.len().is_multiple_of(32) {
             return Err(Error::format(tensor, "Q8_0", format!("{} values are not whole 32-value blocks", vals.len())));
         }
         q8_0_blocks(&vals, out);
