@@ -11,13 +11,9 @@
 use serde_json::{json, Map, Value as Json};
 
 use super::mapping::{pre_tokenizers, PRE_TOKENIZERS_FILE};
+use super::tokenizer::{CONTROL, NORMAL, USER_DEFINED};
 use crate::error::{Error, Result};
 use crate::gguf::{Array, Value};
-
-/// gguf `TokenType`.
-const NORMAL: i32 = 1;
-const CONTROL: i32 = 3;
-const USER_DEFINED: i32 = 4;
 
 /// `(tokenizer.json, tokenizer_config.json)` from the GGUF metadata `kv` (`file` names it in errors).
 pub fn rebuild(kv: &[(String, Value)], file: &str) -> Result<(Json, Json)> {

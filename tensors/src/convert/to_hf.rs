@@ -53,21 +53,12 @@ pub struct HfPlan {
 /// A metadata value as JSON; an f32 becomes the shortest decimal that reads back as the same f32 (1e-05, not
 /// 9.999999747378752e-06).
 pub(crate) fn value_json(v: &Value) -> Option<Json> {
-    Some(match v {
-        Value::U8(x) => (*x).into(),
-        Value::I8(x) => (*x).into(),
-        Value::U16(x) => (*x).into(),
-        Value::I16(x) => (*x).into(),
-        Value::U32(x) => (*x).into(),
-        Value::I32(x) => (*x).into(),
-        Value::U64(x) => (*x).into(),
-        Value::I64(x) => (*x).into(),
-        Value::F32(x) => serde_json::Number::from_f64(format!("{x}").parse::<f64>().ok()?)?.into(),
-        Value::F64(x) => serde_json::Number::from_f64(*x)?.into(),
-        Value::Bool(b) => (*b).into(),
-        Value::String(s) => s.as_str()?.into(),
-        Value::Array(_) => return None,
-    })
+    match v {
+        Value::Array(_) => None,
+        Value::F32(x) => serde_json::Number::from_f64(format!("{x}").parse::<f64>().ok()?).map(Json::Number),
+        Value::String(s) => s.as_str().map(Json::from),
+        other => Some(other.to_json()),
+    }
 }
 
 /// Plans the conversion of the GGUF model `src` to an HF checkpoint with weights in `dtype` (BF16, F16 or F32).

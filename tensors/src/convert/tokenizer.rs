@@ -15,10 +15,10 @@ use crate::error::{Error, Result};
 use crate::gguf::{Array, GgufStr, Value};
 
 /// gguf `TokenType`.
-const NORMAL: i32 = 1;
+pub(super) const NORMAL: i32 = 1;
 const UNKNOWN: i32 = 2;
-const CONTROL: i32 = 3;
-const USER_DEFINED: i32 = 4;
+pub(super) const CONTROL: i32 = 3;
+pub(super) const USER_DEFINED: i32 = 4;
 const UNUSED: i32 = 5;
 const BYTE: i32 = 6;
 
