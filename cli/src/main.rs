@@ -9,6 +9,7 @@ mod merge;
 mod mlx;
 mod quantize;
 mod units;
+mod verify;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -39,6 +40,9 @@ enum Command {
     Mlx(mlx::Args),
     /// Merge a LoRA/DoRA adapter (PEFT or mlx-lm) into an HF base exactly (f64, rounded once).
     Merge(merge::Args),
+    /// Check an output against its source: every tensor recomputed and compared (bytes, or within one quantization
+    /// step for MLX affine), metadata, config and tokenizer files. Exit status 0 passed, 1 failed, 2 error.
+    Verify(verify::Args),
     /// Convert a LoRA adapter (PEFT or mlx-lm) to a GGUF LoRA for llama.cpp (`llama-server --lora`).
     LoraGguf(merge::LoraArgs),
     /// Make a release: a coordinator and local workers in this process (gRPC over loopback), a local store.
@@ -91,6 +95,7 @@ fn main() -> std::process::ExitCode {
             Command::Mlx(args) => ok(mlx::run(args).await),
             Command::Merge(args) => ok(merge::run(args).await),
             Command::LoraGguf(args) => ok(merge::lora_gguf(args).await),
+            Command::Verify(args) => verify::run(args).await,
             Command::Run(args) => farm::run(args).await,
             Command::Coordinator(args) => ok(farm::coordinator(args).await),
             Command::Worker(args) => ok(farm::worker(args).await),

@@ -1,5 +1,5 @@
-//! `quantfarm convert --dry-run`: the whole plan is printed (metadata, and per tensor its source, operations,
-//! destination, type, shape and bytes, file by file) and nothing is written.
+//! `quantfarm convert` and `quantfarm verify` as users run them: the dry-run plan, out-types, GGUF → MLX, and
+//! verify's verdicts on good and damaged outputs.
 
 use std::process::Command;
 
@@ -121,4 +121,92 @@ fn a_q4_k_m_gguf_becomes_an_mlx_checkpoint_mlx_lm_runs() {
     eprintln!("mlx_lm greedy: {text:?}");
     // A 135M model quantized twice (Q4_K_M, then MLX 4-bit) need not still know the capital; it must still speak.
     assert!(text.split_whitespace().filter(|w| w.chars().any(char::is_alphabetic)).count() >= 3, "{text:?}");
+
+    // `verify`: every tensor recomputed from the Q4_K_M source is identical, config and tokenizer files too.
+    let verify = || {
+        let out = Command::new(env!("CARGO_BIN_EXE_quantfarm"))
+            .args([OsStr::new("verify"), q4.as_os_str(), mlx.as_os_str()])
+            .output()
+            .expect("run quantfarm verify");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        eprintln!("{text}{}", String::from_utf8_lossy(&out.stderr));
+        (out.status.code(), text)
+    };
+    let (code, text) = verify();
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("PASSED: 272 tensors identical, 0 within one quantization step, 0 differ; 0 problems"));
+    assert!(text.contains("ok: tokenizer.json") && text.contains("ok: config.json"), "{text}");
+    // One scale one bf16 ulp off: not the recomputed bytes, but every value still within one step.
+    let file = mlx.join("model.safetensors");
+    let at = |name: &str| stored_at(&file, name);
+    let mut bytes = std::fs::read(&file).unwrap();
+    let s = at("model.layers.0.mlp.down_proj.scales");
+    let ulp = u16::from_le_bytes([bytes[s], bytes[s + 1]]) + 1;
+    bytes[s..s + 2].copy_from_slice(&ulp.to_le_bytes());
+    std::fs::write(&file, &bytes).unwrap();
+    let (code, text) = verify();
+    assert_eq!(code, Some(0), "{text}");
+    assert!(
+        text.contains("model.layers.0.mlp.down_proj.weight  <-  blk.0.ffn_down.weight  within one quantization step")
+    );
+    // A group of codes zeroed: its values collapse to the group's bias, many steps from the source.
+    let w = at("model.layers.0.mlp.down_proj.weight");
+    bytes[w..w + 32].fill(0);
+    std::fs::write(&file, &bytes).unwrap();
+    let (code, text) = verify();
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("model.layers.0.mlp.down_proj.weight  <-  blk.0.ffn_down.weight  DIFFERS: "), "{text}");
+    assert!(text.contains("quantization steps off at row 0, column "), "{text}");
+}
+
+/// The absolute offset of tensor `name`'s bytes in a safetensors file.
+fn stored_at(file: &std::path::Path, name: &str) -> usize {
+    let bytes = std::fs::read(file).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    8 + n + header[name]["data_offsets"][0].as_u64().unwrap() as usize
+}
+
+/// `verify HF OUT.gguf`: a conversion passes; one changed byte of one tensor fails naming that tensor, and a
+/// changed metadata value fails naming the key; the exit status says which.
+#[test]
+fn verify_names_a_changed_tensor_byte_and_metadata_value() {
+    let hf = smollm2_derived().join("smollm2-hf");
+    let dir = tempfile::tempdir().unwrap();
+    let gguf = dir.path().join("s.gguf");
+    let run = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_quantfarm")).args(args).output().expect("run quantfarm");
+        (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr))
+    };
+    let (code, text) = run(&["convert", hf.to_str().unwrap(), gguf.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{text}");
+    let verify = || run(&["verify", hf.to_str().unwrap(), gguf.to_str().unwrap()]);
+    let (code, text) = verify();
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("PASSED: 272 tensors identical"), "{text}");
+
+    let original = std::fs::read(&gguf).unwrap();
+    let header = quantfarm_tensors::gguf::GgufHeader::parse(&original, original.len() as u64, "s.gguf").unwrap();
+    let t = header.tensors.iter().find(|t| t.name == "blk.3.ffn_up.weight").unwrap();
+    let at = (header.data_offset + t.offset) as usize + 1000;
+    let mut bytes = original.clone();
+    bytes[at] ^= 0x40;
+    std::fs::write(&gguf, &bytes).unwrap();
+    let (code, text) = verify();
+    assert_eq!(code, Some(1), "{text}");
+    assert!(
+        text.contains("blk.3.ffn_up.weight  <-  model.layers.3.mlp.up_proj.weight  DIFFERS: 1 of 1769472 bytes differ from the recomputed ones, the first at byte 1000"),
+        "{text}"
+    );
+    assert!(text.contains("FAILED: 271 tensors identical"), "{text}");
+
+    // llama.rope.freq_base: the f32 after its key and type.
+    let key = b"llama.rope.freq_base";
+    let k = original.windows(key.len()).position(|w| w == key).unwrap() + key.len() + 4;
+    let mut bytes = original.clone();
+    bytes[k..k + 4].copy_from_slice(&2.0f32.to_le_bytes());
+    std::fs::write(&gguf, &bytes).unwrap();
+    let (code, text) = verify();
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("PROBLEM: metadata key llama.rope.freq_base is 2.0; 100000.0 expected"), "{text}");
 }

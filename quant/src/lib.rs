@@ -27,6 +27,7 @@ mod legacy;
 pub mod mixture;
 pub mod mlx;
 pub mod mlx_file;
+pub mod verify;
 
 pub use float::{f32_to_bf16_bits, f32_to_f16_bits};
 pub use ftype::FileType;

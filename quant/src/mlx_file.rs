@@ -38,7 +38,7 @@ pub const ARCHITECTURES: [&str; 4] = ["llama", "mistral", "qwen2", "qwen3"];
 const MAX_SHARD_BYTES: u64 = 5 << 30;
 
 /// Files beside the weights that `mlx_lm.convert` carries over (the tokenizer's, `generation_config.json`).
-const CARRIED_FILES: [&str; 10] = [
+pub(crate) const CARRIED_FILES: [&str; 10] = [
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",

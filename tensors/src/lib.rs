@@ -19,6 +19,7 @@ pub mod sink;
 pub mod source;
 pub mod store;
 pub mod synthetic;
+pub mod verify;
 pub mod write;
 
 pub use dtype::{Dtype, TensorType};

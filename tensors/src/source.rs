@@ -255,6 +255,35 @@ impl TensorSource {
         }
     }
 
+    /// Reads rows `first_row..first_row + rows` of the MLX affine tensor `name` as stored: packed codes, scales
+    /// and biases (each little-endian, scales and biases in the tensor's scale dtype).
+    pub async fn read_affine_rows(
+        &self,
+        name: &str,
+        first_row: u64,
+        rows: u64,
+        codes: &mut Vec<u8>,
+        scales: &mut Vec<u8>,
+        biases: &mut Vec<u8>,
+    ) -> Result<()> {
+        let e = self.entry(name)?;
+        let not_affine = || Error::format(self.location.to_string(), name, "is not an MLX affine-quantized tensor");
+        let m = self.mlx().ok_or_else(not_affine)?;
+        let Some(mlx::MlxTensor { parts: MlxParts::Affine { params, weight, scales: s, biases: b }, .. }) =
+            m.tensors.iter().find(|t| t.name == name)
+        else {
+            return Err(not_affine());
+        };
+        if first_row + rows > e.rows() {
+            return Err(Error::Budget {
+                file: self.location.to_string(),
+                tensor: name.to_string(),
+                msg: format!("rows {first_row}..+{rows} are outside its {} rows", e.rows()),
+            });
+        }
+        read_affine(m, e.row_len(), params, [weight, s, b], first_row, rows, [codes, scales, biases]).await
+    }
+
     /// Reads rows `first_row..first_row + out.len() / row_len` of tensor `name`, dequantized to f32. `scratch` is
     /// reused between calls to hold the stored bytes.
     pub async fn read_f32_rows(
@@ -282,15 +311,19 @@ impl TensorSource {
             if let Some(mlx::MlxTensor { parts: MlxParts::Affine { params, weight, scales, biases }, .. }) =
                 m.tensors.iter().find(|t| t.name == name)
             {
-                let groups = row_len / u64::from(params.group_size);
-                let code_bytes = row_len * u64::from(params.bits) / 8;
                 let mut s_raw = Vec::new();
                 let mut b_raw = Vec::new();
                 let sd = scales.1.dtype;
-                let group_bytes = groups * sd.size() as u64;
-                read_part_rows(m, weight, first_row, rows, code_bytes, scratch).await?;
-                read_part_rows(m, scales, first_row, rows, group_bytes, &mut s_raw).await?;
-                read_part_rows(m, biases, first_row, rows, group_bytes, &mut b_raw).await?;
+                read_affine(
+                    m,
+                    row_len,
+                    params,
+                    [weight, scales, biases],
+                    first_row,
+                    rows,
+                    [scratch, &mut s_raw, &mut b_raw],
+                )
+                .await?;
                 let s = to_f32(sd, &s_raw, name)?;
                 let b = to_f32(sd, &b_raw, name)?;
                 dequant::dequantize_mlx_affine(
@@ -316,6 +349,25 @@ impl TensorSource {
         }
         Ok(())
     }
+}
+
+/// Reads rows `first_row..first_row + rows` of an affine triple's codes, scales and biases as stored.
+async fn read_affine(
+    m: &MlxModel,
+    row_len: u64,
+    params: &mlx::AffineParams,
+    parts: [&(usize, crate::safetensors::StTensor); 3],
+    first_row: u64,
+    rows: u64,
+    bufs: [&mut Vec<u8>; 3],
+) -> Result<()> {
+    let groups = row_len / u64::from(params.group_size);
+    let code_bytes = row_len * u64::from(params.bits) / 8;
+    let group_bytes = groups * parts[1].1.dtype.size() as u64;
+    let [codes, scales, biases] = bufs;
+    read_part_rows(m, parts[0], first_row, rows, code_bytes, codes).await?;
+    read_part_rows(m, parts[1], first_row, rows, group_bytes, scales).await?;
+    read_part_rows(m, parts[2], first_row, rows, group_bytes, biases).await
 }
 
 /// Reads `rows` rows of `row_bytes` each, from `first_row`, of one stored tensor of an MLX model.

@@ -155,3 +155,37 @@ pub fn run_py_with(python: &Path, script: &str, args: &[&std::ffi::OsStr]) -> St
 }
 
 pub mod s3;
+
+/// `quantfarm verify SRC OUT [--adapter A --base-name NAME]` through the library: every tensor recomputed and
+/// compared.
+pub fn verify(src: &Path, out: &Path, adapter: Option<(&Path, &str)>) -> quantfarm_tensors::verify::Verification {
+    use quantfarm_quant::verify::{verify, VerifyOptions};
+    use quantfarm_tensors::Location;
+    let opts = VerifyOptions {
+        budget: 8 << 20,
+        adapter: adapter.map(|(a, _)| Location::local(a)),
+        base_name: adapter.map(|(_, n)| n.to_string()),
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("a runtime");
+    rt.block_on(verify(&Location::local(src), &Location::local(out), &opts))
+        .unwrap_or_else(|e| panic!("verify {} against {}: {e}", out.display(), src.display()))
+}
+
+/// Asserts that a verification passed with every tensor identical to its recomputation.
+pub fn assert_verified_identical(v: &quantfarm_tensors::verify::Verification) {
+    let (identical, within, differing) = v.counts();
+    let bad: Vec<String> = v
+        .tensors
+        .iter()
+        .filter(|t| t.verdict != quantfarm_tensors::verify::Verdict::Identical)
+        .map(|t| format!("{}: {}", t.name, t.verdict))
+        .take(5)
+        .collect();
+    assert!(
+        v.passed() && within == 0 && differing == 0 && identical > 0,
+        "{}: {identical} identical, {within} within a step, {differing} differ; problems {:?}; {bad:?}",
+        v.direction,
+        v.problems
+    );
+    eprintln!("verify {}: {identical} tensors identical; checked {:?}", v.direction, v.checked);
+}

@@ -88,6 +88,8 @@ fn check(arch: &str, outtypes: &[(&str, OutType)]) {
         oracle(&hf, name, &theirs);
         let mine = ours(&hf, *out, &dir.path().join(format!("ours-{name}")));
         assert_same_file(&mine, &theirs);
+        // `verify` recomputes the real script's output from the checkpoint.
+        quantfarm_e2e::assert_verified_identical(&quantfarm_e2e::verify(&hf, &theirs, None));
         eprintln!(
             "{arch} {name}: identical to convert_hf_to_gguf.py ({} bytes)",
             std::fs::metadata(&mine).unwrap().len()

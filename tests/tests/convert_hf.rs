@@ -390,6 +390,8 @@ fn an_mlx_4bit_fused_checkpoint_converts_and_runs_in_llama_cpp() {
         PathBuf::from(&out[0].location)
     });
     assert_eq!(header(&gguf).tensors.len(), 272);
+    // `verify MLX GGUF`: every affine triple dequantized again gives the GGUF's bytes.
+    quantfarm_e2e::assert_verified_identical(&quantfarm_e2e::verify(&fused, &gguf, None));
     let text = quantfarm_e2e::llama_generate(&gguf, "The capital of France is", 8, 2, &["--no-warmup", "--simple-io"]);
     let generated = text.trim_start().strip_prefix("The capital of France is").unwrap_or(&text);
     assert!(generated.chars().filter(|c| c.is_alphabetic()).count() >= 3, "llama.cpp generated {generated:?}");

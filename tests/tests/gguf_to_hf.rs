@@ -54,6 +54,7 @@ fn smollm2_bf16_gguf_comes_back_as_its_hf_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let back = dir.path().join("hf");
     to_hf(&gguf, &back);
+    quantfarm_e2e::assert_verified_identical(&quantfarm_e2e::verify(&gguf, &back, None));
     let (ours, orig) = (values(&back), values(&hf));
     assert_eq!(ours.len(), orig.len());
     for (name, (ty, v)) in &orig {

@@ -86,6 +86,23 @@ fn check_merged(format: &str, untied: bool) {
         assert_eq!(std::fs::read(out.join(side)).unwrap(), std::fs::read(base().join(side)).unwrap(), "{side}");
     }
     eprintln!("{format}: {} tensors equal the f64 reference merge rounded to bf16", want.len());
+
+    // `verify BASE OUT --adapter A` recomputes every tensor and side file; one flipped byte in a merged tensor fails
+    // naming it.
+    let v = quantfarm_e2e::verify(&base(), &out, Some((&a, RECORDED_BASE)));
+    quantfarm_e2e::assert_verified_identical(&v);
+    let name = want.keys().min().unwrap();
+    let file = out.join("model.safetensors");
+    let mut bytes = std::fs::read(&file).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let at = 8 + n + header[name]["data_offsets"][0].as_u64().unwrap() as usize;
+    bytes[at] ^= 1;
+    std::fs::write(&file, &bytes).unwrap();
+    let v = quantfarm_e2e::verify(&base(), &out, Some((&a, RECORDED_BASE)));
+    assert!(!v.passed());
+    let bad: Vec<&str> = v.tensors.iter().filter(|t| !t.verdict.passed()).map(|t| t.name.as_str()).collect();
+    assert_eq!(bad, [name.as_str()]);
 }
 
 fn bf16(b: &[u8]) -> Vec<f64> {

@@ -166,6 +166,8 @@ fn checkpoint_matches_manifest(bits: u32) {
             assert_eq!(sha, t["sha256"].as_str().unwrap(), "bytes of {name}");
         }
     });
+    // `verify HF MLX` recomputes every module: identical, as is config.json and the carried tokenizer files.
+    quantfarm_e2e::assert_verified_identical(&quantfarm_e2e::verify(&hf, &out, None));
     for file in ["config.json", "model.safetensors.index.json", "tokenizer.json", "generation_config.json"] {
         let bytes = std::fs::read(out.join(file)).unwrap();
         let want = &manifest["other_files"][file];

@@ -19,7 +19,7 @@ use crate::safetensors::{plan_shards, shard_file_name, write_index, StTensorDesc
 use crate::sink::{Committed, StagedSink};
 use crate::source::TensorSource;
 use crate::store::Location;
-use crate::write::SafetensorsWriter;
+use crate::write::{PieceWriter, SafetensorsWriter};
 
 /// safetensors shards of at most this many bytes (`save_pretrained`'s default `max_shard_size` is 5 GB).
 const MAX_SHARD_BYTES: u64 = 5_000_000_000;
@@ -215,7 +215,7 @@ pub async fn write_hf(
         let target = dst_dir.child(&shard_file_name(i, shards.len()))?;
         let mut w = SafetensorsWriter::create(&target, &descs[range.clone()], &metadata, overwrite).await?;
         for t in &plan.tensors[range.clone()] {
-            write_tensor(source, t, budget, &mut w).await?;
+            write_hf_tensor(source, t, budget, &mut w).await?;
         }
         writers.push(w);
     }
@@ -244,8 +244,8 @@ pub async fn write_hf(
     Ok(out)
 }
 
-/// One tensor, whole rows at a time within `budget`: dequantized, unpermuted, offset removed, rounded to the dtype.
-async fn write_tensor(src: &TensorSource, t: &HfTensor, budget: u64, w: &mut SafetensorsWriter) -> Result<()> {
+/// One tensor (to a file, or to a comparison when verifying), whole rows at a time within `budget`: dequantized, unpermuted, offset removed, rounded to the dtype.
+pub async fn write_hf_tensor(src: &TensorSource, t: &HfTensor, budget: u64, w: &mut impl PieceWriter) -> Result<()> {
     let cols = t.shape.last().copied().unwrap_or(1).max(1) as usize;
     let rows = (t.shape.iter().product::<u64>() as usize) / cols;
     let per_row = (cols * (4 + t.dtype.size())) as u64;
@@ -282,7 +282,7 @@ async fn write_tensor(src: &TensorSource, t: &HfTensor, budget: u64, w: &mut Saf
                 _ => bytes.extend_from_slice(&x.to_le_bytes()),
             }
         }
-        w.write(&bytes).await?;
+        w.write_piece(&bytes).await?;
         r += n;
     }
     Ok(())

@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::gguf::split::split_metadata;
 use crate::source::TensorSource;
 use crate::store::Location;
-use crate::write::GgufWriter;
+use crate::write::{GgufWriter, PieceWriter};
 
 /// Stages file `shard` of the plan cut by `ranges` at `dst` and writes all its bytes; not yet committed.
 pub(super) async fn stage_shard(
@@ -48,14 +48,14 @@ pub(super) async fn stage_shard(
     Ok(w)
 }
 
-/// Streams one tensor: whole rows (or, when permuted, whole heads) at a time within `budget`, converted to the
+/// Streams one tensor (to a file, or to a comparison when verifying): whole rows (or, when permuted, whole heads) at a time within `budget`, converted to the
 /// planned type; a head that does not fit is gathered row by row.
-async fn write_tensor(
+pub(crate) async fn write_tensor(
     src: &TensorSource,
     t: &PlannedTensor,
     budget: u64,
     (inb, outb): &mut (Vec<u8>, Vec<u8>),
-    w: &mut GgufWriter,
+    w: &mut impl PieceWriter,
 ) -> Result<()> {
     let e = src.entry(&t.source)?;
     let expect_ne: Vec<u64> = e.shape.iter().rev().copied().collect();
@@ -128,7 +128,7 @@ async fn write_tensor(
                 transform::convert_elements(read_dtype, t.ty, inb, outb, &t.source, t.offset)?;
             }
         }
-        w.write(outb).await?;
+        w.write_piece(outb).await?;
         r += n;
     }
     Ok(())

@@ -27,10 +27,10 @@ use crate::safetensors::{StTensorDesc, INDEX_FILE};
 use crate::sink::{Committed, StagedSink};
 use crate::source::{Format, TensorSource};
 use crate::store::Location;
-use crate::write::{copy_tensor, SafetensorsWriter};
+use crate::write::{copy_tensor, PieceWriter, SafetensorsWriter};
 
+use adapter::LowRank;
 pub use adapter::{Adapter, AdapterFormat};
-use adapter::{BiasUpdate, LowRank, Replacement};
 pub use lora_gguf::write_lora_gguf;
 
 /// The HF names of the input embedding and the output projection (LLaMA-family causal LMs).
@@ -58,34 +58,47 @@ pub struct Merged {
     pub untied: bool,
 }
 
-/// How one output tensor is made.
-enum Make<'a> {
+/// How one output tensor is made (indices into the adapter's updates).
+#[derive(Clone, Copy)]
+enum Make {
     Copy,
-    LowRank(&'a LowRank),
-    Bias(&'a BiasUpdate),
-    Replace(&'a Replacement),
+    LowRank(usize),
+    Bias(usize),
+    Replace(usize),
 }
 
 /// One output tensor: its name, where its base values come from, and what is done to them.
-struct Out<'a> {
+struct Out {
     name: String,
     /// The base tensor read (the embedding, for an untied `lm_head.weight`).
     source: String,
     dtype: Dtype,
     shape: Vec<u64>,
-    make: Make<'a>,
+    make: Make,
 }
 
 /// One output file: the base file's name and `__metadata__`, and its tensors in order.
-struct OutFile<'a> {
+struct OutFile {
     name: String,
-    tensors: Vec<Out<'a>>,
+    tensors: Vec<Out>,
     metadata: Vec<(String, String)>,
 }
 
-/// Merges the adapter folder `adapter` into the HF checkpoint folder `base`, writing the merged checkpoint to folder
-/// `out`.
-pub async fn merge_adapter(base: &Location, adapter: &Location, out: &Location, opts: &MergeOptions) -> Result<Merged> {
+/// A checked merge, before any byte is written: every output file and tensor and how it is made. Writing it
+/// ([`merge_adapter`]) and checking an output against it ([`crate::verify`]) share it, so both make the same bytes.
+pub struct MergePlan {
+    base: Location,
+    base_name: String,
+    src: TensorSource,
+    adapter: Adapter,
+    config: serde_json::Map<String, Json>,
+    untie: bool,
+    files: Vec<OutFile>,
+}
+
+/// Checks the adapter folder `adapter` against the HF checkpoint folder `base` and plans the merged checkpoint;
+/// reads headers, the adapter's (small) tensors and the JSON files, no base weights.
+pub async fn plan_merge(base: &Location, adapter: &Location, opts: &MergeOptions) -> Result<MergePlan> {
     let src = TensorSource::open(base).await?;
     let base_name = base.to_string();
     let st =
@@ -101,7 +114,7 @@ pub async fn merge_adapter(base: &Location, adapter: &Location, out: &Location, 
         };
     let config_file = format!("{}/config.json", base_name.trim_end_matches('/'));
     let config_bytes = read_small(&base.child("config.json")?, &config_file).await?;
-    let mut config: serde_json::Map<String, Json> = match serde_json::from_slice(&config_bytes) {
+    let config: serde_json::Map<String, Json> = match serde_json::from_slice(&config_bytes) {
         Ok(Json::Object(m)) => m,
         _ => return Err(Error::format(&config_file, "config.json", "is not a JSON object")),
     };
@@ -127,8 +140,8 @@ pub async fn merge_adapter(base: &Location, adapter: &Location, out: &Location, 
         && config.get("tie_word_embeddings").and_then(Json::as_bool) != Some(false);
 
     // Updates by target, each target at most once; the lm_head of a tied base reads the embedding.
-    let mut updates: BTreeMap<&str, Make> = BTreeMap::new();
-    for lr in &adapter.low_rank {
+    let mut updates: BTreeMap<String, Make> = BTreeMap::new();
+    for (i, lr) in adapter.low_rank.iter().enumerate() {
         let keys = lr.keys.join(", ");
         let (dtype, shape) = base_tensor(&base_tensors, &lr.target, tied, &adapter, &keys, &base_name)?;
         float_dtype(dtype, &lr.target, &base_name)?;
@@ -146,9 +159,9 @@ pub async fn merge_adapter(base: &Location, adapter: &Location, out: &Location, 
                 ),
             ));
         }
-        insert(&mut updates, &lr.target, Make::LowRank(lr), &keys, &adapter.dir)?;
+        insert(&mut updates, &lr.target, Make::LowRank(i), &keys, &adapter.dir)?;
     }
-    for b in &adapter.biases {
+    for (i, b) in adapter.biases.iter().enumerate() {
         let (dtype, shape) = base_tensor(&base_tensors, &b.target, false, &adapter, &b.key, &base_name)?;
         float_dtype(dtype, &b.target, &base_name)?;
         if shape != [b.values.len() as u64] {
@@ -158,9 +171,9 @@ pub async fn merge_adapter(base: &Location, adapter: &Location, out: &Location, 
                 format!("has {} values, but the base tensor {} is {shape:?}", b.values.len(), b.target),
             ));
         }
-        insert(&mut updates, &b.target, Make::Bias(b), &b.key, &adapter.dir)?;
+        insert(&mut updates, &b.target, Make::Bias(i), &b.key, &adapter.dir)?;
     }
-    for r in &adapter.replacements {
+    for (i, r) in adapter.replacements.iter().enumerate() {
         let (dtype, shape) = base_tensor(&base_tensors, &r.target, tied, &adapter, &r.key, &base_name)?;
         float_dtype(dtype, &r.target, &base_name)?;
         let e = adapter.tensors.entry(&r.key)?;
@@ -174,7 +187,7 @@ pub async fn merge_adapter(base: &Location, adapter: &Location, out: &Location, 
         if !matches!(e.ty, TensorType::Dtype(Dtype::BF16 | Dtype::F16 | Dtype::F32)) {
             return Err(Error::format(&adapter.dir, &r.key, format!("is {}; BF16, F16 or F32 expected", e.ty)));
         }
-        insert(&mut updates, &r.target, Make::Replace(r), &r.key, &adapter.dir)?;
+        insert(&mut updates, &r.target, Make::Replace(i), &r.key, &adapter.dir)?;
     }
     if updates.is_empty() {
         return Err(Error::format(&adapter.dir, "adapter", "has no tensors: nothing to merge"));
@@ -212,44 +225,102 @@ pub async fn merge_adapter(base: &Location, adapter: &Location, out: &Location, 
         });
     }
     debug_assert!(updates.is_empty(), "every update has its base tensor");
+    drop(base_tensors);
+    Ok(MergePlan { base: base.clone(), base_name, src, adapter, config, untie, files })
+}
 
-    // Stage every file, then commit them all.
-    let mut staged_files = Vec::new();
-    let mut changed = Vec::new();
-    let mut buf = Vec::new();
-    for OutFile { name: file, tensors: outs, metadata } in &files {
-        let descs: Vec<StTensorDesc> = outs
+impl MergePlan {
+    pub fn format(&self) -> AdapterFormat {
+        self.adapter.format
+    }
+
+    /// The output's safetensors files, in order (the base's names).
+    pub fn file_names(&self) -> Vec<&str> {
+        self.files.iter().map(|f| f.name.as_str()).collect()
+    }
+
+    /// The tensors of output file `file`: name, dtype, shape, and whether the adapter changes it.
+    pub fn tensors(&self, file: usize) -> impl Iterator<Item = (&str, Dtype, &[u64], bool)> {
+        self.files[file].tensors.iter().map(|o| (o.name.as_str(), o.dtype, &o.shape[..], !matches!(o.make, Make::Copy)))
+    }
+
+    /// The `__metadata__` of output file `file` (the base file's).
+    pub fn file_metadata(&self, file: usize) -> &[(String, String)] {
+        &self.files[file].metadata
+    }
+
+    /// Whether `tie_word_embeddings` is turned off and `lm_head.weight` written.
+    pub fn untied(&self) -> bool {
+        self.untie
+    }
+
+    /// Streams the bytes of tensor `index` of output file `file` into `w`, within `budget`.
+    pub async fn tensor_bytes(&self, file: usize, index: usize, budget: u64, w: &mut impl PieceWriter) -> Result<()> {
+        let o = &self.files[file].tensors[index];
+        match o.make {
+            Make::Copy => copy_tensor(&self.src, &o.source, budget, &mut Vec::new(), w).await,
+            _ => write_updated(&self.src, &self.adapter, o, budget, w).await,
+        }
+    }
+
+    /// Every other file of the output (config.json, tokenizer files, the index), by name: the base's, with the
+    /// index rewritten for the output's tensors and config.json's `tie_word_embeddings` turned off when untied.
+    pub async fn side_files(&self) -> Result<Vec<(String, Vec<u8>)>> {
+        let shard_names = self.file_names();
+        let mut out = Vec::new();
+        for name in self.base.list().await? {
+            if shard_names.contains(&name.as_str()) {
+                continue;
+            }
+            let bytes = if name == INDEX_FILE {
+                index_json(&self.files)
+            } else if name == "config.json" && self.untie {
+                let mut config = self.config.clone();
+                config.insert("tie_word_embeddings".into(), Json::Bool(false));
+                let mut text = serde_json::to_string_pretty(&Json::Object(config)).expect("JSON serializes");
+                text.push('\n');
+                text.into_bytes()
+            } else {
+                read_small(&self.base.child(&name)?, &format!("{}/{name}", self.base_name)).await?
+            };
+            out.push((name, bytes));
+        }
+        Ok(out)
+    }
+
+    /// Stages output file `file` at `dst` with all its bytes; not yet committed.
+    pub async fn stage_file(
+        &self,
+        file: usize,
+        dst: &Location,
+        budget: u64,
+        overwrite: bool,
+    ) -> Result<SafetensorsWriter> {
+        let f = &self.files[file];
+        let descs: Vec<StTensorDesc> = f
+            .tensors
             .iter()
             .map(|o| StTensorDesc { name: o.name.clone(), dtype: o.dtype, shape: o.shape.clone() })
             .collect();
-        let mut w = SafetensorsWriter::create(&out.child(file)?, &descs, metadata, opts.overwrite).await?;
-        for o in outs {
-            match o.make {
-                Make::Copy => copy_tensor(&src, &o.source, opts.budget, &mut buf, &mut w).await?,
-                _ => {
-                    write_updated(&src, &adapter, o, opts.budget, &mut w).await?;
-                    changed.push(o.name.clone());
-                }
-            }
+        let mut w = SafetensorsWriter::create(dst, &descs, &f.metadata, overwrite).await?;
+        for i in 0..f.tensors.len() {
+            self.tensor_bytes(file, i, budget, &mut w).await?;
         }
-        staged_files.push(w);
+        Ok(w)
+    }
+}
+
+/// Merges the adapter folder `adapter` into the HF checkpoint folder `base`, writing the merged checkpoint to folder
+/// `out`.
+pub async fn merge_adapter(base: &Location, adapter: &Location, out: &Location, opts: &MergeOptions) -> Result<Merged> {
+    let plan = plan_merge(base, adapter, opts).await?;
+    // Stage every file, then commit them all.
+    let mut staged_files = Vec::new();
+    for (i, f) in plan.files.iter().enumerate() {
+        staged_files.push(plan.stage_file(i, &out.child(&f.name)?, opts.budget, opts.overwrite).await?);
     }
     let mut small = Vec::new();
-    let shard_names: Vec<&str> = files.iter().map(|f| f.name.as_str()).collect();
-    for name in base.list().await? {
-        if shard_names.contains(&name.as_str()) {
-            continue;
-        }
-        let bytes = if name == INDEX_FILE {
-            index_json(&files)
-        } else if name == "config.json" && untie {
-            config.insert("tie_word_embeddings".into(), Json::Bool(false));
-            let mut text = serde_json::to_string_pretty(&Json::Object(config.clone())).expect("JSON serializes");
-            text.push('\n');
-            text.into_bytes()
-        } else {
-            read_small(&base.child(&name)?, &format!("{base_name}/{name}")).await?
-        };
+    for (name, bytes) in plan.side_files().await? {
         let mut sink = StagedSink::create(&out.child(&name)?, opts.overwrite).await?;
         sink.write(&bytes).await?;
         small.push(sink);
@@ -261,7 +332,9 @@ pub async fn merge_adapter(base: &Location, adapter: &Location, out: &Location, 
     for s in small {
         committed.push(s.commit().await?);
     }
-    Ok(Merged { format: adapter.format, files: committed, changed, untied: untie })
+    let changed = plan.files.iter().flat_map(|f| &f.tensors).filter(|o| !matches!(o.make, Make::Copy));
+    let changed = changed.map(|o| o.name.clone()).collect();
+    Ok(Merged { format: plan.adapter.format, files: committed, changed, untied: plan.untie })
 }
 
 /// Converts the adapter folder `adapter`, trained on the HF base folder `base` (its config.json is read, and the
@@ -283,14 +356,8 @@ pub async fn adapter_to_gguf(
     write_lora_gguf(&adapter, &config, dst, opts.overwrite).await
 }
 
-fn insert<'a>(
-    updates: &mut BTreeMap<&'a str, Make<'a>>,
-    target: &'a str,
-    m: Make<'a>,
-    keys: &str,
-    dir: &str,
-) -> Result<()> {
-    if updates.insert(target, m).is_some() {
+fn insert(updates: &mut BTreeMap<String, Make>, target: &str, m: Make, keys: &str, dir: &str) -> Result<()> {
+    if updates.insert(target.to_string(), m).is_some() {
         return Err(Error::format(dir, keys, format!("updates {target}, which another adapter entry also updates")));
     }
     Ok(())
@@ -384,9 +451,9 @@ fn index_json(files: &[OutFile]) -> Vec<u8> {
 async fn write_updated(
     src: &TensorSource,
     adapter: &Adapter,
-    o: &Out<'_>,
+    o: &Out,
     budget: u64,
-    w: &mut SafetensorsWriter,
+    w: &mut impl PieceWriter,
 ) -> Result<()> {
     let (rows, cols) = match o.shape[..] {
         [r, c] => (r as usize, c as usize),
@@ -401,14 +468,18 @@ async fn write_updated(
         let n = step.min(rows - r);
         vals.resize(n * cols, 0f32);
         match o.make {
-            Make::Replace(rep) => adapter.tensors.read_f32_rows(&rep.key, r as u64, &mut vals, &mut scratch).await?,
+            Make::Replace(i) => {
+                let key = &adapter.replacements[i].key;
+                adapter.tensors.read_f32_rows(key, r as u64, &mut vals, &mut scratch).await?
+            }
             _ => src.read_f32_rows(&o.source, r as u64, &mut vals, &mut scratch).await?,
         }
         wide.clear();
         wide.extend(vals.iter().map(|&x| f64::from(x)));
         match o.make {
-            Make::LowRank(lr) => apply_low_rank(lr, r, cols, &mut wide),
-            Make::Bias(b) => {
+            Make::LowRank(i) => apply_low_rank(&adapter.low_rank[i], r, cols, &mut wide),
+            Make::Bias(i) => {
+                let b = &adapter.biases[i];
                 for (v, d) in wide.iter_mut().zip(&b.values) {
                     *v += b.scale * d;
                 }
@@ -417,7 +488,7 @@ async fn write_updated(
         }
         bytes.clear();
         encode(&wide, o.dtype, &mut bytes);
-        w.write(&bytes).await?;
+        w.write_piece(&bytes).await?;
         r += n;
     }
     Ok(())

@@ -1,0 +1,397 @@
+//! `quantfarm verify SRC OUT`: is OUT what converting (or merging into) SRC gives? The direction is told by the two
+//! formats; each output tensor is recomputed from the source as it streams and compared, and the structure around
+//! the weights (tensor set, metadata, config.json, tokenizer files) is checked too. See
+//! [`quantfarm_tensors::verify`] for the exact directions; this module adds the lossy one, MLX affine outputs:
+//!
+//! - first the codes, scales and biases are recomputed with the quantizer `quantfarm mlx` uses (the same bytes as
+//!   `mx.quantize`), so an output made by quantfarm or by mlx-lm is **identical**;
+//! - an output that is not (another quantizer, an older mlx) passes only if every dequantized value is within one
+//!   quantization step (its group's scale) of the source value, beyond the rounding of the stored scale and bias:
+//!   a wrong permutation, a dropped offset or a weight from another layer is many steps off.
+
+use serde_json::Value as Json;
+
+use quantfarm_tensors::convert::{self, HfTensor};
+use quantfarm_tensors::merge::MergeOptions;
+use quantfarm_tensors::verify::{self as tv, Compare, Verdict, Verification};
+use quantfarm_tensors::write::{copy_tensor, PieceWriter};
+use quantfarm_tensors::{Dtype, Format, Location, TensorSource, TensorType};
+
+use crate::mlx::{quantize_affine, MlxQuantError};
+use crate::mlx_file::{mlx_config, CARRIED_FILES};
+
+#[derive(Debug, thiserror::Error)]
+pub enum VerifyError {
+    #[error(transparent)]
+    Tensors(#[from] quantfarm_tensors::Error),
+    #[error("{0}")]
+    Direction(String),
+    #[error("{tensor}: {source}")]
+    Quant { tensor: String, source: MlxQuantError },
+}
+
+#[derive(Debug, Clone)]
+pub struct VerifyOptions {
+    /// Tensor data held at once (about three times this while an MLX tensor is checked).
+    pub budget: u64,
+    /// The adapter, when OUT is a merge of it into SRC.
+    pub adapter: Option<Location>,
+    /// The base's identity for the adapter's recorded-base check (as `quantfarm merge --base-name`).
+    pub base_name: Option<String>,
+}
+
+/// Checks OUT against SRC in the direction their formats tell: HF/MLX → GGUF, GGUF → HF, GGUF or HF → MLX, or a
+/// merge (with `opts.adapter`).
+pub async fn verify(src: &Location, out: &Location, opts: &VerifyOptions) -> Result<Verification, VerifyError> {
+    if let Some(adapter) = &opts.adapter {
+        let m = MergeOptions { budget: opts.budget, overwrite: false, base_name: opts.base_name.clone() };
+        return Ok(tv::verify_merge(src, adapter, out, &m).await?);
+    }
+    let s = TensorSource::open(src).await?;
+    let o = TensorSource::open(out).await?;
+    match (s.format(), o.format()) {
+        (Format::Safetensors | Format::Mlx, Format::Gguf) => Ok(tv::verify_gguf_conversion(&s, &o, opts.budget).await?),
+        (Format::Gguf, Format::Safetensors) => Ok(tv::verify_hf_conversion(&s, &o, opts.budget).await?),
+        (Format::Gguf | Format::Safetensors, Format::Mlx) => verify_mlx_conversion(&s, &o, opts.budget).await,
+        (a, b) => Err(VerifyError::Direction(format!(
+            "{src} is {} and {out} is {}: no conversion quantfarm makes goes that way (HF/MLX -> GGUF, GGUF -> HF, \
+             GGUF/HF -> MLX; a merge with --adapter; a GGUF quantized from a GGUF is checked by quantizing again)",
+            a.name(),
+            b.name()
+        ))),
+    }
+}
+
+/// Where an output tensor's values come from.
+enum Reference {
+    /// A GGUF tensor converted as GGUF → HF converts it.
+    Gguf(HfTensor),
+    /// An HF tensor of the same name.
+    Hf(String),
+}
+
+/// GGUF or HF checkpoint `src` → MLX checkpoint `out` (as `quantfarm convert --to mlx` / `quantfarm mlx` and
+/// `mlx_lm.convert -q` write it).
+pub async fn verify_mlx_conversion(
+    src: &TensorSource,
+    out: &TensorSource,
+    budget: u64,
+) -> Result<Verification, VerifyError> {
+    let out_file = out.location().to_string();
+    let mlx = out.mlx().ok_or_else(|| VerifyError::Direction(format!("{out_file} is not an MLX checkpoint")))?;
+    // The output's float dtype: its scales', else its plain matrices'.
+    let dtype = out
+        .tensors()
+        .iter()
+        .find_map(|e| match e.ty {
+            TensorType::MlxAffine { scale_dtype, .. } => Some(scale_dtype),
+            _ => None,
+        })
+        .or_else(|| {
+            out.tensors().iter().find_map(|e| match e.ty {
+                TensorType::Dtype(d @ (Dtype::BF16 | Dtype::F16 | Dtype::F32)) if e.shape.len() == 2 => Some(d),
+                _ => None,
+            })
+        })
+        .ok_or_else(|| VerifyError::Direction(format!("{out_file}: no float or quantized matrix")))?;
+    let mut v = Verification::new(format!("{} -> MLX ({dtype})", src.format().name()));
+    let (refs, base_config) = match src.format() {
+        Format::Gguf => {
+            let plan = convert::plan_gguf_to_hf(src, dtype)?;
+            for (name, want) in
+                [("tokenizer.json", &plan.tokenizer_json), ("tokenizer_config.json", &plan.tokenizer_config)]
+            {
+                tv::compare_json_file(&mut v, out.location(), name, want).await;
+            }
+            (plan.tensors.into_iter().map(|t| (t.name.clone(), Reference::Gguf(t))).collect::<Vec<_>>(), plan.config)
+        }
+        _ => {
+            let config = src.metadata();
+            let tied = config.get("tie_word_embeddings").and_then(Json::as_bool).unwrap_or(false);
+            carried_files(&mut v, src.location(), out.location()).await;
+            let refs = src
+                .tensors()
+                .iter()
+                .filter(|e| !(e.name.contains("self_attn.rotary_emb.inv_freq") || tied && e.name == "lm_head.weight"))
+                .map(|e| (e.name.clone(), Reference::Hf(e.name.clone())))
+                .collect();
+            (refs, config)
+        }
+    };
+    match mlx.config.get("quantization").and_then(|q| Some((q.get("bits")?.as_u64()?, q.get("group_size")?.as_u64()?)))
+    {
+        Some((bits, group)) => {
+            let want = mlx_config(base_config, bits as u32, group as usize);
+            tv::compare_json_object(&mut v, "config.json", &want, &mlx.config);
+        }
+        None => v.problem("config.json has no quantization {bits, group_size}"),
+    }
+
+    for (name, r) in &refs {
+        let Ok(e) = out.entry(name) else {
+            v.problem(format!("tensor {name} is missing from the output"));
+            continue;
+        };
+        let shape = match r {
+            Reference::Gguf(t) => t.shape.clone(),
+            Reference::Hf(n) => src.entry(n)?.shape.clone(),
+        };
+        if e.shape != shape {
+            v.problem(format!("tensor {name} is {:?} in the output; {shape:?} expected", e.shape));
+            continue;
+        }
+        let source = match r {
+            Reference::Gguf(t) => t.source.clone(),
+            Reference::Hf(n) => n.clone(),
+        };
+        let verdict = match e.ty {
+            TensorType::Dtype(d) => {
+                let mut c = Compare::new(out, name)?;
+                match r {
+                    Reference::Gguf(t) => {
+                        convert::write_hf_tensor(src, &HfTensor { dtype: d, ..t.clone() }, budget, &mut c).await?
+                    }
+                    Reference::Hf(n) if src.entry(n)?.ty == TensorType::Dtype(d) => {
+                        copy_tensor(src, n, budget, &mut Vec::new(), &mut c).await?
+                    }
+                    Reference::Hf(n) => {
+                        let mut rows = Rows::new(src, n, budget)?;
+                        while let Some(vals) = rows.next(d).await? {
+                            c.write_piece(&encode(vals, d)).await?;
+                        }
+                    }
+                }
+                c.verdict()
+            }
+            TensorType::MlxAffine { bits, group_size, scale_dtype } => {
+                let mut check =
+                    AffineCheck::new(out, name, e.row_len() as usize, bits.into(), group_size as usize, scale_dtype);
+                match r {
+                    Reference::Gguf(t) => {
+                        let t = HfTensor { dtype: scale_dtype, ..t.clone() };
+                        convert::write_hf_tensor(src, &t, budget, &mut check).await?;
+                    }
+                    Reference::Hf(n) => {
+                        let mut rows = Rows::new(src, n, budget)?;
+                        while let Some(vals) = rows.next(scale_dtype).await? {
+                            check.rows(vals).await?;
+                        }
+                    }
+                }
+                check.verdict()
+            }
+            TensorType::Ggml(g) => Verdict::Differs(format!("an MLX checkpoint holding a {g} tensor")),
+        };
+        v.push(name, &source, verdict);
+    }
+    let expected: std::collections::HashSet<&str> = refs.iter().map(|(n, _)| n.as_str()).collect();
+    for e in out.tensors() {
+        if !expected.contains(e.name.as_str()) {
+            v.problem(format!("tensor {} is in the output but not made from the source", e.name));
+        }
+    }
+    Ok(v)
+}
+
+/// The tokenizer and generation files `mlx_lm.convert` carries over: each one the source has, the output has with
+/// the same bytes.
+async fn carried_files(v: &mut Verification, src: &Location, out: &Location) {
+    let present = src.list().await.unwrap_or_default();
+    for name in CARRIED_FILES.iter().filter(|n| present.iter().any(|p| p == *n)) {
+        let read = |dir: &Location| {
+            let dir = dir.clone();
+            async move {
+                let blob = quantfarm_tensors::blob::Blob::open(&dir.child(name)?).await?;
+                blob.read_vec(0, blob.len()).await
+            }
+        };
+        match (read(src).await, read(out).await) {
+            (Ok(a), Ok(b)) if a == b => v.checked.push(name.to_string()),
+            (Ok(_), Ok(_)) => v.problem(format!("{name} differs from the source's")),
+            (_, Err(e)) => v.problem(format!("{name}: {e}")),
+            (Err(e), _) => v.problem(format!("{name} of the source: {e}")),
+        }
+    }
+}
+
+/// An HF tensor's rows as f32 in chunks within a budget, rounded to the output dtype as `mlx_lm.convert` casts
+/// before quantizing.
+struct Rows<'a> {
+    src: &'a TensorSource,
+    name: &'a str,
+    row: u64,
+    rows: u64,
+    step: u64,
+    exact_in: TensorType,
+    vals: Vec<f32>,
+    scratch: Vec<u8>,
+}
+
+impl<'a> Rows<'a> {
+    fn new(src: &'a TensorSource, name: &'a str, budget: u64) -> Result<Rows<'a>, VerifyError> {
+        let e = src.entry(name)?;
+        let step = (budget / (e.row_len().max(1) * 4)).max(1);
+        Ok(Rows { src, name, row: 0, rows: e.rows(), step, exact_in: e.ty, vals: Vec::new(), scratch: Vec::new() })
+    }
+
+    async fn next(&mut self, dtype: Dtype) -> Result<Option<&[f32]>, VerifyError> {
+        if self.row >= self.rows {
+            return Ok(None);
+        }
+        let n = self.step.min(self.rows - self.row);
+        let cols = self.src.entry(self.name)?.row_len().max(1);
+        self.vals.resize((n * cols) as usize, 0.0);
+        self.src.read_f32_rows(self.name, self.row, &mut self.vals, &mut self.scratch).await?;
+        if self.exact_in != TensorType::Dtype(dtype) {
+            self.vals.iter_mut().for_each(|x| *x = round(*x, dtype));
+        }
+        self.row += n;
+        Ok(Some(&self.vals))
+    }
+}
+
+/// `x.astype(dtype)` (round to nearest even) back in f32.
+fn round(x: f32, dtype: Dtype) -> f32 {
+    decode_one(&encode(&[x], dtype), dtype)
+}
+
+fn encode(vals: &[f32], dtype: Dtype) -> Vec<u8> {
+    use crate::float::{f32_to_bf16_bits, f32_to_f16_bits};
+    match dtype {
+        Dtype::BF16 => vals.iter().flat_map(|&x| f32_to_bf16_bits(x).to_le_bytes()).collect(),
+        Dtype::F16 => vals.iter().flat_map(|&x| f32_to_f16_bits(x).to_le_bytes()).collect(),
+        _ => vals.iter().flat_map(|x| x.to_le_bytes()).collect(),
+    }
+}
+
+fn decode_one(b: &[u8], dtype: Dtype) -> f32 {
+    match dtype {
+        Dtype::BF16 => f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16),
+        Dtype::F16 => quantfarm_tensors::dequant::f16_bits_to_f32(u16::from_le_bytes([b[0], b[1]])),
+        _ => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+    }
+}
+
+/// Compares an MLX affine tensor with reference rows given in order: recomputed bytes first, then the one-step
+/// bound where they differ.
+struct AffineCheck<'a> {
+    out: &'a TensorSource,
+    name: &'a str,
+    cols: usize,
+    bits: u32,
+    group_size: usize,
+    dtype: Dtype,
+    row: u64,
+    identical: bool,
+    /// The largest error seen, in quantization steps.
+    worst: f64,
+    first_bad: Option<String>,
+    /// Reference bytes (in `dtype`) not yet a whole row.
+    pending: Vec<u8>,
+    bufs: [Vec<u8>; 4],
+    deq: Vec<f32>,
+}
+
+impl<'a> AffineCheck<'a> {
+    fn new(out: &'a TensorSource, name: &'a str, cols: usize, bits: u32, group_size: usize, dtype: Dtype) -> Self {
+        AffineCheck {
+            out,
+            name,
+            cols,
+            bits,
+            group_size,
+            dtype,
+            row: 0,
+            identical: true,
+            worst: 0.0,
+            first_bad: None,
+            pending: Vec::new(),
+            bufs: Default::default(),
+            deq: Vec::new(),
+        }
+    }
+
+    /// Checks whole reference rows (values already in the output dtype, widened to f32).
+    async fn rows(&mut self, vals: &[f32]) -> Result<(), VerifyError> {
+        let n = (vals.len() / self.cols) as u64;
+        if self.row + n > self.out.entry(self.name)?.rows() {
+            self.identical = false;
+            self.first_bad.get_or_insert_with(|| "the source has more rows than the output".into());
+            self.worst = f64::INFINITY;
+            return Ok(());
+        }
+        let q = quantize_affine(vals, self.cols, self.bits, self.group_size, self.dtype)
+            .map_err(|source| VerifyError::Quant { tensor: self.name.to_string(), source })?;
+        let [codes, scales, biases, scratch] = &mut self.bufs;
+        self.out.read_affine_rows(self.name, self.row, n, codes, scales, biases).await?;
+        if *codes == q.packed_bytes() && *scales == q.scales && *biases == q.biases {
+            self.row += n;
+            return Ok(());
+        }
+        self.identical = false;
+        self.deq.resize(vals.len(), 0.0);
+        self.out.read_f32_rows(self.name, self.row, &mut self.deq, scratch).await?;
+        let size = self.dtype.size();
+        let group = |raw: &[u8], g: usize| f64::from(decode_one(&raw[g * size..(g + 1) * size], self.dtype));
+        for (i, (&got, &want)) in self.deq.iter().zip(vals).enumerate() {
+            let g = i / self.group_size;
+            let (s, b) = (group(scales, g).abs(), group(biases, g).abs());
+            let err = (f64::from(got) - f64::from(want)).abs();
+            // The stored scale and bias are rounded to the dtype: allow that much beyond the step.
+            let excess = (err - (b + f64::from(want).abs()) * 2f64.powi(-8)).max(0.0);
+            let steps = if s > 0.0 {
+                excess / s
+            } else if excess == 0.0 {
+                0.0
+            } else {
+                f64::INFINITY
+            };
+            if steps > self.worst {
+                self.worst = steps;
+            }
+            if steps > 1.0 && self.first_bad.is_none() {
+                let (r, c) = (self.row + (i / self.cols) as u64, i % self.cols);
+                self.first_bad = Some(format!(
+                    "row {r}, column {c}: the output dequantizes to {got}, the source is {want}, a step is {s}"
+                ));
+            }
+        }
+        self.row += n;
+        Ok(())
+    }
+
+    fn verdict(&self) -> Verdict {
+        let rows = self.out.entry(self.name).map(|e| e.rows()).unwrap_or(0);
+        if self.row != rows || !self.pending.is_empty() {
+            return Verdict::Differs(format!("the source gives {} rows, the output has {rows}", self.row));
+        }
+        match (self.identical, &self.first_bad) {
+            (true, _) => Verdict::Identical,
+            (false, None) => Verdict::WithinStep { worst: self.worst },
+            (false, Some(at)) => Verdict::Differs(format!("{:.1} quantization steps off at {at}", self.worst)),
+        }
+    }
+}
+
+impl PieceWriter for AffineCheck<'_> {
+    /// Reference bytes in the output dtype, as the GGUF → HF conversion writes them.
+    async fn write_piece(&mut self, data: &[u8]) -> quantfarm_tensors::Result<()> {
+        self.pending.extend_from_slice(data);
+        let row_bytes = self.cols * self.dtype.size();
+        let whole = self.pending.len() / row_bytes * row_bytes;
+        if whole == 0 {
+            return Ok(());
+        }
+        let vals: Vec<f32> =
+            self.pending[..whole].chunks_exact(self.dtype.size()).map(|b| decode_one(b, self.dtype)).collect();
+        self.pending.drain(..whole);
+        self.rows(&vals).await.map_err(|e| match e {
+            VerifyError::Tensors(t) => t,
+            other => quantfarm_tensors::Error::Format {
+                file: self.out.location().to_string(),
+                field: self.name.to_string(),
+                msg: other.to_string(),
+            },
+        })
+    }
+}
