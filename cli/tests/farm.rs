@@ -6,6 +6,7 @@
 //! and restarted: same artifact bytes, and no partial object ever listed in the bucket.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::OsStr;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -548,4 +549,74 @@ fn a_release_with_an_importance_matrix_matches_llama_quantize() {
     let meta = rt.block_on(async { TensorSource::open(&Location::local(url)).await.unwrap().metadata() });
     assert_eq!(meta["quantize.imatrix.file"], "imatrix-gpl3.gguf");
     assert_eq!(meta["quantize.imatrix.dataset"], "gpl3.txt");
+}
+
+/// A release with an adapter: the farm merges it (one task per safetensors file, one for the side files, each
+/// recomputed by a verify task), converts and quantizes the merged checkpoint to GGUF and to MLX 4-bit. The merged
+/// file is the bytes `quantfarm merge` writes, and `verify` finds every output identical to its recomputation.
+#[test]
+fn a_release_with_an_adapter_merges_then_makes_gguf_and_mlx() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hf = quantfarm_e2e::smollm2_derived().join("smollm2-hf");
+    let adapter = tmp.path().join("peft-adapter");
+    let expected = tmp.path().join("expected.safetensors");
+    quantfarm_e2e::run_py(
+        "lora_adapters.py",
+        &[OsStr::new("peft"), hf.as_os_str(), adapter.as_os_str(), expected.as_os_str()],
+    );
+    let release = tmp.path().join("release.yaml");
+    std::fs::write(
+        &release,
+        format!(
+            "name: smollm2-tuned\nsource: {}\nadapter: {}\nbase_name: HuggingFaceTB/SmolLM2-135M-Instruct\n\
+             outputs:\n  gguf:\n    quants: [Q8_0]\n  mlx:\n    bits: [4]\n",
+            hf.display(),
+            adapter.display()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(bin())
+        .arg("run")
+        .arg(&release)
+        .arg("--store")
+        .arg(tmp.path().join("data"))
+        .arg("--json")
+        .env("QUANTFARM_KEY_FILE", tmp.path().join("k"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let sum = summary(&out);
+    let artifacts = sum["artifacts"].as_array().unwrap();
+    let kinds: Vec<(&str, &str)> =
+        artifacts.iter().map(|a| (a["container"].as_str().unwrap(), a["file_type"].as_str().unwrap())).collect();
+    assert_eq!(kinds, [("hf", "merged"), ("gguf", "BF16"), ("gguf", "Q8_0"), ("mlx", "MLX-4bit")], "{sum:#}");
+    for a in artifacts {
+        assert_eq!(a["verified"], true, "{a:#}");
+    }
+    let url = |ty: &str| {
+        let a = artifacts.iter().find(|a| a["file_type"] == ty).unwrap();
+        PathBuf::from(a["files"][0]["url"].as_str().unwrap())
+    };
+    // The merged checkpoint: the file `quantfarm merge` writes; its side files beside it.
+    let merged_file = url("merged");
+    let merged = merged_file.parent().unwrap().to_path_buf();
+    let local = tmp.path().join("merged-locally");
+    let m = Command::new(bin())
+        .args([OsStr::new("merge"), hf.as_os_str(), adapter.as_os_str(), local.as_os_str()])
+        .args(["--base-name", "HuggingFaceTB/SmolLM2-135M-Instruct"])
+        .output()
+        .unwrap();
+    assert!(m.status.success(), "{}", String::from_utf8_lossy(&m.stderr));
+    for name in ["model.safetensors", "config.json", "tokenizer.json"] {
+        assert_eq!(std::fs::read(merged.join(name)).unwrap(), std::fs::read(local.join(name)).unwrap(), "{name}");
+    }
+    // Every output, recomputed from its input by `verify`.
+    let base_name = "HuggingFaceTB/SmolLM2-135M-Instruct";
+    quantfarm_e2e::assert_verified_identical(&quantfarm_e2e::verify(&hf, &merged, Some((&adapter, base_name))));
+    quantfarm_e2e::assert_verified_identical(&quantfarm_e2e::verify(&merged, &url("BF16"), None));
+    let mlx = url("MLX-4bit");
+    assert!(mlx.join("config.json").is_file(), "{}", mlx.display());
+    quantfarm_e2e::assert_verified_identical(&quantfarm_e2e::verify(&merged, &mlx, None));
+    let mlx_artifact = artifacts.iter().find(|a| a["file_type"] == "MLX-4bit").unwrap();
+    assert!(mlx_artifact["bits_per_weight"].as_f64().unwrap() > 4.0, "{mlx_artifact:#}");
 }

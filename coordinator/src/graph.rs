@@ -38,6 +38,25 @@ pub enum TaskKey {
     Noop {
         n: u32,
     },
+    /// Checks the adapter against the base and lists the merged checkpoint's files.
+    MergePlan,
+    /// One safetensors file of the merged checkpoint.
+    Merge {
+        file: u32,
+    },
+    /// The merged checkpoint's config.json, tokenizer files and index.
+    MergeSide,
+    VerifyMerge {
+        file: u32,
+    },
+    VerifyMergeSide,
+    /// An MLX affine checkpoint of `bits` bits.
+    Mlx {
+        bits: u32,
+    },
+    VerifyMlx {
+        bits: u32,
+    },
     /// Gathers every result, applies the gates and signs: run by the coordinator itself.
     Report,
 }
@@ -51,6 +70,13 @@ impl fmt::Display for TaskKey {
             TaskKey::VerifyGguf { shard } => write!(f, "verify/gguf/{shard}"),
             TaskKey::VerifyQuantize { level, shard } => write!(f, "verify/quantize/{level}/{shard}"),
             TaskKey::Noop { n } => write!(f, "noop/{n}"),
+            TaskKey::MergePlan => write!(f, "merge/plan"),
+            TaskKey::Merge { file } => write!(f, "merge/{file}"),
+            TaskKey::MergeSide => write!(f, "merge/side"),
+            TaskKey::VerifyMerge { file } => write!(f, "verify/merge/{file}"),
+            TaskKey::VerifyMergeSide => write!(f, "verify/merge/side"),
+            TaskKey::Mlx { bits } => write!(f, "mlx/{bits}"),
+            TaskKey::VerifyMlx { bits } => write!(f, "verify/mlx/{bits}"),
             TaskKey::Report => write!(f, "report"),
         }
     }
@@ -69,6 +95,13 @@ impl TaskKey {
             ["quantize", l, s] => TaskKey::Quantize { level: level(l)?, shard: num(s)? },
             ["verify", "gguf", s] => TaskKey::VerifyGguf { shard: num(s)? },
             ["verify", "quantize", l, s] => TaskKey::VerifyQuantize { level: level(l)?, shard: num(s)? },
+            ["merge", "plan"] => TaskKey::MergePlan,
+            ["merge", "side"] => TaskKey::MergeSide,
+            ["merge", f] => TaskKey::Merge { file: num(f)? },
+            ["verify", "merge", "side"] => TaskKey::VerifyMergeSide,
+            ["verify", "merge", f] => TaskKey::VerifyMerge { file: num(f)? },
+            ["mlx", b] => TaskKey::Mlx { bits: num(b)? },
+            ["verify", "mlx", b] => TaskKey::VerifyMlx { bits: num(b)? },
             _ => return None,
         })
     }
@@ -79,7 +112,13 @@ impl TaskKey {
             TaskKey::Plan => Some("plan"),
             TaskKey::Gguf { .. } => Some("gguf"),
             TaskKey::Quantize { .. } => Some("quantize"),
-            TaskKey::VerifyGguf { .. } | TaskKey::VerifyQuantize { .. } => Some("verify"),
+            TaskKey::MergePlan | TaskKey::Merge { .. } | TaskKey::MergeSide => Some("merge"),
+            TaskKey::Mlx { .. } => Some("mlx"),
+            TaskKey::VerifyGguf { .. }
+            | TaskKey::VerifyQuantize { .. }
+            | TaskKey::VerifyMerge { .. }
+            | TaskKey::VerifyMergeSide
+            | TaskKey::VerifyMlx { .. } => Some("verify"),
             TaskKey::Noop { .. } => Some("noop"),
             TaskKey::Report => None,
         }
@@ -91,7 +130,13 @@ impl TaskKey {
             TaskKey::Plan => "plan".into(),
             TaskKey::Gguf { .. } => "gguf BF16".into(),
             TaskKey::Quantize { level, .. } => format!("quantize {level}"),
-            TaskKey::VerifyGguf { .. } | TaskKey::VerifyQuantize { .. } => "verify".into(),
+            TaskKey::MergePlan | TaskKey::Merge { .. } | TaskKey::MergeSide => "merge".into(),
+            TaskKey::Mlx { bits } => format!("mlx {bits}-bit"),
+            TaskKey::VerifyGguf { .. }
+            | TaskKey::VerifyQuantize { .. }
+            | TaskKey::VerifyMerge { .. }
+            | TaskKey::VerifyMergeSide
+            | TaskKey::VerifyMlx { .. } => "verify".into(),
             TaskKey::Noop { .. } => "noop".into(),
             TaskKey::Report => "report".into(),
         }
@@ -113,13 +158,18 @@ pub struct Ctx<'a> {
     pub source: &'a str,
     /// The importance matrix, resolved likewise ("" for none).
     pub imatrix: &'a str,
+    /// The adapter merged into the source, resolved likewise ("" for none).
+    pub adapter: &'a str,
     pub store: &'a Location,
 }
 
-/// The tasks a release starts with: planning (and the scheduler's benchmark no-ops).
+/// The tasks a release starts with: the merge plan when there is an adapter, else planning (and the scheduler's
+/// benchmark no-ops).
 pub fn initial(ctx: &Ctx) -> Vec<TaskDef> {
     let mut out = Vec::new();
-    if ctx.spec.outputs.gguf.is_some() {
+    if !ctx.adapter.is_empty() {
+        out.push(TaskDef { key: TaskKey::MergePlan, deps: vec![], cost: 1 });
+    } else if ctx.spec.converts() {
         out.push(TaskDef { key: TaskKey::Plan, deps: vec![], cost: 1 });
     }
     if let Some(noop) = &ctx.spec.outputs.noop {
@@ -127,24 +177,53 @@ pub fn initial(ctx: &Ctx) -> Vec<TaskDef> {
             out.push(TaskDef { key: TaskKey::Noop { n }, deps: vec![], cost: noop.sleep_ms as u64 + 1 });
         }
     }
-    if ctx.spec.outputs.gguf.is_none() {
+    if !ctx.spec.converts() {
         let deps = out.iter().map(|t| t.key.clone()).collect();
         out.push(TaskDef { key: TaskKey::Report, deps, cost: 1 });
     }
     out
 }
 
+/// After the merge plan: one merge task per safetensors file and one for the side files, each with its
+/// verification, then planning the conversions from the merged checkpoint.
+pub fn expand_merge(mp: &pb::MergePlanResult) -> Vec<TaskDef> {
+    let mut out = Vec::new();
+    let mut merges = Vec::new();
+    for (file, bytes) in (0..mp.files.len() as u32).zip(mp.file_bytes.iter().copied().chain(std::iter::repeat(1))) {
+        let m = TaskKey::Merge { file };
+        out.push(TaskDef { key: m.clone(), deps: vec![TaskKey::MergePlan], cost: bytes });
+        out.push(TaskDef { key: TaskKey::VerifyMerge { file }, deps: vec![m.clone()], cost: bytes });
+        merges.push(m);
+    }
+    out.push(TaskDef { key: TaskKey::MergeSide, deps: vec![TaskKey::MergePlan], cost: 1 });
+    out.push(TaskDef { key: TaskKey::VerifyMergeSide, deps: vec![TaskKey::MergeSide], cost: 1 });
+    merges.push(TaskKey::MergeSide);
+    out.push(TaskDef { key: TaskKey::Plan, deps: merges, cost: 1 });
+    out
+}
+
 /// Everything after planning, from the plan's inventory: per split file a conversion and its verification, per
-/// (level, split file) a quantization and its verification, then the report over all of them.
-pub fn expand(ctx: &Ctx, plan: &pb::PlanResult) -> Vec<TaskDef> {
+/// (level, split file) a quantization and its verification, per MLX bit width a checkpoint and its verification,
+/// then the report over all of them (and over the merge's verifications, when there was one).
+pub fn expand(ctx: &Ctx, plan: &pb::PlanResult, results: &Results) -> Vec<TaskDef> {
     let shard_bytes: Vec<u64> = plan
         .shards
         .iter()
         .map(|r| plan.tensors[r.start as usize..r.end as usize].iter().map(|t| t.bytes).sum())
         .collect();
-    let n = shard_bytes.len() as u32;
+    let n = if ctx.spec.outputs.gguf.is_some() { shard_bytes.len() as u32 } else { 0 };
     let mut out = Vec::new();
     let mut verifies = Vec::new();
+    if let Ok(mp) = merge_plan_of(results) {
+        verifies.extend((0..mp.files.len() as u32).map(|file| TaskKey::VerifyMerge { file }));
+        verifies.push(TaskKey::VerifyMergeSide);
+    }
+    for &bits in ctx.spec.mlx_bits() {
+        let bytes = plan.source_bytes;
+        out.push(TaskDef { key: TaskKey::Mlx { bits }, deps: vec![TaskKey::Plan], cost: bytes });
+        out.push(TaskDef { key: TaskKey::VerifyMlx { bits }, deps: vec![TaskKey::Mlx { bits }], cost: bytes });
+        verifies.push(TaskKey::VerifyMlx { bits });
+    }
     let ggufs: Vec<TaskKey> = (0..n).map(|shard| TaskKey::Gguf { shard }).collect();
     for shard in 0..n {
         let bytes = shard_bytes[shard as usize];
@@ -244,6 +323,61 @@ fn plan_of<'a>(results: &Results<'a>) -> Result<&'a pb::PlanResult, String> {
     }
 }
 
+fn merge_plan_of<'a>(results: &Results<'a>) -> Result<&'a pb::MergePlanResult, String> {
+    match results(&TaskKey::MergePlan).and_then(|r| r.kind.as_ref()) {
+        Some(task_result::Kind::MergePlan(p)) => Ok(p),
+        _ => Err("the merge-plan task has no merge plan result".into()),
+    }
+}
+
+/// The merged checkpoint's folder: content-addressed by the merge's inputs and plan.
+fn merged_folder(ctx: &Ctx, results: &Results) -> Result<Location, String> {
+    let mp = merge_plan_of(results)?;
+    let folder = short_hash(&["quantfarm merge v1", &mp.inputs_identity, &mp.plan_digest]);
+    ctx.store.child(&format!("artifacts/{folder}/{}-merged", ctx.spec.name)).map_err(|e| e.to_string())
+}
+
+/// The model the conversions read: the merged checkpoint when there is an adapter, else the source.
+fn model_source(ctx: &Ctx, results: &Results) -> Result<String, String> {
+    if ctx.adapter.is_empty() {
+        Ok(ctx.source.to_string())
+    } else {
+        Ok(merged_folder(ctx, results)?.to_string())
+    }
+}
+
+fn merge_task(ctx: &Ctx, results: &Results, file: Option<u32>) -> Result<pb::MergeTask, String> {
+    let mp = merge_plan_of(results)?;
+    let folder = merged_folder(ctx, results)?;
+    let output = match file {
+        Some(f) => {
+            let name = mp.files.get(f as usize).ok_or_else(|| format!("the merge plan has no file {f}"))?;
+            folder.child(name).map_err(|e| e.to_string())?
+        }
+        None => folder,
+    };
+    Ok(pb::MergeTask {
+        base: ctx.source.to_string(),
+        adapter: ctx.adapter.to_string(),
+        base_name: ctx.spec.base_name.clone().unwrap_or_default(),
+        plan_digest: mp.plan_digest.clone(),
+        file: file.unwrap_or(0),
+        side_files: file.is_none(),
+        output: output.to_string(),
+    })
+}
+
+fn mlx_task(ctx: &Ctx, results: &Results, bits: u32) -> Result<pb::MlxTask, String> {
+    let plan = plan_of(results)?;
+    let group_size = ctx.spec.outputs.mlx.as_ref().map_or(64, |m| m.group_size);
+    let folder = short_hash(&["quantfarm mlx v1", &bits.to_string(), &group_size.to_string(), &plan.source_identity]);
+    let output = ctx
+        .store
+        .child(&format!("artifacts/{folder}/{}-MLX-{bits}bit", ctx.spec.prefix()))
+        .map_err(|e| e.to_string())?;
+    Ok(pb::MlxTask { source: model_source(ctx, results)?, bits, group_size, output: output.to_string() })
+}
+
 fn artifact_of<'a>(results: &Results<'a>, key: &TaskKey) -> Result<&'a pb::Artifact, String> {
     match results(key).and_then(|r| r.kind.as_ref()) {
         Some(task_result::Kind::Artifact(a)) => a.artifact.as_ref().ok_or_else(|| format!("{key}: empty artifact")),
@@ -259,7 +393,7 @@ fn gguf_task(ctx: &Ctx, results: &Results, shard: u32) -> Result<pb::GgufShardTa
     let name = file_name(&format!("{}-BF16", ctx.spec.prefix()), shard, n);
     let output = ctx.store.child(&format!("artifacts/{folder}/{name}")).map_err(|e| e.to_string())?;
     Ok(pb::GgufShardTask {
-        source: ctx.source.to_string(),
+        source: model_source(ctx, results)?,
         plan_digest: plan.plan_digest.clone(),
         split,
         shard,
@@ -297,7 +431,7 @@ fn quantize_task(ctx: &Ctx, results: &Results, level: FileType, shard: u32) -> R
 pub fn build(ctx: &Ctx, key: &TaskKey, results: &Results) -> Result<pb::Task, String> {
     let kind = match key {
         TaskKey::Plan => task::Kind::Plan(pb::PlanTask {
-            source: ctx.source.to_string(),
+            source: model_source(ctx, results)?,
             split: ctx.spec.split_rule(),
             imatrix: ctx.imatrix.to_string(),
             synthetic: match synthetic_name(&ctx.spec.source) {
@@ -325,6 +459,41 @@ pub fn build(ctx: &Ctx, key: &TaskKey, results: &Results) -> Result<pb::Task, St
                 expect_sha256: a.sha256.clone(),
             })
         }
+        TaskKey::MergePlan => task::Kind::MergePlan(pb::MergePlanTask {
+            base: ctx.source.to_string(),
+            adapter: ctx.adapter.to_string(),
+            base_name: ctx.spec.base_name.clone().unwrap_or_default(),
+        }),
+        TaskKey::Merge { file } => task::Kind::Merge(merge_task(ctx, results, Some(*file))?),
+        TaskKey::MergeSide => task::Kind::Merge(merge_task(ctx, results, None)?),
+        TaskKey::Mlx { bits } => task::Kind::Mlx(mlx_task(ctx, results, *bits)?),
+        TaskKey::VerifyMerge { .. } | TaskKey::VerifyMergeSide | TaskKey::VerifyMlx { .. } => {
+            let (producer, what) = match key {
+                TaskKey::VerifyMerge { file } => {
+                    (TaskKey::Merge { file: *file }, verify_task::What::Merge(merge_task(ctx, results, Some(*file))?))
+                }
+                TaskKey::VerifyMergeSide => {
+                    (TaskKey::MergeSide, verify_task::What::Merge(merge_task(ctx, results, None)?))
+                }
+                TaskKey::VerifyMlx { bits } => {
+                    (TaskKey::Mlx { bits: *bits }, verify_task::What::Mlx(mlx_task(ctx, results, *bits)?))
+                }
+                _ => unreachable!("matched above"),
+            };
+            let a = artifact_of(results, &producer)?;
+            let what = match what {
+                verify_task::What::Merge(mut t) => {
+                    t.output = a.url.clone();
+                    verify_task::What::Merge(t)
+                }
+                verify_task::What::Mlx(mut t) => {
+                    t.output = a.url.clone();
+                    verify_task::What::Mlx(t)
+                }
+                other => other,
+            };
+            task::Kind::Verify(pb::VerifyTask { what: Some(what), expect_sha256: a.sha256.clone() })
+        }
         TaskKey::Noop { .. } => {
             task::Kind::Noop(pb::NoopTask { sleep_ms: ctx.spec.outputs.noop.as_ref().map_or(0, |n| n.sleep_ms) })
         }
@@ -347,6 +516,13 @@ mod tests {
             TaskKey::Quantize { level: FileType::Q4_K_M, shard: 0 },
             TaskKey::VerifyGguf { shard: 1 },
             TaskKey::VerifyQuantize { level: FileType::Q8_0, shard: 2 },
+            TaskKey::MergePlan,
+            TaskKey::Merge { file: 1 },
+            TaskKey::MergeSide,
+            TaskKey::VerifyMerge { file: 0 },
+            TaskKey::VerifyMergeSide,
+            TaskKey::Mlx { bits: 4 },
+            TaskKey::VerifyMlx { bits: 8 },
         ] {
             assert_eq!(TaskKey::parse(&k.to_string()), Some(k.clone()), "{k}");
         }

@@ -62,11 +62,19 @@ fn inputs_json(t: Option<&pb::Task>) -> Value {
             let (artifact, what) = match &v.what {
                 Some(verify_task::What::Gguf(g)) => (g.output.clone(), "gguf"),
                 Some(verify_task::What::Quantize(q)) => (q.output.clone(), "quantize"),
+                Some(verify_task::What::Merge(m)) => (m.output.clone(), "merge"),
+                Some(verify_task::What::Mlx(m)) => (m.output.clone(), "mlx"),
                 None => (String::new(), "none"),
             };
             json!({"artifact": artifact, "recompute": what, "expect_sha256": v.expect_sha256})
         }
         task::Kind::Noop(n) => json!({"sleep_ms": n.sleep_ms}),
+        task::Kind::MergePlan(m) => json!({"base": m.base, "adapter": m.adapter, "base_name": m.base_name}),
+        task::Kind::Merge(m) => json!({
+            "base": m.base, "adapter": m.adapter, "plan_digest": m.plan_digest,
+            "file": if m.side_files { Value::Null } else { json!(m.file) }, "side_files": m.side_files
+        }),
+        task::Kind::Mlx(m) => json!({"source": m.source, "bits": m.bits, "group_size": m.group_size}),
     }
 }
 
@@ -91,21 +99,33 @@ fn outputs_json(r: Option<&pb::TaskResult>) -> Value {
             "detail": v.detail
         }),
         task_result::Kind::Noop(_) => json!({}),
+        task_result::Kind::MergePlan(m) => json!({
+            "format": m.format, "plan_digest": m.plan_digest, "inputs_identity": m.inputs_identity,
+            "files": m.files, "changed": m.changed.len(), "untied": m.untied
+        }),
     }
 }
 
 /// Builds the unsigned report of a release whose tasks (but the report) are all done; returns it with whether
 /// every gate passed.
 pub fn build(rel: &Release) -> (Value, bool) {
+    // Slots in report order: the merged checkpoint, GGUF BF16, the GGUF quants, the MLX checkpoints.
     let mut artifacts: BTreeMap<(u32, String), ArtifactAcc> = BTreeMap::new();
     let level_order =
-        |l: &str| rel.spec.quants().iter().position(|q| q.0.name() == l).map_or(u32::MAX, |p| p as u32 + 1);
+        |l: &str| rel.spec.quants().iter().position(|q| q.0.name() == l).map_or(u32::MAX - 1, |p| p as u32 + 2);
+    let merged = || (0, "merged".to_string());
+    let bf16 = || (1, "BF16".to_string());
+    let mlx = |bits: u32| (u32::MAX - 16 + bits, format!("MLX-{bits}bit"));
     for t in &rel.tasks {
         let (slot, producer) = match &t.key {
-            TaskKey::Gguf { .. } => ((0, "BF16".to_string()), true),
+            TaskKey::Merge { .. } | TaskKey::MergeSide => (merged(), true),
+            TaskKey::VerifyMerge { .. } | TaskKey::VerifyMergeSide => (merged(), false),
+            TaskKey::Gguf { .. } => (bf16(), true),
             TaskKey::Quantize { level, .. } => ((level_order(level.name()), level.name().to_string()), true),
-            TaskKey::VerifyGguf { .. } => ((0, "BF16".to_string()), false),
+            TaskKey::VerifyGguf { .. } => (bf16(), false),
             TaskKey::VerifyQuantize { level, .. } => ((level_order(level.name()), level.name().to_string()), false),
+            TaskKey::Mlx { bits } => (mlx(*bits), true),
+            TaskKey::VerifyMlx { bits } => (mlx(*bits), false),
             _ => continue,
         };
         let acc = artifacts.entry(slot).or_default();
@@ -135,9 +155,14 @@ pub fn build(rel: &Release) -> (Value, bool) {
         all_verified &= verified;
         let bpw =
             if elements > 0 { (tensor_bytes as f64 * 8.0 / elements as f64 * 10000.0).round() / 10000.0 } else { 0.0 };
+        let container = match ty.as_str() {
+            "merged" => "hf",
+            t if t.starts_with("MLX-") => "mlx",
+            _ => "gguf",
+        };
         artifact_list.push(json!({
             "name": format!("{}-{ty}", rel.spec.prefix()),
-            "container": "gguf",
+            "container": container,
             "file_type": ty,
             "files": acc.files,
             "bytes": acc.bytes,
@@ -211,7 +236,11 @@ pub fn build(rel: &Release) -> (Value, bool) {
             "tensors": plan.map(|p| p.tensors.len()),
         },
         "links": {
-            "merge": "not applicable: no adapter",
+            "merge": if rel.adapter.is_empty() {
+                "not applicable: no adapter".to_string()
+            } else {
+                format!("adapter {} merged exactly (f64, rounded once); each file recomputed and compared byte for byte; greedy agreement not measured yet", rel.adapter)
+            },
             "conversion": "GGUF BF16 written from the source by the mapping; each file recomputed and compared byte for byte",
             "quantization": "llama-quantize's algorithms; each file recomputed and compared byte for byte; information loss (KL divergence) not measured yet",
             "probes": "not measured yet",

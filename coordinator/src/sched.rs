@@ -104,6 +104,8 @@ pub struct Release {
     pub source: String,
     /// The importance matrix's location ("" for none).
     pub imatrix: String,
+    /// The adapter's location ("" for none).
+    pub adapter: String,
     pub state: ReleaseState,
     pub tasks: Vec<TaskRec>,
     pub index: HashMap<TaskKey, usize>,
@@ -117,7 +119,7 @@ pub struct Release {
 
 impl Release {
     pub fn ctx<'a>(&'a self, store: &'a Location) -> Ctx<'a> {
-        Ctx { spec: &self.spec, source: &self.source, imatrix: &self.imatrix, store }
+        Ctx { spec: &self.spec, source: &self.source, imatrix: &self.imatrix, adapter: &self.adapter, store }
     }
 
     pub fn result(&self, key: &TaskKey) -> Option<&pb::TaskResult> {
@@ -277,6 +279,7 @@ impl Sched {
         let spec = ReleaseSpec::parse(&row.yaml, &row.file_name)?;
         let source = source_location(&spec.source, &row.base, &self.store)?;
         let imatrix = imatrix_location(&spec, &row.base);
+        let adapter = spec.adapter.as_deref().map_or_else(String::new, |a| resolve_source(a, &row.base));
         let state = ReleaseState::try_from(row.state).unwrap_or(ReleaseState::Failed);
         let ri = self.releases.len();
         let mut rel = Release {
@@ -287,6 +290,7 @@ impl Sched {
             spec,
             source,
             imatrix,
+            adapter,
             state,
             tasks: Vec::new(),
             index: HashMap::new(),
@@ -382,6 +386,7 @@ impl Sched {
         let spec = ReleaseSpec::parse(yaml, file_name)?;
         let source = source_location(&spec.source, base, &self.store)?;
         let imatrix = imatrix_location(&spec, base);
+        let adapter = spec.adapter.as_deref().map_or_else(String::new, |a| resolve_source(a, base));
         let mut id = format!("{}-{}", spec.name, &random_hex(4));
         while self.by_id.contains_key(&id) || self.journal.release_exists(&id)? {
             id = format!("{}-{}", spec.name, &random_hex(4));
@@ -407,6 +412,7 @@ impl Sched {
             spec,
             source,
             imatrix,
+            adapter,
             state: ReleaseState::Running,
             tasks: Vec::new(),
             index: HashMap::new(),
@@ -681,6 +687,10 @@ impl Sched {
             Some(task_result::Kind::Plan(p)) => Some(p.clone()),
             _ => None,
         };
+        let merge_plan = match &result.kind {
+            Some(task_result::Kind::MergePlan(p)) => Some(p.clone()),
+            _ => None,
+        };
         {
             let t = &mut self.releases[ri].tasks[ti];
             t.state = TState::Done;
@@ -690,10 +700,17 @@ impl Sched {
             t.error = None;
         }
         self.journal_task(ri, ti)?;
+        if let Some(mp) = merge_plan {
+            if mp.files.is_empty() {
+                return self.fail_release(ri, "merge plan: the base has no safetensors files".into());
+            }
+            self.add_tasks(ri, graph::expand_merge(&mp))?;
+        }
         if let Some(plan) = plan {
             let defs = {
                 let rel = &self.releases[ri];
-                graph::expand(&rel.ctx(&self.store), &plan)
+                let results = |k: &TaskKey| rel.result(k);
+                graph::expand(&rel.ctx(&self.store), &plan, &results)
             };
             if let Err(e) = check_plan(&plan) {
                 return self.fail_release(ri, format!("plan: {e}"));
@@ -866,8 +883,23 @@ fn check_result(key: &TaskKey, r: &pb::TaskResult) -> Result<(), String> {
     let ok = matches!(
         (key, &r.kind),
         (TaskKey::Plan, Some(task_result::Kind::Plan(_)))
-            | (TaskKey::Gguf { .. } | TaskKey::Quantize { .. }, Some(task_result::Kind::Artifact(_)))
-            | (TaskKey::VerifyGguf { .. } | TaskKey::VerifyQuantize { .. }, Some(task_result::Kind::Verify(_)))
+            | (TaskKey::MergePlan, Some(task_result::Kind::MergePlan(_)))
+            | (
+                TaskKey::Gguf { .. }
+                    | TaskKey::Quantize { .. }
+                    | TaskKey::Merge { .. }
+                    | TaskKey::MergeSide
+                    | TaskKey::Mlx { .. },
+                Some(task_result::Kind::Artifact(_))
+            )
+            | (
+                TaskKey::VerifyGguf { .. }
+                    | TaskKey::VerifyQuantize { .. }
+                    | TaskKey::VerifyMerge { .. }
+                    | TaskKey::VerifyMergeSide
+                    | TaskKey::VerifyMlx { .. },
+                Some(task_result::Kind::Verify(_))
+            )
             | (TaskKey::Noop { .. }, Some(task_result::Kind::Noop(_)))
     );
     if ok {

@@ -4,12 +4,18 @@
 //! ```yaml
 //! name: smollm2-135m            # names the release and its artifact files
 //! source: s3://models/smollm2   # HF safetensors folder: a path (relative to this file), file:// or s3://
+//! adapter: adapters/my-lora     # optional LoRA/DoRA adapter (PEFT or mlx-lm) merged into the source first,
+//!                               # one merge task per safetensors file; every output is made from the merge
+//! base_name: HuggingFaceTB/SmolLM2-135M-Instruct  # optional: the base's identity for the adapter's check
 //! outputs:
 //!   gguf:
 //!     prefix: SmolLM2-135M      # artifact file prefix (default: name)
 //!     split: {max_tensors: 100} # or {max_size: 2GB}: llama.cpp split files (gguf-split's rules); default one file
 //!     quants: [Q8_0]            # llama-quantize file types
 //!     imatrix: imatrix.gguf     # optional importance matrix (path relative to this file, file:// or s3://)
+//!   mlx:
+//!     bits: [4, 8]              # MLX affine checkpoints (mlx_lm.convert -q), one per bit width
+//!     group_size: 64            # 32, 64 or 128 (default 64)
 //! gates:                        # default: one gate `reproducible` (rule: verified)
 //!   - {name: reproducible, rule: verified}
 //!   - {name: q8-close, rule: kld_mean, level: Q8_0, max: 0.01}
@@ -30,6 +36,12 @@ pub struct SpecError {
 pub struct ReleaseSpec {
     pub name: String,
     pub source: String,
+    /// A LoRA/DoRA adapter folder merged into `source` before anything else is made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adapter: Option<String>,
+    /// The base's identity for the adapter's recorded-base check (as `quantfarm merge --base-name`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_name: Option<String>,
     pub outputs: Outputs,
     #[serde(default = "default_gates")]
     pub gates: Vec<Gate>,
@@ -40,6 +52,8 @@ pub struct ReleaseSpec {
 pub struct Outputs {
     #[serde(default)]
     pub gguf: Option<GgufOutputs>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mlx: Option<MlxOutputs>,
     /// Tasks that do nothing but sleep: for measuring the farm's scheduling, not for releases.
     #[serde(default)]
     pub noop: Option<NoopOutputs>,
@@ -66,6 +80,19 @@ pub struct GgufOutputs {
     /// file), file:// or s3://.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub imatrix: Option<String>,
+}
+
+/// MLX affine checkpoints, as `mlx_lm.convert -q --q-bits B --q-group-size G` writes them.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct MlxOutputs {
+    pub bits: Vec<u32>,
+    #[serde(default = "default_group_size")]
+    pub group_size: u32,
+}
+
+fn default_group_size() -> u32 {
+    64
 }
 
 /// gguf-split's two rules; exactly one is given.
@@ -157,11 +184,37 @@ impl ReleaseSpec {
             }
         }
         let empty = GgufOutputs { prefix: None, split: None, quants: vec![], imatrix: None };
-        let gguf = match (&self.outputs.gguf, &self.outputs.noop) {
-            (Some(g), _) => g,
-            (None, Some(_)) => &empty,
-            (None, None) => return Err("outputs: names no output (add outputs.gguf)".into()),
+        let gguf = match (&self.outputs.gguf, &self.outputs.noop, &self.outputs.mlx) {
+            (Some(g), _, _) => g,
+            (None, Some(_), _) | (None, None, Some(_)) => &empty,
+            (None, None, None) => return Err("outputs: names no output (add outputs.gguf or outputs.mlx)".into()),
         };
+        if let Some(m) = &self.outputs.mlx {
+            if m.bits.is_empty() {
+                return Err("outputs.mlx.bits: names no bit width".into());
+            }
+            let mut seen = std::collections::HashSet::new();
+            for &b in &m.bits {
+                if ![2, 3, 4, 5, 6, 8].contains(&b) || !seen.insert(b) {
+                    return Err(format!("outputs.mlx.bits: {b} is not one of 2, 3, 4, 5, 6, 8 (each once)"));
+                }
+            }
+            if ![32, 64, 128].contains(&m.group_size) {
+                return Err(format!("outputs.mlx.group_size: {} is not 32, 64 or 128", m.group_size));
+            }
+        }
+        if self.adapter.as_deref().is_some_and(|a| a.trim().is_empty()) {
+            return Err("adapter: is empty".into());
+        }
+        if self.adapter.is_some() && self.source.starts_with("synthetic:") {
+            return Err("adapter: a synthetic source has no adapter to merge; give an HF checkpoint folder".into());
+        }
+        if self.adapter.is_some() && !self.converts() {
+            return Err("adapter: the merged model needs an output (outputs.gguf or outputs.mlx)".into());
+        }
+        if self.base_name.is_some() && self.adapter.is_none() {
+            return Err("base_name: names the base an adapter was trained on; there is no adapter".into());
+        }
         if let Some(p) = &gguf.prefix {
             if !valid_name(p) {
                 return Err(format!("outputs.gguf.prefix: {p:?} must be letters, digits, '.', '_' and '-'"));
@@ -210,6 +263,16 @@ impl ReleaseSpec {
 
     pub fn prefix(&self) -> &str {
         self.outputs.gguf.as_ref().and_then(|g| g.prefix.as_deref()).unwrap_or(&self.name)
+    }
+
+    /// The MLX bit widths to make (none when there is no MLX output).
+    pub fn mlx_bits(&self) -> &[u32] {
+        self.outputs.mlx.as_ref().map_or(&[], |m| &m.bits)
+    }
+
+    /// Whether the release converts the source at all (a plan, then GGUF and/or MLX outputs).
+    pub fn converts(&self) -> bool {
+        self.outputs.gguf.is_some() || self.outputs.mlx.is_some()
     }
 
     pub fn quants(&self) -> &[QuantLevel] {
@@ -298,6 +361,23 @@ mod tests {
         assert!(ReleaseSpec::parse(&bad_name, "r").unwrap_err().to_string().contains("name"));
         let gate = format!("{GOOD}gates:\n  - {{name: g, rule: kld_mean, level: Q4_0, max: 0.1}}\n");
         assert!(ReleaseSpec::parse(&gate, "r").unwrap_err().to_string().contains("not in outputs.gguf.quants"));
+    }
+
+    #[test]
+    fn adapter_and_mlx_outputs() {
+        let text = "name: r\nsource: ./m\nadapter: ./a\nbase_name: org/m\noutputs:\n  mlx: {bits: [4, 8]}\n";
+        let s = ReleaseSpec::parse(text, "r").unwrap();
+        assert_eq!((s.adapter.as_deref(), s.mlx_bits(), s.converts()), (Some("./a"), &[4, 8][..], true));
+        assert_eq!(s.outputs.mlx.as_ref().unwrap().group_size, 64);
+        for (bad, says) in [
+            (text.replace("[4, 8]", "[7]"), "outputs.mlx.bits: 7"),
+            (text.replace("[4, 8]", "[4, 4]"), "outputs.mlx.bits: 4"),
+            (text.replace("{bits: [4, 8]}", "{bits: [4], group_size: 48}"), "outputs.mlx.group_size: 48"),
+            (text.replace("adapter: ./a\n", ""), "base_name: names the base"),
+        ] {
+            let e = ReleaseSpec::parse(&bad, "r").unwrap_err().to_string();
+            assert!(e.contains(says), "{e}");
+        }
     }
 
     #[test]

@@ -181,7 +181,8 @@ fn a_restarted_scheduler_resumes_from_the_journal() {
 fn bad_specs_are_refused_with_the_line() {
     let dir = tempfile::tempdir().unwrap();
     let mut s = open(dir.path());
-    let e = s.submit("name: x\nsource: y\noutputs:\n  gguf:\n    quants: [Q8_0]\n  mlx: {bits: [4]}\n", "rel.yaml", "");
+    let e =
+        s.submit("name: x\nsource: y\noutputs:\n  gguf:\n    quants: [Q8_0]\n  onnx: {opset: 17}\n", "rel.yaml", "");
     let msg = e.unwrap_err().to_string();
-    assert!(msg.contains("rel.yaml") && msg.contains("mlx") && msg.contains("line 6"), "{msg}");
+    assert!(msg.contains("rel.yaml") && msg.contains("onnx") && msg.contains("line 6"), "{msg}");
 }

@@ -26,6 +26,8 @@ impl Task {
             Some(task::Kind::Quantize(_)) => "quantize",
             Some(task::Kind::Verify(_)) => "verify",
             Some(task::Kind::Noop(_)) => "noop",
+            Some(task::Kind::MergePlan(_) | task::Kind::Merge(_)) => "merge",
+            Some(task::Kind::Mlx(_)) => "mlx",
             None => "none",
         }
     }

@@ -69,6 +69,9 @@ pub async fn run(t: &pb::Task, env: &Env) -> Result<pb::TaskResult, Failure> {
         task::Kind::Gguf(g) => task_result::Kind::Artifact(gguf(g, env).await?),
         task::Kind::Quantize(q) => task_result::Kind::Artifact(quantize(q, env).await?),
         task::Kind::Verify(v) => task_result::Kind::Verify(verify(v, env).await?),
+        task::Kind::MergePlan(m) => task_result::Kind::MergePlan(merge_plan(m, env).await?),
+        task::Kind::Merge(m) => task_result::Kind::Artifact(merge(m, env).await?),
+        task::Kind::Mlx(m) => task_result::Kind::Artifact(mlx(m, env).await?),
         task::Kind::Noop(n) => {
             if n.sleep_ms > 0 {
                 tokio::time::sleep(Duration::from_millis(n.sleep_ms as u64)).await;
@@ -175,18 +178,22 @@ pub async fn hash_object(loc: &Location, budget: u64) -> Result<(String, u64), F
     Ok((quantfarm_tensors::sink::hex(&h.finalize()), blob.len()))
 }
 
-/// Per-type tensor counts of one GGUF file (from its header).
+/// Per-type tensor counts of one GGUF or safetensors file (from its header).
 async fn type_mix(loc: &Location) -> Result<Vec<pb::TypeCount>, Failure> {
     let blob = Blob::open(loc).await?;
-    let header = GgufHeader::read(&blob).await?;
+    let counts: Vec<(String, u64, u64)> = if loc.file_name().ends_with(".safetensors") {
+        let header = quantfarm_tensors::safetensors::StHeader::read(&blob).await?;
+        header.tensors.iter().map(|t| (t.dtype.to_string(), t.shape.iter().product(), t.nbytes())).collect()
+    } else {
+        let header = GgufHeader::read(&blob).await?;
+        header.tensors.iter().map(|t| (t.ty.name().to_string(), t.elements(), t.nbytes())).collect()
+    };
     let mut mix: BTreeMap<String, pb::TypeCount> = BTreeMap::new();
-    for t in &header.tensors {
-        let e = mix
-            .entry(t.ty.name().to_string())
-            .or_insert_with(|| pb::TypeCount { ggml_type: t.ty.name().to_string(), ..Default::default() });
+    for (ty, elements, bytes) in counts {
+        let e = mix.entry(ty.clone()).or_insert_with(|| pb::TypeCount { ggml_type: ty, ..Default::default() });
         e.tensors += 1;
-        e.elements += t.elements();
-        e.bytes += t.nbytes();
+        e.elements += elements;
+        e.bytes += bytes;
     }
     Ok(mix.into_values().collect())
 }
@@ -286,18 +293,29 @@ async fn quantize(q: &pb::QuantizeTask, env: &Env) -> Result<pb::ArtifactResult,
     produce(&q.output, env, |out| async move { write_quantized(q, &out, env).await }).await
 }
 
-/// Recomputes the artifact into a scratch file and compares it with the stored object and the producer's sha256.
+/// Recomputes the artifact into a scratch file (or folder) and compares it with the stored object and the
+/// producer's sha256.
 async fn verify(v: &pb::VerifyTask, env: &Env) -> Result<pb::VerifyResult, Failure> {
     std::fs::create_dir_all(&env.scratch)
         .map_err(|e| Failure { kind: FailureKind::Transient, message: format!("{}: {e}", env.scratch.display()) })?;
     let dir = tempfile::tempdir_in(&env.scratch)
         .map_err(|e| Failure { kind: FailureKind::Transient, message: format!("{}: {e}", env.scratch.display()) })?;
-    let scratch = Location::local(dir.path().join("recomputed.gguf"));
-    let (stored_url, recomputed) = match v.what.as_ref().ok_or_else(|| Failure::input("verify: nothing to verify"))? {
+    let scratch = Location::local(dir.path().join("recomputed"));
+    let what = v.what.as_ref().ok_or_else(|| Failure::input("verify: nothing to verify"))?;
+    let (stored_url, recomputed) = match what {
         verify_task::What::Gguf(g) => (g.output.clone(), write_gguf(g, &scratch, env).await?),
         verify_task::What::Quantize(q) => (q.output.clone(), write_quantized(q, &scratch, env).await?),
+        verify_task::What::Merge(m) => (m.output.clone(), write_merge(m, &scratch, env).await?),
+        verify_task::What::Mlx(m) => (m.output.clone(), write_mlx(m, &scratch, env).await?),
     };
-    let (stored, _) = hash_object(&location(&stored_url)?, env.budget).await?;
+    let stored_loc = location(&stored_url)?;
+    let stored = match what {
+        // A folder: its files, as the recomputation names them.
+        verify_task::What::Mlx(_) | verify_task::What::Merge(pb::MergeTask { side_files: true, .. }) => {
+            folder_digest(&stored_loc, &scratch.list().await?, env).await?.0
+        }
+        _ => hash_object(&stored_loc, env.budget).await?.0,
+    };
     let identical = stored == recomputed.0 && stored == v.expect_sha256;
     let detail = if identical {
         format!("{stored_url}: recomputed {} bytes, identical", recomputed.1)
@@ -311,4 +329,158 @@ async fn verify(v: &pb::VerifyTask, env: &Env) -> Result<pb::VerifyResult, Failu
         recomputed_sha256: recomputed.0,
         detail,
     })
+}
+
+fn merge_options(base_name: &str, env: &Env) -> quantfarm_tensors::merge::MergeOptions {
+    quantfarm_tensors::merge::MergeOptions {
+        budget: env.budget,
+        overwrite: false,
+        base_name: (!base_name.is_empty()).then(|| base_name.to_string()),
+    }
+}
+
+/// sha256 over the names, sizes and store versions of every file in the base and adapter folders.
+async fn folders_identity(dirs: &[&Location]) -> Result<String, Failure> {
+    let mut h = Sha256::new();
+    for dir in dirs {
+        let mut names = dir.list().await?;
+        names.sort();
+        for name in names {
+            let b = Blob::open(&dir.child(&name)?).await?;
+            h.update(format!("{dir}/{name}\n{}\n{}\n", b.len(), b.version()).as_bytes());
+        }
+    }
+    Ok(quantfarm_tensors::sink::hex(&h.finalize()))
+}
+
+async fn merge_plan(m: &pb::MergePlanTask, env: &Env) -> Result<pb::MergePlanResult, Failure> {
+    let (base, adapter) = (location(&m.base)?, location(&m.adapter)?);
+    let plan = quantfarm_tensors::merge::plan_merge(&base, &adapter, &merge_options(&m.base_name, env)).await?;
+    Ok(pb::MergePlanResult {
+        format: plan.format().name().to_string(),
+        plan_digest: plan.digest(),
+        inputs_identity: folders_identity(&[&base, &adapter]).await?,
+        files: plan.file_names().iter().map(|s| s.to_string()).collect(),
+        changed: plan.changed(),
+        untied: plan.untied(),
+        file_bytes: plan.file_bytes(),
+    })
+}
+
+/// Writes one file of the merge at `out` (or the side files into folder `out`); returns its sha256 (the folder's
+/// digest for side files) and bytes.
+async fn write_merge(m: &pb::MergeTask, out: &Location, env: &Env) -> Result<(String, u64), Failure> {
+    let (base, adapter) = (location(&m.base)?, location(&m.adapter)?);
+    let plan = quantfarm_tensors::merge::plan_merge(&base, &adapter, &merge_options(&m.base_name, env)).await?;
+    if plan.digest() != m.plan_digest {
+        return Err(Failure::input(format!(
+            "{} + {}: the merge plan changed since the release was planned ({} now, {} then)",
+            m.base,
+            m.adapter,
+            plan.digest(),
+            m.plan_digest
+        )));
+    }
+    if m.side_files {
+        let mut names = Vec::new();
+        for (name, bytes) in plan.side_files().await? {
+            let target = out.child(&name)?;
+            if !exists(&target).await {
+                let mut sink = quantfarm_tensors::StagedSink::create(&target, false).await?;
+                sink.write(&bytes).await?;
+                if let Err(e) = sink.commit().await {
+                    // Another lease wrote the same bytes meanwhile.
+                    if !exists(&target).await {
+                        return Err(e.into());
+                    }
+                }
+            }
+            names.push(name);
+        }
+        return folder_digest(out, &names, env).await;
+    }
+    let file = m.file as usize;
+    if file >= plan.file_names().len() {
+        return Err(Failure::input(format!("the merge has {} files, not file {file}", plan.file_names().len())));
+    }
+    let w = plan.stage_file(file, out, env.budget, false).await?;
+    let c = w.finish().await?;
+    Ok((c.sha256, c.bytes))
+}
+
+async fn merge(m: &pb::MergeTask, env: &Env) -> Result<pb::ArtifactResult, Failure> {
+    if !m.side_files {
+        return produce(&m.output, env, |out| async move { write_merge(m, &out, env).await }).await;
+    }
+    let out = location(&m.output)?;
+    let (sha256, bytes) = write_merge(m, &out, env).await?;
+    Ok(pb::ArtifactResult {
+        artifact: Some(pb::Artifact { url: out.to_string(), sha256, bytes, types: vec![] }),
+        cache_hit: false,
+    })
+}
+
+/// sha256 over the `sha256  name` lines (sorted by name) of files `names` in folder `dir`, and their total bytes.
+pub async fn folder_digest(dir: &Location, names: &[String], env: &Env) -> Result<(String, u64), Failure> {
+    let mut names = names.to_vec();
+    names.sort();
+    let mut h = Sha256::new();
+    let mut total = 0;
+    for name in &names {
+        let (sha, bytes) = hash_object(&dir.child(name)?, env.budget).await?;
+        h.update(format!("{sha}  {name}\n").as_bytes());
+        total += bytes;
+    }
+    Ok((quantfarm_tensors::sink::hex(&h.finalize()), total))
+}
+
+/// Writes the MLX checkpoint of `m.source` into folder `out`; returns its folder digest and bytes.
+async fn write_mlx(m: &pb::MlxTask, out: &Location, env: &Env) -> Result<(String, u64), Failure> {
+    use quantfarm_quant::mlx_file::{quantize_mlx_checkpoint, MlxOptions};
+    let src = TensorSource::open(&location(&m.source)?).await?;
+    // A folder left by a lease that died between commits holds some of the (deterministic) files: replace them.
+    let opts = MlxOptions { budget: env.budget, overwrite: true, ..MlxOptions::new(m.bits, m.group_size as usize) };
+    let done = quantize_mlx_checkpoint(&src, out, &opts).await.map_err(|e| match e {
+        quantfarm_quant::mlx_file::MlxFileError::Tensors(t) => t.into(),
+        other => Failure::input(other.to_string()),
+    })?;
+    let mut lines: Vec<(String, String)> = done
+        .files
+        .iter()
+        .map(|c| {
+            (Location::parse(&c.location).map(|l| l.file_name().to_string()).unwrap_or_default(), c.sha256.clone())
+        })
+        .collect();
+    lines.sort();
+    let mut h = Sha256::new();
+    for (name, sha) in &lines {
+        h.update(format!("{sha}  {name}\n").as_bytes());
+    }
+    Ok((quantfarm_tensors::sink::hex(&h.finalize()), done.files.iter().map(|c| c.bytes).sum()))
+}
+
+/// Per-type tensor counts of an MLX checkpoint folder (quantized modules as `MLX_Q4_G64` …).
+async fn mlx_type_mix(dir: &Location) -> Result<Vec<pb::TypeCount>, Failure> {
+    let src = TensorSource::open(dir).await?;
+    let mut mix: BTreeMap<String, pb::TypeCount> = BTreeMap::new();
+    for e in src.tensors() {
+        let name = e.ty.to_string();
+        let t = mix.entry(name.clone()).or_insert_with(|| pb::TypeCount { ggml_type: name, ..Default::default() });
+        t.tensors += 1;
+        t.elements += e.elements();
+        t.bytes += e.bytes;
+    }
+    Ok(mix.into_values().collect())
+}
+
+async fn mlx(m: &pb::MlxTask, env: &Env) -> Result<pb::ArtifactResult, Failure> {
+    let out = location(&m.output)?;
+    // config.json is committed last: a folder that has it is complete.
+    let (cache_hit, (sha256, bytes)) = if exists(&out.child("config.json")?).await {
+        (true, folder_digest(&out, &out.list().await?, env).await?)
+    } else {
+        (false, write_mlx(m, &out, env).await?)
+    };
+    let types = mlx_type_mix(&out).await?;
+    Ok(pb::ArtifactResult { artifact: Some(pb::Artifact { url: out.to_string(), sha256, bytes, types }), cache_hit })
 }

@@ -102,7 +102,7 @@ fn is_down(s: &Status) -> bool {
 }
 
 /// Kinds this build has executors for.
-pub const TASK_KINDS: [&str; 5] = ["plan", "gguf", "quantize", "verify", "noop"];
+pub const TASK_KINDS: [&str; 7] = ["plan", "gguf", "quantize", "verify", "noop", "merge", "mlx"];
 
 fn runtimes() -> Vec<String> {
     let on_path =

@@ -249,6 +249,47 @@ impl MergePlan {
         &self.files[file].metadata
     }
 
+    /// sha256 over what the plan writes (files, tensors, dtypes, shapes, which change) and the adapter's scales:
+    /// a farm worker recomputes it and refuses to write a file of a plan that changed.
+    pub fn digest(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        h.update(format!("{} untie={}\n", self.adapter.format.name(), self.untie));
+        for f in &self.files {
+            h.update(format!("file {}\n", f.name));
+            for o in &f.tensors {
+                let make = match o.make {
+                    Make::Copy => "copy".to_string(),
+                    Make::LowRank(i) => {
+                        let lr = &self.adapter.low_rank[i];
+                        format!("lora r{} scale {:e} dora {}", lr.rank, lr.scale, lr.magnitude.is_some())
+                    }
+                    Make::Bias(i) => format!("bias scale {:e}", self.adapter.biases[i].scale),
+                    Make::Replace(i) => format!("replace {}", self.adapter.replacements[i].key),
+                };
+                h.update(format!("{} {} {:?} <- {} {make}\n", o.name, o.dtype, o.shape, o.source));
+            }
+        }
+        crate::sink::hex(&h.finalize())
+    }
+
+    /// Tensor bytes of each output file.
+    pub fn file_bytes(&self) -> Vec<u64> {
+        let size = |o: &Out| o.shape.iter().product::<u64>() * o.dtype.size() as u64;
+        self.files.iter().map(|f| f.tensors.iter().map(size).sum()).collect()
+    }
+
+    /// Base tensors the adapter changes, in output order.
+    pub fn changed(&self) -> Vec<String> {
+        let changed = self.files.iter().flat_map(|f| &f.tensors).filter(|o| !matches!(o.make, Make::Copy));
+        changed.map(|o| o.name.clone()).collect()
+    }
+
+    /// The files whose bytes the merge depends on: the base's tensors and the adapter's.
+    pub fn inputs(&self) -> Vec<&crate::blob::Blob> {
+        self.src.files().into_iter().chain(self.adapter.tensors.files()).collect()
+    }
+
     /// Whether `tie_word_embeddings` is turned off and `lm_head.weight` written.
     pub fn untied(&self) -> bool {
         self.untie
@@ -332,9 +373,7 @@ pub async fn merge_adapter(base: &Location, adapter: &Location, out: &Location, 
     for s in small {
         committed.push(s.commit().await?);
     }
-    let changed = plan.files.iter().flat_map(|f| &f.tensors).filter(|o| !matches!(o.make, Make::Copy));
-    let changed = changed.map(|o| o.name.clone()).collect();
-    Ok(Merged { format: plan.adapter.format, files: committed, changed, untied: plan.untie })
+    Ok(Merged { format: plan.adapter.format, files: committed, changed: plan.changed(), untied: plan.untie })
 }
 
 /// Converts the adapter folder `adapter`, trained on the HF base folder `base` (its config.json is read, and the
