@@ -6,7 +6,7 @@
 
 use anyhow::{Context, Result};
 use quantfarm_tensors::convert::{
-    convert_gguf_to_hf, convert_hf_to_gguf, output_file_name, plan_gguf_to_hf, plan_hf_to_gguf, split_ranges, write_hf,
+    convert_hf_to_gguf, output_file_name, plan_gguf_to_hf, plan_hf_to_gguf, plan_mlx_to_hf, split_ranges, write_hf,
     GgufPlan, OutType, SplitRule,
 };
 use quantfarm_tensors::gguf::Value;
@@ -24,7 +24,8 @@ pub struct Args {
     /// Output file name prefix in an output folder (default: the input folder's name).
     #[arg(long)]
     prefix: Option<String>,
-    /// The target format: gguf (from an HF or MLX folder), hf or mlx (from a GGUF). Default: hf for a GGUF source
+    /// The target format: gguf (from an HF or MLX folder), hf (from a GGUF, or an MLX folder: dequantized as
+    /// `mlx_lm.convert --dequantize` does) or mlx (from a GGUF). Default: hf for a GGUF source
     /// written to a folder, else gguf.
     #[arg(long, value_parser = ["gguf", "hf", "mlx"])]
     to: Option<String>,
@@ -130,12 +131,15 @@ async fn to_hf_run(args: &Args, src: &Location) -> Result<()> {
         OutType::Q8_0 => anyhow::bail!("--outtype q8_0 is for GGUF outputs; an HF checkpoint is bf16, f16 or f32"),
     };
     let source = TensorSource::open(src).await?;
-    if source.format() != Format::Gguf {
-        anyhow::bail!("{}: --to hf converts a GGUF model; this is {}", args.input, source.format().name());
-    }
     let dst = Location::parse(&args.output)?;
+    let plan = match source.format() {
+        Format::Gguf => plan_gguf_to_hf(&source, dtype),
+        // mlx_lm.convert --dequantize: each weight in its scales' dtype, as mx.dequantize computes it.
+        Format::Mlx => plan_mlx_to_hf(&source),
+        other => anyhow::bail!("{}: --to hf converts a GGUF or MLX model; this is {}", args.input, other.name()),
+    }
+    .with_context(|| format!("cannot convert {}", args.input))?;
     if args.dry_run {
-        let plan = plan_gguf_to_hf(&source, dtype).with_context(|| format!("cannot convert {}", args.input))?;
         println!("{} -> {}: {} tensors ({dtype})", args.input, dst, plan.tensors.len());
         println!("config.json = {}", serde_json::Value::Object(plan.config.clone()));
         for t in &plan.tensors {
@@ -150,7 +154,7 @@ async fn to_hf_run(args: &Args, src: &Location) -> Result<()> {
         }
         return Ok(());
     }
-    let done = convert_gguf_to_hf(src, &dst, dtype, args.budget, args.overwrite)
+    let done = write_hf(&source, &plan, &dst, args.budget, args.overwrite)
         .await
         .with_context(|| format!("cannot convert {} to an HF checkpoint", args.input))?;
     for c in &done {

@@ -23,6 +23,7 @@
 use serde_json::{Map, Value as Json};
 
 use quantfarm_tensors::blob::Blob;
+use quantfarm_tensors::mlx::CARRIED_FILES;
 use quantfarm_tensors::safetensors::{shard_file_name, StTensorDesc};
 use quantfarm_tensors::sink::StagedSink;
 use quantfarm_tensors::write::{copy_tensor, SafetensorsWriter};
@@ -36,20 +37,6 @@ pub const ARCHITECTURES: [&str; 4] = ["llama", "mistral", "qwen2", "qwen3"];
 
 /// `mlx_lm.utils.MAX_FILE_SIZE_GB << 30`.
 const MAX_SHARD_BYTES: u64 = 5 << 30;
-
-/// Files beside the weights that `mlx_lm.convert` carries over (the tokenizer's, `generation_config.json`).
-pub(crate) const CARRIED_FILES: [&str; 10] = [
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "tokenizer.model",
-    "vocab.json",
-    "merges.txt",
-    "chat_template.jinja",
-    "chat_template.json",
-    "generation_config.json",
-];
 
 #[derive(Debug, thiserror::Error)]
 pub enum MlxFileError {

@@ -18,7 +18,8 @@ use quantfarm_tensors::write::{copy_tensor, PieceWriter};
 use quantfarm_tensors::{Dtype, Format, Location, TensorSource, TensorType};
 
 use crate::mlx::{quantize_affine, MlxQuantError};
-use crate::mlx_file::{mlx_config, CARRIED_FILES};
+use crate::mlx_file::mlx_config;
+use quantfarm_tensors::mlx::CARRIED_FILES;
 
 #[derive(Debug, thiserror::Error)]
 pub enum VerifyError {
@@ -51,10 +52,10 @@ pub async fn verify(src: &Location, out: &Location, opts: &VerifyOptions) -> Res
     let o = TensorSource::open(out).await?;
     match (s.format(), o.format()) {
         (Format::Safetensors | Format::Mlx, Format::Gguf) => Ok(tv::verify_gguf_conversion(&s, &o, opts.budget).await?),
-        (Format::Gguf, Format::Safetensors) => Ok(tv::verify_hf_conversion(&s, &o, opts.budget).await?),
+        (Format::Gguf | Format::Mlx, Format::Safetensors) => Ok(tv::verify_hf_conversion(&s, &o, opts.budget).await?),
         (Format::Gguf | Format::Safetensors, Format::Mlx) => verify_mlx_conversion(&s, &o, opts.budget).await,
         (a, b) => Err(VerifyError::Direction(format!(
-            "{src} is {} and {out} is {}: no conversion quantfarm makes goes that way (HF/MLX -> GGUF, GGUF -> HF, \
+            "{src} is {} and {out} is {}: no conversion quantfarm makes goes that way (HF/MLX -> GGUF, GGUF/MLX -> HF, \
              GGUF/HF -> MLX; a merge with --adapter; a GGUF quantized from a GGUF is checked by quantizing again)",
             a.name(),
             b.name()
@@ -98,9 +99,7 @@ pub async fn verify_mlx_conversion(
     let (refs, base_config) = match src.format() {
         Format::Gguf => {
             let plan = convert::plan_gguf_to_hf(src, dtype)?;
-            for (name, want) in
-                [("tokenizer.json", &plan.tokenizer_json), ("tokenizer_config.json", &plan.tokenizer_config)]
-            {
+            for (name, want) in &plan.json_files {
                 tv::compare_json_file(&mut v, out.location(), name, want).await;
             }
             (plan.tensors.into_iter().map(|t| (t.name.clone(), Reference::Gguf(t))).collect::<Vec<_>>(), plan.config)

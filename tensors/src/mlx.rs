@@ -125,6 +125,20 @@ pub struct MlxModel {
     pub tensors: Vec<MlxTensor>,
 }
 
+/// Files beside the weights that `mlx_lm.convert` carries over (the tokenizer's, `generation_config.json`).
+pub const CARRIED_FILES: [&str; 10] = [
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+    "generation_config.json",
+];
+
 pub const CONFIG_FILE: &str = "config.json";
 
 /// Whether a folder holds an MLX checkpoint rather than a plain Hugging Face one: its config has a

@@ -286,16 +286,31 @@ fn dominant_dtype(out: &TensorSource) -> Option<Dtype> {
     count.into_iter().max_by_key(|(_, n)| *n).map(|(d, _)| d)
 }
 
-/// GGUF `src` → HF checkpoint folder `out`: every tensor (dequantized, unpermuted, offset removed), config.json and
-/// the rebuilt tokenizer files.
+/// GGUF or MLX `src` → HF checkpoint folder `out`: every tensor (dequantized, unpermuted, offset removed),
+/// config.json and the rebuilt (GGUF) or carried (MLX) tokenizer files.
 pub async fn verify_hf_conversion(src: &TensorSource, out: &TensorSource, budget: u64) -> Result<Verification> {
     let file = out.location().to_string();
-    let dtype = dominant_dtype(out).ok_or_else(|| Error::format(&file, "tensors", "no BF16, F16 or F32 matrix"))?;
-    let plan: HfPlan = convert::plan_gguf_to_hf(src, dtype)?;
-    let mut v = Verification::new(format!("GGUF -> HF ({dtype})"));
+    let plan: HfPlan = match src.format() {
+        Format::Mlx => convert::plan_mlx_to_hf(src)?,
+        _ => {
+            let dtype =
+                dominant_dtype(out).ok_or_else(|| Error::format(&file, "tensors", "no BF16, F16 or F32 matrix"))?;
+            convert::plan_gguf_to_hf(src, dtype)?
+        }
+    };
+    let dtype = dominant_dtype(out).map_or("?".to_string(), |d| d.to_string());
+    let mut v = Verification::new(format!("{} -> HF ({dtype})", src.format().name()));
     compare_json_object(&mut v, "config.json", &plan.config, &out.metadata());
-    for (name, want) in [("tokenizer.json", &plan.tokenizer_json), ("tokenizer_config.json", &plan.tokenizer_config)] {
+    for (name, want) in &plan.json_files {
         compare_json_file(&mut v, out.location(), name, want).await;
+    }
+    let present = if plan.carried.is_empty() { Vec::new() } else { src.location().list().await? };
+    for name in plan.carried.iter().filter(|n| present.contains(n)) {
+        match (read_file(src.location(), name).await, read_file(out.location(), name).await) {
+            (Ok(a), Ok(b)) if a == b => v.checked.push(name.clone()),
+            (Ok(_), Ok(_)) => v.problem(format!("{name} differs from the source's")),
+            (_, Err(e)) | (Err(e), _) => v.problem(format!("{name}: {e}")),
+        }
     }
     for t in &plan.tensors {
         if !same_layout(&mut v, out, &t.name, TensorType::Dtype(t.dtype), &t.shape) {

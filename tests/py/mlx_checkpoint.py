@@ -1,7 +1,10 @@
 """Make an MLX affine checkpoint with mlx_lm.convert and hash what mlx reads back from it.
 
 Usage:
-  mlx_checkpoint.py convert HF_DIR OUT_DIR BITS GROUP   -> runs mlx_lm.convert -q (CPU)
+  mlx_checkpoint.py convert HF_DIR OUT_DIR BITS GROUP [DTYPE]   -> runs mlx_lm.convert -q (CPU)
+  mlx_checkpoint.py dequantize MLX_DIR OUT_DIR DTYPE   -> runs mlx_lm.convert --dequantize --dtype DTYPE
+  mlx_checkpoint.py stored DIR   -> JSON {tensor: {"dtype", "shape", "sha256" of the stored bytes}} of DIR's
+     model*.safetensors files, read as raw safetensors (no mlx)
   mlx_checkpoint.py hashes MLX_DIR                      -> JSON {tensor: {"shape": [...], "sha256": ...}} on stdout,
      where a quantized module's weight is mx.dequantize'd with its scales and biases upcast to float32 (so the
      values are exact f32 affine results), and any other tensor is cast to float32.
@@ -16,10 +19,33 @@ import mlx.core as mx
 import numpy as np
 
 
-def convert(hf, out, bits, group):
+def convert(hf, out, bits, group, dtype=None):
     from mlx_lm import convert as mlx_convert
 
-    mlx_convert(hf_path=hf, mlx_path=out, quantize=True, q_bits=int(bits), q_group_size=int(group))
+    mlx_convert(hf_path=hf, mlx_path=out, quantize=True, q_bits=int(bits), q_group_size=int(group), dtype=dtype)
+
+
+def dequantize(src, out, dtype):
+    from mlx_lm import convert as mlx_convert
+
+    mlx_convert(hf_path=src, mlx_path=out, dequantize=True, dtype=dtype)
+
+
+def stored(d):
+    import struct
+
+    out = {}
+    for f in sorted(glob.glob(os.path.join(d, "model*.safetensors"))):
+        b = open(f, "rb").read()
+        n = struct.unpack("<Q", b[:8])[0]
+        header = json.loads(b[8 : 8 + n])
+        for name, t in header.items():
+            if name == "__metadata__":
+                continue
+            s, e = t["data_offsets"]
+            data = b[8 + n + s : 8 + n + e]
+            out[name] = {"dtype": t["dtype"], "shape": t["shape"], "sha256": hashlib.sha256(data).hexdigest()}
+    json.dump(out, sys.stdout)
 
 
 def hashes(d):
@@ -50,6 +76,10 @@ def hashes(d):
 
 
 if sys.argv[1] == "convert":
-    convert(*sys.argv[2:6])
+    convert(*sys.argv[2:7])
+elif sys.argv[1] == "dequantize":
+    dequantize(sys.argv[2], sys.argv[3], sys.argv[4])
+elif sys.argv[1] == "stored":
+    stored(sys.argv[2])
 else:
     hashes(sys.argv[2])

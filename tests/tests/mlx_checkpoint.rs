@@ -65,3 +65,52 @@ fn mlx_lm_4bit_checkpoint_reads_like_mlx() {
 fn mlx_lm_3bit_group32_checkpoint_reads_like_mlx() {
     check(3, 32);
 }
+
+/// MLX → HF (`convert MLX DIR --to hf`): every tensor is the bytes `mlx_lm.convert --dequantize --dtype D` writes
+/// for a checkpoint whose scales are D (bf16 and f16: mlx rounds `scale·q` and then `+ bias` to the dtype),
+/// config.json loses its quantization blocks, and `verify` recomputes every tensor.
+fn dequantized_like_mlx_lm(bits: u8, group: u32, dtype: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let mlx = dir.path().join("mlx");
+    let hf = smollm2_derived().join("smollm2-hf");
+    let (b, g) = (bits.to_string(), group.to_string());
+    run_py(
+        "mlx_checkpoint.py",
+        &["convert".as_ref(), hf.as_os_str(), mlx.as_os_str(), b.as_ref(), g.as_ref(), dtype.as_ref()],
+    );
+    let theirs = dir.path().join("mlx-dequantized");
+    // In the checkpoint's own dtype: without --dtype, mlx_lm casts the scales to config.json's torch_dtype first.
+    run_py("mlx_checkpoint.py", &["dequantize".as_ref(), mlx.as_os_str(), theirs.as_os_str(), dtype.as_ref()]);
+    let ours = dir.path().join("hf");
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    rt.block_on(async {
+        let src = TensorSource::open(&Location::local(&mlx)).await.unwrap();
+        let plan = quantfarm_tensors::convert::plan_mlx_to_hf(&src).unwrap();
+        quantfarm_tensors::convert::write_hf(&src, &plan, &Location::local(&ours), 1 << 20, false).await.unwrap();
+    });
+    let stored = |d: &std::path::Path| -> serde_json::Value {
+        serde_json::from_str(&run_py("mlx_checkpoint.py", &["stored".as_ref(), d.as_os_str()])).unwrap()
+    };
+    let (want, got) = (stored(&theirs), stored(&ours));
+    let want = want.as_object().unwrap();
+    assert_eq!(want.len(), got.as_object().unwrap().len(), "tensor count");
+    for (name, w) in want {
+        assert_eq!(&got[name], w, "{name}: ours, mlx_lm.convert --dequantize's");
+    }
+    let config: serde_json::Value = serde_json::from_slice(&std::fs::read(ours.join("config.json")).unwrap()).unwrap();
+    assert!(config.get("quantization").is_none() && config.get("quantization_config").is_none(), "{config}");
+    assert_eq!(config["model_type"], "llama");
+    assert_eq!(std::fs::read(ours.join("tokenizer.json")).unwrap(), std::fs::read(mlx.join("tokenizer.json")).unwrap());
+    quantfarm_e2e::assert_verified_identical(&quantfarm_e2e::verify(&mlx, &ours, None));
+    eprintln!("MLX {bits}-bit g{group} {dtype} -> HF: {} tensors identical to mlx_lm.convert --dequantize", want.len());
+}
+
+#[test]
+fn mlx_3bit_bf16_checkpoint_dequantizes_like_mlx_lm() {
+    dequantized_like_mlx_lm(3, 32, "bfloat16");
+}
+
+#[test]
+fn mlx_4bit_f16_checkpoint_dequantizes_like_mlx_lm() {
+    dequantized_like_mlx_lm(4, 64, "float16");
+}

@@ -40,14 +40,16 @@ pub struct HfTensor {
     pub offset: Option<f32>,
 }
 
-/// Everything a GGUF → HF conversion writes besides tensor bytes.
+/// Everything a GGUF → HF (or MLX → HF) conversion writes besides tensor bytes.
 #[derive(Debug)]
 pub struct HfPlan {
     pub config: Map<String, Json>,
     /// Sorted by name, as `save_pretrained` orders them.
     pub tensors: Vec<HfTensor>,
-    pub tokenizer_json: Json,
-    pub tokenizer_config: Json,
+    /// Files rebuilt from the source (a GGUF's tokenizer.json and tokenizer_config.json), written as pretty JSON.
+    pub json_files: Vec<(String, Json)>,
+    /// Files of the source folder copied as they are (an MLX checkpoint's tokenizer and generation files).
+    pub carried: Vec<String>,
 }
 
 /// A metadata value as JSON; an f32 becomes the shortest decimal that reads back as the same f32 (1e-05, not
@@ -163,7 +165,53 @@ pub fn plan_gguf_to_hf(src: &TensorSource, dtype: Dtype) -> Result<HfPlan> {
     }
     config.insert("tie_word_embeddings".into(), (!has_output).into());
     config.insert("torch_dtype".into(), dtype_name(dtype).into());
-    Ok(HfPlan { config, tensors, tokenizer_json, tokenizer_config })
+    let json_files =
+        vec![("tokenizer.json".to_string(), tokenizer_json), ("tokenizer_config.json".to_string(), tokenizer_config)];
+    Ok(HfPlan { config, tensors, json_files, carried: Vec::new() })
+}
+
+/// The wrapper prefixes an MLX checkpoint of a multimodal model puts before the text model's names.
+const WRAPPER_PREFIXES: [&str; 1] = ["language_model."];
+
+/// Plans the conversion of the MLX checkpoint `src` (quantized or not) to an HF checkpoint: each affine triple
+/// becomes one weight of the scales' dtype, dequantized as `mx.dequantize` computes it (what `mlx_lm.convert
+/// --dequantize` writes); other tensors keep their dtype; a wrapper prefix (`language_model.`) is stripped;
+/// config.json loses its `quantization` blocks; the tokenizer and generation files are carried as they are.
+pub fn plan_mlx_to_hf(src: &TensorSource) -> Result<HfPlan> {
+    let file = src.location().to_string();
+    let mlx = src.mlx().ok_or_else(|| Error::format(&file, "format", "is not an MLX checkpoint"))?;
+    let mut tensors = Vec::new();
+    for t in &mlx.tensors {
+        let dtype = match t.ty {
+            crate::dtype::TensorType::MlxAffine { scale_dtype, .. } => scale_dtype,
+            crate::dtype::TensorType::Dtype(d) => d,
+            crate::dtype::TensorType::Ggml(g) => {
+                return Err(Error::format(&file, &t.name, format!("a {g} tensor in an MLX checkpoint")))
+            }
+        };
+        let name = WRAPPER_PREFIXES.iter().find_map(|p| t.name.strip_prefix(p)).unwrap_or(&t.name).to_string();
+        tensors.push(HfTensor {
+            name,
+            source: t.name.clone(),
+            shape: t.shape.clone(),
+            dtype,
+            unpermute_heads: None,
+            offset: None,
+        });
+    }
+    tensors.sort_by(|a, b| a.name.cmp(&b.name));
+    if let Some(w) = tensors.windows(2).find(|w| w[0].name == w[1].name) {
+        return Err(Error::format(&file, &w[0].source, format!("and {} both become {}", w[1].source, w[0].name)));
+    }
+    let mut config = mlx.config.clone();
+    config.remove("quantization");
+    config.remove("quantization_config");
+    Ok(HfPlan {
+        config,
+        tensors,
+        json_files: Vec::new(),
+        carried: crate::mlx::CARRIED_FILES.map(String::from).to_vec(),
+    })
 }
 
 fn dtype_name(d: Dtype) -> &'static str {
@@ -220,15 +268,20 @@ pub async fn write_hf(
         writers.push(w);
     }
     let mut small = Vec::new();
-    for (name, value) in [
-        ("config.json", Json::Object(plan.config.clone())),
-        ("tokenizer.json", plan.tokenizer_json.clone()),
-        ("tokenizer_config.json", plan.tokenizer_config.clone()),
-    ] {
-        let mut text = serde_json::to_string_pretty(&value).expect("JSON serializes");
+    let config = ("config.json".to_string(), Json::Object(plan.config.clone()));
+    for (name, value) in std::iter::once(&config).chain(&plan.json_files) {
+        let mut text = serde_json::to_string_pretty(value).expect("JSON serializes");
         text.push('\n');
         let mut sink = StagedSink::create(&dst_dir.child(name)?, overwrite).await?;
         sink.write(text.as_bytes()).await?;
+        small.push(sink);
+    }
+    let present = if plan.carried.is_empty() { Vec::new() } else { source.location().list().await? };
+    for name in plan.carried.iter().filter(|n| present.contains(n)) {
+        let blob = crate::blob::Blob::open(&source.location().child(name)?).await?;
+        let bytes = blob.read_vec(0, blob.len()).await?;
+        let mut sink = StagedSink::create(&dst_dir.child(name)?, overwrite).await?;
+        sink.write(&bytes).await?;
         small.push(sink);
     }
     let mut out = Vec::new();
@@ -246,6 +299,11 @@ pub async fn write_hf(
 
 /// One tensor (to a file, or to a comparison when verifying), whole rows at a time within `budget`: dequantized, unpermuted, offset removed, rounded to the dtype.
 pub async fn write_hf_tensor(src: &TensorSource, t: &HfTensor, budget: u64, w: &mut impl PieceWriter) -> Result<()> {
+    if let crate::dtype::TensorType::MlxAffine { scale_dtype, .. } = src.entry(&t.source)?.ty {
+        if scale_dtype == t.dtype && t.unpermute_heads.is_none() && t.offset.is_none() {
+            return write_mlx_dequantized(src, t, budget, w).await;
+        }
+    }
     let cols = t.shape.last().copied().unwrap_or(1).max(1) as usize;
     let rows = (t.shape.iter().product::<u64>() as usize) / cols;
     let per_row = (cols * (4 + t.dtype.size())) as u64;
@@ -283,6 +341,35 @@ pub async fn write_hf_tensor(src: &TensorSource, t: &HfTensor, budget: u64, w: &
             }
         }
         w.write_piece(&bytes).await?;
+        r += n;
+    }
+    Ok(())
+}
+
+/// An MLX affine tensor dequantized in its scales' dtype as `mx.dequantize` computes it, whole rows at a time.
+async fn write_mlx_dequantized(src: &TensorSource, t: &HfTensor, budget: u64, w: &mut impl PieceWriter) -> Result<()> {
+    let e = src.entry(&t.source)?;
+    let crate::dtype::TensorType::MlxAffine { bits, group_size, scale_dtype } = e.ty else {
+        return Err(Error::format(src.location().to_string(), &t.source, "is not MLX affine"));
+    };
+    let cols = e.row_len().max(1);
+    let step = (budget / (cols * (4 + scale_dtype.size() as u64))).max(1);
+    let (mut codes, mut scales, mut biases, mut out) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut r = 0;
+    while r < e.rows() {
+        let n = step.min(e.rows() - r);
+        src.read_affine_rows(&t.source, r, n, &mut codes, &mut scales, &mut biases).await?;
+        out.clear();
+        crate::dequant::dequantize_mlx_affine_as(
+            u32::from(bits),
+            group_size as usize,
+            &codes,
+            &scales,
+            &biases,
+            scale_dtype,
+            &mut out,
+        )?;
+        w.write_piece(&out).await?;
         r += n;
     }
     Ok(())

@@ -71,6 +71,54 @@ fn decode_group(bits: u32, bytes: &[u8], out: &mut [f32], scale: f32, bias: f32)
     }
 }
 
+/// `mx.dequantize` with scales and biases stored as `dtype` (little-endian bytes) and the result in `dtype`, appended
+/// to `out`. In bf16 and f16 mlx rounds `scale·q` to the dtype and then `+ bias` again (its half types widen to f32
+/// for each operation and round back), which is not the f32 result rounded once; in f32 it is `scale·q + bias`.
+pub fn dequantize_mlx_affine_as(
+    bits: u32,
+    group_size: usize,
+    packed: &[u8],
+    scales: &[u8],
+    biases: &[u8],
+    dtype: crate::dtype::Dtype,
+    out: &mut Vec<u8>,
+) -> Result<(), DequantError> {
+    use crate::convert::transform::{f32_to_bf16_bits, f32_to_f16_bits};
+    use crate::dtype::Dtype;
+    let size = dtype.size();
+    let groups = scales.len() / size.max(1);
+    let widen = |raw: &[u8]| -> Vec<f32> {
+        raw.chunks_exact(size)
+            .map(|b| match dtype {
+                Dtype::BF16 => f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16),
+                Dtype::F16 => super::f16_bits_to_f32(u16::from_le_bytes([b[0], b[1]])),
+                _ => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+            })
+            .collect()
+    };
+    let (s, b) = (widen(scales), widen(biases));
+    // The codes, as floats.
+    let mut q = vec![0f32; groups * group_size];
+    dequantize_mlx_affine(bits, group_size, packed, &vec![1.0; groups], &vec![0.0; groups], &mut q)?;
+    out.reserve(q.len() * size);
+    for (g, codes) in q.chunks_exact(group_size).enumerate() {
+        for &c in codes {
+            match dtype {
+                Dtype::BF16 => {
+                    let round = |x: f32| f32::from_bits(u32::from(f32_to_bf16_bits(x)) << 16);
+                    out.extend_from_slice(&f32_to_bf16_bits(round(s[g] * c) + b[g]).to_le_bytes());
+                }
+                Dtype::F16 => {
+                    let round = |x: f32| super::f16_bits_to_f32(f32_to_f16_bits(x));
+                    out.extend_from_slice(&f32_to_f16_bits(round(s[g] * c) + b[g]).to_le_bytes());
+                }
+                _ => out.extend_from_slice(&(s[g] * c + b[g]).to_le_bytes()),
+            }
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
