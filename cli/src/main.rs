@@ -40,6 +40,8 @@ enum Command {
     Mlx(mlx::Args),
     /// Merge a LoRA/DoRA adapter (PEFT or mlx-lm) into an HF base exactly (f64, rounded once).
     Merge(merge::Args),
+    /// Convert a LoRA/DoRA adapter between PEFT and mlx-lm (factors transposed, same bytes per value).
+    Adapter(merge::AdapterArgs),
     /// Check an output against its source: every tensor recomputed and compared (bytes, or within one quantization
     /// step for MLX affine), metadata, config and tokenizer files. Exit status 0 passed, 1 failed, 2 error.
     Verify(verify::Args),
@@ -96,6 +98,7 @@ fn main() -> std::process::ExitCode {
             Command::Merge(args) => ok(merge::run(args).await),
             Command::LoraGguf(args) => ok(merge::lora_gguf(args).await),
             Command::Verify(args) => verify::run(args).await,
+            Command::Adapter(args) => ok(merge::convert_adapter(args).await),
             Command::Run(args) => farm::run(args).await,
             Command::Coordinator(args) => ok(farm::coordinator(args).await),
             Command::Worker(args) => ok(farm::worker(args).await),

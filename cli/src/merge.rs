@@ -81,3 +81,44 @@ pub async fn lora_gguf(args: LoraArgs) -> Result<()> {
     println!("{}  {}  {}", c.sha256, human(c.bytes), c.location);
     Ok(())
 }
+
+#[derive(clap::Args)]
+pub struct AdapterArgs {
+    /// The adapter folder (PEFT or mlx-lm).
+    adapter: String,
+    /// The output folder.
+    output_dir: String,
+    /// The format to write: peft or mlx-lm.
+    #[arg(long, value_parser = ["peft", "mlx-lm"])]
+    to: String,
+    /// The HF base it was trained on: the adapter is checked against it (keys, shapes, recorded base), and mlx-lm's
+    /// `num_layers` counts its layers. Needed for --to mlx-lm.
+    #[arg(long)]
+    base: Option<String>,
+    /// The base's identity, for the recorded-base check and the converted adapter's record.
+    #[arg(long)]
+    base_name: Option<String>,
+    /// Replace existing outputs.
+    #[arg(long)]
+    overwrite: bool,
+}
+
+pub async fn convert_adapter(args: AdapterArgs) -> Result<()> {
+    use quantfarm_tensors::merge::{convert_adapter_folder, AdapterFormat};
+    let to = if args.to == "peft" { AdapterFormat::Peft } else { AdapterFormat::MlxLm };
+    let opts = MergeOptions { budget: 64 << 20, overwrite: args.overwrite, base_name: args.base_name.clone() };
+    let base = args.base.as_deref().map(Location::parse).transpose()?;
+    let done = convert_adapter_folder(
+        &Location::parse(&args.adapter)?,
+        to,
+        base.as_ref(),
+        &Location::parse(&args.output_dir)?,
+        &opts,
+    )
+    .await
+    .with_context(|| format!("cannot convert {} to a {} adapter", args.adapter, to.name()))?;
+    for c in &done {
+        println!("{}  {}  {}", c.sha256, human(c.bytes), c.location);
+    }
+    Ok(())
+}

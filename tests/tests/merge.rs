@@ -293,3 +293,90 @@ fn peft_adapter_converts_to_the_gguf_lora_llama_cpp_reads() {
     );
     assert!(text.trim_start().starts_with("Hello") && text.trim().len() > "Hello".len(), "{text:?}");
 }
+
+/// Converts adapter `a` to `to` with the library (checked against the base first).
+fn convert_adapter(a: &Path, to: quantfarm_tensors::merge::AdapterFormat, out: &Path) {
+    let opts = MergeOptions { budget: 8 << 20, overwrite: false, base_name: Some(RECORDED_BASE.into()) };
+    let b = Location::local(base());
+    rt().block_on(quantfarm_tensors::merge::convert_adapter_folder(
+        &Location::local(a),
+        to,
+        Some(&b),
+        &Location::local(out),
+        &opts,
+    ))
+    .unwrap_or_else(|e| panic!("convert {}: {e}", a.display()));
+}
+
+/// PEFT → mlx-lm (`quantfarm adapter --to mlx-lm`): v_proj's alpha_pattern scale is folded into its lora_b (a power
+/// of two: exact), so merging the converted adapter gives the same bytes as merging the original; and mlx-lm itself
+/// reads it: `mlx_lm fuse` with the converted adapter agrees with our merge.
+#[test]
+fn peft_adapter_converted_to_mlx_lm_merges_the_same_and_mlx_lm_fuses_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, _) = adapter("peft-attn", dir.path(), None);
+    let converted = dir.path().join("as-mlx-lm");
+    convert_adapter(&a, quantfarm_tensors::merge::AdapterFormat::MlxLm, &converted);
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(converted.join("adapter_config.json")).unwrap()).unwrap();
+    assert_eq!(config["num_layers"], 30, "{config}");
+    assert_eq!(config["lora_parameters"]["scale"], 2.0, "{config}");
+    let (ours, again) = (dir.path().join("from-peft"), dir.path().join("from-mlx-lm"));
+    let done = merge(&a, &ours, Some(RECORDED_BASE)).unwrap();
+    merge(&converted, &again, Some(RECORDED_BASE)).unwrap();
+    assert!(tensors(&ours) == tensors(&again), "the converted adapter merges to other bytes");
+    let theirs = dir.path().join("fused");
+    let out = std::process::Command::new(peers_python())
+        .args(["-m", "mlx_lm", "fuse", "--model"])
+        .arg(base())
+        .arg("--adapter-path")
+        .arg(&converted)
+        .arg("--save-path")
+        .arg(&theirs)
+        .output()
+        .expect("run mlx_lm fuse");
+    assert!(out.status.success(), "mlx_lm fuse failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    let (total, same) = agree(&tensors(&ours), &tensors(&theirs), &done.changed);
+    eprintln!("mlx_lm fuse of the converted PEFT adapter: {same} of {total} merged elements identical, all within its rounding");
+}
+
+/// mlx-lm DoRA → PEFT (`quantfarm adapter --to peft`): merging the converted adapter gives the same bytes, and PEFT
+/// itself reads it (`PeftModel.from_pretrained(...).merge_and_unload()` agrees with our merge).
+#[test]
+fn mlx_dora_adapter_converted_to_peft_merges_the_same_and_peft_merges_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, _) = adapter("mlx", dir.path(), None);
+    let converted = dir.path().join("as-peft");
+    convert_adapter(&a, quantfarm_tensors::merge::AdapterFormat::Peft, &converted);
+    let (ours, again) = (dir.path().join("from-mlx-lm"), dir.path().join("from-peft"));
+    let done = merge(&a, &ours, Some(RECORDED_BASE)).unwrap();
+    merge(&converted, &again, Some(RECORDED_BASE)).unwrap();
+    assert!(tensors(&ours) == tensors(&again), "the converted adapter merges to other bytes");
+    let theirs = dir.path().join("peft");
+    let b = base();
+    run_py_with(&convert_python(), "peft_merge.py", &[b.as_os_str(), converted.as_os_str(), theirs.as_os_str()]);
+    let (total, same) = agree(&tensors(&ours), &tensors(&theirs), &done.changed);
+    eprintln!("PEFT merge of the converted mlx-lm DoRA adapter: {same} of {total} merged elements identical");
+}
+
+/// What one format cannot say is refused, naming the tensor: an embedding LoRA going to mlx-lm.
+#[test]
+fn an_embedding_lora_is_refused_going_to_mlx_lm() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, _) = adapter("peft", dir.path(), None);
+    let opts = MergeOptions { budget: 8 << 20, overwrite: false, base_name: Some(RECORDED_BASE.into()) };
+    let out = dir.path().join("x");
+    let b = Location::local(base());
+    let err = rt()
+        .block_on(quantfarm_tensors::merge::convert_adapter_folder(
+            &Location::local(&a),
+            quantfarm_tensors::merge::AdapterFormat::MlxLm,
+            Some(&b),
+            &Location::local(&out),
+            &opts,
+        ))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("model.embed_tokens.weight") && err.contains("mlx-lm adapts only layers"), "{err}");
+    assert!(!out.exists(), "nothing written");
+}

@@ -18,6 +18,11 @@ use crate::store::Location;
 /// are stored the other way round in both formats.
 const EMBEDDING_MODULES: &[&str] = &["embed_tokens", "wte", "word_embeddings", "embed_in", "tok_embeddings"];
 
+/// Whether `module` (a path) is an embedding by its last component.
+pub(crate) fn is_embedding(module: &str) -> bool {
+    EMBEDDING_MODULES.contains(&module.rsplit('.').next().unwrap_or(module))
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AdapterFormat {
     Peft,

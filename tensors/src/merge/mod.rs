@@ -13,6 +13,7 @@
 //! staged and committed together at the end.
 
 pub mod adapter;
+pub mod convert_adapter;
 mod lora_gguf;
 
 use std::collections::{BTreeMap, HashMap};
@@ -374,6 +375,28 @@ pub async fn merge_adapter(base: &Location, adapter: &Location, out: &Location, 
         committed.push(s.commit().await?);
     }
     Ok(Merged { format: plan.adapter.format, files: committed, changed: plan.changed(), untied: plan.untie })
+}
+
+/// Converts the adapter folder `adapter` to format `to` in folder `dst` (see [`convert_adapter`]). With `base`, the
+/// adapter is first checked against it as a merge would be (every key, shape and the recorded base), and its layer
+/// count is what mlx-lm's `num_layers` counts from.
+pub async fn convert_adapter_folder(
+    adapter: &Location,
+    to: AdapterFormat,
+    base: Option<&Location>,
+    dst: &Location,
+    opts: &MergeOptions,
+) -> Result<Vec<Committed>> {
+    let mut facts = convert_adapter::BaseFacts { num_hidden_layers: None, name: opts.base_name.clone() };
+    if let Some(base) = base {
+        let plan = plan_merge(base, adapter, opts).await?;
+        facts.num_hidden_layers = plan.config.get("num_hidden_layers").and_then(Json::as_u64);
+        if facts.name.is_none() {
+            facts.name = plan.config.get("_name_or_path").and_then(Json::as_str).map(str::to_string);
+        }
+    }
+    let adapter = Adapter::open(adapter).await?;
+    convert_adapter::convert_adapter(&adapter, to, &facts, dst, opts.overwrite).await
 }
 
 /// Converts the adapter folder `adapter`, trained on the HF base folder `base` (its config.json is read, and the
