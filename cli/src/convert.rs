@@ -182,8 +182,9 @@ fn auto_bits(source: &TensorSource) -> Result<Option<u32>> {
     })
 }
 
-/// GGUF → MLX: the GGUF is converted to an HF bf16 checkpoint in a temporary folder (bounded memory, a bf16 copy
-/// on local disk), which is then quantized as `mlx_lm.convert -q` would, or kept as bf16 when not quantizing.
+/// GGUF → MLX: each tensor is converted as GGUF → HF bf16 converts it and quantized as it streams (as
+/// `mlx_lm.convert -q` would quantize that checkpoint), within the budget and with no copy on disk; kept as bf16
+/// when not quantizing.
 async fn to_mlx_run(args: &Args, src: &Location) -> Result<()> {
     let source = TensorSource::open(src).await?;
     if source.format() != Format::Gguf {
@@ -208,7 +209,7 @@ async fn to_mlx_run(args: &Args, src: &Location) -> Result<()> {
     let plan = plan_gguf_to_hf(&source, Dtype::BF16).with_context(|| format!("cannot convert {}", args.input))?;
     if args.dry_run {
         println!(
-            "{} -> {} (MLX, {}): {} tensors via an HF bf16 checkpoint",
+            "{} -> {} (MLX, {}): {} tensors, each converted as GGUF -> HF bf16 and quantized as it streams",
             args.input,
             dst,
             bits.map_or("bf16".to_string(), |b| format!("{b}-bit, groups of {}", args.group_size)),
@@ -223,18 +224,12 @@ async fn to_mlx_run(args: &Args, src: &Location) -> Result<()> {
         }
         return Ok(());
     };
-    let tmp = tempfile::tempdir().context("a temporary folder for the bf16 checkpoint")?;
-    let hf = Location::local(tmp.path());
-    write_hf(&source, &plan, &hf, args.budget, false)
-        .await
-        .with_context(|| format!("cannot convert {}", args.input))?;
-    let hf_source = TensorSource::open(&hf).await?;
     let opts = quantfarm_quant::mlx_file::MlxOptions {
         budget: args.budget,
         overwrite: args.overwrite,
         ..quantfarm_quant::mlx_file::MlxOptions::new(bits, args.group_size)
     };
-    let done = quantfarm_quant::mlx_file::quantize_mlx_checkpoint(&hf_source, &dst, &opts)
+    let done = quantfarm_quant::mlx_file::gguf_to_mlx(&source, &plan, &dst, &opts)
         .await
         .with_context(|| format!("cannot quantize {} to MLX {bits}-bit", args.input))?;
     println!("{} modules quantized to {bits} bits (group size {})", done.quantized, args.group_size);

@@ -168,6 +168,19 @@ fn manifest(name: &str) -> BTreeMap<String, (String, String)> {
         .collect()
 }
 
+/// `quantfarm run RELEASE --store DIR/data --json` with a signing key in DIR.
+fn run_json(release: &Path, dir: &Path) -> Output {
+    Command::new(bin())
+        .arg("run")
+        .arg(release)
+        .arg("--store")
+        .arg(dir.join("data"))
+        .arg("--json")
+        .env("QUANTFARM_KEY_FILE", dir.join("k"))
+        .output()
+        .unwrap()
+}
+
 /// The last JSON line of `submit --watch --json` / `watch --json`: the summary.
 fn summary(out: &Output) -> Value {
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -526,15 +539,7 @@ fn a_release_with_an_importance_matrix_matches_llama_quantize() {
         ),
     )
     .unwrap();
-    let out = Command::new(bin())
-        .arg("run")
-        .arg(&release)
-        .arg("--store")
-        .arg(tmp.path().join("data"))
-        .arg("--json")
-        .env("QUANTFARM_KEY_FILE", tmp.path().join("k"))
-        .output()
-        .unwrap();
+    let out = run_json(&release, tmp.path());
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     let sum = summary(&out);
     let q4 = sum["artifacts"].as_array().unwrap().iter().find(|a| a["file_type"] == "Q4_K_M").unwrap();
@@ -575,15 +580,7 @@ fn a_release_with_an_adapter_merges_then_makes_gguf_and_mlx() {
         ),
     )
     .unwrap();
-    let out = Command::new(bin())
-        .arg("run")
-        .arg(&release)
-        .arg("--store")
-        .arg(tmp.path().join("data"))
-        .arg("--json")
-        .env("QUANTFARM_KEY_FILE", tmp.path().join("k"))
-        .output()
-        .unwrap();
+    let out = run_json(&release, tmp.path());
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     let sum = summary(&out);
     let artifacts = sum["artifacts"].as_array().unwrap();

@@ -23,10 +23,11 @@
 use serde_json::{Map, Value as Json};
 
 use quantfarm_tensors::blob::Blob;
+use quantfarm_tensors::convert::{HfPlan, HfTensor};
 use quantfarm_tensors::mlx::CARRIED_FILES;
 use quantfarm_tensors::safetensors::{shard_file_name, StTensorDesc};
 use quantfarm_tensors::sink::StagedSink;
-use quantfarm_tensors::write::{copy_tensor, SafetensorsWriter};
+use quantfarm_tensors::write::{copy_tensor, PieceWriter, SafetensorsWriter};
 use quantfarm_tensors::{Committed, Dtype, Format, Location, TensorSource, TensorType};
 
 use crate::float::{f32_to_bf16_bits, f32_to_f16_bits};
@@ -94,6 +95,42 @@ enum Item {
     Quant { name: String, module: String, rows: u64, cols: u64, dtype: Dtype },
 }
 
+/// What an MLX checkpoint is made from: an HF (or unquantized MLX) folder, or a GGUF read through its GGUF → HF
+/// plan, each tensor streamed as the HF conversion would write it (no bf16 copy on disk).
+#[derive(Clone, Copy)]
+enum Input<'a> {
+    Hf(&'a TensorSource),
+    Gguf(&'a TensorSource, &'a HfPlan),
+}
+
+impl Input<'_> {
+    fn source(&self) -> &TensorSource {
+        match self {
+            Input::Hf(s) | Input::Gguf(s, _) => s,
+        }
+    }
+
+    /// (name, stored type, shape) of every tensor, as the HF checkpoint has (or would have) them.
+    fn tensors(&self) -> Vec<(String, TensorType, Vec<u64>)> {
+        match self {
+            Input::Hf(s) => s.tensors().iter().map(|e| (e.name.clone(), e.ty, e.shape.clone())).collect(),
+            Input::Gguf(_, plan) => {
+                plan.tensors.iter().map(|t| (t.name.clone(), TensorType::Dtype(t.dtype), t.shape.clone())).collect()
+            }
+        }
+    }
+
+    /// The GGUF → HF plan's entry for tensor `name`, written as `dtype`.
+    fn planned(&self, name: &str, dtype: Dtype) -> Option<HfTensor> {
+        match self {
+            Input::Hf(_) => None,
+            Input::Gguf(_, plan) => {
+                plan.tensors.iter().find(|t| t.name == name).map(|t| HfTensor { dtype, ..t.clone() })
+            }
+        }
+    }
+}
+
 /// Converts the checkpoint `src` (a Hugging Face or unquantized MLX folder) into an MLX affine checkpoint in folder
 /// `dst_dir`, as `mlx_lm.convert --hf-path SRC --mlx-path DST -q --q-bits BITS --q-group-size GROUP` does.
 ///
@@ -104,17 +141,40 @@ pub async fn quantize_mlx_checkpoint(
     dst_dir: &Location,
     opts: &MlxOptions,
 ) -> Result<MlxConverted, MlxFileError> {
-    let file = src.location().to_string();
     if !matches!(src.format(), Format::Safetensors | Format::Mlx) {
+        let file = src.location().to_string();
         return Err(MlxFileError::NotSafetensors { file, format: src.format().name() });
     }
-    let config = src.metadata();
+    convert(Input::Hf(src), dst_dir, opts).await
+}
+
+/// Converts the GGUF model `src` into an MLX affine checkpoint in folder `dst_dir`: each tensor is made as the GGUF
+/// → HF conversion `plan` makes it (dequantized, permutation and offset undone, rounded to the plan's dtype) and
+/// quantized as it streams, so the result is the bytes [`quantize_mlx_checkpoint`] writes for that HF checkpoint,
+/// without the checkpoint ever being written; the tokenizer files are the plan's rebuilt ones.
+pub async fn gguf_to_mlx(
+    src: &TensorSource,
+    plan: &HfPlan,
+    dst_dir: &Location,
+    opts: &MlxOptions,
+) -> Result<MlxConverted, MlxFileError> {
+    convert(Input::Gguf(src, plan), dst_dir, opts).await
+}
+
+async fn convert(input: Input<'_>, dst_dir: &Location, opts: &MlxOptions) -> Result<MlxConverted, MlxFileError> {
+    let src = input.source();
+    let file = src.location().to_string();
+    let config = match input {
+        Input::Hf(s) => s.metadata(),
+        Input::Gguf(_, plan) => plan.config.clone(),
+    };
+    let tensors = input.tensors();
     let model_type = config.get("model_type").and_then(Json::as_str).unwrap_or("").to_string();
     if !ARCHITECTURES.contains(&model_type.as_str()) {
         return Err(MlxFileError::Architecture { file, model_type, supported: ARCHITECTURES.join(", ") });
     }
-    if let Some(e) = src.tensors().iter().find(|e| !matches!(e.ty, TensorType::Dtype(_))) {
-        return Err(MlxFileError::AlreadyQuantized { file, what: format!("tensor {:?} is {}", e.name, e.ty) });
+    if let Some((name, ty, _)) = tensors.iter().find(|(_, ty, _)| !matches!(ty, TensorType::Dtype(_))) {
+        return Err(MlxFileError::AlreadyQuantized { file, what: format!("tensor {name:?} is {ty}") });
     }
     if config.contains_key("quantization") {
         return Err(MlxFileError::AlreadyQuantized { file, what: "config.json has `quantization`".into() });
@@ -133,30 +193,24 @@ pub async fn quantize_mlx_checkpoint(
     let tied = config.get("tie_word_embeddings").and_then(Json::as_bool).unwrap_or(false);
 
     // Plan: sanitize, cast, predicate. Sorted by name, a quantized module's three tensors together.
-    let mut entries: Vec<_> = src
-        .tensors()
+    let mut entries: Vec<_> = tensors
         .iter()
-        .filter(|e| !(e.name.contains("self_attn.rotary_emb.inv_freq") || tied && e.name == "lm_head.weight"))
+        .filter(|(name, _, _)| !(name.contains("self_attn.rotary_emb.inv_freq") || tied && name == "lm_head.weight"))
         .collect();
-    entries.sort_by(|a, b| a.name.cmp(&b.name));
+    entries.sort_by(|a, b| a.0.cmp(&b.0));
     let mut items = Vec::with_capacity(entries.len());
-    for e in entries {
-        let TensorType::Dtype(stored) = e.ty else { unreachable!("checked above") };
+    for (name, ty, shape) in entries {
+        let TensorType::Dtype(stored) = *ty else { unreachable!("checked above") };
         let floating = matches!(stored, Dtype::F32 | Dtype::F16 | Dtype::BF16);
         let dtype = if floating { cast.unwrap_or(stored) } else { stored };
-        let module = e.name.strip_suffix(".weight");
+        let module = name.strip_suffix(".weight");
+        let cols = shape.last().copied().unwrap_or(1);
         match module {
-            Some(m) if floating && e.shape.len() == 2 && e.row_len().is_multiple_of(opts.group_size as u64) => {
+            Some(m) if floating && shape.len() == 2 && cols.is_multiple_of(opts.group_size as u64) => {
                 check_params(opts.group_size, opts.bits, opts.group_size, dtype).map_err(MlxFileError::Params)?;
-                items.push(Item::Quant {
-                    name: e.name.clone(),
-                    module: m.to_string(),
-                    rows: e.rows(),
-                    cols: e.row_len(),
-                    dtype,
-                })
+                items.push(Item::Quant { name: name.clone(), module: m.to_string(), rows: shape[0], cols, dtype })
             }
-            _ => items.push(Item::Plain { name: e.name.clone(), dtype, shape: e.shape.clone() }),
+            _ => items.push(Item::Plain { name: name.clone(), dtype, shape: shape.clone() }),
         }
     }
 
@@ -203,6 +257,10 @@ pub async fn quantize_mlx_checkpoint(
             Item::Plain { name, dtype, .. } => {
                 let w = &mut writers[shard_of_desc[next_desc]];
                 next_desc += 1;
+                if let Some(t) = input.planned(name, *dtype) {
+                    quantfarm_tensors::convert::write_hf_tensor(src, &t, opts.budget, w).await?;
+                    continue;
+                }
                 let e = src.entry(name)?;
                 if e.ty == TensorType::Dtype(*dtype) {
                     copy_tensor(src, name, opts.budget, &mut buf, w).await?;
@@ -224,6 +282,23 @@ pub async fn quantize_mlx_checkpoint(
                 let shard = [0, 1, 2].map(|k| shard_of_desc[next_desc + k]);
                 next_desc += 3;
                 quantized += 1;
+                if let Some(t) = input.planned(name, *dtype) {
+                    let mut sink = QuantizeRows {
+                        tensor: name,
+                        cols: *cols as usize,
+                        dtype: *dtype,
+                        opts,
+                        codes: &mut writers[shard[0]],
+                        pending: Vec::new(),
+                        scales: Vec::new(),
+                        biases: Vec::new(),
+                    };
+                    quantfarm_tensors::convert::write_hf_tensor(src, &t, opts.budget, &mut sink).await?;
+                    let (scales, biases) = sink.finish().await?;
+                    writers[shard[1]].write(&scales).await?;
+                    writers[shard[2]].write(&biases).await?;
+                    continue;
+                }
                 let step = (opts.budget / (cols * 4)).max(1);
                 let (mut scales, mut biases) = (Vec::new(), Vec::new());
                 // Values read from a tensor already stored in the cast dtype need no rounding.
@@ -255,13 +330,25 @@ pub async fn quantize_mlx_checkpoint(
         files.push(w.finish().await?);
     }
 
-    // Files mlx-lm carries over, when the source folder has them.
-    let src_dir = src.location();
-    let present = src_dir.list().await.unwrap_or_default();
-    for name in CARRIED_FILES.iter().filter(|n| present.iter().any(|p| p == *n)) {
-        let blob = Blob::open(&src_dir.child(name)?).await?;
-        let bytes = blob.read_vec(0, blob.len()).await?;
-        files.push(write_file(dst_dir, name, &bytes, opts.overwrite).await?);
+    match input {
+        // Files mlx-lm carries over, when the source folder has them.
+        Input::Hf(_) => {
+            let src_dir = src.location();
+            let present = src_dir.list().await.unwrap_or_default();
+            for name in CARRIED_FILES.iter().filter(|n| present.iter().any(|p| p == *n)) {
+                let blob = Blob::open(&src_dir.child(name)?).await?;
+                let bytes = blob.read_vec(0, blob.len()).await?;
+                files.push(write_file(dst_dir, name, &bytes, opts.overwrite).await?);
+            }
+        }
+        // The tokenizer files rebuilt from the GGUF, as the GGUF → HF conversion writes them.
+        Input::Gguf(_, plan) => {
+            for (name, value) in &plan.json_files {
+                let mut text = serde_json::to_string_pretty(value).expect("JSON serializes");
+                text.push('\n');
+                files.push(write_file(dst_dir, name, text.as_bytes(), opts.overwrite).await?);
+            }
+        }
     }
 
     let mut weight_map = Map::new();
@@ -283,6 +370,57 @@ pub async fn quantize_mlx_checkpoint(
     Ok(MlxConverted { files, quantized, total_parameters })
 }
 
+/// Quantizes the rows of one tensor as they are written to it (in the MLX dtype, whole rows per piece or not):
+/// codes go straight to the output, scales and biases are kept for after them.
+struct QuantizeRows<'a> {
+    tensor: &'a str,
+    cols: usize,
+    dtype: Dtype,
+    opts: &'a MlxOptions,
+    codes: &'a mut SafetensorsWriter,
+    /// Bytes of a row not yet complete.
+    pending: Vec<u8>,
+    scales: Vec<u8>,
+    biases: Vec<u8>,
+}
+
+impl QuantizeRows<'_> {
+    async fn finish(self) -> Result<(Vec<u8>, Vec<u8>), MlxFileError> {
+        if !self.pending.is_empty() {
+            return Err(MlxFileError::Tensors(quantfarm_tensors::Error::Format {
+                file: self.tensor.to_string(),
+                field: "rows".into(),
+                msg: format!("{} bytes left over after the last whole row", self.pending.len()),
+            }));
+        }
+        Ok((self.scales, self.biases))
+    }
+}
+
+impl PieceWriter for QuantizeRows<'_> {
+    async fn write_piece(&mut self, data: &[u8]) -> quantfarm_tensors::Result<()> {
+        let size = self.dtype.size();
+        self.pending.extend_from_slice(data);
+        let whole = self.pending.len() / (self.cols * size) * (self.cols * size);
+        if whole == 0 {
+            return Ok(());
+        }
+        let vals = widen(&self.pending[..whole], self.dtype);
+        self.pending.drain(..whole);
+        let q = quantize_affine(&vals, self.cols, self.opts.bits, self.opts.group_size, self.dtype).map_err(|e| {
+            quantfarm_tensors::Error::Format {
+                file: self.tensor.to_string(),
+                field: "values".into(),
+                msg: e.to_string(),
+            }
+        })?;
+        self.codes.write(&q.packed_bytes()).await?;
+        self.scales.extend_from_slice(&q.scales);
+        self.biases.extend_from_slice(&q.biases);
+        Ok(())
+    }
+}
+
 /// `quantize_model` + `save_config`: the global `quantization` block (and its `quantization_config` copy), without
 /// `_name_or_path` and `vision_config`, top-level keys sorted.
 pub fn mlx_config(mut config: Map<String, Json>, bits: u32, group_size: usize) -> Map<String, Json> {
@@ -302,7 +440,7 @@ async fn write_file(dir: &Location, name: &str, bytes: &[u8], overwrite: bool) -
 }
 
 /// `x.astype(dtype)` for values already widened to f32 (round to nearest even).
-fn round_to(vals: &mut [f32], dtype: Dtype) {
+pub(crate) fn round_to(vals: &mut [f32], dtype: Dtype) {
     match dtype {
         Dtype::BF16 => vals.iter_mut().for_each(|x| *x = f32::from_bits(u32::from(f32_to_bf16_bits(*x)) << 16)),
         Dtype::F16 => {
@@ -312,8 +450,20 @@ fn round_to(vals: &mut [f32], dtype: Dtype) {
     }
 }
 
+/// Little-endian values of a float `dtype` widened to f32 (exactly).
+pub(crate) fn widen(bytes: &[u8], dtype: Dtype) -> Vec<f32> {
+    bytes
+        .chunks_exact(dtype.size())
+        .map(|b| match dtype {
+            Dtype::BF16 => f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16),
+            Dtype::F16 => quantfarm_tensors::dequant::f16_bits_to_f32(u16::from_le_bytes([b[0], b[1]])),
+            _ => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+        })
+        .collect()
+}
+
 /// Little-endian bytes of `vals` in `dtype` (a float dtype; the plan only casts floating tensors).
-fn encode(vals: &[f32], dtype: Dtype) -> Vec<u8> {
+pub(crate) fn encode(vals: &[f32], dtype: Dtype) -> Vec<u8> {
     match dtype {
         Dtype::BF16 => vals.iter().flat_map(|&x| f32_to_bf16_bits(x).to_le_bytes()).collect(),
         Dtype::F16 => vals.iter().flat_map(|&x| f32_to_f16_bits(x).to_le_bytes()).collect(),

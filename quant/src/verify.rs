@@ -18,7 +18,7 @@ use quantfarm_tensors::write::{copy_tensor, PieceWriter};
 use quantfarm_tensors::{Dtype, Format, Location, TensorSource, TensorType};
 
 use crate::mlx::{quantize_affine, MlxQuantError};
-use crate::mlx_file::mlx_config;
+use crate::mlx_file::{encode, mlx_config, round_to, widen};
 use quantfarm_tensors::mlx::CARRIED_FILES;
 
 #[derive(Debug, thiserror::Error)]
@@ -242,32 +242,10 @@ impl<'a> Rows<'a> {
         self.vals.resize((n * cols) as usize, 0.0);
         self.src.read_f32_rows(self.name, self.row, &mut self.vals, &mut self.scratch).await?;
         if self.exact_in != TensorType::Dtype(dtype) {
-            self.vals.iter_mut().for_each(|x| *x = round(*x, dtype));
+            round_to(&mut self.vals, dtype);
         }
         self.row += n;
         Ok(Some(&self.vals))
-    }
-}
-
-/// `x.astype(dtype)` (round to nearest even) back in f32.
-fn round(x: f32, dtype: Dtype) -> f32 {
-    decode_one(&encode(&[x], dtype), dtype)
-}
-
-fn encode(vals: &[f32], dtype: Dtype) -> Vec<u8> {
-    use crate::float::{f32_to_bf16_bits, f32_to_f16_bits};
-    match dtype {
-        Dtype::BF16 => vals.iter().flat_map(|&x| f32_to_bf16_bits(x).to_le_bytes()).collect(),
-        Dtype::F16 => vals.iter().flat_map(|&x| f32_to_f16_bits(x).to_le_bytes()).collect(),
-        _ => vals.iter().flat_map(|x| x.to_le_bytes()).collect(),
-    }
-}
-
-fn decode_one(b: &[u8], dtype: Dtype) -> f32 {
-    match dtype {
-        Dtype::BF16 => f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16),
-        Dtype::F16 => quantfarm_tensors::dequant::f16_bits_to_f32(u16::from_le_bytes([b[0], b[1]])),
-        _ => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
     }
 }
 
@@ -330,11 +308,10 @@ impl<'a> AffineCheck<'a> {
         self.identical = false;
         self.deq.resize(vals.len(), 0.0);
         self.out.read_f32_rows(self.name, self.row, &mut self.deq, scratch).await?;
-        let size = self.dtype.size();
-        let group = |raw: &[u8], g: usize| f64::from(decode_one(&raw[g * size..(g + 1) * size], self.dtype));
+        let (s_all, b_all) = (widen(scales, self.dtype), widen(biases, self.dtype));
         for (i, (&got, &want)) in self.deq.iter().zip(vals).enumerate() {
             let g = i / self.group_size;
-            let (s, b) = (group(scales, g).abs(), group(biases, g).abs());
+            let (s, b) = (f64::from(s_all[g]).abs(), f64::from(b_all[g]).abs());
             let err = (f64::from(got) - f64::from(want)).abs();
             // The stored scale and bias are rounded to the dtype: allow that much beyond the step.
             let excess = (err - (b + f64::from(want).abs()) * 2f64.powi(-8)).max(0.0);
@@ -381,8 +358,7 @@ impl PieceWriter for AffineCheck<'_> {
         if whole == 0 {
             return Ok(());
         }
-        let vals: Vec<f32> =
-            self.pending[..whole].chunks_exact(self.dtype.size()).map(|b| decode_one(b, self.dtype)).collect();
+        let vals = widen(&self.pending[..whole], self.dtype);
         self.pending.drain(..whole);
         self.rows(&vals).await.map_err(|e| match e {
             VerifyError::Tensors(t) => t,

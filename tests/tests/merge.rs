@@ -134,6 +134,20 @@ fn agree(ours: &HashMap<String, Vec<u8>>, tool: &HashMap<String, Vec<u8>>, names
     (total, same)
 }
 
+/// `mlx_lm fuse --model BASE --adapter-path A --save-path OUT`.
+fn mlx_fuse(a: &Path, out: &Path) {
+    let o = std::process::Command::new(peers_python())
+        .args(["-m", "mlx_lm", "fuse", "--model"])
+        .arg(base())
+        .arg("--adapter-path")
+        .arg(a)
+        .arg("--save-path")
+        .arg(out)
+        .output()
+        .expect("run mlx_lm fuse");
+    assert!(o.status.success(), "mlx_lm fuse failed:\n{}", String::from_utf8_lossy(&o.stderr));
+}
+
 /// PEFT itself: `PeftModel.from_pretrained(bf16 base).merge_and_unload()`. (PEFT keeps the embedding tied and
 /// merges the embedding LoRA into the shared tensor, changing the output layer too, with a warning — peft #2777;
 /// only the tensors both sides write are compared.)
@@ -160,16 +174,7 @@ fn mlx_lora_adapter_agrees_with_mlx_lm_fuse() {
     let done = merge(&a, &ours, Some(RECORDED_BASE)).unwrap();
     assert_eq!(done.changed.len(), 12);
     let theirs = dir.path().join("fused");
-    let out = std::process::Command::new(peers_python())
-        .args(["-m", "mlx_lm", "fuse", "--model"])
-        .arg(base())
-        .arg("--adapter-path")
-        .arg(&a)
-        .arg("--save-path")
-        .arg(&theirs)
-        .output()
-        .expect("run mlx_lm fuse");
-    assert!(out.status.success(), "mlx_lm fuse failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    mlx_fuse(&a, &theirs);
     let (total, same) = agree(&tensors(&ours), &tensors(&theirs), &done.changed);
     eprintln!("mlx_lm fuse: {same} of {total} merged elements identical, all within its rounding");
 }
@@ -326,16 +331,7 @@ fn peft_adapter_converted_to_mlx_lm_merges_the_same_and_mlx_lm_fuses_it() {
     merge(&converted, &again, Some(RECORDED_BASE)).unwrap();
     assert!(tensors(&ours) == tensors(&again), "the converted adapter merges to other bytes");
     let theirs = dir.path().join("fused");
-    let out = std::process::Command::new(peers_python())
-        .args(["-m", "mlx_lm", "fuse", "--model"])
-        .arg(base())
-        .arg("--adapter-path")
-        .arg(&converted)
-        .arg("--save-path")
-        .arg(&theirs)
-        .output()
-        .expect("run mlx_lm fuse");
-    assert!(out.status.success(), "mlx_lm fuse failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    mlx_fuse(&converted, &theirs);
     let (total, same) = agree(&tensors(&ours), &tensors(&theirs), &done.changed);
     eprintln!("mlx_lm fuse of the converted PEFT adapter: {same} of {total} merged elements identical, all within its rounding");
 }

@@ -306,39 +306,66 @@ pub async fn write_hf_tensor(src: &TensorSource, t: &HfTensor, budget: u64, w: &
     }
     let cols = t.shape.last().copied().unwrap_or(1).max(1) as usize;
     let rows = (t.shape.iter().product::<u64>() as usize) / cols;
+    // Stored in the output dtype already (a BF16 GGUF going to a BF16 checkpoint): rows are moved as bytes.
+    let e = src.entry(&t.source)?;
+    let same = t.offset.is_none() && t.dtype.as_ggml().is_some_and(|g| e.ty == crate::dtype::TensorType::Ggml(g));
+    // Read and converted (or reordered) bytes; a consumer may widen them to f32 again.
     let per_row = (cols * (4 + t.dtype.size())) as u64;
     let hd = t.unpermute_heads.map(|h| rows as u64 / h);
     // Whole heads per chunk when permuted, so every source row of a chunk is inside it.
     let unit = hd.unwrap_or(1) as usize;
     let step = ((budget / per_row.max(1)) as usize / unit).max(1) * unit;
     let (mut vals, mut ordered, mut bytes, mut scratch) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let row_bytes = cols * t.dtype.size();
     let mut r = 0;
     while r < rows {
         let n = step.min(rows - r);
+        // The source row of each output row of this chunk, relative to the chunk.
+        let source_row = |k: usize| match hd {
+            None => k,
+            Some(hd) => (unpermuted_source_row((r + k) as u64, hd) - r as u64) as usize,
+        };
+        if same {
+            scratch.resize(n * row_bytes, 0);
+            src.read_range(&t.source, (r * row_bytes) as u64, &mut scratch).await?;
+            if hd.is_none() {
+                w.write_piece(&scratch).await?;
+            } else {
+                bytes.clear();
+                for k in 0..n {
+                    let s = source_row(k);
+                    bytes.extend_from_slice(&scratch[s * row_bytes..(s + 1) * row_bytes]);
+                }
+                w.write_piece(&bytes).await?;
+            }
+            r += n;
+            continue;
+        }
         vals.resize(n * cols, 0f32);
         src.read_f32_rows(&t.source, r as u64, &mut vals, &mut scratch).await?;
-        let rows_out: &[f32] = match hd {
-            None => &vals,
-            Some(hd) => {
+        let rows_out: &mut [f32] = match hd {
+            None => &mut vals,
+            Some(_) => {
                 ordered.clear();
-                for k in 0..n as u64 {
-                    let s = (unpermuted_source_row(r as u64 + k, hd) - r as u64) as usize;
+                for k in 0..n {
+                    let s = source_row(k);
                     ordered.extend_from_slice(&vals[s * cols..(s + 1) * cols]);
                 }
-                &ordered
+                &mut ordered
             }
         };
+        if let Some(o) = t.offset {
+            rows_out.iter_mut().for_each(|x| *x -= o);
+        }
         bytes.clear();
-        for &x in rows_out {
-            let x = match t.offset {
-                Some(o) => x - o,
-                None => x,
-            };
-            match t.dtype {
-                Dtype::BF16 => bytes.extend_from_slice(&super::transform::f32_to_bf16_bits(x).to_le_bytes()),
-                Dtype::F16 => bytes.extend_from_slice(&super::transform::f32_to_f16_bits(x).to_le_bytes()),
-                _ => bytes.extend_from_slice(&x.to_le_bytes()),
+        match t.dtype {
+            Dtype::BF16 => {
+                bytes.extend(rows_out.iter().flat_map(|&x| super::transform::f32_to_bf16_bits(x).to_le_bytes()))
             }
+            Dtype::F16 => {
+                bytes.extend(rows_out.iter().flat_map(|&x| super::transform::f32_to_f16_bits(x).to_le_bytes()))
+            }
+            _ => bytes.extend(rows_out.iter().flat_map(|x| x.to_le_bytes())),
         }
         w.write_piece(&bytes).await?;
         r += n;

@@ -411,7 +411,7 @@ impl Adapter {
     }
 }
 
-fn transpose(m: &[f64], rows: usize, cols: usize) -> Vec<f64> {
+pub(crate) fn transpose(m: &[f64], rows: usize, cols: usize) -> Vec<f64> {
     let mut t = vec![0.0; m.len()];
     for r in 0..rows {
         for c in 0..cols {

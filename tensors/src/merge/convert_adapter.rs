@@ -18,8 +18,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Map, Value as Json};
 
-use super::adapter::{Adapter, AdapterFormat, LowRank};
-use crate::convert::transform::f64_to_bf16_bits;
+use super::adapter::{transpose, Adapter, AdapterFormat, LowRank};
 use crate::dtype::{Dtype, TensorType};
 use crate::error::{Error, Result};
 use crate::safetensors::StTensorDesc;
@@ -78,19 +77,26 @@ pub async fn convert_adapter(
     if dora && adapter.low_rank.iter().any(|lr| lr.magnitude.is_none()) {
         return Err(Error::format(&adapter.dir, "adapter", "mixes DoRA and plain LoRA modules"));
     }
-    let scale = most_common(adapter.low_rank.iter().map(|lr| lr.scale));
-    let rank = most_common(adapter.low_rank.iter().map(|lr| lr.rank as f64)) as usize;
-    let recorded = adapter.recorded_base.clone().or_else(|| base.name.clone());
+    let common = Common {
+        scale: most_common(adapter.low_rank.iter().map(|lr| lr.scale)),
+        rank: most_common(adapter.low_rank.iter().map(|lr| lr.rank as f64)) as usize,
+        dora,
+        recorded: adapter.recorded_base.clone().or_else(|| base.name.clone()),
+        dtype_of: &dtype_of,
+    };
     let (file, config, outs) = match to {
-        AdapterFormat::MlxLm => to_mlx(adapter, base, scale, rank, dora, recorded, &dtype_of)?,
-        AdapterFormat::Peft => to_peft(adapter, scale, rank, dora, recorded, &dtype_of)?,
+        AdapterFormat::MlxLm => to_mlx(adapter, base, &common)?,
+        AdapterFormat::Peft => to_peft(adapter, &common)?,
     };
     let descs: Vec<StTensorDesc> =
         outs.iter().map(|o| StTensorDesc { name: o.name.clone(), dtype: o.dtype, shape: o.shape.clone() }).collect();
     let metadata = [("format".to_string(), if to == AdapterFormat::MlxLm { "mlx" } else { "pt" }.to_string())];
     let mut w = SafetensorsWriter::create(&dst.child(file)?, &descs, &metadata, overwrite).await?;
+    let mut bytes = Vec::new();
     for o in &outs {
-        w.write(&encode(&o.values, o.dtype)).await?;
+        bytes.clear();
+        super::encode(&o.values, o.dtype, &mut bytes);
+        w.write(&bytes).await?;
     }
     let mut text = serde_json::to_string_pretty(&Json::Object(config)).expect("JSON serializes");
     text.push('\n');
@@ -99,16 +105,21 @@ pub async fn convert_adapter(
     Ok(vec![w.finish().await?, sink.commit().await?])
 }
 
-#[allow(clippy::type_complexity)]
-fn to_mlx(
-    adapter: &Adapter,
-    base: &BaseFacts,
+/// What both formats record for the whole adapter: the most common scale and rank, DoRA or not, the base.
+struct Common<'a> {
     scale: f64,
     rank: usize,
     dora: bool,
     recorded: Option<String>,
-    dtype_of: &dyn Fn(&LowRank) -> Dtype,
-) -> Result<(&'static str, Map<String, Json>, Vec<Out>)> {
+    /// The dtype a module's factors are stored in.
+    dtype_of: &'a dyn Fn(&LowRank) -> Dtype,
+}
+
+/// The converted adapter: its weights file's name, adapter_config.json, its tensors.
+type Converted = (&'static str, Map<String, Json>, Vec<Out>);
+
+fn to_mlx(adapter: &Adapter, base: &BaseFacts, c: &Common) -> Result<Converted> {
+    let (scale, rank, dora, dtype_of) = (c.scale, c.rank, c.dora, c.dtype_of);
     let mut outs = Vec::new();
     let mut keys = std::collections::BTreeSet::new();
     let mut first_layer = u64::MAX;
@@ -166,8 +177,8 @@ fn to_mlx(
     outs.sort_by(|a, b| a.name.cmp(&b.name));
     let mut config = Map::new();
     config.insert("fine_tune_type".into(), (if dora { "dora" } else { "lora" }).into());
-    if let Some(r) = recorded {
-        config.insert("model".into(), r.into());
+    if let Some(r) = &c.recorded {
+        config.insert("model".into(), r.clone().into());
     }
     config.insert("num_layers".into(), (layers - first_layer).into());
     config.insert(
@@ -177,15 +188,8 @@ fn to_mlx(
     Ok(("adapters.safetensors", config, outs))
 }
 
-#[allow(clippy::type_complexity)]
-fn to_peft(
-    adapter: &Adapter,
-    scale: f64,
-    rank: usize,
-    dora: bool,
-    recorded: Option<String>,
-    dtype_of: &dyn Fn(&LowRank) -> Dtype,
-) -> Result<(&'static str, Map<String, Json>, Vec<Out>)> {
+fn to_peft(adapter: &Adapter, c: &Common) -> Result<Converted> {
+    let (scale, rank, dora, dtype_of) = (c.scale, c.rank, c.dora, c.dtype_of);
     let mut outs = Vec::new();
     let (mut targets, mut layers) = (std::collections::BTreeSet::new(), std::collections::BTreeSet::new());
     let (mut rank_pattern, mut alpha_pattern) = (Map::new(), Map::new());
@@ -232,7 +236,7 @@ fn to_peft(
     let mut config = Map::new();
     config.insert("peft_type".into(), "LORA".into());
     config.insert("task_type".into(), "CAUSAL_LM".into());
-    config.insert("base_model_name_or_path".into(), recorded.map_or(Json::Null, Json::from));
+    config.insert("base_model_name_or_path".into(), c.recorded.clone().map_or(Json::Null, Json::from));
     config.insert("r".into(), rank.into());
     config.insert("lora_alpha".into(), (scale * rank as f64).into());
     config.insert("rank_pattern".into(), Json::Object(rank_pattern));
@@ -260,22 +264,4 @@ fn most_common(values: impl Iterator<Item = f64>) -> f64 {
     }
     let best = count.values().map(|(n, _)| *n).max().unwrap_or(0);
     count.values().filter(|(n, _)| *n == best).map(|(_, v)| *v).fold(f64::INFINITY, f64::min)
-}
-
-fn transpose(m: &[f64], rows: usize, cols: usize) -> Vec<f64> {
-    let mut t = vec![0.0; m.len()];
-    for r in 0..rows {
-        for c in 0..cols {
-            t[c * rows + r] = m[r * cols + c];
-        }
-    }
-    t
-}
-
-fn encode(vals: &[f64], dtype: Dtype) -> Vec<u8> {
-    match dtype {
-        Dtype::BF16 => vals.iter().flat_map(|&x| f64_to_bf16_bits(x).to_le_bytes()).collect(),
-        Dtype::F16 => vals.iter().flat_map(|&x| half::f16::from_f64(x).to_bits().to_le_bytes()).collect(),
-        _ => vals.iter().flat_map(|&x| (x as f32).to_le_bytes()).collect(),
-    }
 }

@@ -580,7 +580,7 @@ pub fn apply_low_rank(lr: &LowRank, first: usize, cols: usize, rows: &mut [f64])
 }
 
 /// Each value rounded once to `dtype`, little-endian.
-fn encode(vals: &[f64], dtype: Dtype, out: &mut Vec<u8>) {
+pub(crate) fn encode(vals: &[f64], dtype: Dtype, out: &mut Vec<u8>) {
     match dtype {
         Dtype::BF16 => vals.iter().for_each(|&x| out.extend_from_slice(&f64_to_bf16_bits(x).to_le_bytes())),
         Dtype::F16 => vals.iter().for_each(|&x| out.extend_from_slice(&half::f16::from_f64(x).to_bits().to_le_bytes())),
