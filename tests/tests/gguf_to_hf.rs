@@ -119,15 +119,27 @@ fn smollm2_bf16_gguf_comes_back_as_its_hf_checkpoint() {
 /// vocabulary) tokenizes like llama.cpp.
 #[test]
 fn qwen3_tokenizer_rebuilt_from_the_gguf_tokenizes_like_llama_cpp() {
+    rebuilt_tokenizer_tokenizes_like_llama_cpp("qwen3");
+}
+
+/// SentencePiece: a Mistral checkpoint with LLaMA's real 32,000-piece vocabulary (llama.cpp's
+/// `ggml-vocab-llama-spm.gguf`, as tokenizer.model) → GGUF → HF: the tokenizer.json rebuilt from the GGUF's pieces and
+/// scores (byte fallback, merges by score) encodes the text as llama.cpp's SPM tokenizer does.
+#[test]
+fn sentencepiece_tokenizer_rebuilt_from_the_gguf_tokenizes_like_llama_cpp() {
+    rebuilt_tokenizer_tokenizes_like_llama_cpp("mistral");
+}
+
+fn rebuilt_tokenizer_tokenizes_like_llama_cpp(arch: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let hf = dir.path().join("qwen3");
+    let hf = dir.path().join(arch);
     let src = llama_src();
-    run_py_with(&convert_python(), "make_synthetic_hf.py", &[OsStr::new("qwen3"), hf.as_os_str(), src.as_os_str()]);
+    run_py_with(&convert_python(), "make_synthetic_hf.py", &[OsStr::new(arch), hf.as_os_str(), src.as_os_str()]);
     let ggufs = rt()
         .block_on(convert_hf_to_gguf(
             &Location::local(&hf),
             &Location::local(dir.path()),
-            "qwen3",
+            arch,
             OutType::Bf16,
             None,
             8 << 20,
@@ -139,5 +151,5 @@ fn qwen3_tokenizer_rebuilt_from_the_gguf_tokenizes_like_llama_cpp() {
     to_hf(&gguf, &back);
     let summary = tokenize_compare(&gguf, &back.join("tokenizer.json"));
     assert!(summary.contains("\"identical\": true"), "{summary}");
-    eprintln!("Qwen3 tokenizer rebuilt from the GGUF: {summary}");
+    eprintln!("{arch} tokenizer rebuilt from the GGUF: {summary}");
 }

@@ -5,13 +5,20 @@
 //! GPT-2-style BPE (`tokenizer.ggml.model = gpt2`): normal tokens become the BPE vocabulary, control and
 //! user-defined tokens the added tokens (`special` for control ones), `tokenizer.ggml.merges` the merges, and the
 //! normalizer, pre-tokenizer and decoder come from `mappings/pre-tokenizers.yaml`'s row for `tokenizer.ggml.pre`
-//! (the GGUF names the pre-tokenizer but does not hold it). The special tokens, `add_bos`/`add_eos` and the chat
-//! template go to tokenizer_config.json. SentencePiece GGUFs (`llama`) are refused for now.
+//! (the GGUF names the pre-tokenizer but does not hold it).
+//!
+//! SentencePiece (`tokenizer.ggml.model = llama`): every piece is in the vocabulary in id order, the merges are
+//! generated from the pieces and their scores as transformers' `generate_merges` does (every split of a piece into
+//! two pieces, ordered by the piece's score, highest first: the order llama.cpp's SPM tokenizer merges in), byte
+//! fallback on, spaces replaced by `▁` and one `▁` prepended when `add_space_prefix` (Llama's legacy normalizer,
+//! which is what llama.cpp does), and the Llama decoder. Unknown and control pieces are special added tokens, user-defined ones plain added tokens.
+//!
+//! The special tokens, `add_bos`/`add_eos` and the chat template go to tokenizer_config.json.
 
 use serde_json::{json, Map, Value as Json};
 
 use super::mapping::{pre_tokenizers, PRE_TOKENIZERS_FILE};
-use super::tokenizer::{CONTROL, NORMAL, USER_DEFINED};
+use super::tokenizer::{CONTROL, NORMAL, UNKNOWN, USER_DEFINED};
 use crate::error::{Error, Result};
 use crate::gguf::{Array, Value};
 
@@ -23,73 +30,47 @@ pub fn rebuild(kv: &[(String, Value)], file: &str) -> Result<(Json, Json)> {
         _ => None,
     };
     let model = string("tokenizer.ggml.model").ok_or_else(|| Error::format(file, "tokenizer.ggml.model", "missing"))?;
-    if model != "gpt2" {
-        return Err(Error::format(
-            file,
-            "tokenizer.ggml.model",
-            format!("{model:?}: only GPT-2-style BPE tokenizers are rebuilt yet (SentencePiece is not)"),
-        ));
-    }
     let Some(Value::Array(Array::String(tokens))) = get("tokenizer.ggml.tokens") else {
         return Err(Error::format(file, "tokenizer.ggml.tokens", "missing or not a list of strings"));
     };
+    let tokens: Vec<String> = tokens.iter().map(|t| t.to_string_lossy()).collect();
     let types: Vec<i32> = match get("tokenizer.ggml.token_type") {
         Some(Value::Array(Array::I32(t))) if t.len() == tokens.len() => t.clone(),
         None => vec![NORMAL; tokens.len()],
         _ => return Err(Error::format(file, "tokenizer.ggml.token_type", "not one i32 per token")),
     };
-    let Some(Value::Array(Array::String(merges))) = get("tokenizer.ggml.merges") else {
-        return Err(Error::format(file, "tokenizer.ggml.merges", "missing: a BPE tokenizer needs its merges"));
+    let (sections, spm) = match model.as_str() {
+        "gpt2" => (gpt2(kv, file, &tokens, &types)?, false),
+        "llama" => (sentencepiece(kv, file, &tokens)?, true),
+        other => {
+            return Err(Error::format(
+                file,
+                "tokenizer.ggml.model",
+                format!("{other:?}: only GPT-2-style BPE (gpt2) and SentencePiece (llama) tokenizers are rebuilt"),
+            ))
+        }
     };
-    let pre = string("tokenizer.ggml.pre").unwrap_or_else(|| "default".into());
-    let sections = pre_tokenizers()?
-        .into_iter()
-        .find(|p| p.pre == pre && p.sections.is_some())
-        .and_then(|p| p.sections)
-        .ok_or_else(|| Error::Mapping {
-            file: format!("mappings/{PRE_TOKENIZERS_FILE}"),
-            msg: format!(
-                "{file}: pre-tokenizer {pre:?} has no tokenizer.json sections to rebuild it from; add the model's \
-                 normalizer, pre_tokenizer and decoder to its row"
-            ),
-        })?;
-
-    let text = |i: usize| tokens[i].to_string_lossy();
-    let mut vocab = Map::new();
+    let text = |i: usize| tokens[i].clone();
     let mut added = Vec::new();
     let mut decoder = Map::new();
     for (i, ty) in types.iter().enumerate() {
-        match *ty {
-            NORMAL => {
-                vocab.entry(text(i)).or_insert(Json::from(i));
-            }
-            CONTROL | USER_DEFINED => {
-                let special = *ty == CONTROL;
-                added.push(json!({
-                    "id": i, "content": text(i), "single_word": false, "lstrip": false, "rstrip": false,
-                    "normalized": false, "special": special,
-                }));
-                decoder.insert(
-                    i.to_string(),
-                    json!({
-                        "content": text(i), "lstrip": false, "normalized": false, "rstrip": false,
-                        "single_word": false, "special": special,
-                    }),
-                );
-            }
-            _ => {} // unused padding ([PADn]) and anything else: not part of the HF vocabulary
-        }
-    }
-    let mut pairs = Vec::with_capacity(merges.len());
-    for (i, m) in merges.iter().enumerate() {
-        let m = m.to_string_lossy();
-        let (a, b) = m.split_once(' ').ok_or_else(|| {
-            Error::format(file, format!("tokenizer.ggml.merges[{i}]"), format!("{m:?} is not two parts"))
-        })?;
-        // SpecialVocab writes a space inside a part of the pair format as U+0120; in a byte-level vocabulary U+0120
-        // is itself the space byte's character, so a part is taken as written whenever the vocabulary has it.
-        let part = |p: &str| if vocab.contains_key(p) { p.to_string() } else { p.replace('\u{120}', " ") };
-        pairs.push(json!([part(a), part(b)]));
+        let special = match *ty {
+            CONTROL => true,
+            UNKNOWN if spm => true,
+            USER_DEFINED => false,
+            _ => continue, // normal pieces, bytes, unused padding ([PADn]): not added tokens
+        };
+        added.push(json!({
+            "id": i, "content": text(i), "single_word": false, "lstrip": false, "rstrip": false,
+            "normalized": false, "special": special,
+        }));
+        decoder.insert(
+            i.to_string(),
+            json!({
+                "content": text(i), "lstrip": false, "normalized": false, "rstrip": false,
+                "single_word": false, "special": special,
+            }),
+        );
     }
 
     let id = |k: &str| match get(k) {
@@ -127,11 +108,7 @@ pub fn rebuild(kv: &[(String, Value)], file: &str) -> Result<(Json, Json)> {
         "pre_tokenizer": sections.pre_tokenizer,
         "post_processor": {"type": "TemplateProcessing", "single": single, "pair": [], "special_tokens": specials},
         "decoder": sections.decoder,
-        "model": {
-            "type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": "",
-            "end_of_word_suffix": "", "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
-            "vocab": vocab, "merges": pairs,
-        },
+        "model": sections.model,
     });
 
     let mut config = Map::new();
@@ -158,4 +135,145 @@ pub fn rebuild(kv: &[(String, Value)], file: &str) -> Result<(Json, Json)> {
     config.insert("clean_up_tokenization_spaces".into(), false.into());
     config.insert("tokenizer_class".into(), "PreTrainedTokenizerFast".into());
     Ok((tokenizer, Json::Object(config)))
+}
+
+/// The model-specific parts of tokenizer.json.
+struct Sections {
+    model: Json,
+    normalizer: Json,
+    pre_tokenizer: Json,
+    decoder: Json,
+}
+
+fn get<'a>(kv: &'a [(String, Value)], key: &str) -> Option<&'a Value> {
+    kv.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+}
+
+/// GPT-2-style BPE: normal tokens are the vocabulary, the GGUF's merges the merges, the pre-tokenizer's sections from
+/// `mappings/pre-tokenizers.yaml`.
+fn gpt2(kv: &[(String, Value)], file: &str, tokens: &[String], types: &[i32]) -> Result<Sections> {
+    let Some(Value::Array(Array::String(merges))) = get(kv, "tokenizer.ggml.merges") else {
+        return Err(Error::format(file, "tokenizer.ggml.merges", "missing: a BPE tokenizer needs its merges"));
+    };
+    let pre = match get(kv, "tokenizer.ggml.pre") {
+        Some(Value::String(s)) => s.to_string_lossy(),
+        _ => "default".into(),
+    };
+    let sections = pre_tokenizers()?
+        .into_iter()
+        .find(|p| p.pre == pre && p.sections.is_some())
+        .and_then(|p| p.sections)
+        .ok_or_else(|| Error::Mapping {
+            file: format!("mappings/{PRE_TOKENIZERS_FILE}"),
+            msg: format!(
+                "{file}: pre-tokenizer {pre:?} has no tokenizer.json sections to rebuild it from; add the model's \
+                 normalizer, pre_tokenizer and decoder to its row"
+            ),
+        })?;
+    let mut vocab = Map::new();
+    for (i, ty) in types.iter().enumerate() {
+        if *ty == NORMAL {
+            vocab.entry(tokens[i].clone()).or_insert(Json::from(i));
+        }
+    }
+    let mut pairs = Vec::with_capacity(merges.len());
+    for (i, m) in merges.iter().enumerate() {
+        let m = m.to_string_lossy();
+        let (a, b) = m.split_once(' ').ok_or_else(|| {
+            Error::format(file, format!("tokenizer.ggml.merges[{i}]"), format!("{m:?} is not two parts"))
+        })?;
+        // SpecialVocab writes a space inside a part of the pair format as U+0120; in a byte-level vocabulary U+0120
+        // is itself the space byte's character, so a part is taken as written whenever the vocabulary has it.
+        let part = |p: &str| if vocab.contains_key(p) { p.to_string() } else { p.replace('\u{120}', " ") };
+        pairs.push(json!([part(a), part(b)]));
+    }
+    Ok(Sections {
+        model: json!({
+            "type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": "",
+            "end_of_word_suffix": "", "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+            "vocab": vocab, "merges": pairs,
+        }),
+        normalizer: sections.normalizer,
+        pre_tokenizer: sections.pre_tokenizer,
+        decoder: sections.decoder,
+    })
+}
+
+/// SentencePiece (Llama's BPE with byte fallback): every piece in id order, merges from the scores.
+fn sentencepiece(kv: &[(String, Value)], file: &str, tokens: &[String]) -> Result<Sections> {
+    let scores = match get(kv, "tokenizer.ggml.scores") {
+        Some(Value::Array(Array::F32(s))) if s.len() == tokens.len() => s.clone(),
+        _ => return Err(Error::format(file, "tokenizer.ggml.scores", "missing or not one f32 per token")),
+    };
+    // As transformers' `{piece: id}`: a repeated piece keeps its first place and its last id.
+    let mut vocab = Map::new();
+    let mut ids = std::collections::HashMap::with_capacity(tokens.len());
+    for (i, t) in tokens.iter().enumerate() {
+        vocab.insert(t.clone(), Json::from(i));
+        ids.insert(t.as_str(), i);
+    }
+    let pairs: Vec<Json> = merges_by_score(tokens, &scores, &ids).into_iter().map(|(a, b)| json!([a, b])).collect();
+    let prefix = !matches!(get(kv, "tokenizer.ggml.add_space_prefix"), Some(Value::Bool(false)));
+    let unk = match get(kv, "tokenizer.ggml.unknown_token_id") {
+        Some(Value::U32(i)) => tokens.get(*i as usize).map_or(Json::Null, |t| Json::from(t.as_str())),
+        _ => Json::Null,
+    };
+    let mut normalizers = vec![json!({"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"})];
+    if prefix {
+        normalizers.insert(0, json!({"type": "Prepend", "prepend": "\u{2581}"}));
+    }
+    let mut decoders = vec![
+        json!({"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "}),
+        json!({"type": "ByteFallback"}),
+        json!({"type": "Fuse"}),
+    ];
+    if prefix {
+        decoders.push(json!({"type": "Strip", "content": " ", "start": 1, "stop": 0}));
+    }
+    Ok(Sections {
+        model: json!({
+            "type": "BPE", "dropout": null, "unk_token": unk, "continuing_subword_prefix": null,
+            "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
+            "vocab": vocab, "merges": pairs,
+        }),
+        // llama.cpp prepends the space even to text that starts with one (Metaspace's "first" would not).
+        normalizer: json!({"type": "Sequence", "normalizers": normalizers}),
+        pre_tokenizer: Json::Null,
+        decoder: json!({"type": "Sequence", "decoders": decoders}),
+    })
+}
+
+/// transformers' `generate_merges(vocab, vocab_scores)`: for each piece in id order, every split into two pieces of
+/// the vocabulary (ordered by the parts' ids), then all of them sorted by (score, left length, right length),
+/// highest first and otherwise stable. Lengths count characters, as Python's `len` does.
+fn merges_by_score(
+    tokens: &[String],
+    scores: &[f32],
+    ids: &std::collections::HashMap<&str, usize>,
+) -> Vec<(String, String)> {
+    let mut merges: Vec<(&str, &str, f32)> = Vec::new();
+    // A dict keyed by piece: a repeated piece keeps its first place and its last score.
+    let mut last_score = std::collections::HashMap::with_capacity(tokens.len());
+    for (t, &score) in tokens.iter().zip(scores) {
+        last_score.insert(t.as_str(), score);
+    }
+    let mut seen = std::collections::HashSet::new();
+    for t in tokens {
+        if !seen.insert(t.as_str()) {
+            continue;
+        }
+        let score = last_score[t.as_str()];
+        let mut local: Vec<(&str, &str, f32)> = t
+            .char_indices()
+            .skip(1)
+            .map(|(at, _)| (&t[..at], &t[at..]))
+            .filter(|(l, r)| ids.contains_key(l) && ids.contains_key(r))
+            .map(|(l, r)| (l, r, score))
+            .collect();
+        local.sort_by_key(|(l, r, _)| (ids[l], ids[r]));
+        merges.extend(local);
+    }
+    let key = |m: &(&str, &str, f32)| (m.2, m.0.chars().count(), m.1.chars().count());
+    merges.sort_by(|a, b| key(b).partial_cmp(&key(a)).unwrap_or(std::cmp::Ordering::Equal));
+    merges.into_iter().map(|(l, r, _)| (l.to_string(), r.to_string())).collect()
 }

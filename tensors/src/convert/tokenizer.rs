@@ -16,7 +16,7 @@ use crate::gguf::{Array, GgufStr, Value};
 
 /// gguf `TokenType`.
 pub(super) const NORMAL: i32 = 1;
-const UNKNOWN: i32 = 2;
+pub(super) const UNKNOWN: i32 = 2;
 pub(super) const CONTROL: i32 = 3;
 pub(super) const USER_DEFINED: i32 = 4;
 const UNUSED: i32 = 5;
