@@ -293,7 +293,9 @@ async fn convert(input: Input<'_>, dst_dir: &Location, opts: &MlxOptions) -> Res
                         scales: Vec::new(),
                         biases: Vec::new(),
                     };
-                    quantfarm_tensors::convert::write_hf_tensor(src, &t, opts.budget, &mut sink).await?;
+                    // The converter's chunk (read and converted bytes) is about 6 bytes per value; the quantizer adds a
+                    // copy of the pending bytes, their f32 widening and the codes (about 7 more): half the budget each.
+                    quantfarm_tensors::convert::write_hf_tensor(src, &t, opts.budget / 2, &mut sink).await?;
                     let (scales, biases) = sink.finish().await?;
                     writers[shard[1]].write(&scales).await?;
                     writers[shard[2]].write(&biases).await?;
