@@ -3,6 +3,8 @@
 Usage:
   mlx_checkpoint.py convert HF_DIR OUT_DIR BITS GROUP [DTYPE]   -> runs mlx_lm.convert -q (CPU)
   mlx_checkpoint.py dequantize MLX_DIR OUT_DIR DTYPE   -> runs mlx_lm.convert --dequantize --dtype DTYPE
+  mlx_checkpoint.py prefix MLX_DIR OUT_DIR PREFIX   -> a copy of the checkpoint with every tensor renamed PREFIX + name
+     (as multimodal checkpoints wrap their text model, e.g. language_model.), the index renamed to match
   mlx_checkpoint.py stored DIR   -> JSON {tensor: {"dtype", "shape", "sha256" of the stored bytes}} of DIR's
      model*.safetensors files, read as raw safetensors (no mlx)
   mlx_checkpoint.py hashes MLX_DIR                      -> JSON {tensor: {"shape": [...], "sha256": ...}} on stdout,
@@ -29,6 +31,23 @@ def dequantize(src, out, dtype):
     from mlx_lm import convert as mlx_convert
 
     mlx_convert(hf_path=src, mlx_path=out, dequantize=True, dtype=dtype)
+
+
+def prefix(src, out, pre):
+    import shutil
+
+    os.makedirs(out)
+    for name in os.listdir(src):
+        path = os.path.join(src, name)
+        if name.endswith(".safetensors"):
+            weights = mx.load(path)
+            mx.save_safetensors(os.path.join(out, name), {pre + k: v for k, v in weights.items()}, metadata={"format": "mlx"})
+        elif name == "model.safetensors.index.json":
+            index = json.load(open(path))
+            index["weight_map"] = {pre + k: v for k, v in index["weight_map"].items()}
+            json.dump(index, open(os.path.join(out, name), "w"), indent=4)
+        else:
+            shutil.copy(path, os.path.join(out, name))
 
 
 def stored(d):
@@ -79,6 +98,8 @@ if sys.argv[1] == "convert":
     convert(*sys.argv[2:7])
 elif sys.argv[1] == "dequantize":
     dequantize(sys.argv[2], sys.argv[3], sys.argv[4])
+elif sys.argv[1] == "prefix":
+    prefix(sys.argv[2], sys.argv[3], sys.argv[4])
 elif sys.argv[1] == "stored":
     stored(sys.argv[2])
 else:

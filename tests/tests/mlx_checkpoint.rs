@@ -103,6 +103,19 @@ fn dequantized_like_mlx_lm(bits: u8, group: u32, dtype: &str) {
     assert_eq!(std::fs::read(ours.join("tokenizer.json")).unwrap(), std::fs::read(mlx.join("tokenizer.json")).unwrap());
     quantfarm_e2e::assert_verified_identical(&quantfarm_e2e::verify(&mlx, &ours, None));
     eprintln!("MLX {bits}-bit g{group} {dtype} -> HF: {} tensors identical to mlx_lm.convert --dequantize", want.len());
+
+    // The same checkpoint wrapped as a multimodal one (`language_model.` before every name) converts to the same
+    // tensors: the prefix is stripped.
+    let wrapped = dir.path().join("wrapped");
+    run_py("mlx_checkpoint.py", &["prefix".as_ref(), mlx.as_os_str(), wrapped.as_os_str(), "language_model.".as_ref()]);
+    let unwrapped = dir.path().join("unwrapped");
+    rt.block_on(async {
+        let src = TensorSource::open(&Location::local(&wrapped)).await.unwrap();
+        assert!(src.tensors().iter().all(|e| e.name.starts_with("language_model.")));
+        let plan = quantfarm_tensors::convert::plan_mlx_to_hf(&src).unwrap();
+        quantfarm_tensors::convert::write_hf(&src, &plan, &Location::local(&unwrapped), 1 << 20, false).await.unwrap();
+    });
+    assert_eq!(stored(&unwrapped), stored(&ours), "the wrapped checkpoint converts to other tensors");
 }
 
 #[test]
