@@ -34,7 +34,8 @@ enum Command {
     Cp(cp::Args),
     /// Quantize a GGUF model to a llama-quantize file type (same bytes as llama-quantize).
     Quantize(quantize::Args),
-    /// Convert a Hugging Face safetensors or MLX checkpoint to GGUF bf16/f16/f32 (the bytes convert_hf_to_gguf.py writes).
+    /// Convert between HF, GGUF and MLX: HF or MLX → GGUF (the bytes convert_hf_to_gguf.py writes), GGUF → HF or MLX
+    /// (dequantized, permutations undone, tokenizer rebuilt), MLX → HF (as mlx_lm.convert --dequantize).
     Convert(convert::Args),
     /// Quantize a Hugging Face checkpoint to MLX affine bits (the checkpoint mlx_lm.convert -q writes).
     Mlx(mlx::Args),
