@@ -23,7 +23,9 @@
 use serde_json::{Map, Value as Json};
 
 use quantfarm_tensors::blob::Blob;
+use quantfarm_tensors::convert::transform::encode_f32;
 use quantfarm_tensors::convert::{HfPlan, HfTensor};
+use quantfarm_tensors::dequant::float_values;
 use quantfarm_tensors::mlx::CARRIED_FILES;
 use quantfarm_tensors::safetensors::{shard_file_name, StTensorDesc};
 use quantfarm_tensors::sink::StagedSink;
@@ -273,7 +275,9 @@ async fn convert(input: Input<'_>, dst_dir: &Location, opts: &MlxOptions) -> Res
                     let n = step.min(e.rows() - row);
                     let mut vals = vec![0f32; (n * cols) as usize];
                     src.read_f32_rows(name, row, &mut vals, &mut scratch).await?;
-                    w.write(&encode(&vals, *dtype)).await?;
+                    let mut bytes = Vec::new();
+                    encode_f32(&vals, *dtype, &mut bytes);
+                    w.write(&bytes).await?;
                     row += n;
                 }
             }
@@ -407,7 +411,7 @@ impl PieceWriter for QuantizeRows<'_> {
         if whole == 0 {
             return Ok(());
         }
-        let vals = widen(&self.pending[..whole], self.dtype);
+        let vals = float_values(&self.pending[..whole], self.dtype);
         self.pending.drain(..whole);
         let q = quantize_affine(&vals, self.cols, self.opts.bits, self.opts.group_size, self.dtype).map_err(|e| {
             quantfarm_tensors::Error::Format {
@@ -449,27 +453,6 @@ pub(crate) fn round_to(vals: &mut [f32], dtype: Dtype) {
             vals.iter_mut().for_each(|x| *x = quantfarm_tensors::dequant::f16_bits_to_f32(f32_to_f16_bits(*x)))
         }
         _ => {}
-    }
-}
-
-/// Little-endian values of a float `dtype` widened to f32 (exactly).
-pub(crate) fn widen(bytes: &[u8], dtype: Dtype) -> Vec<f32> {
-    bytes
-        .chunks_exact(dtype.size())
-        .map(|b| match dtype {
-            Dtype::BF16 => f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16),
-            Dtype::F16 => quantfarm_tensors::dequant::f16_bits_to_f32(u16::from_le_bytes([b[0], b[1]])),
-            _ => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
-        })
-        .collect()
-}
-
-/// Little-endian bytes of `vals` in `dtype` (a float dtype; the plan only casts floating tensors).
-pub(crate) fn encode(vals: &[f32], dtype: Dtype) -> Vec<u8> {
-    match dtype {
-        Dtype::BF16 => vals.iter().flat_map(|&x| f32_to_bf16_bits(x).to_le_bytes()).collect(),
-        Dtype::F16 => vals.iter().flat_map(|&x| f32_to_f16_bits(x).to_le_bytes()).collect(),
-        _ => vals.iter().flat_map(|x| x.to_le_bytes()).collect(),
     }
 }
 

@@ -18,7 +18,9 @@ use quantfarm_tensors::write::{copy_tensor, PieceWriter};
 use quantfarm_tensors::{Dtype, Format, Location, TensorSource, TensorType};
 
 use crate::mlx::{quantize_affine, MlxQuantError};
-use crate::mlx_file::{encode, mlx_config, round_to, widen};
+use crate::mlx_file::{mlx_config, round_to};
+use quantfarm_tensors::convert::transform::encode_f32;
+use quantfarm_tensors::dequant::float_values;
 use quantfarm_tensors::mlx::CARRIED_FILES;
 
 #[derive(Debug, thiserror::Error)]
@@ -107,7 +109,7 @@ pub async fn verify_mlx_conversion(
         _ => {
             let config = src.metadata();
             let tied = config.get("tie_word_embeddings").and_then(Json::as_bool).unwrap_or(false);
-            carried_files(&mut v, src.location(), out.location()).await;
+            tv::compare_carried(&mut v, src.location(), out.location(), &CARRIED_FILES).await;
             let refs = src
                 .tensors()
                 .iter()
@@ -156,7 +158,9 @@ pub async fn verify_mlx_conversion(
                     Reference::Hf(n) => {
                         let mut rows = Rows::new(src, n, budget)?;
                         while let Some(vals) = rows.next(d).await? {
-                            c.write_piece(&encode(vals, d)).await?;
+                            let mut bytes = Vec::new();
+                            encode_f32(vals, d, &mut bytes);
+                            c.write_piece(&bytes).await?;
                         }
                     }
                 }
@@ -190,27 +194,6 @@ pub async fn verify_mlx_conversion(
         }
     }
     Ok(v)
-}
-
-/// The tokenizer and generation files `mlx_lm.convert` carries over: each one the source has, the output has with
-/// the same bytes.
-async fn carried_files(v: &mut Verification, src: &Location, out: &Location) {
-    let present = src.list().await.unwrap_or_default();
-    for name in CARRIED_FILES.iter().filter(|n| present.iter().any(|p| p == *n)) {
-        let read = |dir: &Location| {
-            let dir = dir.clone();
-            async move {
-                let blob = quantfarm_tensors::blob::Blob::open(&dir.child(name)?).await?;
-                blob.read_vec(0, blob.len()).await
-            }
-        };
-        match (read(src).await, read(out).await) {
-            (Ok(a), Ok(b)) if a == b => v.checked.push(name.to_string()),
-            (Ok(_), Ok(_)) => v.problem(format!("{name} differs from the source's")),
-            (_, Err(e)) => v.problem(format!("{name}: {e}")),
-            (Err(e), _) => v.problem(format!("{name} of the source: {e}")),
-        }
-    }
 }
 
 /// An HF tensor's rows as f32 in chunks within a budget, rounded to the output dtype as `mlx_lm.convert` casts
@@ -308,7 +291,7 @@ impl<'a> AffineCheck<'a> {
         self.identical = false;
         self.deq.resize(vals.len(), 0.0);
         self.out.read_f32_rows(self.name, self.row, &mut self.deq, scratch).await?;
-        let (s_all, b_all) = (widen(scales, self.dtype), widen(biases, self.dtype));
+        let (s_all, b_all) = (float_values(scales, self.dtype), float_values(biases, self.dtype));
         for (i, (&got, &want)) in self.deq.iter().zip(vals).enumerate() {
             let g = i / self.group_size;
             let (s, b) = (f64::from(s_all[g]).abs(), f64::from(b_all[g]).abs());
@@ -358,7 +341,7 @@ impl PieceWriter for AffineCheck<'_> {
         if whole == 0 {
             return Ok(());
         }
-        let vals = widen(&self.pending[..whole], self.dtype);
+        let vals = float_values(&self.pending[..whole], self.dtype);
         self.pending.drain(..whole);
         self.rows(&vals).await.map_err(|e| match e {
             VerifyError::Tensors(t) => t,

@@ -290,27 +290,18 @@ fn dominant_dtype(out: &TensorSource) -> Option<Dtype> {
 /// config.json and the rebuilt (GGUF) or carried (MLX) tokenizer files.
 pub async fn verify_hf_conversion(src: &TensorSource, out: &TensorSource, budget: u64) -> Result<Verification> {
     let file = out.location().to_string();
+    let dtype = dominant_dtype(out).ok_or_else(|| Error::format(&file, "tensors", "no BF16, F16 or F32 matrix"))?;
     let plan: HfPlan = match src.format() {
         Format::Mlx => convert::plan_mlx_to_hf(src)?,
-        _ => {
-            let dtype =
-                dominant_dtype(out).ok_or_else(|| Error::format(&file, "tensors", "no BF16, F16 or F32 matrix"))?;
-            convert::plan_gguf_to_hf(src, dtype)?
-        }
+        _ => convert::plan_gguf_to_hf(src, dtype)?,
     };
-    let dtype = dominant_dtype(out).map_or("?".to_string(), |d| d.to_string());
     let mut v = Verification::new(format!("{} -> HF ({dtype})", src.format().name()));
     compare_json_object(&mut v, "config.json", &plan.config, &out.metadata());
     for (name, want) in &plan.json_files {
         compare_json_file(&mut v, out.location(), name, want).await;
     }
-    let present = if plan.carried.is_empty() { Vec::new() } else { src.location().list().await? };
-    for name in plan.carried.iter().filter(|n| present.contains(n)) {
-        match (read_file(src.location(), name).await, read_file(out.location(), name).await) {
-            (Ok(a), Ok(b)) if a == b => v.checked.push(name.clone()),
-            (Ok(_), Ok(_)) => v.problem(format!("{name} differs from the source's")),
-            (_, Err(e)) | (Err(e), _) => v.problem(format!("{name}: {e}")),
-        }
+    if !plan.carried.is_empty() {
+        compare_carried(&mut v, src.location(), out.location(), &plan.carried).await;
     }
     for t in &plan.tensors {
         if !same_layout(&mut v, out, &t.name, TensorType::Dtype(t.dtype), &t.shape) {
@@ -369,6 +360,20 @@ pub async fn compare_json_file(v: &mut Verification, dir: &Location, name: &str,
         Ok(g) if json_eq(&g, want) => v.checked.push(name.to_string()),
         Ok(_) => v.problem(format!("{name} differs from the one rebuilt from the source")),
         Err(e) => v.problem(format!("{name}: not JSON: {e}")),
+    }
+}
+
+/// Each of the files `names` that folder `src` has, folder `out` has with the same bytes (files a conversion
+/// carries over as they are: tokenizer, generation config).
+pub async fn compare_carried(v: &mut Verification, src: &Location, out: &Location, names: &[impl AsRef<str>]) {
+    let present = src.list().await.unwrap_or_default();
+    for name in names.iter().map(AsRef::as_ref).filter(|n| present.iter().any(|p| p == n)) {
+        match (read_file(src, name).await, read_file(out, name).await) {
+            (Ok(a), Ok(b)) if a == b => v.checked.push(name.to_string()),
+            (Ok(_), Ok(_)) => v.problem(format!("{name} differs from the source's")),
+            (_, Err(e)) => v.problem(format!("{name}: {e}")),
+            (Err(e), _) => v.problem(format!("{name} of the source: {e}")),
+        }
     }
 }
 

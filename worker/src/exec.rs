@@ -422,16 +422,22 @@ async fn merge(m: &pb::MergeTask, env: &Env) -> Result<pb::ArtifactResult, Failu
 
 /// sha256 over the `sha256  name` lines (sorted by name) of files `names` in folder `dir`, and their total bytes.
 pub async fn folder_digest(dir: &Location, names: &[String], env: &Env) -> Result<(String, u64), Failure> {
-    let mut names = names.to_vec();
-    names.sort();
-    let mut h = Sha256::new();
-    let mut total = 0;
-    for name in &names {
+    let mut files = Vec::with_capacity(names.len());
+    for name in names {
         let (sha, bytes) = hash_object(&dir.child(name)?, env.budget).await?;
-        h.update(format!("{sha}  {name}\n").as_bytes());
-        total += bytes;
+        files.push((name.clone(), sha, bytes));
     }
-    Ok((quantfarm_tensors::sink::hex(&h.finalize()), total))
+    Ok(digest_lines(files))
+}
+
+/// The folder digest of files given as (name, sha256, bytes): sha256 over their `sha256  name` lines sorted by name.
+fn digest_lines(mut files: Vec<(String, String, u64)>) -> (String, u64) {
+    files.sort();
+    let mut h = Sha256::new();
+    for (name, sha, _) in &files {
+        h.update(format!("{sha}  {name}\n").as_bytes());
+    }
+    (quantfarm_tensors::sink::hex(&h.finalize()), files.iter().map(|f| f.2).sum())
 }
 
 /// Writes the MLX checkpoint of `m.source` into folder `out`; returns its folder digest and bytes.
@@ -444,19 +450,10 @@ async fn write_mlx(m: &pb::MlxTask, out: &Location, env: &Env) -> Result<(String
         quantfarm_quant::mlx_file::MlxFileError::Tensors(t) => t.into(),
         other => Failure::input(other.to_string()),
     })?;
-    let mut lines: Vec<(String, String)> = done
-        .files
-        .iter()
-        .map(|c| {
-            (Location::parse(&c.location).map(|l| l.file_name().to_string()).unwrap_or_default(), c.sha256.clone())
-        })
-        .collect();
-    lines.sort();
-    let mut h = Sha256::new();
-    for (name, sha) in &lines {
-        h.update(format!("{sha}  {name}\n").as_bytes());
-    }
-    Ok((quantfarm_tensors::sink::hex(&h.finalize()), done.files.iter().map(|c| c.bytes).sum()))
+    let name = |c: &quantfarm_tensors::Committed| {
+        Location::parse(&c.location).map(|l| l.file_name().to_string()).unwrap_or_default()
+    };
+    Ok(digest_lines(done.files.iter().map(|c| (name(c), c.sha256.clone(), c.bytes)).collect()))
 }
 
 /// Per-type tensor counts of an MLX checkpoint folder (quantized modules as `MLX_Q4_G64` …).

@@ -358,15 +358,7 @@ pub async fn write_hf_tensor(src: &TensorSource, t: &HfTensor, budget: u64, w: &
             rows_out.iter_mut().for_each(|x| *x -= o);
         }
         bytes.clear();
-        match t.dtype {
-            Dtype::BF16 => {
-                bytes.extend(rows_out.iter().flat_map(|&x| super::transform::f32_to_bf16_bits(x).to_le_bytes()))
-            }
-            Dtype::F16 => {
-                bytes.extend(rows_out.iter().flat_map(|&x| super::transform::f32_to_f16_bits(x).to_le_bytes()))
-            }
-            _ => bytes.extend(rows_out.iter().flat_map(|x| x.to_le_bytes())),
-        }
+        super::transform::encode_f32(rows_out, t.dtype, &mut bytes);
         w.write_piece(&bytes).await?;
         r += n;
     }

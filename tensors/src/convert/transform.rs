@@ -43,6 +43,15 @@ pub fn f32_to_f16_bits(x: f32) -> u16 {
     half::f16::from_f32(x).to_bits()
 }
 
+/// Appends `vals` rounded to a float `dtype` (round to nearest even), little-endian.
+pub fn encode_f32(vals: &[f32], dtype: Dtype, out: &mut Vec<u8>) {
+    match dtype {
+        Dtype::BF16 => out.extend(vals.iter().flat_map(|&x| f32_to_bf16_bits(x).to_le_bytes())),
+        Dtype::F16 => out.extend(vals.iter().flat_map(|&x| f32_to_f16_bits(x).to_le_bytes())),
+        _ => out.extend(vals.iter().flat_map(|x| x.to_le_bytes())),
+    }
+}
+
 /// gguf-py's `Q8_0.quantize_blocks`, which is ggml's `quantize_row_q8_0_ref`: per block of 32, `d = amax / 127`,
 /// codes `roundf(x · (1/d))` (half away from zero; 0 when d is 0), `d` stored as f16. `values` is whole blocks.
 /// (The quant crate has the same blocks in its SIMD pipeline; both are checked against ggml's golden vectors.)

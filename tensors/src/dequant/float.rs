@@ -45,6 +45,18 @@ pub fn bf16_to_f32(data: &[u8], out: &mut [f32]) {
     convert::<2>(data, out, |b| bf16_bits_to_f32(u16::from_le_bytes(b)));
 }
 
+/// Little-endian values of a float `dtype` (BF16, F16, F32) widened to f32, exactly.
+pub fn float_values(bytes: &[u8], dtype: crate::dtype::Dtype) -> Vec<f32> {
+    use crate::dtype::Dtype;
+    let mut out = vec![0f32; bytes.len() / dtype.size().max(1)];
+    match dtype {
+        Dtype::BF16 => bf16_to_f32(bytes, &mut out),
+        Dtype::F16 => f16_to_f32(bytes, &mut out),
+        _ => f32_le(bytes, &mut out),
+    }
+    out
+}
+
 pub(super) fn f32_le(data: &[u8], out: &mut [f32]) {
     convert::<4>(data, out, f32::from_le_bytes);
 }

@@ -87,16 +87,7 @@ pub fn dequantize_mlx_affine_as(
     use crate::dtype::Dtype;
     let size = dtype.size();
     let groups = scales.len() / size.max(1);
-    let widen = |raw: &[u8]| -> Vec<f32> {
-        raw.chunks_exact(size)
-            .map(|b| match dtype {
-                Dtype::BF16 => f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16),
-                Dtype::F16 => super::f16_bits_to_f32(u16::from_le_bytes([b[0], b[1]])),
-                _ => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
-            })
-            .collect()
-    };
-    let (s, b) = (widen(scales), widen(biases));
+    let (s, b) = (super::float_values(scales, dtype), super::float_values(biases, dtype));
     // The codes, as floats.
     let mut q = vec![0f32; groups * group_size];
     dequantize_mlx_affine(bits, group_size, packed, &vec![1.0; groups], &vec![0.0; groups], &mut q)?;

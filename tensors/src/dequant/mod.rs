@@ -17,7 +17,7 @@ mod kquants;
 mod legacy;
 mod mlx;
 
-pub use float::{bf16_bits_to_f32, bf16_to_f32, f16_bits_to_f32, f16_to_f32};
+pub use float::{bf16_bits_to_f32, bf16_to_f32, f16_bits_to_f32, f16_to_f32, float_values};
 pub use mlx::{dequantize_mlx_affine, dequantize_mlx_affine_as};
 
 use crate::GgmlType;
