@@ -6,8 +6,8 @@
 
 use anyhow::{Context, Result};
 use quantfarm_tensors::convert::{
-    convert_hf_to_gguf, output_file_name, plan_gguf_to_hf, plan_hf_to_gguf, plan_mlx_to_hf, split_ranges, write_hf,
-    GgufPlan, OutType, SplitRule,
+    convert_hf_to_gguf, output_file_name, plan_gguf_to_hf, plan_gguf_to_mlx, plan_hf_to_gguf, plan_mlx_to_hf,
+    split_ranges, write_hf, GgufPlan, OutType, SplitRule,
 };
 use quantfarm_tensors::gguf::Value;
 use quantfarm_tensors::{Dtype, Format};
@@ -141,17 +141,7 @@ async fn to_hf_run(args: &Args, src: &Location) -> Result<()> {
     .with_context(|| format!("cannot convert {}", args.input))?;
     if args.dry_run {
         println!("{} -> {}: {} tensors ({dtype})", args.input, dst, plan.tensors.len());
-        println!("config.json = {}", serde_json::Value::Object(plan.config.clone()));
-        for t in &plan.tensors {
-            let mut ops = vec![format!("{} -> {dtype}", source.entry(&t.source)?.ty)];
-            if let Some(h) = t.unpermute_heads {
-                ops.push(format!("unpermute rows in {h} heads"));
-            }
-            if let Some(o) = t.offset {
-                ops.push(format!("subtract {o} (f32)"));
-            }
-            println!("  {}  {:?}  <-  {}  {}", t.name, t.shape, t.source, ops.join(", "));
-        }
+        print_tensor_ops(&source, &plan)?;
         return Ok(());
     }
     let done = write_hf(&source, &plan, &dst, args.budget, args.overwrite)
@@ -159,6 +149,37 @@ async fn to_hf_run(args: &Args, src: &Location) -> Result<()> {
         .with_context(|| format!("cannot convert {} to an HF checkpoint", args.input))?;
     for c in &done {
         println!("{}  {}  {}", c.sha256, human(c.bytes), c.location);
+    }
+    Ok(())
+}
+
+/// The plan's config.json and, per tensor, its name, shape, source and operations.
+fn print_tensor_ops(source: &TensorSource, plan: &quantfarm_tensors::convert::HfPlan) -> Result<()> {
+    println!("config.json = {}", serde_json::Value::Object(plan.config.clone()));
+    for t in &plan.tensors {
+        let mut ops = vec![format!("{} -> {}", source.entry(&t.source)?.ty, t.dtype)];
+        if let Some(h) = t.unpermute_heads {
+            ops.push(format!("unpermute rows in {h} heads"));
+        }
+        if let Some(o) = t.reorder {
+            let axis = if o.rows { "rows" } else { "columns" };
+            ops.push(format!("v-heads grouped ({} groups of {}, {} {axis} each)", o.groups, o.per_group, o.block));
+        }
+        if let Some(f) = t.values {
+            ops.push(format!("undo {f:?}"));
+        }
+        if let Some(o) = t.offset {
+            ops.push(format!("subtract {o} (f32)"));
+        }
+        if plan.quantize_3d.iter().any(|m| t.name.strip_suffix(".weight") == Some(m.as_str())) {
+            ops.push("quantized as experts".into());
+        }
+        if let Some((_, bits, group)) =
+            plan.quant_overrides.iter().find(|o| t.name.strip_suffix(".weight") == Some(o.0.as_str()))
+        {
+            ops.push(format!("quantized at {bits} bits, groups of {group}"));
+        }
+        println!("  {}  {:?}  <-  {}  {}", t.name, t.shape, t.source, ops.join(", "));
     }
     Ok(())
 }
@@ -206,7 +227,7 @@ async fn to_mlx_run(args: &Args, src: &Location) -> Result<()> {
         );
     }
     let dst = Location::parse(&args.output)?;
-    let plan = plan_gguf_to_hf(&source, Dtype::BF16).with_context(|| format!("cannot convert {}", args.input))?;
+    let plan = plan_gguf_to_mlx(&source, Dtype::BF16).with_context(|| format!("cannot convert {}", args.input))?;
     if args.dry_run {
         println!(
             "{} -> {} (MLX, {}): {} tensors, each converted as GGUF -> HF bf16 and quantized as it streams",
@@ -215,6 +236,7 @@ async fn to_mlx_run(args: &Args, src: &Location) -> Result<()> {
             bits.map_or("bf16".to_string(), |b| format!("{b}-bit, groups of {}", args.group_size)),
             plan.tensors.len()
         );
+        print_tensor_ops(&source, &plan)?;
         return Ok(());
     }
     let Some(bits) = bits else {

@@ -17,8 +17,10 @@
 //!
 //! Not reproduced: the order of tensors inside a shard file (mlx writes them in `std::unordered_map` order), hence
 //! the whole-file bytes and the shard boundaries of multi-shard models; tokenizer files are copied as they are
-//! rather than re-serialized by `tokenizer.save_pretrained`; mlx-lm's model-specific `quant_predicate`s (MoE
-//! routers) are not needed for, and so not accepted beyond, the dense architectures listed in [`ARCHITECTURES`].
+//! rather than re-serialized by `tokenizer.save_pretrained`. From an HF folder only the dense architectures in
+//! [`ARCHITECTURES`] are accepted; from a GGUF, the architecture's mapping says what mlx-lm does differently
+//! (`mlx:` in `mappings/*.yaml`: names, sanitize, 3-D `SwitchLinear` experts, the `quant_predicate`'s per-module
+//! bits, dtypes mlx-lm never casts), which the plan carries.
 
 use serde_json::{Map, Value as Json};
 
@@ -93,8 +95,18 @@ pub struct MlxConverted {
 enum Item {
     /// Stored as `dtype` under the same name (cast when it differs from the source's).
     Plain { name: String, dtype: Dtype, shape: Vec<u64> },
-    /// Quantized into `module.weight`, `module.scales`, `module.biases`.
-    Quant { name: String, module: String, rows: u64, cols: u64, dtype: Dtype },
+    /// Quantized into `module.weight`, `module.scales`, `module.biases`: `rows` rows of `cols` values, shaped
+    /// `lead + [cols]` (`lead` is `[rows]`, or `[experts, out]` for a 3-D `SwitchLinear` weight).
+    Quant {
+        name: String,
+        module: String,
+        lead: Vec<u64>,
+        rows: u64,
+        cols: u64,
+        dtype: Dtype,
+        bits: u32,
+        group_size: usize,
+    },
 }
 
 /// What an MLX checkpoint is made from: an HF (or unquantized MLX) folder, or a GGUF read through its GGUF → HF
@@ -129,6 +141,14 @@ impl Input<'_> {
             Input::Gguf(_, plan) => {
                 plan.tensors.iter().find(|t| t.name == name).map(|t| HfTensor { dtype, ..t.clone() })
             }
+        }
+    }
+
+    /// Modules whose 3-D weights are quantized, and modules with their own `(bits, group_size)`.
+    fn quant_rules(&self) -> (&[String], &[(String, u32, usize)]) {
+        match self {
+            Input::Hf(_) => (&[], &[]),
+            Input::Gguf(_, plan) => (&plan.quantize_3d, &plan.quant_overrides),
         }
     }
 }
@@ -172,7 +192,8 @@ async fn convert(input: Input<'_>, dst_dir: &Location, opts: &MlxOptions) -> Res
     };
     let tensors = input.tensors();
     let model_type = config.get("model_type").and_then(Json::as_str).unwrap_or("").to_string();
-    if !ARCHITECTURES.contains(&model_type.as_str()) {
+    // A GGUF's plan comes from its architecture's mapping, which says what mlx-lm does with it.
+    if matches!(input, Input::Hf(_)) && !ARCHITECTURES.contains(&model_type.as_str()) {
         return Err(MlxFileError::Architecture { file, model_type, supported: ARCHITECTURES.join(", ") });
     }
     if let Some((name, ty, _)) = tensors.iter().find(|(_, ty, _)| !matches!(ty, TensorType::Dtype(_))) {
@@ -193,6 +214,7 @@ async fn convert(input: Input<'_>, dst_dir: &Location, opts: &MlxOptions) -> Res
     check_params(opts.group_size, opts.bits, opts.group_size, cast.unwrap_or(Dtype::F32))
         .map_err(MlxFileError::Params)?;
     let tied = config.get("tie_word_embeddings").and_then(Json::as_bool).unwrap_or(false);
+    let (quantize_3d, overrides) = input.quant_rules();
 
     // Plan: sanitize, cast, predicate. Sorted by name, a quantized module's three tensors together.
     let mut entries: Vec<_> = tensors
@@ -204,20 +226,34 @@ async fn convert(input: Input<'_>, dst_dir: &Location, opts: &MlxOptions) -> Res
     for (name, ty, shape) in entries {
         let TensorType::Dtype(stored) = *ty else { unreachable!("checked above") };
         let floating = matches!(stored, Dtype::F32 | Dtype::F16 | Dtype::BF16);
-        let dtype = if floating { cast.unwrap_or(stored) } else { stored };
+        // A GGUF's plan already gives each tensor its dtype (Qwen3.5's A_log stays f32, as mlx-lm's cast_predicate
+        // keeps it).
+        let dtype = if floating && matches!(input, Input::Hf(_)) { cast.unwrap_or(stored) } else { stored };
         let module = name.strip_suffix(".weight");
         let cols = shape.last().copied().unwrap_or(1);
+        let (bits, group_size) = module
+            .and_then(|m| overrides.iter().find(|o| o.0 == m))
+            .map_or((opts.bits, opts.group_size), |o| (o.1, o.2));
+        let quantizable = |m: &str| shape.len() == 2 || shape.len() == 3 && quantize_3d.iter().any(|q| q == m);
         match module {
-            Some(m) if floating && shape.len() == 2 && cols.is_multiple_of(opts.group_size as u64) => {
-                check_params(opts.group_size, opts.bits, opts.group_size, dtype).map_err(MlxFileError::Params)?;
-                items.push(Item::Quant { name: name.clone(), module: m.to_string(), rows: shape[0], cols, dtype })
+            Some(m) if floating && quantizable(m) && cols.is_multiple_of(group_size as u64) => {
+                check_params(group_size, bits, group_size, dtype).map_err(MlxFileError::Params)?;
+                let lead = shape[..shape.len() - 1].to_vec();
+                items.push(Item::Quant {
+                    name: name.clone(),
+                    module: m.to_string(),
+                    rows: lead.iter().product(),
+                    lead,
+                    cols,
+                    dtype,
+                    bits,
+                    group_size,
+                })
             }
             _ => items.push(Item::Plain { name: name.clone(), dtype, shape: shape.clone() }),
         }
     }
 
-    let bits = u64::from(opts.bits);
-    let g = opts.group_size as u64;
     let mut descs = Vec::new();
     let mut total_parameters = 0u64;
     for item in &items {
@@ -226,16 +262,17 @@ async fn convert(input: Input<'_>, dst_dir: &Location, opts: &MlxOptions) -> Res
                 total_parameters += shape.iter().product::<u64>();
                 descs.push(StTensorDesc { name: name.clone(), dtype: *dtype, shape: shape.clone() });
             }
-            Item::Quant { module, rows, cols, dtype, .. } => {
+            Item::Quant { module, lead, rows, cols, dtype, bits, group_size, .. } => {
                 total_parameters += rows * cols;
-                let (r, c) = (*rows, *cols);
+                let with_last = |last: u64| lead.iter().copied().chain([last]).collect::<Vec<_>>();
+                let groups = with_last(cols / *group_size as u64);
                 descs.push(StTensorDesc {
                     name: format!("{module}.weight"),
                     dtype: Dtype::U32,
-                    shape: vec![r, c * bits / 32],
+                    shape: with_last(cols * u64::from(*bits) / 32),
                 });
-                descs.push(StTensorDesc { name: format!("{module}.scales"), dtype: *dtype, shape: vec![r, c / g] });
-                descs.push(StTensorDesc { name: format!("{module}.biases"), dtype: *dtype, shape: vec![r, c / g] });
+                descs.push(StTensorDesc { name: format!("{module}.scales"), dtype: *dtype, shape: groups.clone() });
+                descs.push(StTensorDesc { name: format!("{module}.biases"), dtype: *dtype, shape: groups });
             }
         }
     }
@@ -281,7 +318,7 @@ async fn convert(input: Input<'_>, dst_dir: &Location, opts: &MlxOptions) -> Res
                     row += n;
                 }
             }
-            Item::Quant { name, rows, cols, dtype, .. } => {
+            Item::Quant { name, rows, cols, dtype, bits, group_size, .. } => {
                 // The three tensors are adjacent, so they are in one shard unless the shard planner split them.
                 let shard = [0, 1, 2].map(|k| shard_of_desc[next_desc + k]);
                 next_desc += 3;
@@ -291,7 +328,8 @@ async fn convert(input: Input<'_>, dst_dir: &Location, opts: &MlxOptions) -> Res
                         tensor: name,
                         cols: *cols as usize,
                         dtype: *dtype,
-                        opts,
+                        bits: *bits,
+                        group_size: *group_size,
                         codes: &mut writers[shard[0]],
                         pending: Vec::new(),
                         scales: Vec::new(),
@@ -318,7 +356,7 @@ async fn convert(input: Input<'_>, dst_dir: &Location, opts: &MlxOptions) -> Res
                     if !exact {
                         round_to(&mut vals, *dtype);
                     }
-                    let q = quantize_affine(&vals, *cols as usize, opts.bits, opts.group_size, *dtype)
+                    let q = quantize_affine(&vals, *cols as usize, *bits, *group_size, *dtype)
                         .map_err(|source| MlxFileError::Quant { tensor: name.clone(), source })?;
                     writers[shard[0]].write(&q.packed_bytes()).await?;
                     scales.extend_from_slice(&q.scales);
@@ -371,7 +409,16 @@ async fn convert(input: Input<'_>, dst_dir: &Location, opts: &MlxOptions) -> Res
     });
     files.push(write_file(dst_dir, "model.safetensors.index.json", &python_json(&index), opts.overwrite).await?);
 
-    let config = mlx_config(config, opts.bits, opts.group_size);
+    let module_params: Vec<_> = items
+        .iter()
+        .filter_map(|i| match i {
+            Item::Quant { module, bits, group_size, .. } if overrides.iter().any(|o| &o.0 == module) => {
+                Some((module.clone(), *bits, *group_size))
+            }
+            _ => None,
+        })
+        .collect();
+    let config = mlx_config(config, opts.bits, opts.group_size, &module_params);
     files.push(write_file(dst_dir, "config.json", &python_json(&Json::Object(config)), opts.overwrite).await?);
     Ok(MlxConverted { files, quantized, total_parameters })
 }
@@ -382,7 +429,8 @@ struct QuantizeRows<'a> {
     tensor: &'a str,
     cols: usize,
     dtype: Dtype,
-    opts: &'a MlxOptions,
+    bits: u32,
+    group_size: usize,
     codes: &'a mut SafetensorsWriter,
     /// Bytes of a row not yet complete.
     pending: Vec<u8>,
@@ -413,7 +461,7 @@ impl PieceWriter for QuantizeRows<'_> {
         }
         let vals = float_values(&self.pending[..whole], self.dtype);
         self.pending.drain(..whole);
-        let q = quantize_affine(&vals, self.cols, self.opts.bits, self.opts.group_size, self.dtype).map_err(|e| {
+        let q = quantize_affine(&vals, self.cols, self.bits, self.group_size, self.dtype).map_err(|e| {
             quantfarm_tensors::Error::Format {
                 file: self.tensor.to_string(),
                 field: "values".into(),
@@ -427,10 +475,19 @@ impl PieceWriter for QuantizeRows<'_> {
     }
 }
 
-/// `quantize_model` + `save_config`: the global `quantization` block (and its `quantization_config` copy), without
-/// `_name_or_path` and `vision_config`, top-level keys sorted.
-pub fn mlx_config(mut config: Map<String, Json>, bits: u32, group_size: usize) -> Map<String, Json> {
-    let q = serde_json::json!({ "group_size": group_size, "bits": bits, "mode": "affine" });
+/// `quantize_model` + `save_config`: the global `quantization` block (and its `quantization_config` copy), with an
+/// entry per module the model's `quant_predicate` gives other parameters (`modules`: full path, bits, group size),
+/// without `_name_or_path` and `vision_config`, top-level keys sorted.
+pub fn mlx_config(
+    mut config: Map<String, Json>,
+    bits: u32,
+    group_size: usize,
+    modules: &[(String, u32, usize)],
+) -> Map<String, Json> {
+    let mut q = serde_json::json!({ "group_size": group_size, "bits": bits, "mode": "affine" });
+    for (module, bits, group_size) in modules {
+        q[module.as_str()] = serde_json::json!({ "group_size": group_size, "bits": bits });
+    }
     config.insert("quantization".into(), q.clone());
     config.remove("_name_or_path");
     config.remove("vision_config");

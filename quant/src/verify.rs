@@ -98,13 +98,26 @@ pub async fn verify_mlx_conversion(
         })
         .ok_or_else(|| VerifyError::Direction(format!("{out_file}: no float or quantized matrix")))?;
     let mut v = Verification::new(format!("{} -> MLX ({dtype})", src.format().name()));
-    let (refs, base_config) = match src.format() {
+    let (refs, base_config, overrides) = match src.format() {
         Format::Gguf => {
-            let plan = convert::plan_gguf_to_hf(src, dtype)?;
+            let plan = convert::plan_gguf_to_mlx(src, dtype)?;
             for (name, want) in &plan.json_files {
                 tv::compare_json_file(&mut v, out.location(), name, want).await;
             }
-            (plan.tensors.into_iter().map(|t| (t.name.clone(), Reference::Gguf(t))).collect::<Vec<_>>(), plan.config)
+            // The modules quantized with their own parameters, as the conversion decides it: a float matrix whose
+            // rows divide into its groups.
+            let overrides: Vec<_> = plan
+                .quant_overrides
+                .iter()
+                .filter(|(module, _, group)| {
+                    plan.tensors.iter().any(|t| {
+                        t.name == format!("{module}.weight") && t.shape.last().is_some_and(|c| c % *group as u64 == 0)
+                    })
+                })
+                .cloned()
+                .collect();
+            let refs = plan.tensors.into_iter().map(|t| (t.name.clone(), Reference::Gguf(t))).collect::<Vec<_>>();
+            (refs, plan.config, overrides)
         }
         _ => {
             let config = src.metadata();
@@ -116,13 +129,13 @@ pub async fn verify_mlx_conversion(
                 .filter(|e| !(e.name.contains("self_attn.rotary_emb.inv_freq") || tied && e.name == "lm_head.weight"))
                 .map(|e| (e.name.clone(), Reference::Hf(e.name.clone())))
                 .collect();
-            (refs, config)
+            (refs, config, Vec::new())
         }
     };
     match mlx.config.get("quantization").and_then(|q| Some((q.get("bits")?.as_u64()?, q.get("group_size")?.as_u64()?)))
     {
         Some((bits, group)) => {
-            let want = mlx_config(base_config, bits as u32, group as usize);
+            let want = mlx_config(base_config, bits as u32, group as usize, &overrides);
             tv::compare_json_object(&mut v, "config.json", &want, &mlx.config);
         }
         None => v.problem("config.json has no quantization {bits, group_size}"),

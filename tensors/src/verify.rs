@@ -293,7 +293,18 @@ pub async fn verify_hf_conversion(src: &TensorSource, out: &TensorSource, budget
     let dtype = dominant_dtype(out).ok_or_else(|| Error::format(&file, "tensors", "no BF16, F16 or F32 matrix"))?;
     let plan: HfPlan = match src.format() {
         Format::Mlx => convert::plan_mlx_to_hf(src)?,
-        _ => convert::plan_gguf_to_hf(src, dtype)?,
+        _ => {
+            // An unquantized MLX output reads as an HF checkpoint; its model_type tells which plan made it.
+            let hf = convert::plan_gguf_to_hf(src, dtype);
+            let model_type = out.metadata().get("model_type").cloned();
+            match hf {
+                Ok(p) if p.config.get("model_type").cloned() == model_type => p,
+                hf => match convert::plan_gguf_to_mlx(src, dtype) {
+                    Ok(p) if p.config.get("model_type").cloned() == model_type => p,
+                    _ => hf?,
+                },
+            }
+        }
     };
     let mut v = Verification::new(format!("{} -> HF ({dtype})", src.format().name()));
     compare_json_object(&mut v, "config.json", &plan.config, &out.metadata());

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use indexmap::IndexMap;
 use regex::Regex;
 use serde::Deserialize;
 use serde_json::Value as Json;
@@ -16,6 +17,8 @@ const MAPPINGS: &[(&str, &str)] = &[
     ("qwen2.yaml", include_str!("../../../mappings/qwen2.yaml")),
     ("qwen3.yaml", include_str!("../../../mappings/qwen3.yaml")),
     ("gemma3.yaml", include_str!("../../../mappings/gemma3.yaml")),
+    ("qwen3_5.yaml", include_str!("../../../mappings/qwen3_5.yaml")),
+    ("qwen3_5_moe.yaml", include_str!("../../../mappings/qwen3_5_moe.yaml")),
 ];
 
 /// `(file name, text)` of the metadata groups a mapping's `metadata` may `include` (lists of entries shared by
@@ -42,20 +45,138 @@ pub struct Mapping {
     pub metadata: Vec<MetaEntry>,
     /// How config.json is rebuilt from GGUF metadata (GGUF → HF / MLX).
     pub hf_config: Option<HfConfig>,
+    /// Why HF → GGUF is not mapped for this architecture, when it is not (the mapping then converts from GGUF only).
+    pub gguf_only: Option<String>,
+    /// The GGUF key counting the trailing multi-token-prediction (NextN) blocks: those blocks are not written going
+    /// back to HF or MLX (transformers' and mlx-lm's text models do not load them).
+    pub nextn_blocks: Option<String>,
+    /// What mlx-lm does differently from the HF checkpoint (GGUF → MLX).
+    pub mlx: Option<MlxSection>,
 }
 
-/// config.json from a GGUF's metadata: each field from a GGUF key (skipped when the key is absent, unless the field
-/// is `required`), then literal fields.
+/// config.json from a GGUF's metadata: each field from an expression over GGUF keys (skipped when a key is absent,
+/// unless the field is `required`), then literal fields.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HfConfig {
     pub model_type: String,
-    /// HF field → GGUF key (`{arch}` replaced), in the order written.
-    pub fields: serde_norway::Mapping,
+    /// HF field → expression, in the order written.
+    pub fields: IndexMap<String, ConfigExpr>,
     #[serde(default)]
     pub required: Vec<String>,
     #[serde(default)]
-    pub literals: serde_norway::Mapping,
+    pub literals: IndexMap<String, Json>,
+}
+
+/// A config.json value made from GGUF keys (`{arch}` replaced in every key).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum ConfigExpr {
+    /// The key's value; a per-layer array (some Qwen3.5 files store head counts per layer, 0 on recurrent layers)
+    /// gives its one nonzero value.
+    Key(String),
+    Op(ConfigOp),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(try_from = "RawConfigOp")]
+pub enum ConfigOp {
+    /// A literal.
+    Value(Json),
+    /// `a - b`, with an absent `b` counting as 0.
+    Sub([String; 2]),
+    /// `a / b`, which must divide exactly.
+    Div([String; 2]),
+    /// `a / b` as a float.
+    Ratio([String; 2]),
+    /// The first `n` items of an array key.
+    First { n: usize, key: String },
+    /// A nested object.
+    Object(IndexMap<String, ConfigExpr>),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfigOp {
+    value: Option<Json>,
+    sub: Option<[String; 2]>,
+    div: Option<[String; 2]>,
+    ratio: Option<[String; 2]>,
+    first: Option<First>,
+    object: Option<IndexMap<String, ConfigExpr>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct First {
+    n: usize,
+    key: String,
+}
+
+impl TryFrom<RawConfigOp> for ConfigOp {
+    type Error = String;
+    fn try_from(r: RawConfigOp) -> std::result::Result<Self, String> {
+        let mut ops = Vec::new();
+        ops.extend(r.value.map(ConfigOp::Value));
+        ops.extend(r.sub.map(ConfigOp::Sub));
+        ops.extend(r.div.map(ConfigOp::Div));
+        ops.extend(r.ratio.map(ConfigOp::Ratio));
+        ops.extend(r.first.map(|f| ConfigOp::First { n: f.n, key: f.key }));
+        ops.extend(r.object.map(ConfigOp::Object));
+        match ops.len() {
+            1 => Ok(ops.remove(0)),
+            _ => {
+                Err("a config expression is a GGUF key or exactly one of value, sub, div, ratio, first, object".into())
+            }
+        }
+    }
+}
+
+/// mlx-lm's view of the model, where it differs from the HF checkpoint.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MlxSection {
+    /// mlx-lm's `model_type` (the module `mlx_lm.models.<model_type>`), when it is not the HF config's.
+    #[serde(default)]
+    pub model_type: Option<String>,
+    /// The HF config moves under this key (Qwen3.5's `text_config`), `model_type` and `tie_word_embeddings` beside it.
+    #[serde(default)]
+    pub nest_config: Option<String>,
+    /// Put before every tensor name (`language_model.` for mlx-lm's multimodal wrappers).
+    #[serde(default)]
+    pub prefix: String,
+    /// What `Model.sanitize` does to an HF checkpoint's tensors (matched on names without the prefix).
+    #[serde(default)]
+    pub sanitize: Vec<Sanitize>,
+    /// Modules (names without the prefix and `.weight`) whose 3-D weights are quantized (`SwitchLinear` experts,
+    /// `(experts, out, in)`, quantized along the last axis); other 3-D tensors are not.
+    #[serde(default)]
+    pub quantize_3d: Vec<AnchoredRegex>,
+    /// The model's `quant_predicate`: modules quantized with other parameters than the default, each written to
+    /// config.json's `quantization` under its full path.
+    #[serde(default)]
+    pub quant_overrides: Vec<QuantOverride>,
+}
+
+/// One step of mlx-lm's `sanitize` for the tensors `name` matches.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Sanitize {
+    pub name: AnchoredRegex,
+    /// Added to every element (Qwen3.5's `v + 1.0` on RMSNorm weights of an HF checkpoint).
+    #[serde(default)]
+    pub add: Option<f32>,
+    /// `moveaxis(from, to)`; only a size-1 axis may move, so it changes the shape, not the bytes.
+    #[serde(default)]
+    pub moveaxis: Option<[usize; 2]>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuantOverride {
+    pub modules: AnchoredRegex,
+    pub bits: u32,
+    pub group_size: usize,
 }
 
 #[derive(Debug, Deserialize)]
@@ -74,6 +195,12 @@ struct RawMapping {
     metadata: Vec<MetaEntry>,
     #[serde(default)]
     hf_config: Option<HfConfig>,
+    #[serde(default)]
+    gguf_only: Option<String>,
+    #[serde(default)]
+    nextn_blocks: Option<String>,
+    #[serde(default)]
+    mlx: Option<MlxSection>,
 }
 
 /// A config value this mapping cannot convert exactly: present and not one of `allow` is an error.
@@ -106,7 +233,9 @@ impl AnchoredRegex {
 #[derive(Debug, Deserialize)]
 #[serde(try_from = "RawTensorRule")]
 pub struct TensorRule {
-    pub hf: AnchoredRegex,
+    /// Absent for a tensor the HF checkpoint stores differently (Qwen3.5-MoE's fused experts): the rule then only
+    /// converts to MLX, under `mlx`.
+    pub hf: Option<AnchoredRegex>,
     /// The HF name as a template (`model.layers.{b}.mlp.up_proj.weight`), when the regex is a plain name with at
     /// most the block group: what GGUF → HF writes.
     pub hf_template: Option<String>,
@@ -117,38 +246,163 @@ pub struct TensorRule {
     /// Added to every element in f32 before the output conversion (Gemma's RMSNorm stores `weight` and multiplies
     /// by `1 + weight`; GGUF stores `1 + weight`).
     pub offset: Option<f32>,
+    /// The MLX name template, where mlx-lm names the tensor differently from HF.
+    pub mlx: Option<String>,
+    pub reorder: Option<Reorder>,
+    pub values: Option<ValueFn>,
+    pub hf_shape: Option<ShapeRule>,
+    /// The HF (and MLX) dtype whatever the output's (Qwen3.5's `A_log`, which mlx-lm never casts).
+    pub dtype: Option<crate::dtype::Dtype>,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawTensorRule {
-    hf: AnchoredRegex,
+    #[serde(default)]
+    hf: Option<AnchoredRegex>,
     gguf: String,
     #[serde(default)]
     permute: Option<Permute>,
     #[serde(default)]
     offset: Option<f32>,
+    #[serde(default)]
+    mlx: Option<String>,
+    #[serde(default)]
+    reorder: Option<Reorder>,
+    #[serde(default)]
+    values: Option<ValueFn>,
+    #[serde(default)]
+    hf_shape: Option<ShapeRule>,
+    #[serde(default)]
+    dtype: Option<KeptDtype>,
+}
+
+/// The grouped v-head reorder of linear-attention layers (convert_hf_to_gguf's `_LinearAttentionVReorderBase`):
+/// along `axis`, after `skip` leading elements, `groups × per_group` heads of `block` elements are stored by HF
+/// grouped (head `g·per_group + r`) and by GGUF tiled (head `r·groups + g`). Sizes are config fields, numbers, or
+/// lists of either (their product).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Reorder {
+    /// numpy axis of the tensor: 0 (rows) or its last axis (columns).
+    pub axis: usize,
+    pub groups: Dim,
+    /// Heads in all (`groups × per_group`).
+    pub heads: Dim,
+    pub block: Dim,
+    #[serde(default)]
+    pub skip: Option<Dim>,
+}
+
+/// A size: a number, a config field, or the product of a list of them.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Dim {
+    Number(u64),
+    Field(String),
+    Product(Vec<Dim>),
+}
+
+/// An elementwise function the converter applies going to GGUF (undone going back).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ValueFn {
+    /// GGUF stores `-exp(x)` (Qwen3.5's `ssm_a` from `A_log`); back is `log(-x)`.
+    NegExp,
+}
+
+/// The HF shape from the GGUF's (numpy order), when they differ by size-1 axes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "RawShapeRule")]
+pub enum ShapeRule {
+    /// A size-1 axis inserted at this position (HF's conv1d `(C, 1, K)` from GGUF's `(C, K)`).
+    Insert(usize),
+    /// Size-1 axes put in front up to this many dimensions (a `(1, hidden)` gate stored as `{hidden}`).
+    Rank(usize),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawShapeRule {
+    insert: Option<usize>,
+    rank: Option<usize>,
+}
+
+impl TryFrom<RawShapeRule> for ShapeRule {
+    type Error = &'static str;
+    fn try_from(r: RawShapeRule) -> std::result::Result<Self, &'static str> {
+        match (r.insert, r.rank) {
+            (Some(a), None) => Ok(ShapeRule::Insert(a)),
+            (None, Some(n)) => Ok(ShapeRule::Rank(n)),
+            _ => Err("hf_shape is {insert: axis} or {rank: n}"),
+        }
+    }
+}
+
+impl ShapeRule {
+    pub fn apply(self, shape: &[u64]) -> Vec<u64> {
+        let mut s = shape.to_vec();
+        match self {
+            ShapeRule::Insert(axis) => s.insert(axis.min(s.len()), 1),
+            ShapeRule::Rank(n) => {
+                while s.len() < n {
+                    s.insert(0, 1);
+                }
+            }
+        }
+        s
+    }
+}
+
+/// The dtypes a rule may pin.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum KeptDtype {
+    F32,
 }
 
 impl TryFrom<RawTensorRule> for TensorRule {
     type Error = String;
     fn try_from(r: RawTensorRule) -> std::result::Result<Self, String> {
-        let has_group = r.hf.0.capture_names().flatten().any(|n| n == "b");
-        if r.gguf.contains("{b}") != has_group {
-            return Err(format!(
-                "tensor rule {:?} → {:?}: the GGUF name uses {{b}} exactly when the regex has a group named b",
-                r.hf.0.as_str(),
-                r.gguf
-            ));
+        if r.hf.is_none() && r.mlx.is_none() {
+            return Err(format!("tensor rule {:?}: needs hf, or mlx for a tensor only MLX names", r.gguf));
+        }
+        if let Some(hf) = &r.hf {
+            let has_group = hf.0.capture_names().flatten().any(|n| n == "b");
+            if r.gguf.contains("{b}") != has_group {
+                return Err(format!(
+                    "tensor rule {:?} → {:?}: the GGUF name uses {{b}} exactly when the regex has a group named b",
+                    hf.0.as_str(),
+                    r.gguf
+                ));
+            }
         }
         if r.offset.is_some_and(|o| o == 0.0 || !o.is_finite()) {
-            return Err(format!("tensor rule {:?}: offset must be finite and not 0", r.hf.0.as_str()));
+            return Err(format!("tensor rule {:?}: offset must be finite and not 0", r.gguf));
         }
-        let hf_template = plain_template(r.hf.0.as_str());
+        let hf_template = r.hf.as_ref().and_then(|hf| plain_template(hf.0.as_str()));
         let gguf_regex = Regex::new(&format!("^(?:{})$", regex::escape(&r.gguf).replace(r"\{b\}", r"(?P<b>\d+)")))
             .map(AnchoredRegex)
             .map_err(|e| format!("tensor rule {:?}: {e}", r.gguf))?;
-        Ok(TensorRule { hf: r.hf, hf_template, gguf_regex, gguf: r.gguf, permute: r.permute, offset: r.offset })
+        if r.mlx.as_ref().is_some_and(|m| m.contains("{b}") != r.gguf.contains("{b}")) {
+            return Err(format!("tensor rule {:?}: the MLX name uses {{b}} exactly when the GGUF name does", r.gguf));
+        }
+        if r.reorder.as_ref().is_some_and(|o| o.axis > 2) {
+            return Err(format!("tensor rule {:?}: reorder.axis is 0 (rows) or the last axis", r.gguf));
+        }
+        Ok(TensorRule {
+            hf: r.hf,
+            hf_template,
+            gguf_regex,
+            gguf: r.gguf,
+            permute: r.permute,
+            offset: r.offset,
+            mlx: r.mlx,
+            reorder: r.reorder,
+            values: r.values,
+            hf_shape: r.hf_shape,
+            dtype: r.dtype.map(|KeptDtype::F32| crate::dtype::Dtype::F32),
+        })
     }
 }
 
@@ -446,6 +700,9 @@ pub fn parse_mapping(file: &str, text: &str) -> Result<Mapping> {
         f32: r.f32,
         metadata,
         hf_config: r.hf_config,
+        gguf_only: r.gguf_only,
+        nextn_blocks: r.nextn_blocks,
+        mlx: r.mlx,
     })
 }
 
@@ -454,6 +711,12 @@ pub fn mapping_for(hf_arch: &str) -> Result<Mapping> {
     for (file, text) in MAPPINGS {
         let m = parse_mapping(file, text)?;
         if m.hf_architectures.iter().any(|a| a == hf_arch) {
+            if let Some(why) = &m.gguf_only {
+                return Err(Error::Mapping {
+                    file: m.file,
+                    msg: format!("converts {hf_arch} from GGUF only, not to GGUF: {why}"),
+                });
+            }
             return Ok(m);
         }
     }
@@ -479,12 +742,14 @@ pub fn pre_tokenizers() -> Result<Vec<PreTokenizer>> {
     parse_yaml(PRE_TOKENIZERS_FILE, PRE_TOKENIZERS)
 }
 
-/// What a mapping says about one GGUF tensor going back to HF.
-#[derive(Debug, PartialEq)]
+/// What a mapping says about one GGUF tensor going back to HF (or MLX).
+#[derive(Debug)]
 pub struct Unmapped<'a> {
-    pub hf: String,
-    pub permute: Option<&'a Permute>,
-    pub offset: Option<f32>,
+    /// The HF name; `None` when only MLX names the tensor (then `mlx` is set).
+    pub hf: Option<String>,
+    /// The MLX name where it differs from the HF name (without the MLX prefix).
+    pub mlx: Option<String>,
+    pub rule: &'a TensorRule,
 }
 
 /// What a mapping says about one HF tensor.
@@ -499,15 +764,21 @@ impl Mapping {
     pub fn unmap_tensor(&self, gguf: &str) -> Result<Unmapped<'_>> {
         for rule in &self.tensors {
             if let Some(c) = rule.gguf_regex.0.captures(gguf) {
-                let template = rule.hf_template.as_ref().ok_or_else(|| Error::Mapping {
-                    file: self.file.clone(),
-                    msg: format!("rule {:?} has no plain HF name to write {gguf:?} back to", rule.hf.0.as_str()),
-                })?;
-                let hf = match c.name("b") {
-                    Some(b) => template.replace("{b}", b.as_str()),
-                    None => template.clone(),
+                let fill = |t: &String| match c.name("b") {
+                    Some(b) => t.replace("{b}", b.as_str()),
+                    None => t.clone(),
                 };
-                return Ok(Unmapped { hf, permute: rule.permute.as_ref(), offset: rule.offset });
+                let hf = match (&rule.hf, &rule.hf_template) {
+                    (None, _) => None,
+                    (Some(_), Some(t)) => Some(fill(t)),
+                    (Some(hf), None) => {
+                        return Err(Error::Mapping {
+                            file: self.file.clone(),
+                            msg: format!("rule {:?} has no plain HF name to write {gguf:?} back to", hf.0.as_str()),
+                        })
+                    }
+                };
+                return Ok(Unmapped { hf, mlx: rule.mlx.as_ref().map(fill), rule });
             }
         }
         Err(Error::Unmapped { tensor: gguf.to_string(), mapping: self.file.clone() })
@@ -517,7 +788,7 @@ impl Mapping {
     pub fn map_tensor(&self, hf: &str) -> Result<Mapped<'_>> {
         let hf = self.strip_prefixes.iter().find_map(|p| hf.strip_prefix(p.as_str())).unwrap_or(hf);
         for rule in &self.tensors {
-            if let Some(c) = rule.hf.0.captures(hf) {
+            if let Some(c) = rule.hf.as_ref().and_then(|r| r.0.captures(hf)) {
                 let gguf = match c.name("b") {
                     Some(b) => rule.gguf.replace("{b}", b.as_str()),
                     None => rule.gguf.clone(),
@@ -604,6 +875,31 @@ mod tests {
         }
         let bad_offset = "architecture: x\nhf_architectures: [X]\ntensors:\n  - {hf: a, gguf: b, offset: 0.0}\nf32: {max_dims: 1}\nmetadata: []\n";
         assert!(parse_mapping("bad.yaml", bad_offset).unwrap_err().to_string().contains("offset must be"));
+    }
+
+    #[test]
+    fn gguf_only_mappings_refuse_hf_to_gguf_and_shapes_gain_size_1_axes() {
+        let e = mapping_for("Qwen3_5MoeForCausalLM").unwrap_err().to_string();
+        assert!(e.contains("qwen3_5_moe.yaml") && e.contains("from GGUF only"), "{e}");
+        assert_eq!(ShapeRule::Rank(2).apply(&[64]), vec![1, 64]);
+        assert_eq!(ShapeRule::Rank(2).apply(&[1, 64]), vec![1, 64]);
+        assert_eq!(ShapeRule::Insert(1).apply(&[256, 4]), vec![256, 1, 4]);
+        let m = mapping_for_gguf("qwen35moe").unwrap();
+        let u = m.unmap_tensor("blk.7.ffn_gate_exps.weight").unwrap();
+        assert_eq!((u.hf, u.mlx.as_deref()), (None, Some("model.layers.7.mlp.switch_mlp.gate_proj.weight")));
+        let head = "architecture: x\nhf_architectures: [X]\nf32: {max_dims: 1}\nmetadata: []\ntensors:\n";
+        for (rule, want) in [
+            ("  - {gguf: a}\n", "needs hf, or mlx"),
+            ("  - {hf: a, gguf: b, hf_shape: {insert: 1, rank: 2}}\n", "hf_shape is"),
+            ("  - {hf: a, gguf: b, reorder: {axis: 3, groups: 1, heads: 1, block: 1}}\n", "reorder.axis"),
+            ("  - {hf: a, gguf: b, values: exp}\n", "unknown variant"),
+        ] {
+            let e = parse_mapping("bad.yaml", &format!("{head}{rule}")).unwrap_err().to_string();
+            assert!(e.contains(want), "{rule}: {e}");
+        }
+        let text = "architecture: x\nhf_architectures: [X]\nf32: {max_dims: 1}\nmetadata: []\ntensors: []\nhf_config:\n  model_type: x\n  fields:\n    a: {sub: [k1, k2], div: [k1, k2]}\n";
+        let e = parse_mapping("bad.yaml", text).unwrap_err().to_string();
+        assert!(e.contains("mappings/bad.yaml"), "{e}");
     }
 
     #[test]

@@ -26,8 +26,8 @@ use sha2::{Digest, Sha256};
 pub use metadata::{id_to_title, size_label};
 pub use split::{output_file_name, split_ranges, SplitRule};
 pub use to_hf::{
-    convert_gguf_to_hf, plan_gguf_to_hf, plan_mlx_to_hf, unpermuted_source_row, write_hf, write_hf_tensor, HfPlan,
-    HfTensor,
+    convert_gguf_to_hf, plan_gguf_to_hf, plan_gguf_to_mlx, plan_mlx_to_hf, unpermuted_source_row, write_hf,
+    write_hf_tensor, HeadOrder, HfPlan, HfTensor,
 };
 pub use tokenizer::pre_tokenizer_sha256;
 

@@ -11,7 +11,7 @@
 use serde_json::{Map, Value as Json};
 
 use super::hf_tokenizer;
-use super::mapping::mapping_for_gguf;
+use super::mapping::{mapping_for_gguf, ConfigExpr, ConfigOp, Dim, Mapping, ValueFn};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::gguf::Value;
@@ -38,6 +38,39 @@ pub struct HfTensor {
     pub unpermute_heads: Option<u64>,
     /// Subtracted in f32 (the mapping's offset, taken back).
     pub offset: Option<f32>,
+    /// Undo the grouped v-head reorder.
+    pub reorder: Option<HeadOrder>,
+    /// Undo an elementwise function (applied in f32 before the offset).
+    pub values: Option<ValueFn>,
+}
+
+/// The inverse of the grouped v-head reorder along rows or columns of the source (see
+/// [`super::mapping::Reorder`]): output index `skip + (g·per_group + r)·block + d` comes from source index
+/// `skip + (r·groups + g)·block + d`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeadOrder {
+    /// Along rows (the source's first axis) rather than along each row's values.
+    pub rows: bool,
+    pub skip: u64,
+    pub groups: u64,
+    pub per_group: u64,
+    pub block: u64,
+}
+
+impl HeadOrder {
+    /// The source index of output index `i` along the reordered axis.
+    pub fn source(&self, i: u64) -> u64 {
+        if i < self.skip {
+            return i;
+        }
+        let j = i - self.skip;
+        let (head, d) = (j / self.block, j % self.block);
+        let (g, r) = (head / self.per_group, head % self.per_group);
+        if g >= self.groups {
+            return i;
+        }
+        self.skip + (r * self.groups + g) * self.block + d
+    }
 }
 
 /// Everything a GGUF → HF (or MLX → HF) conversion writes besides tensor bytes.
@@ -50,6 +83,10 @@ pub struct HfPlan {
     pub json_files: Vec<(String, Json)>,
     /// Files of the source folder copied as they are (an MLX checkpoint's tokenizer and generation files).
     pub carried: Vec<String>,
+    /// MLX only: modules (full paths) whose 3-D weights are quantized (mlx-lm's `SwitchLinear` experts).
+    pub quantize_3d: Vec<String>,
+    /// MLX only: modules (full paths) quantized with their own `(bits, group_size)` (the model's `quant_predicate`).
+    pub quant_overrides: Vec<(String, u32, usize)>,
 }
 
 /// A metadata value as JSON; an f32 becomes the shortest decimal that reads back as the same f32 (1e-05, not
@@ -65,6 +102,24 @@ pub(crate) fn value_json(v: &Value) -> Option<Json> {
 
 /// Plans the conversion of the GGUF model `src` to an HF checkpoint with weights in `dtype` (BF16, F16 or F32).
 pub fn plan_gguf_to_hf(src: &TensorSource, dtype: Dtype) -> Result<HfPlan> {
+    plan_from_gguf(src, dtype, Target::Hf)
+}
+
+/// Plans the conversion of the GGUF model `src` to an unquantized MLX checkpoint with weights in `dtype`: the HF
+/// plan with mlx-lm's names (the mapping's `mlx` prefix and names) and its `sanitize` applied (an offset the HF
+/// checkpoint takes off and sanitize adds back cancels exactly; size-1 axes move), plus which modules mlx-lm
+/// quantizes otherwise. [`HfPlan::quantize_3d`] and [`HfPlan::quant_overrides`] say how to quantize it.
+pub fn plan_gguf_to_mlx(src: &TensorSource, dtype: Dtype) -> Result<HfPlan> {
+    plan_from_gguf(src, dtype, Target::Mlx)
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Target {
+    Hf,
+    Mlx,
+}
+
+fn plan_from_gguf(src: &TensorSource, dtype: Dtype, target: Target) -> Result<HfPlan> {
     let file = src.location().to_string();
     let model = src.gguf().ok_or_else(|| Error::format(&file, "format", "is not a GGUF model"))?;
     if !matches!(dtype, Dtype::BF16 | Dtype::F16 | Dtype::F32) {
@@ -85,41 +140,52 @@ pub fn plan_gguf_to_hf(src: &TensorSource, dtype: Dtype) -> Result<HfPlan> {
     let mut config = Map::new();
     config.insert("architectures".into(), Json::Array(vec![m.hf_architectures[0].clone().into()]));
     config.insert("model_type".into(), hc.model_type.clone().into());
-    for (field, key) in &hc.fields {
-        let (Some(field), Some(key)) = (field.as_str(), key.as_str()) else {
-            return Err(Error::Mapping {
-                file: m.file.clone(),
-                msg: "hf_config.fields maps names to GGUF keys".into(),
-            });
-        };
-        let key = key.replace("{arch}", &arch);
-        match get(&key).and_then(value_json) {
-            Some(v) => {
-                config.insert(field.to_string(), v);
-            }
-            None if hc.required.iter().any(|r| r == field) => {
-                return Err(Error::format(&file, &key, format!("missing: config.json needs it for {field}")))
-            }
-            None => {}
-        }
-    }
+    let eval = Eval { file: &file, arch: &arch, kv };
+    eval.object(&hc.fields, &hc.required, &mut config)?;
     for (field, v) in &hc.literals {
-        let field = field.as_str().ok_or_else(|| Error::Mapping {
-            file: m.file.clone(),
-            msg: "hf_config.literals maps names to values".into(),
-        })?;
-        let v = serde_json::to_value(v).map_err(|e| Error::Mapping { file: m.file.clone(), msg: e.to_string() })?;
-        config.insert(field.to_string(), v);
+        config.insert(field.clone(), v.clone());
     }
+    // Blocks from here on are NextN heads, not written.
+    let first_nextn = match &m.nextn_blocks {
+        None => None,
+        Some(key) => {
+            let n = get(&key.replace("{arch}", &arch)).and_then(Value::as_u64).unwrap_or(0);
+            let blocks = get(&format!("{arch}.block_count")).and_then(Value::as_u64).unwrap_or(0);
+            Some(blocks.checked_sub(n).ok_or_else(|| {
+                Error::format(&file, key.replace("{arch}", &arch), format!("{n} is more than the {blocks} blocks"))
+            })?)
+        }
+    };
+    let mlx = m.mlx.as_ref().filter(|_| target == Target::Mlx);
 
     let mut tensors = Vec::new();
     let mut has_output = false;
+    let (mut quantize_3d, mut quant_overrides) = (Vec::new(), Vec::new());
     for t in model.tensors() {
         let info = t.info;
+        if let Some(first) = first_nextn {
+            let block = info.name.strip_prefix("blk.").and_then(|r| r.split('.').next()?.parse::<u64>().ok());
+            if block.is_some_and(|b| b >= first) {
+                continue;
+            }
+        }
         let u = m.unmap_tensor(&info.name)?;
-        has_output |= u.hf == "lm_head.weight";
-        let shape: Vec<u64> = info.dims.iter().rev().copied().collect();
-        let unpermute_heads = match u.permute {
+        let rule = u.rule;
+        has_output |= u.hf.as_deref() == Some("lm_head.weight");
+        let base = match (target, &u.hf, &u.mlx) {
+            (Target::Mlx, _, Some(mlx)) => mlx.clone(),
+            (_, Some(hf), _) => hf.clone(),
+            (_, None, _) => {
+                return Err(Error::format(
+                    &file,
+                    &info.name,
+                    format!("{} maps it to MLX only (the HF checkpoint stores it another way); convert to MLX", m.file),
+                ))
+            }
+        };
+        let source_shape: Vec<u64> = info.dims.iter().rev().copied().collect();
+        let mut shape = rule.hf_shape.map_or_else(|| source_shape.clone(), |r| r.apply(&source_shape));
+        let unpermute_heads = match &rule.permute {
             None => None,
             Some(p) => {
                 let heads = config.get(&p.heads).and_then(Json::as_u64).filter(|h| *h > 0).ok_or_else(|| {
@@ -140,13 +206,82 @@ pub fn plan_gguf_to_hf(src: &TensorSource, dtype: Dtype) -> Result<HfPlan> {
                 Some(heads)
             }
         };
+        let reorder = match &rule.reorder {
+            None => None,
+            Some(r) => {
+                let dim = |d: &Dim| resolve_dim(d, &config, &m, &info.name);
+                let (groups, heads, block) = (dim(&r.groups)?, dim(&r.heads)?, dim(&r.block)?);
+                let skip = r.skip.as_ref().map(dim).transpose()?.unwrap_or(0);
+                let last = source_shape.len().saturating_sub(1);
+                let rows = r.axis == 0 && last > 0;
+                if !(r.axis == 0 || r.axis == last) {
+                    return Err(Error::format(
+                        &file,
+                        &info.name,
+                        format!("cannot reorder axis {} of {source_shape:?}", r.axis),
+                    ));
+                }
+                let len = source_shape.get(r.axis).copied().unwrap_or(1);
+                if groups == 0 || heads % groups != 0 || skip + heads * block != len {
+                    return Err(Error::format(
+                        &file,
+                        &info.name,
+                        format!(
+                            "axis {} has {len} elements; {skip} + {heads} heads of {block} in {groups} groups expected",
+                            r.axis
+                        ),
+                    ));
+                }
+                Some(HeadOrder { rows, skip, groups, per_group: heads / groups, block })
+                    .filter(|o| o.groups > 1 && o.per_group > 1)
+            }
+        };
+        let mut offset = rule.offset;
+        let mut name = base.clone();
+        if let Some(mx) = mlx {
+            for s in mx.sanitize.iter().filter(|s| s.name.is_match(&base)) {
+                if let Some(a) = s.add {
+                    // HF takes the offset off, sanitize adds it back: compose them exactly rather than round twice.
+                    offset = Some(offset.unwrap_or(0.0) - a).filter(|o| *o != 0.0);
+                }
+                if let Some([from, to]) = s.moveaxis {
+                    let mut moved = shape.clone();
+                    if from < moved.len() && to < moved.len() {
+                        let d = moved.remove(from);
+                        moved.insert(to, d);
+                    }
+                    let big = |s: &[u64]| s.iter().copied().filter(|d| *d != 1).collect::<Vec<_>>();
+                    if from >= shape.len() || to >= shape.len() || big(&moved) != big(&shape) {
+                        return Err(Error::Mapping {
+                            file: m.file.clone(),
+                            msg: format!(
+                                "sanitize moveaxis({from}, {to}) of {base} {shape:?} would move data (only size-1 axes may move)"
+                            ),
+                        });
+                    }
+                    shape = moved;
+                }
+            }
+            let module = base.strip_suffix(".weight");
+            if let Some(module) = module {
+                if shape.len() == 3 && mx.quantize_3d.iter().any(|r| r.is_match(module)) {
+                    quantize_3d.push(format!("{}{module}", mx.prefix));
+                }
+                if let Some(o) = mx.quant_overrides.iter().find(|o| o.modules.is_match(module)) {
+                    quant_overrides.push((format!("{}{module}", mx.prefix), o.bits, o.group_size));
+                }
+            }
+            name = format!("{}{base}", mx.prefix);
+        }
         tensors.push(HfTensor {
-            name: u.hf,
+            name,
             source: info.name.clone(),
             shape,
-            dtype,
+            dtype: rule.dtype.unwrap_or(dtype),
             unpermute_heads,
-            offset: u.offset,
+            offset,
+            reorder,
+            values: rule.values,
         });
     }
     tensors.sort_by(|a, b| a.name.cmp(&b.name));
@@ -160,14 +295,160 @@ pub fn plan_gguf_to_hf(src: &TensorSource, dtype: Dtype) -> Result<HfPlan> {
         _ => None,
     };
     let embd_rows = tensors.iter().find(|t| t.source == "token_embd.weight").and_then(|t| t.shape.first().copied());
+    let mut derived = vec![("tie_word_embeddings", Json::from(!has_output))];
     if let Some(v) = vocab.or(embd_rows) {
-        config.insert("vocab_size".into(), v.into());
+        derived.insert(0, ("vocab_size", v.into()));
     }
-    config.insert("tie_word_embeddings".into(), (!has_output).into());
+    for (k, v) in derived {
+        config.insert(k.to_string(), v);
+    }
     config.insert("torch_dtype".into(), dtype_name(dtype).into());
+    if let Some(mx) = mlx {
+        config = mlx_config_layout(config, mx);
+    }
     let json_files =
         vec![("tokenizer.json".to_string(), tokenizer_json), ("tokenizer_config.json".to_string(), tokenizer_config)];
-    Ok(HfPlan { config, tensors, json_files, carried: Vec::new() })
+    Ok(HfPlan { config, tensors, json_files, carried: Vec::new(), quantize_3d, quant_overrides })
+}
+
+/// The config.json mlx-lm reads: the HF config nested under `nest_config` (with `model_type` and
+/// `tie_word_embeddings` mirrored at the top), mlx-lm's `model_type`.
+fn mlx_config_layout(config: Map<String, Json>, mx: &super::mapping::MlxSection) -> Map<String, Json> {
+    let mut out = match &mx.nest_config {
+        None => config,
+        Some(key) => {
+            let mut top = Map::new();
+            for k in ["architectures", "tie_word_embeddings", "torch_dtype"] {
+                if let Some(v) = config.get(k) {
+                    top.insert(k.to_string(), v.clone());
+                }
+            }
+            top.insert(key.clone(), Json::Object(config));
+            top
+        }
+    };
+    if let Some(t) = &mx.model_type {
+        out.insert("model_type".into(), t.clone().into());
+    }
+    out
+}
+
+fn resolve_dim(d: &Dim, config: &Map<String, Json>, m: &Mapping, tensor: &str) -> Result<u64> {
+    match d {
+        Dim::Number(n) => Ok(*n),
+        Dim::Field(f) => config.get(f).and_then(Json::as_u64).ok_or_else(|| Error::Mapping {
+            file: m.file.clone(),
+            msg: format!("{tensor}: config field {f} (a size of its reorder) is not in config.json"),
+        }),
+        Dim::Product(ds) => ds.iter().try_fold(1u64, |acc, d| Ok(acc * resolve_dim(d, config, m, tensor)?)),
+    }
+}
+
+/// Evaluates `hf_config` expressions over a GGUF's keys.
+struct Eval<'a> {
+    file: &'a str,
+    arch: &'a str,
+    kv: &'a [(String, Value)],
+}
+
+impl Eval<'_> {
+    fn get(&self, key: &str) -> Option<&Value> {
+        let key = key.replace("{arch}", self.arch);
+        self.kv.iter().find(|(k, _)| *k == key).map(|(_, v)| v)
+    }
+
+    /// A scalar key as JSON; a per-layer array gives its single nonzero value.
+    fn scalar(&self, key: &str) -> Result<Option<Json>> {
+        let Some(v) = self.get(key) else { return Ok(None) };
+        if let Value::Array(a) = v {
+            let items = match a.to_json() {
+                Json::Array(items) => items,
+                _ => Vec::new(),
+            };
+            let mut nonzero: Vec<u64> = items.iter().filter_map(Json::as_u64).filter(|x| *x != 0).collect();
+            nonzero.sort_unstable();
+            nonzero.dedup();
+            return match nonzero.as_slice() {
+                [one] => Ok(Some(Json::from(*one))),
+                _ => Err(Error::format(
+                    self.file,
+                    key.replace("{arch}", self.arch),
+                    "a per-layer array with other than one nonzero value",
+                )),
+            };
+        }
+        Ok(value_json(v))
+    }
+
+    fn number(&self, key: &str) -> Result<Option<f64>> {
+        Ok(self.scalar(key)?.and_then(|j| j.as_f64()))
+    }
+
+    fn expr(&self, e: &ConfigExpr) -> Result<Option<Json>> {
+        let op = match e {
+            ConfigExpr::Key(k) => return self.scalar(k),
+            ConfigExpr::Op(op) => op,
+        };
+        Ok(match op {
+            ConfigOp::Value(v) => Some(v.clone()),
+            ConfigOp::Sub([a, b]) => match self.number(a)? {
+                None => None,
+                Some(x) => Some(Json::from((x - self.number(b)?.unwrap_or(0.0)) as u64)),
+            },
+            ConfigOp::Div([a, b]) | ConfigOp::Ratio([a, b]) => match (self.number(a)?, self.number(b)?) {
+                (Some(x), Some(y)) if y != 0.0 => {
+                    if matches!(op, ConfigOp::Ratio(_)) {
+                        serde_json::Number::from_f64(x / y).map(Json::Number)
+                    } else if x % y == 0.0 {
+                        Some(Json::from((x / y) as u64))
+                    } else {
+                        return Err(Error::format(
+                            self.file,
+                            a.replace("{arch}", self.arch),
+                            format!("{x} is not a multiple of {b} = {y}"),
+                        ));
+                    }
+                }
+                _ => None,
+            },
+            ConfigOp::First { n, key } => match self.get(key) {
+                Some(Value::Array(a)) => match a.to_json() {
+                    Json::Array(items) => Some(Json::Array(items.into_iter().take(*n).collect())),
+                    _ => None,
+                },
+                _ => None,
+            },
+            ConfigOp::Object(fields) => {
+                let mut obj = Map::new();
+                self.object(fields, &[], &mut obj)?;
+                Some(Json::Object(obj))
+            }
+        })
+    }
+
+    fn object(
+        &self,
+        fields: &indexmap::IndexMap<String, ConfigExpr>,
+        required: &[String],
+        out: &mut Map<String, Json>,
+    ) -> Result<()> {
+        for (name, e) in fields {
+            match self.expr(e)? {
+                Some(v) => {
+                    out.insert(name.clone(), v);
+                }
+                None if required.iter().any(|r| r == name) => {
+                    return Err(Error::format(
+                        self.file,
+                        name,
+                        "missing: config.json needs it (its GGUF key is absent)",
+                    ))
+                }
+                None => {}
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The wrapper prefixes an MLX checkpoint of a multimodal model puts before the text model's names.
@@ -197,6 +478,8 @@ pub fn plan_mlx_to_hf(src: &TensorSource) -> Result<HfPlan> {
             dtype,
             unpermute_heads: None,
             offset: None,
+            reorder: None,
+            values: None,
         });
     }
     tensors.sort_by(|a, b| a.name.cmp(&b.name));
@@ -211,6 +494,8 @@ pub fn plan_mlx_to_hf(src: &TensorSource) -> Result<HfPlan> {
         tensors,
         json_files: Vec::new(),
         carried: crate::mlx::CARRIED_FILES.map(String::from).to_vec(),
+        quantize_3d: Vec::new(),
+        quant_overrides: Vec::new(),
     })
 }
 
@@ -297,24 +582,32 @@ pub async fn write_hf(
     Ok(out)
 }
 
-/// One tensor (to a file, or to a comparison when verifying), whole rows at a time within `budget`: dequantized, unpermuted, offset removed, rounded to the dtype.
+/// One tensor (to a file, or to a comparison when verifying), whole rows at a time within `budget`: dequantized,
+/// unpermuted and un-reordered, its value function and offset undone, rounded to the dtype.
 pub async fn write_hf_tensor(src: &TensorSource, t: &HfTensor, budget: u64, w: &mut impl PieceWriter) -> Result<()> {
+    let plain = t.unpermute_heads.is_none() && t.offset.is_none() && t.reorder.is_none() && t.values.is_none();
     if let crate::dtype::TensorType::MlxAffine { scale_dtype, .. } = src.entry(&t.source)?.ty {
-        if scale_dtype == t.dtype && t.unpermute_heads.is_none() && t.offset.is_none() {
+        if scale_dtype == t.dtype && plain {
             return write_mlx_dequantized(src, t, budget, w).await;
         }
     }
-    let cols = t.shape.last().copied().unwrap_or(1).max(1) as usize;
-    let rows = (t.shape.iter().product::<u64>() as usize) / cols;
-    // Stored in the output dtype already (a BF16 GGUF going to a BF16 checkpoint): rows are moved as bytes.
+    // Rows as the source stores them (the output may differ by size-1 axes only).
     let e = src.entry(&t.source)?;
-    let same = t.offset.is_none() && t.dtype.as_ggml().is_some_and(|g| e.ty == crate::dtype::TensorType::Ggml(g));
+    let cols = e.row_len().max(1) as usize;
+    let rows = e.rows() as usize;
+    // Stored in the output dtype already (a BF16 GGUF going to a BF16 checkpoint): rows are moved as bytes.
+    let same = t.offset.is_none()
+        && t.reorder.is_none()
+        && t.values.is_none()
+        && t.dtype.as_ggml().is_some_and(|g| e.ty == crate::dtype::TensorType::Ggml(g));
     // Read and converted (or reordered) bytes; a consumer may widen them to f32 again.
     let per_row = (cols * (4 + t.dtype.size())) as u64;
     let hd = t.unpermute_heads.map(|h| rows as u64 / h);
     // Whole heads per chunk when permuted, so every source row of a chunk is inside it.
     let unit = hd.unwrap_or(1) as usize;
     let step = ((budget / per_row.max(1)) as usize / unit).max(1) * unit;
+    let row_order = t.reorder.filter(|o| o.rows);
+    let col_order = t.reorder.filter(|o| !o.rows);
     let (mut vals, mut ordered, mut bytes, mut scratch) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let row_bytes = cols * t.dtype.size();
     let mut r = 0;
@@ -342,7 +635,22 @@ pub async fn write_hf_tensor(src: &TensorSource, t: &HfTensor, budget: u64, w: &
             continue;
         }
         vals.resize(n * cols, 0f32);
-        src.read_f32_rows(&t.source, r as u64, &mut vals, &mut scratch).await?;
+        match row_order {
+            // Gathered run by run: a reordered head's rows are contiguous in the source.
+            Some(o) => {
+                let mut k = 0;
+                while k < n {
+                    let first = o.source((r + k) as u64);
+                    let mut len = 1;
+                    while k + len < n && o.source((r + k + len) as u64) == first + len as u64 {
+                        len += 1;
+                    }
+                    src.read_f32_rows(&t.source, first, &mut vals[k * cols..(k + len) * cols], &mut scratch).await?;
+                    k += len;
+                }
+            }
+            None => src.read_f32_rows(&t.source, r as u64, &mut vals, &mut scratch).await?,
+        }
         let rows_out: &mut [f32] = match hd {
             None => &mut vals,
             Some(_) => {
@@ -354,6 +662,19 @@ pub async fn write_hf_tensor(src: &TensorSource, t: &HfTensor, budget: u64, w: &
                 &mut ordered
             }
         };
+        if let Some(o) = col_order {
+            let mut row = vec![0f32; cols];
+            for chunk in rows_out.chunks_exact_mut(cols) {
+                row.copy_from_slice(chunk);
+                for (c, x) in chunk.iter_mut().enumerate() {
+                    *x = row[o.source(c as u64) as usize];
+                }
+            }
+        }
+        if let Some(ValueFn::NegExp) = t.values {
+            // The source holds -exp(x); x = ln(-v), computed in f64 and rounded once.
+            rows_out.iter_mut().for_each(|x| *x = (-f64::from(*x)).ln() as f32);
+        }
         if let Some(o) = t.offset {
             rows_out.iter_mut().for_each(|x| *x -= o);
         }
@@ -407,6 +728,41 @@ mod tests {
                 assert_eq!(permuted_source_row(unpermuted_source_row(r, hd), hd), r);
             }
         }
+    }
+
+    #[test]
+    fn head_order_inverts_the_converters_reorder() {
+        // convert_hf_to_gguf's forward reorder: GGUF head r·groups + g holds HF head g·per_group + r
+        // (`concat(hf_heads[r::per_group] for r in range(per_group))`).
+        let (groups, per_group, block, skip) = (3u64, 2u64, 4u64, 5u64);
+        let o = HeadOrder { rows: true, skip, groups, per_group, block };
+        let mut gguf_of_hf = vec![0u64; (skip + groups * per_group * block) as usize];
+        for i in 0..skip {
+            gguf_of_hf[i as usize] = i;
+        }
+        for g in 0..groups {
+            for r in 0..per_group {
+                for d in 0..block {
+                    gguf_of_hf[(skip + (g * per_group + r) * block + d) as usize] = skip + (r * groups + g) * block + d;
+                }
+            }
+        }
+        for (hf, gguf) in gguf_of_hf.iter().enumerate() {
+            assert_eq!(o.source(hf as u64), *gguf, "HF index {hf}");
+        }
+    }
+
+    #[test]
+    fn per_layer_head_counts_give_their_one_value() {
+        use crate::gguf::value::Array;
+        let kv = vec![
+            ("a.heads".to_string(), Value::Array(Array::U32(vec![0, 0, 0, 16, 0, 0, 0, 16]))),
+            ("a.bad".to_string(), Value::Array(Array::U32(vec![0, 8, 16]))),
+        ];
+        let e = Eval { file: "x.gguf", arch: "a", kv: &kv };
+        assert_eq!(e.scalar("{arch}.heads").unwrap(), Some(Json::from(16)));
+        assert!(e.scalar("{arch}.bad").unwrap_err().to_string().contains("one nonzero value"));
+        assert_eq!(e.scalar("{arch}.absent").unwrap(), None);
     }
 
     #[test]
