@@ -5,7 +5,8 @@ reference MLX checkpoint it makes from the same HF checkpoint.
 usage:
   qwen35.py make dense|moe OUT TOKENIZER_DIR     (venv-convert) a tiny random HF checkpoint: bf16 weights, A_log in
                                                  f32, a synthetic multi-token-prediction block, real tokenizer files
-  qwen35.py gguf HF OUT OUTTYPE LLAMA_SRC        (venv-convert) convert_hf_to_gguf.py, told the tokenizer is SmolLM's
+  qwen35.py gguf HF OUT OUTTYPE LLAMA_SRC PRE    (venv-convert) convert_hf_to_gguf.py, told the pre-tokenizer is PRE
+                                                 (smollm: SmolLM2's own; qwen35: Qwen3.5's regex over SmolLM2's vocab)
   qwen35.py golden HF OUT BITS                   (venv-peers) mlx_lm.convert (BITS 0: bf16, not quantized)
   qwen35.py compare OURS GOLDEN                  (venv-peers) the same tensors, bytes and quantization as mlx-lm's;
                                                  mlx_lm.load runs ours and gives mlx-lm's logits
@@ -67,12 +68,12 @@ def make(kind, out, tok):
         shutil.copy(Path(tok) / f, out)
 
 
-def gguf(hf, out, outtype, src):
+def gguf(hf, out, outtype, src, pre):
     import runpy
     sys.path.insert(0, src)
     import conversion.base as base
-    # SmolLM2's tokenizer stands in for Qwen's (49k tokens, not 248k); the converter knows it by hash only.
-    base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "smollm"
+    # SmolLM2's tokenizer stands in for Qwen's (49k tokens, not 248k); the converter knows tokenizers by hash only.
+    base.TextModel.get_vocab_base_pre = lambda self, tokenizer: pre
     sys.argv = ["convert_hf_to_gguf.py", hf, "--outtype", outtype, "--outfile", out]
     runpy.run_path(str(Path(src) / "convert_hf_to_gguf.py"), run_name="__main__")
 
@@ -165,5 +166,5 @@ def compare_hf(ours, hf):
     print(json.dumps({"tensors": len(a)}))
 
 
-{"make": lambda: make(*sys.argv[2:5]), "gguf": lambda: gguf(*sys.argv[2:6]), "golden": lambda: golden(*sys.argv[2:5]),
+{"make": lambda: make(*sys.argv[2:5]), "gguf": lambda: gguf(*sys.argv[2:7]), "golden": lambda: golden(*sys.argv[2:5]),
  "compare": lambda: compare(*sys.argv[2:4]), "compare_hf": lambda: compare_hf(*sys.argv[2:4])}[CMD]()

@@ -13,7 +13,9 @@
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
-use quantfarm_e2e::{assert_verified_identical, convert_python, llama_src, run_py, run_py_with, smollm2_derived};
+use quantfarm_e2e::{
+    assert_verified_identical, convert_python, fixtures_dir, llama_bin, llama_src, run_py, run_py_with, smollm2_derived,
+};
 use quantfarm_quant::mlx_file::{gguf_to_mlx, MlxOptions};
 use quantfarm_tensors::convert::{plan_gguf_to_hf, plan_gguf_to_mlx, write_hf};
 use quantfarm_tensors::{Dtype, Location, TensorSource};
@@ -22,7 +24,8 @@ fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
 }
 
-/// The HF checkpoint of `kind` and its bf16 GGUF made by convert_hf_to_gguf.py.
+/// The HF checkpoint of `kind` and its bf16 GGUF made by convert_hf_to_gguf.py (the dense one says its
+/// pre-tokenizer is Qwen3.5's, so its rebuilt tokenizer is checked against llama.cpp's).
 fn inputs(kind: &str, dir: &Path) -> (PathBuf, PathBuf) {
     let hf = dir.join(format!("hf-{kind}"));
     let tok = smollm2_derived().join("smollm2-hf");
@@ -36,7 +39,14 @@ fn inputs(kind: &str, dir: &Path) -> (PathBuf, PathBuf) {
     run_py_with(
         &convert_python(),
         "qwen35.py",
-        &[OsStr::new("gguf"), hf.as_os_str(), gguf.as_os_str(), OsStr::new("bf16"), src.as_os_str()],
+        &[
+            OsStr::new("gguf"),
+            hf.as_os_str(),
+            gguf.as_os_str(),
+            OsStr::new("bf16"),
+            src.as_os_str(),
+            OsStr::new(if kind == "dense" { "qwen35" } else { "smollm" }),
+        ],
     );
     (hf, gguf)
 }
@@ -91,6 +101,16 @@ fn check_family(kind: &str) {
             run_py_with(&convert_python(), "qwen35.py", &[OsStr::new("compare_hf"), back.as_os_str(), hf.as_os_str()]);
         eprintln!("dense GGUF -> HF: {report}");
         assert_verified_identical(&quantfarm_e2e::verify(&gguf, &back, None));
+        // The tokenizer.json rebuilt with Qwen3.5's pre-tokenizer encodes like llama.cpp's qwen35 tokenizer.
+        let server = llama_bin().join("llama-server");
+        let text = fixtures_dir().join("texts/gpl3.txt");
+        let tok = back.join("tokenizer.json");
+        let summary = run_py(
+            "tokenize_compare.py",
+            &[server.as_os_str(), gguf.as_os_str(), tok.as_os_str(), text.as_os_str(), OsStr::new("2000")],
+        );
+        assert!(summary.contains("\"identical\": true"), "{summary}");
+        eprintln!("qwen35 tokenizer rebuilt from the GGUF: {summary}");
     } else {
         let e = planned.unwrap_err().to_string();
         assert!(e.contains("ffn_down_exps.weight") && e.contains("MLX only"), "{e}");

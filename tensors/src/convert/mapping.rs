@@ -52,6 +52,18 @@ pub struct Mapping {
     pub nextn_blocks: Option<String>,
     /// What mlx-lm does differently from the HF checkpoint (GGUF → MLX).
     pub mlx: Option<MlxSection>,
+    /// Hybrids whose HF and mlx-lm models place full-attention layers by a period only.
+    pub periodic_layers: Option<PeriodicLayers>,
+}
+
+/// The GGUF's per-layer "recurrent" flags must be the period's pattern (layer `i` is full attention exactly when
+/// `(i + 1) % interval == 0`), since that is all config.json can say.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeriodicLayers {
+    /// A bool array key (absent: nothing to check).
+    pub recurrent: String,
+    pub interval: String,
 }
 
 /// config.json from a GGUF's metadata: each field from an expression over GGUF keys (skipped when a key is absent,
@@ -201,6 +213,8 @@ struct RawMapping {
     nextn_blocks: Option<String>,
     #[serde(default)]
     mlx: Option<MlxSection>,
+    #[serde(default)]
+    periodic_layers: Option<PeriodicLayers>,
 }
 
 /// A config value this mapping cannot convert exactly: present and not one of `allow` is an error.
@@ -703,6 +717,7 @@ pub fn parse_mapping(file: &str, text: &str) -> Result<Mapping> {
         gguf_only: r.gguf_only,
         nextn_blocks: r.nextn_blocks,
         mlx: r.mlx,
+        periodic_layers: r.periodic_layers,
     })
 }
 

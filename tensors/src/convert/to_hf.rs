@@ -156,6 +156,9 @@ fn plan_from_gguf(src: &TensorSource, dtype: Dtype, target: Target) -> Result<Hf
             })?)
         }
     };
+    if let Some(p) = &m.periodic_layers {
+        check_periodic(&eval, p, first_nextn)?;
+    }
     let mlx = m.mlx.as_ref().filter(|_| target == Target::Mlx);
 
     let mut tensors = Vec::new();
@@ -342,6 +345,39 @@ fn resolve_dim(d: &Dim, config: &Map<String, Json>, m: &Mapping, tensor: &str) -
         }),
         Dim::Product(ds) => ds.iter().try_fold(1u64, |acc, d| Ok(acc * resolve_dim(d, config, m, tensor)?)),
     }
+}
+
+/// Refuses a layer pattern config.json cannot say (see [`super::mapping::PeriodicLayers`]); the NextN blocks from
+/// `first_nextn` on are not layers of the model.
+fn check_periodic(eval: &Eval, p: &super::mapping::PeriodicLayers, first_nextn: Option<u64>) -> Result<()> {
+    let flags = match eval.get(&p.recurrent) {
+        None => return Ok(()),
+        Some(Value::Array(a)) => match a.to_json() {
+            Json::Array(items) => items,
+            _ => Vec::new(),
+        },
+        Some(_) => return Err(Error::format(eval.file, p.recurrent.replace("{arch}", eval.arch), "is not an array")),
+    };
+    let interval = eval.scalar(&p.interval)?.and_then(|j| j.as_u64()).filter(|i| *i > 0).ok_or_else(|| {
+        Error::format(eval.file, p.interval.replace("{arch}", eval.arch), "missing: the layer pattern needs it")
+    })?;
+    let layers = first_nextn.map_or(flags.len(), |n| n as usize).min(flags.len());
+    for (i, flag) in flags.iter().take(layers).enumerate() {
+        let want = !(i as u64 + 1).is_multiple_of(interval);
+        if flag.as_bool() != Some(want) {
+            return Err(Error::format(
+                eval.file,
+                p.recurrent.replace("{arch}", eval.arch),
+                format!(
+                    "layer {i} is {} but a full-attention layer every {interval} makes it {}; config.json (and \
+                     mlx-lm) can only say a period",
+                    if flag.as_bool() == Some(true) { "recurrent" } else { "full attention" },
+                    if want { "recurrent" } else { "full attention" }
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Evaluates `hf_config` expressions over a GGUF's keys.
@@ -763,6 +799,22 @@ mod tests {
         assert_eq!(e.scalar("{arch}.heads").unwrap(), Some(Json::from(16)));
         assert!(e.scalar("{arch}.bad").unwrap_err().to_string().contains("one nonzero value"));
         assert_eq!(e.scalar("{arch}.absent").unwrap(), None);
+    }
+
+    #[test]
+    fn only_periodic_layer_patterns_convert() {
+        use crate::convert::mapping::PeriodicLayers;
+        use crate::gguf::value::Array;
+        let p = PeriodicLayers { recurrent: "{arch}.rec".into(), interval: "{arch}.every".into() };
+        let kv = |flags: Vec<bool>| {
+            vec![("a.rec".to_string(), Value::Array(Array::Bool(flags))), ("a.every".to_string(), Value::U32(2))]
+        };
+        // The fifth flag is a NextN block's (false), not a layer.
+        let good = kv(vec![true, false, true, false, false]);
+        check_periodic(&Eval { file: "x.gguf", arch: "a", kv: &good }, &p, Some(4)).unwrap();
+        let bad = kv(vec![true, true, true, false]);
+        let e = check_periodic(&Eval { file: "x.gguf", arch: "a", kv: &bad }, &p, None).unwrap_err().to_string();
+        assert!(e.contains("a.rec") && e.contains("layer 1 is recurrent"), "{e}");
     }
 
     #[test]
