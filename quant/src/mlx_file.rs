@@ -409,16 +409,7 @@ async fn convert(input: Input<'_>, dst_dir: &Location, opts: &MlxOptions) -> Res
     });
     files.push(write_file(dst_dir, "model.safetensors.index.json", &python_json(&index), opts.overwrite).await?);
 
-    let module_params: Vec<_> = items
-        .iter()
-        .filter_map(|i| match i {
-            Item::Quant { module, bits, group_size, .. } if overrides.iter().any(|o| &o.0 == module) => {
-                Some((module.clone(), *bits, *group_size))
-            }
-            _ => None,
-        })
-        .collect();
-    let config = mlx_config(config, opts.bits, opts.group_size, &module_params);
+    let config = mlx_config(config, opts.bits, opts.group_size, overrides);
     files.push(write_file(dst_dir, "config.json", &python_json(&Json::Object(config)), opts.overwrite).await?);
     Ok(MlxConverted { files, quantized, total_parameters })
 }

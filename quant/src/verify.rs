@@ -104,18 +104,7 @@ pub async fn verify_mlx_conversion(
             for (name, want) in &plan.json_files {
                 tv::compare_json_file(&mut v, out.location(), name, want).await;
             }
-            // The modules quantized with their own parameters, as the conversion decides it: a float matrix whose
-            // rows divide into its groups.
-            let overrides: Vec<_> = plan
-                .quant_overrides
-                .iter()
-                .filter(|(module, _, group)| {
-                    plan.tensors.iter().any(|t| {
-                        t.name == format!("{module}.weight") && t.shape.last().is_some_and(|c| c % *group as u64 == 0)
-                    })
-                })
-                .cloned()
-                .collect();
+            let overrides = plan.quant_overrides.clone();
             let refs = plan.tensors.into_iter().map(|t| (t.name.clone(), Reference::Gguf(t))).collect::<Vec<_>>();
             (refs, plan.config, overrides)
         }

@@ -85,7 +85,8 @@ pub struct HfPlan {
     pub carried: Vec<String>,
     /// MLX only: modules (full paths) whose 3-D weights are quantized (mlx-lm's `SwitchLinear` experts).
     pub quantize_3d: Vec<String>,
-    /// MLX only: modules (full paths) quantized with their own `(bits, group_size)` (the model's `quant_predicate`).
+    /// MLX only: modules (full paths) quantized with their own `(bits, group_size)` (the model's `quant_predicate`),
+    /// each one the conversion quantizes.
     pub quant_overrides: Vec<(String, u32, usize)>,
 }
 
@@ -270,8 +271,13 @@ fn plan_from_gguf(src: &TensorSource, dtype: Dtype, target: Target) -> Result<Hf
                 if shape.len() == 3 && mx.quantize_3d.iter().any(|r| r.is_match(module)) {
                     quantize_3d.push(format!("{}{module}", mx.prefix));
                 }
+                // Only a module that gets quantized at all (2-D, or experts; rows that divide into groups).
+                let quantized =
+                    shape.len() == 2 || shape.len() == 3 && mx.quantize_3d.iter().any(|r| r.is_match(module));
                 if let Some(o) = mx.quant_overrides.iter().find(|o| o.modules.is_match(module)) {
-                    quant_overrides.push((format!("{}{module}", mx.prefix), o.bits, o.group_size));
+                    if quantized && shape.last().is_some_and(|c| c % o.group_size as u64 == 0) {
+                        quant_overrides.push((format!("{}{module}", mx.prefix), o.bits, o.group_size));
+                    }
                 }
             }
             name = format!("{}{base}", mx.prefix);
@@ -621,9 +627,10 @@ pub async fn write_hf(
 /// One tensor (to a file, or to a comparison when verifying), whole rows at a time within `budget`: dequantized,
 /// unpermuted and un-reordered, its value function and offset undone, rounded to the dtype.
 pub async fn write_hf_tensor(src: &TensorSource, t: &HfTensor, budget: u64, w: &mut impl PieceWriter) -> Result<()> {
-    let plain = t.unpermute_heads.is_none() && t.offset.is_none() && t.reorder.is_none() && t.values.is_none();
+    // Arithmetic on the values (a row permutation alone moves bytes).
+    let arithmetic = t.offset.is_some() || t.reorder.is_some() || t.values.is_some();
     if let crate::dtype::TensorType::MlxAffine { scale_dtype, .. } = src.entry(&t.source)?.ty {
-        if scale_dtype == t.dtype && plain {
+        if scale_dtype == t.dtype && !arithmetic && t.unpermute_heads.is_none() {
             return write_mlx_dequantized(src, t, budget, w).await;
         }
     }
@@ -632,10 +639,7 @@ pub async fn write_hf_tensor(src: &TensorSource, t: &HfTensor, budget: u64, w: &
     let cols = e.row_len().max(1) as usize;
     let rows = e.rows() as usize;
     // Stored in the output dtype already (a BF16 GGUF going to a BF16 checkpoint): rows are moved as bytes.
-    let same = t.offset.is_none()
-        && t.reorder.is_none()
-        && t.values.is_none()
-        && t.dtype.as_ggml().is_some_and(|g| e.ty == crate::dtype::TensorType::Ggml(g));
+    let same = !arithmetic && t.dtype.as_ggml().is_some_and(|g| e.ty == crate::dtype::TensorType::Ggml(g));
     // Read and converted (or reordered) bytes; a consumer may widen them to f32 again.
     let per_row = (cols * (4 + t.dtype.size())) as u64;
     let hd = t.unpermute_heads.map(|h| rows as u64 / h);
