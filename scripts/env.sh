@@ -4,3 +4,19 @@ export QUANTFARM_CACHE=${QUANTFARM_CACHE:-$HOME/.cache/quantfarm}
 export QUANTFARM_SHARED=${QUANTFARM_SHARED:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/shared}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$QUANTFARM_CACHE/cargo-target}
 mkdir -p "$QUANTFARM_CACHE"
+# bindgen (llama-cpp-sys-2's build) loads libclang; these machines lack it, scripts/install-libclang puts it here.
+export LIBCLANG_PATH=${LIBCLANG_PATH:-$QUANTFARM_CACHE/libclang-18.1.1}
+# That libclang comes without clang's own headers (stdbool.h, stddef.h); the C compiler's serve bindgen as well.
+if [[ -z ${BINDGEN_EXTRA_CLANG_ARGS:-} ]] && command -v gcc >/dev/null; then
+    export BINDGEN_EXTRA_CLANG_ARGS="-isystem $(gcc -print-file-name=include)"
+fi
+# llama-cpp-sys-2 turns GGML_NATIVE off unless rustc targets the native CPU; tell ggml which x86 kernels this CPU
+# runs instead (the same ones llama.cpp's own GGML_NATIVE build picks), so the runtime is as fast as llama-perplexity.
+if [[ -r /proc/cpuinfo ]]; then
+    cpu_flags=" $(grep -m1 '^flags' /proc/cpuinfo) "
+    for pair in avx:AVX avx2:AVX2 fma:FMA f16c:F16C bmi2:BMI2 sse4_2:SSE42 avx512f:AVX512 avx512_bf16:AVX512_BF16 \
+                avx512vbmi:AVX512_VBMI avx512_vnni:AVX512_VNNI avx_vnni:AVX_VNNI; do
+        [[ $cpu_flags == *" ${pair%%:*} "* ]] && export "GGML_${pair#*:}=ON"
+    done
+    unset cpu_flags pair
+fi

@@ -2,6 +2,7 @@
 
 mod convert;
 mod cp;
+mod eval;
 mod farm;
 mod inspect;
 mod keys;
@@ -61,6 +62,17 @@ enum Command {
     Watch(farm::WatchArgs),
     /// Cancel a release (its running tasks are stopped; a finished release is left as it is).
     Cancel(farm::WatchArgs),
+    /// KL divergence of a model against a reference, by llama-perplexity's procedure (same chunks, same base-logits
+    /// file, same final figures).
+    Kld(eval::KldArgs),
+    /// Merge per-chunk KL-divergence statistics (from `kld --chunk-stats` or workers) into the final figures.
+    KldMerge(eval::KldMergeArgs),
+    /// Greedy agreement of a model with a reference (optionally with a run-time LoRA) on a prompt set.
+    /// Exit status 0 all identical, 1 some differ, 2 error.
+    Greedy(eval::GreedyArgs),
+    /// Run a task-probe suite on the built-in runtime or an OpenAI-compatible server. Exit 0 none failed, 1 some
+    /// failed, 2 error.
+    Probe(eval::ProbeArgs),
     /// Make an ed25519 signing key for reports.
     Keygen(keys::KeygenArgs),
     /// Signed reports.
@@ -106,6 +118,10 @@ fn main() -> std::process::ExitCode {
             Command::Submit(args) => farm::submit(args).await,
             Command::Watch(args) => farm::watch(args).await,
             Command::Cancel(args) => farm::cancel(args).await,
+            Command::Kld(args) => eval::on_thread(|| eval::kld(args)),
+            Command::KldMerge(args) => eval::kld_merge(args),
+            Command::Greedy(args) => eval::on_thread(|| eval::greedy(args)),
+            Command::Probe(args) => eval::on_thread(|| eval::probe(args)),
             Command::Keygen(args) => ok(keys::keygen(args)),
             Command::Report(ReportCommand::Verify(args)) => keys::verify(args).map(|valid| if valid { 0 } else { 1 }),
         }

@@ -2,7 +2,8 @@
 
 usage: lora_adapters.py FORMAT BASE_DIR ADAPTER_DIR EXPECTED_FILE [FLAW]
 FORMAT: peft | peft-attn | mlx | mlx-lora
-FLAW (optional): misspelled | shape | base  (the adapter is broken that way; no reference is written)
+FLAW (optional): misspelled | shape | base | transposed-a (peft: every lora_A's bytes are its transpose's, a
+      layout bug that still loads)  (the adapter is broken that way; no reference is written)
 
 peft: LoRA r=8, lora_alpha=16 on q/k/v/o_proj of every layer (alpha_pattern gives v_proj alpha 32), rsLoRA off,
       plus an embedding LoRA on embed_tokens (lora_embedding_A (r, vocab), lora_embedding_B (dim, r)).
@@ -128,6 +129,10 @@ if FORMAT in ("peft", "peft-attn"):
         tensors[k] = factor(R, tensors[k].shape[1] + 1)
     elif FLAW == "base":
         cfg["base_model_name_or_path"] = "Qwen/Qwen3-0.6B"
+    elif FLAW == "transposed-a":
+        # A layout bug that loads: every lora_A holds the bytes of its transpose, read back in the (r, in) shape.
+        for k in [k for k in tensors if k.endswith("lora_A.weight")]:
+            tensors[k] = np.ascontiguousarray(tensors[k].T).reshape(tensors[k].shape)
     write_safetensors(OUT / "adapter_model.safetensors", tensors, "F32")
     (OUT / "adapter_config.json").write_text(json.dumps(cfg, indent=2))
 elif FORMAT in ("mlx", "mlx-lora"):

@@ -1,0 +1,383 @@
+//! `quantfarm kld`, `kld-merge`, `greedy` and `probe` on the real SmolLM2-135M against the real llama.cpp tools:
+//! the KL-divergence ladder against llama-perplexity's figures (fixture and live), base-logits files crossing
+//! between the two tools, the merge check able to fail, and probes against a real llama-server on loopback.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use quantfarm_e2e::{fixtures_dir, llama_bin, smollm2_derived};
+use serde_json::Value;
+
+fn quantfarm(args: &[&std::ffi::OsStr]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_quantfarm")).args(args).output().expect("run quantfarm")
+}
+
+fn ok(out: Output, what: &str) -> String {
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprint!("{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).expect("UTF-8")
+}
+
+macro_rules! os {
+    ($($a:expr),* $(,)?) => { &[$(std::ffi::OsStr::new($a)),*] };
+}
+
+fn text() -> PathBuf {
+    fixtures_dir().join("texts/gpl3.txt")
+}
+
+fn bf16() -> PathBuf {
+    smollm2_derived().join("smollm2-bf16.gguf")
+}
+
+fn kld_json(base: &Path, model: &Path, extra: &[&str]) -> Value {
+    let mut args: Vec<&std::ffi::OsStr> = os!["kld", "--model"].to_vec();
+    args.push(model.as_os_str());
+    args.extend(os!["--base"]);
+    args.push(base.as_os_str());
+    args.extend(os!["--text"]);
+    let t = text();
+    args.push(t.as_os_str());
+    args.extend(os!["--threads", "2", "--json"]);
+    args.extend(extra.iter().map(std::ffi::OsStr::new));
+    serde_json::from_str(&ok(quantfarm(&args), "quantfarm kld")).expect("kld --json prints JSON")
+}
+
+/// llama-perplexity's final figures, parsed from what it prints.
+fn llama_kld(base: &Path, model: &Path) -> (f64, f64, f64) {
+    let out = Command::new(llama_bin().join("llama-perplexity"))
+        .arg("-m")
+        .arg(model)
+        .arg("--kl-divergence-base")
+        .arg(base)
+        .args(["--kl-divergence", "-c", "512", "-t", "2"])
+        .output()
+        .expect("run llama-perplexity");
+    let all = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "llama-perplexity failed:\n{all}");
+    let find = |label: &str| -> f64 {
+        let line = all.lines().find(|l| l.starts_with(label)).unwrap_or_else(|| panic!("no {label:?} in\n{all}"));
+        line[label.len()..]
+            .trim_start_matches([' ', ':'])
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .trim_end_matches('%')
+            .parse()
+            .unwrap()
+    };
+    (find("Mean    KLD"), find("Same top p"), find("Mean PPL(Q)"))
+}
+
+/// Mean KLD within ±10% (relative), same-top within 1 percentage point, PPL(Q) within 1%.
+fn assert_bands(what: &str, kld: f64, same_top: f64, ppl: f64, want: (f64, f64, f64)) {
+    let (k, s, p) = want;
+    eprintln!("{what}: mean KLD {kld:.6} vs {k:.6}, same top {same_top:.3}% vs {s:.3}%, PPL(Q) {ppl:.4} vs {p:.4}");
+    assert!((kld - k).abs() <= 0.10 * k, "{what}: mean KLD {kld} is not within 10% of {k}");
+    assert!((same_top - s).abs() <= 1.0, "{what}: same top {same_top}% is not within 1 point of {s}%");
+    assert!((ppl - p).abs() <= 0.01 * p, "{what}: PPL(Q) {ppl} is not within 1% of {p}");
+}
+
+fn fixture(level: &str) -> (f64, f64, f64) {
+    let f: Value =
+        serde_json::from_str(&std::fs::read_to_string(fixtures_dir().join("smollm2/kld-gpl3.json")).unwrap()).unwrap();
+    let q = &f["quants"][level];
+    (
+        q["Mean KLD"]["value"].as_f64().unwrap(),
+        q["Same top p"]["value"].as_f64().unwrap(),
+        q["Mean PPL(Q)"]["value"].as_f64().unwrap(),
+    )
+}
+
+/// The whole ladder against llama-perplexity's printed figures, base files crossing both ways, and chunk
+/// statistics computed in three separate processes merging into exactly the one-process figures.
+#[test]
+fn kld_ladder_matches_llama_perplexity() {
+    let dir = tempfile::tempdir().unwrap();
+    let ours = dir.path().join("ours.logits");
+    // The base pass: the bf16 reference against itself.
+    let mut args: Vec<&std::ffi::OsStr> = os!["kld", "--reference"].to_vec();
+    let (b, t) = (bf16(), text());
+    args.extend([b.as_os_str(), "--model".as_ref(), b.as_os_str(), "--text".as_ref(), t.as_os_str()]);
+    args.extend(os!["--save-base", ours.to_str().unwrap(), "--threads", "2", "--json"]);
+    let selfcheck: Value = serde_json::from_str(&ok(quantfarm(&args), "kld bf16 vs itself")).unwrap();
+    assert_eq!(selfcheck["n_chunks"], 14);
+    assert_eq!(selfcheck["n_tokens"], 14 * 255);
+    assert!(selfcheck["mean_kld"].as_f64().unwrap() < 1e-4, "{selfcheck}");
+    // Saving again refuses to replace the file.
+    let again = quantfarm(&args);
+    assert_eq!(again.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&again.stderr).contains("already exists"));
+
+    // llama-perplexity's own base file: same header and tokens, same size.
+    let theirs = dir.path().join("theirs.logits");
+    let out = Command::new(llama_bin().join("llama-perplexity"))
+        .arg("-m")
+        .arg(bf16())
+        .arg("-f")
+        .arg(text())
+        .arg("--kl-divergence-base")
+        .arg(&theirs)
+        .args(["-c", "512", "-t", "2"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (a, b) = (std::fs::read(&ours).unwrap(), std::fs::read(&theirs).unwrap());
+    assert_eq!(a.len(), b.len(), "base file sizes");
+    let head = 20 + 4 * 14 * 512;
+    assert_eq!(a[..head], b[..head], "header and tokens differ from llama-perplexity's");
+
+    for (level, key) in [
+        ("Q8_0", "q8_0"),
+        ("Q6_K", "q6_k"),
+        ("Q5_K_M", "q5_k_m"),
+        ("Q4_K_M", "q4_k_m"),
+        ("Q3_K_M", "q3_k_m"),
+        ("Q2_K", "q2_k"),
+        ("Q4_0", "q4_0"),
+    ] {
+        let model = dir.path().join(format!("{level}.gguf"));
+        ok(quantfarm(&[OsStr("quantize"), b_os(&bf16()), model.as_os_str(), OsStr(level)]), "quantize");
+        let j = kld_json(&ours, &model, &[]);
+        let figures = |j: &Value| {
+            (j["mean_kld"].as_f64().unwrap(), j["same_top_p"].as_f64().unwrap(), j["mean_ppl_q"].as_f64().unwrap())
+        };
+        let (k, s, p) = figures(&j);
+        assert_bands(&format!("{level}, our base file"), k, s, p, fixture(key));
+        if level == "Q4_K_M" {
+            // Their base file read by us, and our base file read by llama-perplexity, live.
+            let (k, s, p) = figures(&kld_json(&theirs, &model, &[]));
+            assert_bands("Q4_K_M, llama-perplexity's base file", k, s, p, fixture(key));
+            let (k, s, p) = llama_kld(&ours, &model);
+            assert_bands("Q4_K_M, our base file in llama-perplexity", k, s, p, fixture(key));
+            // Three processes, one share of the chunks each, merged: exactly the one-process figures.
+            let mut files = Vec::new();
+            for k in 0..3 {
+                let f = dir.path().join(format!("share{k}.jsonl"));
+                let shard = format!("{k}/3");
+                kld_share(&ours, &model, &shard, &f);
+                files.push(f);
+            }
+            let mut args = vec![OsStr("kld-merge"), OsStr("--json")];
+            args.extend(files.iter().map(|f| f.as_os_str()));
+            let merged: Value = serde_json::from_str(&ok(quantfarm(&args), "kld-merge")).unwrap();
+            assert_eq!(merged, j, "three shares merged differ from one run");
+        }
+    }
+}
+
+#[allow(non_snake_case)]
+fn OsStr(s: &str) -> &std::ffi::OsStr {
+    std::ffi::OsStr::new(s)
+}
+
+fn b_os(p: &Path) -> &std::ffi::OsStr {
+    p.as_os_str()
+}
+
+fn kld_share(base: &Path, model: &Path, shard: &str, out: &Path) {
+    let t = text();
+    let args = [
+        OsStr("kld"),
+        OsStr("--model"),
+        model.as_os_str(),
+        OsStr("--base"),
+        base.as_os_str(),
+        OsStr("--text"),
+        t.as_os_str(),
+        OsStr("--threads"),
+        OsStr("2"),
+        OsStr("--shard"),
+        OsStr(shard),
+        OsStr("--chunk-stats"),
+        out.as_os_str(),
+    ];
+    ok(quantfarm(&args), "kld --shard");
+}
+
+const RECORDED_BASE: &str = "HuggingFaceTB/SmolLM2-135M-Instruct";
+
+fn greedy_json(reference: &Path, lora: &Path, model: &Path) -> (Option<i32>, Value) {
+    let prompts = quantfarm_e2e::repo_root().join("examples/prompts-20.json");
+    let out = quantfarm(&[
+        OsStr("greedy"),
+        OsStr("--reference"),
+        reference.as_os_str(),
+        OsStr("--reference-lora"),
+        lora.as_os_str(),
+        OsStr("--model"),
+        model.as_os_str(),
+        OsStr("--prompts"),
+        prompts.as_os_str(),
+        OsStr("--max-tokens"),
+        OsStr("32"),
+        OsStr("--threads"),
+        OsStr("2"),
+        OsStr("--json"),
+    ]);
+    let code = out.status.code();
+    assert!(matches!(code, Some(0) | Some(1)), "greedy failed: {}", String::from_utf8_lossy(&out.stderr));
+    (code, serde_json::from_str(&String::from_utf8(out.stdout).unwrap()).unwrap())
+}
+
+/// Link 1, the merge check: the base with the adapter applied at run time (unmerged, llama.cpp's LoRA path)
+/// against the merged checkpoint, greedy on 20 prompts. An exact merge agrees 20/20; a merge of an adapter with a
+/// layout bug (every lora_A transposed in memory) does not.
+#[test]
+fn merge_check_passes_an_exact_merge_and_fails_a_wrong_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let hf = smollm2_derived().join("smollm2-hf");
+    let mut merged = Vec::new();
+    for flaw in [None, Some("transposed-a")] {
+        let name = flaw.unwrap_or("good");
+        let adapter = dir.path().join(format!("{name}-adapter"));
+        std::fs::create_dir_all(&adapter).unwrap();
+        let expected = dir.path().join(format!("{name}-expected.safetensors"));
+        let mut args = vec![OsStr("peft-attn"), hf.as_os_str(), adapter.as_os_str(), expected.as_os_str()];
+        if let Some(f) = flaw {
+            args.push(OsStr(f));
+        }
+        quantfarm_e2e::run_py("lora_adapters.py", &args);
+        let out = dir.path().join(format!("{name}-merged"));
+        ok(
+            quantfarm(&[
+                OsStr("merge"),
+                hf.as_os_str(),
+                adapter.as_os_str(),
+                out.as_os_str(),
+                OsStr("--base-name"),
+                OsStr(RECORDED_BASE),
+            ]),
+            "merge",
+        );
+        merged.push(out);
+    }
+    // What the user trained: the good adapter, as a GGUF LoRA for llama.cpp.
+    let lora = dir.path().join("adapter.gguf");
+    let good_adapter = dir.path().join("good-adapter");
+    ok(
+        quantfarm(&[
+            OsStr("lora-gguf"),
+            hf.as_os_str(),
+            good_adapter.as_os_str(),
+            lora.as_os_str(),
+            OsStr("--base-name"),
+            OsStr(RECORDED_BASE),
+        ]),
+        "lora-gguf",
+    );
+    // The merged HF folders are evaluated through the exact conversion to GGUF.
+    let (code, good) = greedy_json(&bf16(), &lora, &merged[0]);
+    eprintln!(
+        "exact merge: {}/{} identical, mean prefix {}",
+        good["identical"], good["n"], good["mean_prefix_fraction"]
+    );
+    assert_eq!((good["identical"].as_u64(), good["n"].as_u64()), (Some(20), Some(20)), "{good:#}");
+    assert_eq!(code, Some(0));
+    let (code, bad) = greedy_json(&bf16(), &lora, &merged[1]);
+    let identical = bad["identical"].as_u64().unwrap();
+    eprintln!("wrong merge: {identical}/20 identical, mean prefix {}", bad["mean_prefix_fraction"]);
+    assert!(identical < 20, "a wrong merge agreed 20/20: {bad:#}");
+    assert_eq!(code, Some(1));
+    let d = bad["prompts"].as_array().unwrap().iter().find(|p| p["identical"] == false).unwrap();
+    assert!(d["first_difference"].as_u64().is_some() && d["reference_margin"].as_f64().is_some(), "{d:#}");
+}
+
+/// A llama-server on loopback, stopped when dropped.
+struct Server(std::process::Child, u16);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_server(model: &Path, template: &Path) -> Server {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let child = Command::new(llama_bin().join("llama-server"))
+        .arg("-m")
+        .arg(model)
+        .args(["--host", "127.0.0.1", "--port", &port.to_string(), "-t", "2", "-c", "4096", "--jinja"])
+        .arg("--chat-template-file")
+        .arg(template)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start llama-server");
+    let server = Server(child, port);
+    for _ in 0..600 {
+        if let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+            use std::io::{Read, Write};
+            let _ = s.write_all(b"GET /health HTTP/1.0\r\n\r\n");
+            let mut r = String::new();
+            let _ = s.read_to_string(&mut r);
+            if r.starts_with("HTTP/1.1 200") || r.starts_with("HTTP/1.0 200") {
+                return server;
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    panic!("llama-server did not become healthy on port {port}");
+}
+
+/// Link 4 on a real server: `enable_thinking` travels in `chat_template_kwargs` and the template honours it (the
+/// thinking-off prompt carries Qwen3's empty think block, so it is longer, and no thinking shows in the content);
+/// an answer cut by the token cap is reported truncated. The same suite runs on the built-in runtime.
+#[test]
+fn probes_on_llama_server_honour_thinking_off_and_flag_truncation() {
+    let dir = tempfile::tempdir().unwrap();
+    // SmolLM2 speaks ChatML, as Qwen3 does: Qwen3's template (with its enable_thinking switch) fits it.
+    let template = quantfarm_e2e::llama_src().join("models/templates/Qwen-Qwen3-0.6B.jinja");
+    let server = start_server(&bf16(), &template);
+    let suite = dir.path().join("suite.yaml");
+    std::fs::write(
+        &suite,
+        "defaults: {max_tokens: 48}\nprobes:\n  - {name: off, prompt: What is the capital of France?, thinking: false, expect: {contains: Paris}}\n  - {name: on, prompt: What is the capital of France?, thinking: true, expect: {contains: Paris}}\n  - {name: cut, prompt: Write a long story about a dragon., max_tokens: 4, expect: {contains: dragon}}\n",
+    )
+    .unwrap();
+    let url = format!("http://127.0.0.1:{}", server.1);
+    let out = quantfarm(&[
+        OsStr("probe"),
+        OsStr("--suite"),
+        suite.as_os_str(),
+        OsStr("--endpoint"),
+        OsStr(&url),
+        OsStr("--json"),
+    ]);
+    assert!(matches!(out.status.code(), Some(0) | Some(1)), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: Value = serde_json::from_str(&String::from_utf8(out.stdout).unwrap()).unwrap();
+    eprintln!("{report:#}");
+    let run = |name: &str| report["runs"].as_array().unwrap().iter().find(|r| r["probe"] == name).unwrap().clone();
+    let (off, on, cut) = (run("off"), run("on"), run("cut"));
+    assert_eq!(off["thinking_in_content"], false, "{off:#}");
+    assert!(!off["answer"].as_str().unwrap().contains("<think>"));
+    let (p_off, p_on) = (off["prompt_tokens"].as_u64().unwrap(), on["prompt_tokens"].as_u64().unwrap());
+    assert!(p_off > p_on, "thinking off should add the empty think block to the prompt: {p_off} vs {p_on} tokens");
+    assert_eq!(cut["outcome"], "truncated", "{cut:#}");
+    assert_eq!(report["truncated"].as_u64(), Some(1));
+    drop(server);
+
+    // The built-in runtime, on SmolLM2's own template: the capped answer is truncated there too.
+    let out = quantfarm(&[
+        OsStr("probe"),
+        OsStr("--suite"),
+        suite.as_os_str(),
+        OsStr("--model"),
+        bf16().as_os_str(),
+        OsStr("--threads"),
+        OsStr("2"),
+        OsStr("--json"),
+    ]);
+    assert!(matches!(out.status.code(), Some(0) | Some(1)), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: Value = serde_json::from_str(&String::from_utf8(out.stdout).unwrap()).unwrap();
+    let cut = report["runs"].as_array().unwrap().iter().find(|r| r["probe"] == "cut").unwrap();
+    assert_eq!(cut["outcome"], "truncated", "{cut:#}");
+    assert_eq!(cut["prompt_tokens"].as_u64().is_some(), true);
+}

@@ -1,0 +1,59 @@
+//! The crate's one error type: each variant names the file, model or setting it is about.
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A file whose bytes or fields do not follow its format.
+    #[error("{file}: {field}: {msg}")]
+    Format { file: String, field: String, msg: String },
+
+    #[error("{file}: {source}")]
+    Io {
+        file: String,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// llama.cpp refused to load, create a context for, or decode with a model.
+    #[error("{model}: {msg}")]
+    Runtime { model: String, msg: String },
+
+    /// Two inputs that must agree do not (vocabulary, context, tokens of a base file and a model).
+    #[error("{what}: {msg}")]
+    Mismatch { what: String, msg: String },
+
+    /// Chunk statistics that cannot be merged.
+    #[error("KL-divergence statistics: {0}")]
+    Stats(String),
+
+    /// A chat template that does not render.
+    #[error("chat template of {model}: {msg}")]
+    Template { model: String, msg: String },
+
+    /// An OpenAI-compatible server that cannot be reached or answers something unexpected.
+    #[error("{endpoint}: {msg}")]
+    Endpoint { endpoint: String, msg: String },
+
+    /// A non-GGUF model that could not be converted for evaluation.
+    #[error("{model}: cannot convert for evaluation: {source}")]
+    Convert {
+        model: String,
+        #[source]
+        source: quantfarm_tensors::Error,
+    },
+}
+
+impl Error {
+    pub(crate) fn format(file: impl Into<String>, field: impl Into<String>, msg: impl Into<String>) -> Error {
+        Error::Format { file: file.into(), field: field.into(), msg: msg.into() }
+    }
+
+    pub(crate) fn runtime(model: impl Into<String>, msg: impl Into<String>) -> Error {
+        Error::Runtime { model: model.into(), msg: msg.into() }
+    }
+
+    pub(crate) fn mismatch(what: impl Into<String>, msg: impl Into<String>) -> Error {
+        Error::Mismatch { what: what.into(), msg: msg.into() }
+    }
+}

@@ -1,0 +1,190 @@
+//! KL divergence of a model against a reference, by llama-perplexity's procedure (ggml spec §4.2): the text
+//! tokenized once with BOS, cut into `n_ctx`-token chunks (the remainder dropped), each chunk decoded from position 0
+//! with its first token overwritten by BOS, and positions `n_ctx/2 .. n_ctx−2` scored against the next token.
+//!
+//! The work is per chunk so a farm can spread it: [`base_chunks`] turns chunks of the reference into base-file
+//! records, [`kld_chunks`] scores chunks of a model against those records, and [`stats::KldSummary::merge`] gives
+//! the final figures from chunk statistics computed anywhere.
+
+pub mod base_file;
+pub mod stats;
+
+use rayon::prelude::*;
+
+use crate::error::{Error, Result};
+use crate::runtime::{Model, Session, Token};
+use base_file::{encode_record, scored_per_chunk, BaseHeader, ChunkRecords};
+use stats::{score_position, ChunkStats, PositionScore};
+
+/// llama-perplexity's defaults: `-c 512`, `-b 2048`.
+pub const DEFAULT_CTX: u32 = 512;
+pub const DEFAULT_BATCH: u32 = 2048;
+
+/// Tokenizes the evaluation text as llama-perplexity does (`common_tokenize(text, add_special=true,
+/// parse_special=false)`) and keeps the whole chunks: all of them, or the first `max_chunks`.
+pub fn tokenize_text(model: &Model, text: &str, n_ctx: u32, max_chunks: Option<usize>) -> Result<BaseHeader> {
+    if n_ctx < 8 {
+        return Err(Error::mismatch("--ctx", format!("{n_ctx}: expected at least 8 tokens")));
+    }
+    if model.add_eos() {
+        return Err(Error::mismatch(
+            model.name(),
+            "the vocabulary appends EOS to every text; llama-perplexity refuses such models too",
+        ));
+    }
+    let tokens = model.tokenize(text, true, false);
+    let n = n_ctx as usize;
+    if tokens.len() < 2 * n {
+        return Err(Error::mismatch(
+            "evaluation text",
+            format!("tokenizes to {} tokens; a context of {n_ctx} needs at least {}", tokens.len(), 2 * n),
+        ));
+    }
+    let n_chunk = match max_chunks {
+        Some(c) => c.min(tokens.len() / n),
+        None => tokens.len() / n,
+    };
+    if n_chunk == 0 {
+        return Err(Error::mismatch("--chunks", "0: nothing to evaluate"));
+    }
+    Ok(BaseHeader { n_ctx, n_vocab: model.n_vocab(), tokens: tokens[..n_chunk * n].to_vec() })
+}
+
+/// Checks that a base file and a model can be compared: same vocabulary size, and a context the model's session
+/// uses (the caller asks for `n_ctx`).
+pub fn check_compatible(header: &BaseHeader, base_name: &str, model: &Model, n_ctx: Option<u32>) -> Result<()> {
+    if header.n_vocab != model.n_vocab() {
+        return Err(Error::mismatch(
+            format!("{base_name} and {}", model.name()),
+            format!("the base logits have a vocabulary of {} tokens, the model {}", header.n_vocab, model.n_vocab()),
+        ));
+    }
+    if let Some(c) = n_ctx {
+        if c != header.n_ctx {
+            return Err(Error::mismatch(
+                base_name,
+                format!("computed with a context of {} tokens, but --ctx is {c}", header.n_ctx),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A session shaped like llama-perplexity's for this chunking.
+pub fn session_for<'m>(model: &'m Model, n_ctx: u32, n_batch: u32) -> Result<Session<'m>> {
+    if n_batch >= n_ctx && n_batch % n_ctx != 0 {
+        return Err(Error::mismatch(
+            "--batch",
+            format!("{n_batch} must be below or a multiple of the context {n_ctx}"),
+        ));
+    }
+    let n_seq = (n_batch / n_ctx).max(1);
+    model.session(n_ctx, n_seq, n_batch)
+}
+
+/// Decodes the given chunks, `n_seq` at a time, and hands each chunk's scored logits (rows of `n_vocab`) to `f`.
+fn for_each_chunk(
+    session: &mut Session<'_>,
+    header: &BaseHeader,
+    chunks: &[usize],
+    n_seq: usize,
+    mut f: impl FnMut(usize, &[f32]) -> Result<()>,
+) -> Result<()> {
+    let first = (header.n_ctx / 2) as usize;
+    let add_bos = session.model().add_bos();
+    let bos = session.model().bos();
+    for group in chunks.chunks(n_seq.max(1)) {
+        let seqs: Vec<Vec<Token>> = group
+            .iter()
+            .map(|&c| {
+                let mut t = header.chunk_tokens(c).to_vec();
+                // llama-perplexity overwrites (does not insert) each chunk's first token with BOS for the decode.
+                if add_bos {
+                    t[0] = bos;
+                }
+                t
+            })
+            .collect();
+        let refs: Vec<&[Token]> = seqs.iter().map(Vec::as_slice).collect();
+        let logits = session.decode_sequences(&refs, first)?;
+        for (&c, l) in group.iter().zip(&logits) {
+            f(c, l)?;
+        }
+    }
+    Ok(())
+}
+
+fn chunk_range_check(header: &BaseHeader, chunks: &[usize]) -> Result<()> {
+    if let Some(&c) = chunks.iter().find(|&&c| c >= header.n_chunk()) {
+        return Err(Error::mismatch("chunks", format!("chunk {c} asked for, the text has {}", header.n_chunk())));
+    }
+    Ok(())
+}
+
+/// The reference's records for one chunk, and its perplexity sums over the chunk (Σnll, Σnll²).
+pub struct BaseChunk {
+    pub chunk: usize,
+    pub records: ChunkRecords,
+    pub sum_nll: f64,
+    pub sum_nll2: f64,
+}
+
+/// Runs the reference over `chunks` and encodes each scored position into base-file records.
+pub fn base_chunks(
+    session: &mut Session<'_>,
+    header: &BaseHeader,
+    chunks: &[usize],
+    n_seq: usize,
+    mut emit: impl FnMut(BaseChunk) -> Result<()>,
+) -> Result<()> {
+    chunk_range_check(header, chunks)?;
+    let n_vocab = header.n_vocab as usize;
+    let first = (header.n_ctx / 2) as usize;
+    let n = scored_per_chunk(header.n_ctx);
+    for_each_chunk(session, header, chunks, n_seq, |chunk, logits| {
+        let tokens = header.chunk_tokens(chunk);
+        let mut records = ChunkRecords::new(header.n_vocab, n);
+        let nll: Vec<f64> = records
+            .records_mut()
+            .collect::<Vec<_>>()
+            .into_par_iter()
+            .enumerate()
+            .map(|(i, rec)| encode_record(&logits[i * n_vocab..(i + 1) * n_vocab], tokens[first + i + 1] as usize, rec))
+            .collect();
+        let sum_nll = nll.iter().sum();
+        let sum_nll2 = nll.iter().map(|v| v * v).sum();
+        emit(BaseChunk { chunk, records, sum_nll, sum_nll2 })
+    })
+}
+
+/// Scores `chunks` of a model against the reference's records (`records(chunk)` yields them) into chunk statistics.
+pub fn kld_chunks(
+    session: &mut Session<'_>,
+    header: &BaseHeader,
+    chunks: &[usize],
+    n_seq: usize,
+    mut records: impl FnMut(usize) -> Result<ChunkRecords>,
+    mut emit: impl FnMut(ChunkStats) -> Result<()>,
+) -> Result<()> {
+    chunk_range_check(header, chunks)?;
+    let n_vocab = header.n_vocab as usize;
+    let first = (header.n_ctx / 2) as usize;
+    let n = scored_per_chunk(header.n_ctx);
+    for_each_chunk(session, header, chunks, n_seq, |chunk, logits| {
+        let base = records(chunk)?;
+        if base.positions() != n {
+            return Err(Error::mismatch(
+                format!("base records of chunk {chunk}"),
+                format!("{} positions, expected {n}", base.positions()),
+            ));
+        }
+        let tokens = header.chunk_tokens(chunk);
+        let scores: Vec<PositionScore> = (0..n)
+            .into_par_iter()
+            .map(|i| {
+                score_position(&logits[i * n_vocab..(i + 1) * n_vocab], &base.record(i), tokens[first + i + 1] as usize)
+            })
+            .collect();
+        emit(ChunkStats::from_scores(chunk as u32, &scores))
+    })
+}
