@@ -33,7 +33,7 @@ fn backend() -> Result<&'static LlamaBackend> {
 }
 
 /// How to load a model.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct LoadOptions {
     /// Threads for decoding (llama.cpp's `-t`); 0 means all cores.
     pub threads: usize,
@@ -41,12 +41,6 @@ pub struct LoadOptions {
     pub gpu_layers: u32,
     /// A GGUF LoRA adapter applied at run time, unmerged, with its scale (llama.cpp's `--lora-scaled`).
     pub lora: Option<(PathBuf, f32)>,
-}
-
-impl Default for LoadOptions {
-    fn default() -> LoadOptions {
-        LoadOptions { threads: 0, gpu_layers: 0, lora: None }
-    }
 }
 
 /// A loaded GGUF model (and its run-time LoRA adapter, if any).

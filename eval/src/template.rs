@@ -91,7 +91,7 @@ impl ChatTemplate {
 /// wants one and the template did not already write it.
 pub fn tokenize_rendered(model: &Model, text: &str) -> Vec<Token> {
     let bos_text = String::from_utf8_lossy(&model.piece(model.bos())).into_owned();
-    let add = model.add_bos() && !(!bos_text.is_empty() && text.starts_with(&bos_text));
+    let add = model.add_bos() && (bos_text.is_empty() || !text.starts_with(&bos_text));
     model.tokenize(text, add, true)
 }
 

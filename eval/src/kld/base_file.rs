@@ -116,7 +116,7 @@ impl ChunkRecords {
 
     pub fn from_bytes(file: &str, n_vocab: u32, bytes: &[u8]) -> Result<ChunkRecords> {
         let len = record_len(n_vocab) * 2;
-        if bytes.is_empty() || bytes.len() % len != 0 {
+        if bytes.is_empty() || !bytes.len().is_multiple_of(len) {
             return Err(Error::format(
                 file,
                 "records",

@@ -72,7 +72,7 @@ pub fn check_compatible(header: &BaseHeader, base_name: &str, model: &Model, n_c
 
 /// A session shaped like llama-perplexity's for this chunking.
 pub fn session_for<'m>(model: &'m Model, n_ctx: u32, n_batch: u32) -> Result<Session<'m>> {
-    if n_batch >= n_ctx && n_batch % n_ctx != 0 {
+    if n_batch >= n_ctx && !n_batch.is_multiple_of(n_ctx) {
         return Err(Error::mismatch(
             "--batch",
             format!("{n_batch} must be below or a multiple of the context {n_ctx}"),

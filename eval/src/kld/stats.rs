@@ -212,7 +212,7 @@ fn percentile(sorted: &[f32], fraction: f32) -> f32 {
 
 fn median(sorted: &[f32]) -> f32 {
     let n = sorted.len();
-    if n % 2 == 0 {
+    if n.is_multiple_of(2) {
         0.5 * (sorted[n / 2] + sorted[n / 2 - 1])
     } else {
         sorted[n / 2]
@@ -381,7 +381,7 @@ impl KldSummary {
 /// 0.999 → "99_9", 0.99 → "99", 0.001 → "0_1".
 fn percent_key(fraction: f64) -> String {
     let tenths = (fraction * 1000.0).round() as u64;
-    if tenths % 10 == 0 {
+    if tenths.is_multiple_of(10) {
         format!("{}", tenths / 10)
     } else {
         format!("{}_{}", tenths / 10, tenths % 10)
