@@ -151,6 +151,16 @@ pub fn kld(args: KldArgs) -> Result<u8> {
     let base_name = base_path.display().to_string();
     let mut file = BufReader::new(File::open(&base_path).with_context(|| format!("cannot open {base_name}"))?);
     let header = BaseHeader::read(&base_name, &mut file)?;
+    let want = 20 + 4 * header.tokens.len() as u64 + header.n_chunk() as u64 * header.chunk_bytes() as u64;
+    let have = file.get_ref().metadata().with_context(|| format!("cannot read {base_name}"))?.len();
+    if have != want {
+        bail!(
+            "{base_name}: {have} bytes, but its header ({} chunks of {} tokens, a vocabulary of {}) needs {want}: truncated or not a base-logits file",
+            header.n_chunk(),
+            header.n_ctx,
+            header.n_vocab
+        );
+    }
 
     let (model, note) = load(&args.model, args.threads, None)?;
     if let Some(n) = note {

@@ -115,6 +115,31 @@ fn kld_ladder_matches_llama_perplexity() {
     assert_eq!(again.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&again.stderr).contains("already exists"));
 
+    // Mismatches are errors naming the file and what differs, before anything is decoded.
+    let model = bf16();
+    let refused = |base: &Path, extra: &[&str], want: &str| {
+        let mut args: Vec<&std::ffi::OsStr> =
+            vec![OsStr("kld"), OsStr("--model"), b_os(&model), OsStr("--base"), base.as_os_str()];
+        args.extend(extra.iter().map(|a| OsStr(a)));
+        let out = quantfarm(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains(base.to_str().unwrap()) && err.contains(want), "expected {want:?} in: {err}");
+    };
+    refused(&ours, &["--ctx", "256"], "computed with a context of 512 tokens, but --ctx is 256");
+    let bytes = std::fs::read(&ours).unwrap();
+    // A well-formed file of two chunks over a vocabulary one token larger than SmolLM2's.
+    let other_vocab = dir.path().join("vocab.logits");
+    let mut v = bytes[..20 + 4 * 2 * 512].to_vec();
+    v[12..16].copy_from_slice(&49153i32.to_le_bytes());
+    v[16..20].copy_from_slice(&2i32.to_le_bytes());
+    v.resize(v.len() + 2 * 255 * (49154 + 4) * 2, 0);
+    std::fs::write(&other_vocab, &v).unwrap();
+    refused(&other_vocab, &[], "the base logits have a vocabulary of 49153 tokens, the model 49152");
+    let truncated = dir.path().join("truncated.logits");
+    std::fs::write(&truncated, &bytes[..bytes.len() - 1000]).unwrap();
+    refused(&truncated, &[], "truncated or not a base-logits file");
+
     // llama-perplexity's own base file: same header and tokens, same size.
     let theirs = dir.path().join("theirs.logits");
     let out = Command::new(llama_bin().join("llama-perplexity"))
@@ -132,6 +157,17 @@ fn kld_ladder_matches_llama_perplexity() {
     assert_eq!(a.len(), b.len(), "base file sizes");
     let head = 20 + 4 * 14 * 512;
     assert_eq!(a[..head], b[..head], "header and tokens differ from llama-perplexity's");
+
+    // MLX 8-bit, evaluated through its exact dequantization to a bf16 GGUF, on the same tokens: a lossy rung (not
+    // the reference itself) closer than GGUF Q6_K. (MLX 4-bit is 0.435 here, worse than Q2_K's 0.418: mlx-lm
+    // quantizes SmolLM2's tied embedding, its output layer, to 4 bits too, where llama-quantize keeps Q6_K.)
+    let mlx8 = dir.path().join("mlx8");
+    let hf = smollm2_derived().join("smollm2-hf");
+    ok(quantfarm(&[OsStr("mlx"), hf.as_os_str(), mlx8.as_os_str(), OsStr("--bits"), OsStr("8")]), "mlx");
+    let j = kld_json(&ours, &mlx8, &[]);
+    let k = j["mean_kld"].as_f64().unwrap();
+    eprintln!("MLX 8-bit: mean KLD {k:.6}, same top {}%, PPL(Q) {}", j["same_top_p"], j["mean_ppl_q"]);
+    assert!(k > 1e-4 && k < fixture("q6_k").0, "MLX 8-bit mean KLD {k}");
 
     for (level, key) in [
         ("Q8_0", "q8_0"),
@@ -425,4 +461,14 @@ fn probes_on_llama_server_honour_thinking_off_and_flag_truncation() {
     let cut = report["runs"].as_array().unwrap().iter().find(|r| r["probe"] == "cut").unwrap();
     assert_eq!(cut["outcome"], "truncated", "{cut:#}");
     assert!(cut["prompt_tokens"].as_u64().is_some(), "{cut:#}");
+}
+
+/// Workers advertise the peer runtimes they find, so a release can ask for llama.cpp's or mlx-lm's own figures.
+#[test]
+fn workers_advertise_the_peer_runtimes_they_find() {
+    let found = quantfarm_worker::runtimes_in(&[llama_bin()], &quantfarm_e2e::peers_python());
+    assert_eq!(found, ["llama-perplexity", "llama-server", "llama-completion", "mlx_lm"]);
+    let empty = tempfile::tempdir().unwrap();
+    let none = quantfarm_worker::runtimes_in(&[empty.path().to_path_buf()], &empty.path().join("python3"));
+    assert!(none.is_empty(), "{none:?}");
 }

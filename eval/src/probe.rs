@@ -217,7 +217,7 @@ pub struct ProbeReport {
     pub passed: usize,
     pub failed: usize,
     pub truncated: usize,
-    /// Per repeat pass of the suite: passed / scored.
+    /// Per repeat pass of the suite that scored anything: passed / scored.
     pub pass_scores: Vec<f64>,
     pub mean_score: f64,
     /// Sample standard deviation of the pass scores (0 for one pass): the noise band.
@@ -289,11 +289,14 @@ pub fn run_suite(suite: &Suite, responder: &mut dyn Responder) -> Result<ProbeRe
                 prompt_tokens: c.prompt_tokens,
             });
         }
-        pass_scores.push(if scored == 0 { 0.0 } else { ok as f64 / scored as f64 });
+        // A pass whose every answer was truncated says nothing about the model: it has no score.
+        if scored > 0 {
+            pass_scores.push(ok as f64 / scored as f64);
+        }
     }
     let count = |o: Outcome| runs.iter().filter(|r| r.outcome == o).count();
     let n = pass_scores.len() as f64;
-    let mean = pass_scores.iter().sum::<f64>() / n;
+    let mean = if pass_scores.is_empty() { 0.0 } else { pass_scores.iter().sum::<f64>() / n };
     let spread = if pass_scores.len() > 1 {
         (pass_scores.iter().map(|s| (s - mean).powi(2)).sum::<f64>() / (n - 1.0)).sqrt()
     } else {
@@ -387,6 +390,6 @@ mod tests {
         let mut r = Canned(vec![c("yes", Finish::Length), c("no", Finish::Stop)]);
         let rep = run_suite(&suite, &mut r).unwrap();
         assert_eq!((rep.passed, rep.failed, rep.truncated), (0, 1, 1));
-        assert_eq!(rep.pass_scores, vec![0.0, 0.0]);
+        assert_eq!(rep.pass_scores, vec![0.0], "the all-truncated pass has no score");
     }
 }

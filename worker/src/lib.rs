@@ -6,6 +6,7 @@
 pub mod exec;
 
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -104,12 +105,34 @@ fn is_down(s: &Status) -> bool {
 /// Kinds this build has executors for.
 pub const TASK_KINDS: [&str; 7] = ["plan", "gguf", "quantize", "verify", "noop", "merge", "mlx"];
 
+/// The external runtimes this machine has, so a release can ask for a peer tool's own figures beside quantfarm's
+/// (link 2 across real runtimes): llama.cpp's tools on PATH or in `$QUANTFARM_LLAMA_BIN`, and mlx-lm importable by
+/// `python3` (or `$QUANTFARM_PYTHON`).
 fn runtimes() -> Vec<String> {
-    let on_path =
-        |bin: &str| std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(bin).is_file()));
+    let mut dirs: Vec<PathBuf> = std::env::var_os("QUANTFARM_LLAMA_BIN").map(PathBuf::from).into_iter().collect();
+    if let Some(p) = std::env::var_os("PATH") {
+        dirs.extend(std::env::split_paths(&p));
+    }
+    let python = std::env::var_os("QUANTFARM_PYTHON").map_or_else(|| PathBuf::from("python3"), PathBuf::from);
+    runtimes_in(&dirs, &python)
+}
+
+/// Names a worker advertises: `llama-perplexity`, `llama-server`, `llama-completion` (each when found in `dirs`),
+/// `mlx_lm` (when `python -m mlx_lm` would run).
+pub fn runtimes_in(dirs: &[PathBuf], python: &Path) -> Vec<String> {
     let mut out = Vec::new();
-    if on_path("llama-completion") || on_path("llama-cli") {
-        out.push("llama.cpp".to_string());
+    for tool in ["llama-perplexity", "llama-server", "llama-completion"] {
+        if dirs.iter().any(|d| d.join(tool).is_file()) {
+            out.push(tool.to_string());
+        }
+    }
+    let mlx = std::process::Command::new(python)
+        .args(["-c", "import mlx_lm"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status();
+    if mlx.is_ok_and(|s| s.success()) {
+        out.push("mlx_lm".to_string());
     }
     out
 }

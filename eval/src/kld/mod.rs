@@ -13,7 +13,7 @@ use rayon::prelude::*;
 
 use crate::error::{Error, Result};
 use crate::runtime::{Model, Session, Token};
-use base_file::{encode_record, scored_per_chunk, BaseHeader, ChunkRecords};
+use base_file::{encode_record, BaseHeader, ChunkRecords};
 use stats::{score_position, ChunkStats, PositionScore};
 
 /// llama-perplexity's defaults: `-c 512`, `-b 2048`.
@@ -82,14 +82,35 @@ pub fn session_for<'m>(model: &'m Model, n_ctx: u32, n_batch: u32) -> Result<Ses
     model.session(n_ctx, n_seq, n_batch)
 }
 
-/// Decodes the given chunks, `n_seq` at a time, and hands each chunk's scored logits (rows of `n_vocab`) to `f`.
+/// One decoded chunk: the logits of its scored positions, and the token each of them predicts.
+struct Scored<'a> {
+    logits: &'a [f32],
+    n_vocab: usize,
+    targets: &'a [Token],
+}
+
+impl Scored<'_> {
+    fn len(&self) -> usize {
+        self.targets.len()
+    }
+
+    /// Position `i`'s logits and the next token.
+    fn at(&self, i: usize) -> (&[f32], usize) {
+        (&self.logits[i * self.n_vocab..(i + 1) * self.n_vocab], self.targets[i] as usize)
+    }
+}
+
+/// Decodes the given chunks, `n_seq` at a time, and hands each chunk's scored positions to `f`.
 fn for_each_chunk(
     session: &mut Session<'_>,
     header: &BaseHeader,
     chunks: &[usize],
     n_seq: usize,
-    mut f: impl FnMut(usize, &[f32]) -> Result<()>,
+    mut f: impl FnMut(usize, Scored<'_>) -> Result<()>,
 ) -> Result<()> {
+    if let Some(&c) = chunks.iter().find(|&&c| c >= header.n_chunk()) {
+        return Err(Error::mismatch("chunks", format!("chunk {c} asked for, the text has {}", header.n_chunk())));
+    }
     let first = (header.n_ctx / 2) as usize;
     let add_bos = session.model().add_bos();
     let bos = session.model().bos();
@@ -108,15 +129,10 @@ fn for_each_chunk(
         let refs: Vec<&[Token]> = seqs.iter().map(Vec::as_slice).collect();
         let logits = session.decode_sequences(&refs, first)?;
         for (&c, l) in group.iter().zip(&logits) {
-            f(c, l)?;
+            // Position p (first ≤ p ≤ n_ctx−2) predicts token p+1 of the chunk as tokenized.
+            let targets = &header.chunk_tokens(c)[first + 1..];
+            f(c, Scored { logits: l, n_vocab: header.n_vocab as usize, targets })?;
         }
-    }
-    Ok(())
-}
-
-fn chunk_range_check(header: &BaseHeader, chunks: &[usize]) -> Result<()> {
-    if let Some(&c) = chunks.iter().find(|&&c| c >= header.n_chunk()) {
-        return Err(Error::mismatch("chunks", format!("chunk {c} asked for, the text has {}", header.n_chunk())));
     }
     Ok(())
 }
@@ -137,19 +153,17 @@ pub fn base_chunks(
     n_seq: usize,
     mut emit: impl FnMut(BaseChunk) -> Result<()>,
 ) -> Result<()> {
-    chunk_range_check(header, chunks)?;
-    let n_vocab = header.n_vocab as usize;
-    let first = (header.n_ctx / 2) as usize;
-    let n = scored_per_chunk(header.n_ctx);
-    for_each_chunk(session, header, chunks, n_seq, |chunk, logits| {
-        let tokens = header.chunk_tokens(chunk);
-        let mut records = ChunkRecords::new(header.n_vocab, n);
+    for_each_chunk(session, header, chunks, n_seq, |chunk, scored| {
+        let mut records = ChunkRecords::new(header.n_vocab, scored.len());
         let nll: Vec<f64> = records
             .records_mut()
             .collect::<Vec<_>>()
             .into_par_iter()
             .enumerate()
-            .map(|(i, rec)| encode_record(&logits[i * n_vocab..(i + 1) * n_vocab], tokens[first + i + 1] as usize, rec))
+            .map(|(i, rec)| {
+                let (logits, next) = scored.at(i);
+                encode_record(logits, next, rec)
+            })
             .collect();
         let sum_nll = nll.iter().sum();
         let sum_nll2 = nll.iter().map(|v| v * v).sum();
@@ -166,23 +180,19 @@ pub fn kld_chunks(
     mut records: impl FnMut(usize) -> Result<ChunkRecords>,
     mut emit: impl FnMut(ChunkStats) -> Result<()>,
 ) -> Result<()> {
-    chunk_range_check(header, chunks)?;
-    let n_vocab = header.n_vocab as usize;
-    let first = (header.n_ctx / 2) as usize;
-    let n = scored_per_chunk(header.n_ctx);
-    for_each_chunk(session, header, chunks, n_seq, |chunk, logits| {
+    for_each_chunk(session, header, chunks, n_seq, |chunk, scored| {
         let base = records(chunk)?;
-        if base.positions() != n {
+        if base.positions() != scored.len() {
             return Err(Error::mismatch(
                 format!("base records of chunk {chunk}"),
-                format!("{} positions, expected {n}", base.positions()),
+                format!("{} positions, expected {}", base.positions(), scored.len()),
             ));
         }
-        let tokens = header.chunk_tokens(chunk);
-        let scores: Vec<PositionScore> = (0..n)
+        let scores: Vec<PositionScore> = (0..scored.len())
             .into_par_iter()
             .map(|i| {
-                score_position(&logits[i * n_vocab..(i + 1) * n_vocab], &base.record(i), tokens[first + i + 1] as usize)
+                let (logits, next) = scored.at(i);
+                score_position(logits, &base.record(i), next)
             })
             .collect();
         emit(ChunkStats::from_scores(chunk as u32, &scores))
