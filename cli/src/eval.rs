@@ -42,8 +42,8 @@ pub struct KldArgs {
     /// Read the reference's base logits from this file (ours or llama-perplexity's) instead of running it.
     #[arg(long)]
     base: Option<PathBuf>,
-    /// Evaluate only the chunks `i` with `i % N == K` (`K/N`): one worker's share; merge the shares'
-    /// `--chunk-stats` with `quantfarm kld-merge`.
+    /// Evaluate only share `K/N` of the chunks: the groups of batch/ctx chunks decoded together (llama-perplexity's
+    /// grouping) whose index `g` has `g % N == K`. Merge the shares' `--chunk-stats` with `quantfarm kld-merge`.
     #[arg(long, value_parser = parse_shard)]
     shard: Option<(usize, usize)>,
     /// Write the per-chunk statistics (JSON lines), to merge with `quantfarm kld-merge`.
@@ -180,12 +180,15 @@ pub fn kld(args: KldArgs) -> Result<u8> {
         }
     }
     let n_chunk = args.chunks.map_or(header.n_chunk(), |c| c.min(header.n_chunk()));
-    let chunks: Vec<usize> = (0..n_chunk).filter(|i| args.shard.is_none_or(|(k, n)| i % n == k)).collect();
+    // A share is whole groups of n_seq chunks, grouped as llama-perplexity groups them: llama.cpp's logits for a
+    // chunk depend on which chunks share its decode (3 sequences in a batch give other figures than 4, 2 or 1), so
+    // only the same grouping makes shares merge into exactly the figures of one run.
+    let n_seq = (args.batch / header.n_ctx).max(1) as usize;
+    let chunks: Vec<usize> = (0..n_chunk).filter(|i| args.shard.is_none_or(|(k, n)| (i / n_seq) % n == k)).collect();
     let records_at = 20 + 4 * header.tokens.len() as u64;
     let chunk_bytes = header.chunk_bytes() as u64;
     let positions = header.scored_per_chunk();
     let mut session = session_for(&model, header.n_ctx, args.batch)?;
-    let n_seq = (args.batch / header.n_ctx).max(1) as usize;
     let mut stats = Vec::new();
     let started = std::time::Instant::now();
     eprintln!("chunk  mean KLD (running)   same top (running)");
