@@ -169,7 +169,7 @@ pub fn kld(args: KldArgs) -> Result<u8> {
     check_compatible(&header, &base_name, &model, Some(args.ctx))?;
     if let (Some(text), Some(_)) = (&text, &args.base) {
         let ours = tokenize_text(&model, text, header.n_ctx, Some(header.n_chunk()))?;
-        if ours.tokens != header.tokens[..ours.tokens.len()] || ours.tokens.len() != header.tokens.len() {
+        if ours.tokens != header.tokens {
             let at = ours.tokens.iter().zip(&header.tokens).position(|(a, b)| a != b);
             bail!(
                 "{base_name}: its tokens are not {}'s tokenization of {} (first difference at token {}): another text or tokenizer",
@@ -199,8 +199,7 @@ pub fn kld(args: KldArgs) -> Result<u8> {
         n_seq,
         |c| {
             file.seek(SeekFrom::Start(records_at + c as u64 * chunk_bytes))
-                .with_context(|| format!("cannot seek {base_name}"))
-                .map_err(|e| quantfarm_eval::Error::Io { file: base_name.clone(), source: std::io::Error::other(e) })?;
+                .map_err(|e| quantfarm_eval::Error::Io { file: base_name.clone(), source: e })?;
             ChunkRecords::read(&base_name, c, header.n_vocab, positions, &mut file)
         },
         |s| {

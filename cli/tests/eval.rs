@@ -24,10 +24,6 @@ fn ok(out: Output, what: &str) -> String {
     String::from_utf8(out.stdout).expect("UTF-8")
 }
 
-macro_rules! os {
-    ($($a:expr),* $(,)?) => { &[$(std::ffi::OsStr::new($a)),*] };
-}
-
 fn text() -> PathBuf {
     fixtures_dir().join("texts/gpl3.txt")
 }
@@ -37,15 +33,10 @@ fn bf16() -> PathBuf {
 }
 
 fn kld_json(base: &Path, model: &Path, extra: &[&str]) -> Value {
-    let mut args: Vec<&std::ffi::OsStr> = os!["kld", "--model"].to_vec();
-    args.push(model.as_os_str());
-    args.extend(os!["--base"]);
-    args.push(base.as_os_str());
-    args.extend(os!["--text"]);
     let t = text();
-    args.push(t.as_os_str());
-    args.extend(os!["--threads", "2", "--json"]);
-    args.extend(extra.iter().map(std::ffi::OsStr::new));
+    let mut args = vec![arg("kld"), arg("--model"), model.as_os_str(), arg("--base"), base.as_os_str(), arg("--text")];
+    args.extend([t.as_os_str(), arg("--threads"), arg("2"), arg("--json")]);
+    args.extend(extra.iter().map(|a| arg(a)));
     serde_json::from_str(&ok(quantfarm(&args), "quantfarm kld")).expect("kld --json prints JSON")
 }
 
@@ -102,10 +93,10 @@ fn kld_ladder_matches_llama_perplexity() {
     let dir = tempfile::tempdir().unwrap();
     let ours = dir.path().join("ours.logits");
     // The base pass: the bf16 reference against itself.
-    let mut args: Vec<&std::ffi::OsStr> = os!["kld", "--reference"].to_vec();
+    let mut args = vec![arg("kld"), arg("--reference")];
     let (b, t) = (bf16(), text());
-    args.extend([b.as_os_str(), "--model".as_ref(), b.as_os_str(), "--text".as_ref(), t.as_os_str()]);
-    args.extend(os!["--save-base", ours.to_str().unwrap(), "--threads", "2", "--json"]);
+    args.extend([b.as_os_str(), arg("--model"), b.as_os_str(), arg("--text"), t.as_os_str()]);
+    args.extend([arg("--save-base"), ours.as_os_str(), arg("--threads"), arg("2"), arg("--json")]);
     let selfcheck: Value = serde_json::from_str(&ok(quantfarm(&args), "kld bf16 vs itself")).unwrap();
     assert_eq!(selfcheck["n_chunks"], 14);
     assert_eq!(selfcheck["n_tokens"], 14 * 255);
@@ -119,8 +110,8 @@ fn kld_ladder_matches_llama_perplexity() {
     let model = bf16();
     let refused = |base: &Path, extra: &[&str], want: &str| {
         let mut args: Vec<&std::ffi::OsStr> =
-            vec![OsStr("kld"), OsStr("--model"), b_os(&model), OsStr("--base"), base.as_os_str()];
-        args.extend(extra.iter().map(|a| OsStr(a)));
+            vec![arg("kld"), arg("--model"), model.as_os_str(), arg("--base"), base.as_os_str()];
+        args.extend(extra.iter().map(|a| arg(a)));
         let out = quantfarm(&args);
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{err}");
@@ -163,7 +154,7 @@ fn kld_ladder_matches_llama_perplexity() {
     // quantizes SmolLM2's tied embedding, its output layer, to 4 bits too, where llama-quantize keeps Q6_K.)
     let mlx8 = dir.path().join("mlx8");
     let hf = smollm2_derived().join("smollm2-hf");
-    ok(quantfarm(&[OsStr("mlx"), hf.as_os_str(), mlx8.as_os_str(), OsStr("--bits"), OsStr("8")]), "mlx");
+    ok(quantfarm(&[arg("mlx"), hf.as_os_str(), mlx8.as_os_str(), arg("--bits"), arg("8")]), "mlx");
     let j = kld_json(&ours, &mlx8, &[]);
     let k = j["mean_kld"].as_f64().unwrap();
     eprintln!("MLX 8-bit: mean KLD {k:.6}, same top {}%, PPL(Q) {}", j["same_top_p"], j["mean_ppl_q"]);
@@ -179,7 +170,7 @@ fn kld_ladder_matches_llama_perplexity() {
         ("Q4_0", "q4_0"),
     ] {
         let model = dir.path().join(format!("{level}.gguf"));
-        ok(quantfarm(&[OsStr("quantize"), b_os(&bf16()), model.as_os_str(), OsStr(level)]), "quantize");
+        ok(quantfarm(&[arg("quantize"), bf16().as_os_str(), model.as_os_str(), arg(level)]), "quantize");
         let j = kld_json(&ours, &model, &[]);
         let figures = |j: &Value| {
             (j["mean_kld"].as_f64().unwrap(), j["same_top_p"].as_f64().unwrap(), j["mean_ppl_q"].as_f64().unwrap())
@@ -201,7 +192,7 @@ fn kld_ladder_matches_llama_perplexity() {
                 kld_share(&ours, &model, &shard, &f);
                 files.push(f);
             }
-            let mut args = vec![OsStr("kld-merge"), OsStr("--json")];
+            let mut args = vec![arg("kld-merge"), arg("--json")];
             args.extend(files.iter().map(|f| f.as_os_str()));
             let merged: Value = serde_json::from_str(&ok(quantfarm(&args), "kld-merge")).unwrap();
             assert_eq!(merged, j, "three shares merged differ from one run");
@@ -209,30 +200,25 @@ fn kld_ladder_matches_llama_perplexity() {
     }
 }
 
-#[allow(non_snake_case)]
-fn OsStr(s: &str) -> &std::ffi::OsStr {
+fn arg(s: &str) -> &std::ffi::OsStr {
     std::ffi::OsStr::new(s)
-}
-
-fn b_os(p: &Path) -> &std::ffi::OsStr {
-    p.as_os_str()
 }
 
 fn kld_share(base: &Path, model: &Path, shard: &str, out: &Path) {
     let t = text();
     let args = [
-        OsStr("kld"),
-        OsStr("--model"),
+        arg("kld"),
+        arg("--model"),
         model.as_os_str(),
-        OsStr("--base"),
+        arg("--base"),
         base.as_os_str(),
-        OsStr("--text"),
+        arg("--text"),
         t.as_os_str(),
-        OsStr("--threads"),
-        OsStr(if shard == "1/3" { "1" } else { "2" }),
-        OsStr("--shard"),
-        OsStr(shard),
-        OsStr("--chunk-stats"),
+        arg("--threads"),
+        arg(if shard == "1/3" { "1" } else { "2" }),
+        arg("--shard"),
+        arg(shard),
+        arg("--chunk-stats"),
         out.as_os_str(),
     ];
     ok(quantfarm(&args), "kld --shard");
@@ -243,20 +229,20 @@ const RECORDED_BASE: &str = "HuggingFaceTB/SmolLM2-135M-Instruct";
 fn greedy_json(reference: &Path, lora: &Path, model: &Path) -> (Option<i32>, Value) {
     let prompts = quantfarm_e2e::repo_root().join("examples/prompts-20.json");
     let out = quantfarm(&[
-        OsStr("greedy"),
-        OsStr("--reference"),
+        arg("greedy"),
+        arg("--reference"),
         reference.as_os_str(),
-        OsStr("--reference-lora"),
+        arg("--reference-lora"),
         lora.as_os_str(),
-        OsStr("--model"),
+        arg("--model"),
         model.as_os_str(),
-        OsStr("--prompts"),
+        arg("--prompts"),
         prompts.as_os_str(),
-        OsStr("--max-tokens"),
-        OsStr("32"),
-        OsStr("--threads"),
-        OsStr("2"),
-        OsStr("--json"),
+        arg("--max-tokens"),
+        arg("32"),
+        arg("--threads"),
+        arg("2"),
+        arg("--json"),
     ]);
     let code = out.status.code();
     assert!(matches!(code, Some(0) | Some(1)), "greedy failed: {}", String::from_utf8_lossy(&out.stderr));
@@ -276,13 +262,13 @@ fn merge_check_passes_an_exact_merge_and_fails_a_wrong_one() {
     let hf = dir.path().join("base-f32");
     ok(
         quantfarm(&[
-            OsStr("convert"),
+            arg("convert"),
             bf16().as_os_str(),
             hf.as_os_str(),
-            OsStr("--to"),
-            OsStr("hf"),
-            OsStr("--outtype"),
-            OsStr("f32"),
+            arg("--to"),
+            arg("hf"),
+            arg("--outtype"),
+            arg("f32"),
         ]),
         "convert to an F32 HF checkpoint",
     );
@@ -292,20 +278,20 @@ fn merge_check_passes_an_exact_merge_and_fails_a_wrong_one() {
         let adapter = dir.path().join(format!("{name}-adapter"));
         std::fs::create_dir_all(&adapter).unwrap();
         let expected = dir.path().join(format!("{name}-expected.safetensors"));
-        let mut args = vec![OsStr("peft-attn"), hf.as_os_str(), adapter.as_os_str(), expected.as_os_str()];
+        let mut args = vec![arg("peft-attn"), hf.as_os_str(), adapter.as_os_str(), expected.as_os_str()];
         if let Some(f) = flaw {
-            args.push(OsStr(f));
+            args.push(arg(f));
         }
         quantfarm_e2e::run_py("lora_adapters.py", &args);
         let out = dir.path().join(format!("{name}-merged"));
         ok(
             quantfarm(&[
-                OsStr("merge"),
+                arg("merge"),
                 hf.as_os_str(),
                 adapter.as_os_str(),
                 out.as_os_str(),
-                OsStr("--base-name"),
-                OsStr(RECORDED_BASE),
+                arg("--base-name"),
+                arg(RECORDED_BASE),
             ]),
             "merge",
         );
@@ -316,12 +302,12 @@ fn merge_check_passes_an_exact_merge_and_fails_a_wrong_one() {
     let good_adapter = dir.path().join("good-adapter");
     ok(
         quantfarm(&[
-            OsStr("lora-gguf"),
+            arg("lora-gguf"),
             hf.as_os_str(),
             good_adapter.as_os_str(),
             lora.as_os_str(),
-            OsStr("--base-name"),
-            OsStr(RECORDED_BASE),
+            arg("--base-name"),
+            arg(RECORDED_BASE),
         ]),
         "lora-gguf",
     );
@@ -425,14 +411,8 @@ fn probes_on_llama_server_honour_thinking_off_and_flag_truncation() {
         let rendered = ours.render(&messages, true, &kwargs).unwrap();
         assert_eq!(rendered, theirs["prompt"].as_str().unwrap(), "enable_thinking={thinking}");
     }
-    let out = quantfarm(&[
-        OsStr("probe"),
-        OsStr("--suite"),
-        suite.as_os_str(),
-        OsStr("--endpoint"),
-        OsStr(&url),
-        OsStr("--json"),
-    ]);
+    let out =
+        quantfarm(&[arg("probe"), arg("--suite"), suite.as_os_str(), arg("--endpoint"), arg(&url), arg("--json")]);
     assert!(matches!(out.status.code(), Some(0) | Some(1)), "{}", String::from_utf8_lossy(&out.stderr));
     let report: Value = serde_json::from_str(&String::from_utf8(out.stdout).unwrap()).unwrap();
     eprintln!("{report:#}");
@@ -448,14 +428,14 @@ fn probes_on_llama_server_honour_thinking_off_and_flag_truncation() {
 
     // The built-in runtime, on SmolLM2's own template: the capped answer is truncated there too.
     let out = quantfarm(&[
-        OsStr("probe"),
-        OsStr("--suite"),
+        arg("probe"),
+        arg("--suite"),
         suite.as_os_str(),
-        OsStr("--model"),
+        arg("--model"),
         bf16().as_os_str(),
-        OsStr("--threads"),
-        OsStr("2"),
-        OsStr("--json"),
+        arg("--threads"),
+        arg("2"),
+        arg("--json"),
     ]);
     assert!(matches!(out.status.code(), Some(0) | Some(1)), "{}", String::from_utf8_lossy(&out.stderr));
     let report: Value = serde_json::from_str(&String::from_utf8(out.stdout).unwrap()).unwrap();
