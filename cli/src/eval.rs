@@ -2,14 +2,14 @@
 //! They run on their own thread (llama.cpp blocks; conversions of non-GGUF inputs bring their own async runtime).
 
 use std::fs::File;
-use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
+use std::io::{BufWriter, Read};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use quantfarm_eval::greedy::{compare, read_prompts, run_prompts, GreedyReport};
-use quantfarm_eval::kld::base_file::{BaseHeader, ChunkRecords};
+use quantfarm_eval::kld::base_file::BaseFile;
 use quantfarm_eval::kld::stats::{ChunkStats, KldSummary};
-use quantfarm_eval::kld::{self, base_chunks, check_compatible, kld_chunks, session_for, tokenize_text};
+use quantfarm_eval::kld::{self, check_compatible, score_against, session_for, tokenize_text, write_base};
 use quantfarm_eval::prepare::prepare;
 use quantfarm_eval::probe::{run_suite, Suite};
 use quantfarm_eval::responders::{Builtin, Endpoint};
@@ -143,24 +143,14 @@ pub fn kld(args: KldArgs) -> Result<u8> {
         (None, Some(reference)) => {
             let Some(text) = &text else { bail!("--text is needed to run the reference (or give --base FILE)") };
             let out = args.save_base.clone().unwrap_or_else(|| tmp.path().join("base.logits"));
-            write_base(reference, text, &out, &args)?;
+            save_base(reference, text, &out, &args)?;
             out
         }
         (None, None) => bail!("give --reference REF (and --text) or --base FILE"),
     };
-    let base_name = base_path.display().to_string();
-    let mut file = BufReader::new(File::open(&base_path).with_context(|| format!("cannot open {base_name}"))?);
-    let header = BaseHeader::read(&base_name, &mut file)?;
-    let want = 20 + 4 * header.tokens.len() as u64 + header.n_chunk() as u64 * header.chunk_bytes() as u64;
-    let have = file.get_ref().metadata().with_context(|| format!("cannot read {base_name}"))?.len();
-    if have != want {
-        bail!(
-            "{base_name}: {have} bytes, but its header ({} chunks of {} tokens, a vocabulary of {}) needs {want}: truncated or not a base-logits file",
-            header.n_chunk(),
-            header.n_ctx,
-            header.n_vocab
-        );
-    }
+    let mut base = BaseFile::open(&base_path)?;
+    let base_name = base.name.clone();
+    let header = base.header.clone();
 
     let (model, note) = load(&args.model, args.threads, None)?;
     if let Some(n) = note {
@@ -185,31 +175,17 @@ pub fn kld(args: KldArgs) -> Result<u8> {
     // only the same grouping makes shares merge into exactly the figures of one run.
     let n_seq = (args.batch / header.n_ctx).max(1) as usize;
     let chunks: Vec<usize> = (0..n_chunk).filter(|i| args.shard.is_none_or(|(k, n)| (i / n_seq) % n == k)).collect();
-    let records_at = 20 + 4 * header.tokens.len() as u64;
-    let chunk_bytes = header.chunk_bytes() as u64;
-    let positions = header.scored_per_chunk();
     let mut session = session_for(&model, header.n_ctx, args.batch)?;
     let mut stats = Vec::new();
     let started = std::time::Instant::now();
     eprintln!("chunk  mean KLD (running)   same top (running)");
-    kld_chunks(
-        &mut session,
-        &header,
-        &chunks,
-        n_seq,
-        |c| {
-            file.seek(SeekFrom::Start(records_at + c as u64 * chunk_bytes))
-                .map_err(|e| quantfarm_eval::Error::Io { file: base_name.clone(), source: e })?;
-            ChunkRecords::read(&base_name, c, header.n_vocab, positions, &mut file)
-        },
-        |s| {
-            stats.push(s);
-            let (n, kld, same) =
-                stats.iter().fold((0u64, 0f64, 0u64), |a, s| (a.0 + s.count, a.1 + s.sum_kld, a.2 + s.n_same_top));
-            eprintln!("{:5}  {:10.5}            {:6.3} %", stats.len(), kld / n as f64, 100.0 * same as f64 / n as f64);
-            Ok(())
-        },
-    )?;
+    score_against(&mut session, &mut base, &chunks, n_seq, |s| {
+        stats.push(s);
+        let (n, kld, same) =
+            stats.iter().fold((0u64, 0f64, 0u64), |a, s| (a.0 + s.count, a.1 + s.sum_kld, a.2 + s.n_same_top));
+        eprintln!("{:5}  {:10.5}            {:6.3} %", stats.len(), kld / n as f64, 100.0 * same as f64 / n as f64);
+        Ok(())
+    })?;
     let secs = started.elapsed().as_secs_f64();
     let tokens = (chunks.len() * header.n_ctx as usize) as f64;
     eprintln!("kld pass: {} chunks, {:.1} s, {:.1} tokens/s", chunks.len(), secs, tokens / secs);
@@ -224,7 +200,7 @@ pub fn kld(args: KldArgs) -> Result<u8> {
 }
 
 /// Runs the reference over the text and writes the base-logits file, staged: a failed run leaves nothing.
-fn write_base(reference: &Path, text: &str, out: &Path, args: &KldArgs) -> Result<()> {
+fn save_base(reference: &Path, text: &str, out: &Path, args: &KldArgs) -> Result<()> {
     if out.exists() {
         bail!("{}: already exists (refusing to replace a base-logits file; remove it first)", out.display());
     }
@@ -236,19 +212,12 @@ fn write_base(reference: &Path, text: &str, out: &Path, args: &KldArgs) -> Resul
     let dir = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let mut staged = tempfile::Builder::new().prefix(".base-").tempfile_in(dir)?;
     let mut w = BufWriter::new(staged.as_file_mut());
-    w.write_all(&header.encode())?;
     let mut session = session_for(&model, args.ctx, args.batch)?;
     let n_seq = (args.batch / args.ctx).max(1) as usize;
-    let chunks: Vec<usize> = (0..header.n_chunk()).collect();
-    let (mut nll, mut count) = (0f64, 0usize);
     let started = std::time::Instant::now();
-    base_chunks(&mut session, &header, &chunks, n_seq, |b| {
-        nll += b.sum_nll;
-        count += b.records.positions();
-        w.write_all(&b.records.as_bytes())
-            .map_err(|e| quantfarm_eval::Error::Io { file: out.display().to_string(), source: e })?;
-        eprint!("[{}]{:.4},", b.chunk + 1, (nll / count as f64).exp());
-        Ok(())
+    let name = out.display().to_string();
+    let pass = write_base(&mut session, &header, n_seq, &name, &mut w, |chunk, p| {
+        eprint!("[{}]{:.4},", chunk + 1, p.ppl());
     })?;
     eprintln!();
     let secs = started.elapsed().as_secs_f64();
@@ -257,9 +226,8 @@ fn write_base(reference: &Path, text: &str, out: &Path, args: &KldArgs) -> Resul
         header.n_chunk(),
         secs,
         header.tokens.len() as f64 / secs,
-        (nll / count as f64).exp()
+        pass.ppl()
     );
-    w.flush()?;
     drop(w);
     staged.as_file().sync_all()?;
     staged.persist_noclobber(out).map_err(|e| e.error).with_context(|| format!("cannot write {}", out.display()))?;

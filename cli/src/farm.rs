@@ -426,6 +426,18 @@ async fn conclude(client: &mut Releases, id: &str, last: &pb::ReleaseEvent, json
             for f in a["files"].as_array().into_iter().flatten() {
                 println!("    {}  {}", f["sha256"].as_str().unwrap_or(""), f["url"].as_str().unwrap_or(""));
             }
+            let k = &a["kld"];
+            if let (Some(mean), Some(unc)) = (k["mean_kld"].as_f64(), k["mean_kld_unc"].as_f64()) {
+                println!(
+                    "    mean KLD {mean:.6} ± {unc:.6}, same top p {:.3} %, PPL(Q) {:.4} (base {:.4}), {} chunks",
+                    k["same_top_p"].as_f64().unwrap_or(f64::NAN),
+                    k["mean_ppl_q"].as_f64().unwrap_or(f64::NAN),
+                    k["mean_ppl_base"].as_f64().unwrap_or(f64::NAN),
+                    k["n_chunks"]
+                );
+            } else if let Some(e) = k["error"].as_str() {
+                println!("    KL divergence: {e}");
+            }
         }
         for g in r["gates"].as_array().into_iter().flatten() {
             let ok = g["passed"].as_bool().unwrap_or(false);

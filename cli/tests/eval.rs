@@ -453,3 +453,182 @@ fn workers_advertise_the_peer_runtimes_they_find() {
     let none = quantfarm_worker::runtimes_in(&[empty.path().to_path_buf()], &empty.path().join("python3"));
     assert!(none.is_empty(), "{none:?}");
 }
+
+/// Evaluation as farm tasks: a release of the SmolLM2 HF checkpoint with Q8_0 and Q4_K_M and an `evaluation:`
+/// section (text, prompts, probes), made by `quantfarm run` with 3 workers. The KLD chunk groups are measured on all
+/// three workers and merged by the coordinator into llama-perplexity's printed figures, to every digit, and into
+/// exactly what one `quantfarm kld` process gives on the same files; the `kld_mean` gates follow the figures; greedy
+/// agreement (two prompt shares per model) and probe results equal what `quantfarm greedy` and `quantfarm probe`
+/// give in one process.
+#[test]
+fn farm_measures_kld_greedy_and_probes_on_three_workers() {
+    let dir = tempfile::tempdir().unwrap();
+    let hf = smollm2_derived().join("smollm2-hf");
+    let release = dir.path().join("release.yaml");
+    std::fs::write(
+        &release,
+        format!(
+            "name: smollm2-kld\nsource: {}\noutputs:\n  gguf:\n    quants: [Q8_0, Q4_K_M]\n\
+             evaluation:\n  text: {}\n  ctx: 512\n  prompts: {}\n  probes: {}\n\
+             gates:\n  - {{name: reproducible, rule: verified}}\n\
+             \x20 - {{name: q8-close, rule: kld_mean, level: Q8_0, max: 0.01}}\n\
+             \x20 - {{name: q4-close, rule: kld_mean, level: Q4_K_M, max: 0.05}}\n",
+            hf.display(),
+            text().display(),
+            prompts().display(),
+            probes().display()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_quantfarm"))
+        .arg("run")
+        .arg(&release)
+        .args(["--workers", "3", "--json", "--store"])
+        .arg(dir.path().join("data"))
+        .env("QUANTFARM_KEY_FILE", dir.path().join("k"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // Q4_K_M's mean KLD (0.063) is above its gate's 0.05: the release runs to its end and the verdict is "gate failed".
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let sum: Value = serde_json::from_str(stdout.lines().last().expect("a summary line")).unwrap();
+    let artifact = |ty: &str| {
+        sum["artifacts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["file_type"] == ty)
+            .unwrap_or_else(|| panic!("{sum:#}"))
+            .clone()
+    };
+    for (ty, key) in [("Q8_0", "q8_0"), ("Q4_K_M", "q4_k_m")] {
+        let k = &artifact(ty)["kld"];
+        let (kld, same, ppl) = fixture(key);
+        let got =
+            (k["mean_kld"].as_f64().unwrap(), k["same_top_p"].as_f64().unwrap(), k["mean_ppl_q"].as_f64().unwrap());
+        eprintln!("farm {ty}: mean KLD {:.6}, same top {:.3} %, PPL(Q) {:.4}", got.0, got.1, got.2);
+        assert_eq!(
+            (format!("{:.6}", got.0), format!("{:.3}", got.1), format!("{:.4}", got.2)),
+            (format!("{kld:.6}"), format!("{same:.3}"), format!("{ppl:.4}")),
+            "{ty}: the farm's figures are not llama-perplexity's printed ones"
+        );
+        assert_eq!(k["n_chunks"], 14, "{k:#}");
+    }
+    let gate = |name: &str| sum["gates"].as_array().unwrap().iter().find(|g| g["name"] == name).unwrap().clone();
+    assert_eq!(gate("reproducible")["passed"], true, "{sum:#}");
+    assert_eq!(gate("q8-close")["passed"], true, "{sum:#}");
+    let q4 = gate("q4-close");
+    assert_eq!(q4["passed"], false, "{q4:#}");
+    let detail = q4["detail"].as_str().unwrap();
+    assert!(detail.starts_with("Q4_K_M: mean KLD 0.063426") && detail.ends_with("> 0.05"), "{detail}");
+    assert_eq!(q4["inputs"]["n_chunks"], 14, "{q4:#}");
+
+    // The chunk groups (4 of them: 2048/512 chunks each) were spread over the three workers.
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(sum["report_url"].as_str().unwrap()).unwrap()).unwrap();
+    let workers: std::collections::BTreeSet<&str> = report["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["id"].as_str().unwrap().starts_with("kld"))
+        .map(|t| t["worker"].as_str().unwrap())
+        .collect();
+    assert_eq!(workers.len(), 3, "the KLD tasks ran on {workers:?}");
+    assert_eq!(report["evaluation"]["n_chunks"], 14, "{:#}", report["evaluation"]);
+
+    // One process on the same files gives the same figures, all of them.
+    let url = |ty: &str| PathBuf::from(artifact(ty)["files"][0]["url"].as_str().unwrap());
+    let (reference, q4_k_m, t) = (url("BF16"), url("Q4_K_M"), text());
+    let one: Value = serde_json::from_str(&ok(
+        quantfarm(&[
+            arg("kld"),
+            arg("--reference"),
+            reference.as_os_str(),
+            arg("--model"),
+            q4_k_m.as_os_str(),
+            arg("--text"),
+            t.as_os_str(),
+            arg("--threads"),
+            arg("2"),
+            arg("--json"),
+        ]),
+        "quantfarm kld",
+    ))
+    .unwrap();
+    let farm = artifact("Q4_K_M")["kld"].clone();
+    let (one, farm) = (one.as_object().unwrap(), farm.as_object().unwrap());
+    let keys = |m: &serde_json::Map<String, Value>| m.keys().cloned().collect::<std::collections::BTreeSet<_>>();
+    assert_eq!(keys(one), keys(farm));
+    for (key, v) in one {
+        // Compared as numbers: the signed report writes an integral float without its ".0".
+        assert_eq!(v.as_f64(), farm[key].as_f64(), "{key}: one process and the farm's merge differ");
+    }
+
+    // Greedy agreement, two shares of the prompts per model, joined: the same as one `quantfarm greedy` process.
+    let q8_0 = url("Q8_0");
+    let (p, ctx) = (prompts(), arg("4096"));
+    let out = quantfarm(&[
+        arg("greedy"),
+        arg("--reference"),
+        reference.as_os_str(),
+        arg("--model"),
+        q8_0.as_os_str(),
+        arg("--prompts"),
+        p.as_os_str(),
+        arg("--ctx"),
+        ctx,
+        arg("--threads"),
+        arg("2"),
+        arg("--json"),
+    ]);
+    let one: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("greedy --json: {e}"));
+    let farm = artifact("Q8_0")["greedy"].clone();
+    eprintln!("farm Q8_0 greedy: {}/{} identical", farm["identical"], farm["n"]);
+    assert_eq!((farm["n"].as_u64(), farm["complete"].as_bool()), (Some(20), Some(true)), "{farm:#}");
+    assert_eq!(farm["identical"], one["identical"], "farm {farm:#}\none process {one:#}");
+    let differ = |v: &Value, key: &str| -> Vec<(u64, u64)> {
+        v[key]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["identical"] != true)
+            .map(|p| (p["index"].as_u64().unwrap(), p["first_difference"].as_u64().unwrap()))
+            .collect()
+    };
+    assert_eq!(differ(&farm, "disagreements"), differ(&one, "prompts"), "where the continuations part");
+
+    // Probes: the reference and each model, each as one `quantfarm probe` process scores it.
+    let suite = probes();
+    for (ty, model) in [("BF16", &reference), ("Q8_0", &q8_0)] {
+        let out = quantfarm(&[
+            arg("probe"),
+            arg("--suite"),
+            suite.as_os_str(),
+            arg("--model"),
+            model.as_os_str(),
+            arg("--threads"),
+            arg("2"),
+            arg("--json"),
+        ]);
+        let one: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("probe --json: {e}"));
+        let farm = artifact(ty)["probes"].clone();
+        eprintln!(
+            "farm {ty} probes: {} passed, {} failed, {} truncated",
+            farm["passed"], farm["failed"], farm["truncated"]
+        );
+        for key in ["passed", "failed", "truncated", "mean_score"] {
+            assert_eq!(farm[key].as_f64(), one[key].as_f64(), "{ty} probes, {key}: farm {farm:#}");
+        }
+        assert!(farm["truncated"].as_u64().unwrap() >= 1, "the 8-token probe is cut off: {farm:#}");
+    }
+    assert!(artifact("Q4_K_M")["probes"]["delta_vs_reference"].is_number());
+}
+
+fn prompts() -> PathBuf {
+    quantfarm_e2e::repo_root().join("examples/prompts-20.json")
+}
+
+fn probes() -> PathBuf {
+    quantfarm_e2e::repo_root().join("examples/probes-smollm2.yaml")
+}

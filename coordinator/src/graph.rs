@@ -57,8 +57,79 @@ pub enum TaskKey {
     VerifyMlx {
         bits: u32,
     },
+    /// Tokenizes the evaluation text with the reference (GGUF BF16) and counts its chunks.
+    KldPlan,
+    /// The reference's base logits for one chunk group (the chunks llama-perplexity decodes together).
+    KldBase {
+        group: u32,
+    },
+    /// One model's KL-divergence statistics on one chunk group.
+    Kld {
+        target: EvalTarget,
+        group: u32,
+    },
+    /// Greedy continuations of one share of the prompt set (the reference's, or a model's compared with them).
+    Greedy {
+        subject: Subject,
+        share: u32,
+    },
+    /// The probe suite on the reference or a model.
+    Probe {
+        subject: Subject,
+    },
     /// Gathers every result, applies the gates and signs: run by the coordinator itself.
     Report,
+}
+
+/// A model measured against the reference: a GGUF quant level or an MLX checkpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EvalTarget {
+    Quant(FileType),
+    Mlx { bits: u32 },
+}
+
+/// What a greedy or probe task runs: the reference (the GGUF BF16) or a measured model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Subject {
+    Reference,
+    Model(EvalTarget),
+}
+
+impl fmt::Display for Subject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Subject::Reference => write!(f, "reference"),
+            Subject::Model(t) => write!(f, "{t}"),
+        }
+    }
+}
+
+impl Subject {
+    pub fn parse(s: &str) -> Option<Subject> {
+        if s == "reference" {
+            return Some(Subject::Reference);
+        }
+        EvalTarget::parse(s).map(Subject::Model)
+    }
+}
+
+impl fmt::Display for EvalTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EvalTarget::Quant(level) => write!(f, "{level}"),
+            EvalTarget::Mlx { bits } => write!(f, "MLX-{bits}bit"),
+        }
+    }
+}
+
+impl EvalTarget {
+    /// The inverse of `Display` (also the report's artifact `file_type`).
+    pub fn parse(s: &str) -> Option<EvalTarget> {
+        if let Some(b) = s.strip_prefix("MLX-").and_then(|r| r.strip_suffix("bit")) {
+            return Some(EvalTarget::Mlx { bits: b.parse().ok()? });
+        }
+        FileType::from_name(s).filter(|f| f.name() == s).map(EvalTarget::Quant)
+    }
 }
 
 impl fmt::Display for TaskKey {
@@ -77,6 +148,11 @@ impl fmt::Display for TaskKey {
             TaskKey::VerifyMergeSide => write!(f, "verify/merge/side"),
             TaskKey::Mlx { bits } => write!(f, "mlx/{bits}"),
             TaskKey::VerifyMlx { bits } => write!(f, "verify/mlx/{bits}"),
+            TaskKey::KldPlan => write!(f, "kld/plan"),
+            TaskKey::KldBase { group } => write!(f, "kld-base/{group}"),
+            TaskKey::Kld { target, group } => write!(f, "kld/{target}/{group}"),
+            TaskKey::Greedy { subject, share } => write!(f, "greedy/{subject}/{share}"),
+            TaskKey::Probe { subject } => write!(f, "probe/{subject}"),
             TaskKey::Report => write!(f, "report"),
         }
     }
@@ -102,6 +178,11 @@ impl TaskKey {
             ["verify", "merge", f] => TaskKey::VerifyMerge { file: num(f)? },
             ["mlx", b] => TaskKey::Mlx { bits: num(b)? },
             ["verify", "mlx", b] => TaskKey::VerifyMlx { bits: num(b)? },
+            ["kld", "plan"] => TaskKey::KldPlan,
+            ["kld-base", g] => TaskKey::KldBase { group: num(g)? },
+            ["kld", t, g] => TaskKey::Kld { target: EvalTarget::parse(t)?, group: num(g)? },
+            ["greedy", t, n] => TaskKey::Greedy { subject: Subject::parse(t)?, share: num(n)? },
+            ["probe", t] => TaskKey::Probe { subject: Subject::parse(t)? },
             _ => return None,
         })
     }
@@ -120,6 +201,9 @@ impl TaskKey {
             | TaskKey::VerifyMergeSide
             | TaskKey::VerifyMlx { .. } => Some("verify"),
             TaskKey::Noop { .. } => Some("noop"),
+            TaskKey::KldPlan | TaskKey::KldBase { .. } | TaskKey::Kld { .. } => Some("kld"),
+            TaskKey::Greedy { .. } => Some("greedy"),
+            TaskKey::Probe { .. } => Some("probe"),
             TaskKey::Report => None,
         }
     }
@@ -138,6 +222,10 @@ impl TaskKey {
             | TaskKey::VerifyMergeSide
             | TaskKey::VerifyMlx { .. } => "verify".into(),
             TaskKey::Noop { .. } => "noop".into(),
+            TaskKey::KldPlan | TaskKey::KldBase { .. } => "kld reference".into(),
+            TaskKey::Kld { target, .. } => format!("kld {target}"),
+            TaskKey::Greedy { subject, .. } => format!("greedy {subject}"),
+            TaskKey::Probe { subject } => format!("probe {subject}"),
             TaskKey::Report => "report".into(),
         }
     }
@@ -160,7 +248,17 @@ pub struct Ctx<'a> {
     pub imatrix: &'a str,
     /// The adapter merged into the source, resolved likewise ("" for none).
     pub adapter: &'a str,
+    /// The evaluation's inputs, resolved likewise.
+    pub eval: &'a EvalInputs,
     pub store: &'a Location,
+}
+
+/// The evaluation's input files, resolved against the submitter's folder ("" for none).
+#[derive(Clone, Debug, Default)]
+pub struct EvalInputs {
+    pub text: String,
+    pub prompts: String,
+    pub probes: String,
 }
 
 /// The tasks a release starts with: the merge plan when there is an adapter, else planning (and the scheduler's
@@ -242,11 +340,81 @@ pub fn expand(ctx: &Ctx, plan: &pb::PlanResult, results: &Results) -> Vec<TaskDe
             verifies.push(v);
         }
     }
+    if let (Some(e), true) = (&ctx.spec.evaluation, n > 0) {
+        let cost = plan.source_bytes;
+        if e.text.is_some() {
+            // The report waits for the KL-divergence plan; the plan's result adds the chunk tasks before it.
+            out.push(TaskDef { key: TaskKey::KldPlan, deps: ggufs.clone(), cost });
+            verifies.push(TaskKey::KldPlan);
+        }
+        let targets = eval_targets(ctx);
+        if e.prompts.is_some() {
+            for share in 0..e.prompt_shares {
+                let reference = TaskKey::Greedy { subject: Subject::Reference, share };
+                out.push(TaskDef { key: reference.clone(), deps: ggufs.clone(), cost });
+                for &t in &targets {
+                    let key = TaskKey::Greedy { subject: Subject::Model(t), share };
+                    let mut deps = vec![reference.clone()];
+                    deps.extend(model_tasks(t, n));
+                    out.push(TaskDef { key: key.clone(), deps, cost });
+                    verifies.push(key);
+                }
+            }
+        }
+        if e.probes.is_some() {
+            let reference = TaskKey::Probe { subject: Subject::Reference };
+            out.push(TaskDef { key: reference.clone(), deps: ggufs.clone(), cost });
+            verifies.push(reference);
+            for &t in &targets {
+                let key = TaskKey::Probe { subject: Subject::Model(t) };
+                out.push(TaskDef { key: key.clone(), deps: model_tasks(t, n), cost });
+                verifies.push(key);
+            }
+        }
+    }
     if let Some(noop) = &ctx.spec.outputs.noop {
         verifies.extend((0..noop.tasks).map(|n| TaskKey::Noop { n }));
     }
     out.push(TaskDef { key: TaskKey::Report, deps: verifies, cost: 1 });
     out
+}
+
+/// The tasks that make a measured model (every split file of a quant level, or the MLX checkpoint).
+fn model_tasks(target: EvalTarget, n_shards: u32) -> Vec<TaskKey> {
+    match target {
+        EvalTarget::Quant(level) => (0..n_shards).map(|shard| TaskKey::Quantize { level, shard }).collect(),
+        EvalTarget::Mlx { bits } => vec![TaskKey::Mlx { bits }],
+    }
+}
+
+/// The models measured against the reference: every GGUF quant level, then every MLX checkpoint.
+pub fn eval_targets(ctx: &Ctx) -> Vec<EvalTarget> {
+    let quants = ctx.spec.quants().iter().map(|q| EvalTarget::Quant(q.0));
+    quants.chain(ctx.spec.mlx_bits().iter().map(|&bits| EvalTarget::Mlx { bits })).collect()
+}
+
+/// After the KL-divergence plan: per chunk group the reference's base logits, and per (model, group) its
+/// statistics. Returns the tasks and the ones the report must wait for.
+pub fn expand_kld(ctx: &Ctx, kp: &pb::KldPlanResult, results: &Results) -> (Vec<TaskDef>, Vec<TaskKey>) {
+    let cost = plan_of(results).map_or(1, |p| p.source_bytes);
+    let n_shards = plan_of(results).map_or(0, |p| p.shards.len() as u32);
+    let groups = kp.n_chunks.div_ceil(kp.n_seq.max(1));
+    let mut out = Vec::new();
+    let mut measured = Vec::new();
+    for group in 0..groups {
+        out.push(TaskDef { key: TaskKey::KldBase { group }, deps: vec![TaskKey::KldPlan], cost });
+    }
+    for target in eval_targets(ctx) {
+        let model = model_tasks(target, n_shards);
+        for group in 0..groups {
+            let key = TaskKey::Kld { target, group };
+            let mut deps = vec![TaskKey::KldBase { group }];
+            deps.extend(model.iter().cloned());
+            out.push(TaskDef { key: key.clone(), deps, cost });
+            measured.push(key);
+        }
+    }
+    (out, measured)
 }
 
 /// Critical-path priorities: a task's cost plus the most expensive chain of tasks that wait on it, so the
@@ -427,6 +595,96 @@ fn quantize_task(ctx: &Ctx, results: &Results, level: FileType, shard: u32) -> R
     })
 }
 
+fn kld_plan_of<'a>(results: &Results<'a>) -> Result<&'a pb::KldPlanResult, String> {
+    match results(&TaskKey::KldPlan).and_then(|r| r.kind.as_ref()) {
+        Some(task_result::Kind::KldPlan(p)) => Ok(p),
+        _ => Err("the kld/plan task has no KL-divergence plan".into()),
+    }
+}
+
+fn kld_settings(ctx: &Ctx) -> Result<pb::KldSettings, String> {
+    let e = ctx.spec.evaluation.as_ref().ok_or("the release has no evaluation section")?;
+    Ok(pb::KldSettings { text: ctx.eval.text.clone(), ctx: e.ctx, batch: e.batch, max_chunks: e.chunks.unwrap_or(0) })
+}
+
+/// The reference: the GGUF BF16's first file (llama.cpp finds the others beside it).
+fn reference_of<'a>(results: &Results<'a>) -> Result<&'a pb::Artifact, String> {
+    artifact_of(results, &TaskKey::Gguf { shard: 0 })
+}
+
+fn kld_base_task(ctx: &Ctx, results: &Results, group: u32) -> Result<pb::KldBaseTask, String> {
+    let plan = plan_of(results)?;
+    let kp = kld_plan_of(results)?;
+    let settings = kld_settings(ctx)?;
+    let first = group * kp.n_seq;
+    if first >= kp.n_chunks {
+        return Err(format!("chunk group {group} starts past the text's {} chunks", kp.n_chunks));
+    }
+    let n_chunks = kp.n_seq.min(kp.n_chunks - first);
+    let refs: Vec<&pb::Artifact> = (0..plan.shards.len() as u32)
+        .map(|shard| artifact_of(results, &TaskKey::Gguf { shard }))
+        .collect::<Result<_, _>>()?;
+    let (ctx_s, batch_s, first_s, n_s) =
+        (settings.ctx.to_string(), settings.batch.to_string(), first.to_string(), n_chunks.to_string());
+    let mut parts = vec!["quantfarm kld-base v1", &kp.text_sha256, &kp.tokens_sha256, &ctx_s, &batch_s, &first_s, &n_s];
+    parts.extend(refs.iter().map(|a| a.sha256.as_str()));
+    let folder = short_hash(&parts);
+    let name = format!("{}-BF16-kld-base-{first:05}-{n_chunks}.logits", ctx.spec.prefix());
+    let output = ctx.store.child(&format!("artifacts/{folder}/{name}")).map_err(|e| e.to_string())?;
+    Ok(pb::KldBaseTask {
+        reference: refs[0].url.clone(),
+        settings: Some(settings),
+        first_chunk: first,
+        n_chunks,
+        tokens_sha256: kp.tokens_sha256.clone(),
+        output: output.to_string(),
+    })
+}
+
+/// The artifact a subject runs: the GGUF BF16 (first file), a quant level's first file, or an MLX folder.
+fn model_of<'a>(results: &Results<'a>, subject: Subject) -> Result<&'a pb::Artifact, String> {
+    match subject {
+        Subject::Reference => reference_of(results),
+        Subject::Model(EvalTarget::Quant(level)) => artifact_of(results, &TaskKey::Quantize { level, shard: 0 }),
+        Subject::Model(EvalTarget::Mlx { bits }) => artifact_of(results, &TaskKey::Mlx { bits }),
+    }
+}
+
+fn greedy_task(ctx: &Ctx, results: &Results, subject: Subject, share: u32) -> Result<pb::GreedyTask, String> {
+    let e = ctx.spec.evaluation.as_ref().ok_or("the release has no evaluation section")?;
+    let reference = match subject {
+        Subject::Reference => vec![],
+        Subject::Model(_) => {
+            let key = TaskKey::Greedy { subject: Subject::Reference, share };
+            match results(&key).and_then(|r| r.kind.as_ref()) {
+                Some(task_result::Kind::Greedy(g)) => g.continuations.clone(),
+                _ => return Err(format!("{key} has no greedy result")),
+            }
+        }
+    };
+    Ok(pb::GreedyTask {
+        model: model_of(results, subject)?.url.clone(),
+        prompts: ctx.eval.prompts.clone(),
+        share,
+        n_shares: e.prompt_shares,
+        max_tokens: e.max_tokens,
+        ctx: e.context,
+        reference,
+    })
+}
+
+fn kld_task(ctx: &Ctx, results: &Results, target: EvalTarget, group: u32) -> Result<pb::KldTask, String> {
+    let kp = kld_plan_of(results)?;
+    let base = artifact_of(results, &TaskKey::KldBase { group })?;
+    Ok(pb::KldTask {
+        model: model_of(results, Subject::Model(target))?.url.clone(),
+        base: base.url.clone(),
+        base_sha256: base.sha256.clone(),
+        first_chunk: group * kp.n_seq,
+        batch: kld_settings(ctx)?.batch,
+    })
+}
+
 /// The message a worker gets for `key`, built from the results of its dependencies (all present).
 pub fn build(ctx: &Ctx, key: &TaskKey, results: &Results) -> Result<pb::Task, String> {
     let kind = match key {
@@ -497,6 +755,18 @@ pub fn build(ctx: &Ctx, key: &TaskKey, results: &Results) -> Result<pb::Task, St
         TaskKey::Noop { .. } => {
             task::Kind::Noop(pb::NoopTask { sleep_ms: ctx.spec.outputs.noop.as_ref().map_or(0, |n| n.sleep_ms) })
         }
+        TaskKey::KldPlan => task::Kind::KldPlan(pb::KldPlanTask {
+            reference: reference_of(results)?.url.clone(),
+            settings: Some(kld_settings(ctx)?),
+        }),
+        TaskKey::KldBase { group } => task::Kind::KldBase(kld_base_task(ctx, results, *group)?),
+        TaskKey::Kld { target, group } => task::Kind::Kld(kld_task(ctx, results, *target, *group)?),
+        TaskKey::Greedy { subject, share } => task::Kind::Greedy(greedy_task(ctx, results, *subject, *share)?),
+        TaskKey::Probe { subject } => task::Kind::Probe(pb::ProbeTask {
+            model: model_of(results, *subject)?.url.clone(),
+            suite: ctx.eval.probes.clone(),
+            ctx: ctx.spec.evaluation.as_ref().map_or(4096, |e| e.context),
+        }),
         TaskKey::Report => return Err("the report is the coordinator's own task".into()),
     };
     Ok(pb::Task { kind: Some(kind) })
@@ -523,6 +793,14 @@ mod tests {
             TaskKey::VerifyMergeSide,
             TaskKey::Mlx { bits: 4 },
             TaskKey::VerifyMlx { bits: 8 },
+            TaskKey::KldPlan,
+            TaskKey::KldBase { group: 2 },
+            TaskKey::Kld { target: EvalTarget::Quant(FileType::Q4_K_M), group: 3 },
+            TaskKey::Kld { target: EvalTarget::Mlx { bits: 4 }, group: 0 },
+            TaskKey::Greedy { subject: Subject::Reference, share: 1 },
+            TaskKey::Greedy { subject: Subject::Model(EvalTarget::Quant(FileType::Q8_0)), share: 0 },
+            TaskKey::Probe { subject: Subject::Model(EvalTarget::Mlx { bits: 8 }) },
+            TaskKey::Probe { subject: Subject::Reference },
         ] {
             assert_eq!(TaskKey::parse(&k.to_string()), Some(k.clone()), "{k}");
         }

@@ -213,7 +213,7 @@ impl Batch<'_> {
         self.tx
             .prepare_cached(
                 "UPDATE tasks SET state = ?3, attempts = ?4, lease_id = ?5, worker = ?6, task = ?7, result = ?8,
-                 error = ?9, duration_ms = ?10 WHERE release_id = ?1 AND id = ?2",
+                 error = ?9, duration_ms = ?10, deps = ?11 WHERE release_id = ?1 AND id = ?2",
             )?
             .execute(params![
                 release,
@@ -225,7 +225,8 @@ impl Batch<'_> {
                 t.task,
                 t.result,
                 t.error,
-                t.duration_ms as i64
+                t.duration_ms as i64,
+                t.deps.join(",")
             ])?;
         Ok(())
     }

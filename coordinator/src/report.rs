@@ -7,9 +7,10 @@ use std::collections::BTreeMap;
 use quantfarm_proto::{self as pb, task, task_result, verify_task};
 use serde_json::{json, Map, Value};
 
-use crate::graph::TaskKey;
+use crate::graph::{Subject, TaskKey};
 use crate::sched::Release;
 use crate::spec::GateRule;
+use quantfarm_parity::{ChunkStats, KldSummary};
 
 pub const FORMAT: &str = "quantfarm-report/1";
 
@@ -45,6 +46,11 @@ fn split_json(rule: &Option<pb::SplitRule>) -> Value {
     }
 }
 
+fn settings_json(s: &Option<pb::KldSettings>) -> Value {
+    s.as_ref()
+        .map_or(Value::Null, |s| json!({"text": s.text, "ctx": s.ctx, "batch": s.batch, "max_chunks": s.max_chunks}))
+}
+
 /// A task's inputs, as the report shows them.
 fn inputs_json(t: Option<&pb::Task>) -> Value {
     let Some(kind) = t.and_then(|t| t.kind.as_ref()) else { return Value::Null };
@@ -75,6 +81,20 @@ fn inputs_json(t: Option<&pb::Task>) -> Value {
             "file": if m.side_files { Value::Null } else { json!(m.file) }, "side_files": m.side_files
         }),
         task::Kind::Mlx(m) => json!({"source": m.source, "bits": m.bits, "group_size": m.group_size}),
+        task::Kind::KldPlan(k) => json!({"reference": k.reference, "settings": settings_json(&k.settings)}),
+        task::Kind::KldBase(k) => json!({
+            "reference": k.reference, "settings": settings_json(&k.settings), "first_chunk": k.first_chunk,
+            "n_chunks": k.n_chunks, "tokens_sha256": k.tokens_sha256
+        }),
+        task::Kind::Kld(k) => json!({
+            "model": k.model, "base": k.base, "base_sha256": k.base_sha256, "first_chunk": k.first_chunk,
+            "batch": k.batch
+        }),
+        task::Kind::Greedy(g) => json!({
+            "model": g.model, "prompts": g.prompts, "share": g.share, "n_shares": g.n_shares,
+            "max_tokens": g.max_tokens, "ctx": g.ctx, "reference_continuations": g.reference.len()
+        }),
+        task::Kind::Probe(p) => json!({"model": p.model, "suite": p.suite, "ctx": p.ctx}),
     }
 }
 
@@ -103,12 +123,149 @@ fn outputs_json(r: Option<&pb::TaskResult>) -> Value {
             "format": m.format, "plan_digest": m.plan_digest, "inputs_identity": m.inputs_identity,
             "files": m.files, "changed": m.changed.len(), "untied": m.untied
         }),
+        task_result::Kind::KldPlan(k) => json!({
+            "n_chunks": k.n_chunks, "n_seq": k.n_seq, "n_vocab": k.n_vocab, "text_sha256": k.text_sha256,
+            "tokens_sha256": k.tokens_sha256
+        }),
+        // Sums only: the per-token values are in the artifact's merged figures.
+        task_result::Kind::Kld(k) => json!({
+            "chunks": k.chunks.iter().map(|c| json!({
+                "chunk": c.chunk, "tokens": c.count, "sum_kld": c.sum_kld, "same_top": c.n_same_top
+            })).collect::<Vec<_>>(),
+            "note": k.note
+        }),
+        task_result::Kind::Greedy(g) => json!({
+            "continuations": g.continuations.iter().map(|c| json!({
+                "index": c.index, "prompt_tokens": c.prompt_tokens.len(), "tokens": c.tokens.len()
+            })).collect::<Vec<_>>(),
+            "agreements": g.agreements.iter().map(|a| json!({"index": a.index, "identical": a.identical})).collect::<Vec<_>>(),
+            "note": g.note
+        }),
+        task_result::Kind::Probe(p) => json!({
+            "suite": p.suite, "passed": p.passed, "failed": p.failed, "truncated": p.truncated,
+            "mean_score": p.mean_score, "score_spread": p.score_spread, "note": p.note
+        }),
     }
+}
+
+fn kld_plan_result(rel: &Release) -> Option<&pb::KldPlanResult> {
+    match rel.result(&TaskKey::KldPlan)?.kind.as_ref()? {
+        task_result::Kind::KldPlan(k) => Some(k),
+        _ => None,
+    }
+}
+
+/// Each measured model's KL-divergence figures (keyed by its artifact `file_type`), merged from its chunk groups'
+/// statistics, or why they cannot be: a chunk missing or given twice.
+fn kld_summaries(rel: &Release) -> BTreeMap<String, Result<KldSummary, String>> {
+    let mut chunks: BTreeMap<String, Vec<ChunkStats>> = BTreeMap::new();
+    for t in &rel.tasks {
+        let TaskKey::Kld { target, .. } = &t.key else { continue };
+        let list = chunks.entry(target.to_string()).or_default();
+        if let Some(task_result::Kind::Kld(k)) = t.result.as_ref().and_then(|r| r.kind.as_ref()) {
+            list.extend(k.chunks.iter().map(ChunkStats::from));
+        }
+    }
+    let expected = kld_plan_result(rel).map_or(0, |k| k.n_chunks as u64);
+    chunks
+        .into_iter()
+        .map(|(target, list)| {
+            let merged = KldSummary::merge(&list).map_err(|e| e.to_string()).and_then(|s| {
+                if s.n_chunks == expected {
+                    Ok(s)
+                } else {
+                    Err(format!("{} of the text's {expected} chunks were measured", s.n_chunks))
+                }
+            });
+            (target, merged)
+        })
+        .collect()
+}
+
+/// Each model's greedy agreement with the reference (keyed by its artifact `file_type`), its shares joined in
+/// prompt order: k of N byte-identical, the mean common-prefix fraction, and every disagreement with where it starts
+/// and the reference's top-2 margin there.
+fn greedy_summaries(rel: &Release) -> BTreeMap<String, Value> {
+    let mut agreements: BTreeMap<String, Vec<&pb::PromptAgreement>> = BTreeMap::new();
+    let mut n_reference = 0usize;
+    for t in &rel.tasks {
+        let TaskKey::Greedy { subject, .. } = &t.key else { continue };
+        let Some(task_result::Kind::Greedy(g)) = t.result.as_ref().and_then(|r| r.kind.as_ref()) else { continue };
+        match subject {
+            Subject::Reference => n_reference += g.continuations.len(),
+            Subject::Model(target) => agreements.entry(target.to_string()).or_default().extend(&g.agreements),
+        }
+    }
+    agreements
+        .into_iter()
+        .map(|(target, mut list)| {
+            list.sort_by_key(|a| a.index);
+            let n = list.len();
+            let identical = list.iter().filter(|a| a.identical).count();
+            let mean_prefix = if n == 0 { 0.0 } else { list.iter().map(|a| a.prefix_fraction).sum::<f64>() / n as f64 };
+            let differ: Vec<Value> = list
+                .iter()
+                .filter(|a| !a.identical)
+                .map(|a| {
+                    json!({
+                        "index": a.index, "first_difference": a.first_difference,
+                        "reference_margin": a.reference_margin, "common_prefix": a.common_prefix,
+                        "reference_tokens": a.reference_tokens, "model_tokens": a.model_tokens,
+                        "reference_text": a.reference_text, "model_text": a.model_text
+                    })
+                })
+                .collect();
+            let summary = json!({
+                "n": n,
+                "identical": identical,
+                "agree": if n == 0 { 0.0 } else { identical as f64 / n as f64 },
+                "mean_prefix_fraction": mean_prefix,
+                "complete": n == n_reference,
+                "disagreements": differ,
+            });
+            (target, summary)
+        })
+        .collect()
+}
+
+/// Each subject's probe results (keyed by artifact `file_type`, the reference as "BF16"), with the models' pass
+/// rate against the reference's and its noise band.
+fn probe_summaries(rel: &Release) -> BTreeMap<String, Value> {
+    let mut out = BTreeMap::new();
+    let reference =
+        rel.result(&TaskKey::Probe { subject: Subject::Reference }).and_then(|r| match r.kind.as_ref()? {
+            task_result::Kind::Probe(p) => Some(p),
+            _ => None,
+        });
+    for t in &rel.tasks {
+        let TaskKey::Probe { subject } = &t.key else { continue };
+        let Some(task_result::Kind::Probe(p)) = t.result.as_ref().and_then(|r| r.kind.as_ref()) else { continue };
+        let mut v = json!({
+            "suite": p.suite, "passed": p.passed, "failed": p.failed, "truncated": p.truncated,
+            "mean_score": p.mean_score, "score_spread": p.score_spread, "pass_scores": p.pass_scores,
+        });
+        let key = match subject {
+            Subject::Reference => "BF16".to_string(),
+            Subject::Model(target) => {
+                if let Some(r) = reference {
+                    v["reference_mean_score"] = json!(r.mean_score);
+                    v["reference_score_spread"] = json!(r.score_spread);
+                    v["delta_vs_reference"] = json!(p.mean_score - r.mean_score);
+                }
+                target.to_string()
+            }
+        };
+        out.insert(key, v);
+    }
+    out
 }
 
 /// Builds the unsigned report of a release whose tasks (but the report) are all done; returns it with whether
 /// every gate passed.
 pub fn build(rel: &Release) -> (Value, bool) {
+    let klds = kld_summaries(rel);
+    let greedy = greedy_summaries(rel);
+    let probes = probe_summaries(rel);
     // Slots in report order: the merged checkpoint, GGUF BF16, the GGUF quants, the MLX checkpoints.
     let mut artifacts: BTreeMap<(u32, String), ArtifactAcc> = BTreeMap::new();
     let level_order =
@@ -160,7 +317,15 @@ pub fn build(rel: &Release) -> (Value, bool) {
             t if t.starts_with("MLX-") => "mlx",
             _ => "gguf",
         };
+        let kld = match klds.get(ty) {
+            Some(Ok(s)) => s.to_json(),
+            Some(Err(e)) => json!({"error": e}),
+            None => Value::Null,
+        };
         artifact_list.push(json!({
+            "kld": kld,
+            "greedy": greedy.get(ty).cloned().unwrap_or(Value::Null),
+            "probes": probes.get(ty).cloned().unwrap_or(Value::Null),
             "name": format!("{}-{ty}", rel.spec.prefix()),
             "container": container,
             "file_type": ty,
@@ -184,7 +349,26 @@ pub fn build(rel: &Release) -> (Value, bool) {
                 },
             ),
             GateRule::KldMean => {
-                (false, "not measured: this farm has no kld task yet, and an unmeasured level never passes".to_string())
+                let level = g.level.map_or_else(String::new, |l| l.0.name().to_string());
+                let max = g.max.unwrap_or(0.0);
+                match klds.get(&level) {
+                    Some(Ok(s)) => {
+                        let ok = s.mean_kld.value <= max;
+                        let cmp = if ok { "≤" } else { ">" };
+                        (
+                            ok,
+                            format!(
+                                "{level}: mean KLD {:.6} ± {:.6} over {} chunks ({} tokens) {cmp} {max}",
+                                s.mean_kld.value, s.mean_kld.unc, s.n_chunks, s.n_tokens
+                            ),
+                        )
+                    }
+                    Some(Err(e)) => (false, format!("{level}: not measured: {e}")),
+                    None => (
+                        false,
+                        format!("{level}: not measured (no KL-divergence task ran for it), and an unmeasured level never passes"),
+                    ),
+                }
             }
         };
         passed &= ok;
@@ -196,6 +380,12 @@ pub fn build(rel: &Release) -> (Value, bool) {
         }
         if let Some(m) = g.max {
             gj.insert("max".into(), json!(m));
+        }
+        if let (GateRule::KldMean, Some(Ok(s))) = (g.rule, g.level.and_then(|l| klds.get(l.0.name()))) {
+            gj.insert(
+                "inputs".into(),
+                json!({"mean_kld": s.mean_kld.value, "mean_kld_unc": s.mean_kld.unc, "n_chunks": s.n_chunks, "n_tokens": s.n_tokens}),
+            );
         }
         gj.insert("passed".into(), json!(ok));
         gj.insert("detail".into(), json!(detail));
@@ -242,13 +432,54 @@ pub fn build(rel: &Release) -> (Value, bool) {
                 format!("adapter {} merged exactly (f64, rounded once); each file recomputed and compared byte for byte; greedy agreement not measured yet", rel.adapter)
             },
             "conversion": "GGUF BF16 written from the source by the mapping; each file recomputed and compared byte for byte",
-            "quantization": "llama-quantize's algorithms; each file recomputed and compared byte for byte; information loss (KL divergence) not measured yet",
-            "probes": "not measured yet",
+            "quantization": if rel.spec.evaluation.is_some() {
+                "llama-quantize's algorithms; each file recomputed and compared byte for byte; information loss measured as KL divergence against the GGUF BF16 in llama.cpp, by llama-perplexity's procedure, per chunk group on the workers, merged here (artifacts[].kld)"
+            } else {
+                "llama-quantize's algorithms; each file recomputed and compared byte for byte; information loss not measured (no evaluation section)"
+            },
+            "probes": if rel.eval.probes.is_empty() {
+                "not measured (no evaluation.probes)"
+            } else {
+                "the probe suite run on the reference and every model in llama.cpp (artifacts[].probes)"
+            },
         },
+        "evaluation": evaluation_json(rel),
         "artifacts": artifact_list,
         "tasks": tasks,
         "gates": gates,
         "verdict": if passed { "released" } else { "gate_failed" },
     });
     (report, passed)
+}
+
+/// What the KL divergence was measured on: the text, its tokenization and chunking, and the reference.
+fn evaluation_json(rel: &Release) -> Value {
+    let Some(e) = &rel.spec.evaluation else { return Value::Null };
+    let prompts_n: usize = rel
+        .tasks
+        .iter()
+        .filter(|t| matches!(t.key, TaskKey::Greedy { subject: Subject::Reference, .. }))
+        .filter_map(|t| match t.result.as_ref()?.kind.as_ref()? {
+            task_result::Kind::Greedy(g) => Some(g.continuations.len()),
+            _ => None,
+        })
+        .sum();
+    let plan = kld_plan_result(rel);
+    let reference = artifact_result(rel.result(&TaskKey::Gguf { shard: 0 })).map(|(a, _)| a.url.clone());
+    json!({
+        "text": rel.eval.text,
+        "text_sha256": plan.map(|k| k.text_sha256.clone()),
+        "tokens_sha256": plan.map(|k| k.tokens_sha256.clone()),
+        "ctx": e.ctx,
+        "batch": e.batch,
+        "n_chunks": plan.map(|k| k.n_chunks),
+        "chunks_per_task": plan.map(|k| k.n_seq),
+        "reference": reference,
+        "runtime": "llama.cpp (llama-cpp-2), llama-perplexity --kl-divergence's procedure",
+        "prompts": rel.eval.prompts,
+        "n_prompts": prompts_n,
+        "max_tokens": e.max_tokens,
+        "probes": rel.eval.probes,
+        "context": e.context,
+    })
 }

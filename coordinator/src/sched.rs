@@ -10,7 +10,7 @@ use prost::Message;
 use quantfarm_proto::{self as pb, task_result, FailureKind, ReleaseState};
 use quantfarm_tensors::Location;
 
-use crate::graph::{self, Ctx, TaskDef, TaskKey};
+use crate::graph::{self, Ctx, EvalInputs, TaskDef, TaskKey};
 use crate::journal::{Batch, Journal, JournalError, ReleaseRow, TaskRow};
 use crate::spec::ReleaseSpec;
 
@@ -106,6 +106,8 @@ pub struct Release {
     pub imatrix: String,
     /// The adapter's location ("" for none).
     pub adapter: String,
+    /// The evaluation's input files.
+    pub eval: EvalInputs,
     pub state: ReleaseState,
     pub tasks: Vec<TaskRec>,
     pub index: HashMap<TaskKey, usize>,
@@ -119,7 +121,14 @@ pub struct Release {
 
 impl Release {
     pub fn ctx<'a>(&'a self, store: &'a Location) -> Ctx<'a> {
-        Ctx { spec: &self.spec, source: &self.source, imatrix: &self.imatrix, adapter: &self.adapter, store }
+        Ctx {
+            spec: &self.spec,
+            source: &self.source,
+            imatrix: &self.imatrix,
+            adapter: &self.adapter,
+            eval: &self.eval,
+            store,
+        }
     }
 
     pub fn result(&self, key: &TaskKey) -> Option<&pb::TaskResult> {
@@ -237,6 +246,12 @@ pub fn source_location(source: &str, base: &str, store: &Location) -> Result<Str
     }
 }
 
+fn eval_inputs(spec: &ReleaseSpec, base: &str) -> EvalInputs {
+    let Some(e) = &spec.evaluation else { return EvalInputs::default() };
+    let resolve = |v: &Option<String>| v.as_deref().map_or_else(String::new, |v| resolve_source(v, base));
+    EvalInputs { text: resolve(&e.text), prompts: resolve(&e.prompts), probes: resolve(&e.probes) }
+}
+
 fn imatrix_location(spec: &ReleaseSpec, base: &str) -> String {
     spec.outputs.gguf.as_ref().and_then(|g| g.imatrix.as_deref()).map_or_else(String::new, |p| resolve_source(p, base))
 }
@@ -280,6 +295,7 @@ impl Sched {
         let source = source_location(&spec.source, &row.base, &self.store)?;
         let imatrix = imatrix_location(&spec, &row.base);
         let adapter = spec.adapter.as_deref().map_or_else(String::new, |a| resolve_source(a, &row.base));
+        let eval = eval_inputs(&spec, &row.base);
         let state = ReleaseState::try_from(row.state).unwrap_or(ReleaseState::Failed);
         let ri = self.releases.len();
         let mut rel = Release {
@@ -291,6 +307,7 @@ impl Sched {
             source,
             imatrix,
             adapter,
+            eval,
             state,
             tasks: Vec::new(),
             index: HashMap::new(),
@@ -387,6 +404,7 @@ impl Sched {
         let source = source_location(&spec.source, base, &self.store)?;
         let imatrix = imatrix_location(&spec, base);
         let adapter = spec.adapter.as_deref().map_or_else(String::new, |a| resolve_source(a, base));
+        let eval = eval_inputs(&spec, base);
         let mut id = format!("{}-{}", spec.name, &random_hex(4));
         while self.by_id.contains_key(&id) || self.journal.release_exists(&id)? {
             id = format!("{}-{}", spec.name, &random_hex(4));
@@ -413,6 +431,7 @@ impl Sched {
             source,
             imatrix,
             adapter,
+            eval,
             state: ReleaseState::Running,
             tasks: Vec::new(),
             index: HashMap::new(),
@@ -487,6 +506,26 @@ impl Sched {
             }
         }
         Ok(())
+    }
+
+    /// Makes an existing task also wait for `deps` (tasks of the same release), journalled.
+    fn add_deps(&mut self, ri: usize, key: &TaskKey, deps: &[TaskKey]) -> Result<(), SchedError> {
+        let rel = &mut self.releases[ri];
+        let Some(&ti) = rel.index.get(key) else {
+            return Err(SchedError::NoTask { release: rel.id.clone(), task: key.to_string() });
+        };
+        for dep in deps {
+            let di = *rel
+                .index
+                .get(dep)
+                .ok_or_else(|| SchedError::NoTask { release: rel.id.clone(), task: dep.to_string() })?;
+            rel.tasks[ti].deps.push(di);
+            rel.tasks[di].dependents.push(ti);
+            if rel.tasks[di].state != TState::Done {
+                rel.tasks[ti].waiting += 1;
+            }
+        }
+        self.journal_task(ri, ti)
     }
 
     /// A task whose dependencies are all done: build its message and queue it (or queue the report).
@@ -691,6 +730,10 @@ impl Sched {
             Some(task_result::Kind::MergePlan(p)) => Some(p.clone()),
             _ => None,
         };
+        let kld_plan = match &result.kind {
+            Some(task_result::Kind::KldPlan(p)) => Some(p.clone()),
+            _ => None,
+        };
         {
             let t = &mut self.releases[ri].tasks[ti];
             t.state = TState::Done;
@@ -716,6 +759,19 @@ impl Sched {
                 return self.fail_release(ri, format!("plan: {e}"));
             }
             self.add_tasks(ri, defs)?;
+        }
+        if let Some(kp) = kld_plan {
+            if kp.n_chunks == 0 || kp.n_seq == 0 {
+                return self.fail_release(ri, "kld/plan: the evaluation text has no whole chunk".into());
+            }
+            let (defs, measured) = {
+                let rel = &self.releases[ri];
+                let results = |k: &TaskKey| rel.result(k);
+                graph::expand_kld(&rel.ctx(&self.store), &kp, &results)
+            };
+            self.add_tasks(ri, defs)?;
+            // Before the plan's dependents are released: the report now waits for every chunk's figures too.
+            self.add_deps(ri, &TaskKey::Report, &measured)?;
         }
         let dependents = self.releases[ri].tasks[ti].dependents.clone();
         for d in dependents {
@@ -889,9 +945,14 @@ fn check_result(key: &TaskKey, r: &pb::TaskResult) -> Result<(), String> {
                     | TaskKey::Quantize { .. }
                     | TaskKey::Merge { .. }
                     | TaskKey::MergeSide
-                    | TaskKey::Mlx { .. },
+                    | TaskKey::Mlx { .. }
+                    | TaskKey::KldBase { .. },
                 Some(task_result::Kind::Artifact(_))
             )
+            | (TaskKey::KldPlan, Some(task_result::Kind::KldPlan(_)))
+            | (TaskKey::Kld { .. }, Some(task_result::Kind::Kld(_)))
+            | (TaskKey::Greedy { .. }, Some(task_result::Kind::Greedy(_)))
+            | (TaskKey::Probe { .. }, Some(task_result::Kind::Probe(_)))
             | (
                 TaskKey::VerifyGguf { .. }
                     | TaskKey::VerifyQuantize { .. }

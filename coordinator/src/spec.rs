@@ -16,6 +16,17 @@
 //!   mlx:
 //!     bits: [4, 8]              # MLX affine checkpoints (mlx_lm.convert -q), one per bit width
 //!     group_size: 64            # 32, 64 or 128 (default 64)
+//! evaluation:                   # optional: every quant (and MLX checkpoint) measured against the GGUF BF16
+//!   text: texts/gpl3.txt        # KL divergence on this text, as llama-perplexity (path relative to this file,
+//!                               # file:// or s3://)
+//!   ctx: 512                    # tokens per chunk (-c; default 512)
+//!   batch: 2048                 # tokens per decode (-b; default 2048): batch/ctx chunks per farm task
+//!   chunks: 40                  # only the first N chunks (default: all)
+//!   prompts: prompts.json       # greedy agreement with the reference on these prompts (JSON array)
+//!   max_tokens: 64              # token cap of each greedy continuation (default 64)
+//!   prompt_shares: 2            # greedy tasks per model, each with every n-th prompt (default 2)
+//!   probes: probes.yaml         # a task-probe suite run on the reference and every model
+//!   context: 4096               # context of greedy continuations and probes (default 4096)
 //! gates:                        # default: one gate `reproducible` (rule: verified)
 //!   - {name: reproducible, rule: verified}
 //!   - {name: q8-close, rule: kld_mean, level: Q8_0, max: 0.01}
@@ -43,6 +54,9 @@ pub struct ReleaseSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base_name: Option<String>,
     pub outputs: Outputs,
+    /// How the quants' information loss is measured; without it no level has a KL-divergence figure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evaluation: Option<Evaluation>,
     #[serde(default = "default_gates")]
     pub gates: Vec<Gate>,
 }
@@ -93,6 +107,50 @@ pub struct MlxOutputs {
 
 fn default_group_size() -> u32 {
     64
+}
+
+/// The KL-divergence pass: llama-perplexity's `--kl-divergence` over one text, spread over the farm by chunk group.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Evaluation {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    #[serde(default = "default_ctx")]
+    pub ctx: u32,
+    #[serde(default = "default_batch")]
+    pub batch: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chunks: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompts: Option<String>,
+    #[serde(default = "default_max_tokens")]
+    pub max_tokens: u32,
+    #[serde(default = "default_prompt_shares")]
+    pub prompt_shares: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probes: Option<String>,
+    #[serde(default = "default_context")]
+    pub context: u32,
+}
+
+fn default_max_tokens() -> u32 {
+    64
+}
+
+fn default_prompt_shares() -> u32 {
+    2
+}
+
+fn default_context() -> u32 {
+    4096
+}
+
+fn default_ctx() -> u32 {
+    512
+}
+
+fn default_batch() -> u32 {
+    2048
 }
 
 /// gguf-split's two rules; exactly one is given.
@@ -232,6 +290,40 @@ impl ReleaseSpec {
                 return Err(format!("outputs.gguf.quants: {} is not a quantized type (BF16 is always made)", q.0));
             }
         }
+        if let Some(e) = &self.evaluation {
+            for (key, v) in [("text", &e.text), ("prompts", &e.prompts), ("probes", &e.probes)] {
+                if v.as_deref().is_some_and(|v| v.trim().is_empty()) {
+                    return Err(format!("evaluation.{key}: is empty"));
+                }
+            }
+            if e.text.is_none() && e.prompts.is_none() && e.probes.is_none() {
+                return Err("evaluation: names nothing to measure (give text, prompts or probes)".into());
+            }
+            if !(1..=4096).contains(&e.max_tokens) {
+                return Err(format!("evaluation.max_tokens: {} is not between 1 and 4096", e.max_tokens));
+            }
+            if !(1..=1000).contains(&e.prompt_shares) {
+                return Err(format!("evaluation.prompt_shares: {} is not between 1 and 1000", e.prompt_shares));
+            }
+            if !(64..=1 << 20).contains(&e.context) {
+                return Err(format!("evaluation.context: {} is not between 64 and 1048576 tokens", e.context));
+            }
+            if !(8..=1 << 20).contains(&e.ctx) {
+                return Err(format!("evaluation.ctx: {} is not between 8 and 1048576 tokens", e.ctx));
+            }
+            if e.batch == 0 || (e.batch >= e.ctx && !e.batch.is_multiple_of(e.ctx)) {
+                return Err(format!(
+                    "evaluation.batch: {} must be below or a multiple of the context {} (as llama-perplexity's -b)",
+                    e.batch, e.ctx
+                ));
+            }
+            if e.chunks == Some(0) {
+                return Err("evaluation.chunks: must be at least 1".into());
+            }
+            if self.outputs.gguf.is_none() {
+                return Err("evaluation: the reference is the GGUF BF16; add outputs.gguf".into());
+            }
+        }
         let mut names = std::collections::HashSet::new();
         for (i, g) in self.gates.iter().enumerate() {
             if !names.insert(g.name.as_str()) {
@@ -254,6 +346,12 @@ impl ReleaseSpec {
                     match g.max {
                         Some(m) if m.is_finite() && m >= 0.0 => {}
                         _ => return Err(format!("gates[{i}] ({}): rule kld_mean needs max ≥ 0", g.name)),
+                    }
+                    if self.evaluation.as_ref().is_none_or(|e| e.text.is_none()) {
+                        return Err(format!(
+                            "gates[{i}] ({}): rule kld_mean needs evaluation.text (the text the KL divergence is measured on)",
+                            g.name
+                        ));
                     }
                 }
             }
@@ -361,6 +459,8 @@ mod tests {
         assert!(ReleaseSpec::parse(&bad_name, "r").unwrap_err().to_string().contains("name"));
         let gate = format!("{GOOD}gates:\n  - {{name: g, rule: kld_mean, level: Q4_0, max: 0.1}}\n");
         assert!(ReleaseSpec::parse(&gate, "r").unwrap_err().to_string().contains("not in outputs.gguf.quants"));
+        let unmeasured = format!("{GOOD}gates:\n  - {{name: g, rule: kld_mean, level: Q8_0, max: 0.1}}\n");
+        assert!(ReleaseSpec::parse(&unmeasured, "r").unwrap_err().to_string().contains("needs evaluation.text"));
     }
 
     #[test]
@@ -374,6 +474,26 @@ mod tests {
             (text.replace("[4, 8]", "[4, 4]"), "outputs.mlx.bits: 4"),
             (text.replace("{bits: [4, 8]}", "{bits: [4], group_size: 48}"), "outputs.mlx.group_size: 48"),
             (text.replace("adapter: ./a\n", ""), "base_name: names the base"),
+        ] {
+            let e = ReleaseSpec::parse(&bad, "r").unwrap_err().to_string();
+            assert!(e.contains(says), "{e}");
+        }
+    }
+
+    #[test]
+    fn evaluation_section() {
+        let text = format!("{GOOD}evaluation: {{text: t.txt, chunks: 8}}\ngates:\n  - {{name: g, rule: kld_mean, level: Q8_0, max: 0.01}}\n");
+        let s = ReleaseSpec::parse(&text, "r").unwrap();
+        let e = s.evaluation.as_ref().unwrap();
+        assert_eq!((e.text.as_deref(), e.ctx, e.batch, e.chunks), (Some("t.txt"), 512, 2048, Some(8)));
+        assert_eq!((e.prompts.as_deref(), e.max_tokens, e.prompt_shares, e.context), (None, 64, 2, 4096));
+        for (bad, says) in [
+            (text.replace("chunks: 8", "batch: 700"), "evaluation.batch: 700"),
+            (text.replace("chunks: 8", "ctx: 4"), "evaluation.ctx: 4"),
+            (text.replace("chunks: 8", "chunks: 0"), "evaluation.chunks"),
+            (text.replace("chunks: 8", "chunk: 8"), "chunk"),
+            (text.replace("chunks: 8", "prompt_shares: 0"), "evaluation.prompt_shares: 0"),
+            (text.replace("text: t.txt, chunks: 8", "ctx: 512"), "names nothing to measure"),
         ] {
             let e = ReleaseSpec::parse(&bad, "r").unwrap_err().to_string();
             assert!(e.contains(says), "{e}");

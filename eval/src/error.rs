@@ -23,9 +23,8 @@ pub enum Error {
     #[error("{what}: {msg}")]
     Mismatch { what: String, msg: String },
 
-    /// Chunk statistics that cannot be merged.
-    #[error("KL-divergence statistics: {0}")]
-    Stats(String),
+    #[error(transparent)]
+    Stats(#[from] quantfarm_parity::StatsError),
 
     /// A chat template that does not render.
     #[error("chat template of {model}: {msg}")]

@@ -54,15 +54,20 @@ pub enum Prompt {
 pub fn read_prompts(path: &Path) -> Result<Vec<Prompt>> {
     let file = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|e| Error::Io { file: file.clone(), source: e })?;
+    parse_prompts(&file, &text)
+}
+
+/// Parses a prompt set read from `file`.
+pub fn parse_prompts(file: &str, text: &str) -> Result<Vec<Prompt>> {
     #[derive(Deserialize)]
     #[serde(untagged)]
     enum Set {
         List(Vec<Prompt>),
         Object { prompts: Vec<Prompt> },
     }
-    let set: Set = serde_json::from_str(&text).map_err(|e| {
+    let set: Set = serde_json::from_str(text).map_err(|e| {
         Error::format(
-            &file,
+            file,
             format!("line {} column {}", e.line(), e.column()),
             format!("{e}; expected an array of prompts (a string, {{\"messages\": [...]}} or {{\"prompt\": \"...\"}})"),
         )
@@ -71,7 +76,7 @@ pub fn read_prompts(path: &Path) -> Result<Vec<Prompt>> {
         Set::List(p) | Set::Object { prompts: p } => p,
     };
     if prompts.is_empty() {
-        return Err(Error::format(&file, "prompts", "the prompt set is empty"));
+        return Err(Error::format(file, "prompts", "the prompt set is empty"));
     }
     Ok(prompts)
 }
@@ -161,14 +166,21 @@ pub fn compare(index: usize, reference: (&Model, &[GreedyStep]), model: (&Model,
     let (mm, m) = model;
     let r_tokens: Vec<Token> = r.iter().map(|s| s.token).collect();
     let m_tokens: Vec<Token> = m.iter().map(|s| s.token).collect();
-    let reference_text = String::from_utf8_lossy(&rm.detokenize(&r_tokens)).into_owned();
-    let model_text = String::from_utf8_lossy(&mm.detokenize(&m_tokens)).into_owned();
-    let common = r_tokens.iter().zip(&m_tokens).take_while(|(a, b)| a == b).count();
-    let identical = rm.detokenize(&r_tokens) == mm.detokenize(&m_tokens);
+    let margins: Vec<f32> = r.iter().map(|s| s.margin).collect();
+    agreement(index, (&r_tokens, &margins, rm.detokenize(&r_tokens)), (&m_tokens, mm.detokenize(&m_tokens)))
+}
+
+/// Compares a reference continuation (tokens, top-2 margins, bytes) with a model's (tokens, bytes): identical
+/// when the bytes are; else the first differing token and the reference's margin there.
+pub fn agreement(index: usize, reference: (&[Token], &[f32], Vec<u8>), model: (&[Token], Vec<u8>)) -> PromptAgreement {
+    let (r_tokens, margins, r_bytes) = reference;
+    let (m_tokens, m_bytes) = model;
+    let common = r_tokens.iter().zip(m_tokens).take_while(|(a, b)| a == b).count();
+    let identical = r_bytes == m_bytes;
     let longest = r_tokens.len().max(m_tokens.len());
     let prefix_fraction = if identical || longest == 0 { 1.0 } else { common as f64 / longest as f64 };
     let first_difference = (!identical).then_some(common);
-    let reference_margin = first_difference.and_then(|d| r.get(d)).map(|s| s.margin);
+    let reference_margin = first_difference.and_then(|d| margins.get(d)).copied();
     PromptAgreement {
         index,
         identical,
@@ -178,8 +190,8 @@ pub fn compare(index: usize, reference: (&Model, &[GreedyStep]), model: (&Model,
         prefix_fraction,
         first_difference,
         reference_margin,
-        reference_text,
-        model_text,
+        reference_text: String::from_utf8_lossy(&r_bytes).into_owned(),
+        model_text: String::from_utf8_lossy(&m_bytes).into_owned(),
     }
 }
 

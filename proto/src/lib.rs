@@ -28,7 +28,56 @@ impl Task {
             Some(task::Kind::Noop(_)) => "noop",
             Some(task::Kind::MergePlan(_) | task::Kind::Merge(_)) => "merge",
             Some(task::Kind::Mlx(_)) => "mlx",
+            Some(task::Kind::KldPlan(_) | task::Kind::KldBase(_) | task::Kind::Kld(_)) => "kld",
+            Some(task::Kind::Greedy(_)) => "greedy",
+            Some(task::Kind::Probe(_)) => "probe",
             None => "none",
+        }
+    }
+}
+
+impl From<&quantfarm_parity::ChunkStats> for KldChunkStats {
+    fn from(c: &quantfarm_parity::ChunkStats) -> KldChunkStats {
+        KldChunkStats {
+            chunk: c.chunk,
+            count: c.count,
+            sum_nll: c.sum_nll,
+            sum_nll2: c.sum_nll2,
+            sum_nll_base: c.sum_nll_base,
+            sum_nll_base2: c.sum_nll_base2,
+            sum_nll_nll_base: c.sum_nll_nll_base,
+            sum_kld: c.sum_kld,
+            sum_kld2: c.sum_kld2,
+            sum_p_diff: c.sum_p_diff,
+            sum_p_diff2: c.sum_p_diff2,
+            sum_p_diff4: c.sum_p_diff4,
+            max_abs_p_diff: c.max_abs_p_diff,
+            n_same_top: c.n_same_top,
+            kld_values: c.kld_values.clone(),
+            p_diff_values: c.p_diff_values.clone(),
+        }
+    }
+}
+
+impl From<&KldChunkStats> for quantfarm_parity::ChunkStats {
+    fn from(c: &KldChunkStats) -> quantfarm_parity::ChunkStats {
+        quantfarm_parity::ChunkStats {
+            chunk: c.chunk,
+            count: c.count,
+            sum_nll: c.sum_nll,
+            sum_nll2: c.sum_nll2,
+            sum_nll_base: c.sum_nll_base,
+            sum_nll_base2: c.sum_nll_base2,
+            sum_nll_nll_base: c.sum_nll_nll_base,
+            sum_kld: c.sum_kld,
+            sum_kld2: c.sum_kld2,
+            sum_p_diff: c.sum_p_diff,
+            sum_p_diff2: c.sum_p_diff2,
+            sum_p_diff4: c.sum_p_diff4,
+            max_abs_p_diff: c.max_abs_p_diff,
+            n_same_top: c.n_same_top,
+            kld_values: c.kld_values.clone(),
+            p_diff_values: c.p_diff_values.clone(),
         }
     }
 }

@@ -72,6 +72,11 @@ pub async fn run(t: &pb::Task, env: &Env) -> Result<pb::TaskResult, Failure> {
         task::Kind::MergePlan(m) => task_result::Kind::MergePlan(merge_plan(m, env).await?),
         task::Kind::Merge(m) => task_result::Kind::Artifact(merge(m, env).await?),
         task::Kind::Mlx(m) => task_result::Kind::Artifact(mlx(m, env).await?),
+        task::Kind::KldPlan(k) => task_result::Kind::KldPlan(crate::evaluate::kld_plan(k, env).await?),
+        task::Kind::KldBase(k) => task_result::Kind::Artifact(crate::evaluate::kld_base(k, env).await?),
+        task::Kind::Kld(k) => task_result::Kind::Kld(crate::evaluate::kld(k, env).await?),
+        task::Kind::Greedy(g) => task_result::Kind::Greedy(crate::evaluate::greedy(g, env).await?),
+        task::Kind::Probe(p) => task_result::Kind::Probe(crate::evaluate::probe(p, env).await?),
         task::Kind::Noop(n) => {
             if n.sleep_ms > 0 {
                 tokio::time::sleep(Duration::from_millis(n.sleep_ms as u64)).await;

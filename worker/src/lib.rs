@@ -3,6 +3,7 @@
 //! or failures. On shutdown it stops leasing and finishes (or, when told to stop now, hands back) what it holds.
 //! A coordinator that restarts is waited for: results are re-sent until it takes them.
 
+pub mod evaluate;
 pub mod exec;
 
 use std::collections::HashMap;
@@ -103,7 +104,8 @@ fn is_down(s: &Status) -> bool {
 }
 
 /// Kinds this build has executors for.
-pub const TASK_KINDS: [&str; 7] = ["plan", "gguf", "quantize", "verify", "noop", "merge", "mlx"];
+pub const TASK_KINDS: [&str; 10] =
+    ["plan", "gguf", "quantize", "verify", "noop", "merge", "mlx", "kld", "greedy", "probe"];
 
 /// The external runtimes this machine has, so a release can ask for a peer tool's own figures beside quantfarm's
 /// (link 2 across real runtimes): llama.cpp's tools on PATH or in `$QUANTFARM_LLAMA_BIN`, and mlx-lm importable by

@@ -5,7 +5,10 @@
 //! The records of one chunk are a contiguous run, so the farm stores them per chunk and a whole file is the header
 //! followed by the chunks' runs in order ([`BaseHeader::encode`] + [`ChunkRecords::as_bytes`]).
 
-use std::io::Read;
+use std::fs::File;
+use std::io::{BufReader, Read, Seek, SeekFrom};
+use std::ops::Range;
+use std::path::Path;
 
 use crate::error::{Error, Result};
 
@@ -44,6 +47,22 @@ impl BaseHeader {
     pub fn chunk_tokens(&self, chunk: usize) -> &[i32] {
         let n = self.n_ctx as usize;
         &self.tokens[chunk * n..(chunk + 1) * n]
+    }
+
+    /// The header of a file holding only `chunks` (renumbered from 0): a whole base-logits file of its own, which
+    /// llama-perplexity reads too. The farm stores the reference's logits as such parts, one per chunk group.
+    pub fn part(&self, chunks: Range<usize>) -> BaseHeader {
+        let n = self.n_ctx as usize;
+        BaseHeader {
+            n_ctx: self.n_ctx,
+            n_vocab: self.n_vocab,
+            tokens: self.tokens[chunks.start * n..chunks.end * n].to_vec(),
+        }
+    }
+
+    /// Bytes of the whole file: header, tokens and every chunk's records.
+    pub fn file_bytes(&self) -> u64 {
+        20 + 4 * self.tokens.len() as u64 + self.n_chunk() as u64 * self.chunk_bytes() as u64
     }
 
     pub fn encode(&self) -> Vec<u8> {
@@ -100,6 +119,45 @@ pub fn scored_per_chunk(n_ctx: u32) -> usize {
 
 pub fn record_len(n_vocab: u32) -> usize {
     2 * (n_vocab as usize).div_ceil(2) + 4
+}
+
+/// A base-logits file opened for reading its chunks' records, its size checked against its header first.
+pub struct BaseFile {
+    pub name: String,
+    pub header: BaseHeader,
+    file: BufReader<File>,
+}
+
+impl BaseFile {
+    pub fn open(path: &Path) -> Result<BaseFile> {
+        let name = path.display().to_string();
+        let io = |source| Error::Io { file: name.clone(), source };
+        let mut file = BufReader::new(File::open(path).map_err(io)?);
+        let header = BaseHeader::read(&name, &mut file)?;
+        let have = file.get_ref().metadata().map_err(io)?.len();
+        if have != header.file_bytes() {
+            return Err(Error::format(
+                &name,
+                "size",
+                format!(
+                    "{have} bytes, but its header ({} chunks of {} tokens, a vocabulary of {}) needs {}: truncated or not a base-logits file",
+                    header.n_chunk(),
+                    header.n_ctx,
+                    header.n_vocab,
+                    header.file_bytes()
+                ),
+            ));
+        }
+        Ok(BaseFile { name, header, file })
+    }
+
+    /// The records of chunk `chunk`.
+    pub fn records(&mut self, chunk: usize) -> Result<ChunkRecords> {
+        let h = &self.header;
+        let at = 20 + 4 * h.tokens.len() as u64 + chunk as u64 * h.chunk_bytes() as u64;
+        self.file.seek(SeekFrom::Start(at)).map_err(|e| Error::Io { file: self.name.clone(), source: e })?;
+        ChunkRecords::read(&self.name, chunk, h.n_vocab, h.scored_per_chunk(), &mut self.file)
+    }
 }
 
 /// One chunk's records, as stored (little-endian u16 values).

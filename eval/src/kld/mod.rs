@@ -11,9 +11,11 @@ pub mod stats;
 
 use rayon::prelude::*;
 
+use std::io::Write;
+
 use crate::error::{Error, Result};
 use crate::runtime::{Model, Session, Token};
-use base_file::{encode_record, BaseHeader, ChunkRecords};
+use base_file::{encode_record, BaseFile, BaseHeader, ChunkRecords};
 use stats::{score_position, ChunkStats, PositionScore};
 
 /// llama-perplexity's defaults: `-c 512`, `-b 2048`.
@@ -197,4 +199,55 @@ pub fn kld_chunks(
             .collect();
         emit(ChunkStats::from_scores(chunk as u32, &scores))
     })
+}
+
+/// The reference's perplexity sums over the chunks a base pass wrote.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BasePass {
+    pub sum_nll: f64,
+    pub positions: usize,
+}
+
+impl BasePass {
+    /// PPL(base) over what was written.
+    pub fn ppl(&self) -> f64 {
+        (self.sum_nll / self.positions.max(1) as f64).exp()
+    }
+}
+
+/// Runs the reference over every chunk of `header` and writes a whole base-logits file (header, tokens, records)
+/// to `w`; `progress` sees each chunk as it is written. `file` names `w` in errors.
+pub fn write_base(
+    session: &mut Session<'_>,
+    header: &BaseHeader,
+    n_seq: usize,
+    file: &str,
+    w: &mut impl Write,
+    mut progress: impl FnMut(usize, &BasePass),
+) -> Result<BasePass> {
+    let io = |e| Error::Io { file: file.to_string(), source: e };
+    w.write_all(&header.encode()).map_err(io)?;
+    let chunks: Vec<usize> = (0..header.n_chunk()).collect();
+    let mut pass = BasePass::default();
+    base_chunks(session, header, &chunks, n_seq, |b| {
+        pass.sum_nll += b.sum_nll;
+        pass.positions += b.records.positions();
+        w.write_all(&b.records.as_bytes()).map_err(io)?;
+        progress(b.chunk, &pass);
+        Ok(())
+    })?;
+    w.flush().map_err(io)?;
+    Ok(pass)
+}
+
+/// Scores `chunks` of a model against a base file's records.
+pub fn score_against(
+    session: &mut Session<'_>,
+    base: &mut BaseFile,
+    chunks: &[usize],
+    n_seq: usize,
+    emit: impl FnMut(ChunkStats) -> Result<()>,
+) -> Result<()> {
+    let header = base.header.clone();
+    kld_chunks(session, &header, chunks, n_seq, |c| base.records(c), emit)
 }

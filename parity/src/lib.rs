@@ -1,0 +1,9 @@
+//! The parity figures' arithmetic, free of any runtime.
+//!
+//! Workers measure in llama.cpp (crate `quantfarm-eval`); the coordinator, which links no C++, merges what they
+//! measured into the report. What both sides must agree on lives here: the per-chunk KL-divergence statistics and
+//! their exact merge ([`kld`]).
+
+pub mod kld;
+
+pub use kld::{ChunkStats, Estimate, KldSummary, PositionScore, StatsError};
