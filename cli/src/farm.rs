@@ -501,6 +501,19 @@ pub async fn cancel(args: WatchArgs) -> Result<u8> {
 
 /// `quantfarm run`: everything in one process, talking gRPC over loopback like a farm.
 pub async fn run(args: RunArgs) -> Result<u8> {
+    // The local workers are the only ones: a peer tool none of them has would leave its tasks waiting for ever.
+    let name = args.release.display().to_string();
+    if let Ok(text) = std::fs::read_to_string(&args.release) {
+        let spec = quantfarm_coordinator::spec::ReleaseSpec::parse(&text, &name)?;
+        for peer in spec.evaluation.iter().flat_map(|e| &e.peers) {
+            if quantfarm_worker::find_tool(peer.tool()).is_none() {
+                bail!(
+                    "{name}: evaluation.peers: {} is not on PATH or in $QUANTFARM_LLAMA_BIN, so no local worker can run it",
+                    peer.tool()
+                );
+            }
+        }
+    }
     let store = store_location(&args.store)?;
     let token = {
         let mut b = [0u8; 16];

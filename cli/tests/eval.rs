@@ -459,7 +459,8 @@ fn workers_advertise_the_peer_runtimes_they_find() {
 /// three workers and merged by the coordinator into llama-perplexity's printed figures, to every digit, and into
 /// exactly what one `quantfarm kld` process gives on the same files; the `kld_mean` gates follow the figures; greedy
 /// agreement (two prompt shares per model) and probe results equal what `quantfarm greedy` and `quantfarm probe`
-/// give in one process.
+/// give in one process; and llama-perplexity, asked for as a peer and run by a worker on the farm's own files, prints
+/// the same figures.
 #[test]
 fn farm_measures_kld_greedy_and_probes_on_three_workers() {
     let dir = tempfile::tempdir().unwrap();
@@ -468,8 +469,8 @@ fn farm_measures_kld_greedy_and_probes_on_three_workers() {
     std::fs::write(
         &release,
         format!(
-            "name: smollm2-kld\nsource: {}\noutputs:\n  gguf:\n    quants: [Q8_0, Q4_K_M]\n\
-             evaluation:\n  text: {}\n  ctx: 512\n  prompts: {}\n  probes: {}\n\
+            "name: smollm2-kld\nsource: {}\noutputs:\n  gguf:\n    quants: [Q8_0, Q4_K_M]\n  mlx: {{bits: [8]}}\n\
+             evaluation:\n  text: {}\n  ctx: 512\n  prompts: {}\n  probes: {}\n  peers: [llama-perplexity]\n\
              gates:\n  - {{name: reproducible, rule: verified}}\n\
              \x20 - {{name: q8-close, rule: kld_mean, level: Q8_0, max: 0.01}}\n\
              \x20 - {{name: q4-close, rule: kld_mean, level: Q4_K_M, max: 0.05}}\n",
@@ -486,6 +487,7 @@ fn farm_measures_kld_greedy_and_probes_on_three_workers() {
         .args(["--workers", "3", "--json", "--store"])
         .arg(dir.path().join("data"))
         .env("QUANTFARM_KEY_FILE", dir.path().join("k"))
+        .env("QUANTFARM_LLAMA_BIN", llama_bin())
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -514,7 +516,21 @@ fn farm_measures_kld_greedy_and_probes_on_three_workers() {
             "{ty}: the farm's figures are not llama-perplexity's printed ones"
         );
         assert_eq!(k["n_chunks"], 14, "{k:#}");
+        // llama-perplexity itself, run by a worker on the same files (its own base run on the farm's BF16).
+        let peer = &artifact(ty)["peers"]["llama-perplexity"];
+        eprintln!("llama-perplexity on the farm's {ty}: {:#}", peer["figures"]["Mean KLD"]);
+        for label in ["Mean KLD", "Same top p", "Mean PPL(Q)", "Mean PPL(base)"] {
+            assert_eq!(peer["same_as_quantfarm"][label], true, "{ty} {label}: {peer:#}");
+        }
+        assert_eq!(peer["figures"]["Mean KLD"].as_f64(), Some(kld), "{peer:#}");
     }
+    // The MLX checkpoint, measured through its exact conversion in the same runtime, on the same chunks.
+    let mlx = &artifact("MLX-8bit")["kld"];
+    eprintln!("farm MLX-8bit: mean KLD {}, same top {} %", mlx["mean_kld"], mlx["same_top_p"]);
+    assert_eq!(mlx["n_chunks"], 14, "{mlx:#}");
+    let mlx_kld = mlx["mean_kld"].as_f64().unwrap();
+    assert!(mlx_kld > 0.0 && mlx_kld < artifact("Q4_K_M")["kld"]["mean_kld"].as_f64().unwrap(), "{mlx:#}");
+    assert_eq!(artifact("MLX-8bit")["greedy"]["n"], 20);
     let gate = |name: &str| sum["gates"].as_array().unwrap().iter().find(|g| g["name"] == name).unwrap().clone();
     assert_eq!(gate("reproducible")["passed"], true, "{sum:#}");
     assert_eq!(gate("q8-close")["passed"], true, "{sum:#}");

@@ -16,7 +16,7 @@ use quantfarm_tensors::gguf::split::split_file_name;
 use quantfarm_tensors::Location;
 use sha2::{Digest, Sha256};
 
-use crate::spec::ReleaseSpec;
+use crate::spec::{Peer, ReleaseSpec};
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum TaskKey {
@@ -76,6 +76,15 @@ pub enum TaskKey {
     /// The probe suite on the reference or a model.
     Probe {
         subject: Subject,
+    },
+    /// A peer tool's own base run on the reference (its base-logits file).
+    PeerBase {
+        peer: Peer,
+    },
+    /// A peer tool's own KL-divergence run on one quant level.
+    PeerKld {
+        peer: Peer,
+        level: FileType,
     },
     /// Gathers every result, applies the gates and signs: run by the coordinator itself.
     Report,
@@ -153,6 +162,8 @@ impl fmt::Display for TaskKey {
             TaskKey::Kld { target, group } => write!(f, "kld/{target}/{group}"),
             TaskKey::Greedy { subject, share } => write!(f, "greedy/{subject}/{share}"),
             TaskKey::Probe { subject } => write!(f, "probe/{subject}"),
+            TaskKey::PeerBase { peer } => write!(f, "peer/{}/base", peer.tool()),
+            TaskKey::PeerKld { peer, level } => write!(f, "peer/{}/{level}", peer.tool()),
             TaskKey::Report => write!(f, "report"),
         }
     }
@@ -183,6 +194,8 @@ impl TaskKey {
             ["kld", t, g] => TaskKey::Kld { target: EvalTarget::parse(t)?, group: num(g)? },
             ["greedy", t, n] => TaskKey::Greedy { subject: Subject::parse(t)?, share: num(n)? },
             ["probe", t] => TaskKey::Probe { subject: Subject::parse(t)? },
+            ["peer", p, "base"] => TaskKey::PeerBase { peer: Peer::parse(p)? },
+            ["peer", p, l] => TaskKey::PeerKld { peer: Peer::parse(p)?, level: level(l)? },
             _ => return None,
         })
     }
@@ -204,7 +217,16 @@ impl TaskKey {
             TaskKey::KldPlan | TaskKey::KldBase { .. } | TaskKey::Kld { .. } => Some("kld"),
             TaskKey::Greedy { .. } => Some("greedy"),
             TaskKey::Probe { .. } => Some("probe"),
+            TaskKey::PeerBase { .. } | TaskKey::PeerKld { .. } => Some("peer"),
             TaskKey::Report => None,
+        }
+    }
+
+    /// The runtime a worker must advertise to run the task (a peer tool), besides its kind.
+    pub fn runtime(&self) -> Option<&'static str> {
+        match self {
+            TaskKey::PeerBase { peer } | TaskKey::PeerKld { peer, .. } => Some(peer.tool()),
+            _ => None,
         }
     }
 
@@ -226,6 +248,7 @@ impl TaskKey {
             TaskKey::Kld { target, .. } => format!("kld {target}"),
             TaskKey::Greedy { subject, .. } => format!("greedy {subject}"),
             TaskKey::Probe { subject } => format!("probe {subject}"),
+            TaskKey::PeerBase { peer } | TaskKey::PeerKld { peer, .. } => peer.tool().to_string(),
             TaskKey::Report => "report".into(),
         }
     }
@@ -359,6 +382,18 @@ pub fn expand(ctx: &Ctx, plan: &pb::PlanResult, results: &Results) -> Vec<TaskDe
                     out.push(TaskDef { key: key.clone(), deps, cost });
                     verifies.push(key);
                 }
+            }
+        }
+        for &peer in &e.peers {
+            // After the KL-divergence plan: its text checksum names the peer's base file.
+            let base = TaskKey::PeerBase { peer };
+            out.push(TaskDef { key: base.clone(), deps: vec![TaskKey::KldPlan], cost });
+            for level in ctx.spec.quants() {
+                let key = TaskKey::PeerKld { peer, level: level.0 };
+                let mut deps = vec![base.clone()];
+                deps.extend(model_tasks(EvalTarget::Quant(level.0), n));
+                out.push(TaskDef { key: key.clone(), deps, cost });
+                verifies.push(key);
             }
         }
         if e.probes.is_some() {
@@ -673,6 +708,43 @@ fn greedy_task(ctx: &Ctx, results: &Results, subject: Subject, share: u32) -> Re
     })
 }
 
+fn peer_task(ctx: &Ctx, results: &Results, peer: Peer, level: Option<FileType>) -> Result<pb::PeerKldTask, String> {
+    let settings = kld_settings(ctx)?;
+    let Some(level) = level else {
+        let kp = kld_plan_of(results)?;
+        let plan = plan_of(results)?;
+        let refs: Vec<&pb::Artifact> = (0..plan.shards.len() as u32)
+            .map(|shard| artifact_of(results, &TaskKey::Gguf { shard }))
+            .collect::<Result<_, _>>()?;
+        let (c, b, m) = (settings.ctx.to_string(), settings.batch.to_string(), settings.max_chunks.to_string());
+        let mut parts = vec!["quantfarm peer-base v1", peer.tool(), &kp.text_sha256, &c, &b, &m];
+        parts.extend(refs.iter().map(|a| a.sha256.as_str()));
+        let folder = short_hash(&parts);
+        let name = format!("{}-BF16-{}.logits", ctx.spec.prefix(), peer.tool());
+        let output = ctx.store.child(&format!("artifacts/{folder}/{name}")).map_err(|e| e.to_string())?;
+        return Ok(pb::PeerKldTask {
+            tool: peer.tool().into(),
+            model: refs[0].url.clone(),
+            settings: Some(settings),
+            base: String::new(),
+            base_sha256: String::new(),
+            output: output.to_string(),
+        });
+    };
+    let base = match results(&TaskKey::PeerBase { peer }).and_then(|r| r.kind.as_ref()) {
+        Some(task_result::Kind::PeerKld(p)) => p.base.as_ref().ok_or("the peer's base run wrote no file")?,
+        _ => return Err(format!("peer/{}/base has no result", peer.tool())),
+    };
+    Ok(pb::PeerKldTask {
+        tool: peer.tool().into(),
+        model: model_of(results, Subject::Model(EvalTarget::Quant(level)))?.url.clone(),
+        settings: Some(settings),
+        base: base.url.clone(),
+        base_sha256: base.sha256.clone(),
+        output: String::new(),
+    })
+}
+
 fn kld_task(ctx: &Ctx, results: &Results, target: EvalTarget, group: u32) -> Result<pb::KldTask, String> {
     let kp = kld_plan_of(results)?;
     let base = artifact_of(results, &TaskKey::KldBase { group })?;
@@ -762,6 +834,8 @@ pub fn build(ctx: &Ctx, key: &TaskKey, results: &Results) -> Result<pb::Task, St
         TaskKey::KldBase { group } => task::Kind::KldBase(kld_base_task(ctx, results, *group)?),
         TaskKey::Kld { target, group } => task::Kind::Kld(kld_task(ctx, results, *target, *group)?),
         TaskKey::Greedy { subject, share } => task::Kind::Greedy(greedy_task(ctx, results, *subject, *share)?),
+        TaskKey::PeerBase { peer } => task::Kind::PeerKld(peer_task(ctx, results, *peer, None)?),
+        TaskKey::PeerKld { peer, level } => task::Kind::PeerKld(peer_task(ctx, results, *peer, Some(*level))?),
         TaskKey::Probe { subject } => task::Kind::Probe(pb::ProbeTask {
             model: model_of(results, *subject)?.url.clone(),
             suite: ctx.eval.probes.clone(),
@@ -801,6 +875,8 @@ mod tests {
             TaskKey::Greedy { subject: Subject::Model(EvalTarget::Quant(FileType::Q8_0)), share: 0 },
             TaskKey::Probe { subject: Subject::Model(EvalTarget::Mlx { bits: 8 }) },
             TaskKey::Probe { subject: Subject::Reference },
+            TaskKey::PeerBase { peer: Peer::LlamaPerplexity },
+            TaskKey::PeerKld { peer: Peer::LlamaPerplexity, level: FileType::Q6_K },
         ] {
             assert_eq!(TaskKey::parse(&k.to_string()), Some(k.clone()), "{k}");
         }

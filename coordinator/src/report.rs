@@ -95,6 +95,10 @@ fn inputs_json(t: Option<&pb::Task>) -> Value {
             "max_tokens": g.max_tokens, "ctx": g.ctx, "reference_continuations": g.reference.len()
         }),
         task::Kind::Probe(p) => json!({"model": p.model, "suite": p.suite, "ctx": p.ctx}),
+        task::Kind::PeerKld(p) => json!({
+            "tool": p.tool, "model": p.model, "settings": settings_json(&p.settings), "base": p.base,
+            "base_sha256": p.base_sha256
+        }),
     }
 }
 
@@ -140,6 +144,11 @@ fn outputs_json(r: Option<&pb::TaskResult>) -> Value {
             })).collect::<Vec<_>>(),
             "agreements": g.agreements.iter().map(|a| json!({"index": a.index, "identical": a.identical})).collect::<Vec<_>>(),
             "note": g.note
+        }),
+        task_result::Kind::PeerKld(p) => json!({
+            "tool": p.tool, "version": p.version, "command": p.command,
+            "figures": p.figures.iter().collect::<BTreeMap<_, _>>(),
+            "base": p.base.as_ref().map(|a| json!({"url": a.url, "sha256": a.sha256, "bytes": a.bytes}))
         }),
         task_result::Kind::Probe(p) => json!({
             "suite": p.suite, "passed": p.passed, "failed": p.failed, "truncated": p.truncated,
@@ -260,12 +269,48 @@ fn probe_summaries(rel: &Release) -> BTreeMap<String, Value> {
     out
 }
 
+/// Each quant level's figures as a peer tool printed them (keyed by artifact `file_type`, then tool), with whether
+/// quantfarm's own figures print the same to every digit the tool prints.
+fn peer_summaries(rel: &Release, klds: &BTreeMap<String, Result<KldSummary, String>>) -> BTreeMap<String, Value> {
+    let mut out: BTreeMap<String, Value> = BTreeMap::new();
+    for t in &rel.tasks {
+        let TaskKey::PeerKld { level, .. } = &t.key else { continue };
+        let Some(task_result::Kind::PeerKld(p)) = t.result.as_ref().and_then(|r| r.kind.as_ref()) else { continue };
+        let ours = klds.get(level.name()).and_then(|r| r.as_ref().ok());
+        // (label as printed, our figure, decimals printed)
+        let compared: Vec<(&str, Option<f64>, usize)> = vec![
+            ("Mean KLD", ours.map(|s| s.mean_kld.value), 6),
+            ("Same top p", ours.map(|s| 100.0 * s.same_top_p.value), 3),
+            ("Mean PPL(Q)", ours.map(|s| s.mean_ppl_q.value), 6),
+            ("Mean PPL(base)", ours.map(|s| s.mean_ppl_base.value), 6),
+        ];
+        let mut same = Map::new();
+        for (label, mine, digits) in compared {
+            let theirs = p.figures.get(label);
+            let equal = match (mine, theirs) {
+                (Some(m), Some(t)) => format!("{m:.digits$}") == format!("{t:.digits$}"),
+                _ => false,
+            };
+            same.insert(label.to_string(), json!(equal));
+        }
+        let entry = out.entry(level.name().to_string()).or_insert_with(|| json!({}));
+        entry[p.tool.as_str()] = json!({
+            "version": p.version,
+            "command": p.command,
+            "figures": p.figures.iter().collect::<BTreeMap<_, _>>(),
+            "same_as_quantfarm": same,
+        });
+    }
+    out
+}
+
 /// Builds the unsigned report of a release whose tasks (but the report) are all done; returns it with whether
 /// every gate passed.
 pub fn build(rel: &Release) -> (Value, bool) {
     let klds = kld_summaries(rel);
     let greedy = greedy_summaries(rel);
     let probes = probe_summaries(rel);
+    let peers = peer_summaries(rel, &klds);
     // Slots in report order: the merged checkpoint, GGUF BF16, the GGUF quants, the MLX checkpoints.
     let mut artifacts: BTreeMap<(u32, String), ArtifactAcc> = BTreeMap::new();
     let level_order =
@@ -326,6 +371,7 @@ pub fn build(rel: &Release) -> (Value, bool) {
             "kld": kld,
             "greedy": greedy.get(ty).cloned().unwrap_or(Value::Null),
             "probes": probes.get(ty).cloned().unwrap_or(Value::Null),
+            "peers": peers.get(ty).cloned().unwrap_or(Value::Null),
             "name": format!("{}-{ty}", rel.spec.prefix()),
             "container": container,
             "file_type": ty,

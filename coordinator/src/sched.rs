@@ -588,6 +588,7 @@ impl Sched {
         let w = self.workers.get_mut(worker_id).ok_or_else(|| SchedError::UnknownWorker(worker_id.into()))?;
         w.last_seen = now;
         let kinds: Vec<String> = w.info.task_kinds.clone();
+        let runtimes: Vec<String> = w.info.runtimes.clone();
         let mut picked = Vec::new();
         let mut next_wake: Option<Instant> = None;
         for &(prio, ri, ti) in self.ready.iter() {
@@ -597,6 +598,9 @@ impl Sched {
             let t = &self.releases[ri].tasks[ti];
             let Some(kind) = t.key.worker_kind() else { continue };
             if !kinds.iter().any(|k| k == kind) {
+                continue;
+            }
+            if t.key.runtime().is_some_and(|rt| !runtimes.iter().any(|r| r == rt)) {
                 continue;
             }
             if let Some(nb) = t.not_before {
@@ -953,6 +957,7 @@ fn check_result(key: &TaskKey, r: &pb::TaskResult) -> Result<(), String> {
             | (TaskKey::Kld { .. }, Some(task_result::Kind::Kld(_)))
             | (TaskKey::Greedy { .. }, Some(task_result::Kind::Greedy(_)))
             | (TaskKey::Probe { .. }, Some(task_result::Kind::Probe(_)))
+            | (TaskKey::PeerBase { .. } | TaskKey::PeerKld { .. }, Some(task_result::Kind::PeerKld(_)))
             | (
                 TaskKey::VerifyGguf { .. }
                     | TaskKey::VerifyQuantize { .. }

@@ -27,6 +27,7 @@
 //!   prompt_shares: 2            # greedy tasks per model, each with every n-th prompt (default 2)
 //!   probes: probes.yaml         # a task-probe suite run on the reference and every model
 //!   context: 4096               # context of greedy continuations and probes (default 4096)
+//!   peers: [llama-perplexity]   # also run llama.cpp's own tool on the same files, on workers that have it
 //! gates:                        # default: one gate `reproducible` (rule: verified)
 //!   - {name: reproducible, rule: verified}
 //!   - {name: q8-close, rule: kld_mean, level: Q8_0, max: 0.01}
@@ -131,6 +132,30 @@ pub struct Evaluation {
     pub probes: Option<String>,
     #[serde(default = "default_context")]
     pub context: u32,
+    /// Peer tools run beside quantfarm's own measurement, on workers that advertise them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub peers: Vec<Peer>,
+}
+
+/// A peer runtime whose own figures a release can ask for.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq, Hash)]
+pub enum Peer {
+    /// llama.cpp's `llama-perplexity --kl-divergence`, on the GGUF BF16 and every GGUF quant.
+    #[serde(rename = "llama-perplexity")]
+    LlamaPerplexity,
+}
+
+impl Peer {
+    /// The tool's name, as workers advertise it among their runtimes.
+    pub fn tool(self) -> &'static str {
+        match self {
+            Peer::LlamaPerplexity => "llama-perplexity",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Peer> {
+        (s == "llama-perplexity").then_some(Peer::LlamaPerplexity)
+    }
 }
 
 fn default_max_tokens() -> u32 {
@@ -304,6 +329,12 @@ impl ReleaseSpec {
             }
             if !(1..=1000).contains(&e.prompt_shares) {
                 return Err(format!("evaluation.prompt_shares: {} is not between 1 and 1000", e.prompt_shares));
+            }
+            if !e.peers.is_empty() && e.text.is_none() {
+                return Err("evaluation.peers: the peers measure KL divergence; give evaluation.text".into());
+            }
+            if e.peers.iter().enumerate().any(|(i, p)| e.peers[..i].contains(p)) {
+                return Err("evaluation.peers: a peer is listed twice".into());
             }
             if !(64..=1 << 20).contains(&e.context) {
                 return Err(format!("evaluation.context: {} is not between 64 and 1048576 tokens", e.context));
@@ -493,6 +524,7 @@ mod tests {
             (text.replace("chunks: 8", "chunks: 0"), "evaluation.chunks"),
             (text.replace("chunks: 8", "chunk: 8"), "chunk"),
             (text.replace("chunks: 8", "prompt_shares: 0"), "evaluation.prompt_shares: 0"),
+            (text.replace("chunks: 8", "peers: [llama-bench]"), "llama-bench"),
             (text.replace("text: t.txt, chunks: 8", "ctx: 512"), "names nothing to measure"),
         ] {
             let e = ReleaseSpec::parse(&bad, "r").unwrap_err().to_string();

@@ -31,6 +31,7 @@ impl Task {
             Some(task::Kind::KldPlan(_) | task::Kind::KldBase(_) | task::Kind::Kld(_)) => "kld",
             Some(task::Kind::Greedy(_)) => "greedy",
             Some(task::Kind::Probe(_)) => "probe",
+            Some(task::Kind::PeerKld(_)) => "peer",
             None => "none",
         }
     }

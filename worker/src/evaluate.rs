@@ -47,7 +47,7 @@ fn location(url: &str) -> Result<Location, Failure> {
 }
 
 /// A scratch folder for one task's fetched files, removed with it.
-fn task_dir(env: &Env) -> Result<tempfile::TempDir, Failure> {
+pub(crate) fn task_dir(env: &Env) -> Result<tempfile::TempDir, Failure> {
     std::fs::create_dir_all(&env.scratch).map_err(|e| transient(env.scratch.display(), e))?;
     tempfile::Builder::new().prefix("eval-").tempdir_in(&env.scratch).map_err(|e| transient(env.scratch.display(), e))
 }
@@ -69,7 +69,7 @@ async fn download(from: &Location, to: &Path, budget: u64) -> Result<(), Failure
 }
 
 /// A local path for the model at `url`: a GGUF file (with its split siblings) or a checkpoint folder.
-async fn local_model(url: &str, dir: &Path, env: &Env) -> Result<PathBuf, Failure> {
+pub(crate) async fn local_model(url: &str, dir: &Path, env: &Env) -> Result<PathBuf, Failure> {
     let loc = location(url)?;
     if let Some(p) = loc.local_path() {
         return Ok(p.to_path_buf());
@@ -96,7 +96,7 @@ async fn local_model(url: &str, dir: &Path, env: &Env) -> Result<PathBuf, Failur
 }
 
 /// A local path for the file at `url`.
-async fn local_file(url: &str, dir: &Path, env: &Env) -> Result<PathBuf, Failure> {
+pub(crate) async fn local_file(url: &str, dir: &Path, env: &Env) -> Result<PathBuf, Failure> {
     let loc = location(url)?;
     if let Some(p) = loc.local_path() {
         return Ok(p.to_path_buf());

@@ -77,6 +77,7 @@ pub async fn run(t: &pb::Task, env: &Env) -> Result<pb::TaskResult, Failure> {
         task::Kind::Kld(k) => task_result::Kind::Kld(crate::evaluate::kld(k, env).await?),
         task::Kind::Greedy(g) => task_result::Kind::Greedy(crate::evaluate::greedy(g, env).await?),
         task::Kind::Probe(p) => task_result::Kind::Probe(crate::evaluate::probe(p, env).await?),
+        task::Kind::PeerKld(p) => task_result::Kind::PeerKld(crate::peer::peer_kld(p, env).await?),
         task::Kind::Noop(n) => {
             if n.sleep_ms > 0 {
                 tokio::time::sleep(Duration::from_millis(n.sleep_ms as u64)).await;

@@ -5,6 +5,7 @@
 
 pub mod evaluate;
 pub mod exec;
+pub mod peer;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -104,19 +105,30 @@ fn is_down(s: &Status) -> bool {
 }
 
 /// Kinds this build has executors for.
-pub const TASK_KINDS: [&str; 10] =
-    ["plan", "gguf", "quantize", "verify", "noop", "merge", "mlx", "kld", "greedy", "probe"];
+/// Peer-tool tasks ("peer") run only on workers that also advertise the tool as a runtime.
+pub const TASK_KINDS: [&str; 11] =
+    ["plan", "gguf", "quantize", "verify", "noop", "merge", "mlx", "kld", "greedy", "probe", "peer"];
 
-/// The external runtimes this machine has, so a release can ask for a peer tool's own figures beside quantfarm's
-/// (link 2 across real runtimes): llama.cpp's tools on PATH or in `$QUANTFARM_LLAMA_BIN`, and mlx-lm importable by
-/// `python3` (or `$QUANTFARM_PYTHON`).
-fn runtimes() -> Vec<String> {
+/// Where llama.cpp's tools are looked for: `$QUANTFARM_LLAMA_BIN`, then PATH.
+fn tool_dirs() -> Vec<PathBuf> {
     let mut dirs: Vec<PathBuf> = std::env::var_os("QUANTFARM_LLAMA_BIN").map(PathBuf::from).into_iter().collect();
     if let Some(p) = std::env::var_os("PATH") {
         dirs.extend(std::env::split_paths(&p));
     }
+    dirs
+}
+
+/// The path of a llama.cpp tool (`llama-perplexity`, …) on this machine.
+pub fn find_tool(name: &str) -> Option<PathBuf> {
+    tool_dirs().into_iter().map(|d| d.join(name)).find(|p| p.is_file())
+}
+
+/// The external runtimes this machine has, so a release can ask for a peer tool's own figures beside quantfarm's
+/// (link 2 across real runtimes): llama.cpp's tools on PATH or in `$QUANTFARM_LLAMA_BIN`, and mlx-lm importable by
+/// `python3` (or `$QUANTFARM_PYTHON`).
+pub fn runtimes() -> Vec<String> {
     let python = std::env::var_os("QUANTFARM_PYTHON").map_or_else(|| PathBuf::from("python3"), PathBuf::from);
-    runtimes_in(&dirs, &python)
+    runtimes_in(&tool_dirs(), &python)
 }
 
 /// Names a worker advertises: `llama-perplexity`, `llama-server`, `llama-completion` (each when found in `dirs`),

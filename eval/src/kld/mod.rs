@@ -116,6 +116,7 @@ fn for_each_chunk(
     let first = (header.n_ctx / 2) as usize;
     let add_bos = session.model().add_bos();
     let bos = session.model().bos();
+    let (mut decoding, mut scoring) = (std::time::Duration::ZERO, std::time::Duration::ZERO);
     for group in chunks.chunks(n_seq.max(1)) {
         let seqs: Vec<Vec<Token>> = group
             .iter()
@@ -129,13 +130,23 @@ fn for_each_chunk(
             })
             .collect();
         let refs: Vec<&[Token]> = seqs.iter().map(Vec::as_slice).collect();
+        let t0 = std::time::Instant::now();
         let logits = session.decode_sequences(&refs, first)?;
+        let t1 = std::time::Instant::now();
         for (&c, l) in group.iter().zip(&logits) {
             // Position p (first ≤ p ≤ n_ctx−2) predicts token p+1 of the chunk as tokenized.
             let targets = &header.chunk_tokens(c)[first + 1..];
             f(c, Scored { logits: l, n_vocab: header.n_vocab as usize, targets })?;
         }
+        decoding += t1 - t0;
+        scoring += t1.elapsed();
     }
+    tracing::debug!(
+        chunks = chunks.len(),
+        decode_s = decoding.as_secs_f64(),
+        score_s = scoring.as_secs_f64(),
+        "chunk pass: time in llama.cpp's decode and in scoring"
+    );
     Ok(())
 }
 

@@ -1,0 +1,167 @@
+//! Peer runtimes as tasks: llama.cpp's own `llama-perplexity` run on the release's files, so the figures it prints
+//! stand beside quantfarm's in the report (link 2 of the parity method across real runtimes). The base run writes
+//! its base-logits file into the store; each KLD run reads it and its printed final statistics are parsed back.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::Command;
+
+use quantfarm_proto::{self as pb, FailureKind};
+use quantfarm_tensors::blob::Blob;
+use quantfarm_tensors::{Location, StagedSink};
+
+use crate::evaluate::{local_file, local_model, task_dir};
+use crate::exec::{hash_object, Env, Failure};
+
+/// Tools a `PeerKldTask` may name.
+pub const TOOLS: [&str; 1] = ["llama-perplexity"];
+
+fn internal(message: String) -> Failure {
+    Failure { kind: FailureKind::Internal, message }
+}
+
+/// Runs the tool, returning everything it printed; a failure carries the end of its output.
+async fn run_tool(tool: &Path, args: Vec<std::ffi::OsString>) -> Result<String, Failure> {
+    let mut cmd = Command::new(tool);
+    cmd.args(&args);
+    let out = tokio::task::spawn_blocking(move || cmd.output())
+        .await
+        .map_err(|e| internal(format!("{}: {e}", tool.display())))?
+        .map_err(|e| internal(format!("cannot run {}: {e}", tool.display())))?;
+    let all = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    if !out.status.success() {
+        let tail: String =
+            all.lines().rev().take(12).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
+        return Err(Failure::input(format!("{} failed ({}):\n{tail}", tool.display(), out.status)));
+    }
+    Ok(all)
+}
+
+/// llama-perplexity's final statistics: every `label: value` line after "Perplexity statistics", the label's runs
+/// of spaces collapsed ("Mean    KLD" → "Mean KLD"), the value the first number (without a trailing %).
+pub fn parse_final_figures(output: &str) -> HashMap<String, f64> {
+    let mut figures = HashMap::new();
+    let Some(start) = output.find("====== Perplexity statistics ======") else { return figures };
+    for line in output[start..].lines() {
+        let Some((label, rest)) = line.split_once(':') else { continue };
+        let label = label.split_whitespace().collect::<Vec<_>>().join(" ");
+        let value = rest.split_whitespace().next().map(|v| v.trim_end_matches('%'));
+        if let Some(v) = value.and_then(|v| v.parse::<f64>().ok()) {
+            if !label.is_empty() {
+                figures.insert(label, v);
+            }
+        }
+    }
+    figures
+}
+
+fn name_of(p: &Path) -> String {
+    p.file_name().map_or_else(|| p.display().to_string(), |n| n.to_string_lossy().into_owned())
+}
+
+pub async fn peer_kld(t: &pb::PeerKldTask, env: &Env) -> Result<pb::PeerKldResult, Failure> {
+    if !TOOLS.contains(&t.tool.as_str()) {
+        return Err(Failure::input(format!("peer tool {:?}: expected one of {}", t.tool, TOOLS.join(", "))));
+    }
+    let tool = crate::find_tool(&t.tool).ok_or_else(|| Failure {
+        kind: FailureKind::Transient,
+        message: format!("{} is not on PATH or in $QUANTFARM_LLAMA_BIN on this worker", t.tool),
+    })?;
+    let s = t.settings.clone().ok_or_else(|| Failure::input("the task has no KL-divergence settings"))?;
+    let dir = task_dir(env)?;
+    let model = local_model(&t.model, dir.path(), env).await?;
+    let mut args: Vec<std::ffi::OsString> = vec!["-m".into(), model.clone().into()];
+    for (flag, v) in [("-c", s.ctx), ("-b", s.batch), ("-t", env.threads as u32)] {
+        args.push(flag.into());
+        args.push(v.to_string().into());
+    }
+    let base_run = t.base.is_empty();
+    let base_path = if base_run {
+        let text = local_file(&s.text, dir.path(), env).await?;
+        args.extend(["-f".into(), text.into()]);
+        if s.max_chunks > 0 {
+            args.extend(["--chunks".into(), s.max_chunks.to_string().into()]);
+        }
+        dir.path().join("peer-base.logits")
+    } else {
+        let (sha, _) = hash_object(&Location::parse(&t.base)?, env.budget).await?;
+        if sha != t.base_sha256 {
+            return Err(Failure::input(format!(
+                "{}: the base logits changed since they were written (sha256 {sha}, expected {})",
+                t.base, t.base_sha256
+            )));
+        }
+        local_file(&t.base, dir.path(), env).await?
+    };
+    args.extend(["--kl-divergence-base".into(), base_path.clone().into()]);
+    if !base_run {
+        args.push("--kl-divergence".into());
+    }
+    let command = std::iter::once(t.tool.clone())
+        .chain(args.iter().map(|a| {
+            let p = Path::new(a);
+            if p.is_absolute() {
+                name_of(p)
+            } else {
+                a.to_string_lossy().into_owned()
+            }
+        }))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let output = run_tool(&tool, args).await?;
+    let version = output.lines().find(|l| l.trim_start().starts_with("build:")).unwrap_or("").trim().to_string();
+    let mut result = pb::PeerKldResult { tool: t.tool.clone(), version, command, ..Default::default() };
+    if base_run {
+        let out = Location::parse(&t.output)?;
+        let (sha256, bytes) = if Blob::open(&out).await.is_ok() {
+            hash_object(&out, env.budget).await?
+        } else {
+            upload(&base_path, &out, env).await?
+        };
+        result.base = Some(pb::Artifact { url: out.to_string(), sha256, bytes, types: vec![] });
+    } else {
+        result.figures = parse_final_figures(&output);
+        if !result.figures.contains_key("Mean KLD") {
+            return Err(internal(format!("{}: printed no final KL-divergence statistics", t.tool)));
+        }
+    }
+    drop(dir);
+    Ok(result)
+}
+
+/// Copies a local file into the store through the staged sink.
+async fn upload(path: &Path, out: &Location, env: &Env) -> Result<(String, u64), Failure> {
+    let blob = Blob::open(&Location::local(path)).await?;
+    let mut sink = StagedSink::create(out, false).await?;
+    let mut buf = vec![0u8; env.budget.clamp(1 << 16, 64 << 20).min(blob.len().max(1)) as usize];
+    let mut off = 0;
+    while off < blob.len() {
+        let n = buf.len().min((blob.len() - off) as usize);
+        blob.read_at(off, &mut buf[..n]).await?;
+        sink.write(&buf[..n]).await?;
+        off += n as u64;
+    }
+    let c = sink.commit().await?;
+    Ok((c.sha256, c.bytes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn final_figures_are_parsed_by_label() {
+        let out =
+            "chunk ...\n====== Perplexity statistics ======\nMean PPL(Q)                   :  19.033198 ±   0.900000\n\
+                   Cor(ln(PPL(Q)), ln(PPL(base))):  99.20%\n\n====== KL divergence statistics ======\n\
+                   Mean    KLD:   0.063426 ±   0.001234\n99.9%   KLD:   1.234567\n\
+                   Same top p:  86.162 ±  0.409 %\nllama_perf_context_print: load time = 1.0 ms\n";
+        let f = parse_final_figures(out);
+        assert_eq!(f["Mean PPL(Q)"], 19.033198);
+        assert_eq!(f["Cor(ln(PPL(Q)), ln(PPL(base)))"], 99.20);
+        assert_eq!(f["Mean KLD"], 0.063426);
+        assert_eq!(f["99.9% KLD"], 1.234567);
+        assert_eq!(f["Same top p"], 86.162);
+        assert!(!f.contains_key("llama_perf_context_print"));
+    }
+}
