@@ -168,7 +168,7 @@ impl Model {
                 .map_err(|e| Error::runtime(&self.name, format!("cannot apply the LoRA adapter: {e}")))?;
         }
         let batch = LlamaBatch::new(n_batch as usize, n_seq as i32);
-        Ok(Session { ctx, batch, model: self, n_batch: n_batch as usize, n_seq: n_seq as usize })
+        Ok(Session { ctx, batch, model: self, n_batch: n_batch as usize, n_seq: n_seq as usize, logits: Vec::new() })
     }
 }
 
@@ -179,6 +179,9 @@ pub struct Session<'m> {
     model: &'m Model,
     n_batch: usize,
     n_seq: usize,
+    /// Each sequence's logits of the last decode, kept between decodes: their pages are reused, not faulted in
+    /// again for every chunk group.
+    logits: Vec<Vec<f32>>,
 }
 
 impl Session<'_> {
@@ -189,7 +192,7 @@ impl Session<'_> {
     /// Decodes up to `n_seq` sequences from position 0 (memory cleared first), each its own sequence id, fed
     /// `n_batch` tokens at a time exactly as llama-perplexity feeds chunks, and returns for each sequence the logits
     /// of its positions `first..len`, row after row (`n_vocab` floats each).
-    pub fn decode_sequences(&mut self, seqs: &[&[Token]], first: usize) -> Result<Vec<Vec<f32>>> {
+    pub fn decode_sequences(&mut self, seqs: &[&[Token]], first: usize) -> Result<&[Vec<f32>]> {
         if seqs.len() > self.n_seq {
             return Err(Error::runtime(
                 self.model.name(),
@@ -202,7 +205,12 @@ impl Session<'_> {
             return Err(Error::runtime(self.model.name(), "sequences of unequal length, or nothing to score"));
         }
         self.ctx.clear_kv_cache();
-        let mut out: Vec<Vec<f32>> = seqs.iter().map(|_| Vec::with_capacity((len - first) * n_vocab)).collect();
+        self.logits.resize_with(seqs.len().max(self.logits.len()), Vec::new);
+        for l in &mut self.logits {
+            l.clear();
+            l.reserve((len - first) * n_vocab);
+        }
+        let out = &mut self.logits;
         // llama-perplexity: one batch of n_batch tokens covers n_batch/len whole sequences; a longer sequence is fed
         // in several batches of one sequence.
         let per_batch = if len <= self.n_batch { len } else { self.n_batch };
@@ -230,7 +238,7 @@ impl Session<'_> {
             }
             start = end;
         }
-        Ok(out)
+        Ok(&self.logits[..seqs.len()])
     }
 
     /// Greedy (temperature 0) continuation of `prompt`: at each step the first arg-max token, until an

@@ -133,7 +133,7 @@ fn for_each_chunk(
         let t0 = std::time::Instant::now();
         let logits = session.decode_sequences(&refs, first)?;
         let t1 = std::time::Instant::now();
-        for (&c, l) in group.iter().zip(&logits) {
+        for (&c, l) in group.iter().zip(logits) {
             // Position p (first ≤ p ≤ n_ctx−2) predicts token p+1 of the chunk as tokenized.
             let targets = &header.chunk_tokens(c)[first + 1..];
             f(c, Scored { logits: l, n_vocab: header.n_vocab as usize, targets })?;
