@@ -21,9 +21,11 @@ pub struct KldArgs {
     /// --base.
     #[arg(long)]
     reference: Option<PathBuf>,
-    /// The model measured against it: a GGUF file, an HF or MLX folder.
-    #[arg(long)]
-    model: PathBuf,
+    /// The model measured against it: a GGUF file, an HF or MLX folder. Without it, `--save-base` only writes the
+    /// reference's base logits (the base pass alone, as `llama-perplexity --kl-divergence-base` without
+    /// `--kl-divergence`).
+    #[arg(long, required_unless_present = "save_base")]
+    model: Option<PathBuf>,
     /// The evaluation text. With --base, its tokens are checked against the file's.
     #[arg(long)]
     text: Option<PathBuf>,
@@ -148,13 +150,17 @@ pub fn kld(args: KldArgs) -> Result<u8> {
         }
         (None, None) => bail!("give --reference REF (and --text) or --base FILE"),
     };
+    let Some(model_path) = &args.model else {
+        // The base pass alone: the file is written.
+        return Ok(0);
+    };
     let mut base = BaseFile::open(&base_path)?;
     let base_name = base.name.clone();
     let header = base.header.clone();
 
-    let (model, note) = load(&args.model, args.threads, None)?;
+    let (model, note) = load(model_path, args.threads, None)?;
     if let Some(n) = note {
-        eprintln!("{}: {n}", args.model.display());
+        eprintln!("{}: {n}", model_path.display());
     }
     check_compatible(&header, &base_name, &model, Some(args.ctx))?;
     if let (Some(text), Some(_)) = (&text, &args.base) {

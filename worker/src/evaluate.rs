@@ -206,10 +206,16 @@ async fn write_base_part(t: &pb::KldBaseTask, out: &Location, env: &Env) -> Resu
         Ok(())
     })
     .await?;
-    // Into the store through the staged sink.
+    let done = upload(&local, out, env).await?;
+    drop(dir);
+    Ok(done)
+}
+
+/// Copies a local file into the store through the staged sink (nothing is visible there until it is whole);
+/// returns its sha256 and bytes.
+pub(crate) async fn upload(path: &Path, out: &Location, env: &Env) -> Result<(String, u64), Failure> {
+    let blob = Blob::open(&Location::local(path)).await?;
     let mut sink = StagedSink::create(out, false).await?;
-    let file = Location::local(&local);
-    let blob = Blob::open(&file).await?;
     let mut buf = vec![0u8; env.budget.clamp(1 << 16, 64 << 20).min(blob.len().max(1)) as usize];
     let mut off = 0;
     while off < blob.len() {
@@ -219,7 +225,6 @@ async fn write_base_part(t: &pb::KldBaseTask, out: &Location, env: &Env) -> Resu
         off += n as u64;
     }
     let c = sink.commit().await?;
-    drop(dir);
     Ok((c.sha256, c.bytes))
 }
 

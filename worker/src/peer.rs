@@ -8,9 +8,9 @@ use std::process::Command;
 
 use quantfarm_proto::{self as pb, FailureKind};
 use quantfarm_tensors::blob::Blob;
-use quantfarm_tensors::{Location, StagedSink};
+use quantfarm_tensors::Location;
 
-use crate::evaluate::{local_file, local_model, task_dir};
+use crate::evaluate::{local_file, local_model, task_dir, upload};
 use crate::exec::{hash_object, Env, Failure};
 
 /// Tools a `PeerKldTask` may name.
@@ -127,22 +127,6 @@ pub async fn peer_kld(t: &pb::PeerKldTask, env: &Env) -> Result<pb::PeerKldResul
     }
     drop(dir);
     Ok(result)
-}
-
-/// Copies a local file into the store through the staged sink.
-async fn upload(path: &Path, out: &Location, env: &Env) -> Result<(String, u64), Failure> {
-    let blob = Blob::open(&Location::local(path)).await?;
-    let mut sink = StagedSink::create(out, false).await?;
-    let mut buf = vec![0u8; env.budget.clamp(1 << 16, 64 << 20).min(blob.len().max(1)) as usize];
-    let mut off = 0;
-    while off < blob.len() {
-        let n = buf.len().min((blob.len() - off) as usize);
-        blob.read_at(off, &mut buf[..n]).await?;
-        sink.write(&buf[..n]).await?;
-        off += n as u64;
-    }
-    let c = sink.commit().await?;
-    Ok((c.sha256, c.bytes))
 }
 
 #[cfg(test)]
