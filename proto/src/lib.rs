@@ -37,9 +37,12 @@ impl Task {
     }
 }
 
-impl From<&quantfarm_parity::ChunkStats> for KldChunkStats {
-    fn from(c: &quantfarm_parity::ChunkStats) -> KldChunkStats {
-        KldChunkStats {
+/// Builds `$to` from `$c`, field for field: the wire message and `quantfarm-parity`'s ChunkStats hold the same
+/// fields by the same names.
+macro_rules! chunk_stats {
+    ($to:path, $c:expr) => {{
+        let c = $c;
+        $to {
             chunk: c.chunk,
             count: c.count,
             sum_nll: c.sum_nll,
@@ -57,28 +60,40 @@ impl From<&quantfarm_parity::ChunkStats> for KldChunkStats {
             kld_values: c.kld_values.clone(),
             p_diff_values: c.p_diff_values.clone(),
         }
+    }};
+}
+
+impl From<&quantfarm_parity::ChunkStats> for KldChunkStats {
+    fn from(c: &quantfarm_parity::ChunkStats) -> KldChunkStats {
+        chunk_stats!(KldChunkStats, c)
     }
 }
 
 impl From<&KldChunkStats> for quantfarm_parity::ChunkStats {
     fn from(c: &KldChunkStats) -> quantfarm_parity::ChunkStats {
-        quantfarm_parity::ChunkStats {
-            chunk: c.chunk,
-            count: c.count,
-            sum_nll: c.sum_nll,
-            sum_nll2: c.sum_nll2,
-            sum_nll_base: c.sum_nll_base,
-            sum_nll_base2: c.sum_nll_base2,
-            sum_nll_nll_base: c.sum_nll_nll_base,
-            sum_kld: c.sum_kld,
-            sum_kld2: c.sum_kld2,
-            sum_p_diff: c.sum_p_diff,
-            sum_p_diff2: c.sum_p_diff2,
-            sum_p_diff4: c.sum_p_diff4,
-            max_abs_p_diff: c.max_abs_p_diff,
-            n_same_top: c.n_same_top,
-            kld_values: c.kld_values.clone(),
-            p_diff_values: c.p_diff_values.clone(),
-        }
+        chunk_stats!(quantfarm_parity::ChunkStats, c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prost::Message;
+
+    #[test]
+    fn chunk_stats_cross_the_wire_unchanged() {
+        let scores: Vec<quantfarm_parity::PositionScore> = (0..5u8)
+            .map(|i| quantfarm_parity::PositionScore {
+                nll: 1.0 + f32::from(i),
+                nll_base: 0.5 * f32::from(i),
+                kld: 0.01 * f64::from(i),
+                p_diff: 0.1 - 0.05 * f32::from(i),
+                same_top: i % 2 == 0,
+            })
+            .collect();
+        let stats = quantfarm_parity::ChunkStats::from_scores(7, &scores);
+        let wire = KldChunkStats::from(&stats);
+        let decoded = KldChunkStats::decode(wire.encode_to_vec().as_slice()).unwrap();
+        assert_eq!(quantfarm_parity::ChunkStats::from(&decoded), stats);
     }
 }
