@@ -25,7 +25,7 @@ use quantfarm_tensors::gguf::split::{parse_split_file_name, split_file_name};
 use quantfarm_tensors::{Location, StagedSink};
 use sha2::{Digest, Sha256};
 
-use crate::exec::{hash_object, Env, Failure};
+use crate::exec::{hash_object, location, Env, Failure};
 
 impl From<quantfarm_eval::Error> for Failure {
     fn from(e: quantfarm_eval::Error) -> Failure {
@@ -40,10 +40,6 @@ impl From<quantfarm_eval::Error> for Failure {
 
 fn transient(what: impl std::fmt::Display, e: impl std::fmt::Display) -> Failure {
     Failure { kind: FailureKind::Transient, message: format!("{what}: {e}") }
-}
-
-fn location(url: &str) -> Result<Location, Failure> {
-    Location::parse(url).map_err(Failure::from)
 }
 
 /// A scratch folder for one task's fetched files, removed with it.
@@ -106,6 +102,7 @@ pub(crate) async fn local_file(url: &str, dir: &Path, env: &Env) -> Result<PathB
     Ok(path)
 }
 
+/// Reads a small input file (a text, a prompt set, a probe suite) whole, with its sha256.
 async fn read_text(url: &str) -> Result<(String, String), Failure> {
     let loc = location(url)?;
     let blob = Blob::open(&loc).await?;
@@ -284,11 +281,6 @@ pub async fn kld(t: &pb::KldTask, env: &Env) -> Result<pb::KldResult, Failure> {
     .await
 }
 
-/// Reads a small input file (a prompt set, a probe suite) whole.
-async fn read_input(url: &str) -> Result<String, Failure> {
-    Ok(read_text(url).await?.0)
-}
-
 /// A model ready for llama.cpp: loaded from a GGUF file, or from the exact conversion of an MLX folder.
 fn load_prepared(path: &Path, workdir: &Path, env: &Env) -> Result<(Model, Option<String>), Failure> {
     let prepared = prepare(path, Some(workdir))?;
@@ -303,7 +295,7 @@ pub async fn greedy(t: &pb::GreedyTask, env: &Env) -> Result<pb::GreedyResult, F
     }
     let dir = task_dir(env)?;
     let model_path = local_model(&t.model, dir.path(), env).await?;
-    let text = read_input(&t.prompts).await?;
+    let (text, _) = read_text(&t.prompts).await?;
     let (t, env) = (t.clone(), env.clone());
     blocking(move || {
         let prompts = parse_prompts(&t.prompts, &text)?;
@@ -366,7 +358,7 @@ pub async fn probe(t: &pb::ProbeTask, env: &Env) -> Result<pb::ProbeResult, Fail
     use quantfarm_eval::responders::Builtin;
     let dir = task_dir(env)?;
     let model_path = local_model(&t.model, dir.path(), env).await?;
-    let text = read_input(&t.suite).await?;
+    let (text, _) = read_text(&t.suite).await?;
     let (t, env) = (t.clone(), env.clone());
     blocking(move || {
         let suite = Suite::parse(&t.suite, &text)?;

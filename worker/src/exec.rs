@@ -88,7 +88,7 @@ pub async fn run(t: &pb::Task, env: &Env) -> Result<pb::TaskResult, Failure> {
     Ok(pb::TaskResult { kind: Some(kind) })
 }
 
-fn location(url: &str) -> Result<Location, Failure> {
+pub(crate) fn location(url: &str) -> Result<Location, Failure> {
     Location::parse(url).map_err(Failure::from)
 }
 
