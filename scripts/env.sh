@@ -20,3 +20,11 @@ if [[ -r /proc/cpuinfo ]]; then
     done
     unset cpu_flags pair
 fi
+# ggml's own tools are built with -march=native (GGML_NATIVE), which also tunes the schedule for this CPU; the flags
+# above only pick the instruction set. llama-cpp-sys-2 forwards CMAKE_* variables to CMake, and the release flags come
+# after the crate's -march=x86-64 on the compile line, so the last -march wins. x86-64 Linux only: that is where the
+# crate forces the generic baseline. build.rs does not rerun when these change: `cargo clean -p llama-cpp-sys-2`.
+if [[ $(uname -s) == Linux && $(uname -m) == x86_64 ]]; then
+    export CMAKE_C_FLAGS_RELEASE=${CMAKE_C_FLAGS_RELEASE:--O3 -DNDEBUG -march=native}
+    export CMAKE_CXX_FLAGS_RELEASE=${CMAKE_CXX_FLAGS_RELEASE:--O3 -DNDEBUG -march=native}
+fi

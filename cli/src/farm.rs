@@ -406,6 +406,7 @@ async fn conclude(client: &mut Releases, id: &str, last: &pb::ReleaseEvent, json
                 "report_url": report.report_url,
                 "artifacts": parsed.as_ref().map(|r| r["artifacts"].clone()),
                 "gates": parsed.as_ref().map(|r| r["gates"].clone()),
+                "merge_check": parsed.as_ref().map(|r| r["merge_check"].clone()),
             })
         );
         return Ok(code);
@@ -438,6 +439,17 @@ async fn conclude(client: &mut Releases, id: &str, last: &pb::ReleaseEvent, json
             } else if let Some(e) = k["error"].as_str() {
                 println!("    KL divergence: {e}");
             }
+        }
+        let m = &r["merge_check"];
+        if let Some(g) = m.get("greedy") {
+            println!(
+                "  merge check: {}/{} prompts identical (merge in f32 vs base + adapter at run time), mean prefix {:.3}",
+                g["identical"],
+                g["n"],
+                g["mean_prefix_fraction"].as_f64().unwrap_or(f64::NAN)
+            );
+        } else if let Some(e) = m["error"].as_str() {
+            println!("  merge check: {e}");
         }
         for g in r["gates"].as_array().into_iter().flatten() {
             let ok = g["passed"].as_bool().unwrap_or(false);

@@ -27,10 +27,19 @@ pub struct Args {
     /// Memory for tensor data held at once.
     #[arg(long, default_value = "256MiB", value_parser = parse_size)]
     budget: u64,
+    /// Write bf16/f16 vectors and matrices as F32: the merge rounded to f32 instead of the base's dtype, the model
+    /// the merge check compares with the base plus the adapter at run time.
+    #[arg(long)]
+    f32: bool,
 }
 
 pub async fn run(args: Args) -> Result<()> {
-    let opts = MergeOptions { budget: args.budget, overwrite: args.overwrite, base_name: args.base_name.clone() };
+    let opts = MergeOptions {
+        budget: args.budget,
+        overwrite: args.overwrite,
+        base_name: args.base_name.clone(),
+        widen: args.f32,
+    };
     let done = merge_adapter(
         &Location::parse(&args.base)?,
         &Location::parse(&args.adapter)?,
@@ -69,7 +78,7 @@ pub struct LoraArgs {
 }
 
 pub async fn lora_gguf(args: LoraArgs) -> Result<()> {
-    let opts = MergeOptions { budget: 0, overwrite: args.overwrite, base_name: args.base_name.clone() };
+    let opts = MergeOptions { budget: 0, overwrite: args.overwrite, base_name: args.base_name.clone(), widen: false };
     let c = adapter_to_gguf(
         &Location::parse(&args.base)?,
         &Location::parse(&args.adapter)?,
@@ -106,7 +115,8 @@ pub struct AdapterArgs {
 pub async fn convert_adapter(args: AdapterArgs) -> Result<()> {
     use quantfarm_tensors::merge::{convert_adapter_folder, AdapterFormat};
     let to = if args.to == "peft" { AdapterFormat::Peft } else { AdapterFormat::MlxLm };
-    let opts = MergeOptions { budget: 64 << 20, overwrite: args.overwrite, base_name: args.base_name.clone() };
+    let opts =
+        MergeOptions { budget: 64 << 20, overwrite: args.overwrite, base_name: args.base_name.clone(), widen: false };
     let base = args.base.as_deref().map(Location::parse).transpose()?;
     let done = convert_adapter_folder(
         &Location::parse(&args.adapter)?,

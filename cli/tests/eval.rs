@@ -648,3 +648,99 @@ fn prompts() -> PathBuf {
 fn probes() -> PathBuf {
     quantfarm_e2e::repo_root().join("examples/probes-smollm2.yaml")
 }
+
+/// Link 1 on the farm: a release of SmolLM2 (bf16) with a PEFT adapter checks its merge. The workers write the
+/// adapter as a GGUF LoRA, the base widened to F32 and the merge rounded to f32, then run the base with the LoRA
+/// applied at run time against the merge on 20 prompts: an exact merge agrees 20/20, the gate passes, and one
+/// `quantfarm greedy` process on the farm's files agrees. The same merge against the base without the adapter does
+/// not agree, so the check sees the adapter (the CLI test above shows it failing a wrong merge).
+#[test]
+fn farm_checks_the_merge_against_the_adapter_at_run_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let hf = smollm2_derived().join("smollm2-hf");
+    let adapter = dir.path().join("adapter");
+    std::fs::create_dir_all(&adapter).unwrap();
+    let expected = dir.path().join("expected.safetensors");
+    quantfarm_e2e::run_py(
+        "lora_adapters.py",
+        &[arg("peft-attn"), hf.as_os_str(), adapter.as_os_str(), expected.as_os_str()],
+    );
+    let release = dir.path().join("release.yaml");
+    std::fs::write(
+        &release,
+        format!(
+            "name: smollm2-lora\nsource: {}\nadapter: {}\nbase_name: {RECORDED_BASE}\noutputs:\n  gguf: {{quants: []}}\n\
+             evaluation:\n  prompts: {}\n  max_tokens: 32\n\
+             gates:\n  - {{name: reproducible, rule: verified}}\n  - {{name: merge-exact, rule: merge_agree, min: 1.0}}\n",
+            hf.display(),
+            adapter.display(),
+            prompts().display()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_quantfarm"))
+        .arg("run")
+        .arg(&release)
+        .args(["--workers", "2", "--json", "--store"])
+        .arg(dir.path().join("data"))
+        .env("QUANTFARM_KEY_FILE", dir.path().join("k"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    let sum: Value = serde_json::from_str(stdout.lines().last().expect("a summary line")).unwrap();
+    let check = &sum["merge_check"];
+    let greedy = &check["greedy"];
+    eprintln!(
+        "farm merge check: {}/{} identical, mean prefix {}",
+        greedy["identical"], greedy["n"], greedy["mean_prefix_fraction"]
+    );
+    assert_eq!((greedy["identical"].as_u64(), greedy["n"].as_u64()), (Some(20), Some(20)), "{check:#}");
+    assert_eq!(greedy["complete"], true, "{check:#}");
+    let gate = sum["gates"].as_array().unwrap().iter().find(|g| g["name"] == "merge-exact").unwrap().clone();
+    assert_eq!(gate["passed"], true, "{gate:#}");
+    assert!(gate["detail"].as_str().unwrap().starts_with("merge check: 20/20 prompts identical"), "{gate:#}");
+    assert_eq!(gate["inputs"]["n"], 20, "{gate:#}");
+
+    // The three inputs are separate files, and the reference side ran with the LoRA.
+    let file = |part: &str| PathBuf::from(check[part]["url"].as_str().unwrap_or_else(|| panic!("{check:#}")));
+    let (base, lora, merged) = (file("base"), file("lora"), file("merged"));
+    for f in [&base, &lora, &merged] {
+        assert!(f.is_file(), "{}", f.display());
+    }
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(sum["report_url"].as_str().unwrap()).unwrap()).unwrap();
+    let task = |id: &str| {
+        report["tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["id"] == id)
+            .unwrap_or_else(|| panic!("no task {id}"))
+            .clone()
+    };
+    assert_eq!(task("greedy/adapter/0")["inputs"]["lora"].as_str(), lora.to_str());
+    assert_eq!(task("greedy/merged-f32/1")["inputs"]["lora"], "");
+    assert_eq!(task("greedy/merged-f32/1")["inputs"]["model"].as_str(), merged.to_str());
+
+    // One process on the farm's files: the same agreement.
+    let greedy_one = |lora: Option<&Path>| -> Value {
+        let p = prompts();
+        let mut args = vec![arg("greedy"), arg("--reference"), base.as_os_str(), arg("--model"), merged.as_os_str()];
+        if let Some(l) = lora {
+            args.extend([arg("--reference-lora"), l.as_os_str()]);
+        }
+        args.extend([arg("--prompts"), p.as_os_str(), arg("--max-tokens"), arg("32"), arg("--ctx"), arg("4096")]);
+        args.extend([arg("--threads"), arg("2"), arg("--json")]);
+        let out = quantfarm(&args);
+        serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("greedy --json: {e}: {}", String::from_utf8_lossy(&out.stderr)))
+    };
+    let one = greedy_one(Some(&lora));
+    assert_eq!(one["identical"], 20, "{one:#}");
+    let without = greedy_one(None);
+    let identical = without["identical"].as_u64().unwrap();
+    eprintln!("the merge against the base without its adapter: {identical}/20 identical");
+    assert!(identical < 20, "the merge behaves like the base without the adapter: {without:#}");
+}

@@ -50,6 +50,10 @@ pub enum TaskKey {
         file: u32,
     },
     VerifyMergeSide,
+    /// One input of the merge check (link 1), as a GGUF file.
+    MergeCheck {
+        part: CheckPart,
+    },
     /// An MLX affine checkpoint of `bits` bits.
     Mlx {
         bits: u32,
@@ -97,11 +101,16 @@ pub enum EvalTarget {
     Mlx { bits: u32 },
 }
 
-/// What a greedy or probe task runs: the reference (the GGUF BF16) or a measured model.
+/// What a greedy or probe task runs: the reference (the GGUF BF16) or a measured model; or, for the merge check,
+/// the base with the adapter at run time and the merge it is compared with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Subject {
     Reference,
     Model(EvalTarget),
+    /// The merge check's reference: the base (F32) with the adapter applied at run time, unmerged.
+    Adapter,
+    /// The merge check's model: the merge rounded to f32.
+    MergedF32,
 }
 
 impl fmt::Display for Subject {
@@ -109,16 +118,73 @@ impl fmt::Display for Subject {
         match self {
             Subject::Reference => write!(f, "reference"),
             Subject::Model(t) => write!(f, "{t}"),
+            Subject::Adapter => write!(f, "adapter"),
+            Subject::MergedF32 => write!(f, "merged-f32"),
         }
     }
 }
 
 impl Subject {
     pub fn parse(s: &str) -> Option<Subject> {
-        if s == "reference" {
-            return Some(Subject::Reference);
+        match s {
+            "reference" => Some(Subject::Reference),
+            "adapter" => Some(Subject::Adapter),
+            "merged-f32" => Some(Subject::MergedF32),
+            _ => EvalTarget::parse(s).map(Subject::Model),
         }
-        EvalTarget::parse(s).map(Subject::Model)
+    }
+
+    /// The subject whose continuations this one's are compared with (none for a reference).
+    pub fn compared_with(self) -> Option<Subject> {
+        match self {
+            Subject::Reference | Subject::Adapter => None,
+            Subject::Model(_) => Some(Subject::Reference),
+            Subject::MergedF32 => Some(Subject::Adapter),
+        }
+    }
+}
+
+/// The merge check's inputs, each a GGUF file made from the base and the adapter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CheckPart {
+    /// The adapter as a GGUF LoRA.
+    Lora,
+    /// The base widened to F32.
+    Base,
+    /// The merge rounded to f32.
+    Merged,
+}
+
+impl CheckPart {
+    pub const ALL: [CheckPart; 3] = [CheckPart::Lora, CheckPart::Base, CheckPart::Merged];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            CheckPart::Lora => "lora",
+            CheckPart::Base => "base",
+            CheckPart::Merged => "merged",
+        }
+    }
+
+    fn parse(s: &str) -> Option<CheckPart> {
+        CheckPart::ALL.into_iter().find(|p| p.name() == s)
+    }
+
+    fn proto(self) -> pb::MergeCheckPart {
+        match self {
+            CheckPart::Lora => pb::MergeCheckPart::Lora,
+            CheckPart::Base => pb::MergeCheckPart::Base,
+            CheckPart::Merged => pb::MergeCheckPart::Merged,
+        }
+    }
+
+    /// The GGUF file's name after the release's name.
+    fn file_suffix(self) -> &'static str {
+        match self {
+            CheckPart::Lora => "adapter-lora.gguf",
+            CheckPart::Base => "base-F32.gguf",
+            CheckPart::Merged => "merged-F32.gguf",
+        }
     }
 }
 
@@ -155,6 +221,7 @@ impl fmt::Display for TaskKey {
             TaskKey::MergeSide => write!(f, "merge/side"),
             TaskKey::VerifyMerge { file } => write!(f, "verify/merge/{file}"),
             TaskKey::VerifyMergeSide => write!(f, "verify/merge/side"),
+            TaskKey::MergeCheck { part } => write!(f, "merge-check/{}", part.name()),
             TaskKey::Mlx { bits } => write!(f, "mlx/{bits}"),
             TaskKey::VerifyMlx { bits } => write!(f, "verify/mlx/{bits}"),
             TaskKey::KldPlan => write!(f, "kld/plan"),
@@ -187,6 +254,7 @@ impl TaskKey {
             ["merge", f] => TaskKey::Merge { file: num(f)? },
             ["verify", "merge", "side"] => TaskKey::VerifyMergeSide,
             ["verify", "merge", f] => TaskKey::VerifyMerge { file: num(f)? },
+            ["merge-check", p] => TaskKey::MergeCheck { part: CheckPart::parse(p)? },
             ["mlx", b] => TaskKey::Mlx { bits: num(b)? },
             ["verify", "mlx", b] => TaskKey::VerifyMlx { bits: num(b)? },
             ["kld", "plan"] => TaskKey::KldPlan,
@@ -206,7 +274,9 @@ impl TaskKey {
             TaskKey::Plan => Some("plan"),
             TaskKey::Gguf { .. } => Some("gguf"),
             TaskKey::Quantize { .. } => Some("quantize"),
-            TaskKey::MergePlan | TaskKey::Merge { .. } | TaskKey::MergeSide => Some("merge"),
+            TaskKey::MergePlan | TaskKey::Merge { .. } | TaskKey::MergeSide | TaskKey::MergeCheck { .. } => {
+                Some("merge")
+            }
             TaskKey::Mlx { .. } => Some("mlx"),
             TaskKey::VerifyGguf { .. }
             | TaskKey::VerifyQuantize { .. }
@@ -237,6 +307,7 @@ impl TaskKey {
             TaskKey::Gguf { .. } => "gguf BF16".into(),
             TaskKey::Quantize { level, .. } => format!("quantize {level}"),
             TaskKey::MergePlan | TaskKey::Merge { .. } | TaskKey::MergeSide => "merge".into(),
+            TaskKey::MergeCheck { .. } => "merge check".into(),
             TaskKey::Mlx { bits } => format!("mlx {bits}-bit"),
             TaskKey::VerifyGguf { .. }
             | TaskKey::VerifyQuantize { .. }
@@ -306,8 +377,10 @@ pub fn initial(ctx: &Ctx) -> Vec<TaskDef> {
 }
 
 /// After the merge plan: one merge task per safetensors file and one for the side files, each with its
-/// verification, then planning the conversions from the merged checkpoint.
-pub fn expand_merge(mp: &pb::MergePlanResult) -> Vec<TaskDef> {
+/// verification, then planning the conversions from the merged checkpoint; and, with prompts to check it on, the
+/// merge check (link 1): its three GGUF inputs, then per prompt share the base with the adapter at run time and the
+/// merge compared with it.
+pub fn expand_merge(ctx: &Ctx, mp: &pb::MergePlanResult) -> Vec<TaskDef> {
     let mut out = Vec::new();
     let mut merges = Vec::new();
     for (file, bytes) in (0..mp.files.len() as u32).zip(mp.file_bytes.iter().copied().chain(std::iter::repeat(1))) {
@@ -320,7 +393,37 @@ pub fn expand_merge(mp: &pb::MergePlanResult) -> Vec<TaskDef> {
     out.push(TaskDef { key: TaskKey::VerifyMergeSide, deps: vec![TaskKey::MergeSide], cost: 1 });
     merges.push(TaskKey::MergeSide);
     out.push(TaskDef { key: TaskKey::Plan, deps: merges, cost: 1 });
+    if let Some(e) = merge_checked(ctx) {
+        // F32 is twice the bytes of a bf16 base.
+        let cost = 2 * mp.file_bytes.iter().sum::<u64>().max(1);
+        for part in CheckPart::ALL {
+            out.push(TaskDef { key: TaskKey::MergeCheck { part }, deps: vec![TaskKey::MergePlan], cost });
+        }
+        let part = |part| TaskKey::MergeCheck { part };
+        for share in 0..e.prompt_shares {
+            let reference = TaskKey::Greedy { subject: Subject::Adapter, share };
+            out.push(TaskDef {
+                key: reference.clone(),
+                deps: vec![part(CheckPart::Lora), part(CheckPart::Base)],
+                cost,
+            });
+            let key = TaskKey::Greedy { subject: Subject::MergedF32, share };
+            out.push(TaskDef { key, deps: vec![reference, part(CheckPart::Merged)], cost });
+        }
+    }
     out
+}
+
+/// The evaluation settings when the release checks its merge: it has an adapter and prompts to check it on.
+fn merge_checked<'a>(ctx: &Ctx<'a>) -> Option<&'a crate::spec::Evaluation> {
+    let e = ctx.spec.evaluation.as_ref()?;
+    (!ctx.adapter.is_empty() && e.prompts.is_some()).then_some(e)
+}
+
+/// The merge check's measurements, which the report waits for.
+fn merge_check_measured(ctx: &Ctx) -> Vec<TaskKey> {
+    let shares = merge_checked(ctx).map_or(0, |e| e.prompt_shares);
+    (0..shares).map(|share| TaskKey::Greedy { subject: Subject::MergedF32, share }).collect()
 }
 
 /// Everything after planning, from the plan's inventory: per split file a conversion and its verification, per
@@ -338,6 +441,7 @@ pub fn expand(ctx: &Ctx, plan: &pb::PlanResult, results: &Results) -> Vec<TaskDe
     if let Ok(mp) = merge_plan_of(results) {
         verifies.extend((0..mp.files.len() as u32).map(|file| TaskKey::VerifyMerge { file }));
         verifies.push(TaskKey::VerifyMergeSide);
+        verifies.extend(merge_check_measured(ctx));
     }
     for &bits in ctx.spec.mlx_bits() {
         let bytes = plan.source_bytes;
@@ -371,7 +475,8 @@ pub fn expand(ctx: &Ctx, plan: &pb::PlanResult, results: &Results) -> Vec<TaskDe
             verifies.push(TaskKey::KldPlan);
         }
         let targets = eval_targets(ctx);
-        if e.prompts.is_some() {
+        // The reference's continuations are only run for models to compare with them.
+        if e.prompts.is_some() && !targets.is_empty() {
             for share in 0..e.prompt_shares {
                 let reference = TaskKey::Greedy { subject: Subject::Reference, share };
                 out.push(TaskDef { key: reference.clone(), deps: ggufs.clone(), cost });
@@ -676,10 +781,13 @@ fn kld_base_task(ctx: &Ctx, results: &Results, group: u32) -> Result<pb::KldBase
     })
 }
 
-/// The artifact a subject runs: the GGUF BF16 (first file), a quant level's first file, or an MLX folder.
+/// The artifact a subject runs: the GGUF BF16 (first file), a quant level's first file, an MLX folder, or one of
+/// the merge check's F32 GGUFs.
 fn model_of<'a>(results: &Results<'a>, subject: Subject) -> Result<&'a pb::Artifact, String> {
     match subject {
         Subject::Reference => reference_of(results),
+        Subject::Adapter => artifact_of(results, &TaskKey::MergeCheck { part: CheckPart::Base }),
+        Subject::MergedF32 => artifact_of(results, &TaskKey::MergeCheck { part: CheckPart::Merged }),
         Subject::Model(EvalTarget::Quant(level)) => artifact_of(results, &TaskKey::Quantize { level, shard: 0 }),
         Subject::Model(EvalTarget::Mlx { bits }) => artifact_of(results, &TaskKey::Mlx { bits }),
     }
@@ -687,15 +795,19 @@ fn model_of<'a>(results: &Results<'a>, subject: Subject) -> Result<&'a pb::Artif
 
 fn greedy_task(ctx: &Ctx, results: &Results, subject: Subject, share: u32) -> Result<pb::GreedyTask, String> {
     let e = ctx.spec.evaluation.as_ref().ok_or("the release has no evaluation section")?;
-    let reference = match subject {
-        Subject::Reference => vec![],
-        Subject::Model(_) => {
-            let key = TaskKey::Greedy { subject: Subject::Reference, share };
+    let reference = match subject.compared_with() {
+        None => vec![],
+        Some(reference) => {
+            let key = TaskKey::Greedy { subject: reference, share };
             match results(&key).and_then(|r| r.kind.as_ref()) {
                 Some(task_result::Kind::Greedy(g)) => g.continuations.clone(),
                 _ => return Err(format!("{key} has no greedy result")),
             }
         }
+    };
+    let lora = match subject {
+        Subject::Adapter => artifact_of(results, &TaskKey::MergeCheck { part: CheckPart::Lora })?.url.clone(),
+        _ => String::new(),
     };
     Ok(pb::GreedyTask {
         model: model_of(results, subject)?.url.clone(),
@@ -705,6 +817,21 @@ fn greedy_task(ctx: &Ctx, results: &Results, subject: Subject, share: u32) -> Re
         max_tokens: e.max_tokens,
         ctx: e.context,
         reference,
+        lora,
+    })
+}
+
+fn merge_check_task(ctx: &Ctx, results: &Results, part: CheckPart) -> Result<pb::MergeCheckTask, String> {
+    let mp = merge_plan_of(results)?;
+    let folder = short_hash(&["quantfarm merge-check v1", part.name(), &mp.inputs_identity, &mp.plan_digest]);
+    let name = format!("{}-{}", ctx.spec.name, part.file_suffix());
+    let output = ctx.store.child(&format!("artifacts/{folder}/{name}")).map_err(|e| e.to_string())?;
+    Ok(pb::MergeCheckTask {
+        base: ctx.source.to_string(),
+        adapter: ctx.adapter.to_string(),
+        base_name: ctx.spec.base_name.clone().unwrap_or_default(),
+        part: part.proto() as i32,
+        output: output.to_string(),
     })
 }
 
@@ -796,6 +923,7 @@ pub fn build(ctx: &Ctx, key: &TaskKey, results: &Results) -> Result<pb::Task, St
         }),
         TaskKey::Merge { file } => task::Kind::Merge(merge_task(ctx, results, Some(*file))?),
         TaskKey::MergeSide => task::Kind::Merge(merge_task(ctx, results, None)?),
+        TaskKey::MergeCheck { part } => task::Kind::MergeCheck(merge_check_task(ctx, results, *part)?),
         TaskKey::Mlx { bits } => task::Kind::Mlx(mlx_task(ctx, results, *bits)?),
         TaskKey::VerifyMerge { .. } | TaskKey::VerifyMergeSide | TaskKey::VerifyMlx { .. } => {
             let (producer, what) = match key {
@@ -865,6 +993,10 @@ mod tests {
             TaskKey::MergeSide,
             TaskKey::VerifyMerge { file: 0 },
             TaskKey::VerifyMergeSide,
+            TaskKey::MergeCheck { part: CheckPart::Lora },
+            TaskKey::MergeCheck { part: CheckPart::Merged },
+            TaskKey::Greedy { subject: Subject::Adapter, share: 0 },
+            TaskKey::Greedy { subject: Subject::MergedF32, share: 1 },
             TaskKey::Mlx { bits: 4 },
             TaskKey::VerifyMlx { bits: 8 },
             TaskKey::KldPlan,

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use quantfarm_proto::{self as pb, task, task_result, verify_task};
 use serde_json::{json, Map, Value};
 
-use crate::graph::{Subject, TaskKey};
+use crate::graph::{CheckPart, Subject, TaskKey};
 use crate::sched::Release;
 use crate::spec::GateRule;
 use quantfarm_parity::{ChunkStats, KldSummary};
@@ -81,6 +81,10 @@ fn inputs_json(t: Option<&pb::Task>) -> Value {
             "file": if m.side_files { Value::Null } else { json!(m.file) }, "side_files": m.side_files
         }),
         task::Kind::Mlx(m) => json!({"source": m.source, "bits": m.bits, "group_size": m.group_size}),
+        task::Kind::MergeCheck(m) => json!({
+            "base": m.base, "adapter": m.adapter, "base_name": m.base_name,
+            "part": pb::MergeCheckPart::try_from(m.part).map_or("unknown", |p| p.as_str_name())
+        }),
         task::Kind::KldPlan(k) => json!({"reference": k.reference, "settings": settings_json(&k.settings)}),
         task::Kind::KldBase(k) => json!({
             "reference": k.reference, "settings": settings_json(&k.settings), "first_chunk": k.first_chunk,
@@ -92,7 +96,8 @@ fn inputs_json(t: Option<&pb::Task>) -> Value {
         }),
         task::Kind::Greedy(g) => json!({
             "model": g.model, "prompts": g.prompts, "share": g.share, "n_shares": g.n_shares,
-            "max_tokens": g.max_tokens, "ctx": g.ctx, "reference_continuations": g.reference.len()
+            "max_tokens": g.max_tokens, "ctx": g.ctx, "reference_continuations": g.reference.len(),
+            "lora": g.lora
         }),
         task::Kind::Probe(p) => json!({"model": p.model, "suite": p.suite, "ctx": p.ctx}),
         task::Kind::PeerKld(p) => json!({
@@ -191,23 +196,34 @@ fn kld_summaries(rel: &Release) -> BTreeMap<String, Result<KldSummary, String>> 
         .collect()
 }
 
-/// Each model's greedy agreement with the reference (keyed by its artifact `file_type`), its shares joined in
-/// prompt order: k of N byte-identical, the mean common-prefix fraction, and every disagreement with where it starts
-/// and the reference's top-2 margin there.
+/// The key of the merge check's greedy summary in [`greedy_summaries`].
+const MERGE_CHECK: &str = "merge-check";
+
+/// Each model's greedy agreement with its reference (keyed by its artifact `file_type`, the merge check's as
+/// [`MERGE_CHECK`]), its shares joined in prompt order: k of N byte-identical, the mean common-prefix fraction, and
+/// every disagreement with where it starts and the reference's top-2 margin there.
 fn greedy_summaries(rel: &Release) -> BTreeMap<String, Value> {
-    let mut agreements: BTreeMap<String, Vec<&pb::PromptAgreement>> = BTreeMap::new();
-    let mut n_reference = 0usize;
+    let mut agreements: BTreeMap<String, (Subject, Vec<&pb::PromptAgreement>)> = BTreeMap::new();
+    // Continuations per reference subject: a comparison is complete when it covers every one.
+    let mut n_reference: BTreeMap<String, usize> = BTreeMap::new();
     for t in &rel.tasks {
         let TaskKey::Greedy { subject, .. } = &t.key else { continue };
         let Some(task_result::Kind::Greedy(g)) = t.result.as_ref().and_then(|r| r.kind.as_ref()) else { continue };
-        match subject {
-            Subject::Reference => n_reference += g.continuations.len(),
-            Subject::Model(target) => agreements.entry(target.to_string()).or_default().extend(&g.agreements),
-        }
+        let key = match subject {
+            Subject::Reference | Subject::Adapter => {
+                *n_reference.entry(subject.to_string()).or_default() += g.continuations.len();
+                continue;
+            }
+            Subject::Model(target) => target.to_string(),
+            Subject::MergedF32 => MERGE_CHECK.to_string(),
+        };
+        agreements.entry(key).or_insert_with(|| (*subject, Vec::new())).1.extend(&g.agreements);
     }
     agreements
         .into_iter()
-        .map(|(target, mut list)| {
+        .map(|(target, (subject, mut list))| {
+            let n_reference =
+                subject.compared_with().and_then(|r| n_reference.get(&r.to_string()).copied()).unwrap_or(0);
             list.sort_by_key(|a| a.index);
             let n = list.len();
             let identical = list.iter().filter(|a| a.identical).count();
@@ -254,6 +270,8 @@ fn probe_summaries(rel: &Release) -> BTreeMap<String, Value> {
             "mean_score": p.mean_score, "score_spread": p.score_spread, "pass_scores": p.pass_scores,
         });
         let key = match subject {
+            // The merge check's subjects run no probes.
+            Subject::Adapter | Subject::MergedF32 => continue,
             Subject::Reference => "BF16".to_string(),
             Subject::Model(target) => {
                 if let Some(r) = reference {
@@ -302,6 +320,46 @@ fn peer_summaries(rel: &Release, klds: &BTreeMap<String, Result<KldSummary, Stri
         });
     }
     out
+}
+
+/// Link 1: the merge check's inputs and greedy agreement, or why it was not measured (null without an adapter).
+fn merge_check_json(rel: &Release, greedy: &BTreeMap<String, Value>) -> Value {
+    if rel.adapter.is_empty() {
+        return Value::Null;
+    }
+    let Some(g) = greedy.get(MERGE_CHECK) else {
+        return json!({"error": "not measured: the merge check runs on evaluation.prompts, and the release has none"});
+    };
+    let part = |part| {
+        artifact_result(rel.result(&TaskKey::MergeCheck { part }))
+            .map(|(a, _)| json!({"url": a.url, "sha256": a.sha256, "bytes": a.bytes}))
+    };
+    json!({
+        "method": "greedy continuations of evaluation.prompts at temperature 0 in llama.cpp, all in F32: the merge \
+                   (computed as the published one, rounded to f32) against the base with the adapter applied at run \
+                   time, unmerged (a GGUF LoRA)",
+        "base": part(CheckPart::Base),
+        "lora": part(CheckPart::Lora),
+        "merged": part(CheckPart::Merged),
+        "greedy": g,
+    })
+}
+
+/// The merge check's gate: its agreement against `min`, or why it cannot pass.
+fn merge_agree_gate(greedy: &BTreeMap<String, Value>, min: f64) -> (bool, String) {
+    match greedy.get(MERGE_CHECK) {
+        Some(s) if s["complete"] == true => {
+            let agree = s["agree"].as_f64().unwrap_or(0.0);
+            let ok = agree >= min;
+            let cmp = if ok { "≥" } else { "<" };
+            (ok, format!("merge check: {}/{} prompts identical (agree {agree:.3}) {cmp} {min}", s["identical"], s["n"]))
+        }
+        Some(s) => (false, format!("merge check: incomplete, {} prompts compared", s["n"])),
+        None => (
+            false,
+            "merge check: not measured (no merge-check greedy task ran), and an unmeasured check never passes".into(),
+        ),
+    }
 }
 
 /// Builds the unsigned report of a release whose tasks (but the report) are all done; returns it with whether
@@ -416,6 +474,7 @@ pub fn build(rel: &Release) -> (Value, bool) {
                     ),
                 }
             }
+            GateRule::MergeAgree => merge_agree_gate(&greedy, g.min.unwrap_or(1.0)),
         };
         passed &= ok;
         let mut gj = Map::new();
@@ -427,11 +486,17 @@ pub fn build(rel: &Release) -> (Value, bool) {
         if let Some(m) = g.max {
             gj.insert("max".into(), json!(m));
         }
+        if let Some(m) = g.min {
+            gj.insert("min".into(), json!(m));
+        }
         if let (GateRule::KldMean, Some(Ok(s))) = (g.rule, g.level.and_then(|l| klds.get(l.0.name()))) {
             gj.insert(
                 "inputs".into(),
                 json!({"mean_kld": s.mean_kld.value, "mean_kld_unc": s.mean_kld.unc, "n_chunks": s.n_chunks, "n_tokens": s.n_tokens}),
             );
+        }
+        if let (GateRule::MergeAgree, Some(s)) = (g.rule, greedy.get(MERGE_CHECK)) {
+            gj.insert("inputs".into(), json!({"n": s["n"], "identical": s["identical"], "agree": s["agree"]}));
         }
         gj.insert("passed".into(), json!(ok));
         gj.insert("detail".into(), json!(detail));
@@ -474,8 +539,10 @@ pub fn build(rel: &Release) -> (Value, bool) {
         "links": {
             "merge": if rel.adapter.is_empty() {
                 "not applicable: no adapter".to_string()
+            } else if rel.eval.prompts.is_empty() {
+                format!("adapter {} merged exactly (f64, rounded once); each file recomputed and compared byte for byte; greedy agreement not measured (no evaluation.prompts)", rel.adapter)
             } else {
-                format!("adapter {} merged exactly (f64, rounded once); each file recomputed and compared byte for byte; greedy agreement not measured yet", rel.adapter)
+                format!("adapter {} merged exactly (f64, rounded once); each file recomputed and compared byte for byte; the merge's greedy agreement with the base plus the adapter at run time in merge_check", rel.adapter)
             },
             "conversion": "GGUF BF16 written from the source by the mapping; each file recomputed and compared byte for byte",
             "quantization": if rel.spec.evaluation.is_some() {
@@ -489,6 +556,7 @@ pub fn build(rel: &Release) -> (Value, bool) {
                 "the probe suite run on the reference and every model in llama.cpp (artifacts[].probes)"
             },
         },
+        "merge_check": merge_check_json(rel, &greedy),
         "evaluation": evaluation_json(rel),
         "artifacts": artifact_list,
         "tasks": tasks,

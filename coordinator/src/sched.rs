@@ -751,7 +751,8 @@ impl Sched {
             if mp.files.is_empty() {
                 return self.fail_release(ri, "merge plan: the base has no safetensors files".into());
             }
-            self.add_tasks(ri, graph::expand_merge(&mp))?;
+            let defs = graph::expand_merge(&self.releases[ri].ctx(&self.store), &mp);
+            self.add_tasks(ri, defs)?;
         }
         if let Some(plan) = plan {
             let defs = {
@@ -949,6 +950,7 @@ fn check_result(key: &TaskKey, r: &pb::TaskResult) -> Result<(), String> {
                     | TaskKey::Quantize { .. }
                     | TaskKey::Merge { .. }
                     | TaskKey::MergeSide
+                    | TaskKey::MergeCheck { .. }
                     | TaskKey::Mlx { .. }
                     | TaskKey::KldBase { .. },
                 Some(task_result::Kind::Artifact(_))

@@ -22,7 +22,8 @@
 //!   ctx: 512                    # tokens per chunk (-c; default 512)
 //!   batch: 2048                 # tokens per decode (-b; default 2048): batch/ctx chunks per farm task
 //!   chunks: 40                  # only the first N chunks (default: all)
-//!   prompts: prompts.json       # greedy agreement with the reference on these prompts (JSON array)
+//!   prompts: prompts.json       # greedy agreement with the reference on these prompts (JSON array); with an
+//!                               # adapter, also the merge check: the merge against the base + adapter at run time
 //!   max_tokens: 64              # token cap of each greedy continuation (default 64)
 //!   prompt_shares: 2            # greedy tasks per model, each with every n-th prompt (default 2)
 //!   probes: probes.yaml         # a task-probe suite run on the reference and every model
@@ -31,6 +32,7 @@
 //! gates:                        # default: one gate `reproducible` (rule: verified)
 //!   - {name: reproducible, rule: verified}
 //!   - {name: q8-close, rule: kld_mean, level: Q8_0, max: 0.01}
+//!   - {name: merge-exact, rule: merge_agree, min: 1.0}  # with an adapter and prompts: the merge check (link 1)
 //! ```
 
 use quantfarm_quant::FileType;
@@ -226,6 +228,8 @@ pub struct Gate {
     pub level: Option<QuantLevel>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min: Option<f64>,
 }
 
 #[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
@@ -236,10 +240,14 @@ pub enum GateRule {
     /// The level's mean KL divergence against the bf16 reference is at most `max`. Needs the kld tasks; until a
     /// farm measures it, this gate fails with "not measured" — an unmeasured level never passes.
     KldMean,
+    /// The merge check (link 1): the fraction of prompts whose greedy continuation from the merge (rounded to f32)
+    /// is byte-identical to the base's with the adapter applied at run time is at least `min` (0–1). Needs an
+    /// adapter and `evaluation.prompts`.
+    MergeAgree,
 }
 
 fn default_gates() -> Vec<Gate> {
-    vec![Gate { name: "reproducible".into(), rule: GateRule::Verified, level: None, max: None }]
+    vec![Gate { name: "reproducible".into(), rule: GateRule::Verified, level: None, max: None, min: None }]
 }
 
 impl ReleaseSpec {
@@ -362,11 +370,37 @@ impl ReleaseSpec {
             }
             match g.rule {
                 GateRule::Verified => {
+                    if g.level.is_some() || g.max.is_some() || g.min.is_some() {
+                        return Err(format!("gates[{i}] ({}): rule verified takes no level, max or min", g.name));
+                    }
+                }
+                GateRule::MergeAgree => {
                     if g.level.is_some() || g.max.is_some() {
-                        return Err(format!("gates[{i}] ({}): rule verified takes no level or max", g.name));
+                        return Err(format!("gates[{i}] ({}): rule merge_agree takes only min", g.name));
+                    }
+                    match g.min {
+                        Some(m) if (0.0..=1.0).contains(&m) => {}
+                        _ => {
+                            return Err(format!("gates[{i}] ({}): rule merge_agree needs min between 0 and 1", g.name))
+                        }
+                    }
+                    if self.adapter.is_none() {
+                        return Err(format!(
+                            "gates[{i}] ({}): rule merge_agree checks a merge; there is no adapter",
+                            g.name
+                        ));
+                    }
+                    if self.evaluation.as_ref().is_none_or(|e| e.prompts.is_none()) {
+                        return Err(format!(
+                            "gates[{i}] ({}): rule merge_agree needs evaluation.prompts (the prompts the merge is checked on)",
+                            g.name
+                        ));
                     }
                 }
                 GateRule::KldMean => {
+                    if g.min.is_some() {
+                        return Err(format!("gates[{i}] ({}): rule kld_mean takes max, not min", g.name));
+                    }
                     let level = g.level.ok_or_else(|| format!("gates[{i}] ({}): rule kld_mean needs level", g.name))?;
                     if !gguf.quants.contains(&level) {
                         return Err(format!(
@@ -508,6 +542,23 @@ mod tests {
         ] {
             let e = ReleaseSpec::parse(&bad, "r").unwrap_err().to_string();
             assert!(e.contains(says), "{e}");
+        }
+    }
+
+    #[test]
+    fn merge_agree_gate() {
+        let text = "name: r\nsource: ./m\nadapter: ./a\noutputs:\n  gguf: {quants: [Q8_0]}\n\
+                    evaluation: {prompts: p.json}\ngates:\n  - {name: merge-exact, rule: merge_agree, min: 1.0}\n";
+        let s = ReleaseSpec::parse(text, "r").unwrap();
+        assert_eq!((s.gates[0].rule, s.gates[0].min), (GateRule::MergeAgree, Some(1.0)));
+        for (bad, says) in [
+            (text.replace("min: 1.0", "min: 1.5"), "needs min between 0 and 1"),
+            (text.replace("min: 1.0", "max: 1.0"), "takes only min"),
+            (text.replace("adapter: ./a\n", ""), "there is no adapter"),
+            (text.replace("prompts: p.json", "probes: p.yaml"), "needs evaluation.prompts"),
+        ] {
+            let e = ReleaseSpec::parse(&bad, "r").unwrap_err().to_string();
+            assert!(e.contains(says), "{bad}: {e}");
         }
     }
 

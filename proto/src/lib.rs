@@ -26,7 +26,7 @@ impl Task {
             Some(task::Kind::Quantize(_)) => "quantize",
             Some(task::Kind::Verify(_)) => "verify",
             Some(task::Kind::Noop(_)) => "noop",
-            Some(task::Kind::MergePlan(_) | task::Kind::Merge(_)) => "merge",
+            Some(task::Kind::MergePlan(_) | task::Kind::Merge(_) | task::Kind::MergeCheck(_)) => "merge",
             Some(task::Kind::Mlx(_)) => "mlx",
             Some(task::Kind::KldPlan(_) | task::Kind::KldBase(_) | task::Kind::Kld(_)) => "kld",
             Some(task::Kind::Greedy(_)) => "greedy",

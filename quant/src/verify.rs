@@ -47,7 +47,7 @@ pub struct VerifyOptions {
 /// merge (with `opts.adapter`).
 pub async fn verify(src: &Location, out: &Location, opts: &VerifyOptions) -> Result<Verification, VerifyError> {
     if let Some(adapter) = &opts.adapter {
-        let m = MergeOptions { budget: opts.budget, overwrite: false, base_name: opts.base_name.clone() };
+        let m = MergeOptions { budget: opts.budget, overwrite: false, base_name: opts.base_name.clone(), widen: false };
         return Ok(tv::verify_merge(src, adapter, out, &m).await?);
     }
     let s = TensorSource::open(src).await?;

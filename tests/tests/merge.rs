@@ -39,7 +39,16 @@ fn adapter(format: &str, dir: &Path, flaw: Option<&str>) -> (PathBuf, PathBuf) {
 }
 
 fn merge(adapter: &Path, out: &Path, base_name: Option<&str>) -> Result<quantfarm_tensors::merge::Merged, String> {
-    let opts = MergeOptions { budget: 8 << 20, overwrite: false, base_name: base_name.map(str::to_string) };
+    merge_with(adapter, out, base_name, false)
+}
+
+fn merge_with(
+    adapter: &Path,
+    out: &Path,
+    base_name: Option<&str>,
+    widen: bool,
+) -> Result<quantfarm_tensors::merge::Merged, String> {
+    let opts = MergeOptions { budget: 8 << 20, overwrite: false, base_name: base_name.map(str::to_string), widen };
     rt().block_on(merge_adapter(&Location::local(base()), &Location::local(adapter), &Location::local(out), &opts))
         .map_err(|e| e.to_string())
 }
@@ -191,6 +200,56 @@ fn mlx_dora_adapter_equals_the_f64_reference_merge() {
     check_merged("mlx", false);
 }
 
+/// The merge check's model (`merge --f32`): the same merge rounded to f32. Every tensor is F32; a tensor the adapter
+/// does not touch is the base's bf16 widened exactly; a merged one is within one bf16 unit of the f64 reference's
+/// bf16 rounding (it is the f32 rounding of the same exact value) and mostly not a bf16 value at all (the precision
+/// the check needs is kept).
+#[test]
+fn a_widened_merge_is_the_merge_rounded_to_f32() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, expected_file) = adapter("peft-attn", dir.path(), None);
+    let out = dir.path().join("merged-f32");
+    let done = merge_with(&a, &out, Some(RECORDED_BASE), true).unwrap();
+    let (got, want, orig) = (tensors(&out), tensors(&expected_file), tensors(&base()));
+    assert_eq!(got.len(), orig.len());
+    let types = |p: &Path| -> HashMap<String, String> {
+        rt().block_on(async {
+            let src = TensorSource::open(&Location::local(p)).await.unwrap();
+            src.tensors().iter().map(|e| (e.name.clone(), e.ty.to_string())).collect()
+        })
+    };
+    let (out_types, base_types) = (types(&out), types(&base()));
+    let f32s = |b: &[u8]| -> Vec<f64> {
+        b.chunks_exact(4).map(|c| f64::from(f32::from_le_bytes(c.try_into().unwrap()))).collect()
+    };
+    let (mut merged, mut not_bf16) = (0usize, 0usize);
+    for (name, bytes) in &got {
+        assert_eq!(out_types[name], "F32", "{name}");
+        // SmolLM2's checkpoint holds its norms in F32 already, its matrices in BF16.
+        let base_vals = match base_types[name].as_str() {
+            "BF16" => bf16(&orig[name]),
+            "F32" => f32s(&orig[name]),
+            other => panic!("{name}: base dtype {other}"),
+        };
+        let vals = f32s(bytes);
+        assert_eq!(vals.len(), base_vals.len(), "{name}");
+        match want.get(name) {
+            None => assert!(vals == base_vals, "{name}: not in the adapter, yet not the base widened"),
+            Some(w) => {
+                for (i, (&v, r)) in vals.iter().zip(bf16(w)).enumerate() {
+                    // A bf16 value is an f32 whose low 16 bits are zero.
+                    not_bf16 += usize::from((v as f32).to_bits() & 0xffff != 0);
+                    assert!((v - r).abs() <= ulp(r), "{name}[{i}]: {v} is not within a bf16 unit of the reference {r}");
+                }
+                merged += vals.len();
+            }
+        }
+    }
+    assert_eq!(done.changed.len(), want.len());
+    eprintln!("widened merge: {merged} merged elements, {not_bf16} of them finer than bf16");
+    assert!(not_bf16 * 10 > merged * 9, "{not_bf16} of {merged} merged elements are finer than bf16");
+}
+
 #[test]
 fn flawed_adapters_are_refused_before_anything_is_written() {
     let dir = tempfile::tempdir().unwrap();
@@ -225,7 +284,7 @@ fn flawed_adapters_are_refused_before_anything_is_written() {
 fn peft_adapter_converts_to_the_gguf_lora_llama_cpp_reads() {
     let dir = tempfile::tempdir().unwrap();
     let (with_embedding, _) = adapter("peft", &dir.path().join("emb"), None);
-    let opts = MergeOptions { budget: 0, overwrite: false, base_name: Some(RECORDED_BASE.into()) };
+    let opts = MergeOptions { budget: 0, overwrite: false, base_name: Some(RECORDED_BASE.into()), widen: false };
     let refused = dir.path().join("refused.gguf");
     let e = rt()
         .block_on(quantfarm_tensors::merge::adapter_to_gguf(
@@ -301,7 +360,7 @@ fn peft_adapter_converts_to_the_gguf_lora_llama_cpp_reads() {
 
 /// Converts adapter `a` to `to` with the library (checked against the base first).
 fn convert_adapter(a: &Path, to: quantfarm_tensors::merge::AdapterFormat, out: &Path) {
-    let opts = MergeOptions { budget: 8 << 20, overwrite: false, base_name: Some(RECORDED_BASE.into()) };
+    let opts = MergeOptions { budget: 8 << 20, overwrite: false, base_name: Some(RECORDED_BASE.into()), widen: false };
     let b = Location::local(base());
     rt().block_on(quantfarm_tensors::merge::convert_adapter_folder(
         &Location::local(a),
@@ -360,7 +419,7 @@ fn mlx_dora_adapter_converted_to_peft_merges_the_same_and_peft_merges_it() {
 fn an_embedding_lora_is_refused_going_to_mlx_lm() {
     let dir = tempfile::tempdir().unwrap();
     let (a, _) = adapter("peft", dir.path(), None);
-    let opts = MergeOptions { budget: 8 << 20, overwrite: false, base_name: Some(RECORDED_BASE.into()) };
+    let opts = MergeOptions { budget: 8 << 20, overwrite: false, base_name: Some(RECORDED_BASE.into()), widen: false };
     let out = dir.path().join("x");
     let b = Location::local(base());
     let err = rt()

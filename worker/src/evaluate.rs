@@ -281,10 +281,17 @@ pub async fn kld(t: &pb::KldTask, env: &Env) -> Result<pb::KldResult, Failure> {
     .await
 }
 
-/// A model ready for llama.cpp: loaded from a GGUF file, or from the exact conversion of an MLX folder.
-fn load_prepared(path: &Path, workdir: &Path, env: &Env) -> Result<(Model, Option<String>), Failure> {
+/// A model ready for llama.cpp: loaded from a GGUF file, or from the exact conversion of an MLX folder; with a GGUF
+/// LoRA applied at run time at scale 1 when `lora` is given.
+fn load_prepared(
+    path: &Path,
+    lora: Option<PathBuf>,
+    workdir: &Path,
+    env: &Env,
+) -> Result<(Model, Option<String>), Failure> {
     let prepared = prepare(path, Some(workdir))?;
-    let model = load(&prepared.path, env)?;
+    let opts = LoadOptions { threads: env.threads, lora: lora.map(|l| (l, 1.0)), ..LoadOptions::default() };
+    let model = Model::load(&prepared.path, &opts)?;
     Ok((model, prepared.note.clone()))
 }
 
@@ -295,13 +302,14 @@ pub async fn greedy(t: &pb::GreedyTask, env: &Env) -> Result<pb::GreedyResult, F
     }
     let dir = task_dir(env)?;
     let model_path = local_model(&t.model, dir.path(), env).await?;
+    let lora = if t.lora.is_empty() { None } else { Some(local_file(&t.lora, dir.path(), env).await?) };
     let (text, _) = read_text(&t.prompts).await?;
     let (t, env) = (t.clone(), env.clone());
     blocking(move || {
         let prompts = parse_prompts(&t.prompts, &text)?;
         let mine: Vec<usize> = (0..prompts.len()).filter(|i| i % t.n_shares as usize == t.share as usize).collect();
         let selected: Vec<_> = mine.iter().map(|&i| prompts[i].clone()).collect();
-        let (model, note) = load_prepared(&model_path, dir.path(), &env)?;
+        let (model, note) = load_prepared(&model_path, lora, dir.path(), &env)?;
         let runs = run_prompts(&model, &selected, t.max_tokens as usize, t.ctx)?;
         let mut result = pb::GreedyResult { note: note.unwrap_or_default(), ..Default::default() };
         if t.reference.is_empty() {
@@ -362,7 +370,7 @@ pub async fn probe(t: &pb::ProbeTask, env: &Env) -> Result<pb::ProbeResult, Fail
     let (t, env) = (t.clone(), env.clone());
     blocking(move || {
         let suite = Suite::parse(&t.suite, &text)?;
-        let (model, note) = load_prepared(&model_path, dir.path(), &env)?;
+        let (model, note) = load_prepared(&model_path, None, dir.path(), &env)?;
         let mut responder = Builtin::new(&model, t.ctx)?;
         let report = run_suite(&suite, &mut responder)?;
         Ok(pb::ProbeResult {

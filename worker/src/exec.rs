@@ -72,6 +72,7 @@ pub async fn run(t: &pb::Task, env: &Env) -> Result<pb::TaskResult, Failure> {
         task::Kind::MergePlan(m) => task_result::Kind::MergePlan(merge_plan(m, env).await?),
         task::Kind::Merge(m) => task_result::Kind::Artifact(merge(m, env).await?),
         task::Kind::Mlx(m) => task_result::Kind::Artifact(mlx(m, env).await?),
+        task::Kind::MergeCheck(m) => task_result::Kind::Artifact(crate::merge_check::merge_check(m, env).await?),
         task::Kind::KldPlan(k) => task_result::Kind::KldPlan(crate::evaluate::kld_plan(k, env).await?),
         task::Kind::KldBase(k) => task_result::Kind::Artifact(crate::evaluate::kld_base(k, env).await?),
         task::Kind::Kld(k) => task_result::Kind::Kld(crate::evaluate::kld(k, env).await?),
@@ -246,7 +247,11 @@ async fn write_gguf(g: &pb::GgufShardTask, out: &Location, env: &Env) -> Result<
 }
 
 /// Makes the content-addressed output at `url` with `write`, unless it is already there (a cache hit).
-async fn produce<F>(url: &str, env: &Env, write: impl FnOnce(Location) -> F) -> Result<pb::ArtifactResult, Failure>
+pub(crate) async fn produce<F>(
+    url: &str,
+    env: &Env,
+    write: impl FnOnce(Location) -> F,
+) -> Result<pb::ArtifactResult, Failure>
 where
     F: std::future::Future<Output = Result<(String, u64), Failure>>,
 {
@@ -337,11 +342,12 @@ async fn verify(v: &pb::VerifyTask, env: &Env) -> Result<pb::VerifyResult, Failu
     })
 }
 
-fn merge_options(base_name: &str, env: &Env) -> quantfarm_tensors::merge::MergeOptions {
+pub(crate) fn merge_options(base_name: &str, env: &Env) -> quantfarm_tensors::merge::MergeOptions {
     quantfarm_tensors::merge::MergeOptions {
         budget: env.budget,
         overwrite: false,
         base_name: (!base_name.is_empty()).then(|| base_name.to_string()),
+        widen: false,
     }
 }
 

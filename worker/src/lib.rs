@@ -5,6 +5,7 @@
 
 pub mod evaluate;
 pub mod exec;
+mod merge_check;
 pub mod peer;
 
 use std::collections::HashMap;

@@ -1,5 +1,6 @@
 //! Exact LoRA merge: an adapter (PEFT or mlx-lm, see [`adapter`]) folded into an HF safetensors base, written as a
-//! new HF checkpoint with the base's files, tensor order and dtypes.
+//! new HF checkpoint with the base's files, tensor order and dtypes (or every float matrix in F32, for the merge
+//! check: [`MergeOptions::widen`]).
 //!
 //! `W' = W + scale·(B·A)` (DoRA: each row then rescaled to `m / ‖W + ΔW‖`) is computed in f64 and rounded once to
 //! the base dtype, so the result is the exact merge correctly rounded: the converters people use add in the base
@@ -46,6 +47,10 @@ pub struct MergeOptions {
     /// The base model's identity, when the folder does not say it (config.json `_name_or_path`, or the folder's
     /// name); compared with the base the adapter records.
     pub base_name: Option<String>,
+    /// Write every float vector and matrix as F32 instead of the base's dtype: the merge rounded to f32. This is
+    /// the merge check's model (link 1), where a bf16 rounding of the merged weights would flip greedy near-ties
+    /// and hide the merge's arithmetic; the published checkpoint keeps the base's dtypes.
+    pub widen: bool,
 }
 
 /// What a merge did.
@@ -76,6 +81,8 @@ struct Out {
     dtype: Dtype,
     shape: Vec<u64>,
     make: Make,
+    /// Written as F32 from a narrower base dtype ([`MergeOptions::widen`]): copied tensors are widened, not copied.
+    widened: bool,
 }
 
 /// One output file: the base file's name and `__metadata__`, and its tensors in order.
@@ -197,25 +204,30 @@ pub async fn plan_merge(base: &Location, adapter: &Location, opts: &MergeOptions
 
     // The output files: the base's, in its order; an untied lm_head goes after the embedding.
     let mut files: Vec<OutFile> = Vec::new();
+    let widened = |d: Dtype, shape: &[u64]| opts.widen && matches!(d, Dtype::BF16 | Dtype::F16) && shape.len() <= 2;
     for (blob, h) in &st.files {
         let mut outs = Vec::new();
         for t in &h.tensors {
             let make = updates.remove(t.name.as_str()).unwrap_or(Make::Copy);
+            let widened = widened(t.dtype, &t.shape);
+            let dtype = if widened { Dtype::F32 } else { t.dtype };
             outs.push(Out {
                 name: t.name.clone(),
                 source: t.name.clone(),
-                dtype: t.dtype,
+                dtype,
                 shape: t.shape.clone(),
                 make,
+                widened,
             });
             if untie && t.name == EMBED {
                 let make = updates.remove(LM_HEAD).unwrap_or(Make::Copy);
                 outs.push(Out {
                     name: LM_HEAD.into(),
                     source: EMBED.into(),
-                    dtype: t.dtype,
+                    dtype,
                     shape: t.shape.clone(),
                     make,
+                    widened,
                 });
             }
         }
@@ -300,7 +312,7 @@ impl MergePlan {
     pub async fn tensor_bytes(&self, file: usize, index: usize, budget: u64, w: &mut impl PieceWriter) -> Result<()> {
         let o = &self.files[file].tensors[index];
         match o.make {
-            Make::Copy => copy_tensor(&self.src, &o.source, budget, &mut Vec::new(), w).await,
+            Make::Copy if !o.widened => copy_tensor(&self.src, &o.source, budget, &mut Vec::new(), w).await,
             _ => write_updated(&self.src, &self.adapter, o, budget, w).await,
         }
     }
@@ -509,7 +521,7 @@ fn index_json(files: &[OutFile]) -> Vec<u8> {
     text.into_bytes()
 }
 
-/// Writes one changed tensor, whole rows at a time within `budget`.
+/// Writes one changed or widened tensor, whole rows at a time within `budget`.
 async fn write_updated(
     src: &TensorSource,
     adapter: &Adapter,
