@@ -7,6 +7,7 @@
 //! the final figures from chunk statistics computed anywhere.
 
 pub mod base_file;
+mod kernels;
 pub mod stats;
 
 use rayon::prelude::*;
