@@ -238,14 +238,38 @@ impl<'a> Record<'a> {
 
 /// Encodes one position's logits into `out` (a record) and returns the position's negative log-likelihood of
 /// `token`: the same steps, in the same float/double precision, as llama-perplexity's
-/// `log_softmax(int, const float*, uint16_t*, int)` (the loops are in [`super::kernels`]).
+/// `log_softmax(int, const float*, uint16_t*, int)`.
 pub fn encode_record(logits: &[f32], token: usize, out: &mut [u16]) -> f64 {
+    let mut max = logits[0];
+    let mut min = logits[0];
+    for &l in &logits[1..] {
+        max = max.max(l);
+        min = min.min(l);
+    }
+    let min = min.max(max - 16.0);
+    let sum: f64 = logits.iter().map(|&l| f64::from((l - max).exp())).sum();
+    let lse = sum.ln() as f32;
+    let min_log_prob = min - max - lse;
+    let scale = (max - min) / 65535.0;
     let (head, codes) = out.split_at_mut(4);
-    let (scale, min_log_prob, lse, max) = super::kernels::encode(logits, codes);
     let s = scale.to_bits();
     let m = min_log_prob.to_bits();
     head.copy_from_slice(&[s as u16, (s >> 16) as u16, m as u16, (m >> 16) as u16]);
+    if scale != 0.0 {
+        let inv = 1.0 / scale;
+        for (c, &l) in codes.iter_mut().zip(logits) {
+            *c = if l > min { nearest_int(inv * (l - min)) as u16 } else { 0 };
+        }
+    } else {
+        codes.iter_mut().for_each(|c| *c = 0);
+    }
     f64::from(max + lse - logits[token])
+}
+
+/// ggml's round-half-to-even via the 1.5·2^23 trick (spec §2.1 `nearest_int`).
+fn nearest_int(v: f32) -> i32 {
+    let bits = (v + 12_582_912.0).to_bits() as i32;
+    (bits & 0x007f_ffff) - 0x0040_0000
 }
 
 fn read_exact(file: &str, what: &str, r: &mut impl Read, buf: &mut [u8]) -> Result<()> {
@@ -300,5 +324,12 @@ mod tests {
         assert_eq!(r.codes[0], 65535);
         // Odd vocabulary: one pad value, left zero.
         assert_eq!(rec.as_bytes().len(), 2 * (4 + 6));
+    }
+
+    #[test]
+    fn nearest_int_rounds_half_to_even() {
+        assert_eq!(nearest_int(2.5), 2);
+        assert_eq!(nearest_int(3.5), 4);
+        assert_eq!(nearest_int(65534.6), 65535);
     }
 }

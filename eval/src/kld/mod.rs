@@ -7,7 +7,6 @@
 //! the final figures from chunk statistics computed anywhere.
 
 pub mod base_file;
-mod kernels;
 pub mod stats;
 
 use rayon::prelude::*;
