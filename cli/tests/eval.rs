@@ -481,20 +481,8 @@ fn farm_measures_kld_greedy_and_probes_on_three_workers() {
         ),
     )
     .unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_quantfarm"))
-        .arg("run")
-        .arg(&release)
-        .args(["--workers", "3", "--json", "--store"])
-        .arg(dir.path().join("data"))
-        .env("QUANTFARM_KEY_FILE", dir.path().join("k"))
-        .env("QUANTFARM_LLAMA_BIN", llama_bin())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
     // Q4_K_M's mean KLD (0.063) is above its gate's 0.05: the release runs to its end and the verdict is "gate failed".
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let sum: Value = serde_json::from_str(stdout.lines().last().expect("a summary line")).unwrap();
+    let sum = farm_run(dir.path(), &release, 3, 1);
     let artifact = |ty: &str| {
         sum["artifacts"]
             .as_array()
@@ -641,6 +629,23 @@ fn farm_measures_kld_greedy_and_probes_on_three_workers() {
     assert!(artifact("Q4_K_M")["probes"]["delta_vs_reference"].is_number());
 }
 
+/// `quantfarm run RELEASE --workers N --json` with its store and signing key in `dir` (and the peer tools in reach);
+/// asserts the exit status and returns the summary line.
+fn farm_run(dir: &Path, release: &Path, workers: u32, want_status: i32) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_quantfarm"))
+        .arg("run")
+        .arg(release)
+        .args(["--workers", &workers.to_string(), "--json", "--store"])
+        .arg(dir.join("data"))
+        .env("QUANTFARM_KEY_FILE", dir.join("k"))
+        .env("QUANTFARM_LLAMA_BIN", llama_bin())
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert_eq!(out.status.code(), Some(want_status), "{stdout}\n{stderr}");
+    serde_json::from_str(stdout.lines().last().expect("a summary line")).unwrap()
+}
+
 fn prompts() -> PathBuf {
     quantfarm_e2e::repo_root().join("examples/prompts-20.json")
 }
@@ -678,18 +683,7 @@ fn farm_checks_the_merge_against_the_adapter_at_run_time() {
         ),
     )
     .unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_quantfarm"))
-        .arg("run")
-        .arg(&release)
-        .args(["--workers", "2", "--json", "--store"])
-        .arg(dir.path().join("data"))
-        .env("QUANTFARM_KEY_FILE", dir.path().join("k"))
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
-    let sum: Value = serde_json::from_str(stdout.lines().last().expect("a summary line")).unwrap();
+    let sum = farm_run(dir.path(), &release, 2, 0);
     let check = &sum["merge_check"];
     let greedy = &check["greedy"];
     eprintln!(
