@@ -128,8 +128,10 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, Failure> + Se
         .map_err(|e| Failure { kind: FailureKind::Internal, message: format!("the evaluation thread failed: {e}") })?
 }
 
-fn load(path: &Path, env: &Env) -> Result<Model, Failure> {
-    Ok(Model::load(path, &LoadOptions { threads: env.threads, ..LoadOptions::default() })?)
+/// A GGUF model with the worker's threads; with a GGUF LoRA applied at run time at scale 1 when `lora` is given.
+fn load(path: &Path, lora: Option<PathBuf>, env: &Env) -> Result<Model, Failure> {
+    let opts = LoadOptions { threads: env.threads, lora: lora.map(|l| (l, 1.0)), ..LoadOptions::default() };
+    Ok(Model::load(path, &opts)?)
 }
 
 fn settings(s: &Option<pb::KldSettings>) -> Result<&pb::KldSettings, Failure> {
@@ -153,7 +155,7 @@ pub async fn kld_plan(t: &pb::KldPlanTask, env: &Env) -> Result<pb::KldPlanResul
     let (text, text_sha256) = read_text(&s.text).await?;
     let env = env.clone();
     blocking(move || {
-        let model = load(&reference, &env)?;
+        let model = load(&reference, None, &env)?;
         let header = tokenize(&model, &text, &s)?;
         // Refuses a batch that is neither below nor a multiple of the context, as llama-perplexity does.
         session_for(&model, s.ctx, s.batch)?;
@@ -179,7 +181,7 @@ async fn write_base_part(t: &pb::KldBaseTask, out: &Location, env: &Env) -> Resu
     let (first, count, expect) = (t.first_chunk as usize, t.n_chunks as usize, t.tokens_sha256.clone());
     let (env2, local2) = (env.clone(), local.clone());
     blocking(move || {
-        let model = load(&reference, &env2)?;
+        let model = load(&reference, None, &env2)?;
         let header = tokenize(&model, &text, &s)?;
         let sha = tokens_sha256(&header.tokens);
         if sha != expect {
@@ -261,8 +263,7 @@ pub async fn kld(t: &pb::KldTask, env: &Env) -> Result<pb::KldResult, Failure> {
     let model_path = local_model(&t.model, dir.path(), env).await?;
     let (first, batch, env) = (t.first_chunk, t.batch, env.clone());
     blocking(move || {
-        let prepared = prepare(&model_path, Some(dir.path()))?;
-        let model = load(&prepared.path, &env)?;
+        let (model, note) = load_prepared(&model_path, None, dir.path(), &env)?;
         let mut base = BaseFile::open(&base_path)?;
         let name = base.name.clone();
         check_compatible(&base.header, &name, &model, None)?;
@@ -276,7 +277,7 @@ pub async fn kld(t: &pb::KldTask, env: &Env) -> Result<pb::KldResult, Failure> {
             Ok(())
         })?;
         drop(dir);
-        Ok(pb::KldResult { chunks: out, note: prepared.note.clone().unwrap_or_default() })
+        Ok(pb::KldResult { chunks: out, note: note.unwrap_or_default() })
     })
     .await
 }
@@ -290,8 +291,7 @@ fn load_prepared(
     env: &Env,
 ) -> Result<(Model, Option<String>), Failure> {
     let prepared = prepare(path, Some(workdir))?;
-    let opts = LoadOptions { threads: env.threads, lora: lora.map(|l| (l, 1.0)), ..LoadOptions::default() };
-    let model = Model::load(&prepared.path, &opts)?;
+    let model = load(&prepared.path, lora, env)?;
     Ok((model, prepared.note.clone()))
 }
 
