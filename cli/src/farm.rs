@@ -75,6 +75,10 @@ pub struct CoordinatorArgs {
     /// First retry delay (doubles per attempt).
     #[arg(long, default_value_t = 500)]
     backoff_ms: u64,
+    /// Serve Prometheus metrics (/metrics) and a health check (/healthz) over plain HTTP on this address
+    /// (e.g. 127.0.0.1:9464; they carry no secrets, but keep them off public interfaces).
+    #[arg(long)]
+    metrics: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -233,6 +237,16 @@ pub async fn coordinator(args: CoordinatorArgs) -> Result<()> {
         cfg.store,
         cfg.journal.display()
     );
+    if let Some(m) = &args.metrics {
+        let l = tokio::net::TcpListener::bind(m).await.with_context(|| format!("cannot listen on {m} for metrics"))?;
+        eprintln!("metrics on http://{}/metrics, health on http://{}/healthz", l.local_addr()?, l.local_addr()?);
+        let c = coord.clone();
+        tokio::spawn(async move {
+            if let Err(e) = quantfarm_coordinator::metrics::serve(c, l).await {
+                eprintln!("error: metrics server: {e}");
+            }
+        });
+    }
     coord.serve(listener, args.token, tls, shutdown_signal()).await?;
     Ok(())
 }

@@ -8,6 +8,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result};
+use quantfarm_coordinator::attestation;
 use quantfarm_coordinator::signing::{self, PublicKey, SigningKey};
 
 /// Arguments of `quantfarm keygen`.
@@ -17,6 +18,35 @@ pub struct KeygenArgs {
     /// $XDG_CONFIG_HOME/quantfarm/signing.key or ~/.config/quantfarm/signing.key). An existing file is never
     /// overwritten. The public key is written next to it, as <path>.pub.
     pub out: Option<PathBuf>,
+}
+
+/// Arguments of `quantfarm report render`.
+#[derive(clap::Args)]
+pub struct RenderArgs {
+    /// The signed report (JSON).
+    pub report: PathBuf,
+    /// Folder to write report.md, report.html and README.md (the model card) into (default: beside the report).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+/// Writes the report's views (the files the coordinator writes beside it) from a report file.
+pub fn render(args: RenderArgs) -> Result<()> {
+    let name = args.report.display();
+    let text = std::fs::read_to_string(&args.report).with_context(|| format!("cannot read report {name}"))?;
+    let report: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("report {name} is not valid JSON"))?;
+    let out = args.out.unwrap_or_else(|| args.report.parent().map(Path::to_path_buf).unwrap_or_default());
+    std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
+    for (file, body) in quantfarm_coordinator::views::render_all(&report) {
+        let path = out.join(file);
+        // Staged beside the target and renamed over it: a reader never sees half a file.
+        let staged = out.join(format!(".{file}.partial"));
+        std::fs::write(&staged, body).with_context(|| format!("cannot write {}", staged.display()))?;
+        std::fs::rename(&staged, &path).with_context(|| format!("cannot write {}", path.display()))?;
+        println!("{}", path.display());
+    }
+    Ok(())
 }
 
 /// Arguments of `quantfarm verify`.
@@ -64,24 +94,31 @@ pub fn verify(args: VerifyArgs) -> Result<bool> {
     let text = std::fs::read_to_string(&args.report).with_context(|| format!("cannot read report {name}"))?;
     let report: serde_json::Value =
         serde_json::from_str(&text).with_context(|| format!("report {name} is not valid JSON"))?;
-    match signing::verify_report(&report, pinned.as_ref()) {
+    // Either form: report.json (a `signature` member) or report.intoto.json (a DSSE envelope around it).
+    let outcome = if report.get("payloadType").is_some() {
+        attestation::verify_envelope(&report, pinned.as_ref()).map(|v| v.verified).map_err(anyhow::Error::from)
+    } else {
+        signing::verify_report(&report, pinned.as_ref()).map_err(anyhow::Error::from)
+    };
+    let form = if report.get("payloadType").is_some() { "DSSE envelope (in-toto statement)" } else { "report" };
+    match outcome {
         Ok(verified) if verified.pinned => {
             println!(
-                "{name}: signature valid, signed by key {} (checked against --pubkey: authorship and integrity)",
+                "{name}: {form} signature valid, signed by key {} (checked against --pubkey: authorship and integrity)",
                 verified.fingerprint
             );
             Ok(true)
         }
         Ok(verified) => {
             println!(
-                "{name}: signature valid, signed by key {} (checked against the key recorded in the report: \
+                "{name}: {form} signature valid, signed by key {} (checked against the key recorded in the report: \
                  integrity only, not authorship; pass --pubkey to check who signed it)",
                 verified.fingerprint
             );
             Ok(true)
         }
         Err(e) => {
-            eprintln!("{name}: signature INVALID: {e}");
+            eprintln!("{name}: {form} signature INVALID: {e:#}");
             Ok(false)
         }
     }

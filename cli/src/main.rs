@@ -82,8 +82,11 @@ enum Command {
 
 #[derive(Subcommand)]
 enum ReportCommand {
-    /// Check a report's signature: exit 0 only for an untampered report.
+    /// Check a report's signature (report.json, or the DSSE envelope report.intoto.json): exit 0 only for an
+    /// untampered report.
     Verify(keys::VerifyArgs),
+    /// Write a report's views (report.md, report.html, the model card README.md) from report.json.
+    Render(keys::RenderArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -124,6 +127,7 @@ fn main() -> std::process::ExitCode {
             Command::Probe(args) => eval::on_thread(|| eval::probe(args)),
             Command::Keygen(args) => ok(keys::keygen(args)),
             Command::Report(ReportCommand::Verify(args)) => keys::verify(args).map(|valid| if valid { 0 } else { 1 }),
+            Command::Report(ReportCommand::Render(args)) => ok(keys::render(args)),
         }
     });
     // Drop the runtime without waiting for blocked tasks (a lease long-poll) to notice.

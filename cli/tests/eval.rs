@@ -472,9 +472,8 @@ fn farm_measures_kld_greedy_and_probes_on_three_workers() {
         format!(
             "name: smollm2-kld\nsource: {}\noutputs:\n  gguf:\n    quants: [Q8_0, Q4_K_M]\n  mlx: {{bits: [8]}}\n\
              evaluation:\n  text: {}\n  ctx: 512\n  prompts: {}\n  probes: {}\n  peers: [llama-perplexity]\n\
-             gates:\n  - {{name: reproducible, rule: verified}}\n\
-             \x20 - {{name: q8-close, rule: kld_mean, level: Q8_0, max: 0.01}}\n\
-             \x20 - {{name: q4-close, rule: kld_mean, level: Q4_K_M, max: 0.05}}\n",
+             gates:\n  - {{name: q8-close, check: 'q8_0.kld.mean <= 0.01'}}\n\
+             \x20 - {{name: q4-close, check: 'q4_k_m.kld.mean <= 0.05'}}\n",
             hf.display(),
             text().display(),
             prompts().display(),
@@ -525,8 +524,13 @@ fn farm_measures_kld_greedy_and_probes_on_three_workers() {
     assert_eq!(q4["passed"], false, "{q4:#}");
     let detail = q4["detail"].as_str().unwrap();
     let q4_kld = artifact("Q4_K_M")["kld"]["mean_kld"].as_f64().unwrap();
-    assert!(detail.starts_with(&format!("Q4_K_M: mean KLD {q4_kld:.6}")) && detail.ends_with("> 0.05"), "{detail}");
-    assert_eq!(q4["inputs"]["n_chunks"], 14, "{q4:#}");
+    assert!(detail.starts_with("q4_k_m.kld.mean = 0.0635") && detail.ends_with("> 0.05"), "{detail}");
+    assert_eq!(q4["inputs"]["q4_k_m.kld.mean"].as_f64(), Some(q4_kld), "{q4:#}");
+    assert_eq!(q4["threshold"], 0.05, "{q4:#}");
+    // Every level was measured (KLD and probes); the defaults' per-level KLD limits hold for all three.
+    for g in sum["gates"].as_array().unwrap().iter().filter(|g| g["name"] == "measured" || g["name"] == "kld") {
+        assert_eq!(g["passed"], true, "{g:#}");
+    }
 
     // The chunk groups (4 of them: 2048/512 chunks each) were spread over the three workers.
     let report: Value =
@@ -676,7 +680,7 @@ fn farm_checks_the_merge_against_the_adapter_at_run_time() {
         format!(
             "name: smollm2-lora\nsource: {}\nadapter: {}\nbase_name: {RECORDED_BASE}\noutputs:\n  gguf: {{quants: []}}\n\
              evaluation:\n  prompts: {}\n  max_tokens: 32\n\
-             gates:\n  - {{name: reproducible, rule: verified}}\n  - {{name: merge-exact, rule: merge_agree, min: 1.0}}\n",
+             gates:\n  - {{name: merge, check: 'merge.greedy.agree >= 1'}}\n",
             hf.display(),
             adapter.display(),
             prompts().display()
@@ -692,10 +696,13 @@ fn farm_checks_the_merge_against_the_adapter_at_run_time() {
     );
     assert_eq!((greedy["identical"].as_u64(), greedy["n"].as_u64()), (Some(20), Some(20)), "{check:#}");
     assert_eq!(greedy["complete"], true, "{check:#}");
-    let gate = sum["gates"].as_array().unwrap().iter().find(|g| g["name"] == "merge-exact").unwrap().clone();
-    assert_eq!(gate["passed"], true, "{gate:#}");
-    assert!(gate["detail"].as_str().unwrap().starts_with("merge check: 20/20 prompts identical"), "{gate:#}");
-    assert_eq!(gate["inputs"]["n"], 20, "{gate:#}");
+    // The release's own `merge` gate replaced the default one (agree >= 0.9).
+    let merge_gates: Vec<&Value> = sum["gates"].as_array().unwrap().iter().filter(|g| g["name"] == "merge").collect();
+    assert_eq!(merge_gates.len(), 1, "{sum:#}");
+    let gate = merge_gates[0];
+    assert_eq!((gate["passed"].as_bool(), gate["source"].as_str()), (Some(true), Some("release")), "{gate:#}");
+    assert_eq!(gate["detail"], "merge.greedy.agree = 1 >= 1", "{gate:#}");
+    assert_eq!(gate["inputs"]["merge.greedy.agree"], 1.0, "{gate:#}");
 
     // The three inputs are separate files, and the reference side ran with the LoRA.
     let file = |part: &str| PathBuf::from(check[part]["url"].as_str().unwrap_or_else(|| panic!("{check:#}")));

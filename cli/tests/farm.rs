@@ -302,16 +302,26 @@ fn farm_release_of_smollm2_over_s3_survives_a_killed_worker_and_a_coordinator_re
 
     let watch = BucketWatch::start(&s3, "farm1");
     let out = farm.cli(&["submit", release, "--watch", "--json"]);
+    // The release has no evaluation section: every artifact is made, verified and signed, but Q8_0 was not
+    // measured, so the built-in `measured` gate fails it and `submit --watch` exits 1 (a gate failed).
     assert_eq!(
         out.status.code(),
-        Some(0),
-        "submit failed:\n{}\n{}",
+        Some(1),
+        "submit:\n{}\n{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
     let sum1 = summary(&out);
+    assert_eq!(sum1["state"], "gate_failed", "{sum1:#}");
+    let failed: Vec<&Value> = sum1["gates"].as_array().unwrap().iter().filter(|g| g["passed"] == false).collect();
+    assert!(
+        failed.iter().any(|g| g["name"] == "measured"
+            && g["level"] == "Q8_0"
+            && g["detail"].as_str().unwrap().contains("no evaluation.text")),
+        "{failed:#?}"
+    );
     let final1 = list_bucket(&rt, &s3, "farm1");
-    assert_eq!(final1.len(), 7, "6 artifact files and the report: {final1:?}");
+    assert_eq!(final1.len(), 11, "6 artifact files, the report, its envelope and 3 views: {final1:?}");
     let listed = watch.check(&final1);
     assert!(listed > 0, "the bucket watch saw nothing during the run");
 
@@ -331,7 +341,7 @@ fn farm_release_of_smollm2_over_s3_survives_a_killed_worker_and_a_coordinator_re
         String::from_utf8_lossy(&v.stderr)
     );
     let mut report: Value = serde_json::from_slice(&report_bytes).unwrap();
-    assert_eq!(report["verdict"], "released");
+    assert_eq!(report["verdict"], "gate_failed");
     assert!(report["tasks"].as_array().unwrap().len() >= 13);
     let sha = report["artifacts"][0]["files"][0]["sha256"].as_str().unwrap().to_string();
     report["artifacts"][0]["files"][0]["sha256"] =
@@ -421,14 +431,14 @@ fn farm_release_of_smollm2_over_s3_survives_a_killed_worker_and_a_coordinator_re
     let out = farm2.cli(&["watch", &id, "--json"]);
     assert_eq!(
         out.status.code(),
-        Some(0),
+        Some(1),
         "watch after restart:\n{}\n{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
     let sum2 = summary(&out);
     let final2 = list_bucket(&rt, &s3, "farm2");
-    assert_eq!(final2.len(), 7, "6 artifact files and the report: {final2:?}");
+    assert_eq!(final2.len(), 11, "6 artifact files, the report, its envelope and 3 views: {final2:?}");
     let listed = watch.check(&final2);
     assert!(listed > 0, "the bucket watch saw nothing during the run");
     assert_eq!(artifact_files(&sum2), files, "artifacts differ between the undisturbed and the disturbed run");
@@ -501,12 +511,22 @@ fn quantfarm_run_makes_the_readme_example_offline() {
         stdout.contains("TinyLlama-BF16") && stdout.contains("TinyLlama-Q8_0") && stdout.contains("TinyLlama-Q4_0"),
         "{stdout}"
     );
-    assert!(stdout.contains("gate reproducible: pass"), "{stdout}");
+    for gate in ["reproducible", "measured", "kld", "probes", "q8-near-exact"] {
+        assert!(stdout.contains(&format!("gate {gate}: pass")), "{gate}: {stdout}");
+    }
     let report = stdout.lines().find_map(|l| l.trim().strip_prefix("signed report: ")).unwrap().to_string();
-    // `run` made the key on first use (no public key file): verify against the key recorded in the report.
-    let v = Command::new(bin()).args(["report", "verify", &report]).output().unwrap();
-    assert_eq!(v.status.code(), Some(0), "{}", String::from_utf8_lossy(&v.stderr));
-    assert!(String::from_utf8_lossy(&v.stdout).contains("integrity only"));
+    // `run` made the key on first use (no public key file): verify against the key recorded in the report, in
+    // both forms.
+    let envelope = Path::new(&report).with_file_name("report.intoto.json");
+    for signed in [Path::new(&report), envelope.as_path()] {
+        let v = Command::new(bin()).arg("report").arg("verify").arg(signed).output().unwrap();
+        assert_eq!(v.status.code(), Some(0), "{}", String::from_utf8_lossy(&v.stderr));
+        assert!(String::from_utf8_lossy(&v.stdout).contains("integrity only"));
+    }
+    for view in ["report.html", "report.md", "README.md"] {
+        let text = std::fs::read_to_string(Path::new(&report).with_file_name(view)).unwrap();
+        assert!(text.contains("TinyLlama-Q4"), "{view}: {text}");
+    }
     // The synthetic source was written into the store, and a second run is all cache hits with the same bytes.
     assert!(tmp.path().join("data/sources/synthetic").is_dir());
     let again = Command::new(bin())
@@ -540,7 +560,8 @@ fn a_release_with_an_importance_matrix_matches_llama_quantize() {
     )
     .unwrap();
     let out = run_json(&release, tmp.path());
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    // No evaluation: made and verified, but not measured, so not released (exit 1).
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
     let sum = summary(&out);
     let q4 = sum["artifacts"].as_array().unwrap().iter().find(|a| a["file_type"] == "Q4_K_M").unwrap();
     let url = q4["files"][0]["url"].as_str().unwrap();
@@ -581,7 +602,8 @@ fn a_release_with_an_adapter_merges_then_makes_gguf_and_mlx() {
     )
     .unwrap();
     let out = run_json(&release, tmp.path());
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    // No evaluation: made and verified, but neither level is measured, so not released (exit 1).
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
     let sum = summary(&out);
     let artifacts = sum["artifacts"].as_array().unwrap();
     let kinds: Vec<(&str, &str)> =

@@ -493,7 +493,7 @@ pub fn expand(ctx: &Ctx, plan: &pb::PlanResult, results: &Results) -> Vec<TaskDe
             // After the KL-divergence plan: its text checksum names the peer's base file.
             let base = TaskKey::PeerBase { peer };
             out.push(TaskDef { key: base.clone(), deps: vec![TaskKey::KldPlan], cost });
-            for level in ctx.spec.quants() {
+            for level in ctx.spec.quants().iter().filter(|l| ctx.spec.measures(l.0.name())) {
                 let key = TaskKey::PeerKld { peer, level: level.0 };
                 let mut deps = vec![base.clone()];
                 deps.extend(model_tasks(EvalTarget::Quant(level.0), n));
@@ -527,10 +527,14 @@ fn model_tasks(target: EvalTarget, n_shards: u32) -> Vec<TaskKey> {
     }
 }
 
-/// The models measured against the reference: every GGUF quant level, then every MLX checkpoint.
+/// The models measured against the reference: every GGUF quant level, then every MLX checkpoint, less those the
+/// release skips (`evaluation.skip`).
 pub fn eval_targets(ctx: &Ctx) -> Vec<EvalTarget> {
     let quants = ctx.spec.quants().iter().map(|q| EvalTarget::Quant(q.0));
-    quants.chain(ctx.spec.mlx_bits().iter().map(|&bits| EvalTarget::Mlx { bits })).collect()
+    quants
+        .chain(ctx.spec.mlx_bits().iter().map(|&bits| EvalTarget::Mlx { bits }))
+        .filter(|t| ctx.spec.measures(&t.to_string()))
+        .collect()
 }
 
 /// After the KL-divergence plan: per chunk group the reference's base logits, and per (model, group) its

@@ -147,6 +147,11 @@ impl Journal {
         Ok(out)
     }
 
+    /// A trivial read: the database answers.
+    pub fn ping(&self) -> Result<(), JournalError> {
+        self.conn.query_row("SELECT 1", [], |_| Ok(())).map_err(|e| self.err(e))
+    }
+
     pub fn release_exists(&self, id: &str) -> Result<bool, JournalError> {
         self.conn
             .query_row("SELECT 1 FROM releases WHERE id = ?1", [id], |_| Ok(()))

@@ -5,14 +5,18 @@
 //! It never touches tensor bytes: planning, conversion, quantization and verification run on workers; the
 //! coordinator only writes the report.
 
+pub mod attestation;
 pub mod canonical;
+pub mod gates;
 pub mod graph;
 pub mod journal;
+pub mod metrics;
 pub mod report;
 pub mod sched;
 pub mod server;
 pub mod signing;
 pub mod spec;
+pub mod views;
 
 pub use sched::SchedConfig;
 pub use server::{Coordinator, CoordinatorConfig, ServeError};

@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 use quantfarm_proto::{self as pb, task, task_result, verify_task};
 use serde_json::{json, Map, Value};
 
+use crate::gates;
 use crate::graph::{CheckPart, Subject, TaskKey};
 use crate::sched::Release;
-use crate::spec::GateRule;
 use quantfarm_parity::{ChunkStats, KldSummary};
 
 pub const FORMAT: &str = "quantfarm-report/1";
@@ -345,21 +345,143 @@ fn merge_check_json(rel: &Release, greedy: &BTreeMap<String, Value>) -> Value {
     })
 }
 
-/// The merge check's gate: its agreement against `min`, or why it cannot pass.
-fn merge_agree_gate(greedy: &BTreeMap<String, Value>, min: f64) -> (bool, String) {
-    match greedy.get(MERGE_CHECK) {
-        Some(s) if s["complete"] == true => {
-            let agree = s["agree"].as_f64().unwrap_or(0.0);
-            let ok = agree >= min;
-            let cmp = if ok { "≥" } else { "<" };
-            (ok, format!("merge check: {}/{} prompts identical (agree {agree:.3}) {cmp} {min}", s["identical"], s["n"]))
-        }
-        Some(s) => (false, format!("merge check: incomplete, {} prompts compared", s["n"])),
-        None => (
-            false,
-            "merge check: not measured (no merge-check greedy task ran), and an unmeasured check never passes".into(),
+/// A greedy summary's figures, or why it has none.
+fn greedy_figures(s: Option<&Value>, why_none: &str) -> (Result<f64, String>, Result<f64, String>) {
+    match s {
+        Some(s) if s["complete"] == true => (
+            s["agree"].as_f64().ok_or_else(|| "no agreement figure".to_string()),
+            s["mean_prefix_fraction"].as_f64().ok_or_else(|| "no prefix figure".to_string()),
         ),
+        Some(s) => {
+            let e = format!("incomplete: {} prompts compared", s["n"]);
+            (Err(e.clone()), Err(e))
+        }
+        None => (Err(why_none.to_string()), Err(why_none.to_string())),
     }
+}
+
+/// Every figure the gates read, per level and release-wide, each with why it is missing where it is.
+fn measured(
+    rel: &Release,
+    klds: &BTreeMap<String, Result<KldSummary, String>>,
+    greedy: &BTreeMap<String, Value>,
+    probes: &BTreeMap<String, Value>,
+    artifacts: &[Value],
+    all_verified: bool,
+) -> gates::Measured {
+    let spec = &rel.spec;
+    let eval = spec.evaluation.as_ref();
+    let reference_probe = probes.get("BF16");
+    let mut levels = Vec::new();
+    for level in spec.levels() {
+        let mut f = gates::LevelFigures::default();
+        let unmeasured = |what: &str, input: Option<&String>| -> String {
+            if eval.is_some() && !spec.measures(&level) {
+                "not measured: evaluation.skip lists it".to_string()
+            } else if input.is_none() {
+                format!("not measured: the release has no evaluation.{what}")
+            } else {
+                format!("not measured: no {what} task ran for it")
+            }
+        };
+        match klds.get(&level) {
+            Some(Ok(k)) => {
+                let pct = |p: f64| k.kld_percentiles.iter().find(|(q, _)| (q - p).abs() < 1e-9).map(|(_, v)| *v);
+                for (name, v) in [
+                    ("kld.mean", Some(k.mean_kld.value)),
+                    ("kld.mean_unc", Some(k.mean_kld.unc)),
+                    ("kld.median", Some(k.median_kld)),
+                    ("kld.max", Some(k.max_kld)),
+                    ("kld.p90", pct(0.90)),
+                    ("kld.p95", pct(0.95)),
+                    ("kld.p99", pct(0.99)),
+                    ("kld.p99_9", pct(0.999)),
+                    // Percent, as the report's kld figures and llama-perplexity print them.
+                    ("kld.same_top_p", Some(100.0 * k.same_top_p.value)),
+                    ("kld.rms_dp", Some(100.0 * k.rms_dp.value)),
+                    ("kld.ppl", Some(k.mean_ppl_q.value)),
+                    ("kld.ppl_ratio", Some(k.mean_ppl_ratio.value)),
+                    ("kld.ln_ppl_ratio", Some(k.mean_ln_ppl_ratio.value)),
+                ] {
+                    f.set(name, v.ok_or_else(|| "no such percentile".to_string()));
+                }
+            }
+            other => {
+                let why = match other {
+                    Some(Err(e)) => format!("not measured: {e}"),
+                    _ => unmeasured("text", eval.and_then(|e| e.text.as_ref())),
+                };
+                for name in gates::LEVEL_FIGURES.iter().map(|(n, _)| *n).filter(|n| n.starts_with("kld.")) {
+                    f.set(name, Err(why.clone()));
+                }
+            }
+        }
+        let (agree, prefix) =
+            greedy_figures(greedy.get(&level), &unmeasured("prompts", eval.and_then(|e| e.prompts.as_ref())));
+        f.set("greedy.agree", agree);
+        f.set("greedy.prefix", prefix);
+        match probes.get(&level) {
+            Some(p) => {
+                let num = |v: &Value, what: &str| v.as_f64().ok_or_else(|| format!("no probe {what}"));
+                f.set("probe.pass_rate", num(&p["mean_score"], "score"));
+                f.set("probe.spread", num(&p["score_spread"], "spread"));
+                f.set("probe.truncated", num(&p["truncated"], "truncation count"));
+                match reference_probe {
+                    Some(r) => {
+                        f.set("baseline", num(&r["mean_score"], "score of the reference"));
+                        let spread = |v: &Value| v["score_spread"].as_f64().unwrap_or(0.0);
+                        f.set("noise", Ok(spread(r).max(spread(p))));
+                    }
+                    None => {
+                        f.set("baseline", Err("the reference's probes did not run".into()));
+                        f.set("noise", Err("the reference's probes did not run".into()));
+                    }
+                }
+            }
+            None => {
+                let why = unmeasured("probes", eval.and_then(|e| e.probes.as_ref()));
+                for name in ["probe.pass_rate", "probe.spread", "probe.truncated", "baseline", "noise"] {
+                    f.set(name, Err(why.clone()));
+                }
+            }
+        }
+        match artifacts.iter().find(|a| a["file_type"] == level.as_str()) {
+            Some(a) => {
+                f.set("bits_per_weight", a["bits_per_weight"].as_f64().ok_or_else(|| "no bits per weight".into()));
+                f.set("bytes", a["bytes"].as_u64().map(|b| b as f64).ok_or_else(|| "no size".into()));
+                f.verified = a["verified"].as_bool();
+            }
+            None => {
+                f.set("bits_per_weight", Err("the artifact was not made".into()));
+                f.set("bytes", Err("the artifact was not made".into()));
+            }
+        }
+        f.set(
+            "default.kld.mean",
+            gates::default_kld_max(&level).ok_or_else(|| format!("no default limit for {level}")),
+        );
+        levels.push((level, f));
+    }
+    let mut global = BTreeMap::new();
+    let merge_why = if rel.adapter.is_empty() {
+        "no adapter: nothing was merged"
+    } else if rel.eval.prompts.is_empty() {
+        "not measured: the merge check runs on evaluation.prompts, and the release has none"
+    } else {
+        "not measured: no merge-check greedy task ran"
+    };
+    let (agree, prefix) = greedy_figures(greedy.get(MERGE_CHECK), merge_why);
+    global.insert("merge.greedy.agree", agree);
+    global.insert("merge.greedy.prefix", prefix);
+    let base_ppl = klds.values().find_map(|k| k.as_ref().ok()).map(|k| k.mean_ppl_base.value);
+    global.insert("reference.kld.ppl", base_ppl.ok_or_else(|| "no KL-divergence pass ran".to_string()));
+    global.insert(
+        "reference.probe.pass_rate",
+        reference_probe
+            .and_then(|r| r["mean_score"].as_f64())
+            .ok_or_else(|| "the reference's probes did not run".into()),
+    );
+    gates::Measured { levels, global, all_verified, has_adapter: !rel.adapter.is_empty() }
 }
 
 /// Builds the unsigned report of a release whose tasks (but the report) are all done; returns it with whether
@@ -440,68 +562,10 @@ pub fn build(rel: &Release) -> (Value, bool) {
             "verified": verified,
         }));
     }
-    let mut gates = Vec::new();
-    let mut passed = true;
-    for g in &rel.spec.gates {
-        let (ok, detail) = match g.rule {
-            GateRule::Verified => (
-                all_verified,
-                if all_verified {
-                    "every artifact was recomputed from its inputs with identical bytes".to_string()
-                } else {
-                    "at least one artifact was not reproduced byte for byte (see artifacts[].verified)".to_string()
-                },
-            ),
-            GateRule::KldMean => {
-                let level = g.level.map_or_else(String::new, |l| l.0.name().to_string());
-                let max = g.max.unwrap_or(0.0);
-                match klds.get(&level) {
-                    Some(Ok(s)) => {
-                        let ok = s.mean_kld.value <= max;
-                        let cmp = if ok { "≤" } else { ">" };
-                        (
-                            ok,
-                            format!(
-                                "{level}: mean KLD {:.6} ± {:.6} over {} chunks ({} tokens) {cmp} {max}",
-                                s.mean_kld.value, s.mean_kld.unc, s.n_chunks, s.n_tokens
-                            ),
-                        )
-                    }
-                    Some(Err(e)) => (false, format!("{level}: not measured: {e}")),
-                    None => (
-                        false,
-                        format!("{level}: not measured (no KL-divergence task ran for it), and an unmeasured level never passes"),
-                    ),
-                }
-            }
-            GateRule::MergeAgree => merge_agree_gate(&greedy, g.min.unwrap_or(1.0)),
-        };
-        passed &= ok;
-        let mut gj = Map::new();
-        gj.insert("name".into(), json!(g.name));
-        gj.insert("rule".into(), serde_json::to_value(g.rule).unwrap_or(Value::Null));
-        if let Some(l) = g.level {
-            gj.insert("level".into(), json!(l.0.name()));
-        }
-        if let Some(m) = g.max {
-            gj.insert("max".into(), json!(m));
-        }
-        if let Some(m) = g.min {
-            gj.insert("min".into(), json!(m));
-        }
-        if let (GateRule::KldMean, Some(Ok(s))) = (g.rule, g.level.and_then(|l| klds.get(l.0.name()))) {
-            gj.insert(
-                "inputs".into(),
-                json!({"mean_kld": s.mean_kld.value, "mean_kld_unc": s.mean_kld.unc, "n_chunks": s.n_chunks, "n_tokens": s.n_tokens}),
-            );
-        }
-        if let (GateRule::MergeAgree, Some(s)) = (g.rule, greedy.get(MERGE_CHECK)) {
-            gj.insert("inputs".into(), json!({"n": s["n"], "identical": s["identical"], "agree": s["agree"]}));
-        }
-        gj.insert("passed".into(), json!(ok));
-        gj.insert("detail".into(), json!(detail));
-        gates.push(Value::Object(gj));
-    }
+    let measured = measured(rel, &klds, &greedy, &probes, &artifact_list, all_verified);
+    let results = gates::evaluate(&rel.spec.gates, &measured);
+    let passed = results.iter().all(|g| g.outcome.passed);
+    let gates: Vec<Value> = results.iter().map(gates::GateResult::to_json).collect();
     let tasks: Vec<Value> = rel
         .tasks
         .iter()

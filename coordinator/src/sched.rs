@@ -268,6 +268,11 @@ pub fn resolve_source(source: &str, base: &str) -> String {
 }
 
 impl Sched {
+    /// Whether the journal answers (for the health check).
+    pub fn journal_ok(&self) -> Result<(), String> {
+        self.journal.ping().map_err(|e| e.to_string())
+    }
+
     /// Opens the journal and resumes every release it holds.
     pub fn open(journal: Journal, store: Location, cfg: SchedConfig) -> Result<Sched, SchedError> {
         let rows = journal.load()?;

@@ -89,6 +89,11 @@ impl Coordinator {
         Ok(c)
     }
 
+    /// Runs `f` on the scheduler's state under its lock (metrics, health, tests).
+    pub fn with_sched<T>(&self, f: impl FnOnce(&Sched) -> T) -> T {
+        f(&self.lock())
+    }
+
     fn lock(&self) -> MutexGuard<'_, Sched> {
         self.shared.sched.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -130,8 +135,26 @@ impl Coordinator {
             let target = target.map_err(|e| e.to_string())?;
             let signed = signing::sign_report(report, &self.shared.key).map_err(|e| e.to_string())?;
             let text = crate::canonical::canonical_json(&signed).map_err(|e| e.to_string())?;
+            let envelope = crate::attestation::envelope(&signed, &self.shared.key).map_err(|e| e.to_string())?;
+            let mut files: Vec<(&str, String)> = crate::views::render_all(&signed);
+            files.push((
+                "report.intoto.json",
+                format!("{}\n", crate::canonical::canonical_json(&envelope).map_err(|e| e.to_string())?),
+            ));
+            // Every view is staged before anything is committed, and report.json is committed last: its presence
+            // says the release's files are all there.
+            let mut sinks = Vec::new();
+            for (name, body) in &files {
+                let loc = target.sibling(name).map_err(|e| e.to_string())?;
+                let mut sink = StagedSink::create(&loc, true).await.map_err(|e| format!("{loc}: {e}"))?;
+                sink.write(body.as_bytes()).await.map_err(|e| format!("{loc}: {e}"))?;
+                sinks.push(sink);
+            }
             let mut sink = StagedSink::create(&target, true).await.map_err(|e| e.to_string())?;
             sink.write(text.as_bytes()).await.map_err(|e| e.to_string())?;
+            for s in sinks {
+                s.commit().await.map_err(|e| e.to_string())?;
+            }
             sink.commit().await.map_err(|e| e.to_string())?;
             Ok::<_, String>((text, target.to_string(), passed))
         }

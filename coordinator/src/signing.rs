@@ -261,6 +261,11 @@ impl SigningKey {
         PublicKey(self.0.verifying_key())
     }
 
+    /// An ed25519 signature of `message` as it is (for envelopes that sign bytes, not reports).
+    pub fn sign_bytes(&self, message: &[u8]) -> [u8; 64] {
+        self.0.sign(message).to_bytes()
+    }
+
     fn parse(text: &str, origin: &str) -> Result<Self, KeyError> {
         let malformed = |problem: &str| KeyError::Malformed {
             origin: origin.to_string(),
@@ -327,6 +332,11 @@ impl PublicKey {
     pub fn load(path: &Path) -> Result<Self, KeyError> {
         let text = read_key_file(path)?;
         Self::parse(&text, &format!("public key file {}", path.display()))
+    }
+
+    /// Whether `signature` is this key's ed25519 signature of `message` (strict: no malleable signatures).
+    pub fn verify_bytes(&self, message: &[u8], signature: &[u8]) -> bool {
+        ed25519_dalek::Signature::from_slice(signature).is_ok_and(|s| self.0.verify_strict(message, &s).is_ok())
     }
 
     /// `SHA256:` + the first 16 bytes of SHA-256 of the raw 32-byte key, as 32 lowercase hex digits.
@@ -447,6 +457,23 @@ pub fn sign_report(report: Value, key: &SigningKey) -> Result<Value, SignError> 
     block.insert("value".into(), BASE64.encode(signature.to_bytes()).into());
     map.insert(SIGNATURE_FIELD.into(), Value::Object(block));
     Ok(Value::Object(map))
+}
+
+/// The public key a signed report records (not proof of anything by itself: see [`verify_report`]).
+pub fn recorded_key(report: &Value) -> Result<PublicKey, VerifyError> {
+    let Value::Object(map) = report else {
+        return Err(VerifyError::NotAnObject(kind_of(report)));
+    };
+    let text = match map.get(SIGNATURE_FIELD) {
+        None => return Err(VerifyError::MissingSignature),
+        Some(block) => block.get("public_key").and_then(Value::as_str),
+    };
+    let text = text.ok_or_else(|| VerifyError::Malformed {
+        field: "signature.public_key".into(),
+        problem: "missing or not a string".into(),
+    })?;
+    PublicKey::parse(text, "signature.public_key")
+        .map_err(|e| VerifyError::Malformed { field: "signature.public_key".into(), problem: e.to_string() })
 }
 
 /// Verifies a report signed by [`sign_report`].

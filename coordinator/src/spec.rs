@@ -29,10 +29,12 @@
 //!   probes: probes.yaml         # a task-probe suite run on the reference and every model
 //!   context: 4096               # context of greedy continuations and probes (default 4096)
 //!   peers: [llama-perplexity]   # also run llama.cpp's own tool on the same files, on workers that have it
-//! gates:                        # default: one gate `reproducible` (rule: verified)
-//!   - {name: reproducible, rule: verified}
-//!   - {name: q8-close, rule: kld_mean, level: Q8_0, max: 0.01}
-//!   - {name: merge-exact, rule: merge_agree, min: 1.0}  # with an adapter and prompts: the merge check (link 1)
+//!   skip: [Q2_K]                # levels made but not measured (they then fail the built-in `measured` gate)
+//! card: {license: apache-2.0, base_model: HuggingFaceTB/SmolLM2-135M-Instruct}  # the model card's front matter
+//! gates:                        # besides `measured` and the defaults (crate::gates); a same-named one replaces
+//!   - {name: q8-close, check: "q8_0.kld.mean <= 0.002"}
+//!   - {name: kld, levels: [Q4_K_M], check: "kld.mean <= 0.05"}   # replaces the default `kld` (every level)
+//!   - {name: merge, check: "merge.greedy.agree >= 1"}  # with an adapter and prompts: the merge check (link 1)
 //! ```
 
 use quantfarm_quant::FileType;
@@ -60,7 +62,12 @@ pub struct ReleaseSpec {
     /// How the quants' information loss is measured; without it no level has a KL-divergence figure.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub evaluation: Option<Evaluation>,
-    #[serde(default = "default_gates")]
+    /// What the model card (README.md) says that the farm cannot know.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub card: Option<ModelCard>,
+    /// The release's own gates, besides the built-in `measured` and the defaults (crate::gates); a gate named like
+    /// a default replaces it.
+    #[serde(default)]
     pub gates: Vec<Gate>,
 }
 
@@ -134,6 +141,10 @@ pub struct Evaluation {
     pub probes: Option<String>,
     #[serde(default = "default_context")]
     pub context: u32,
+    /// Levels made but not measured (`Q6_K`, `MLX-4bit`): no KL-divergence, greedy or probe task runs for them, so
+    /// they fail the built-in `measured` gate — a level that was not measured never passes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skip: Vec<String>,
     /// Peer tools run beside quantfarm's own measurement, on workers that advertise them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub peers: Vec<Peer>,
@@ -218,36 +229,23 @@ impl Serialize for QuantLevel {
     }
 }
 
-#[derive(Clone, Debug, Deserialize, Serialize)]
+pub use crate::gates::Gate;
+
+/// The model card's front matter and introduction (`README.md` beside the report).
+#[derive(Clone, Debug, Deserialize, Serialize, Default)]
 #[serde(deny_unknown_fields)]
-pub struct Gate {
-    pub name: String,
-    pub rule: GateRule,
-    /// The quant level a per-level rule applies to.
+pub struct ModelCard {
+    /// The licence identifier (`apache-2.0`), as the base model's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub level: Option<QuantLevel>,
+    pub license: Option<String>,
+    /// The base model's repository id (default: `base_name`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max: Option<f64>,
+    pub base_model: Option<String>,
+    /// A paragraph under the title.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub min: Option<f64>,
-}
-
-#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-pub enum GateRule {
-    /// Every artifact was recomputed from its inputs by a verify task and the bytes are identical.
-    Verified,
-    /// The level's mean KL divergence against the bf16 reference is at most `max`. Needs the kld tasks; until a
-    /// farm measures it, this gate fails with "not measured" — an unmeasured level never passes.
-    KldMean,
-    /// The merge check (link 1): the fraction of prompts whose greedy continuation from the merge (rounded to f32)
-    /// is byte-identical to the base's with the adapter applied at run time is at least `min` (0–1). Needs an
-    /// adapter and `evaluation.prompts`.
-    MergeAgree,
-}
-
-fn default_gates() -> Vec<Gate> {
-    vec![Gate { name: "reproducible".into(), rule: GateRule::Verified, level: None, max: None, min: None }]
+    pub description: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tags: Vec<String>,
 }
 
 impl ReleaseSpec {
@@ -363,65 +361,48 @@ impl ReleaseSpec {
                 return Err("evaluation: the reference is the GGUF BF16; add outputs.gguf".into());
             }
         }
-        let mut names = std::collections::HashSet::new();
-        for (i, g) in self.gates.iter().enumerate() {
-            if !names.insert(g.name.as_str()) {
-                return Err(format!("gates[{i}].name: {:?} is used twice", g.name));
-            }
-            match g.rule {
-                GateRule::Verified => {
-                    if g.level.is_some() || g.max.is_some() || g.min.is_some() {
-                        return Err(format!("gates[{i}] ({}): rule verified takes no level, max or min", g.name));
-                    }
-                }
-                GateRule::MergeAgree => {
-                    if g.level.is_some() || g.max.is_some() {
-                        return Err(format!("gates[{i}] ({}): rule merge_agree takes only min", g.name));
-                    }
-                    match g.min {
-                        Some(m) if (0.0..=1.0).contains(&m) => {}
-                        _ => {
-                            return Err(format!("gates[{i}] ({}): rule merge_agree needs min between 0 and 1", g.name))
-                        }
-                    }
-                    if self.adapter.is_none() {
-                        return Err(format!(
-                            "gates[{i}] ({}): rule merge_agree checks a merge; there is no adapter",
-                            g.name
-                        ));
-                    }
-                    if self.evaluation.as_ref().is_none_or(|e| e.prompts.is_none()) {
-                        return Err(format!(
-                            "gates[{i}] ({}): rule merge_agree needs evaluation.prompts (the prompts the merge is checked on)",
-                            g.name
-                        ));
-                    }
-                }
-                GateRule::KldMean => {
-                    if g.min.is_some() {
-                        return Err(format!("gates[{i}] ({}): rule kld_mean takes max, not min", g.name));
-                    }
-                    let level = g.level.ok_or_else(|| format!("gates[{i}] ({}): rule kld_mean needs level", g.name))?;
-                    if !gguf.quants.contains(&level) {
-                        return Err(format!(
-                            "gates[{i}] ({}): level {} is not in outputs.gguf.quants",
-                            g.name, level.0
-                        ));
-                    }
-                    match g.max {
-                        Some(m) if m.is_finite() && m >= 0.0 => {}
-                        _ => return Err(format!("gates[{i}] ({}): rule kld_mean needs max ≥ 0", g.name)),
-                    }
-                    if self.evaluation.as_ref().is_none_or(|e| e.text.is_none()) {
-                        return Err(format!(
-                            "gates[{i}] ({}): rule kld_mean needs evaluation.text (the text the KL divergence is measured on)",
-                            g.name
-                        ));
-                    }
+        let levels = self.levels();
+        if let Some(e) = &self.evaluation {
+            for (i, l) in e.skip.iter().enumerate() {
+                if !levels.contains(l) || e.skip[..i].contains(l) {
+                    return Err(format!(
+                        "evaluation.skip: {l:?} is not an output of this release, or is listed twice (its levels: {})",
+                        levels.join(", ")
+                    ));
                 }
             }
         }
+        crate::gates::check_release_gates(&self.gates, &levels)?;
+        for (i, g) in self.gates.iter().enumerate() {
+            let Ok(check) = crate::gates::Check::parse(&g.check, |_| true) else { continue };
+            let figures = check.figures();
+            let no_prompts = self.evaluation.as_ref().is_none_or(|e| e.prompts.is_none());
+            if figures.iter().any(|f| f.starts_with("merge.")) && (self.adapter.is_none() || no_prompts) {
+                return Err(format!(
+                    "gates[{i}] ({}): the merge check needs an adapter and evaluation.prompts (the prompts the merge is checked on)",
+                    g.name
+                ));
+            }
+            let kld = |f: &&str| f.contains("kld.") && !f.starts_with("default.");
+            if figures.iter().any(kld) && self.evaluation.as_ref().is_none_or(|e| e.text.is_none()) {
+                return Err(format!(
+                    "gates[{i}] ({}): a KL-divergence figure needs evaluation.text (the text it is measured on)",
+                    g.name
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// Every measured output's name, in report order: the GGUF quant levels, then the MLX checkpoints (`MLX-4bit`).
+    pub fn levels(&self) -> Vec<String> {
+        let quants = self.quants().iter().map(|q| q.0.name().to_string());
+        quants.chain(self.mlx_bits().iter().map(|b| format!("MLX-{b}bit"))).collect()
+    }
+
+    /// Whether a level is measured (not in `evaluation.skip`).
+    pub fn measures(&self, level: &str) -> bool {
+        self.evaluation.as_ref().is_some_and(|e| !e.skip.iter().any(|s| s == level))
     }
 
     pub fn prefix(&self) -> &str {
@@ -495,12 +476,12 @@ mod tests {
         "name: smollm2\nsource: ./m\noutputs:\n  gguf:\n    split: {max_tensors: 100}\n    quants: [Q8_0]\n";
 
     #[test]
-    fn parses_with_default_gate() {
+    fn parses_without_gates_of_its_own() {
         let s = ReleaseSpec::parse(GOOD, "release.yaml").unwrap();
         assert_eq!(s.quants(), &[QuantLevel(FileType::Q8_0)]);
-        assert_eq!(s.gates.len(), 1);
-        assert_eq!(s.gates[0].rule, GateRule::Verified);
+        assert!(s.gates.is_empty(), "the defaults are added when the gates are evaluated");
         assert_eq!(s.prefix(), "smollm2");
+        assert_eq!(s.levels(), ["Q8_0"]);
     }
 
     #[test]
@@ -522,10 +503,12 @@ mod tests {
         assert!(ReleaseSpec::parse(&both, "r").unwrap_err().to_string().contains("exactly one"));
         let bad_name = GOOD.replace("smollm2", "../x");
         assert!(ReleaseSpec::parse(&bad_name, "r").unwrap_err().to_string().contains("name"));
-        let gate = format!("{GOOD}gates:\n  - {{name: g, rule: kld_mean, level: Q4_0, max: 0.1}}\n");
-        assert!(ReleaseSpec::parse(&gate, "r").unwrap_err().to_string().contains("not in outputs.gguf.quants"));
-        let unmeasured = format!("{GOOD}gates:\n  - {{name: g, rule: kld_mean, level: Q8_0, max: 0.1}}\n");
+        let gate = format!("{GOOD}gates:\n  - {{name: g, check: 'q4_0.kld.mean <= 0.1'}}\n");
+        assert!(ReleaseSpec::parse(&gate, "r").unwrap_err().to_string().contains("unknown figure \"q4_0.kld.mean\""));
+        let unmeasured = format!("{GOOD}gates:\n  - {{name: g, check: 'q8_0.kld.mean <= 0.1'}}\n");
         assert!(ReleaseSpec::parse(&unmeasured, "r").unwrap_err().to_string().contains("needs evaluation.text"));
+        let old = format!("{GOOD}gates:\n  - {{name: g, rule: kld_mean, level: Q8_0, max: 0.1}}\n");
+        assert!(ReleaseSpec::parse(&old, "r").unwrap_err().to_string().contains("unknown field `rule`"));
     }
 
     #[test]
@@ -546,16 +529,20 @@ mod tests {
     }
 
     #[test]
-    fn merge_agree_gate() {
-        let text = "name: r\nsource: ./m\nadapter: ./a\noutputs:\n  gguf: {quants: [Q8_0]}\n\
-                    evaluation: {prompts: p.json}\ngates:\n  - {name: merge-exact, rule: merge_agree, min: 1.0}\n";
+    fn merge_gate_and_skipped_levels() {
+        let text = "name: r\nsource: ./m\nadapter: ./a\noutputs:\n  gguf: {quants: [Q8_0]}\n  mlx: {bits: [4]}\n\
+                    evaluation: {prompts: p.json, skip: [MLX-4bit]}\n\
+                    gates:\n  - {name: merge-exact, check: 'merge.greedy.agree >= 1'}\n";
         let s = ReleaseSpec::parse(text, "r").unwrap();
-        assert_eq!((s.gates[0].rule, s.gates[0].min), (GateRule::MergeAgree, Some(1.0)));
+        assert_eq!(s.gates[0].check, "merge.greedy.agree >= 1");
+        assert_eq!(s.levels(), ["Q8_0", "MLX-4bit"]);
+        assert!(s.measures("Q8_0") && !s.measures("MLX-4bit"));
         for (bad, says) in [
-            (text.replace("min: 1.0", "min: 1.5"), "needs min between 0 and 1"),
-            (text.replace("min: 1.0", "max: 1.0"), "takes only min"),
-            (text.replace("adapter: ./a\n", ""), "there is no adapter"),
-            (text.replace("prompts: p.json", "probes: p.yaml"), "needs evaluation.prompts"),
+            (text.replace(">= 1", ">= "), "right-hand side"),
+            (text.replace("check:", "rule:"), "unknown field `rule`"),
+            (text.replace("adapter: ./a\n", ""), "needs an adapter"),
+            (text.replace("prompts: p.json", "probes: p.yaml"), "needs an adapter and evaluation.prompts"),
+            (text.replace("skip: [MLX-4bit]", "skip: [Q6_K]"), "evaluation.skip: \"Q6_K\""),
         ] {
             let e = ReleaseSpec::parse(&bad, "r").unwrap_err().to_string();
             assert!(e.contains(says), "{bad}: {e}");
@@ -564,7 +551,7 @@ mod tests {
 
     #[test]
     fn evaluation_section() {
-        let text = format!("{GOOD}evaluation: {{text: t.txt, chunks: 8}}\ngates:\n  - {{name: g, rule: kld_mean, level: Q8_0, max: 0.01}}\n");
+        let text = format!("{GOOD}evaluation: {{text: t.txt, chunks: 8}}\ngates:\n  - {{name: g, levels: [Q8_0], check: 'kld.mean <= 0.01'}}\n");
         let s = ReleaseSpec::parse(&text, "r").unwrap();
         let e = s.evaluation.as_ref().unwrap();
         assert_eq!((e.text.as_deref(), e.ctx, e.batch, e.chunks), (Some("t.txt"), 512, 2048, Some(8)));

@@ -1,0 +1,526 @@
+//! The release's verdict: named gates over its measured figures, each printed with its inputs, threshold and
+//! result. `released` only when every gate passes.
+//!
+//! Every release has the built-in `measured` gate — each quant level (GGUF and MLX) needs its KL-divergence figure
+//! and its probe results, whatever else passes: a level that was not measured never passes — plus the defaults of
+//! `defaults.yaml` (reproducible bytes, a per-level KLD limit, probes within the reference's noise band, the merge
+//! check with an adapter), and the release's own gates, a same-named one replacing a default.
+//!
+//! A gate is a [`Check`] (see [`expr`]); with `levels`, it is evaluated once per level, and names without a level
+//! prefix are that level's figures. Figure names are listed in [`LEVEL_FIGURES`] and [`GLOBAL_FIGURES`].
+
+pub mod expr;
+
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Map, Value};
+
+pub use expr::{Check, FigureValue, Figures, Outcome};
+
+/// A gate as `release.yaml` (or `defaults.yaml`) gives it.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Gate {
+    pub name: String,
+    pub check: String,
+    /// Evaluate once per level: `all`, or a list of levels (`Q4_K_M`, `MLX-4bit`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub levels: Option<LevelSel>,
+    /// Only in `defaults.yaml`: the gate applies when the release has this (`adapter`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub when: Option<When>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(untagged)]
+pub enum LevelSel {
+    /// Must be `all`.
+    All(String),
+    List(Vec<String>),
+}
+
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum When {
+    Adapter,
+}
+
+/// Figures every level has (a level's GGUF quant or MLX checkpoint against the GGUF BF16 reference).
+pub const LEVEL_FIGURES: &[(&str, &str)] = &[
+    ("kld.mean", "mean KL divergence (nats per token), llama-perplexity's Mean KLD"),
+    ("kld.mean_unc", "its uncertainty (±)"),
+    ("kld.median", "median KL divergence"),
+    ("kld.max", "largest KL divergence of one token"),
+    ("kld.p90", "90th percentile of the KL divergence"),
+    ("kld.p95", "95th percentile"),
+    ("kld.p99", "99th percentile"),
+    ("kld.p99_9", "99.9th percentile"),
+    ("kld.same_top_p", "percent of tokens whose most likely next token is the reference's (Same top p)"),
+    ("kld.rms_dp", "RMS of the change in the correct token's probability, percent (RMS Δp)"),
+    ("kld.ppl", "the level's perplexity, Mean PPL(Q)"),
+    ("kld.ppl_ratio", "Mean PPL(Q)/PPL(base)"),
+    ("kld.ln_ppl_ratio", "Mean ln(PPL(Q)/PPL(base))"),
+    ("greedy.agree", "fraction of prompts whose greedy continuation is byte-identical to the reference's"),
+    ("greedy.prefix", "mean common-prefix fraction of the greedy continuations"),
+    ("probe.pass_rate", "mean fraction of scored probes passed over the suite's repeated passes"),
+    ("probe.spread", "standard deviation of that fraction over the passes"),
+    ("probe.truncated", "probe answers cut off by their token cap (never scored)"),
+    ("baseline", "the reference's probe.pass_rate"),
+    ("noise", "the probes' noise band: the larger of the reference's and the level's probe.spread"),
+    ("bits_per_weight", "tensor bits per weight of the artifact"),
+    ("bytes", "the artifact's bytes, every file"),
+    ("verified", "yes/no: every file of the artifact was recomputed from its input with identical bytes"),
+    ("default.kld.mean", "the level's default limit on kld.mean (defaults.yaml)"),
+];
+
+/// Figures of the release as a whole; besides these, `<level>.<figure>` names any level's figure, the level written
+/// in lower case with `-` as `_` (`q4_k_m.kld.mean`, `mlx_4bit.probe.pass_rate`).
+pub const GLOBAL_FIGURES: &[(&str, &str)] = &[
+    ("verified", "yes/no: every artifact was recomputed from its inputs with identical bytes"),
+    ("merge.greedy.agree", "merge check: fraction of prompts identical, the merge vs the base + adapter at run time"),
+    ("merge.greedy.prefix", "merge check: mean common-prefix fraction"),
+    ("reference.kld.ppl", "the reference's perplexity, Mean PPL(base)"),
+    ("reference.probe.pass_rate", "the reference's probe pass rate"),
+];
+
+const FLAGS: &[&str] = &["verified"];
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Defaults {
+    gates: Vec<Gate>,
+    kld_mean_max: BTreeMap<String, f64>,
+}
+
+fn defaults() -> &'static Defaults {
+    static D: OnceLock<Defaults> = OnceLock::new();
+    D.get_or_init(|| {
+        // Embedded and checked by a unit test, so a bad edit fails the build's tests, not a release.
+        serde_norway::from_str(include_str!("defaults.yaml")).unwrap_or_else(|e| panic!("gates/defaults.yaml: {e}"))
+    })
+}
+
+/// The default limit on a level's mean KL divergence, if it has one.
+pub fn default_kld_max(level: &str) -> Option<f64> {
+    defaults().kld_mean_max.get(level).copied()
+}
+
+/// A level's prefix in figure names: `Q4_K_M` → `q4_k_m`, `MLX-4bit` → `mlx_4bit`.
+pub fn level_prefix(level: &str) -> String {
+    level.to_ascii_lowercase().replace('-', "_")
+}
+
+fn is_level_figure(name: &str) -> bool {
+    LEVEL_FIGURES.iter().any(|(n, _)| *n == name)
+}
+
+fn is_global_figure(name: &str, levels: &[String]) -> bool {
+    GLOBAL_FIGURES.iter().any(|(n, _)| *n == name)
+        || levels.iter().any(|l| name.strip_prefix(&format!("{}.", level_prefix(l))).is_some_and(is_level_figure))
+}
+
+/// Checks a release's own gates against its levels (`levels`: every measured output's name, `Q8_0`, `MLX-4bit`);
+/// returns the first problem, naming the gate.
+pub fn check_release_gates(gates: &[Gate], levels: &[String]) -> Result<(), String> {
+    let mut names = std::collections::HashSet::new();
+    for (i, g) in gates.iter().enumerate() {
+        let at = format!("gates[{i}] ({})", g.name);
+        if g.name.trim().is_empty() {
+            return Err(format!("gates[{i}].name: is empty"));
+        }
+        if !names.insert(g.name.as_str()) {
+            return Err(format!("gates[{i}].name: {:?} is used twice", g.name));
+        }
+        if g.name == MEASURED {
+            return Err(format!(
+                "{at}: `measured` is built in (every level needs its KL-divergence figure and probe results) and cannot be replaced"
+            ));
+        }
+        if g.when.is_some() {
+            return Err(format!("{at}: `when` is only for the built-in defaults"));
+        }
+        let per_level = selected_levels(g, levels).map_err(|e| format!("{at}: {e}"))?;
+        Check::parse(&g.check, |n| {
+            is_global_figure(n, levels) || (per_level.is_some() && (is_level_figure(n) || FLAGS.contains(&n)))
+        })
+        .map_err(|e| {
+            let hint = if per_level.is_none() && is_level_figure(e.split('"').nth(1).unwrap_or("")) {
+                " (a level's figure: add `levels: all` or a list of levels, or prefix it with the level, e.g. q4_k_m.kld.mean)"
+            } else {
+                ""
+            };
+            format!("{at}: check {:?}: {e}{hint}", g.check)
+        })?;
+    }
+    Ok(())
+}
+
+/// The levels a gate runs over (`None`: the gate is release-wide).
+fn selected_levels(g: &Gate, levels: &[String]) -> Result<Option<Vec<String>>, String> {
+    match &g.levels {
+        None => Ok(None),
+        Some(LevelSel::All(s)) if s == "all" => Ok(Some(levels.to_vec())),
+        Some(LevelSel::All(s)) => Err(format!("levels: {s:?}: expected `all` or a list of levels")),
+        Some(LevelSel::List(list)) => {
+            if list.is_empty() {
+                return Err("levels: the list is empty".into());
+            }
+            for l in list {
+                if !levels.contains(l) {
+                    return Err(format!(
+                        "levels: {l:?} is not an output of this release (its levels: {})",
+                        if levels.is_empty() { "none".to_string() } else { levels.join(", ") }
+                    ));
+                }
+            }
+            Ok(Some(list.clone()))
+        }
+    }
+}
+
+/// The name of the built-in gate that every level was measured.
+pub const MEASURED: &str = "measured";
+
+/// One level's figures, each a value or why it has none.
+#[derive(Clone, Debug, Default)]
+pub struct LevelFigures {
+    pub numbers: BTreeMap<&'static str, Result<f64, String>>,
+    pub verified: Option<bool>,
+}
+
+impl LevelFigures {
+    pub fn set(&mut self, name: &'static str, v: Result<f64, String>) {
+        debug_assert!(is_level_figure(name), "{name}");
+        self.numbers.insert(name, v);
+    }
+}
+
+/// Everything the gates read.
+#[derive(Clone, Debug, Default)]
+pub struct Measured {
+    /// In report order, by level name (`Q8_0`, `MLX-4bit`).
+    pub levels: Vec<(String, LevelFigures)>,
+    pub global: BTreeMap<&'static str, Result<f64, String>>,
+    pub all_verified: bool,
+    pub has_adapter: bool,
+}
+
+impl Measured {
+    fn level(&self, name: &str) -> Option<&LevelFigures> {
+        self.levels.iter().find(|(l, _)| l == name).map(|(_, f)| f)
+    }
+}
+
+struct Scope<'a> {
+    m: &'a Measured,
+    level: Option<(&'a str, &'a LevelFigures)>,
+}
+
+fn missing(name: &str) -> String {
+    format!("no figure {name}")
+}
+
+impl Scope<'_> {
+    fn level_number(level: &str, f: &LevelFigures, name: &str) -> Result<f64, String> {
+        f.numbers.get(name).cloned().unwrap_or_else(|| Err(format!("{level}: {}", missing(name))))
+    }
+}
+
+impl Figures for Scope<'_> {
+    fn number(&self, name: &str) -> Result<f64, String> {
+        if let Some((level, f)) = self.level {
+            if is_level_figure(name) {
+                return Scope::level_number(level, f, name);
+            }
+        }
+        if let Some(v) = self.m.global.get(name) {
+            return v.clone();
+        }
+        for (level, f) in &self.m.levels {
+            if let Some(rest) = name.strip_prefix(&format!("{}.", level_prefix(level))) {
+                return Scope::level_number(level, f, rest);
+            }
+        }
+        Err(missing(name))
+    }
+
+    fn flag(&self, name: &str) -> Result<bool, String> {
+        if name != "verified" {
+            return Err(format!("{name} is a number, not yes/no"));
+        }
+        match self.level {
+            Some((level, f)) => f.verified.ok_or_else(|| format!("{level}: no verify task ran")),
+            None => Ok(self.m.all_verified),
+        }
+    }
+}
+
+/// One gate's result on one level (or the release).
+#[derive(Clone, Debug)]
+pub struct GateResult {
+    pub name: String,
+    pub level: Option<String>,
+    pub check: String,
+    /// `default` (defaults.yaml), `release` (its own gates) or `built-in` (`measured`).
+    pub source: &'static str,
+    pub outcome: Outcome,
+}
+
+impl GateResult {
+    pub fn to_json(&self) -> Value {
+        let mut inputs = Map::new();
+        for (name, v) in &self.outcome.inputs {
+            inputs.insert(
+                name.clone(),
+                match v {
+                    FigureValue::Number(x) if x.is_finite() => json!(x),
+                    FigureValue::Number(x) => json!(x.to_string()),
+                    FigureValue::Flag(b) => json!(b),
+                    FigureValue::Missing(why) => json!({"missing": why}),
+                },
+            );
+        }
+        let mut g = Map::new();
+        g.insert("name".into(), json!(self.name));
+        if let Some(l) = &self.level {
+            g.insert("level".into(), json!(l));
+        }
+        g.insert("check".into(), json!(self.check));
+        g.insert("source".into(), json!(self.source));
+        g.insert("inputs".into(), Value::Object(inputs));
+        if let Some(t) = self.outcome.threshold {
+            g.insert("threshold".into(), json!(t));
+        }
+        g.insert("passed".into(), json!(self.outcome.passed));
+        let detail = match &self.level {
+            Some(l) => format!("{l}: {}", self.outcome.detail),
+            None => self.outcome.detail.clone(),
+        };
+        g.insert("detail".into(), json!(detail));
+        Value::Object(g)
+    }
+}
+
+/// The built-in gate: the level has its KL-divergence figure and probe results.
+fn measured_gate(level: &str, f: &LevelFigures) -> GateResult {
+    let mut inputs = Vec::new();
+    let mut why = Vec::new();
+    for (name, what) in [("kld.mean", "no KL-divergence figure"), ("probe.pass_rate", "no probe results")] {
+        match f.numbers.get(name) {
+            Some(Ok(v)) => inputs.push((name.to_string(), FigureValue::Number(*v))),
+            Some(Err(e)) => {
+                inputs.push((name.to_string(), FigureValue::Missing(e.clone())));
+                why.push(format!("{what} ({e})"));
+            }
+            None => {
+                inputs.push((name.to_string(), FigureValue::Missing("not measured".into())));
+                why.push(what.to_string());
+            }
+        }
+    }
+    let passed = why.is_empty();
+    let detail = if passed {
+        "KL divergence and probes measured".to_string()
+    } else {
+        format!("not measured: {}; a level that was not measured never passes", why.join("; "))
+    };
+    GateResult {
+        name: MEASURED.into(),
+        level: Some(level.to_string()),
+        check: "kld.mean and probe.pass_rate measured".into(),
+        source: "built-in",
+        outcome: Outcome { passed, inputs, threshold: None, detail },
+    }
+}
+
+/// Evaluates every gate: `measured` per level, the defaults (less those the release replaces), then the release's
+/// own, in that order. A gate whose check does not parse (it was checked at submission, so only a report built by
+/// another version) fails with the parse error.
+pub fn evaluate(release_gates: &[Gate], m: &Measured) -> Vec<GateResult> {
+    let mut out: Vec<GateResult> = m.levels.iter().map(|(l, f)| measured_gate(l, f)).collect();
+    let level_names: Vec<String> = m.levels.iter().map(|(l, _)| l.clone()).collect();
+    let replaced = |name: &str| release_gates.iter().any(|g| g.name == name);
+    let defaults = defaults()
+        .gates
+        .iter()
+        .filter(|g| !replaced(&g.name))
+        .filter(|g| match g.when {
+            None => true,
+            Some(When::Adapter) => m.has_adapter,
+        })
+        .map(|g| (g, "default"));
+    for (g, source) in defaults.chain(release_gates.iter().map(|g| (g, "release"))) {
+        let check = Check::parse(&g.check, |_| true);
+        let scopes: Vec<Option<&str>> = match selected_levels(g, &level_names) {
+            Ok(Some(levels)) => levels
+                .iter()
+                .filter_map(|l| m.levels.iter().find(|(n, _)| n == l))
+                .map(|(n, _)| Some(n.as_str()))
+                .collect(),
+            Ok(None) => vec![None],
+            Err(e) => {
+                out.push(failed(g, None, source, e));
+                continue;
+            }
+        };
+        for level in scopes {
+            match &check {
+                Ok(c) => {
+                    let scope = Scope { m, level: level.and_then(|l| m.level(l).map(|f| (l, f))) };
+                    out.push(GateResult {
+                        name: g.name.clone(),
+                        level: level.map(str::to_string),
+                        check: c.to_string(),
+                        source,
+                        outcome: c.evaluate(&scope),
+                    });
+                }
+                Err(e) => out.push(failed(g, level, source, format!("check {:?}: {e}", g.check))),
+            }
+        }
+    }
+    out
+}
+
+fn failed(g: &Gate, level: Option<&str>, source: &'static str, why: String) -> GateResult {
+    GateResult {
+        name: g.name.clone(),
+        level: level.map(str::to_string),
+        check: g.check.clone(),
+        source,
+        outcome: Outcome { passed: false, inputs: Vec::new(), threshold: None, detail: why },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn level(kld: Option<f64>, pass: Option<f64>) -> LevelFigures {
+        let mut f = LevelFigures { verified: Some(true), ..Default::default() };
+        if let Some(k) = kld {
+            f.set("kld.mean", Ok(k));
+        } else {
+            f.set("kld.mean", Err("no KL-divergence task ran (evaluation.skip)".into()));
+        }
+        if let Some(p) = pass {
+            f.set("probe.pass_rate", Ok(p));
+            f.set("baseline", Ok(0.75));
+            f.set("noise", Ok(0.1));
+        }
+        f.set("default.kld.mean", Ok(0.1));
+        f
+    }
+
+    fn measured() -> Measured {
+        Measured {
+            levels: vec![
+                ("Q8_0".into(), level(Some(0.004), Some(0.75))),
+                ("Q4_K_M".into(), level(Some(0.06), Some(0.5))),
+            ],
+            global: BTreeMap::new(),
+            all_verified: true,
+            has_adapter: false,
+        }
+    }
+
+    #[test]
+    fn the_defaults_parse_and_name_only_known_figures() {
+        let d = defaults();
+        assert!(d.kld_mean_max.contains_key("Q4_K_M") && d.kld_mean_max.contains_key("MLX-4bit"));
+        for ft in quantfarm_quant::FileType::ALL {
+            assert!(d.kld_mean_max.contains_key(ft.name()), "no default limit for {}", ft.name());
+        }
+        for g in &d.gates {
+            let per_level = g.levels.is_some();
+            Check::parse(&g.check, |n| {
+                is_global_figure(n, &[]) || (per_level && (is_level_figure(n) || FLAGS.contains(&n)))
+            })
+            .unwrap_or_else(|e| panic!("{}: {e}", g.name));
+        }
+    }
+
+    #[test]
+    fn every_level_is_gated_and_the_failure_names_the_level() {
+        let r = evaluate(&[], &measured());
+        let failed: Vec<String> = r
+            .iter()
+            .filter(|g| !g.outcome.passed)
+            .map(|g| format!("{}/{}", g.name, g.level.as_deref().unwrap_or("-")))
+            .collect();
+        // Q4_K_M's probes: 0.5 < 0.75 - 0.1.
+        assert_eq!(failed, ["probes/Q4_K_M"], "{r:#?}");
+        let line = r.iter().find(|g| g.name == "probes" && g.level.as_deref() == Some("Q4_K_M")).unwrap().to_json();
+        assert_eq!(line["detail"], "Q4_K_M: probe.pass_rate = 0.5 < baseline - noise = 0.65");
+        assert_eq!(line["threshold"], 0.65);
+        assert_eq!(line["inputs"]["baseline"], 0.75);
+    }
+
+    #[test]
+    fn an_unmeasured_level_fails_measured_whatever_else_passes() {
+        let mut m = measured();
+        m.levels[1].1 = level(None, None);
+        // The release replaces the defaults that would also fail, so only `measured` is left to say it.
+        let lenient = [
+            Gate {
+                name: "kld".into(),
+                check: "bytes >= 0".into(),
+                levels: Some(LevelSel::All("all".into())),
+                when: None,
+            },
+            Gate {
+                name: "probes".into(),
+                check: "bytes >= 0".into(),
+                levels: Some(LevelSel::All("all".into())),
+                when: None,
+            },
+        ];
+        let r = evaluate(&lenient, &m);
+        let bad: Vec<&GateResult> = r.iter().filter(|g| !g.outcome.passed).collect();
+        assert!(bad.iter().any(|g| g.name == MEASURED), "{r:#?}");
+        let g = bad.iter().find(|g| g.name == MEASURED).unwrap();
+        assert_eq!(g.level.as_deref(), Some("Q4_K_M"));
+        assert!(g.outcome.detail.contains("no KL-divergence figure (no KL-divergence task ran (evaluation.skip))"));
+        assert!(g.outcome.detail.contains("no probe results"), "{}", g.outcome.detail);
+    }
+
+    #[test]
+    fn release_gates_replace_defaults_and_read_any_level() {
+        let gates = [Gate {
+            name: "q4-tight".into(),
+            check: "q4_k_m.kld.mean <= q8_0.kld.mean * 2".into(),
+            levels: None,
+            when: None,
+        }];
+        let levels = ["Q8_0".to_string(), "Q4_K_M".to_string()];
+        assert!(check_release_gates(&gates, &levels).unwrap_err().contains("unexpected character"));
+        let gates = [Gate { check: "q4_k_m.kld.mean <= q8_0.kld.mean + 0.05".into(), ..gates[0].clone() }];
+        check_release_gates(&gates, &levels).unwrap();
+        let r = evaluate(&gates, &measured());
+        let g = r.iter().find(|g| g.name == "q4-tight").unwrap();
+        assert!(!g.outcome.passed, "0.06 > 0.054");
+        assert_eq!(g.source, "release");
+    }
+
+    #[test]
+    fn release_gates_are_checked_at_submission() {
+        let levels = ["Q8_0".to_string()];
+        let g =
+            |check: &str, levels: Option<LevelSel>| Gate { name: "g".into(), check: check.into(), levels, when: None };
+        for (gate, want) in [
+            (g("kld.mean <= 0.1", None), "add `levels: all`"),
+            (g("q6_k.kld.mean <= 0.1", None), "unknown figure \"q6_k.kld.mean\""),
+            (g("kld.mean <= 0.1", Some(LevelSel::List(vec!["Q6_K".into()]))), "\"Q6_K\" is not an output"),
+            (g("kld.mean <= 0.1", Some(LevelSel::All("every".into()))), "expected `all`"),
+            (Gate { name: MEASURED.into(), ..g("verified", None) }, "built in"),
+            (Gate { when: Some(When::Adapter), ..g("verified", None) }, "only for the built-in"),
+        ] {
+            let e = check_release_gates(std::slice::from_ref(&gate), &levels).unwrap_err();
+            assert!(e.contains(want), "{gate:?}: {e}");
+        }
+        check_release_gates(&[g("kld.mean <= 0.1", Some(LevelSel::All("all".into())))], &levels).unwrap();
+        check_release_gates(&[g("merge.greedy.agree >= 0.8", None)], &levels).unwrap();
+    }
+}

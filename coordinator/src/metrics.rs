@@ -1,0 +1,137 @@
+//! The coordinator's Prometheus metrics (text exposition format 0.0.4) and health check, served over plain HTTP
+//! on their own address (`--metrics 127.0.0.1:9464`): `/metrics` and `/healthz`.
+//!
+//! Everything is computed from the scheduler's state when scraped — tasks by state, releases by state, workers
+//! known and live, bytes of artifacts written, task durations by kind — so there is no second bookkeeping to drift
+//! from the journal's truth.
+
+use std::fmt::Write as _;
+use std::time::Instant;
+
+use quantfarm_proto::{task_result, ReleaseState};
+
+use crate::sched::{Sched, TState};
+use crate::Coordinator;
+
+/// Upper bounds of the task-duration histogram, in seconds.
+const BUCKETS: [f64; 12] = [0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0, 3600.0];
+
+fn release_state(s: ReleaseState) -> &'static str {
+    match s {
+        ReleaseState::Running => "running",
+        ReleaseState::Released => "released",
+        ReleaseState::GateFailed => "gate_failed",
+        ReleaseState::Failed => "failed",
+        ReleaseState::Cancelled => "cancelled",
+        _ => "unknown",
+    }
+}
+
+/// The task's kind: the first segment of its id (`quantize/Q8_0/0` → `quantize`).
+fn kind(id: &str) -> &str {
+    id.split('/').next().unwrap_or(id)
+}
+
+/// The metrics page for the scheduler's current state.
+pub fn render(s: &Sched, now: Instant) -> String {
+    let mut tasks = std::collections::BTreeMap::<&str, u64>::new();
+    let mut releases = std::collections::BTreeMap::<&str, u64>::new();
+    let mut written = 0u64;
+    let mut durations = std::collections::BTreeMap::<&str, ([u64; BUCKETS.len()], u64, f64)>::new();
+    for state in ["blocked", "ready", "leased", "done"] {
+        tasks.insert(state, 0);
+    }
+    for r in &s.releases {
+        *releases.entry(release_state(r.state)).or_default() += 1;
+        for t in &r.tasks {
+            let state = match t.state {
+                TState::Blocked => "blocked",
+                TState::Ready => "ready",
+                TState::Leased { .. } => "leased",
+                TState::Done => "done",
+            };
+            *tasks.entry(state).or_default() += 1;
+            if let Some(task_result::Kind::Artifact(a)) = t.result.as_ref().and_then(|r| r.kind.as_ref()) {
+                if !a.cache_hit {
+                    written += a.artifact.as_ref().map_or(0, |a| a.bytes);
+                }
+            }
+            if matches!(t.state, TState::Done) && t.result.is_some() {
+                let secs = t.duration_ms as f64 / 1000.0;
+                let e = durations.entry(kind(&t.id)).or_insert(([0; BUCKETS.len()], 0, 0.0));
+                for (i, b) in BUCKETS.iter().enumerate() {
+                    if secs <= *b {
+                        e.0[i] += 1;
+                    }
+                }
+                e.1 += 1;
+                e.2 += secs;
+            }
+        }
+    }
+    let live = s.workers.values().filter(|w| now.duration_since(w.last_seen) <= s.cfg.lease * 2).count();
+    let mut out = String::new();
+    let _ = writeln!(out, "# HELP quantfarm_tasks Tasks of every release, by state.\n# TYPE quantfarm_tasks gauge");
+    for (state, n) in &tasks {
+        let _ = writeln!(out, "quantfarm_tasks{{state=\"{state}\"}} {n}");
+    }
+    let _ = writeln!(out, "# HELP quantfarm_releases Releases, by state.\n# TYPE quantfarm_releases gauge");
+    for (state, n) in &releases {
+        let _ = writeln!(out, "quantfarm_releases{{state=\"{state}\"}} {n}");
+    }
+    let _ = writeln!(
+        out,
+        "# HELP quantfarm_workers Workers that registered since the coordinator started.\n# TYPE quantfarm_workers gauge\nquantfarm_workers {}",
+        s.workers.len()
+    );
+    let _ = writeln!(
+        out,
+        "# HELP quantfarm_workers_live Workers heard from within two lease periods.\n# TYPE quantfarm_workers_live gauge\nquantfarm_workers_live {live}"
+    );
+    let _ = writeln!(
+        out,
+        "# HELP quantfarm_artifact_bytes_written Bytes of artifacts the workers wrote (cache hits not counted).\n# TYPE quantfarm_artifact_bytes_written gauge\nquantfarm_artifact_bytes_written {written}"
+    );
+    let _ = writeln!(
+        out,
+        "# HELP quantfarm_task_duration_seconds Run time of finished tasks, by kind.\n# TYPE quantfarm_task_duration_seconds histogram"
+    );
+    for (kind, (buckets, count, sum)) in &durations {
+        for (i, b) in BUCKETS.iter().enumerate() {
+            let _ =
+                writeln!(out, "quantfarm_task_duration_seconds_bucket{{kind=\"{kind}\",le=\"{b}\"}} {}", buckets[i]);
+        }
+        let _ = writeln!(out, "quantfarm_task_duration_seconds_bucket{{kind=\"{kind}\",le=\"+Inf\"}} {count}");
+        let _ = writeln!(out, "quantfarm_task_duration_seconds_sum{{kind=\"{kind}\"}} {sum}");
+        let _ = writeln!(out, "quantfarm_task_duration_seconds_count{{kind=\"{kind}\"}} {count}");
+    }
+    out
+}
+
+/// Serves `/metrics` and `/healthz` on `listener` until the process ends.
+pub async fn serve(coord: Coordinator, listener: tokio::net::TcpListener) -> std::io::Result<()> {
+    use axum::http::{header, StatusCode};
+    use axum::routing::get;
+    let metrics = {
+        let c = coord.clone();
+        move || {
+            let c = c.clone();
+            async move {
+                let body = c.with_sched(|s| render(s, Instant::now()));
+                ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], body)
+            }
+        }
+    };
+    let health = move || {
+        let c = coord.clone();
+        async move {
+            // The scheduler answers (its lock is not wedged) and the journal is open.
+            match c.with_sched(|s| s.journal_ok()) {
+                Ok(()) => (StatusCode::OK, "ok\n".to_string()),
+                Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("journal: {e}\n")),
+            }
+        }
+    };
+    let app = axum::Router::new().route("/metrics", get(metrics)).route("/healthz", get(health));
+    axum::serve(listener, app).await
+}

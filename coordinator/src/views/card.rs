@@ -1,0 +1,183 @@
+//! The model card: a `README.md` ready for a model repository (Hugging Face's YAML front matter, then the method,
+//! the dataset with its checksum, the run id, and the parity table per artifact), so what is published carries its
+//! own proof and the way to check it.
+
+use std::fmt::Write as _;
+
+use serde_json::Value;
+
+use super::markdown::cell;
+use super::{or_dash, rows, size, verdict};
+
+/// A YAML scalar in double quotes (front matter values may hold ':' or '#').
+fn yaml_str(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
+}
+
+pub fn render(report: &Value) -> String {
+    let rel = &report["release"];
+    let spec = &rel["spec"];
+    let card = &spec["card"];
+    let name = rel["name"].as_str().unwrap_or("release");
+    let base_model = card["base_model"].as_str().or_else(|| spec["base_name"].as_str());
+    let license = card["license"].as_str();
+    let artifacts = rows(report);
+    let has_gguf = artifacts.iter().any(|r| r.a["container"] == "gguf");
+    let has_mlx = artifacts.iter().any(|r| r.a["container"] == "mlx");
+
+    let mut md = String::from("---\n");
+    if let Some(l) = license {
+        let _ = writeln!(md, "license: {}", yaml_str(l));
+    }
+    if let Some(b) = base_model {
+        let _ = writeln!(md, "base_model: {}", yaml_str(b));
+        let _ = writeln!(md, "base_model_relation: quantized");
+    }
+    md.push_str("tags:\n");
+    for t in ["quantized", "quantfarm"].into_iter().chain(has_gguf.then_some("gguf")).chain(has_mlx.then_some("mlx")) {
+        let _ = writeln!(md, "  - {t}");
+    }
+    for t in card["tags"].as_array().into_iter().flatten().filter_map(Value::as_str) {
+        let _ = writeln!(md, "  - {}", yaml_str(t));
+    }
+    md.push_str("---\n\n");
+
+    let _ = writeln!(md, "# {}\n", cell(name));
+    if let Some(d) = card["description"].as_str() {
+        let _ = writeln!(md, "{}\n", d.trim());
+    }
+    let _ = writeln!(
+        md,
+        "Quantized artifacts of {}, each measured against the GGUF BF16 reference and published with a signed parity \
+         report. Verdict of the release: **{}**.\n",
+        base_model.map_or_else(
+            || format!("`{}`", report["source"]["url"].as_str().unwrap_or("the source")),
+            |b| format!("[{b}](https://huggingface.co/{b})")
+        ),
+        verdict(report),
+    );
+    if license.is_none() {
+        md.push_str("Licence: not stated in the release (`card.license`); see the base model's licence.\n\n");
+    } else if let (Some(l), Some(b)) = (license, base_model) {
+        let _ = writeln!(md, "Licence: {} (as the base model {b}).\n", cell(l));
+    }
+
+    md.push_str("## Parity\n\n| File | Size | Bits/weight | Mean KLD | Same top p | PPL ratio | Greedy identical | Probes passed |\n|---|---:|---:|---:|---:|---:|---:|---:|\n");
+    for r in &artifacts {
+        let k = &r.a["kld"];
+        let _ = writeln!(
+            md,
+            "| {} | {} | {:.2} | {} | {} | {} | {} | {} |",
+            cell(r.name),
+            size(r.bytes),
+            r.bpw,
+            or_dash(r.kld.map(|(m, u)| format!("{m:.4} ± {u:.4}"))),
+            or_dash(k["same_top_p"].as_f64().map(|v| format!("{v:.1} %"))),
+            or_dash(k["mean_ppl_ratio"].as_f64().map(|v| format!("{v:.3}"))),
+            or_dash(r.greedy.map(|(k, n)| format!("{k}/{n}"))),
+            or_dash(r.probe.map(|(m, _)| format!("{:.0} %", 100.0 * m))),
+        );
+    }
+    md.push_str("\nMean KLD: KL divergence from the GGUF BF16 per token (nats, lower is closer), by llama-perplexity's procedure. \
+                 Greedy identical: prompts whose temperature-0 continuation is byte-identical to the reference's.\n\n");
+    let failed: Vec<String> = report["gates"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|g| g["passed"] != true)
+        .map(|g| format!("- `{}`: {}", g["name"].as_str().unwrap_or(""), cell(g["detail"].as_str().unwrap_or(""))))
+        .collect();
+    if !failed.is_empty() {
+        let _ = writeln!(md, "Gates that failed:\n\n{}\n", failed.join("\n"));
+    }
+
+    md.push_str("## Method\n\n");
+    if let Some(adapter) = spec["adapter"].as_str() {
+        let m = &report["merge_check"]["greedy"];
+        let _ = writeln!(
+            md,
+            "- Adapter `{}` merged into the base exactly (f64, rounded once){}.",
+            adapter.replace('`', "'"),
+            match (m["identical"].as_u64(), m["n"].as_u64()) {
+                (Some(k), Some(n)) => format!("; the merge gives {k}/{n} greedy continuations identical to the base with the adapter applied at run time"),
+                _ => String::new(),
+            }
+        );
+    }
+    md.push_str("- Converted to GGUF BF16 by the architecture's mapping; every artifact recomputed from its input on another worker and compared byte for byte.\n");
+    if has_gguf {
+        md.push_str("- GGUF quants made with llama-quantize's algorithms and mixtures (the same bytes llama-quantize writes).\n");
+    }
+    if has_mlx {
+        let _ = writeln!(
+            md,
+            "- MLX checkpoints quantized as `mlx_lm.convert -q` (affine, group size {}).",
+            spec["outputs"]["mlx"]["group_size"].as_u64().unwrap_or(64)
+        );
+    }
+    let e = &report["evaluation"];
+    if e.is_object() {
+        md.push_str("\n## Dataset\n\n");
+        let _ = writeln!(
+            md,
+            "- KL divergence text: `{}`, sha256 `{}`, {} chunks of {} tokens (tokens sha256 `{}`).",
+            e["text"].as_str().unwrap_or("—").replace('`', "'"),
+            e["text_sha256"].as_str().unwrap_or("—"),
+            e["n_chunks"],
+            e["ctx"],
+            e["tokens_sha256"].as_str().unwrap_or("—"),
+        );
+        if let Some(p) = e["prompts"].as_str().filter(|p| !p.is_empty()) {
+            let _ = writeln!(
+                md,
+                "- Greedy prompts: `{}` ({} prompts, {} tokens each).",
+                p.replace('`', "'"),
+                e["n_prompts"],
+                e["max_tokens"]
+            );
+        }
+        if let Some(p) = e["probes"].as_str().filter(|p| !p.is_empty()) {
+            let _ = writeln!(md, "- Task probes: `{}`.", p.replace('`', "'"));
+        }
+    }
+
+    md.push_str("\n## Files\n\n| File | sha256 |\n|---|---|\n");
+    for r in &artifacts {
+        for f in r.a["files"].as_array().into_iter().flatten() {
+            let url = f["url"].as_str().unwrap_or("");
+            let file = url.rsplit('/').next().unwrap_or(url);
+            let _ = writeln!(md, "| `{}` | `{}` |", file.replace('`', "'"), f["sha256"].as_str().unwrap_or(""));
+        }
+    }
+    let _ = writeln!(
+        md,
+        "\n## Provenance\n\nRelease `{}`, made by quantfarm {}. The parity report (`report.json`, signed by `{}`; \
+         also `report.intoto.json`, an in-toto attestation in a DSSE envelope) holds every figure above with its \
+         uncertainty and every task's inputs: `quantfarm report verify report.json --pubkey FARM.pub`.",
+        rel["id"].as_str().unwrap_or("?"),
+        report["quantfarm_version"].as_str().unwrap_or("?"),
+        report["signature"]["fingerprint"].as_str().unwrap_or("unsigned"),
+    );
+    md
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn front_matter_table_and_provenance() {
+        let md = render(&crate::views::sample::report());
+        assert!(
+            md.starts_with("---\nlicense: \"apache-2.0\"\nbase_model: \"HuggingFaceTB/SmolLM2-135M-Instruct\"\n"),
+            "{md}"
+        );
+        assert!(md.contains("  - gguf\n") && !md.contains("  - mlx\n"));
+        assert!(md.contains("| SmolLM2-Q4\\_K\\_M | 105.0 MB | 5.30 | 0.0635 ± 0.0013 |"), "{md}");
+        assert!(md.contains("Verdict of the release: **gate failed**"));
+        assert!(md.contains("- `measured`: Q6\\_K: not measured"), "{md}");
+        assert!(md.contains(&format!("sha256 `{}`", "cc".repeat(32))), "the dataset's checksum");
+        assert!(md.contains("Release `r1`"));
+        assert!(md.contains(&format!("| `SmolLM2-Q8_0.gguf` | `{}` |", "0f".repeat(32))));
+    }
+}

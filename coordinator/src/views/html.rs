@@ -1,0 +1,377 @@
+//! `report.html`: one self-contained page — inline CSS and SVG, no script, no font or image fetched — that shows
+//! the verdict and the gate table first, then the ladder (size against mean KLD with its uncertainty), KLD
+//! percentiles per level, same-top-p, greedy agreement per link with where continuations diverge, probe pass rates
+//! against the reference's noise band, and the identity chain.
+
+use std::fmt::Write as _;
+
+use serde_json::Value;
+
+use super::svg::{esc, Chart};
+use super::{identity_chain, or_dash, reference_probe, rows, size, verdict};
+
+const CSS: &str = r#"
+:root { color-scheme: light; --ok: #1a7f37; --bad: #cf222e; --ink: #1f2328; --muted: #59636e; --line: #d1d9e0; }
+* { box-sizing: border-box; }
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: var(--ink); margin: 0 auto;
+       max-width: 1100px; padding: 24px; }
+h1 { font-size: 22px; margin: 0 0 4px; } h2 { font-size: 17px; margin: 28px 0 8px; border-bottom: 1px solid var(--line); }
+.meta { color: var(--muted); margin: 0 0 12px; } code { font: 12px ui-monospace, SFMono-Regular, Menlo, monospace; }
+.badge { display: inline-block; padding: 2px 10px; border-radius: 12px; color: #fff; font-weight: 600; }
+.badge.released { background: var(--ok); } .badge.failed { background: var(--bad); }
+table { border-collapse: collapse; width: 100%; margin: 6px 0; } th, td { border: 1px solid var(--line); padding: 4px 8px;
+        text-align: left; vertical-align: top; } th { background: #f6f8fa; } td.num { text-align: right;
+        font-variant-numeric: tabular-nums; } tr.fail td { background: #ffebe9; } .pass { color: var(--ok); font-weight: 600; }
+.fail-mark { color: var(--bad); font-weight: 600; } .sha { font-size: 11px; word-break: break-all; }
+.charts { display: grid; grid-template-columns: repeat(auto-fit, minmax(480px, 1fr)); gap: 16px; }
+figure { margin: 0; } figcaption { color: var(--muted); font-size: 12px; }
+svg.chart { width: 100%; height: auto; background: #fff; }
+svg .plot { fill: #fbfcfd; stroke: var(--line); } svg .grid { stroke: #eaeef2; } svg .tick { font-size: 11px; fill: var(--muted); }
+svg .axis { font-size: 12px; fill: var(--ink); } svg .label { font-size: 11px; fill: var(--ink); }
+svg .err { stroke: #0969da; stroke-width: 1.5; } svg .pt circle { fill: #0969da; } svg .pt.mlx circle { fill: #8250df; }
+svg .bar { fill: #0969da; } svg .bar.ref { fill: #8c959f; } svg .bar.merge { fill: #1a7f37; } svg .band { fill: #fbbc0544; stroke: #bf8700; }
+svg .series polyline { fill: none; stroke-width: 1.8; } svg .series circle { r: 2.5; }
+svg .s0 polyline { stroke: #0969da; } svg .s0 circle, svg .s0 rect { fill: #0969da; }
+svg .s1 polyline { stroke: #cf222e; } svg .s1 circle, svg .s1 rect { fill: #cf222e; }
+svg .s2 polyline { stroke: #1a7f37; } svg .s2 circle, svg .s2 rect { fill: #1a7f37; }
+svg .s3 polyline { stroke: #8250df; } svg .s3 circle, svg .s3 rect { fill: #8250df; }
+svg .s4 polyline { stroke: #bf8700; } svg .s4 circle, svg .s4 rect { fill: #bf8700; }
+svg .s5 polyline { stroke: #57606a; } svg .s5 circle, svg .s5 rect { fill: #57606a; }
+.empty { color: var(--muted); font-style: italic; }
+"#;
+
+/// The KLD percentiles drawn per level, as the report's keys and their labels.
+const PERCENTILES: [(&str, &str); 9] = [
+    ("kld_p1", "1%"),
+    ("kld_p5", "5%"),
+    ("kld_p10", "10%"),
+    ("median_kld", "50%"),
+    ("kld_p90", "90%"),
+    ("kld_p95", "95%"),
+    ("kld_p99", "99%"),
+    ("kld_p99_9", "99.9%"),
+    ("max_kld", "max"),
+];
+
+pub fn render(report: &Value) -> String {
+    let rel = &report["release"];
+    let name = rel["name"].as_str().unwrap_or("release");
+    let released = report["verdict"] == "released";
+    let mut h = String::new();
+    let _ = write!(
+        h,
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
+         <title>Parity report: {}</title><style>{CSS}</style></head><body>",
+        esc(name)
+    );
+    let _ = write!(
+        h,
+        "<h1>Parity report: {} <span class=\"badge {}\">{}</span></h1><p class=\"meta\">Release <code>{}</code> from \
+         <code>{}</code> · quantfarm {} · signed by <code>{}</code> (check with <code>quantfarm report verify report.json \
+         --pubkey FARM.pub</code>)</p>",
+        esc(name),
+        if released { "released" } else { "failed" },
+        esc(&verdict(report).to_uppercase()),
+        esc(rel["id"].as_str().unwrap_or("?")),
+        esc(rel["spec_file"].as_str().unwrap_or("?")),
+        esc(report["quantfarm_version"].as_str().unwrap_or("?")),
+        esc(report["signature"]["fingerprint"].as_str().unwrap_or("unsigned")),
+    );
+    gates(&mut h, report);
+    h.push_str("<h2>Ladder</h2><div class=\"charts\">");
+    ladder_chart(&mut h, report);
+    percentile_chart(&mut h, report);
+    same_top_chart(&mut h, report);
+    greedy_chart(&mut h, report);
+    probe_chart(&mut h, report);
+    h.push_str("</div>");
+    ladder_table(&mut h, report);
+    divergences(&mut h, report);
+    chain(&mut h, report);
+    h.push_str("</body></html>\n");
+    h
+}
+
+fn gates(h: &mut String, report: &Value) {
+    h.push_str("<h2>Gates</h2><table><tr><th></th><th>Gate</th><th>Level</th><th>Check</th><th>Inputs</th><th>Threshold</th><th>Detail</th></tr>");
+    for g in report["gates"].as_array().into_iter().flatten() {
+        let ok = g["passed"] == true;
+        let inputs: Vec<String> = g["inputs"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| match v {
+                Value::Object(o) => format!(
+                    "<code>{}</code>: <span class=\"fail-mark\">missing</span> ({})",
+                    esc(k),
+                    esc(o.get("missing").and_then(Value::as_str).unwrap_or(""))
+                ),
+                Value::Number(n) => format!(
+                    "<code>{}</code> = {}",
+                    esc(k),
+                    esc(&n.as_f64().map_or(n.to_string(), crate::gates::expr::fmt_num))
+                ),
+                v => format!("<code>{}</code> = {}", esc(k), esc(&v.to_string())),
+            })
+            .collect();
+        let _ = write!(
+            h,
+            "<tr class=\"{}\"><td>{}</td><td>{}</td><td>{}</td><td><code>{}</code></td><td>{}</td><td class=\"num\">{}</td><td>{}</td></tr>",
+            if ok { "ok" } else { "fail" },
+            if ok { "<span class=\"pass\">pass</span>" } else { "<span class=\"fail-mark\">FAIL</span>" },
+            esc(g["name"].as_str().unwrap_or("")),
+            esc(g["level"].as_str().unwrap_or("—")),
+            esc(g["check"].as_str().unwrap_or("")),
+            inputs.join("<br>"),
+            esc(&or_dash(g["threshold"].as_f64().map(crate::gates::expr::fmt_num))),
+            esc(g["detail"].as_str().unwrap_or("")),
+        );
+    }
+    h.push_str("</table>");
+}
+
+fn figure(h: &mut String, svg: String, caption: &str) {
+    let _ = write!(h, "<figure>{svg}<figcaption>{}</figcaption></figure>", esc(caption));
+}
+
+fn empty(h: &mut String, what: &str) {
+    let _ = write!(h, "<figure><p class=\"empty\">{}</p></figure>", esc(what));
+}
+
+fn ladder_chart(h: &mut String, report: &Value) {
+    let measured: Vec<_> = rows(report).into_iter().filter(|r| r.kld.is_some()).collect();
+    if measured.is_empty() {
+        return empty(h, "No level has a KL-divergence figure: nothing to plot.");
+    }
+    let xs: Vec<f64> = measured.iter().map(|r| r.bytes as f64 / 1e6).collect();
+    let ys: Vec<f64> = measured.iter().flat_map(|r| r.kld.map(|(m, u)| [m, m + u])).flatten().collect();
+    let mut c =
+        Chart::new("size against mean KL divergence", &xs, false, "size (MB)", &ys, true, "mean KLD (nats/token)");
+    for r in &measured {
+        let (m, u) = r.kld.unwrap_or_default();
+        let class = if r.file_type.starts_with("MLX-") { "pt mlx" } else { "pt" };
+        let title = format!("{}: {} · {:.2} bits/weight · mean KLD {m:.6} ± {u:.6}", r.name, size(r.bytes), r.bpw);
+        c.point(r.bytes as f64 / 1e6, m, u, r.file_type, &title, class);
+    }
+    figure(h, c.finish(), "The ladder: each level's size against its mean KL divergence from the GGUF BF16 (log scale), with the ± uncertainty llama-perplexity prints.");
+}
+
+fn percentile_chart(h: &mut String, report: &Value) {
+    let measured: Vec<_> = rows(report).into_iter().filter(|r| r.kld.is_some()).collect();
+    if measured.is_empty() {
+        return empty(h, "No KL-divergence percentiles: no level was measured.");
+    }
+    let ys: Vec<f64> =
+        measured.iter().flat_map(|r| PERCENTILES.iter().filter_map(|(k, _)| r.a["kld"][*k].as_f64())).collect();
+    let mut c =
+        Chart::categories("KL divergence percentiles per level", PERCENTILES.len(), &ys, true, "KLD (nats/token)");
+    for (i, (_, label)) in PERCENTILES.iter().enumerate() {
+        c.category(i, label);
+    }
+    for (s, r) in measured.iter().enumerate() {
+        let pts: Vec<(f64, f64)> = PERCENTILES
+            .iter()
+            .enumerate()
+            .filter_map(|(i, (k, _))| r.a["kld"][*k].as_f64().filter(|v| *v > 0.0).map(|v| (i as f64, v)))
+            .collect();
+        let class = format!("series s{}", s % 6);
+        c.line(&pts, r.name, &class);
+        c.legend(s, r.file_type, &format!("s{}", s % 6));
+    }
+    figure(h, c.finish(), "Per-token KL divergence percentiles (log scale): the tail shows what the mean hides.");
+}
+
+fn same_top_chart(h: &mut String, report: &Value) {
+    let measured: Vec<_> = rows(report).into_iter().filter(|r| r.a["kld"]["same_top_p"].is_number()).collect();
+    if measured.is_empty() {
+        return empty(h, "No same-top-p figures: no level was measured.");
+    }
+    let ys: Vec<f64> = measured.iter().filter_map(|r| r.a["kld"]["same_top_p"].as_f64()).chain([100.0]).collect();
+    let mut c = Chart::categories("same top token, percent", measured.len(), &ys, false, "same top p (%)");
+    for (i, r) in measured.iter().enumerate() {
+        let k = &r.a["kld"];
+        let v = k["same_top_p"].as_f64().unwrap_or(0.0);
+        let u = k["same_top_p_unc"].as_f64().unwrap_or(0.0);
+        c.bar(i, 0.0, 0.6, v, &format!("{}: {v:.3} ± {u:.3} %", r.name), "bar");
+        c.category(i, r.file_type);
+    }
+    figure(h, c.finish(), "How often each level's most likely next token is the reference's.");
+}
+
+fn greedy_chart(h: &mut String, report: &Value) {
+    let mut bars: Vec<(String, f64, String, &str)> = Vec::new();
+    if let Some(g) = report["merge_check"].get("greedy") {
+        let (k, n) = (g["identical"].as_u64().unwrap_or(0), g["n"].as_u64().unwrap_or(0));
+        bars.push(("merge".into(), ratio(k, n), format!("merge check (link 1): {k}/{n} identical"), "bar merge"));
+    }
+    for r in rows(report) {
+        if let Some((k, n)) = r.greedy {
+            bars.push((
+                r.file_type.to_string(),
+                ratio(k, n),
+                format!("{}: {k}/{n} identical to the reference", r.name),
+                "bar",
+            ));
+        }
+    }
+    if bars.is_empty() {
+        return empty(h, "No greedy agreement: the release has no evaluation.prompts.");
+    }
+    let mut c = Chart::categories("greedy agreement", bars.len(), &[0.0, 100.0], false, "prompts identical (%)");
+    for (i, (label, v, title, class)) in bars.iter().enumerate() {
+        c.bar(i, 0.0, 0.6, 100.0 * v, title, class);
+        c.category(i, label);
+    }
+    figure(h, c.finish(), "Greedy continuations byte-identical to the reference: the merge against the base + adapter at run time (link 1), each level against the GGUF BF16 (divergence positions below).");
+}
+
+fn ratio(k: u64, n: u64) -> f64 {
+    if n == 0 {
+        0.0
+    } else {
+        k as f64 / n as f64
+    }
+}
+
+fn probe_chart(h: &mut String, report: &Value) {
+    let measured: Vec<_> = rows(report).into_iter().filter(|r| r.probe.is_some()).collect();
+    if measured.is_empty() {
+        return empty(h, "No probe results: the release has no evaluation.probes.");
+    }
+    let reference = reference_probe(report);
+    let n = measured.len() + usize::from(reference.is_some());
+    let mut c = Chart::categories("probe pass rates", n, &[0.0, 100.0], false, "probes passed (%)");
+    let mut i = 0;
+    if let Some((m, s)) = reference {
+        c.bar(0, 0.0, 0.6, 100.0 * m, &format!("reference: {:.1} ± {:.1} %", 100.0 * m, 100.0 * s), "bar ref");
+        c.category(0, "BF16");
+        i = 1;
+    }
+    for r in &measured {
+        let (m, s) = r.probe.unwrap_or_default();
+        if let Some((rm, rs)) = reference {
+            let noise = rs.max(s);
+            c.band(
+                i,
+                100.0 * (rm - noise),
+                100.0 * (rm + noise),
+                &format!("reference ± noise: {:.1} ± {:.1} %", 100.0 * rm, 100.0 * noise),
+            );
+        }
+        c.bar(i, 0.0, 0.6, 100.0 * m, &format!("{}: {:.1} ± {:.1} %", r.name, 100.0 * m, 100.0 * s), "bar");
+        c.category(i, r.file_type);
+        i += 1;
+    }
+    figure(h, c.finish(), "Probe pass rates (truncated answers are never scored); the shaded band is the reference's rate ± the noise band.");
+}
+
+fn ladder_table(h: &mut String, report: &Value) {
+    h.push_str("<h2>Artifacts</h2><table><tr><th>Artifact</th><th>Size</th><th>Bits/weight</th><th>Mean KLD</th><th>Median KLD</th><th>99% KLD</th><th>Same top p</th><th>RMS Δp</th><th>PPL(Q)</th><th>Greedy</th><th>Probes</th><th>Reproduced</th></tr>");
+    for r in rows(report) {
+        let k = &r.a["kld"];
+        let num = |key: &str, d: usize| or_dash(k[key].as_f64().map(|v| format!("{v:.d$}")));
+        let _ = write!(
+            h,
+            "<tr><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{:.2}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td>{}</td></tr>",
+            esc(r.name),
+            esc(&size(r.bytes)),
+            r.bpw,
+            esc(&or_dash(r.kld.map(|(m, u)| format!("{m:.6} ± {u:.6}")))),
+            num("median_kld", 6),
+            num("kld_p99", 4),
+            esc(&or_dash(k["same_top_p"].as_f64().map(|v| format!("{v:.3} %")))),
+            esc(&or_dash(k["rms_dp"].as_f64().map(|v| format!("{v:.3} %")))),
+            num("mean_ppl_q", 4),
+            esc(&or_dash(r.greedy.map(|(k, n)| format!("{k}/{n}")))),
+            esc(&or_dash(r.probe.map(|(m, s)| format!("{:.1} ± {:.1} %", 100.0 * m, 100.0 * s)))),
+            if r.a["verified"] == true { "<span class=\"pass\">yes</span>" } else { "<span class=\"fail-mark\">no</span>" },
+        );
+    }
+    h.push_str("</table>");
+}
+
+fn divergences(h: &mut String, report: &Value) {
+    let mut body = String::new();
+    let mut add = |who: &str, g: &Value| {
+        for d in g["disagreements"].as_array().into_iter().flatten() {
+            let _ = write!(
+                body,
+                "<tr><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td>{}</td><td>{}</td></tr>",
+                esc(who),
+                d["index"],
+                d["first_difference"],
+                esc(&or_dash(d["reference_margin"].as_f64().map(|v| format!("{v:.4}")))),
+                esc(d["reference_text"].as_str().unwrap_or("")),
+                esc(d["model_text"].as_str().unwrap_or("")),
+            );
+        }
+    };
+    if let Some(g) = report["merge_check"].get("greedy") {
+        add("merge check", g);
+    }
+    for r in rows(report) {
+        add(r.name, &r.a["greedy"]);
+    }
+    h.push_str("<h2>Greedy divergences</h2>");
+    if body.is_empty() {
+        h.push_str("<p class=\"empty\">No continuation differs from its reference (or none was measured).</p>");
+        return;
+    }
+    let _ = write!(
+        h,
+        "<p class=\"meta\">Where each differing continuation first differs, and the reference's top-2 logit margin there: a small margin is a late near-tie, a large one an early break.</p>\
+         <table><tr><th>Subject</th><th>Prompt</th><th>First differing token</th><th>Reference margin</th><th>Reference</th><th>Model</th></tr>{body}</table>"
+    );
+}
+
+fn chain(h: &mut String, report: &Value) {
+    h.push_str("<h2>Identity chain</h2><table><tr><th>Step</th><th>Object</th><th>sha256</th><th>Size</th></tr>");
+    for (step, files) in identity_chain(report) {
+        for (url, sha, bytes) in files {
+            let _ = write!(
+                h,
+                "<tr><td>{}</td><td><code>{}</code></td><td class=\"sha\"><code>{}</code></td><td class=\"num\">{}</td></tr>",
+                esc(&step),
+                esc(&url),
+                esc(if sha.is_empty() { "—" } else { &sha }),
+                esc(&if bytes == 0 { "—".to_string() } else { size(bytes) }),
+            );
+        }
+    }
+    h.push_str("</table>");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn self_contained_and_escaped() {
+        let html = render(&crate::views::sample::report());
+        assert!(html.starts_with("<!DOCTYPE html>"));
+        assert!(html.contains("smollm2-&lt;tuned&gt;"), "the release name is escaped");
+        assert!(!html.contains("<script"), "no script");
+        for fetch in ["src=", "href=", "url(", "@import"] {
+            assert!(!html.contains(fetch), "nothing is fetched: found {fetch}");
+        }
+        assert_eq!(html.matches("<svg").count(), 5, "ladder, percentiles, same-top-p, greedy, probes");
+        assert!(html.contains("SmolLM2-Q4_K_M: 105.0 MB · 5.30 bits/weight · mean KLD 0.063500 ± 0.001270"));
+        assert!(html.contains(
+            "<tr class=\"fail\"><td><span class=\"fail-mark\">FAIL</span></td><td>measured</td><td>Q6_K</td>"
+        ));
+    }
+
+    #[test]
+    fn an_unmeasured_release_says_so_instead_of_plotting() {
+        let mut r = crate::views::sample::report();
+        for a in r["artifacts"].as_array_mut().unwrap() {
+            a["kld"] = Value::Null;
+            a["probes"] = Value::Null;
+            a["greedy"] = Value::Null;
+        }
+        r["merge_check"] = Value::Null;
+        let html = render(&r);
+        assert_eq!(html.matches("<svg").count(), 0);
+        assert!(html.contains("No level has a KL-divergence figure"));
+    }
+}

@@ -1,0 +1,195 @@
+//! `report.md`: the report for terminals and pull-request comments — verdict, ladder, gates, merge check,
+//! identity chain — in GitHub-flavoured Markdown tables.
+
+use std::fmt::Write as _;
+
+use serde_json::Value;
+
+use super::{identity_chain, or_dash, rows, size, verdict};
+
+/// Escapes what would break a table cell or start Markdown markup.
+pub(crate) fn cell(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '|' | '\\' | '*' | '_' | '`' | '<' | '>' | '[' | ']' => {
+                out.push('\\');
+                out.push(c);
+            }
+            '\n' | '\r' => out.push(' '),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+pub fn render(report: &Value) -> String {
+    let mut md = String::new();
+    let rel = &report["release"];
+    let name = rel["name"].as_str().unwrap_or("release");
+    let _ = writeln!(md, "# Parity report: {} — {}\n", cell(name), verdict(report).to_uppercase());
+    let _ = writeln!(
+        md,
+        "Release `{}` from `{}` (sha256 `{}`), quantfarm {}. Signed by `{}`: check it with \
+         `quantfarm report verify report.json --pubkey FARM.pub`.\n",
+        rel["id"].as_str().unwrap_or("?"),
+        rel["spec_file"].as_str().unwrap_or("?"),
+        &rel["spec_sha256"].as_str().unwrap_or("?").chars().take(16).collect::<String>(),
+        report["quantfarm_version"].as_str().unwrap_or("?"),
+        report["signature"]["fingerprint"].as_str().unwrap_or("unsigned"),
+    );
+
+    let _ = writeln!(md, "## Ladder\n");
+    let _ = writeln!(
+        md,
+        "| Artifact | Size | Bits/weight | Mean KLD | 99% KLD | Same top p | PPL(Q)/PPL(base) | Greedy identical | Probes passed | Reproduced |"
+    );
+    let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|---:|:---:|");
+    for r in rows(report) {
+        let k = &r.a["kld"];
+        let _ = writeln!(
+            md,
+            "| {} | {} | {:.2} | {} | {} | {} | {} | {} | {} | {} |",
+            cell(r.name),
+            size(r.bytes),
+            r.bpw,
+            or_dash(r.kld.map(|(m, u)| format!("{m:.6} ± {u:.6}"))),
+            or_dash(k["kld_p99"].as_f64().map(|v| format!("{v:.4}"))),
+            or_dash(
+                k["same_top_p"]
+                    .as_f64()
+                    .map(|v| format!("{v:.2} ± {:.2} %", k["same_top_p_unc"].as_f64().unwrap_or(0.0)))
+            ),
+            or_dash(k["mean_ppl_ratio"].as_f64().map(|v| format!("{v:.4}"))),
+            or_dash(r.greedy.map(|(k, n)| format!("{k}/{n}"))),
+            or_dash(r.probe.map(|(m, s)| format!("{:.1} ± {:.1} %", 100.0 * m, 100.0 * s))),
+            if r.a["verified"] == true { "yes" } else { "**no**" },
+        );
+    }
+    if let Some((m, s)) = super::reference_probe(report) {
+        let _ = writeln!(md, "\nReference (GGUF BF16) probes: {:.1} ± {:.1} % passed.", 100.0 * m, 100.0 * s);
+    }
+    if let Some(e) = report["evaluation"].as_object() {
+        if let Some(text) = e.get("text").and_then(Value::as_str) {
+            let _ = writeln!(
+                md,
+                "\nKL divergence against the GGUF BF16 on `{}` (sha256 `{}`), {} chunks of {} tokens, by \
+                 llama-perplexity's procedure.",
+                cell(text),
+                e.get("text_sha256").and_then(Value::as_str).unwrap_or("—").chars().take(16).collect::<String>(),
+                e.get("n_chunks").map_or("—".into(), |v| v.to_string()),
+                e.get("ctx").map_or("—".into(), |v| v.to_string()),
+            );
+        }
+        if let Some(n) = e.get("n_prompts").and_then(Value::as_u64).filter(|n| *n > 0) {
+            let _ = writeln!(
+                md,
+                "\nGreedy agreement on {n} prompts at temperature 0, up to {} tokens each.",
+                e.get("max_tokens").map_or("—".into(), |v| v.to_string()),
+            );
+        }
+    }
+
+    let _ = writeln!(md, "\n## Gates\n");
+    let _ = writeln!(md, "| | Gate | Level | Check | Inputs | Threshold | Detail |");
+    let _ = writeln!(md, "|:---:|---|---|---|---|---:|---|");
+    for g in report["gates"].as_array().into_iter().flatten() {
+        let ok = g["passed"] == true;
+        let inputs: Vec<String> = g["inputs"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| match v {
+                Value::Object(o) => {
+                    format!("{k}: missing ({})", o.get("missing").and_then(Value::as_str).unwrap_or(""))
+                }
+                Value::Number(n) => format!("{k} = {}", n.as_f64().map_or(n.to_string(), crate::gates::expr::fmt_num)),
+                v => format!("{k} = {v}"),
+            })
+            .collect();
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | `{}` | {} | {} | {} |",
+            if ok { "✅" } else { "❌" },
+            cell(g["name"].as_str().unwrap_or("")),
+            cell(g["level"].as_str().unwrap_or("—")),
+            g["check"].as_str().unwrap_or("").replace('`', "'").replace('|', "\\|"),
+            cell(&inputs.join("; ")),
+            or_dash(g["threshold"].as_f64().map(|t| crate::gates::expr::fmt_num(t))),
+            cell(g["detail"].as_str().unwrap_or("")),
+        );
+    }
+
+    let m = &report["merge_check"];
+    if let Some(g) = m.get("greedy") {
+        let _ = writeln!(
+            md,
+            "\n## Merge check (link 1)\n\nThe merge (rounded to f32) against the base with the adapter applied at run time: \
+             {}/{} prompts byte-identical, mean common prefix {:.3}.",
+            g["identical"],
+            g["n"],
+            g["mean_prefix_fraction"].as_f64().unwrap_or(f64::NAN)
+        );
+    } else if let Some(e) = m["error"].as_str() {
+        let _ = writeln!(md, "\n## Merge check (link 1)\n\n{}", cell(e));
+    }
+
+    let mut diverged = String::new();
+    for r in rows(report) {
+        for d in r.a["greedy"]["disagreements"].as_array().into_iter().flatten() {
+            let _ = writeln!(
+                diverged,
+                "| {} | {} | {} | {} |",
+                cell(r.name),
+                d["index"],
+                d["first_difference"],
+                or_dash(d["reference_margin"].as_f64().map(|v| format!("{v:.4}")))
+            );
+        }
+    }
+    if !diverged.is_empty() {
+        let _ = writeln!(
+            md,
+            "\n## Greedy divergences\n\nWhere each differing continuation first differs, and the reference's top-2 \
+             logit margin there (a small margin is a near-tie, not a break).\n\n| Artifact | Prompt | First differing token | Reference margin |\n|---|---:|---:|---:|\n{diverged}"
+        );
+    }
+
+    let _ = writeln!(md, "\n## Identity chain\n\n| Step | Object | sha256 | Size |\n|---|---|---|---:|");
+    for (step, files) in identity_chain(report) {
+        for (url, sha, bytes) in files {
+            let _ = writeln!(
+                md,
+                "| {} | `{}` | `{}` | {} |",
+                cell(&step),
+                url.replace('`', "'"),
+                if sha.is_empty() { "—".to_string() } else { sha },
+                if bytes == 0 { "—".to_string() } else { size(bytes) }
+            );
+        }
+    }
+    md
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_every_level_gate_and_file() {
+        let md = render(&crate::views::sample::report());
+        assert!(md.starts_with("# Parity report: smollm2-\\<tuned\\> — GATE FAILED"), "{md}");
+        assert!(md.contains("| SmolLM2-Q4\\_K\\_M | 105.0 MB | 5.30 | 0.063500 ± 0.001270 |"), "{md}");
+        assert!(md.contains("| SmolLM2-Q6\\_K | 138.0 MB | 6.60 | — |"), "{md}");
+        assert!(md.contains("| ❌ | measured | Q6\\_K |"), "{md}");
+        assert!(md.contains("| ✅ | kld | Q4\\_K\\_M | `kld.mean <= default.kld.mean` | kld.mean = 0.0635; default.kld.mean = 0.1 | 0.1 |"), "{md}");
+        assert!(md.contains("20/20 prompts byte-identical"), "{md}");
+        assert!(md.contains("| SmolLM2-Q8\\_0 | 3 | 17 | 0.0120 |"), "{md}");
+        assert_eq!(md.matches(&"0f".repeat(32)).count(), 4, "every artifact file's sha256: {md}");
+    }
+
+    #[test]
+    fn cells_cannot_break_the_table() {
+        assert_eq!(cell("a|b\nc"), "a\\|b c");
+    }
+}
