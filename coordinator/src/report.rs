@@ -2,14 +2,14 @@
 //! bits per weight), every task's inputs, outputs, worker and duration, the gates with their inputs and results,
 //! and the verdict. It is signed by [`crate::signing`] over its RFC 8785 canonical form.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use quantfarm_proto::{self as pb, task, task_result, verify_task};
 use serde_json::{json, Map, Value};
 
 use crate::gates;
 use crate::graph::{CheckPart, Subject, TaskKey};
-use crate::sched::Release;
+use crate::sched::{Release, WorkerRec};
 use quantfarm_parity::{ChunkStats, KldSummary};
 
 pub const FORMAT: &str = "quantfarm-report/1";
@@ -423,12 +423,24 @@ fn measured(
         match probes.get(&level) {
             Some(p) => {
                 let num = |v: &Value, what: &str| v.as_f64().ok_or_else(|| format!("no probe {what}"));
-                f.set("probe.pass_rate", num(&p["mean_score"], "score"));
+                // A pass whose every answer was cut off by its token cap has no score, and a suite with no scored
+                // pass says nothing: its rate is missing, not 0.
+                let scored = |v: &Value, whose: &str| -> Result<f64, String> {
+                    if v["pass_scores"].as_array().is_some_and(|s| s.is_empty()) {
+                        Err(format!(
+                            "{whose} probe answers were all cut off by their token cap ({} truncated): no score; raise the probes' max_tokens",
+                            v["truncated"]
+                        ))
+                    } else {
+                        num(&v["mean_score"], "score")
+                    }
+                };
+                f.set("probe.pass_rate", scored(p, "the level's"));
                 f.set("probe.spread", num(&p["score_spread"], "spread"));
                 f.set("probe.truncated", num(&p["truncated"], "truncation count"));
                 match reference_probe {
                     Some(r) => {
-                        f.set("baseline", num(&r["mean_score"], "score of the reference"));
+                        f.set("baseline", scored(r, "the reference's"));
                         let spread = |v: &Value| v["score_spread"].as_f64().unwrap_or(0.0);
                         f.set("noise", Ok(spread(r).max(spread(p))));
                     }
@@ -484,9 +496,52 @@ fn measured(
     gates::Measured { levels, global, all_verified, has_adapter: !rel.adapter.is_empty() }
 }
 
+/// The tools that made the release: this coordinator, every worker that ran one of its tasks (version, platform,
+/// the runtimes it found), and each peer tool's version as it reported it.
+fn tools_json(rel: &Release, workers: &HashMap<String, WorkerRec>) -> Value {
+    let ran: std::collections::BTreeSet<&str> = rel.tasks.iter().filter_map(|t| t.worker.as_deref()).collect();
+    let list: Vec<Value> = ran
+        .iter()
+        .map(|id| match workers.get(*id) {
+            Some(w) => json!({
+                "id": id, "name": w.info.name, "version": w.info.version, "os": w.info.os, "arch": w.info.arch,
+                "cores": w.info.cores, "runtimes": w.info.runtimes
+            }),
+            // A worker of an earlier coordinator run (before a restart): only its id is known now.
+            None => json!({"id": id}),
+        })
+        .collect();
+    let mut peers = BTreeMap::new();
+    for t in &rel.tasks {
+        if let Some(task_result::Kind::PeerKld(p)) = t.result.as_ref().and_then(|r| r.kind.as_ref()) {
+            peers.insert(p.tool.clone(), p.version.clone());
+        }
+    }
+    json!({"quantfarm": env!("CARGO_PKG_VERSION"), "workers": list, "peers": peers})
+}
+
+/// Wall time of the release and the time its tasks ran, in all and by kind (`quantize`, `kld`, ...).
+fn timings_json(rel: &Release, now_ms: i64) -> Value {
+    let mut by_kind: BTreeMap<&str, (u64, u64, u64)> = BTreeMap::new();
+    for t in rel.tasks.iter().filter(|t| t.result.is_some()) {
+        let kind = t.id.split('/').next().unwrap_or(&t.id);
+        let e = by_kind.entry(kind).or_default();
+        e.0 += 1;
+        e.1 += t.duration_ms;
+        e.2 = e.2.max(t.duration_ms);
+    }
+    json!({
+        "created_ms": rel.created_ms,
+        "reported_ms": now_ms,
+        "wall_ms": (now_ms - rel.created_ms).max(0),
+        "task_ms": by_kind.values().map(|v| v.1).sum::<u64>(),
+        "by_kind": by_kind.iter().map(|(k, v)| (k.to_string(), json!({"tasks": v.0, "total_ms": v.1, "max_ms": v.2}))).collect::<Map<_, _>>(),
+    })
+}
+
 /// Builds the unsigned report of a release whose tasks (but the report) are all done; returns it with whether
-/// every gate passed.
-pub fn build(rel: &Release) -> (Value, bool) {
+/// every gate passed. `workers` are the coordinator's known workers, `now_ms` the report's time.
+pub fn build(rel: &Release, workers: &HashMap<String, WorkerRec>, now_ms: i64) -> (Value, bool) {
     let klds = kld_summaries(rel);
     let greedy = greedy_summaries(rel);
     let probes = probe_summaries(rel);
@@ -625,6 +680,8 @@ pub fn build(rel: &Release) -> (Value, bool) {
         "artifacts": artifact_list,
         "tasks": tasks,
         "gates": gates,
+        "tools": tools_json(rel, workers),
+        "timings": timings_json(rel, now_ms),
         "verdict": if passed { "released" } else { "gate_failed" },
     });
     (report, passed)

@@ -123,7 +123,10 @@ impl Coordinator {
             let s = self.lock();
             match s.release(&release_id) {
                 Ok(rel) => {
-                    let (report, passed) = crate::report::build(rel);
+                    let now = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_millis() as i64);
+                    let (report, passed) = crate::report::build(rel, &s.workers, now);
                     let target = s.store.child(&format!("releases/{release_id}/report.json"));
                     Some((report, passed, target))
                 }

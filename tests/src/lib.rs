@@ -73,6 +73,19 @@ pub fn convert_python() -> PathBuf {
     installer(&repo_root().join("scripts").join("install-convert-oracle"))
 }
 
+/// The cache folder holding the independent checkers of reports and deploy files (`scripts/install-check-tools`):
+/// `node-check/` (playwright-core, driving Debian's /usr/bin/chromium) and `venv-check/` (securesystemslib,
+/// jsonschema, kubernetes-validate, check-jsonschema); Debian's docker-compose and systemd-analyze beside them.
+pub fn check_tools() -> PathBuf {
+    let c = cache_dir();
+    let installed = ["node-check/.complete", "venv-check/.complete"].iter().all(|f| c.join(f).exists())
+        && ["/usr/bin/chromium", "/usr/bin/docker-compose"].iter().all(|f| Path::new(f).exists());
+    if installed {
+        return c;
+    }
+    installer(&repo_root().join("scripts").join("install-check-tools"))
+}
+
 /// llama.cpp's source tree (`convert_hf_to_gguf.py`, `models/ggml-vocab-*.gguf`, `models/templates/`).
 pub fn llama_src() -> PathBuf {
     llama_bin().join("../..").canonicalize().expect("llama.cpp source tree")

@@ -307,7 +307,9 @@ impl GateResult {
 fn measured_gate(level: &str, f: &LevelFigures) -> GateResult {
     let mut inputs = Vec::new();
     let mut why = Vec::new();
-    for (name, what) in [("kld.mean", "no KL-divergence figure"), ("probe.pass_rate", "no probe results")] {
+    // The probe task ran when its truncation count is there; whether its answers could be scored is the `probes`
+    // gate's question (an all-truncated suite has no pass rate, and fails that gate saying so).
+    for (name, what) in [("kld.mean", "no KL-divergence figure"), ("probe.truncated", "no probe results")] {
         match f.numbers.get(name) {
             Some(Ok(v)) => inputs.push((name.to_string(), FigureValue::Number(*v))),
             Some(Err(e)) => {
@@ -329,7 +331,7 @@ fn measured_gate(level: &str, f: &LevelFigures) -> GateResult {
     GateResult {
         name: MEASURED.into(),
         level: Some(level.to_string()),
-        check: "kld.mean and probe.pass_rate measured".into(),
+        check: "kld.mean and probe results measured".into(),
         source: "built-in",
         outcome: Outcome { passed, inputs, threshold: None, detail },
     }
@@ -407,6 +409,7 @@ mod tests {
         }
         if let Some(p) = pass {
             f.set("probe.pass_rate", Ok(p));
+            f.set("probe.truncated", Ok(0.0));
             f.set("baseline", Ok(0.75));
             f.set("noise", Ok(0.1));
         }

@@ -38,6 +38,7 @@ svg .s3 polyline { stroke: #8250df; } svg .s3 circle, svg .s3 rect { fill: #8250
 svg .s4 polyline { stroke: #bf8700; } svg .s4 circle, svg .s4 rect { fill: #bf8700; }
 svg .s5 polyline { stroke: #57606a; } svg .s5 circle, svg .s5 rect { fill: #57606a; }
 .empty { color: var(--muted); font-style: italic; }
+details { margin: 4px 0; } summary { cursor: pointer; font-weight: 600; }
 "#;
 
 /// The KLD percentiles drawn per level, as the report's keys and their labels.
@@ -234,7 +235,8 @@ fn ratio(k: u64, n: u64) -> f64 {
 }
 
 fn probe_chart(h: &mut String, report: &Value) {
-    let measured: Vec<_> = rows(report).into_iter().filter(|r| r.probe.is_some()).collect();
+    // The reference (GGUF BF16) is drawn first, from the levels' record of it.
+    let measured: Vec<_> = rows(report).into_iter().filter(|r| r.probe.is_some() && r.file_type != "BF16").collect();
     if measured.is_empty() {
         return empty(h, "No probe results: the release has no evaluation.probes.");
     }
@@ -290,38 +292,60 @@ fn ladder_table(h: &mut String, report: &Value) {
     h.push_str("</table>");
 }
 
+/// Up to `n` characters of `s`, with an ellipsis when cut.
+fn excerpt(s: &str, n: usize) -> String {
+    let mut out: String = s.chars().take(n).collect();
+    if s.chars().count() > n {
+        out.push('…');
+    }
+    out
+}
+
 fn divergences(h: &mut String, report: &Value) {
-    let mut body = String::new();
-    let mut add = |who: &str, g: &Value| {
-        for d in g["disagreements"].as_array().into_iter().flatten() {
+    let mut subjects: Vec<(String, &Value)> = Vec::new();
+    if let Some(g) = report["merge_check"].get("greedy") {
+        subjects.push(("merge check".to_string(), g));
+    }
+    for r in rows(report) {
+        subjects.push((r.name.to_string(), &r.a["greedy"]));
+    }
+    h.push_str("<h2>Greedy divergences</h2>");
+    let mut any = false;
+    for (who, g) in subjects {
+        let list: Vec<&Value> = g["disagreements"].as_array().into_iter().flatten().collect();
+        if list.is_empty() {
+            continue;
+        }
+        if !any {
+            h.push_str(
+                "<p class=\"meta\">Where each differing continuation first differs, and the reference's top-2 logit margin \
+                 there: a small margin is a late near-tie, a large one an early break.</p>",
+            );
+            any = true;
+        }
+        let _ = write!(
+            h,
+            "<details><summary>{}: {} of {} prompts differ</summary><table><tr><th>Prompt</th><th>First differing token</th><th>Reference margin</th><th>Reference</th><th>Model</th></tr>",
+            esc(&who),
+            list.len(),
+            g["n"]
+        );
+        for d in list {
             let _ = write!(
-                body,
-                "<tr><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td>{}</td><td>{}</td></tr>",
-                esc(who),
+                h,
+                "<tr><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td>{}</td><td>{}</td></tr>",
                 d["index"],
                 d["first_difference"],
                 esc(&or_dash(d["reference_margin"].as_f64().map(|v| format!("{v:.4}")))),
-                esc(d["reference_text"].as_str().unwrap_or("")),
-                esc(d["model_text"].as_str().unwrap_or("")),
+                esc(&excerpt(d["reference_text"].as_str().unwrap_or(""), 120)),
+                esc(&excerpt(d["model_text"].as_str().unwrap_or(""), 120)),
             );
         }
-    };
-    if let Some(g) = report["merge_check"].get("greedy") {
-        add("merge check", g);
+        h.push_str("</table></details>");
     }
-    for r in rows(report) {
-        add(r.name, &r.a["greedy"]);
-    }
-    h.push_str("<h2>Greedy divergences</h2>");
-    if body.is_empty() {
+    if !any {
         h.push_str("<p class=\"empty\">No continuation differs from its reference (or none was measured).</p>");
-        return;
     }
-    let _ = write!(
-        h,
-        "<p class=\"meta\">Where each differing continuation first differs, and the reference's top-2 logit margin there: a small margin is a late near-tie, a large one an early break.</p>\
-         <table><tr><th>Subject</th><th>Prompt</th><th>First differing token</th><th>Reference margin</th><th>Reference</th><th>Model</th></tr>{body}</table>"
-    );
 }
 
 fn chain(h: &mut String, report: &Value) {

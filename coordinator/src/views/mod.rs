@@ -173,7 +173,7 @@ pub(crate) mod sample {
                  "files": [file("SmolLM2-Q6_K.gguf", 138000000)], "verified": true, "kld": null, "greedy": null, "probes": null},
             ],
             "gates": [
-                {"name": "measured", "level": "Q6_K", "check": "kld.mean and probe.pass_rate measured", "source": "built-in",
+                {"name": "measured", "level": "Q6_K", "check": "kld.mean and probe results measured", "source": "built-in",
                  "inputs": {"kld.mean": {"missing": "not measured: evaluation.skip lists it"}}, "passed": false,
                  "detail": "Q6_K: not measured: no KL-divergence figure"},
                 {"name": "kld", "level": "Q4_K_M", "check": "kld.mean <= default.kld.mean", "source": "default",

@@ -168,15 +168,16 @@ impl Chart {
     pub fn point(&mut self, x: f64, y: f64, err: f64, label: &str, title: &str, class: &str) {
         let (px, py) = (self.x.px(x), self.y.px(y));
         let (top, bot) = (self.y.px(y + err), self.y.px((y - err).max(self.y.lo)));
+        // Labels near the right edge go to the point's left, so they stay inside the chart.
+        let (lx, anchor) = if px > W * 0.8 { (px - 7.0, "end") } else { (px + 7.0, "start") };
         let _ = write!(
             self.svg,
-            r#"<g class="{class}"><title>{}</title><line x1="{px:.1}" x2="{px:.1}" y1="{top:.1}" y2="{bot:.1}" class="err"/><line x1="{:.1}" x2="{:.1}" y1="{top:.1}" y2="{top:.1}" class="err"/><line x1="{:.1}" x2="{:.1}" y1="{bot:.1}" y2="{bot:.1}" class="err"/><circle cx="{px:.1}" cy="{py:.1}" r="4.5"/><text x="{:.1}" y="{:.1}" class="label">{}</text></g>"#,
+            r#"<g class="{class}"><title>{}</title><line x1="{px:.1}" x2="{px:.1}" y1="{top:.1}" y2="{bot:.1}" class="err"/><line x1="{:.1}" x2="{:.1}" y1="{top:.1}" y2="{top:.1}" class="err"/><line x1="{:.1}" x2="{:.1}" y1="{bot:.1}" y2="{bot:.1}" class="err"/><circle cx="{px:.1}" cy="{py:.1}" r="4.5"/><text x="{lx:.1}" y="{:.1}" class="label" text-anchor="{anchor}">{}</text></g>"#,
             esc(title),
             px - 4.0,
             px + 4.0,
             px - 4.0,
             px + 4.0,
-            px + 7.0,
             py - 7.0,
             esc(label)
         );

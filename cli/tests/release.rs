@@ -1,0 +1,254 @@
+//! What users see of a release (issue 7's acceptance): a tuned SmolLM2 — the real model with a synthetic PEFT LoRA on
+//! its attention (llama.cpp cannot apply an embedding LoRA to a tied model, which the merge check needs) — released
+//! as a ladder of GGUF Q8_0, Q6_K, Q4_K_M, Q2_K and MLX 4-bit by `quantfarm run` with two workers. Every artifact has
+//! its figures, every gate prints its inputs, and the verdict follows the gates; the report validates against
+//! docs/report.schema.json (checked by `jsonschema`), its signature and its DSSE envelope verify (the envelope also
+//! by securesystemslib, DSSE's reference implementation) and fail after one flipped byte; report.html loads in
+//! headless Chromium with no console error and no request, and its screenshot is kept; the model card names every
+//! file with its sha256. The same release with `evaluation.skip: [Q6_K]` fails, naming Q6_K.
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use base64::Engine as _;
+use serde_json::Value;
+
+const LADDER: [&str; 5] = ["Q8_0", "Q6_K", "Q4_K_M", "Q2_K", "MLX-4bit"];
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_quantfarm")
+}
+
+fn text() -> PathBuf {
+    quantfarm_e2e::fixtures_dir().join("texts/gpl3.txt")
+}
+
+fn run(release: &Path, store: &Path, key: &Path) -> Output {
+    Command::new(bin())
+        .arg("run")
+        .arg(release)
+        .args(["--workers", "2", "--json", "--store"])
+        .arg(store)
+        .env("QUANTFARM_KEY_FILE", key)
+        .env("QUANTFARM_LLAMA_BIN", quantfarm_e2e::llama_bin())
+        .output()
+        .unwrap()
+}
+
+fn summary(out: &Output) -> Value {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout.lines().last().unwrap_or_else(|| panic!("no output:\n{}", String::from_utf8_lossy(&out.stderr)));
+    serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}\n{}", String::from_utf8_lossy(&out.stderr)))
+}
+
+/// Probes the tuned model answers within their cap at full precision (its random LoRA makes it talkative: the
+/// examples' 48-token suite is all truncated on it).
+const PROBES: &str = "name: tuned-smollm2\ndefaults: {max_tokens: 256, thinking: false, repeats: 1}\nprobes:\n\
+  - {name: capital-of-france, prompt: What is the capital of France?, expect: {contains: Paris}}\n\
+  - {name: sky-colour, prompt: 'What colour is the sky on a clear day? Answer in one word.', expect: {regex: '(?i)blue'}}\n\
+  - {name: greeting, prompt: Say hello., expect: {regex: '(?i)hello|hi'}}\n\
+  - {name: romeo, prompt: Who wrote Romeo and Juliet?, expect: {contains: Shakespeare}}\n";
+
+fn release_yaml(hf: &Path, adapter: &Path, probes: &Path, skip: &str) -> String {
+    let repo = quantfarm_e2e::repo_root();
+    format!(
+        "name: smollm2-tuned\nsource: {}\nadapter: {}\nbase_name: HuggingFaceTB/SmolLM2-135M-Instruct\n\
+         outputs:\n  gguf:\n    prefix: SmolLM2-135M-tuned\n    quants: [Q8_0, Q6_K, Q4_K_M, Q2_K]\n  mlx: {{bits: [4]}}\n\
+         evaluation:\n  text: {}\n  ctx: 512\n  chunks: 4\n  prompts: {}\n  max_tokens: 32\n  probes: {}\n{skip}\
+         card: {{license: apache-2.0}}\n\
+         gates:\n  - {{name: q8-close, check: 'q8_0.kld.mean <= 0.01'}}\n",
+        hf.display(),
+        adapter.display(),
+        text().display(),
+        repo.join("examples/prompts-20.json").display(),
+        probes.display(),
+    )
+}
+
+/// `quantfarm report verify FILE --pubkey KEY`'s exit status and output.
+fn verify(file: &Path, pubkey: &Path) -> (i32, String) {
+    let out = Command::new(bin())
+        .args([OsStr::new("report"), OsStr::new("verify"), file.as_os_str()])
+        .arg("--pubkey")
+        .arg(pubkey)
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.code().unwrap_or(-1), text)
+}
+
+fn python(script: &str, args: &[&OsStr]) -> (i32, String) {
+    let py = quantfarm_e2e::check_tools().join("venv-check/bin/python");
+    let path = quantfarm_e2e::repo_root().join("tests/py").join(script);
+    let out = Command::new(py).arg(&path).args(args).output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)),
+    )
+}
+
+#[test]
+fn a_tuned_smollm2_ladder_is_gated_signed_and_shown() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hf = quantfarm_e2e::smollm2_derived().join("smollm2-hf");
+    let adapter = tmp.path().join("peft-adapter");
+    let expected = tmp.path().join("expected.safetensors");
+    quantfarm_e2e::run_py(
+        "lora_adapters.py",
+        &[OsStr::new("peft-attn"), hf.as_os_str(), adapter.as_os_str(), expected.as_os_str()],
+    );
+    let key = tmp.path().join("farm.key");
+    assert!(Command::new(bin()).arg("keygen").arg(&key).output().unwrap().status.success());
+    let pubkey = tmp.path().join("farm.key.pub");
+    let store = tmp.path().join("data");
+    let release = tmp.path().join("release.yaml");
+    let probes = tmp.path().join("probes.yaml");
+    std::fs::write(&probes, PROBES).unwrap();
+    std::fs::write(&release, release_yaml(&hf, &adapter, &probes, "")).unwrap();
+
+    let out = run(&release, &store, &key);
+    let sum = summary(&out);
+    let gates =
+        sum["gates"].as_array().unwrap_or_else(|| panic!("{sum:#}\n{}", String::from_utf8_lossy(&out.stderr))).clone();
+    let all_pass = gates.iter().all(|g| g["passed"] == true);
+    // The verdict and the exit status follow the gates.
+    assert_eq!(sum["state"], if all_pass { "released" } else { "gate_failed" }, "{sum:#}");
+    assert_eq!(out.status.code(), Some(if all_pass { 0 } else { 1 }), "{}", String::from_utf8_lossy(&out.stderr));
+    for g in &gates {
+        eprintln!("gate {} {}: {} — {}", g["name"], g["level"], g["passed"], g["detail"]);
+        assert!(g["inputs"].as_object().is_some_and(|i| !i.is_empty()), "a gate without inputs: {g:#}");
+        assert!(g["check"].is_string() && g["detail"].is_string() && g["passed"].is_boolean(), "{g:#}");
+    }
+
+    // Every rung has its figures, and its three per-level gates.
+    let artifacts = sum["artifacts"].as_array().unwrap();
+    for level in LADDER {
+        let a = artifacts.iter().find(|a| a["file_type"] == level).unwrap_or_else(|| panic!("no {level}: {sum:#}"));
+        let k = &a["kld"];
+        assert!(k["mean_kld"].as_f64().is_some_and(|m| m > 0.0), "{level}: {k:#}");
+        assert_eq!(k["n_chunks"], 4, "{level}: {k:#}");
+        assert_eq!(a["greedy"]["n"], 20, "{level}: {a:#}");
+        let p = &a["probes"];
+        let runs = ["passed", "failed", "truncated"].iter().map(|k| p[*k].as_u64().unwrap()).sum::<u64>();
+        assert_eq!(runs, 4, "{level}: every probe ran once: {p:#}");
+        assert_eq!(a["verified"], true, "{level}");
+        for name in ["measured", "kld", "probes"] {
+            let g = gates.iter().find(|g| g["name"] == name && g["level"] == level);
+            assert!(g.is_some(), "no {name} gate for {level}");
+        }
+        let measured = gates.iter().find(|g| g["name"] == "measured" && g["level"] == level).unwrap();
+        assert_eq!(measured["passed"], true, "{measured:#}");
+        eprintln!(
+            "{level}: {} bytes, mean KLD {:.6} ± {:.6}, same top {:.2} %, greedy {}/20, probes {}",
+            a["bytes"],
+            k["mean_kld"].as_f64().unwrap(),
+            k["mean_kld_unc"].as_f64().unwrap(),
+            k["same_top_p"].as_f64().unwrap(),
+            a["greedy"]["identical"],
+            a["probes"]["mean_score"]
+        );
+    }
+    // The KLD gates' inputs are the artifacts' figures; the merge check measured link 1.
+    let q4 = artifacts.iter().find(|a| a["file_type"] == "Q4_K_M").unwrap();
+    let g = gates.iter().find(|g| g["name"] == "kld" && g["level"] == "Q4_K_M").unwrap();
+    assert_eq!(g["inputs"]["kld.mean"], q4["kld"]["mean_kld"], "{g:#}");
+    assert_eq!(g["threshold"], 0.1, "the default limit for Q4_K_M: {g:#}");
+    let merge = gates.iter().find(|g| g["name"] == "merge").expect("the default merge gate (an adapter)");
+    assert_eq!(merge["passed"], true, "{merge:#}");
+    assert_eq!(sum["merge_check"]["greedy"]["identical"], 20, "{:#}", sum["merge_check"]);
+
+    // report.json: valid against the published schema; its signature and its envelope verify against the farm's key.
+    let report_path = PathBuf::from(sum["report_url"].as_str().unwrap());
+    let dir = report_path.parent().unwrap().to_path_buf();
+    let schema = quantfarm_e2e::repo_root().join("docs/report.schema.json");
+    let (rc, msg) = python("check_schema.py", &[schema.as_os_str(), report_path.as_os_str()]);
+    assert_eq!(rc, 0, "report.json against docs/report.schema.json:\n{msg}");
+    let envelope = dir.join("report.intoto.json");
+    for f in [&report_path, &envelope] {
+        let (rc, msg) = verify(f, &pubkey);
+        assert_eq!(rc, 0, "{msg}");
+        assert!(msg.contains("authorship and integrity"), "{msg}");
+    }
+    let public = std::fs::read_to_string(&pubkey).unwrap();
+    let (rc, msg) = python("verify_dsse.py", &[envelope.as_os_str(), OsStr::new(public.trim())]);
+    assert_eq!(rc, 0, "securesystemslib: {msg}");
+    let n_files: usize = artifacts.iter().map(|a| a["files"].as_array().unwrap().len()).sum();
+    assert!(msg.contains(&format!("\"subjects\": {n_files}")), "every artifact file is a subject ({n_files}): {msg}");
+
+    // One flipped byte: a digit of a figure in report.json, a byte of the statement inside the envelope.
+    let bytes = std::fs::read(&report_path).unwrap();
+    let at = bytes.windows(13).position(|w| w == b"\"mean_kld\":0.").unwrap() + 13;
+    let mut flipped = bytes.clone();
+    flipped[at] = b'0' + (flipped[at] - b'0' + 1) % 10;
+    let tampered = tmp.path().join("tampered.json");
+    std::fs::write(&tampered, &flipped).unwrap();
+    let (rc, msg) = verify(&tampered, &pubkey);
+    assert_eq!(rc, 1, "a flipped byte in report.json verified:\n{msg}");
+    let mut env: Value = serde_json::from_slice(&std::fs::read(&envelope).unwrap()).unwrap();
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let mut payload = b64.decode(env["payload"].as_str().unwrap()).unwrap();
+    let at = payload.windows(9).position(|w| w == b"\"verdict\"").unwrap() + 11;
+    payload[at] ^= 0x01;
+    env["payload"] = Value::String(b64.encode(&payload));
+    let tampered_env = tmp.path().join("tampered.intoto.json");
+    std::fs::write(&tampered_env, serde_json::to_vec(&env).unwrap()).unwrap();
+    let (rc, msg) = verify(&tampered_env, &pubkey);
+    assert_eq!(rc, 1, "a flipped byte in the DSSE payload verified:\n{msg}");
+    let (rc, msg) = python("verify_dsse.py", &[tampered_env.as_os_str(), OsStr::new(public.trim())]);
+    assert_eq!(rc, 1, "securesystemslib accepted a flipped payload: {msg}");
+
+    // report.html in headless Chromium: no console error, no page error, nothing fetched; a screenshot.
+    let tools = quantfarm_e2e::check_tools();
+    let shots = quantfarm_e2e::cache_dir().join("screenshots");
+    std::fs::create_dir_all(&shots).unwrap();
+    let shot = shots.join("smollm2-tuned-report.png");
+    let page = Command::new("node")
+        .arg(quantfarm_e2e::repo_root().join("tests/js/render-page.mjs"))
+        .arg(dir.join("report.html"))
+        .arg(&shot)
+        .env("PLAYWRIGHT_CORE", tools.join("node-check"))
+        .output()
+        .unwrap();
+    let page_out = String::from_utf8_lossy(&page.stdout);
+    assert_eq!(page.status.code(), Some(0), "{page_out}\n{}", String::from_utf8_lossy(&page.stderr));
+    let loaded: Value = serde_json::from_str(page_out.trim()).unwrap();
+    assert_eq!(loaded["svgs"], 5, "ladder, percentiles, same-top-p, greedy, probes: {loaded}");
+    assert!(std::fs::metadata(&shot).unwrap().len() > 20_000, "a real screenshot");
+    eprintln!("report.html screenshot: {}", shot.display());
+
+    // The model card: front matter, every file with its sha256; report.md has the gate table.
+    let card = std::fs::read_to_string(dir.join("README.md")).unwrap();
+    assert!(
+        card.starts_with("---\nlicense: \"apache-2.0\"\nbase_model: \"HuggingFaceTB/SmolLM2-135M-Instruct\"\n"),
+        "{card}"
+    );
+    for a in artifacts {
+        for f in a["files"].as_array().unwrap() {
+            assert!(card.contains(f["sha256"].as_str().unwrap()), "{} not in the card", f["url"]);
+        }
+    }
+    let text_sha = &sum_report(&report_path)["evaluation"]["text_sha256"];
+    assert!(card.contains(text_sha.as_str().unwrap()), "the dataset's checksum");
+    let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
+    assert_eq!(md.matches("| measured |").count(), LADDER.len(), "{md}");
+
+    // The same release, one level skipped: it is made, not measured, and the release fails naming it.
+    let skipped = tmp.path().join("skip.yaml");
+    std::fs::write(&skipped, release_yaml(&hf, &adapter, &probes, "  skip: [Q6_K]\n")).unwrap();
+    let out = run(&skipped, &store, &key);
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    let sum = summary(&out);
+    assert_eq!(sum["state"], "gate_failed");
+    let failed: Vec<&Value> = sum["gates"].as_array().unwrap().iter().filter(|g| g["passed"] == false).collect();
+    let m = failed.iter().find(|g| g["name"] == "measured").unwrap_or_else(|| panic!("{failed:#?}"));
+    assert_eq!(m["level"], "Q6_K", "{m:#}");
+    let detail = m["detail"].as_str().unwrap();
+    assert!(detail.starts_with("Q6_K: not measured") && detail.contains("evaluation.skip"), "{detail}");
+    let q6 = sum["artifacts"].as_array().unwrap().iter().find(|a| a["file_type"] == "Q6_K").unwrap();
+    assert!(q6["kld"].is_null() && q6["verified"] == true, "made and verified, not measured: {q6:#}");
+}
+
+fn sum_report(path: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
