@@ -75,7 +75,7 @@ pub fn render(report: &Value) -> String {
             or_dash(k["same_top_p"].as_f64().map(|v| format!("{v:.1} %"))),
             or_dash(k["mean_ppl_ratio"].as_f64().map(|v| format!("{v:.3}"))),
             or_dash(r.greedy.map(|(k, n)| format!("{k}/{n}"))),
-            or_dash(r.probe.map(|(m, _)| format!("{:.0} %", 100.0 * m))),
+            super::probe_cell(r),
         );
     }
     md.push_str("\nMean KLD: KL divergence from the GGUF BF16 per token (nats, lower is closer), by llama-perplexity's procedure. \

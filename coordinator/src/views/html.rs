@@ -235,23 +235,25 @@ fn ratio(k: u64, n: u64) -> f64 {
 }
 
 fn probe_chart(h: &mut String, report: &Value) {
-    // The reference (GGUF BF16) is drawn first, from the levels' record of it.
-    let measured: Vec<_> = rows(report).into_iter().filter(|r| r.probe.is_some() && r.file_type != "BF16").collect();
+    // The reference (GGUF BF16) is drawn first; a level whose every answer was truncated has no bar, and says so.
+    let measured: Vec<_> =
+        rows(report).into_iter().filter(|r| r.truncated.is_some() && r.file_type != "BF16").collect();
     if measured.is_empty() {
         return empty(h, "No probe results: the release has no evaluation.probes.");
     }
     let reference = reference_probe(report);
-    let n = measured.len() + usize::from(reference.is_some());
+    let n = measured.len() + 1;
     let mut c = Chart::categories("probe pass rates", n, &[0.0, 100.0], false, "probes passed (%)");
-    let mut i = 0;
-    if let Some((m, s)) = reference {
-        c.bar(0, 0.0, 0.6, 100.0 * m, &format!("reference: {:.1} ± {:.1} %", 100.0 * m, 100.0 * s), "bar ref");
-        c.category(0, "BF16");
-        i = 1;
+    match reference {
+        Some((m, s)) => {
+            c.bar(0, 0.0, 0.6, 100.0 * m, &format!("reference: {:.1} ± {:.1} %", 100.0 * m, 100.0 * s), "bar ref")
+        }
+        None => c.note(0, 50.0, "no score"),
     }
-    for r in &measured {
-        let (m, s) = r.probe.unwrap_or_default();
-        if let Some((rm, rs)) = reference {
+    c.category(0, "BF16");
+    for (i, r) in measured.iter().enumerate() {
+        let i = i + 1;
+        if let (Some((rm, rs)), Some((_, s))) = (reference, r.probe) {
             let noise = rs.max(s);
             c.band(
                 i,
@@ -260,11 +262,15 @@ fn probe_chart(h: &mut String, report: &Value) {
                 &format!("reference ± noise: {:.1} ± {:.1} %", 100.0 * rm, 100.0 * noise),
             );
         }
-        c.bar(i, 0.0, 0.6, 100.0 * m, &format!("{}: {:.1} ± {:.1} %", r.name, 100.0 * m, 100.0 * s), "bar");
+        match r.probe {
+            Some((m, s)) => {
+                c.bar(i, 0.0, 0.6, 100.0 * m, &format!("{}: {:.1} ± {:.1} %", r.name, 100.0 * m, 100.0 * s), "bar")
+            }
+            None => c.note(i, 50.0, "no score"),
+        }
         c.category(i, r.file_type);
-        i += 1;
     }
-    figure(h, c.finish(), "Probe pass rates (truncated answers are never scored); the shaded band is the reference's rate ± the noise band.");
+    figure(h, c.finish(), "Probe pass rates (truncated answers are never scored: a level whose every answer hit the token cap has no score); the shaded band is the reference's rate ± the noise band.");
 }
 
 fn ladder_table(h: &mut String, report: &Value) {
@@ -285,7 +291,7 @@ fn ladder_table(h: &mut String, report: &Value) {
             esc(&or_dash(k["rms_dp"].as_f64().map(|v| format!("{v:.3} %")))),
             num("mean_ppl_q", 4),
             esc(&or_dash(r.greedy.map(|(k, n)| format!("{k}/{n}")))),
-            esc(&or_dash(r.probe.map(|(m, s)| format!("{:.1} ± {:.1} %", 100.0 * m, 100.0 * s)))),
+            esc(&super::probe_cell(&r)),
             if r.a["verified"] == true { "<span class=\"pass\">yes</span>" } else { "<span class=\"fail-mark\">no</span>" },
         );
     }

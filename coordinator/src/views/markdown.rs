@@ -62,7 +62,7 @@ pub fn render(report: &Value) -> String {
             ),
             or_dash(k["mean_ppl_ratio"].as_f64().map(|v| format!("{v:.4}"))),
             or_dash(r.greedy.map(|(k, n)| format!("{k}/{n}"))),
-            or_dash(r.probe.map(|(m, s)| format!("{:.1} ± {:.1} %", 100.0 * m, 100.0 * s))),
+            super::probe_cell(&r),
             if r.a["verified"] == true { "yes" } else { "**no**" },
         );
     }
@@ -184,6 +184,7 @@ mod tests {
         assert!(md.contains("| ❌ | measured | Q6\\_K |"), "{md}");
         assert!(md.contains("| ✅ | kld | Q4\\_K\\_M | `kld.mean <= default.kld.mean` | kld.mean = 0.0635; default.kld.mean = 0.1 | 0.1 |"), "{md}");
         assert!(md.contains("20/20 prompts byte-identical"), "{md}");
+        assert!(md.contains("Reference (GGUF BF16) probes: 75.0 ± 4.0 % passed."), "{md}");
         assert!(md.contains("| SmolLM2-Q8\\_0 | 3 | 17 | 0.0120 |"), "{md}");
         assert_eq!(md.matches(&"0f".repeat(32)).count(), 4, "every artifact file's sha256: {md}");
     }

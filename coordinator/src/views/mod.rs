@@ -30,8 +30,18 @@ pub(crate) struct Row<'a> {
     /// Mean KLD and its uncertainty, when measured.
     pub kld: Option<(f64, f64)>,
     pub greedy: Option<(u64, u64)>,
-    /// Probe pass rate, spread, and the reference's.
+    /// Probe pass rate and spread, when some answer could be scored.
     pub probe: Option<(f64, f64)>,
+    /// Probe answers cut off by their token cap, when the probes ran.
+    pub truncated: Option<u64>,
+}
+
+/// A probe result's pass rate and spread, or `None` when it has no scored pass (every answer truncated).
+fn scored(p: &Value) -> Option<(f64, f64)> {
+    if p["pass_scores"].as_array().is_some_and(|s| s.is_empty()) {
+        return None;
+    }
+    p["mean_score"].as_f64().map(|m| (m, p["score_spread"].as_f64().unwrap_or(0.0)))
 }
 
 pub(crate) fn rows(report: &Value) -> Vec<Row<'_>> {
@@ -47,17 +57,24 @@ pub(crate) fn rows(report: &Value) -> Vec<Row<'_>> {
             bpw: a["bits_per_weight"].as_f64().unwrap_or(0.0),
             kld: a["kld"]["mean_kld"].as_f64().map(|m| (m, a["kld"]["mean_kld_unc"].as_f64().unwrap_or(0.0))),
             greedy: a["greedy"]["n"].as_u64().map(|n| (a["greedy"]["identical"].as_u64().unwrap_or(0), n)),
-            probe: a["probes"]["mean_score"].as_f64().map(|m| (m, a["probes"]["score_spread"].as_f64().unwrap_or(0.0))),
+            probe: scored(&a["probes"]),
+            truncated: a["probes"]["truncated"].as_u64(),
         })
         .collect()
 }
 
-/// The reference's probe pass rate and spread, from any measured level (each carries it).
+/// The reference's probe pass rate and spread (the GGUF BF16 row carries its own results), when scored.
 pub(crate) fn reference_probe(report: &Value) -> Option<(f64, f64)> {
-    rows(report).iter().find_map(|r| {
-        let p = &r.a["probes"];
-        Some((p["reference_mean_score"].as_f64()?, p["reference_score_spread"].as_f64().unwrap_or(0.0)))
-    })
+    rows(report).iter().find(|r| r.file_type == "BF16").and_then(|r| r.probe)
+}
+
+/// A probe cell: the pass rate ± spread, or why there is none.
+pub(crate) fn probe_cell(r: &Row<'_>) -> String {
+    match (r.probe, r.truncated) {
+        (Some((m, s)), _) => format!("{:.1} ± {:.1} %", 100.0 * m, 100.0 * s),
+        (None, Some(t)) => format!("no score ({t} truncated)"),
+        (None, None) => "—".to_string(),
+    }
 }
 
 pub(crate) fn verdict(report: &Value) -> &str {
@@ -164,7 +181,8 @@ pub(crate) mod sample {
             "evaluation": {"text": "texts/gpl3.txt", "text_sha256": "cc".repeat(32), "ctx": 512, "n_chunks": 14, "n_prompts": 20, "max_tokens": 64},
             "artifacts": [
                 {"name": "SmolLM2-BF16", "file_type": "BF16", "container": "gguf", "bytes": 270000000, "bits_per_weight": 16.0,
-                 "files": [file("SmolLM2-BF16.gguf", 270000000)], "verified": true, "kld": null, "greedy": null, "probes": null},
+                 "files": [file("SmolLM2-BF16.gguf", 270000000)], "verified": true, "kld": null, "greedy": null,
+                 "probes": {"mean_score": 0.75, "score_spread": 0.04, "pass_scores": [0.75], "passed": 6, "failed": 2, "truncated": 0}},
                 {"name": "SmolLM2-Q8_0", "file_type": "Q8_0", "container": "gguf", "bytes": 145000000, "bits_per_weight": 8.5,
                  "files": [file("SmolLM2-Q8_0.gguf", 145000000)], "verified": true, "kld": kld(0.0045), "greedy": greedy(19), "probes": probes(0.75)},
                 {"name": "SmolLM2-Q4_K_M", "file_type": "Q4_K_M", "container": "gguf", "bytes": 105000000, "bits_per_weight": 5.3,

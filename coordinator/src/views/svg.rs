@@ -216,6 +216,17 @@ impl Chart {
         );
     }
 
+    /// A short text centred in category slot `i` at value `v` (a bar that cannot be drawn, and why).
+    pub fn note(&mut self, i: usize, v: f64, text: &str) {
+        let _ = write!(
+            self.svg,
+            r#"<text x="{:.1}" y="{:.1}" class="label" text-anchor="middle">{}</text>"#,
+            self.x.px(i as f64),
+            self.y.px(v),
+            esc(text)
+        );
+    }
+
     /// A category label under slot `i`.
     pub fn category(&mut self, i: usize, label: &str) {
         let _ = write!(
