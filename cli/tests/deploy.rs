@@ -174,4 +174,8 @@ fn the_coordinator_serves_metrics_and_health() {
         assert!(page.lines().any(|l| l == line), "no line {line:?} in:\n{page}");
     }
     assert!(page.contains("# TYPE quantfarm_task_duration_seconds histogram"), "{page}");
+    // The worker's own byte counts (noop tasks move none).
+    for metric in ["quantfarm_worker_bytes_read_total", "quantfarm_worker_bytes_written_total"] {
+        assert!(page.lines().any(|l| l == format!("{metric}{{worker=\"w1\"}} 0")), "{metric}:\n{page}");
+    }
 }

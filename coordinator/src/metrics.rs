@@ -27,6 +27,11 @@ fn release_state(s: ReleaseState) -> &'static str {
     }
 }
 
+/// A label value with the exposition format's escapes (backslash, quote, newline).
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
 /// The task's kind: the first segment of its id (`quantize/Q8_0/0` → `quantize`).
 fn kind(id: &str) -> &str {
     id.split('/').next().unwrap_or(id)
@@ -88,6 +93,17 @@ pub fn render(s: &Sched, now: Instant) -> String {
         out,
         "# HELP quantfarm_workers_live Workers heard from within two lease periods.\n# TYPE quantfarm_workers_live gauge\nquantfarm_workers_live {live}"
     );
+    let mut workers: Vec<_> = s.workers.values().collect();
+    workers.sort_by(|a, b| a.info.name.cmp(&b.info.name));
+    for (metric, help, get) in [
+        ("quantfarm_worker_bytes_read_total", "Bytes a worker read through quantfarm's reader since it started (tensors, headers, files; not llama.cpp's own model loads).", (|w: &crate::sched::WorkerRec| w.bytes_read) as fn(&crate::sched::WorkerRec) -> u64),
+        ("quantfarm_worker_bytes_written_total", "Bytes a worker wrote through the staged writer since it started.", |w| w.bytes_written),
+    ] {
+        let _ = writeln!(out, "# HELP {metric} {help}\n# TYPE {metric} counter");
+        for w in &workers {
+            let _ = writeln!(out, "{metric}{{worker=\"{}\"}} {}", label(&w.info.name), get(w));
+        }
+    }
     let _ = writeln!(
         out,
         "# HELP quantfarm_artifact_bytes_written Bytes of artifacts the workers wrote (cache hits not counted).\n# TYPE quantfarm_artifact_bytes_written gauge\nquantfarm_artifact_bytes_written {written}"

@@ -198,6 +198,9 @@ pub enum SchedError {
 pub struct WorkerRec {
     pub info: pb::WorkerInfo,
     pub last_seen: Instant,
+    /// The worker's own byte counts, as it last reported them (lease and heartbeat requests).
+    pub bytes_read: u64,
+    pub bytes_written: u64,
 }
 
 /// A report the coordinator must now produce (the release's report task became ready).
@@ -582,7 +585,7 @@ impl Sched {
 
     pub fn register(&mut self, info: pb::WorkerInfo) -> String {
         let id = format!("{}-{}", if info.name.is_empty() { "worker" } else { &info.name }, random_hex(4));
-        self.workers.insert(id.clone(), WorkerRec { info, last_seen: Instant::now() });
+        self.workers.insert(id.clone(), WorkerRec { info, last_seen: Instant::now(), bytes_read: 0, bytes_written: 0 });
         id
     }
 
@@ -656,6 +659,14 @@ impl Sched {
             self.events.push(ev);
         }
         Ok((out, next_wake))
+    }
+
+    /// Records a worker's byte counts (they only grow: a late, reordered request cannot lower them).
+    pub fn io_report(&mut self, worker_id: &str, bytes_read: u64, bytes_written: u64) {
+        if let Some(w) = self.workers.get_mut(worker_id) {
+            w.bytes_read = w.bytes_read.max(bytes_read);
+            w.bytes_written = w.bytes_written.max(bytes_written);
+        }
     }
 
     /// Extends the deadlines of the given leases; returns those no longer valid.

@@ -298,6 +298,7 @@ impl Farm for FarmSvc {
 
     async fn lease(&self, req: Request<pb::LeaseRequest>) -> Result<Response<pb::LeaseResponse>, Status> {
         let mut req = req.into_inner();
+        self.0.lock().io_report(&req.worker_id, req.bytes_read, req.bytes_written);
         if !req.completed.is_empty() {
             let mut s = self.0.lock();
             for c in std::mem::take(&mut req.completed) {
@@ -336,7 +337,11 @@ impl Farm for FarmSvc {
 
     async fn heartbeat(&self, req: Request<pb::HeartbeatRequest>) -> Result<Response<pb::HeartbeatResponse>, Status> {
         let req = req.into_inner();
-        let (revoked, reregister) = self.0.lock().heartbeat(&req.worker_id, &req.lease_ids);
+        let (revoked, reregister) = {
+            let mut s = self.0.lock();
+            s.io_report(&req.worker_id, req.bytes_read, req.bytes_written);
+            s.heartbeat(&req.worker_id, &req.lease_ids)
+        };
         Ok(Response::new(pb::HeartbeatResponse { revoked, reregister }))
     }
 

@@ -107,7 +107,9 @@ impl Blob {
         if let Some(file) = &self.file {
             use std::os::unix::fs::FileExt;
             // Page-cache reads: short enough to do on the async thread, and a copy fewer than spawn_blocking.
-            return file.read_exact_at(buf, offset).map_err(|e| Error::Io { file: self.name.clone(), source: e });
+            file.read_exact_at(buf, offset).map_err(|e| Error::Io { file: self.name.clone(), source: e })?;
+            crate::io_counters::add_read(buf.len());
+            return Ok(());
         }
         // Large reads from a store go as several ranged GETs at once, each streaming into its own slice of the
         // caller's buffer: one connection rarely fills the link, and no extra memory is needed.
@@ -116,6 +118,7 @@ impl Blob {
         let reads =
             buf.chunks_mut(part_len).enumerate().map(|(i, part)| self.get_into(offset + (i * part_len) as u64, part));
         futures::future::try_join_all(reads).await?;
+        crate::io_counters::add_read(buf.len());
         Ok(())
     }
 

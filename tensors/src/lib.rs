@@ -11,6 +11,7 @@ pub mod dtype;
 pub mod error;
 pub mod ggml_type;
 pub mod gguf;
+pub mod io_counters;
 pub mod merge;
 pub mod mlx;
 pub mod s3;

@@ -90,6 +90,7 @@ impl StagedSink {
 
     pub async fn write(&mut self, data: &[u8]) -> Result<()> {
         self.bytes += data.len() as u64;
+        crate::io_counters::add_written(data.len());
         match &mut self.stage {
             Stage::Local { out, .. } => {
                 out.write(data).map_err(|e| Error::Io { file: self.target.to_string(), source: e })

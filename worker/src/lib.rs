@@ -273,8 +273,14 @@ pub async fn run(
         // Idle: a long poll. Busy: a quick look, so a finishing task's outcome is not held up.
         let wait_ms = if active == 0 { 10_000 } else { 0 };
         let done: Vec<String> = completed.iter().map(|c| c.lease_id.clone()).collect();
-        let req =
-            pb::LeaseRequest { worker_id: s.id(), free_slots: free.max(1), wait_ms, completed: completed.clone() };
+        let req = pb::LeaseRequest {
+            worker_id: s.id(),
+            free_slots: free.max(1),
+            wait_ms,
+            completed: completed.clone(),
+            bytes_read: quantfarm_tensors::io_counters::bytes_read(),
+            bytes_written: quantfarm_tensors::io_counters::bytes_written(),
+        };
         let mut client = s.client.clone();
         let leased = tokio::select! {
             r = client.lease(req) => r,
@@ -434,7 +440,13 @@ async fn heartbeat_loop(
         tokio::time::sleep(period).await;
         let ids: Vec<String> = running.lock().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect();
         let id = worker_id.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        match client.clone().heartbeat(pb::HeartbeatRequest { worker_id: id, lease_ids: ids }).await {
+        let req = pb::HeartbeatRequest {
+            worker_id: id,
+            lease_ids: ids,
+            bytes_read: quantfarm_tensors::io_counters::bytes_read(),
+            bytes_written: quantfarm_tensors::io_counters::bytes_written(),
+        };
+        match client.clone().heartbeat(req).await {
             Ok(r) => {
                 let r = r.into_inner();
                 let mut held = running.lock().unwrap_or_else(|p| p.into_inner());

@@ -142,7 +142,7 @@ pub fn check_release_gates(gates: &[Gate], levels: &[String]) -> Result<(), Stri
             return Err(format!("{at}: `when` is only for the built-in defaults"));
         }
         let per_level = selected_levels(g, levels).map_err(|e| format!("{at}: {e}"))?;
-        Check::parse(&g.check, |n| {
+        let check = Check::parse(&g.check, |n| {
             is_global_figure(n, levels) || (per_level.is_some() && (is_level_figure(n) || FLAGS.contains(&n)))
         })
         .map_err(|e| {
@@ -153,6 +153,15 @@ pub fn check_release_gates(gates: &[Gate], levels: &[String]) -> Result<(), Stri
             };
             format!("{at}: check {:?}: {e}{hint}", g.check)
         })?;
+        if let Check::Flag(name) = &check {
+            if !FLAGS.contains(&name.as_str()) {
+                return Err(format!(
+                    "{at}: check {:?}: {name} is a number, so compare it (e.g. `{name} <= 0.05`); only {} stand alone",
+                    g.check,
+                    FLAGS.join(", ")
+                ));
+            }
+        }
     }
     Ok(())
 }
@@ -519,6 +528,7 @@ mod tests {
             (g("kld.mean <= 0.1", Some(LevelSel::All("every".into()))), "expected `all`"),
             (Gate { name: MEASURED.into(), ..g("verified", None) }, "built in"),
             (Gate { when: Some(When::Adapter), ..g("verified", None) }, "only for the built-in"),
+            (g("kld.mean", Some(LevelSel::All("all".into()))), "is a number, so compare it"),
         ] {
             let e = check_release_gates(std::slice::from_ref(&gate), &levels).unwrap_err();
             assert!(e.contains(want), "{gate:?}: {e}");

@@ -97,22 +97,13 @@ fn gates(h: &mut String, report: &Value) {
     h.push_str("<h2>Gates</h2><table><tr><th></th><th>Gate</th><th>Level</th><th>Check</th><th>Inputs</th><th>Threshold</th><th>Detail</th></tr>");
     for g in report["gates"].as_array().into_iter().flatten() {
         let ok = g["passed"] == true;
-        let inputs: Vec<String> = g["inputs"]
-            .as_object()
+        let inputs: Vec<String> = super::gate_inputs(g)
             .into_iter()
-            .flatten()
             .map(|(k, v)| match v {
-                Value::Object(o) => format!(
-                    "<code>{}</code>: <span class=\"fail-mark\">missing</span> ({})",
-                    esc(k),
-                    esc(o.get("missing").and_then(Value::as_str).unwrap_or(""))
-                ),
-                Value::Number(n) => format!(
-                    "<code>{}</code> = {}",
-                    esc(k),
-                    esc(&n.as_f64().map_or(n.to_string(), crate::gates::expr::fmt_num))
-                ),
-                v => format!("<code>{}</code> = {}", esc(k), esc(&v.to_string())),
+                super::Input::Missing(why) => {
+                    format!("<code>{}</code>: <span class=\"fail-mark\">missing</span> ({})", esc(k), esc(&why))
+                }
+                super::Input::Value(v) => format!("<code>{}</code> = {}", esc(k), esc(&v)),
             })
             .collect();
         let _ = write!(

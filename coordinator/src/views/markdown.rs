@@ -95,16 +95,11 @@ pub fn render(report: &Value) -> String {
     let _ = writeln!(md, "|:---:|---|---|---|---|---:|---|");
     for g in report["gates"].as_array().into_iter().flatten() {
         let ok = g["passed"] == true;
-        let inputs: Vec<String> = g["inputs"]
-            .as_object()
+        let inputs: Vec<String> = super::gate_inputs(g)
             .into_iter()
-            .flatten()
             .map(|(k, v)| match v {
-                Value::Object(o) => {
-                    format!("{k}: missing ({})", o.get("missing").and_then(Value::as_str).unwrap_or(""))
-                }
-                Value::Number(n) => format!("{k} = {}", n.as_f64().map_or(n.to_string(), crate::gates::expr::fmt_num)),
-                v => format!("{k} = {v}"),
+                super::Input::Missing(why) => format!("{k}: missing ({why})"),
+                super::Input::Value(v) => format!("{k} = {v}"),
             })
             .collect();
         let _ = writeln!(

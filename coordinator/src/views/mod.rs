@@ -68,6 +68,29 @@ pub(crate) fn reference_probe(report: &Value) -> Option<(f64, f64)> {
     rows(report).iter().find(|r| r.file_type == "BF16").and_then(|r| r.probe)
 }
 
+/// One input of a gate as the views show it: its value (numbers as `fmt_num` prints them), or why it is missing.
+pub(crate) enum Input {
+    Value(String),
+    Missing(String),
+}
+
+/// A gate's inputs, in the report's order.
+pub(crate) fn gate_inputs(g: &Value) -> Vec<(&str, Input)> {
+    g["inputs"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| {
+            let input = match v {
+                Value::Object(o) => Input::Missing(o.get("missing").and_then(Value::as_str).unwrap_or("").to_string()),
+                Value::Number(n) => Input::Value(n.as_f64().map_or(n.to_string(), crate::gates::expr::fmt_num)),
+                v => Input::Value(v.to_string()),
+            };
+            (k.as_str(), input)
+        })
+        .collect()
+}
+
 /// A probe cell: the pass rate ± spread, or why there is none.
 pub(crate) fn probe_cell(r: &Row<'_>) -> String {
     match (r.probe, r.truncated) {

@@ -254,9 +254,9 @@ impl Chart {
         self.svg.push_str("</g>");
     }
 
-    /// A legend entry at row `row` of the top-right corner.
+    /// A legend entry at row `row` of the top-left corner (rising series leave it free).
     pub fn legend(&mut self, row: usize, label: &str, class: &str) {
-        let (x, y) = (W - RIGHT - 150.0, TOP + 14.0 + 16.0 * row as f64);
+        let (x, y) = (LEFT + 10.0, TOP + 14.0 + 16.0 * row as f64);
         let _ = write!(
             self.svg,
             r#"<g class="{class}"><rect x="{x}" y="{}" width="10" height="10"/><text x="{}" y="{y}" class="label">{}</text></g>"#,

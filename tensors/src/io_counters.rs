@@ -1,0 +1,26 @@
+//! Process-wide counts of the bytes read through [`crate::blob::Blob`] and written through
+//! [`crate::sink::StagedSink`]: every tensor, header and file quantfarm itself moves (llama.cpp's own model loads
+//! for evaluation are not counted). Workers send them to the coordinator, whose metrics show them per worker.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+static READ: AtomicU64 = AtomicU64::new(0);
+static WRITTEN: AtomicU64 = AtomicU64::new(0);
+
+/// Bytes read since the process started.
+pub fn bytes_read() -> u64 {
+    READ.load(Ordering::Relaxed)
+}
+
+/// Bytes written (staged, committed or not) since the process started.
+pub fn bytes_written() -> u64 {
+    WRITTEN.load(Ordering::Relaxed)
+}
+
+pub(crate) fn add_read(n: usize) {
+    READ.fetch_add(n as u64, Ordering::Relaxed);
+}
+
+pub(crate) fn add_written(n: usize) {
+    WRITTEN.fetch_add(n as u64, Ordering::Relaxed);
+}
