@@ -157,6 +157,14 @@ fn a_tuned_smollm2_ladder_is_gated_signed_and_shown() {
     let merge = gates.iter().find(|g| g["name"] == "merge").expect("the default merge gate (an adapter)");
     assert_eq!(merge["passed"], true, "{merge:#}");
     assert_eq!(sum["merge_check"]["greedy"]["identical"], 20, "{:#}", sum["merge_check"]);
+    // The identity chain names the adapter by content: each of its files with its sha256.
+    let report = sum_report(Path::new(sum["report_url"].as_str().unwrap()));
+    let adapter_files = report["adapter"]["files"].as_array().unwrap_or_else(|| panic!("{:#}", report["adapter"]));
+    let weights =
+        adapter_files.iter().find(|f| f["url"].as_str().unwrap().ends_with("adapter_model.safetensors")).unwrap();
+    let sum_out = Command::new("sha256sum").arg(adapter.join("adapter_model.safetensors")).output().unwrap();
+    let want = String::from_utf8_lossy(&sum_out.stdout).split_whitespace().next().unwrap_or("").to_string();
+    assert_eq!(weights["sha256"].as_str(), Some(want.as_str()), "{weights:#}");
 
     // report.json: valid against the published schema; its signature and its envelope verify against the farm's key.
     let report_path = PathBuf::from(sum["report_url"].as_str().unwrap());

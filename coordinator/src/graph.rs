@@ -393,7 +393,7 @@ pub fn expand_merge(ctx: &Ctx, mp: &pb::MergePlanResult) -> Vec<TaskDef> {
     out.push(TaskDef { key: TaskKey::VerifyMergeSide, deps: vec![TaskKey::MergeSide], cost: 1 });
     merges.push(TaskKey::MergeSide);
     out.push(TaskDef { key: TaskKey::Plan, deps: merges, cost: 1 });
-    if let Some(e) = merge_checked(ctx) {
+    if let Some(e) = merge_checked(ctx, mp) {
         // F32 is twice the bytes of a bf16 base.
         let cost = 2 * mp.file_bytes.iter().sum::<u64>().max(1);
         for part in CheckPart::ALL {
@@ -414,15 +414,18 @@ pub fn expand_merge(ctx: &Ctx, mp: &pb::MergePlanResult) -> Vec<TaskDef> {
     out
 }
 
-/// The evaluation settings when the release checks its merge: it has an adapter and prompts to check it on.
-fn merge_checked<'a>(ctx: &Ctx<'a>) -> Option<&'a crate::spec::Evaluation> {
+/// The evaluation settings when the release checks its merge: it has an adapter, prompts to check it on, and the
+/// adapter is one llama.cpp can apply at run time — not an embedding LoRA on a base with tied embeddings (llama.cpp
+/// would apply it to the output layer too; the merge unties them, `mp.untied`): then the report says why the check
+/// was not made and the `merge` gate fails with that reason.
+fn merge_checked<'a>(ctx: &Ctx<'a>, mp: &pb::MergePlanResult) -> Option<&'a crate::spec::Evaluation> {
     let e = ctx.spec.evaluation.as_ref()?;
-    (!ctx.adapter.is_empty() && e.prompts.is_some()).then_some(e)
+    (!ctx.adapter.is_empty() && e.prompts.is_some() && !mp.untied).then_some(e)
 }
 
 /// The merge check's measurements, which the report waits for.
-fn merge_check_measured(ctx: &Ctx) -> Vec<TaskKey> {
-    let shares = merge_checked(ctx).map_or(0, |e| e.prompt_shares);
+fn merge_check_measured(ctx: &Ctx, mp: &pb::MergePlanResult) -> Vec<TaskKey> {
+    let shares = merge_checked(ctx, mp).map_or(0, |e| e.prompt_shares);
     (0..shares).map(|share| TaskKey::Greedy { subject: Subject::MergedF32, share }).collect()
 }
 
@@ -441,7 +444,7 @@ pub fn expand(ctx: &Ctx, plan: &pb::PlanResult, results: &Results) -> Vec<TaskDe
     if let Ok(mp) = merge_plan_of(results) {
         verifies.extend((0..mp.files.len() as u32).map(|file| TaskKey::VerifyMerge { file }));
         verifies.push(TaskKey::VerifyMergeSide);
-        verifies.extend(merge_check_measured(ctx));
+        verifies.extend(merge_check_measured(ctx, mp));
     }
     for &bits in ctx.spec.mlx_bits() {
         let bytes = plan.source_bytes;
@@ -981,6 +984,22 @@ pub fn build(ctx: &Ctx, key: &TaskKey, results: &Results) -> Result<pb::Task, St
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_merge_check_is_not_scheduled_for_an_embedding_lora_on_a_tied_base() {
+        let yaml =
+            "name: r\nsource: ./m\nadapter: ./a\noutputs:\n  gguf: {quants: [Q8_0]}\nevaluation: {prompts: p.json}\n";
+        let spec = ReleaseSpec::parse(yaml, "r.yaml").unwrap();
+        let eval = EvalInputs { text: String::new(), prompts: "/p.json".into(), probes: String::new() };
+        let store = Location::local("/tmp/store");
+        let ctx = Ctx { spec: &spec, source: "/m", imatrix: "", adapter: "/a", eval: &eval, store: &store };
+        let checks = |untied| {
+            let mp = pb::MergePlanResult { files: vec!["model.safetensors".into()], untied, ..Default::default() };
+            expand_merge(&ctx, &mp).iter().filter(|t| matches!(t.key, TaskKey::MergeCheck { .. })).count()
+        };
+        assert_eq!(checks(false), 3, "lora, base and merged GGUFs for the check");
+        assert_eq!(checks(true), 0, "llama.cpp cannot apply the adapter at run time: no check to schedule");
+    }
 
     #[test]
     fn keys_round_trip() {

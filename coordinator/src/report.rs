@@ -130,6 +130,7 @@ fn outputs_json(r: Option<&pb::TaskResult>) -> Value {
         task_result::Kind::Noop(_) => json!({}),
         task_result::Kind::MergePlan(m) => json!({
             "format": m.format, "plan_digest": m.plan_digest, "inputs_identity": m.inputs_identity,
+            "adapter_files": m.adapter_files.iter().map(|f| json!({"url": f.url, "sha256": f.sha256, "bytes": f.bytes})).collect::<Vec<_>>(),
             "files": m.files, "changed": m.changed.len(), "untied": m.untied
         }),
         task_result::Kind::KldPlan(k) => json!({
@@ -322,13 +323,32 @@ fn peer_summaries(rel: &Release, klds: &BTreeMap<String, Result<KldSummary, Stri
     out
 }
 
+/// The adapter merged into the source: its location, format, every file with its content's sha256, and what the
+/// merge changes (null without one).
+fn adapter_json(rel: &Release) -> Value {
+    if rel.adapter.is_empty() {
+        return Value::Null;
+    }
+    let plan = match rel.result(&TaskKey::MergePlan).and_then(|r| r.kind.as_ref()) {
+        Some(task_result::Kind::MergePlan(m)) => Some(m),
+        _ => None,
+    };
+    json!({
+        "url": rel.adapter,
+        "format": plan.map(|p| p.format.clone()),
+        "files": plan.map(|p| p.adapter_files.iter().map(|f| json!({"url": f.url, "sha256": f.sha256, "bytes": f.bytes})).collect::<Vec<_>>()),
+        "changed_tensors": plan.map(|p| p.changed.len()),
+        "untied_embeddings": plan.map(|p| p.untied),
+    })
+}
+
 /// Link 1: the merge check's inputs and greedy agreement, or why it was not measured (null without an adapter).
 fn merge_check_json(rel: &Release, greedy: &BTreeMap<String, Value>) -> Value {
     if rel.adapter.is_empty() {
         return Value::Null;
     }
     let Some(g) = greedy.get(MERGE_CHECK) else {
-        return json!({"error": "not measured: the merge check runs on evaluation.prompts, and the release has none"});
+        return json!({"error": merge_unmeasured(rel)});
     };
     let part = |part| {
         artifact_result(rel.result(&TaskKey::MergeCheck { part }))
@@ -343,6 +363,24 @@ fn merge_check_json(rel: &Release, greedy: &BTreeMap<String, Value>) -> Value {
         "merged": part(CheckPart::Merged),
         "greedy": g,
     })
+}
+
+/// Why the merge check has no figures (with an adapter).
+fn merge_unmeasured(rel: &Release) -> String {
+    let untied = matches!(
+        rel.result(&TaskKey::MergePlan).and_then(|r| r.kind.as_ref()),
+        Some(task_result::Kind::MergePlan(m)) if m.untied
+    );
+    if rel.eval.prompts.is_empty() {
+        "not measured: the merge check runs on evaluation.prompts, and the release has none".into()
+    } else if untied {
+        "not measured: the adapter changes the embeddings of a base with tied embeddings, and llama.cpp cannot apply \
+         such a LoRA at run time (it would apply it to the output layer too), so the merge has no run-time reference \
+         to be compared with; its bytes are still recomputed and compared (verify/merge)"
+            .into()
+    } else {
+        "not measured: no merge-check greedy task ran".into()
+    }
 }
 
 /// A greedy summary's figures, or why it has none.
@@ -475,14 +513,9 @@ fn measured(
         levels.push((level, f));
     }
     let mut global = BTreeMap::new();
-    let merge_why = if rel.adapter.is_empty() {
-        "no adapter: nothing was merged"
-    } else if rel.eval.prompts.is_empty() {
-        "not measured: the merge check runs on evaluation.prompts, and the release has none"
-    } else {
-        "not measured: no merge-check greedy task ran"
-    };
-    let (agree, prefix) = greedy_figures(greedy.get(MERGE_CHECK), merge_why);
+    let merge_why =
+        if rel.adapter.is_empty() { "no adapter: nothing was merged".to_string() } else { merge_unmeasured(rel) };
+    let (agree, prefix) = greedy_figures(greedy.get(MERGE_CHECK), &merge_why);
     global.insert("merge.greedy.agree", agree);
     global.insert("merge.greedy.prefix", prefix);
     let base_ppl = klds.values().find_map(|k| k.as_ref().ok()).map(|k| k.mean_ppl_base.value);
@@ -675,6 +708,7 @@ pub fn build(rel: &Release, workers: &HashMap<String, WorkerRec>, now_ms: i64) -
                 "the probe suite run on the reference and every model in llama.cpp (artifacts[].probes)"
             },
         },
+        "adapter": adapter_json(rel),
         "merge_check": merge_check_json(rel, &greedy),
         "evaluation": evaluation_json(rel),
         "artifacts": artifact_list,

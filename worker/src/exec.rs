@@ -365,6 +365,33 @@ async fn folders_identity(dirs: &[&Location]) -> Result<String, Failure> {
     Ok(quantfarm_tensors::sink::hex(&h.finalize()))
 }
 
+/// Every file of `dir` with the sha256 of its content, read in chunks of at most `budget` bytes (adapters are
+/// small; this is what lets a report name the adapter by content, not just by name and size).
+async fn folder_digests(dir: &Location, budget: u64) -> Result<Vec<pb::Artifact>, Failure> {
+    let mut names = dir.list().await?;
+    names.sort();
+    let chunk = budget.clamp(1 << 20, 64 << 20);
+    let mut out = Vec::with_capacity(names.len());
+    for name in names {
+        let loc = dir.child(&name)?;
+        let b = Blob::open(&loc).await?;
+        let mut h = Sha256::new();
+        let mut at = 0u64;
+        while at < b.len() {
+            let n = chunk.min(b.len() - at);
+            h.update(b.read_vec(at, n).await?);
+            at += n;
+        }
+        out.push(pb::Artifact {
+            url: loc.to_string(),
+            sha256: quantfarm_tensors::sink::hex(&h.finalize()),
+            bytes: b.len(),
+            types: vec![],
+        });
+    }
+    Ok(out)
+}
+
 async fn merge_plan(m: &pb::MergePlanTask, env: &Env) -> Result<pb::MergePlanResult, Failure> {
     let (base, adapter) = (location(&m.base)?, location(&m.adapter)?);
     let plan = quantfarm_tensors::merge::plan_merge(&base, &adapter, &merge_options(&m.base_name, env)).await?;
@@ -376,6 +403,7 @@ async fn merge_plan(m: &pb::MergePlanTask, env: &Env) -> Result<pb::MergePlanRes
         changed: plan.changed(),
         untied: plan.untied(),
         file_bytes: plan.file_bytes(),
+        adapter_files: folder_digests(&adapter, env.budget).await?,
     })
 }
 

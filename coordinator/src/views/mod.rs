@@ -145,8 +145,18 @@ pub(crate) fn identity_chain(report: &Value) -> Vec<(String, Vec<(String, String
             )],
         ));
     }
-    if let Some(adapter) = report["release"]["spec"]["adapter"].as_str() {
-        out.push(("adapter".to_string(), vec![(adapter.to_string(), String::new(), 0)]));
+    let adapter = &report["adapter"];
+    if let Some(files) = adapter["files"].as_array().filter(|f| !f.is_empty()) {
+        let files = files
+            .iter()
+            .map(|f| {
+                let url = f["url"].as_str().unwrap_or("").to_string();
+                (url, f["sha256"].as_str().unwrap_or("").to_string(), f["bytes"].as_u64().unwrap_or(0))
+            })
+            .collect();
+        out.push((format!("adapter ({})", adapter["format"].as_str().unwrap_or("?")), files));
+    } else if let Some(a) = adapter["url"].as_str().or_else(|| report["release"]["spec"]["adapter"].as_str()) {
+        out.push(("adapter".to_string(), vec![(a.to_string(), String::new(), 0)]));
     }
     for r in rows(report) {
         let step = match r.file_type {
