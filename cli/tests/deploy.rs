@@ -19,6 +19,11 @@ fn tool(name: &str) -> PathBuf {
     quantfarm_e2e::check_tools().join("venv-check/bin").join(name)
 }
 
+/// check-jsonschema with one of its vendored schemas.
+fn schema_check(schema: &str, file: &Path) -> (bool, String) {
+    run(Command::new(tool("check-jsonschema")).args(["--builtin-schema", schema]).arg(file))
+}
+
 fn run(cmd: &mut Command) -> (bool, String) {
     let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
     (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
@@ -27,8 +32,7 @@ fn run(cmd: &mut Command) -> (bool, String) {
 #[test]
 fn the_compose_file_is_valid() {
     let compose = deploy().join("compose/docker-compose.yml");
-    let (ok, msg) =
-        run(Command::new(tool("check-jsonschema")).args(["--builtin-schema", "vendor.compose-spec"]).arg(&compose));
+    let (ok, msg) = schema_check("vendor.compose-spec", &compose);
     assert!(ok, "against the Compose Specification: {msg}");
     // docker-compose resolves the .env interpolation and the secret file: give it both, in a copy of the folder.
     let tmp = tempfile::tempdir().unwrap();
@@ -100,8 +104,7 @@ fn the_systemd_unit_and_the_launchd_plist_are_valid() {
 #[test]
 fn the_ci_workflow_is_valid() {
     let wf = deploy().join("ci/release-ladder.yml");
-    let (ok, msg) =
-        run(Command::new(tool("check-jsonschema")).args(["--builtin-schema", "vendor.github-workflows"]).arg(&wf));
+    let (ok, msg) = schema_check("vendor.github-workflows", &wf);
     assert!(ok, "against SchemaStore's GitHub workflow schema: {msg}");
     let text = std::fs::read_to_string(&wf).unwrap();
     assert!(text.contains("--watch --json") && text.contains("report verify"), "the workflow submits and checks");

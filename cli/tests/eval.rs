@@ -667,13 +667,7 @@ fn probes() -> PathBuf {
 fn farm_checks_the_merge_against_the_adapter_at_run_time() {
     let dir = tempfile::tempdir().unwrap();
     let hf = smollm2_derived().join("smollm2-hf");
-    let adapter = dir.path().join("adapter");
-    std::fs::create_dir_all(&adapter).unwrap();
-    let expected = dir.path().join("expected.safetensors");
-    quantfarm_e2e::run_py(
-        "lora_adapters.py",
-        &[arg("peft-attn"), hf.as_os_str(), adapter.as_os_str(), expected.as_os_str()],
-    );
+    let adapter = quantfarm_e2e::lora_adapter("peft-attn", &hf, dir.path());
     let release = dir.path().join("release.yaml");
     std::fs::write(
         &release,

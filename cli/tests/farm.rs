@@ -584,12 +584,7 @@ fn a_release_with_an_importance_matrix_matches_llama_quantize() {
 fn a_release_with_an_adapter_merges_then_makes_gguf_and_mlx() {
     let tmp = tempfile::tempdir().unwrap();
     let hf = quantfarm_e2e::smollm2_derived().join("smollm2-hf");
-    let adapter = tmp.path().join("peft-adapter");
-    let expected = tmp.path().join("expected.safetensors");
-    quantfarm_e2e::run_py(
-        "lora_adapters.py",
-        &[OsStr::new("peft"), hf.as_os_str(), adapter.as_os_str(), expected.as_os_str()],
-    );
+    let adapter = quantfarm_e2e::lora_adapter("peft", &hf, tmp.path());
     let release = tmp.path().join("release.yaml");
     std::fs::write(
         &release,

@@ -92,12 +92,7 @@ fn python(script: &str, args: &[&OsStr]) -> (i32, String) {
 fn a_tuned_smollm2_ladder_is_gated_signed_and_shown() {
     let tmp = tempfile::tempdir().unwrap();
     let hf = quantfarm_e2e::smollm2_derived().join("smollm2-hf");
-    let adapter = tmp.path().join("peft-adapter");
-    let expected = tmp.path().join("expected.safetensors");
-    quantfarm_e2e::run_py(
-        "lora_adapters.py",
-        &[OsStr::new("peft-attn"), hf.as_os_str(), adapter.as_os_str(), expected.as_os_str()],
-    );
+    let adapter = quantfarm_e2e::lora_adapter("peft-attn", &hf, tmp.path());
     let key = tmp.path().join("farm.key");
     assert!(Command::new(bin()).arg("keygen").arg(&key).output().unwrap().status.success());
     let pubkey = tmp.path().join("farm.key.pub");

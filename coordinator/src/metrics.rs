@@ -49,13 +49,7 @@ pub fn render(s: &Sched, now: Instant) -> String {
     for r in &s.releases {
         *releases.entry(release_state(r.state)).or_default() += 1;
         for t in &r.tasks {
-            let state = match t.state {
-                TState::Blocked => "blocked",
-                TState::Ready => "ready",
-                TState::Leased { .. } => "leased",
-                TState::Done => "done",
-            };
-            *tasks.entry(state).or_default() += 1;
+            *tasks.entry(t.state.name()).or_default() += 1;
             if let Some(task_result::Kind::Artifact(a)) = t.result.as_ref().and_then(|r| r.kind.as_ref()) {
                 if !a.cache_hit {
                     written += a.artifact.as_ref().map_or(0, |a| a.bytes);

@@ -398,6 +398,25 @@ fn greedy_figures(s: Option<&Value>, why_none: &str) -> (Result<f64, String>, Re
     }
 }
 
+/// A probe summary's pass rate and spread, or `None` when no pass was scored: a pass whose every answer was cut off
+/// by its token cap has no score, and a suite with no scored pass says nothing (its rate is missing, not 0).
+pub(crate) fn scored_probes(p: &Value) -> Option<(f64, f64)> {
+    if p["pass_scores"].as_array().is_some_and(|s| s.is_empty()) {
+        return None;
+    }
+    p["mean_score"].as_f64().map(|m| (m, p["score_spread"].as_f64().unwrap_or(0.0)))
+}
+
+/// A probe summary's pass rate for the gates, or why it has none (`whose` names the subject).
+fn probe_pass_rate(p: &Value, whose: &str) -> Result<f64, String> {
+    scored_probes(p).map(|(m, _)| m).ok_or_else(|| {
+        format!(
+            "{whose} probe answers were all cut off by their token cap ({} truncated): no score; raise the probes' max_tokens",
+            p["truncated"]
+        )
+    })
+}
+
 /// Every figure the gates read, per level and release-wide, each with why it is missing where it is.
 fn measured(
     rel: &Release,
@@ -461,24 +480,12 @@ fn measured(
         match probes.get(&level) {
             Some(p) => {
                 let num = |v: &Value, what: &str| v.as_f64().ok_or_else(|| format!("no probe {what}"));
-                // A pass whose every answer was cut off by its token cap has no score, and a suite with no scored
-                // pass says nothing: its rate is missing, not 0.
-                let scored = |v: &Value, whose: &str| -> Result<f64, String> {
-                    if v["pass_scores"].as_array().is_some_and(|s| s.is_empty()) {
-                        Err(format!(
-                            "{whose} probe answers were all cut off by their token cap ({} truncated): no score; raise the probes' max_tokens",
-                            v["truncated"]
-                        ))
-                    } else {
-                        num(&v["mean_score"], "score")
-                    }
-                };
-                f.set("probe.pass_rate", scored(p, "the level's"));
+                f.set("probe.pass_rate", probe_pass_rate(p, "the level's"));
                 f.set("probe.spread", num(&p["score_spread"], "spread"));
                 f.set("probe.truncated", num(&p["truncated"], "truncation count"));
                 match reference_probe {
                     Some(r) => {
-                        f.set("baseline", scored(r, "the reference's"));
+                        f.set("baseline", probe_pass_rate(r, "the reference's"));
                         let spread = |v: &Value| v["score_spread"].as_f64().unwrap_or(0.0);
                         f.set("noise", Ok(spread(r).max(spread(p))));
                     }
@@ -522,9 +529,10 @@ fn measured(
     global.insert("reference.kld.ppl", base_ppl.ok_or_else(|| "no KL-divergence pass ran".to_string()));
     global.insert(
         "reference.probe.pass_rate",
-        reference_probe
-            .and_then(|r| r["mean_score"].as_f64())
-            .ok_or_else(|| "the reference's probes did not run".into()),
+        reference_probe.map_or_else(
+            || Err("the reference's probes did not run".into()),
+            |r| probe_pass_rate(r, "the reference's"),
+        ),
     );
     gates::Measured { levels, global, all_verified, has_adapter: !rel.adapter.is_empty() }
 }

@@ -44,7 +44,7 @@ pub enum TState {
 }
 
 impl TState {
-    fn name(&self) -> &'static str {
+    pub fn name(&self) -> &'static str {
         match self {
             TState::Blocked => "blocked",
             TState::Ready => "ready",

@@ -167,6 +167,15 @@ pub fn run_py_with(python: &Path, script: &str, args: &[&std::ffi::OsStr]) -> St
     String::from_utf8(out.stdout).expect("script prints UTF-8")
 }
 
+/// A synthetic LoRA adapter for the HF checkpoint `hf`, written by `tests/py/lora_adapters.py KIND` into
+/// `dir/KIND-adapter` (its expected merge beside it, unused by the callers of this helper); returns the adapter.
+pub fn lora_adapter(kind: &str, hf: &Path, dir: &Path) -> PathBuf {
+    let adapter = dir.join(format!("{kind}-adapter"));
+    let expected = dir.join(format!("{kind}-expected.safetensors"));
+    run_py("lora_adapters.py", &[kind.as_ref(), hf.as_os_str(), adapter.as_os_str(), expected.as_os_str()]);
+    adapter
+}
+
 pub mod s3;
 
 /// `quantfarm verify SRC OUT [--adapter A --base-name NAME]` through the library: every tensor recomputed and

@@ -142,17 +142,16 @@ pub fn check_release_gates(gates: &[Gate], levels: &[String]) -> Result<(), Stri
             return Err(format!("{at}: `when` is only for the built-in defaults"));
         }
         let per_level = selected_levels(g, levels).map_err(|e| format!("{at}: {e}"))?;
-        let check = Check::parse(&g.check, |n| {
-            is_global_figure(n, levels) || (per_level.is_some() && (is_level_figure(n) || FLAGS.contains(&n)))
-        })
-        .map_err(|e| {
-            let hint = if per_level.is_none() && is_level_figure(e.split('"').nth(1).unwrap_or("")) {
+        let check = Check::parse(&g.check, |_| true).map_err(|e| format!("{at}: check {:?}: {e}", g.check))?;
+        let known = |n: &str| is_global_figure(n, levels) || (per_level.is_some() && is_level_figure(n));
+        if let Some(unknown) = check.figures().into_iter().find(|n| !known(n)) {
+            let hint = if per_level.is_none() && is_level_figure(unknown) {
                 " (a level's figure: add `levels: all` or a list of levels, or prefix it with the level, e.g. q4_k_m.kld.mean)"
             } else {
                 ""
             };
-            format!("{at}: check {:?}: {e}{hint}", g.check)
-        })?;
+            return Err(format!("{at}: check {:?}: unknown figure {unknown:?}{hint}", g.check));
+        }
         if let Check::Flag(name) = &check {
             if !FLAGS.contains(&name.as_str()) {
                 return Err(format!(

@@ -36,14 +36,6 @@ pub(crate) struct Row<'a> {
     pub truncated: Option<u64>,
 }
 
-/// A probe result's pass rate and spread, or `None` when it has no scored pass (every answer truncated).
-fn scored(p: &Value) -> Option<(f64, f64)> {
-    if p["pass_scores"].as_array().is_some_and(|s| s.is_empty()) {
-        return None;
-    }
-    p["mean_score"].as_f64().map(|m| (m, p["score_spread"].as_f64().unwrap_or(0.0)))
-}
-
 pub(crate) fn rows(report: &Value) -> Vec<Row<'_>> {
     report["artifacts"]
         .as_array()
@@ -57,7 +49,7 @@ pub(crate) fn rows(report: &Value) -> Vec<Row<'_>> {
             bpw: a["bits_per_weight"].as_f64().unwrap_or(0.0),
             kld: a["kld"]["mean_kld"].as_f64().map(|m| (m, a["kld"]["mean_kld_unc"].as_f64().unwrap_or(0.0))),
             greedy: a["greedy"]["n"].as_u64().map(|n| (a["greedy"]["identical"].as_u64().unwrap_or(0), n)),
-            probe: scored(&a["probes"]),
+            probe: crate::report::scored_probes(&a["probes"]),
             truncated: a["probes"]["truncated"].as_u64(),
         })
         .collect()
