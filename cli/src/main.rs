@@ -4,6 +4,7 @@ mod convert;
 mod cp;
 mod eval;
 mod farm;
+mod imatrix;
 mod inspect;
 mod keys;
 mod merge;
@@ -67,6 +68,8 @@ enum Command {
     Kld(eval::KldArgs),
     /// Merge per-chunk KL-divergence statistics (from `kld --chunk-stats` or workers) into the final figures.
     KldMerge(eval::KldMergeArgs),
+    /// An importance matrix for the quantizers, collected in llama.cpp as llama-imatrix collects it (its GGUF format).
+    Imatrix(imatrix::Args),
     /// Greedy agreement of a model with a reference (optionally with a run-time LoRA) on a prompt set.
     /// Exit status 0 all identical, 1 some differ, 2 error.
     Greedy(eval::GreedyArgs),
@@ -123,6 +126,7 @@ fn main() -> std::process::ExitCode {
             Command::Cancel(args) => farm::cancel(args).await,
             Command::Kld(args) => eval::on_thread(|| eval::kld(args)),
             Command::KldMerge(args) => eval::kld_merge(args),
+            Command::Imatrix(args) => eval::on_thread(|| imatrix::run(args).map(|()| 0)),
             Command::Greedy(args) => eval::on_thread(|| eval::greedy(args)),
             Command::Probe(args) => eval::on_thread(|| eval::probe(args)),
             Command::Keygen(args) => ok(keys::keygen(args)),

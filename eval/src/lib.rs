@@ -9,6 +9,7 @@
 
 pub mod error;
 pub mod greedy;
+pub mod imatrix;
 pub mod kld;
 pub mod prepare;
 pub mod probe;

@@ -1,6 +1,6 @@
 //! llama.cpp as the evaluation runtime (through `llama-cpp-2`): the arithmetic users deploy, for every architecture
-//! llama.cpp runs. This module is the only one that touches the C++ API; the rest of the crate sees tokens and
-//! logits.
+//! llama.cpp runs. This module and the imatrix collector ([`crate::imatrix`], which needs the evaluation callback)
+//! are the only ones that touch the C API; the rest of the crate sees tokens and logits.
 
 use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
@@ -30,6 +30,11 @@ fn backend() -> Result<&'static LlamaBackend> {
         })
         .as_ref()
         .map_err(|e| Error::runtime("llama.cpp", format!("backend: {e}")))
+}
+
+/// Initialises llama.cpp's backend (once per process) for code that calls the C API itself ([`crate::imatrix`]).
+pub(crate) fn ensure_backend() -> Result<()> {
+    backend().map(|_| ())
 }
 
 /// How to load a model.

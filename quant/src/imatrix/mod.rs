@@ -9,6 +9,10 @@
 //! Stricter than llama.cpp, on purpose: sizes that do not divide, negative or non-finite sums and counts, and
 //! truncated files are refused with the file and entry named, where llama.cpp would read garbage or abort later
 //! ("imatrix contains non-finite value").
+//!
+//! [`sums`] holds the statistics before that division: what a farm collects, merges and writes.
+
+pub mod sums;
 
 use std::collections::{BTreeMap, HashMap};
 
