@@ -553,7 +553,7 @@ fn a_release_with_an_importance_matrix_matches_llama_quantize() {
     std::fs::write(
         &release,
         format!(
-            "name: smollm2-imat\nsource: {}\noutputs:\n  gguf:\n    quants: [Q4_K_M]\n    imatrix: {}\n",
+            "name: smollm2-imat\nsource: {}\noutputs:\n  gguf:\n    quants: [Q4_K_M]\n    imatrix: {{file: {}}}\n",
             hf.display(),
             imatrix.display()
         ),
@@ -575,6 +575,82 @@ fn a_release_with_an_importance_matrix_matches_llama_quantize() {
     let meta = rt.block_on(async { TensorSource::open(&Location::local(url)).await.unwrap().metadata() });
     assert_eq!(meta["quantize.imatrix.file"], "imatrix-gpl3.gguf");
     assert_eq!(meta["quantize.imatrix.dataset"], "gpl3.txt");
+}
+
+/// A release that computes its importance matrix (`imatrix: {text: ...}`): one `imatrix/G` task per chunk group
+/// on the workers, merged in chunk order. On 1 and on 3 workers the file is the same bytes, and the same bytes as
+/// `quantfarm imatrix` writes in one process; the Q4_K_M made with it is the one `quantfarm quantize --imatrix`
+/// makes with that file, and the report names the imatrix, its text and chunks beside the quant.
+#[test]
+fn a_release_computes_its_importance_matrix_the_same_on_1_and_3_workers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hf = quantfarm_e2e::smollm2_derived().join("smollm2-hf");
+    std::fs::copy(quantfarm_e2e::fixtures_dir().join("texts/gpl3.txt"), tmp.path().join("gpl3.txt")).unwrap();
+    let release = tmp.path().join("release.yaml");
+    std::fs::write(
+        &release,
+        format!(
+            "name: smollm2-imat\nsource: {}\noutputs:\n  gguf:\n    quants: [Q4_K_M]\n    imatrix: {{text: gpl3.txt}}\n",
+            hf.display()
+        ),
+    )
+    .unwrap();
+    let mut runs = Vec::new();
+    for workers in [1, 3] {
+        let dir = tmp.path().join(format!("w{workers}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = Command::new(bin())
+            .arg("run")
+            .arg(&release)
+            .args(["--workers", &workers.to_string(), "--json", "--store"])
+            .arg(dir.join("data"))
+            .env("QUANTFARM_KEY_FILE", dir.join("k"))
+            .output()
+            .unwrap();
+        // No evaluation: made and verified, but not measured, so not released (exit 1).
+        assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+        let sum = summary(&out);
+        let q4 = sum["artifacts"].as_array().unwrap().iter().find(|a| a["file_type"] == "Q4_K_M").unwrap().clone();
+        let im = q4["imatrix"].clone();
+        assert_eq!(im["from"], "computed", "{im}");
+        assert_eq!((im["chunks"].as_u64(), im["ctx"].as_u64()), (Some(14), Some(512)), "{im}");
+        assert!(im["text"].as_str().unwrap().ends_with("gpl3.txt") && im["text_sha256"].as_str().unwrap().len() == 64);
+        let bytes = std::fs::read(im["url"].as_str().unwrap()).unwrap();
+        assert_eq!(im["sha256"].as_str().unwrap(), hex(&Sha256::digest(&bytes)));
+        runs.push((bytes, q4));
+    }
+    assert!(runs[0].0 == runs[1].0, "the imatrix differs between 1 and 3 workers");
+    assert_eq!(
+        runs[0].1["files"][0]["sha256"], runs[1].1["files"][0]["sha256"],
+        "the Q4_K_M differs between 1 and 3 workers"
+    );
+    // One process, same text name: the same bytes.
+    let bf16 = quantfarm_e2e::smollm2_derived().join("smollm2-bf16.gguf");
+    let local = tmp.path().join("local.gguf");
+    let out = Command::new(bin())
+        .args(["imatrix", "--model"])
+        .arg(&bf16)
+        .args(["--text", "gpl3.txt", "--threads", "2", "-o"])
+        .arg(&local)
+        .current_dir(tmp.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(std::fs::read(&local).unwrap() == runs[0].0, "the farm's imatrix differs from quantfarm imatrix's");
+    let q = tmp.path().join("q4.gguf");
+    let out = Command::new(bin())
+        .arg("quantize")
+        .arg(&bf16)
+        .arg(&q)
+        .arg("Q4_K_M")
+        .arg("--imatrix")
+        .arg(&local)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rt = rt();
+    let farm_q4 = runs[0].1["files"][0]["url"].as_str().unwrap().to_string();
+    assert_eq!(tensor_hashes(&rt, &Location::local(&farm_q4)), tensor_hashes(&rt, &Location::local(&q)));
 }
 
 /// A release with an adapter: the farm merges it (one task per safetensors file, one for the side files, each

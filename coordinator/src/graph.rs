@@ -16,7 +16,7 @@ use quantfarm_tensors::gguf::split::split_file_name;
 use quantfarm_tensors::Location;
 use sha2::{Digest, Sha256};
 
-use crate::spec::{Peer, ReleaseSpec};
+use crate::spec::{ImatrixSource, Peer, ReleaseSpec};
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum TaskKey {
@@ -61,6 +61,14 @@ pub enum TaskKey {
     VerifyMlx {
         bits: u32,
     },
+    /// Tokenizes the imatrix's calibration text with the reference (GGUF BF16) and counts its chunks.
+    ImatrixPlan,
+    /// The importance statistics of one chunk group of the calibration text (a part, F64 sums).
+    Imatrix {
+        group: u32,
+    },
+    /// The parts added in chunk order into llama.cpp's GGUF imatrix, which the quantize tasks use.
+    ImatrixMerge,
     /// Tokenizes the evaluation text with the reference (GGUF BF16) and counts its chunks.
     KldPlan,
     /// The reference's base logits for one chunk group (the chunks llama-perplexity decodes together).
@@ -224,6 +232,9 @@ impl fmt::Display for TaskKey {
             TaskKey::MergeCheck { part } => write!(f, "merge-check/{}", part.name()),
             TaskKey::Mlx { bits } => write!(f, "mlx/{bits}"),
             TaskKey::VerifyMlx { bits } => write!(f, "verify/mlx/{bits}"),
+            TaskKey::ImatrixPlan => write!(f, "imatrix/plan"),
+            TaskKey::Imatrix { group } => write!(f, "imatrix/{group}"),
+            TaskKey::ImatrixMerge => write!(f, "imatrix/merge"),
             TaskKey::KldPlan => write!(f, "kld/plan"),
             TaskKey::KldBase { group } => write!(f, "kld-base/{group}"),
             TaskKey::Kld { target, group } => write!(f, "kld/{target}/{group}"),
@@ -257,6 +268,9 @@ impl TaskKey {
             ["merge-check", p] => TaskKey::MergeCheck { part: CheckPart::parse(p)? },
             ["mlx", b] => TaskKey::Mlx { bits: num(b)? },
             ["verify", "mlx", b] => TaskKey::VerifyMlx { bits: num(b)? },
+            ["imatrix", "plan"] => TaskKey::ImatrixPlan,
+            ["imatrix", "merge"] => TaskKey::ImatrixMerge,
+            ["imatrix", g] => TaskKey::Imatrix { group: num(g)? },
             ["kld", "plan"] => TaskKey::KldPlan,
             ["kld-base", g] => TaskKey::KldBase { group: num(g)? },
             ["kld", t, g] => TaskKey::Kld { target: EvalTarget::parse(t)?, group: num(g)? },
@@ -284,7 +298,9 @@ impl TaskKey {
             | TaskKey::VerifyMergeSide
             | TaskKey::VerifyMlx { .. } => Some("verify"),
             TaskKey::Noop { .. } => Some("noop"),
-            TaskKey::KldPlan | TaskKey::KldBase { .. } | TaskKey::Kld { .. } => Some("kld"),
+            TaskKey::Imatrix { .. } | TaskKey::ImatrixMerge => Some("imatrix"),
+            // A KldPlan task over the calibration text.
+            TaskKey::ImatrixPlan | TaskKey::KldPlan | TaskKey::KldBase { .. } | TaskKey::Kld { .. } => Some("kld"),
             TaskKey::Greedy { .. } => Some("greedy"),
             TaskKey::Probe { .. } => Some("probe"),
             TaskKey::PeerBase { .. } | TaskKey::PeerKld { .. } => Some("peer"),
@@ -315,6 +331,7 @@ impl TaskKey {
             | TaskKey::VerifyMergeSide
             | TaskKey::VerifyMlx { .. } => "verify".into(),
             TaskKey::Noop { .. } => "noop".into(),
+            TaskKey::ImatrixPlan | TaskKey::Imatrix { .. } | TaskKey::ImatrixMerge => "imatrix".into(),
             TaskKey::KldPlan | TaskKey::KldBase { .. } => "kld reference".into(),
             TaskKey::Kld { target, .. } => format!("kld {target}"),
             TaskKey::Greedy { subject, .. } => format!("greedy {subject}"),
@@ -338,7 +355,7 @@ pub struct Ctx<'a> {
     pub spec: &'a ReleaseSpec,
     /// The source, resolved against the submitter's folder.
     pub source: &'a str,
-    /// The importance matrix, resolved likewise ("" for none).
+    /// The importance matrix, or its calibration text when the farm computes it, resolved likewise ("" for none).
     pub imatrix: &'a str,
     /// The adapter merged into the source, resolved likewise ("" for none).
     pub adapter: &'a str,
@@ -460,11 +477,18 @@ pub fn expand(ctx: &Ctx, plan: &pb::PlanResult, results: &Results) -> Vec<TaskDe
         out.push(TaskDef { key: v.clone(), deps: vec![TaskKey::Gguf { shard }], cost: bytes });
         verifies.push(v);
     }
+    let mut quant_deps = ggufs.clone();
+    if computes_imatrix(ctx) && n > 0 {
+        // The merge waits for the plan; the plan's result adds the chunk groups before it.
+        out.push(TaskDef { key: TaskKey::ImatrixPlan, deps: ggufs.clone(), cost: plan.source_bytes });
+        out.push(TaskDef { key: TaskKey::ImatrixMerge, deps: vec![TaskKey::ImatrixPlan], cost: 1 });
+        quant_deps.push(TaskKey::ImatrixMerge);
+    }
     for level in ctx.spec.quants() {
         for shard in 0..n {
             let bytes = shard_bytes[shard as usize] * 2;
             let q = TaskKey::Quantize { level: level.0, shard };
-            out.push(TaskDef { key: q.clone(), deps: ggufs.clone(), cost: bytes });
+            out.push(TaskDef { key: q.clone(), deps: quant_deps.clone(), cost: bytes });
             let v = TaskKey::VerifyQuantize { level: level.0, shard };
             out.push(TaskDef { key: v.clone(), deps: vec![q], cost: bytes });
             verifies.push(v);
@@ -538,6 +562,21 @@ pub fn eval_targets(ctx: &Ctx) -> Vec<EvalTarget> {
         .chain(ctx.spec.mlx_bits().iter().map(|&bits| EvalTarget::Mlx { bits }))
         .filter(|t| ctx.spec.measures(&t.to_string()))
         .collect()
+}
+
+/// Whether the farm computes the quants' importance matrix from a text.
+fn computes_imatrix(ctx: &Ctx) -> bool {
+    matches!(ctx.spec.imatrix(), Some(ImatrixSource::Text { .. }))
+}
+
+/// After the imatrix plan: one task per chunk group of the calibration text. Returns them, and the merge's new
+/// dependencies.
+pub fn expand_imatrix(kp: &pb::KldPlanResult, results: &Results) -> (Vec<TaskDef>, Vec<TaskKey>) {
+    let cost = plan_of(results).map_or(1, |p| p.source_bytes);
+    let groups: Vec<TaskKey> =
+        (0..kp.n_chunks.div_ceil(kp.n_seq.max(1))).map(|group| TaskKey::Imatrix { group }).collect();
+    let defs = groups.iter().map(|k| TaskDef { key: k.clone(), deps: vec![TaskKey::ImatrixPlan], cost }).collect();
+    (defs, groups)
 }
 
 /// After the KL-divergence plan: per chunk group the reference's base logits, and per (model, group) its
@@ -722,11 +761,19 @@ fn quantize_task(ctx: &Ctx, results: &Results, level: FileType, shard: u32) -> R
     let n = plan.shards.len() as u32;
     let inputs: Vec<&pb::Artifact> =
         (0..n).map(|s| artifact_of(results, &TaskKey::Gguf { shard: s })).collect::<Result<_, _>>()?;
+    let (imatrix, imatrix_sha256) = match ctx.spec.imatrix() {
+        None => (String::new(), String::new()),
+        Some(ImatrixSource::File(_)) => (ctx.imatrix.to_string(), plan.imatrix_sha256.clone()),
+        Some(ImatrixSource::Text { .. }) => {
+            let a = artifact_of(results, &TaskKey::ImatrixMerge)?;
+            (a.url.clone(), a.sha256.clone())
+        }
+    };
     let mut parts = vec!["quantfarm quantize v1", level.name()];
     parts.extend(inputs.iter().map(|a| a.sha256.as_str()));
-    if !ctx.imatrix.is_empty() {
+    if !imatrix.is_empty() {
         parts.push("imatrix");
-        parts.push(&plan.imatrix_sha256);
+        parts.push(&imatrix_sha256);
     }
     let folder = short_hash(&parts);
     let name = file_name(&format!("{}-{}", ctx.spec.prefix(), level.name()), shard, n);
@@ -737,9 +784,84 @@ fn quantize_task(ctx: &Ctx, results: &Results, level: FileType, shard: u32) -> R
         n_shards: n,
         file_type: level.name().to_string(),
         output: output.to_string(),
-        imatrix: ctx.imatrix.to_string(),
-        imatrix_sha256: plan.imatrix_sha256.clone(),
+        imatrix,
+        imatrix_sha256,
     })
+}
+
+fn imatrix_settings(ctx: &Ctx) -> Result<pb::KldSettings, String> {
+    match ctx.spec.imatrix() {
+        Some(ImatrixSource::Text { chunks, ctx: c, batch, .. }) => Ok(pb::KldSettings {
+            text: ctx.imatrix.to_string(),
+            ctx: *c,
+            batch: *batch,
+            max_chunks: chunks.unwrap_or(0),
+        }),
+        _ => Err("the release computes no importance matrix".into()),
+    }
+}
+
+fn imatrix_plan_of<'a>(results: &Results<'a>) -> Result<&'a pb::KldPlanResult, String> {
+    match results(&TaskKey::ImatrixPlan).and_then(|r| r.kind.as_ref()) {
+        Some(task_result::Kind::KldPlan(p)) => Ok(p),
+        _ => Err("the imatrix/plan task has no plan".into()),
+    }
+}
+
+/// The calibration text's name as recorded in the file (llama-imatrix records `-f` as given; the farm, the name).
+fn imatrix_dataset(ctx: &Ctx) -> String {
+    let t = ctx.imatrix.trim_end_matches('/');
+    t.rsplit('/').next().unwrap_or(t).to_string()
+}
+
+fn imatrix_task(ctx: &Ctx, results: &Results, group: u32) -> Result<pb::ImatrixTask, String> {
+    let kp = imatrix_plan_of(results)?;
+    let settings = imatrix_settings(ctx)?;
+    let first = group * kp.n_seq;
+    if first >= kp.n_chunks {
+        return Err(format!("imatrix chunk group {group} starts past the text's {} chunks", kp.n_chunks));
+    }
+    let n_chunks = kp.n_seq.min(kp.n_chunks - first);
+    let reference = reference_of(results)?;
+    let (ctx_s, batch_s, first_s, n_s) =
+        (settings.ctx.to_string(), settings.batch.to_string(), first.to_string(), n_chunks.to_string());
+    let dataset = imatrix_dataset(ctx);
+    let folder = short_hash(&[
+        "quantfarm imatrix-part v1",
+        &kp.text_sha256,
+        &kp.tokens_sha256,
+        &dataset,
+        &ctx_s,
+        &batch_s,
+        &first_s,
+        &n_s,
+        &reference.sha256,
+    ]);
+    let name = format!("{}-imatrix-{first:05}-{n_chunks}.part.gguf", ctx.spec.prefix());
+    let output = ctx.store.child(&format!("artifacts/{folder}/{name}")).map_err(|e| e.to_string())?;
+    Ok(pb::ImatrixTask {
+        reference: reference.url.clone(),
+        settings: Some(settings),
+        first_chunk: first,
+        n_chunks,
+        tokens_sha256: kp.tokens_sha256.clone(),
+        dataset,
+        output: output.to_string(),
+    })
+}
+
+fn imatrix_merge_task(ctx: &Ctx, results: &Results) -> Result<pb::ImatrixMergeTask, String> {
+    let kp = imatrix_plan_of(results)?;
+    let groups = kp.n_chunks.div_ceil(kp.n_seq.max(1));
+    let parts: Vec<pb::Artifact> = (0..groups)
+        .map(|group| artifact_of(results, &TaskKey::Imatrix { group }).cloned())
+        .collect::<Result<_, _>>()?;
+    let mut id = vec!["quantfarm imatrix v1"];
+    id.extend(parts.iter().map(|a| a.sha256.as_str()));
+    let folder = short_hash(&id);
+    let name = format!("{}-imatrix.gguf", ctx.spec.prefix());
+    let output = ctx.store.child(&format!("artifacts/{folder}/{name}")).map_err(|e| e.to_string())?;
+    Ok(pb::ImatrixMergeTask { parts, output: output.to_string() })
 }
 
 fn kld_plan_of<'a>(results: &Results<'a>) -> Result<&'a pb::KldPlanResult, String> {
@@ -897,7 +1019,8 @@ pub fn build(ctx: &Ctx, key: &TaskKey, results: &Results) -> Result<pb::Task, St
         TaskKey::Plan => task::Kind::Plan(pb::PlanTask {
             source: model_source(ctx, results)?,
             split: ctx.spec.split_rule(),
-            imatrix: ctx.imatrix.to_string(),
+            // The plan checks and hashes a given file; a computed one is checked by its merge.
+            imatrix: if computes_imatrix(ctx) { String::new() } else { ctx.imatrix.to_string() },
             synthetic: match synthetic_name(&ctx.spec.source) {
                 Some(Ok(_)) => ctx.spec.source.trim_start_matches("synthetic:").to_string(),
                 _ => String::new(),
@@ -967,6 +1090,12 @@ pub fn build(ctx: &Ctx, key: &TaskKey, results: &Results) -> Result<pb::Task, St
             settings: Some(kld_settings(ctx)?),
         }),
         TaskKey::KldBase { group } => task::Kind::KldBase(kld_base_task(ctx, results, *group)?),
+        TaskKey::ImatrixPlan => task::Kind::KldPlan(pb::KldPlanTask {
+            reference: reference_of(results)?.url.clone(),
+            settings: Some(imatrix_settings(ctx)?),
+        }),
+        TaskKey::Imatrix { group } => task::Kind::Imatrix(imatrix_task(ctx, results, *group)?),
+        TaskKey::ImatrixMerge => task::Kind::ImatrixMerge(imatrix_merge_task(ctx, results)?),
         TaskKey::Kld { target, group } => task::Kind::Kld(kld_task(ctx, results, *target, *group)?),
         TaskKey::Greedy { subject, share } => task::Kind::Greedy(greedy_task(ctx, results, *subject, *share)?),
         TaskKey::PeerBase { peer } => task::Kind::PeerKld(peer_task(ctx, results, *peer, None)?),

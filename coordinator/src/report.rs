@@ -86,6 +86,13 @@ fn inputs_json(t: Option<&pb::Task>) -> Value {
             "part": pb::MergeCheckPart::try_from(m.part).map_or("unknown", |p| p.as_str_name())
         }),
         task::Kind::KldPlan(k) => json!({"reference": k.reference, "settings": settings_json(&k.settings)}),
+        task::Kind::Imatrix(t) => json!({
+            "reference": t.reference, "settings": settings_json(&t.settings), "first_chunk": t.first_chunk,
+            "n_chunks": t.n_chunks, "tokens_sha256": t.tokens_sha256, "dataset": t.dataset
+        }),
+        task::Kind::ImatrixMerge(t) => json!({
+            "parts": t.parts.iter().map(|a| json!({"url": a.url, "sha256": a.sha256})).collect::<Vec<_>>()
+        }),
         task::Kind::KldBase(k) => json!({
             "reference": k.reference, "settings": settings_json(&k.settings), "first_chunk": k.first_chunk,
             "n_chunks": k.n_chunks, "tokens_sha256": k.tokens_sha256
@@ -623,6 +630,7 @@ pub fn build(rel: &Release, workers: &HashMap<String, WorkerRec>, now_ms: i64) -
             acc.verified.push(verify_result(t.result.as_ref()).is_some_and(|v| v.identical));
         }
     }
+    let imatrix = imatrix_json(rel);
     let mut artifact_list = Vec::new();
     let mut all_verified = !artifacts.is_empty() || rel.spec.outputs.noop.is_some();
     for ((_, ty), acc) in &artifacts {
@@ -643,7 +651,9 @@ pub fn build(rel: &Release, workers: &HashMap<String, WorkerRec>, now_ms: i64) -
             Some(Err(e)) => json!({"error": e}),
             None => Value::Null,
         };
+        let is_quant = container == "gguf" && ty != "BF16";
         artifact_list.push(json!({
+            "imatrix": if is_quant { imatrix.clone() } else { Value::Null },
             "kld": kld,
             "greedy": greedy.get(ty).cloned().unwrap_or(Value::Null),
             "probes": probes.get(ty).cloned().unwrap_or(Value::Null),
@@ -727,6 +737,41 @@ pub fn build(rel: &Release, workers: &HashMap<String, WorkerRec>, now_ms: i64) -
         "verdict": if passed { "released" } else { "gate_failed" },
     });
     (report, passed)
+}
+
+/// The importance matrix the quants were made with: the file's identity, and, when the farm computed it, the
+/// calibration text's identity and chunking.
+fn imatrix_json(rel: &Release) -> Value {
+    use crate::spec::ImatrixSource;
+    match rel.spec.imatrix() {
+        None => Value::Null,
+        Some(ImatrixSource::File(_)) => {
+            let sha = rel.result(&TaskKey::Plan).and_then(|r| match r.kind.as_ref()? {
+                task_result::Kind::Plan(p) => Some(p.imatrix_sha256.clone()),
+                _ => None,
+            });
+            json!({"from": "file", "url": rel.imatrix, "sha256": sha})
+        }
+        Some(ImatrixSource::Text { ctx, batch, .. }) => {
+            let merged = artifact_result(rel.result(&TaskKey::ImatrixMerge)).map(|(a, _)| a);
+            let plan = rel.result(&TaskKey::ImatrixPlan).and_then(|r| match r.kind.as_ref()? {
+                task_result::Kind::KldPlan(p) => Some(p),
+                _ => None,
+            });
+            json!({
+                "from": "computed",
+                "url": merged.map(|a| a.url.clone()),
+                "sha256": merged.map(|a| a.sha256.clone()),
+                "text": rel.imatrix,
+                "text_sha256": plan.map(|p| p.text_sha256.clone()),
+                "tokens_sha256": plan.map(|p| p.tokens_sha256.clone()),
+                "chunks": plan.map(|p| p.n_chunks),
+                "ctx": ctx,
+                "batch": batch,
+                "method": "llama-imatrix's collection in llama.cpp (Σx² per input column and token counts of every blk.* matrix), f64 sums per chunk group on the workers, added in chunk order",
+            })
+        }
+    }
 }
 
 /// What the KL divergence was measured on: the text, its tokenization and chunking, and the reference.

@@ -12,7 +12,7 @@ use quantfarm_tensors::Location;
 
 use crate::graph::{self, Ctx, EvalInputs, TaskDef, TaskKey};
 use crate::journal::{Batch, Journal, JournalError, ReleaseRow, TaskRow};
-use crate::spec::ReleaseSpec;
+use crate::spec::{ImatrixSource, ReleaseSpec};
 
 #[derive(Clone, Debug)]
 pub struct SchedConfig {
@@ -102,7 +102,7 @@ pub struct Release {
     pub base: String,
     pub spec: ReleaseSpec,
     pub source: String,
-    /// The importance matrix's location ("" for none).
+    /// The importance matrix's location, or its calibration text's when the farm computes it ("" for none).
     pub imatrix: String,
     /// The adapter's location ("" for none).
     pub adapter: String,
@@ -255,8 +255,12 @@ fn eval_inputs(spec: &ReleaseSpec, base: &str) -> EvalInputs {
     EvalInputs { text: resolve(&e.text), prompts: resolve(&e.prompts), probes: resolve(&e.probes) }
 }
 
+/// The imatrix file, or the text the farm computes it from, resolved ("" for none).
 fn imatrix_location(spec: &ReleaseSpec, base: &str) -> String {
-    spec.outputs.gguf.as_ref().and_then(|g| g.imatrix.as_deref()).map_or_else(String::new, |p| resolve_source(p, base))
+    match spec.imatrix() {
+        None => String::new(),
+        Some(ImatrixSource::File(p) | ImatrixSource::Text { text: p, .. }) => resolve_source(p, base),
+    }
 }
 
 /// Resolves a path against the submitter's folder: URLs and absolute paths as they are.
@@ -750,9 +754,12 @@ impl Sched {
             Some(task_result::Kind::MergePlan(p)) => Some(p.clone()),
             _ => None,
         };
-        let kld_plan = match &result.kind {
-            Some(task_result::Kind::KldPlan(p)) => Some(p.clone()),
-            _ => None,
+        // The same plan message counts the chunks of the evaluation text and of the imatrix's calibration text.
+        let is_imatrix_plan = self.releases[ri].tasks[ti].key == TaskKey::ImatrixPlan;
+        let (kld_plan, imatrix_plan) = match &result.kind {
+            Some(task_result::Kind::KldPlan(p)) if is_imatrix_plan => (None, Some(p.clone())),
+            Some(task_result::Kind::KldPlan(p)) => (Some(p.clone()), None),
+            _ => (None, None),
         };
         {
             let t = &mut self.releases[ri].tasks[ti];
@@ -780,6 +787,19 @@ impl Sched {
                 return self.fail_release(ri, format!("plan: {e}"));
             }
             self.add_tasks(ri, defs)?;
+        }
+        if let Some(kp) = imatrix_plan {
+            if kp.n_chunks == 0 || kp.n_seq == 0 {
+                return self.fail_release(ri, "imatrix/plan: the calibration text has no whole chunk".into());
+            }
+            let (defs, parts) = {
+                let rel = &self.releases[ri];
+                let results = |k: &TaskKey| rel.result(k);
+                graph::expand_imatrix(&kp, &results)
+            };
+            self.add_tasks(ri, defs)?;
+            // Before the plan's dependents are released: the merge now waits for every part.
+            self.add_deps(ri, &TaskKey::ImatrixMerge, &parts)?;
         }
         if let Some(kp) = kld_plan {
             if kp.n_chunks == 0 || kp.n_seq == 0 {
@@ -968,10 +988,12 @@ fn check_result(key: &TaskKey, r: &pb::TaskResult) -> Result<(), String> {
                     | TaskKey::MergeSide
                     | TaskKey::MergeCheck { .. }
                     | TaskKey::Mlx { .. }
-                    | TaskKey::KldBase { .. },
+                    | TaskKey::KldBase { .. }
+                    | TaskKey::Imatrix { .. }
+                    | TaskKey::ImatrixMerge,
                 Some(task_result::Kind::Artifact(_))
             )
-            | (TaskKey::KldPlan, Some(task_result::Kind::KldPlan(_)))
+            | (TaskKey::KldPlan | TaskKey::ImatrixPlan, Some(task_result::Kind::KldPlan(_)))
             | (TaskKey::Kld { .. }, Some(task_result::Kind::Kld(_)))
             | (TaskKey::Greedy { .. }, Some(task_result::Kind::Greedy(_)))
             | (TaskKey::Probe { .. }, Some(task_result::Kind::Probe(_)))

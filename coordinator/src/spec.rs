@@ -12,7 +12,10 @@
 //!     prefix: SmolLM2-135M      # artifact file prefix (default: name)
 //!     split: {max_tensors: 100} # or {max_size: 2GB}: llama.cpp split files (gguf-split's rules); default one file
 //!     quants: [Q8_0]            # llama-quantize file types
-//!     imatrix: imatrix.gguf     # optional importance matrix (path relative to this file, file:// or s3://)
+//!     imatrix: {file: imatrix.gguf}   # optional importance matrix: llama.cpp's GGUF or legacy .dat (path relative
+//!                                     # to this file, file:// or s3://), or computed by the farm from a text:
+//!     # imatrix: {text: calibration.txt, chunks: 100, ctx: 512, batch: 2048}  (chunks default all; ctx 512;
+//!     #   batch 2048: batch/ctx chunks per `imatrix/G` task), as llama-imatrix -f -c -b --chunks
 //!   mlx:
 //!     bits: [4, 8]              # MLX affine checkpoints (mlx_lm.convert -q), one per bit width
 //!     group_size: 64            # 32, 64 or 128 (default 64)
@@ -100,10 +103,88 @@ pub struct GgufOutputs {
     pub split: Option<Split>,
     #[serde(default)]
     pub quants: Vec<QuantLevel>,
-    /// An importance matrix for the quants (llama.cpp's GGUF imatrix or legacy `.dat`): a path (relative to this
-    /// file), file:// or s3://.
+    /// An importance matrix for the quants: a file, or computed by the farm.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub imatrix: Option<String>,
+    pub imatrix: Option<ImatrixSource>,
+}
+
+/// Where the quants' importance matrix comes from.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(try_from = "ImatrixFields", into = "ImatrixFields")]
+pub enum ImatrixSource {
+    /// llama.cpp's GGUF imatrix or legacy `.dat`: a path (relative to this file), file:// or s3://.
+    File(String),
+    /// Computed by the farm from a calibration text, as llama-imatrix computes it: per decode group an `imatrix/G`
+    /// task, then `imatrix/merge`.
+    Text {
+        text: String,
+        /// Only the first N chunks (default: all).
+        chunks: Option<u32>,
+        ctx: u32,
+        batch: u32,
+    },
+}
+
+/// `imatrix:` as written: exactly one of `file` and `text`; the chunking only with `text`.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+struct ImatrixFields {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    file: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    text: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    chunks: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ctx: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    batch: Option<u32>,
+}
+
+impl TryFrom<ImatrixFields> for ImatrixSource {
+    type Error = String;
+
+    fn try_from(f: ImatrixFields) -> Result<ImatrixSource, String> {
+        match (f.file, f.text) {
+            (Some(file), None) => {
+                if f.chunks.is_some() || f.ctx.is_some() || f.batch.is_some() {
+                    return Err("imatrix: chunks, ctx and batch go with `text` (a file was computed already)".into());
+                }
+                Ok(ImatrixSource::File(file))
+            }
+            (None, Some(text)) => {
+                let ctx = f.ctx.unwrap_or(512);
+                let batch = f.batch.unwrap_or(2048);
+                if ctx < 8 {
+                    return Err(format!("imatrix.ctx: {ctx}: expected at least 8 tokens"));
+                }
+                if batch >= ctx && !batch.is_multiple_of(ctx) {
+                    return Err(format!("imatrix.batch: {batch} must be below or a multiple of ctx {ctx}"));
+                }
+                if f.chunks == Some(0) {
+                    return Err("imatrix.chunks: 0: nothing to compute from".into());
+                }
+                Ok(ImatrixSource::Text { text, chunks: f.chunks, ctx, batch })
+            }
+            (Some(_), Some(_)) => Err("imatrix: either `file` or `text`, not both".into()),
+            (None, None) => Err("imatrix: expected {file: PATH} (a computed imatrix) or {text: PATH, chunks: N} \
+                                 (computed by the farm)"
+                .into()),
+        }
+    }
+}
+
+impl From<ImatrixSource> for ImatrixFields {
+    fn from(s: ImatrixSource) -> ImatrixFields {
+        match s {
+            ImatrixSource::File(file) => {
+                ImatrixFields { file: Some(file), text: None, chunks: None, ctx: None, batch: None }
+            }
+            ImatrixSource::Text { text, chunks, ctx, batch } => {
+                ImatrixFields { file: None, text: Some(text), chunks, ctx: Some(ctx), batch: Some(batch) }
+            }
+        }
+    }
 }
 
 /// MLX affine checkpoints, as `mlx_lm.convert -q --q-bits B --q-group-size G` writes them.
@@ -249,6 +330,11 @@ pub struct ModelCard {
 }
 
 impl ReleaseSpec {
+    /// The quants' importance matrix, if any.
+    pub fn imatrix(&self) -> Option<&ImatrixSource> {
+        self.outputs.gguf.as_ref().and_then(|g| g.imatrix.as_ref())
+    }
+
     /// Parses and checks `text`; `file` names it in errors.
     pub fn parse(text: &str, file: &str) -> Result<ReleaseSpec, SpecError> {
         let err = |msg: String| SpecError { file: file.to_string(), msg };
@@ -474,6 +560,32 @@ mod tests {
 
     const GOOD: &str =
         "name: smollm2\nsource: ./m\noutputs:\n  gguf:\n    split: {max_tensors: 100}\n    quants: [Q8_0]\n";
+
+    #[test]
+    fn an_imatrix_is_a_file_or_computed_from_a_text() {
+        let with = |im: &str| ReleaseSpec::parse(&format!("{GOOD}    imatrix: {im}\n"), "release.yaml");
+        assert_eq!(with("{file: im.gguf}").unwrap().imatrix(), Some(&ImatrixSource::File("im.gguf".into())));
+        let t = with("{text: c.txt, chunks: 10}").unwrap();
+        assert_eq!(
+            t.imatrix(),
+            Some(&ImatrixSource::Text { text: "c.txt".into(), chunks: Some(10), ctx: 512, batch: 2048 })
+        );
+        // Written back as read (the report's spec).
+        let yaml = serde_norway::to_string(&t).unwrap();
+        assert_eq!(ReleaseSpec::parse(&yaml, "again.yaml").unwrap().imatrix(), t.imatrix());
+        for (bad, says) in [
+            ("im.gguf", "imatrix"),
+            ("{}", "expected {file: PATH}"),
+            ("{file: a, text: b}", "not both"),
+            ("{file: a, chunks: 3}", "go with `text`"),
+            ("{text: b, ctx: 512, batch: 1000}", "imatrix.batch"),
+            ("{text: b, chunks: 0}", "imatrix.chunks"),
+            ("{text: b, chunk: 3}", "chunk"),
+        ] {
+            let err = with(bad).unwrap_err().to_string();
+            assert!(err.contains("release.yaml") && err.contains(says), "{bad}: {err}");
+        }
+    }
 
     #[test]
     fn parses_without_gates_of_its_own() {

@@ -28,7 +28,9 @@ impl Task {
             Some(task::Kind::Noop(_)) => "noop",
             Some(task::Kind::MergePlan(_) | task::Kind::Merge(_) | task::Kind::MergeCheck(_)) => "merge",
             Some(task::Kind::Mlx(_)) => "mlx",
+            // The imatrix's plan is a KldPlan over the calibration text.
             Some(task::Kind::KldPlan(_) | task::Kind::KldBase(_) | task::Kind::Kld(_)) => "kld",
+            Some(task::Kind::Imatrix(_) | task::Kind::ImatrixMerge(_)) => "imatrix",
             Some(task::Kind::Greedy(_)) => "greedy",
             Some(task::Kind::Probe(_)) => "probe",
             Some(task::Kind::PeerKld(_)) => "peer",

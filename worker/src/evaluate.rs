@@ -8,6 +8,9 @@
 //! logits for a chunk depend on which chunks share its decode, and only llama-perplexity's grouping gives its
 //! figures exactly.
 //!
+//! `imatrix/plan` is the same plan over the calibration text; each `imatrix/G` task collects one group's importance
+//! statistics (as llama-imatrix does) into a part, and `imatrix/merge` adds the parts in chunk order.
+//!
 //! Models and base files are read where they lie when the store is a local folder, else fetched into the scratch
 //! folder first (llama.cpp reads files). llama.cpp maps the model's weights: that memory is outside the worker's
 //! tensor budget.
@@ -15,11 +18,13 @@
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 
+use quantfarm_eval::imatrix::{collect as collect_imatrix, CollectOptions};
 use quantfarm_eval::kld::base_file::{BaseFile, BaseHeader};
 use quantfarm_eval::kld::{check_compatible, score_against, session_for, tokenize_text, write_base};
 use quantfarm_eval::prepare::prepare;
 use quantfarm_eval::{LoadOptions, Model};
 use quantfarm_proto::{self as pb, FailureKind};
+use quantfarm_quant::imatrix::sums::ImatrixSums;
 use quantfarm_tensors::blob::Blob;
 use quantfarm_tensors::gguf::split::{parse_split_file_name, split_file_name};
 use quantfarm_tensors::{Location, StagedSink};
@@ -385,6 +390,77 @@ pub async fn probe(t: &pb::ProbeTask, env: &Env) -> Result<pb::ProbeResult, Fail
                 .map_err(|e| Failure { kind: FailureKind::Internal, message: format!("probe report: {e}") })?,
             note: note.unwrap_or_default(),
         })
+    })
+    .await
+}
+
+/// An imatrix error as a task failure: the store's errors keep their kind, the file's are the input's.
+fn imatrix_failure(e: quantfarm_quant::imatrix::ImatrixError) -> Failure {
+    match e {
+        quantfarm_quant::imatrix::ImatrixError::Tensors(e) => Failure::from(e),
+        other => Failure::input(other.to_string()),
+    }
+}
+
+/// `imatrix/G`: the importance statistics of one chunk group of the calibration text, as an imatrix part.
+pub async fn imatrix_part(t: &pb::ImatrixTask, env: &Env) -> Result<pb::ArtifactResult, Failure> {
+    crate::exec::produce(&t.output, env, |out| async move { write_imatrix_part(t, &out, env).await }).await
+}
+
+async fn write_imatrix_part(t: &pb::ImatrixTask, out: &Location, env: &Env) -> Result<(String, u64), Failure> {
+    let s = settings(&t.settings)?.clone();
+    let dir = task_dir(env)?;
+    let reference = local_model(&t.reference, dir.path(), env).await?;
+    let (text, _) = read_text(&s.text).await?;
+    let (first, count, expect) = (t.first_chunk as usize, t.n_chunks as usize, t.tokens_sha256.clone());
+    let (env2, dataset) = (env.clone(), t.dataset.clone());
+    let part = blocking(move || {
+        let model = load(&reference, None, &env2)?;
+        let header = tokenize(&model, &text, &s)?;
+        let sha = tokens_sha256(&header.tokens);
+        if sha != expect {
+            return Err(Failure::input(format!(
+                "{}: the text's tokens changed since the release was planned (sha256 {sha}, planned {expect})",
+                s.text
+            )));
+        }
+        let bos = model.add_bos().then(|| model.bos());
+        drop(model);
+        let opts = CollectOptions { threads: env2.threads, batch: s.batch, ..CollectOptions::default() };
+        let mut parts = collect_imatrix(&reference, &opts, &header, bos, first, count, &[dataset])?;
+        drop(dir);
+        match parts.len() {
+            1 => Ok(parts.remove(0)),
+            n => Err(Failure::input(format!("chunks {first}..{}: {n} decode groups, a task takes one", first + count))),
+        }
+    })
+    .await?;
+    let done = part.write(out, true, false).await.map_err(imatrix_failure)?;
+    Ok((done.sha256, done.bytes))
+}
+
+/// `imatrix/merge`: the parts, each checked against its task's sha256, added in chunk order into llama.cpp's GGUF
+/// imatrix. Chunk order, not arrival order: the file is the same however the groups were spread.
+pub async fn imatrix_merge(t: &pb::ImatrixMergeTask, env: &Env) -> Result<pb::ArtifactResult, Failure> {
+    crate::exec::produce(&t.output, env, |out| async move {
+        let mut sums = ImatrixSums::default();
+        for a in &t.parts {
+            let loc = location(&a.url)?;
+            let (sha, _) = hash_object(&loc, env.budget).await?;
+            if sha != a.sha256 {
+                return Err(Failure::input(format!(
+                    "{}: the imatrix part changed since it was written (sha256 {sha}, expected {})",
+                    a.url, a.sha256
+                )));
+            }
+            let part = ImatrixSums::load(&loc).await.map_err(imatrix_failure)?;
+            sums.append(&part, &a.url).map_err(imatrix_failure)?;
+        }
+        if sums.entries.is_empty() {
+            return Err(Failure::input("imatrix/merge: no part holds any statistics"));
+        }
+        let done = sums.write(&out, false, false).await.map_err(imatrix_failure)?;
+        Ok((done.sha256, done.bytes))
     })
     .await
 }

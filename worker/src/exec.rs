@@ -76,6 +76,8 @@ pub async fn run(t: &pb::Task, env: &Env) -> Result<pb::TaskResult, Failure> {
         task::Kind::KldPlan(k) => task_result::Kind::KldPlan(crate::evaluate::kld_plan(k, env).await?),
         task::Kind::KldBase(k) => task_result::Kind::Artifact(crate::evaluate::kld_base(k, env).await?),
         task::Kind::Kld(k) => task_result::Kind::Kld(crate::evaluate::kld(k, env).await?),
+        task::Kind::Imatrix(t) => task_result::Kind::Artifact(crate::evaluate::imatrix_part(t, env).await?),
+        task::Kind::ImatrixMerge(t) => task_result::Kind::Artifact(crate::evaluate::imatrix_merge(t, env).await?),
         task::Kind::Greedy(g) => task_result::Kind::Greedy(crate::evaluate::greedy(g, env).await?),
         task::Kind::Probe(p) => task_result::Kind::Probe(crate::evaluate::probe(p, env).await?),
         task::Kind::PeerKld(p) => task_result::Kind::PeerKld(crate::peer::peer_kld(p, env).await?),

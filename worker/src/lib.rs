@@ -107,8 +107,8 @@ fn is_down(s: &Status) -> bool {
 
 /// Kinds this build has executors for.
 /// Peer-tool tasks ("peer") run only on workers that also advertise the tool as a runtime.
-pub const TASK_KINDS: [&str; 11] =
-    ["plan", "gguf", "quantize", "verify", "noop", "merge", "mlx", "kld", "greedy", "probe", "peer"];
+pub const TASK_KINDS: [&str; 12] =
+    ["plan", "gguf", "quantize", "verify", "noop", "merge", "mlx", "kld", "imatrix", "greedy", "probe", "peer"];
 
 /// Where llama.cpp's tools are looked for: `$QUANTFARM_LLAMA_BIN`, then PATH.
 fn tool_dirs() -> Vec<PathBuf> {
