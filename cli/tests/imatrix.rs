@@ -149,3 +149,62 @@ fn imatrix_refuses_a_text_too_short_and_leaves_nothing() {
     assert!(!out.status.success() && err.contains("tokens") && err.contains("1024"), "{err}");
     assert!(std::fs::read_dir(dir.path()).expect("ls").count() == 1, "nothing but the text is left");
 }
+
+/// MoE experts are counted separately, through the routing ids (`MUL_MAT_ID`): on a tiny Qwen3.5-MoE (made by
+/// transformers, converted by llama.cpp's `convert_hf_to_gguf.py`; 4 experts, 2 per token, gated-delta-net layers),
+/// `--f32-running-sums` gives llama-imatrix's bytes, and the default the same entries and per-expert counts.
+#[test]
+fn moe_experts_are_counted_per_expert_as_llama_imatrix_counts_them() {
+    use quantfarm_e2e::{convert_python, llama_src, run_py_with};
+    use std::ffi::OsStr;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hf = dir.path().join("hf-moe");
+    let tok = smollm2_derived().join("smollm2-hf");
+    run_py_with(
+        &convert_python(),
+        "qwen35.py",
+        &[OsStr::new("make"), OsStr::new("moe"), hf.as_os_str(), tok.as_os_str()],
+    );
+    let gguf = dir.path().join("moe.gguf");
+    let src = llama_src();
+    let args = [
+        OsStr::new("gguf"),
+        hf.as_os_str(),
+        gguf.as_os_str(),
+        OsStr::new("bf16"),
+        src.as_os_str(),
+        OsStr::new("smollm"),
+    ];
+    run_py_with(&convert_python(), "qwen35.py", &args);
+    std::fs::copy(fixtures_dir().join("texts/gpl3.txt"), dir.path().join("gpl3.txt")).expect("copy text");
+    let m = s(&gguf);
+    let common = ["--model", m, "--text", "gpl3.txt", "--ctx", "128", "--chunks", "8", "--threads", "2"];
+    for (out, extra) in [("ours.gguf", None), ("ours-f32.gguf", Some("--f32-running-sums"))] {
+        let mut args = vec!["imatrix"];
+        args.extend(common);
+        args.extend(extra);
+        args.extend(["-o", out]);
+        let o =
+            Command::new(env!("CARGO_BIN_EXE_quantfarm")).args(&args).current_dir(dir.path()).output().expect("run");
+        ok(o, "quantfarm imatrix");
+    }
+    let live = Command::new(llama_bin().join("llama-imatrix"))
+        .args(["-m", m, "-f", "gpl3.txt", "-c", "128", "--chunks", "8", "-t", "2", "-o", "llama.gguf"])
+        .current_dir(dir.path())
+        .output()
+        .expect("run llama-imatrix");
+    ok(live, "llama-imatrix");
+    let p = |n: &str| dir.path().join(n);
+    assert!(std::fs::read(p("ours-f32.gguf")).expect("read") == std::fs::read(p("llama.gguf")).expect("read"));
+    let (ours, llama) = (load(&p("ours.gguf")), load(&p("llama.gguf")));
+    let experts: Vec<&String> = ours.entries.keys().filter(|k| k.contains("_exps")).collect();
+    assert!(!experts.is_empty(), "no expert entries in {:?}", ours.entries.keys().collect::<Vec<_>>());
+    for name in experts {
+        let c = &ours.entries[name].counts;
+        // 8 chunks of 128 tokens, 2 experts per token, over 4 experts.
+        assert_eq!((c.len(), c.iter().sum::<u64>()), (4, 8 * 128 * 2), "{name}: {c:?}");
+    }
+    let (max, median, _, n) = rel_diff(&ours, &llama, 1e-5);
+    println!("MoE vs llama-imatrix: max rel {max:.3e}, median {median:.3e} over {n} values");
+    assert!(max < 2e-4, "{max}");
+}

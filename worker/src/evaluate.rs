@@ -149,6 +149,19 @@ fn tokenize(model: &Model, text: &str, s: &pb::KldSettings) -> Result<BaseHeader
     Ok(tokenize_text(model, text, s.ctx, max)?)
 }
 
+/// [`tokenize`], refusing tokens other than the plan's (the text or the tokenizer changed since).
+fn tokenize_as_planned(model: &Model, text: &str, s: &pb::KldSettings, planned: &str) -> Result<BaseHeader, Failure> {
+    let header = tokenize(model, text, s)?;
+    let sha = tokens_sha256(&header.tokens);
+    if sha != planned {
+        return Err(Failure::input(format!(
+            "{}: the text's tokens changed since the release was planned (sha256 {sha}, planned {planned})",
+            s.text
+        )));
+    }
+    Ok(header)
+}
+
 fn n_seq(ctx: u32, batch: u32) -> u32 {
     (batch / ctx.max(1)).max(1)
 }
@@ -187,14 +200,7 @@ async fn write_base_part(t: &pb::KldBaseTask, out: &Location, env: &Env) -> Resu
     let (env2, local2) = (env.clone(), local.clone());
     blocking(move || {
         let model = load(&reference, None, &env2)?;
-        let header = tokenize(&model, &text, &s)?;
-        let sha = tokens_sha256(&header.tokens);
-        if sha != expect {
-            return Err(Failure::input(format!(
-                "{}: the text's tokens changed since the release was planned (sha256 {sha}, planned {expect})",
-                s.text
-            )));
-        }
+        let header = tokenize_as_planned(&model, &text, &s, &expect)?;
         if count == 0 || first + count > header.n_chunk() {
             return Err(Failure::input(format!(
                 "chunks {first}..{}: the text has {} chunks",
@@ -416,14 +422,7 @@ async fn write_imatrix_part(t: &pb::ImatrixTask, out: &Location, env: &Env) -> R
     let (env2, dataset) = (env.clone(), t.dataset.clone());
     let part = blocking(move || {
         let model = load(&reference, None, &env2)?;
-        let header = tokenize(&model, &text, &s)?;
-        let sha = tokens_sha256(&header.tokens);
-        if sha != expect {
-            return Err(Failure::input(format!(
-                "{}: the text's tokens changed since the release was planned (sha256 {sha}, planned {expect})",
-                s.text
-            )));
-        }
+        let header = tokenize_as_planned(&model, &text, &s, &expect)?;
         let bos = model.add_bos().then(|| model.bos());
         drop(model);
         let opts = CollectOptions { threads: env2.threads, batch: s.batch, ..CollectOptions::default() };

@@ -68,24 +68,22 @@ pub struct Imatrix {
 }
 
 impl Imatrix {
-    /// Reads the imatrix at `loc`: GGUF when it starts with the GGUF magic, else legacy `.dat`
-    /// (`common_imatrix_load` tries GGUF first and falls back to the legacy reader).
+    /// Reads the imatrix at `loc` (whole: an imatrix is a few values per weight column).
     pub async fn load(loc: &Location) -> Result<Imatrix, ImatrixError> {
         let blob = Blob::open(loc).await?;
-        let file = loc.to_string();
-        let mut magic = [0u8; 4];
-        if blob.len() >= 4 {
-            blob.read_at(0, &mut magic).await?;
-        }
-        let im = if &magic == b"GGUF" {
-            let header = GgufHeader::read(&blob).await?;
-            let data = blob.read_vec(header.data_offset, blob.len() - header.data_offset).await?;
-            from_gguf(&header, &data, &file)?
+        let bytes = blob.read_vec(0, blob.len()).await?;
+        Imatrix::from_bytes(&bytes, &loc.to_string())
+    }
+
+    /// Parses a whole imatrix file named `file`: GGUF when it starts with the GGUF magic, else legacy `.dat`
+    /// (`common_imatrix_load` tries GGUF first and falls back to the legacy reader).
+    pub fn from_bytes(bytes: &[u8], file: &str) -> Result<Imatrix, ImatrixError> {
+        if bytes.starts_with(b"GGUF") {
+            let (header, data) = gguf_parts(bytes, file)?;
+            from_gguf(&header, data, file)
         } else {
-            let bytes = blob.read_vec(0, blob.len()).await?;
-            from_legacy(&bytes, &file)?
-        };
-        Ok(im)
+            from_legacy(bytes, file)
+        }
     }
 
     /// The importance values for weight `name`, if the imatrix has an entry for it.
@@ -112,6 +110,16 @@ impl Imatrix {
         }
         out
     }
+}
+
+/// A GGUF file's header and its data section.
+fn gguf_parts<'a>(bytes: &'a [u8], file: &str) -> Result<(GgufHeader, &'a [u8]), ImatrixError> {
+    let header = GgufHeader::parse(bytes, bytes.len() as u64, file)?;
+    let data = usize::try_from(header.data_offset)
+        .ok()
+        .and_then(|o| bytes.get(o..))
+        .ok_or_else(|| file_err(file, "the data section starts past the end of the file (truncated?)"))?;
+    Ok((header, data))
 }
 
 fn file_err(file: &str, msg: impl Into<String>) -> ImatrixError {
@@ -148,15 +156,8 @@ fn from_gguf(h: &GgufHeader, data: &[u8], file: &str) -> Result<Imatrix, Imatrix
         _ => Vec::new(),
     };
 
-    // name → (in_sum2, counts), by name like the loader's std::map.
-    let mut pairs: BTreeMap<&str, (Option<usize>, Option<usize>)> = BTreeMap::new();
-    for (i, t) in h.tensors.iter().enumerate() {
-        if let Some(name) = t.name.strip_suffix(SUFFIX_SUMS) {
-            pairs.entry(name).or_default().0 = Some(i);
-        } else if let Some(name) = t.name.strip_suffix(SUFFIX_COUNTS) {
-            pairs.entry(name).or_default().1 = Some(i);
-        }
-    }
+    // llama.cpp's loader passes over other tensors.
+    let (pairs, _others) = pair_tensors(h);
     let read = |i: usize| -> Result<Vec<f32>, ImatrixError> {
         let t = &h.tensors[i];
         if t.ty != GgmlType::F32 {
@@ -181,6 +182,25 @@ fn from_gguf(h: &GgufHeader, data: &[u8], file: &str) -> Result<Imatrix, Imatrix
         entries.insert(name.to_string(), normalise_gguf(name, &sums, &counts, file)?);
     }
     Ok(Imatrix { entries, datasets, chunk_count, chunk_size, legacy: false, file: file.to_string() })
+}
+
+/// Weight name → indices of its `.in_sum2` and `.counts` tensors, by name like the loader's std::map; and the
+/// first tensor that is neither.
+type Pairs<'h> = BTreeMap<&'h str, (Option<usize>, Option<usize>)>;
+
+fn pair_tensors(h: &GgufHeader) -> (Pairs<'_>, Option<&str>) {
+    let mut pairs = Pairs::new();
+    let mut other = None;
+    for (i, t) in h.tensors.iter().enumerate() {
+        if let Some(name) = t.name.strip_suffix(SUFFIX_SUMS) {
+            pairs.entry(name).or_default().0 = Some(i);
+        } else if let Some(name) = t.name.strip_suffix(SUFFIX_COUNTS) {
+            pairs.entry(name).or_default().1 = Some(i);
+        } else {
+            other = other.or(Some(t.name.as_str()));
+        }
+    }
+    (pairs, other)
 }
 
 /// `load_imatrix`, GGUF branch: the mean of x² per column, per expert; 1 for an expert that saw no tokens.

@@ -153,11 +153,15 @@ impl ImatrixSums {
 
     /// Reads a GGUF imatrix (llama-imatrix's, F32) or a part (F64) as raw sums and counts.
     pub async fn load(loc: &Location) -> Result<ImatrixSums, ImatrixError> {
-        let file = loc.to_string();
         let blob = Blob::open(loc).await?;
-        let header = GgufHeader::read(&blob).await?;
-        let data = blob.read_vec(header.data_offset, blob.len() - header.data_offset).await?;
-        from_gguf(&header, &data, &file)
+        let bytes = blob.read_vec(0, blob.len()).await?;
+        ImatrixSums::from_bytes(&bytes, &loc.to_string())
+    }
+
+    /// Parses a whole GGUF imatrix or part named `file`.
+    pub fn from_bytes(bytes: &[u8], file: &str) -> Result<ImatrixSums, ImatrixError> {
+        let (header, data) = super::gguf_parts(bytes, file)?;
+        from_gguf(&header, data, file)
     }
 }
 
@@ -204,15 +208,9 @@ fn from_gguf(h: &GgufHeader, data: &[u8], file: &str) -> Result<ImatrixSums, Ima
             None => Ok(v),
         }
     };
-    let mut pairs: BTreeMap<&str, (Option<usize>, Option<usize>)> = BTreeMap::new();
-    for (i, t) in h.tensors.iter().enumerate() {
-        if let Some(name) = t.name.strip_suffix(SUFFIX_SUMS) {
-            pairs.entry(name).or_default().0 = Some(i);
-        } else if let Some(name) = t.name.strip_suffix(SUFFIX_COUNTS) {
-            pairs.entry(name).or_default().1 = Some(i);
-        } else {
-            return Err(file_err(file, format!("tensor {:?} is neither .in_sum2 nor .counts", t.name)));
-        }
+    let (pairs, other) = super::pair_tensors(h);
+    if let Some(name) = other {
+        return Err(file_err(file, format!("tensor {name:?} is neither .in_sum2 nor .counts")));
     }
     for (name, (sums, counts)) in pairs {
         let (Some(sums), Some(counts)) = (sums, counts) else {
@@ -268,6 +266,24 @@ mod tests {
         wide.entries.get_mut("blk.0.ffn_up.weight").unwrap().values.push(1.0);
         let err = acc.append(&wide, "p3").unwrap_err().to_string();
         assert!(err.contains("blk.0.ffn_up.weight") && err.contains("3 values"), "{err}");
+    }
+
+    /// The fuzz seeds (written by gguf-py, `fuzz/seeds/imatrix/`) are valid files, so the fuzzer starts from inputs
+    /// that reach past the header checks.
+    #[test]
+    fn the_fuzz_seeds_are_valid_imatrix_files() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/imatrix");
+        let read = |n: &str| std::fs::read(dir.join(n)).unwrap();
+        let f = ImatrixSums::from_bytes(&read("imatrix.gguf"), "imatrix.gguf").unwrap();
+        let p = ImatrixSums::from_bytes(&read("part.gguf"), "part.gguf").unwrap();
+        assert_eq!((f.first_chunk, p.first_chunk, f.datasets.as_slice()), (0, 4, &["calib.txt".to_string()][..]));
+        assert_eq!(f.entries, p.entries);
+        assert_eq!(f.entries["blk.0.ffn_up_exps.weight"].counts, [3, 0]);
+        let im = crate::imatrix::Imatrix::from_bytes(&read("imatrix.gguf"), "imatrix.gguf").unwrap();
+        assert_eq!(im.get("blk.0.ffn_up.weight").unwrap(), [1.5 / 1024.0, 2.0 / 1024.0, 0.0, 4.25 / 1024.0]);
+        let legacy = crate::imatrix::Imatrix::from_bytes(&read("legacy.dat"), "legacy.dat").unwrap();
+        assert_eq!(legacy.get("blk.0.attn_q.weight").unwrap(), [2.0, 0.5]);
+        assert!(ImatrixSums::from_bytes(&read("legacy.dat"), "legacy.dat").is_err(), "sums are GGUF only");
     }
 
     #[tokio::test]
