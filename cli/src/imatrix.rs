@@ -65,7 +65,7 @@ pub fn run(args: Args) -> Result<()> {
     let t0 = std::time::Instant::now();
     let parts = collect(&prepared.path, &opts, &header, bos, 0, header.n_chunk(), &datasets)?;
     let secs = t0.elapsed().as_secs_f64();
-    let mut sums = ImatrixSums { datasets, ..ImatrixSums::default() };
+    let mut sums = ImatrixSums::default();
     for (i, p) in parts.iter().enumerate() {
         sums.append(p, &format!("part {i}"))?;
     }

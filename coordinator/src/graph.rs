@@ -809,9 +809,8 @@ fn imatrix_plan_of<'a>(results: &Results<'a>) -> Result<&'a pb::KldPlanResult, S
 }
 
 /// The calibration text's name as recorded in the file (llama-imatrix records `-f` as given; the farm, the name).
-fn imatrix_dataset(ctx: &Ctx) -> String {
-    let t = ctx.imatrix.trim_end_matches('/');
-    t.rsplit('/').next().unwrap_or(t).to_string()
+fn imatrix_dataset(ctx: &Ctx) -> Result<String, String> {
+    Ok(Location::parse(ctx.imatrix).map_err(|e| e.to_string())?.file_name().to_string())
 }
 
 fn imatrix_task(ctx: &Ctx, results: &Results, group: u32) -> Result<pb::ImatrixTask, String> {
@@ -825,7 +824,7 @@ fn imatrix_task(ctx: &Ctx, results: &Results, group: u32) -> Result<pb::ImatrixT
     let reference = reference_of(results)?;
     let (ctx_s, batch_s, first_s, n_s) =
         (settings.ctx.to_string(), settings.batch.to_string(), first.to_string(), n_chunks.to_string());
-    let dataset = imatrix_dataset(ctx);
+    let dataset = imatrix_dataset(ctx)?;
     let folder = short_hash(&[
         "quantfarm imatrix-part v1",
         &kp.text_sha256,

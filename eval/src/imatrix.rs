@@ -53,11 +53,6 @@ impl Default for CollectOptions {
     }
 }
 
-/// Chunks decoded together for this chunking (llama-imatrix's `n_seq`).
-pub fn chunks_per_group(n_ctx: u32, batch: u32) -> u32 {
-    (batch / n_ctx.max(1)).max(1)
-}
-
 /// Collects chunks `first .. first + n` of `header`'s tokens (from [`crate::kld::tokenize_text`] with the same
 /// model), one part per decode group, in chunk order (one part in all with [`CollectOptions::f32_running_sums`]). `bos` is the token each chunk's first one is overwritten
 /// with (when the vocabulary adds BOS). `datasets` names the text in every part.
@@ -78,13 +73,8 @@ pub fn collect(
             format!("chunks {first}..{} asked for, the text has {}", first + n, header.n_chunk()),
         ));
     }
-    if opts.batch >= n_ctx && !opts.batch.is_multiple_of(n_ctx) {
-        return Err(Error::mismatch(
-            "--batch",
-            format!("{} must be below or a multiple of the context {n_ctx}", opts.batch),
-        ));
-    }
-    let n_seq = chunks_per_group(n_ctx, opts.batch);
+    crate::kld::check_batch(n_ctx, opts.batch)?;
+    let n_seq = crate::kld::chunks_per_decode(n_ctx, opts.batch);
     let n_batch = opts.batch.min(n_seq * n_ctx);
     // Keeps llama.cpp's backend initialised (once per process) while the raw handles live.
     crate::runtime::ensure_backend()?;

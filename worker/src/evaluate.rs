@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 
 use quantfarm_eval::imatrix::{collect as collect_imatrix, CollectOptions};
 use quantfarm_eval::kld::base_file::{BaseFile, BaseHeader};
-use quantfarm_eval::kld::{check_compatible, score_against, session_for, tokenize_text, write_base};
+use quantfarm_eval::kld::{check_compatible, chunks_per_decode, score_against, session_for, tokenize_text, write_base};
 use quantfarm_eval::prepare::prepare;
 use quantfarm_eval::{LoadOptions, Model};
 use quantfarm_proto::{self as pb, FailureKind};
@@ -162,10 +162,6 @@ fn tokenize_as_planned(model: &Model, text: &str, s: &pb::KldSettings, planned: 
     Ok(header)
 }
 
-fn n_seq(ctx: u32, batch: u32) -> u32 {
-    (batch / ctx.max(1)).max(1)
-}
-
 pub async fn kld_plan(t: &pb::KldPlanTask, env: &Env) -> Result<pb::KldPlanResult, Failure> {
     let s = settings(&t.settings)?.clone();
     let dir = task_dir(env)?;
@@ -180,7 +176,7 @@ pub async fn kld_plan(t: &pb::KldPlanTask, env: &Env) -> Result<pb::KldPlanResul
         drop(dir);
         Ok(pb::KldPlanResult {
             n_chunks: header.n_chunk() as u32,
-            n_seq: n_seq(s.ctx, s.batch),
+            n_seq: chunks_per_decode(s.ctx, s.batch),
             n_vocab: header.n_vocab,
             text_sha256,
             tokens_sha256: tokens_sha256(&header.tokens),
@@ -212,7 +208,7 @@ async fn write_base_part(t: &pb::KldBaseTask, out: &Location, env: &Env) -> Resu
         let mut session = session_for(&model, s.ctx, s.batch)?;
         let name = local2.display().to_string();
         let mut w = BufWriter::new(std::fs::File::create(&local2).map_err(|e| transient(&name, e))?);
-        write_base(&mut session, &part, n_seq(s.ctx, s.batch) as usize, &name, &mut w, |_, _| {})?;
+        write_base(&mut session, &part, chunks_per_decode(s.ctx, s.batch) as usize, &name, &mut w, |_, _| {})?;
         Ok(())
     })
     .await?;
@@ -282,7 +278,7 @@ pub async fn kld(t: &pb::KldTask, env: &Env) -> Result<pb::KldResult, Failure> {
         let mut session = session_for(&model, n_ctx, batch)?;
         let chunks: Vec<usize> = (0..n_chunk).collect();
         let mut out = Vec::with_capacity(n_chunk);
-        score_against(&mut session, &mut base, &chunks, n_seq(n_ctx, batch) as usize, |mut c| {
+        score_against(&mut session, &mut base, &chunks, chunks_per_decode(n_ctx, batch) as usize, |mut c| {
             c.chunk += first;
             out.push(pb::KldChunkStats::from(&c));
             Ok(())

@@ -72,16 +72,26 @@ pub fn check_compatible(header: &BaseHeader, base_name: &str, model: &Model, n_c
     Ok(())
 }
 
-/// A session shaped like llama-perplexity's for this chunking.
-pub fn session_for<'m>(model: &'m Model, n_ctx: u32, n_batch: u32) -> Result<Session<'m>> {
+/// Chunks decoded together: `batch / ctx`, at least one (llama-perplexity's and llama-imatrix's `n_seq`).
+pub fn chunks_per_decode(n_ctx: u32, n_batch: u32) -> u32 {
+    (n_batch / n_ctx.max(1)).max(1)
+}
+
+/// Refuses a batch that is neither below nor a multiple of the context, as llama-perplexity and llama-imatrix do.
+pub fn check_batch(n_ctx: u32, n_batch: u32) -> Result<()> {
     if n_batch >= n_ctx && !n_batch.is_multiple_of(n_ctx) {
         return Err(Error::mismatch(
             "--batch",
             format!("{n_batch} must be below or a multiple of the context {n_ctx}"),
         ));
     }
-    let n_seq = (n_batch / n_ctx).max(1);
-    model.session(n_ctx, n_seq, n_batch)
+    Ok(())
+}
+
+/// A session shaped like llama-perplexity's for this chunking.
+pub fn session_for<'m>(model: &'m Model, n_ctx: u32, n_batch: u32) -> Result<Session<'m>> {
+    check_batch(n_ctx, n_batch)?;
+    model.session(n_ctx, chunks_per_decode(n_ctx, n_batch), n_batch)
 }
 
 /// One decoded chunk: the logits of its scored positions, and the token each of them predicts.

@@ -53,12 +53,9 @@ impl ImatrixSums {
     /// shape for every weight both hold. Adding the parts of a text in order gives the same bytes however the
     /// chunks were spread.
     pub fn append(&mut self, next: &ImatrixSums, what: &str) -> Result<(), ImatrixError> {
+        // The first part: every part names the same text.
         if self.entries.is_empty() && self.chunk_count == 0 {
-            let datasets = std::mem::take(&mut self.datasets);
             *self = next.clone();
-            if !datasets.is_empty() {
-                self.datasets = datasets;
-            }
             return Ok(());
         }
         if next.chunk_size != self.chunk_size {
@@ -138,7 +135,8 @@ impl ImatrixSums {
         }
         let mut buf = Vec::new();
         for s in self.entries.values() {
-            for values in [s.values.clone(), s.counts.iter().map(|&c| c as f64).collect()] {
+            let counts: Vec<f64> = s.counts.iter().map(|&c| c as f64).collect();
+            for values in [&s.values, &counts] {
                 buf.clear();
                 if part {
                     values.iter().for_each(|v| buf.extend_from_slice(&v.to_le_bytes()));
@@ -253,7 +251,7 @@ mod tests {
 
     #[test]
     fn parts_add_in_chunk_order_only() {
-        let mut acc = ImatrixSums { datasets: vec!["t.txt".into()], ..Default::default() };
+        let mut acc = ImatrixSums::default();
         acc.append(&part(0, 2, 1.0), "p0").unwrap();
         acc.append(&part(2, 1, 0.5), "p1").unwrap();
         assert_eq!((acc.first_chunk, acc.chunk_count), (0, 3));
