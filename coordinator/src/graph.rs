@@ -633,6 +633,22 @@ pub fn priorities(tasks: &[TaskDef]) -> HashMap<TaskKey, u64> {
     memo
 }
 
+/// The output a task makes at a content-addressed URL, for the kinds that make one.
+pub fn output_url(t: &pb::Task) -> Option<&str> {
+    use pb::task::Kind as K;
+    Some(match t.kind.as_ref()? {
+        K::Gguf(g) => &g.output,
+        K::Quantize(q) => &q.output,
+        K::Merge(m) => &m.output,
+        K::Mlx(m) => &m.output,
+        K::MergeCheck(m) => &m.output,
+        K::KldBase(k) => &k.output,
+        K::Imatrix(i) => &i.output,
+        K::ImatrixMerge(i) => &i.output,
+        _ => return None,
+    })
+}
+
 /// For `synthetic:NAME` sources: the versioned name of the built-in model, or why NAME is unknown.
 pub fn synthetic_name(source: &str) -> Option<Result<&'static str, String>> {
     let name = source.strip_prefix("synthetic:")?;
@@ -1106,7 +1122,7 @@ pub fn build(ctx: &Ctx, key: &TaskKey, results: &Results) -> Result<pb::Task, St
         }),
         TaskKey::Report => return Err("the report is the coordinator's own task".into()),
     };
-    Ok(pb::Task { kind: Some(kind) })
+    Ok(pb::Task { kind: Some(kind), known_output_sha256: String::new() })
 }
 
 #[cfg(test)]

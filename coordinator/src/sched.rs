@@ -71,6 +71,9 @@ pub struct TaskRec {
     pub error: Option<String>,
     pub worker: Option<String>,
     pub duration_ms: u64,
+    /// Workers this task failed on (since the coordinator started): a retry goes to another worker that offers its
+    /// kind while one is alive, so one bad machine (a full disk, a broken runtime) cannot use up every try.
+    pub failed_on: Vec<String>,
 }
 
 impl TaskRec {
@@ -224,6 +227,10 @@ pub struct Sched {
     pub reports: Vec<ReportJob>,
     /// A task became ready since the server last looked (it wakes waiting leases).
     pub ready_changed: bool,
+    /// The sha256 recorded for every output URL a task made (all releases, rebuilt from the journal on restart).
+    /// Outputs are content-addressed, so a URL has one right content: a task that makes it again must give the
+    /// same digest, and a worker that finds it stored with another digest knows the stored copy is corrupt.
+    outputs: HashMap<String, String>,
 }
 
 fn now_ms() -> i64 {
@@ -291,6 +298,7 @@ impl Sched {
             by_id: HashMap::new(),
             ready: BTreeSet::new(),
             leases: HashMap::new(),
+            outputs: HashMap::new(),
             workers: HashMap::new(),
             events: Vec::new(),
             reports: Vec::new(),
@@ -362,6 +370,7 @@ impl Sched {
                 error: r.error.clone(),
                 worker: r.worker.clone(),
                 duration_ms: r.duration_ms,
+                failed_on: Vec::new(),
             });
         }
         for (i, r) in rows.iter().enumerate() {
@@ -377,6 +386,11 @@ impl Sched {
                 if rel.tasks[di].state != TState::Done {
                     rel.tasks[i].waiting += 1;
                 }
+            }
+        }
+        for t in rel.tasks.iter().filter(|t| t.state == TState::Done) {
+            if let Some(a) = t.result.as_ref().and_then(artifact_of_result) {
+                self.outputs.insert(a.url.clone(), a.sha256.clone());
             }
         }
         let running = rel.state == ReleaseState::Running;
@@ -490,6 +504,7 @@ impl Sched {
                 error: None,
                 worker: None,
                 duration_ms: 0,
+                failed_on: Vec::new(),
             });
         }
         for (k, d) in defs.iter().enumerate() {
@@ -621,6 +636,9 @@ impl Sched {
                     continue;
                 }
             }
+            if t.failed_on.iter().any(|w| w == worker_id) && self.another_worker_for(t, kind, now) {
+                continue;
+            }
             picked.push((prio, ri, ti));
         }
         let mut out = Vec::with_capacity(picked.len());
@@ -639,13 +657,18 @@ impl Sched {
             t.attempts += 1;
             t.not_before = None;
             self.leases.insert(lease_id.clone(), (ri, ti));
+            let mut task = t.task.clone();
+            if let Some(task) = task.as_mut() {
+                let known = graph::output_url(task).and_then(|u| self.outputs.get(u));
+                task.known_output_sha256 = known.cloned().unwrap_or_default();
+            }
             out.push(pb::Lease {
                 lease_id,
                 release_id: rel.id.clone(),
                 task_id: t.id.clone(),
                 attempt: t.attempts,
                 lease_ms,
-                task: t.task.clone(),
+                task,
             });
             rows.push((rel.id.clone(), rel.tasks[ti].row(&rel.tasks)));
         }
@@ -663,6 +686,17 @@ impl Sched {
             self.events.push(ev);
         }
         Ok((out, next_wake))
+    }
+
+    /// Whether a live worker other than those `t` failed on offers `kind` (and `t`'s runtime), so that `t` can wait
+    /// for it. Live: seen within two lease periods.
+    fn another_worker_for(&self, t: &TaskRec, kind: &str, now: Instant) -> bool {
+        self.workers.iter().any(|(id, w)| {
+            !t.failed_on.contains(id)
+                && now.duration_since(w.last_seen) < self.cfg.lease * 2
+                && w.info.task_kinds.iter().any(|k| k == kind)
+                && t.key.runtime().is_none_or(|rt| w.info.runtimes.iter().any(|r| r == rt))
+        })
     }
 
     /// Records a worker's byte counts (they only grow: a late, reordered request cannot lower them).
@@ -710,13 +744,30 @@ impl Sched {
             self.leases.remove(&req.lease_id);
             return Ok(false);
         }
-        // Whatever lease this task is under now ends here: the outcome is in (outputs are content-addressed, so a
-        // result from an earlier, expired lease is as good as one from the current lease).
+        // Only the lease the task is under now may end it. A lease that expired (its worker stopped heartbeating)
+        // was already counted as failed and the task handed on: that worker's late outcome is discarded.
+        let current = matches!(&self.releases[ri].tasks[ti].state,
+            TState::Leased { lease_id, .. } if *lease_id == req.lease_id);
+        if !current {
+            let rel = &self.releases[ri];
+            let msg = format!(
+                "{}: discarded a late outcome from worker {} (lease {} is no longer held; the task is {})",
+                req.task_id,
+                req.worker_id,
+                req.lease_id,
+                rel.tasks[ti].state.name()
+            );
+            tracing::warn!(release = %rel.id, "{msg}");
+            let ev = rel.event(msg);
+            self.events.push(ev);
+            return Ok(false);
+        }
         self.end_lease(ri, ti);
         let worker = req.worker_id.clone();
         match req.outcome {
             Some(pb::complete_request::Outcome::Result(result)) => {
-                if let Err(e) = check_result(&key, &result) {
+                if let Err(e) = check_result(&key, &result).and_then(|()| self.check_output(&result)) {
+                    self.releases[ri].tasks[ti].failed_on.push(worker.clone());
                     self.fail_task(ri, ti, FailureKind::Internal, format!("worker {worker}: {e}"))?;
                     return Ok(true);
                 }
@@ -724,11 +775,89 @@ impl Sched {
             }
             Some(pb::complete_request::Outcome::Failure(f)) => {
                 let kind = FailureKind::try_from(f.kind).unwrap_or(FailureKind::Internal);
-                self.fail_task(ri, ti, kind, format!("{} (worker {worker})", f.message))?;
+                let msg = format!("{} (worker {worker})", f.message);
+                if kind == FailureKind::Corrupt {
+                    return self.remake_corrupt(ri, ti, &f.corrupt_url, msg).map(|()| true);
+                }
+                self.releases[ri].tasks[ti].failed_on.push(worker);
+                self.fail_task(ri, ti, kind, msg)?;
             }
             None => self.fail_task(ri, ti, FailureKind::Internal, format!("worker {worker} sent no outcome"))?,
         }
         Ok(true)
+    }
+
+    /// A made output must have the digest recorded when its URL was made before (content addressing: one URL, one
+    /// content); another means a task that is not deterministic, or an output changed while the task ran.
+    fn check_output(&self, result: &pb::TaskResult) -> Result<(), String> {
+        let Some(a) = artifact_of_result(result) else { return Ok(()) };
+        match self.outputs.get(&a.url) {
+            Some(known) if *known != a.sha256 => Err(format!(
+                "{} has sha256 {}, but it was made before with sha256 {known}: the output is not reproducible",
+                a.url, a.sha256
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Task `ti` found input `url` corrupt in the store. The task of this release that made `url` makes it again
+    /// (its worker sees the recorded digest and replaces the stored copy); `ti`, and any other dependent not yet
+    /// leased, waits for it again. Neither uses up a try of `ti`. An input no task of the release made (the source,
+    /// a given file) cannot be made again: the release fails.
+    fn remake_corrupt(&mut self, ri: usize, ti: usize, url: &str, msg: String) -> Result<(), SchedError> {
+        let rel = &self.releases[ri];
+        let producer = rel.tasks.iter().position(|t| {
+            t.state == TState::Done && t.result.as_ref().and_then(artifact_of_result).is_some_and(|a| a.url == url)
+        });
+        let Some(pi) = producer else {
+            return self.fail_task(ri, ti, FailureKind::Input, msg);
+        };
+        let id = rel.tasks[ti].id.clone();
+        let pid = rel.tasks[pi].id.clone();
+        tracing::warn!(release = %rel.id, task = %id, "{msg}: {pid} makes it again");
+        // The producer runs again; its result stays until the new one replaces it (same digest, or the
+        // reproducibility check fails the task).
+        {
+            let p = &mut self.releases[ri].tasks[pi];
+            p.state = TState::Ready;
+            p.not_before = None;
+        }
+        self.journal_task(ri, pi)?;
+        self.make_ready(ri, pi);
+        if !self.releases[ri].tasks[pi].dependents.contains(&ti) {
+            // It read the output without depending on its task (not a graph this planner makes): it does now.
+            self.releases[ri].tasks[pi].dependents.push(ti);
+            self.releases[ri].tasks[ti].deps.push(pi);
+        }
+        // Dependents that have not started wait for it again; the failed task gives its try back.
+        for d in self.releases[ri].tasks[pi].dependents.clone() {
+            let state = self.releases[ri].tasks[d].state.clone();
+            let waits = match state {
+                TState::Blocked => true,
+                TState::Ready => {
+                    self.ready.remove(&(Reverse(self.releases[ri].tasks[d].priority), ri, d));
+                    true
+                }
+                TState::Leased { .. } if d == ti => true,
+                _ => false,
+            };
+            if waits {
+                let t = &mut self.releases[ri].tasks[d];
+                if t.state != TState::Blocked {
+                    t.state = TState::Blocked;
+                    t.waiting = 0;
+                }
+                t.waiting += 1;
+                if d == ti {
+                    t.attempts = t.attempts.saturating_sub(1);
+                    t.error = Some(msg.clone());
+                }
+                self.journal_task(ri, d)?;
+            }
+        }
+        let ev = self.releases[ri].event(format!("{id}: {msg}; {pid} makes it again"));
+        self.events.push(ev);
+        Ok(())
     }
 
     fn end_lease(&mut self, ri: usize, ti: usize) {
@@ -761,6 +890,9 @@ impl Sched {
             Some(task_result::Kind::KldPlan(p)) => (Some(p.clone()), None),
             _ => (None, None),
         };
+        if let Some(a) = artifact_of_result(&result) {
+            self.outputs.insert(a.url.clone(), a.sha256.clone());
+        }
         {
             let t = &mut self.releases[ri].tasks[ti];
             t.state = TState::Done;
@@ -947,6 +1079,7 @@ impl Sched {
             .collect();
         for (ri, ti, worker) in expired {
             self.end_lease(ri, ti);
+            self.releases[ri].tasks[ti].failed_on.push(worker.clone());
             let msg = format!("lease expired: worker {worker} stopped heartbeating");
             self.fail_task(ri, ti, FailureKind::Transient, msg)?;
         }
@@ -1012,6 +1145,14 @@ fn check_result(key: &TaskKey, r: &pb::TaskResult) -> Result<(), String> {
         Ok(())
     } else {
         Err(format!("task {key} got a result of the wrong kind"))
+    }
+}
+
+/// The output a task's result names, for the results that make one.
+fn artifact_of_result(r: &pb::TaskResult) -> Option<&pb::Artifact> {
+    match &r.kind {
+        Some(task_result::Kind::Artifact(a)) => a.artifact.as_ref(),
+        _ => None,
     }
 }
 

@@ -168,6 +168,24 @@ impl Location {
         }
     }
 
+    /// Removes the file or object here; one that is not there is no error. (For a stored output found corrupt, so
+    /// that it can be made again through the staged sink.)
+    pub async fn remove(&self) -> Result<()> {
+        match &self.backend {
+            Backend::Local(p) => match std::fs::remove_file(p) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    Err(Error::Io { file: self.display.clone(), source: e })
+                }
+                _ => Ok(()),
+            },
+            Backend::Object { store, key, .. } => match object_store::ObjectStoreExt::delete(store.as_ref(), key).await
+            {
+                Err(e) if !matches!(e, object_store::Error::NotFound { .. }) => Err(Error::store(&self.display, e)),
+                _ => Ok(()),
+            },
+        }
+    }
+
     /// The names of the files directly inside this folder, sorted.
     pub async fn list(&self) -> Result<Vec<String>> {
         let mut names = match &self.backend {

@@ -39,12 +39,12 @@ impl From<quantfarm_eval::Error> for Failure {
             E::Io { .. } | E::Endpoint { .. } => FailureKind::Transient,
             _ => FailureKind::Input,
         };
-        Failure { kind, message: e.to_string() }
+        Failure::new(kind, e.to_string())
     }
 }
 
 fn transient(what: impl std::fmt::Display, e: impl std::fmt::Display) -> Failure {
-    Failure { kind: FailureKind::Transient, message: format!("{what}: {e}") }
+    Failure::new(FailureKind::Transient, format!("{what}: {e}"))
 }
 
 /// A scratch folder for one task's fetched files, removed with it.
@@ -130,7 +130,7 @@ fn tokens_sha256(tokens: &[i32]) -> String {
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, Failure> + Send + 'static) -> Result<T, Failure> {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| Failure { kind: FailureKind::Internal, message: format!("the evaluation thread failed: {e}") })?
+        .map_err(|e| Failure::new(FailureKind::Internal, format!("the evaluation thread failed: {e}")))?
 }
 
 /// A GGUF model with the worker's threads; with a GGUF LoRA applied at run time at scale 1 when `lora` is given.
@@ -235,36 +235,14 @@ pub(crate) async fn upload(path: &Path, out: &Location, env: &Env) -> Result<(St
 }
 
 pub async fn kld_base(t: &pb::KldBaseTask, env: &Env) -> Result<pb::ArtifactResult, Failure> {
-    let out = location(&t.output)?;
-    let written = if Blob::open(&out).await.is_ok() {
-        None
-    } else {
-        match write_base_part(t, &out, env).await {
-            Ok(c) => Some(c),
-            // Another lease of this task committed first: the same bytes.
-            Err(_) if Blob::open(&out).await.is_ok() => None,
-            Err(e) => return Err(e),
-        }
-    };
-    let cache_hit = written.is_none();
-    let (sha256, bytes) = match written {
-        Some(c) => c,
-        None => hash_object(&out, env.budget).await?,
-    };
-    Ok(pb::ArtifactResult {
-        artifact: Some(pb::Artifact { url: out.to_string(), sha256, bytes, types: vec![] }),
-        cache_hit,
-    })
+    crate::exec::produce(&t.output, env, |out| async move { write_base_part(t, &out, env).await }).await
 }
 
 pub async fn kld(t: &pb::KldTask, env: &Env) -> Result<pb::KldResult, Failure> {
     let dir = task_dir(env)?;
     let (sha, _) = hash_object(&location(&t.base)?, env.budget).await?;
     if sha != t.base_sha256 {
-        return Err(Failure::input(format!(
-            "{}: the base logits changed since they were written (sha256 {sha}, expected {})",
-            t.base, t.base_sha256
-        )));
+        return Err(Failure::corrupt(&t.base, &sha, &t.base_sha256));
     }
     let base_path = local_file(&t.base, dir.path(), env).await?;
     let model_path = local_model(&t.model, dir.path(), env).await?;
@@ -389,7 +367,7 @@ pub async fn probe(t: &pb::ProbeTask, env: &Env) -> Result<pb::ProbeResult, Fail
             score_spread: report.score_spread,
             pass_scores: report.pass_scores.clone(),
             report_json: serde_json::to_string(&report)
-                .map_err(|e| Failure { kind: FailureKind::Internal, message: format!("probe report: {e}") })?,
+                .map_err(|e| Failure::new(FailureKind::Internal, format!("probe report: {e}")))?,
             note: note.unwrap_or_default(),
         })
     })
@@ -443,10 +421,7 @@ pub async fn imatrix_merge(t: &pb::ImatrixMergeTask, env: &Env) -> Result<pb::Ar
             let loc = location(&a.url)?;
             let (sha, _) = hash_object(&loc, env.budget).await?;
             if sha != a.sha256 {
-                return Err(Failure::input(format!(
-                    "{}: the imatrix part changed since it was written (sha256 {sha}, expected {})",
-                    a.url, a.sha256
-                )));
+                return Err(Failure::corrupt(&a.url, &sha, &a.sha256));
             }
             let part = ImatrixSums::load(&loc).await.map_err(imatrix_failure)?;
             sums.append(&part, &a.url).map_err(imatrix_failure)?;

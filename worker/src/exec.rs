@@ -20,15 +20,35 @@ use sha2::{Digest, Sha256};
 pub struct Failure {
     pub kind: FailureKind,
     pub message: String,
+    /// With [`FailureKind::Corrupt`]: the input whose stored bytes are not the ones its producer recorded.
+    pub corrupt_url: Option<String>,
 }
 
 impl Failure {
+    pub fn new(kind: FailureKind, message: impl Into<String>) -> Failure {
+        Failure { kind, message: message.into(), corrupt_url: None }
+    }
+
     pub fn input(message: impl Into<String>) -> Failure {
-        Failure { kind: FailureKind::Input, message: message.into() }
+        Failure::new(FailureKind::Input, message)
+    }
+
+    /// Input `url` was made by another task of the release and recorded with `expected`, but the store now holds
+    /// bytes with sha256 `found`: the coordinator has that task make it again.
+    pub fn corrupt(url: &str, found: &str, expected: &str) -> Failure {
+        Failure {
+            kind: FailureKind::Corrupt,
+            message: format!("{url}: the stored object has sha256 {found}, its producer recorded {expected}: corrupt"),
+            corrupt_url: Some(url.to_string()),
+        }
     }
 
     pub fn into_proto(self) -> pb::TaskFailure {
-        pb::TaskFailure { kind: self.kind as i32, message: self.message }
+        pb::TaskFailure {
+            kind: self.kind as i32,
+            message: self.message,
+            corrupt_url: self.corrupt_url.unwrap_or_default(),
+        }
     }
 }
 
@@ -39,7 +59,7 @@ impl From<quantfarm_tensors::Error> for Failure {
             E::Io { .. } | E::Store { .. } | E::Budget { .. } => FailureKind::Transient,
             _ => FailureKind::Input,
         };
-        Failure { kind, message: e.to_string() }
+        Failure::new(kind, e.to_string())
     }
 }
 
@@ -61,9 +81,14 @@ pub struct Env {
     pub scratch: std::path::PathBuf,
     /// Threads one task may use: the worker's cores shared among its slots.
     pub threads: usize,
+    /// The sha256 the farm recorded for this task's output, when it was made before ([`pb::Task`]'s
+    /// `known_output_sha256`): a stored copy with other bytes is corrupt and is made again.
+    pub known_output: Option<String>,
 }
 
 pub async fn run(t: &pb::Task, env: &Env) -> Result<pb::TaskResult, Failure> {
+    let known_output = Some(t.known_output_sha256.clone()).filter(|s| !s.is_empty());
+    let env = &Env { known_output, ..env.clone() };
     let kind = match t.kind.as_ref().ok_or_else(|| Failure::input("the task has no kind"))? {
         task::Kind::Plan(p) => task_result::Kind::Plan(plan(p).await?),
         task::Kind::Gguf(g) => task_result::Kind::Artifact(gguf(g, env).await?),
@@ -211,17 +236,37 @@ async fn exists(loc: &Location) -> bool {
     Blob::open(loc).await.is_ok()
 }
 
-/// The artifact at `out`, whether just written or found there.
-async fn artifact(out: &Location, committed: Option<(String, u64)>, env: &Env) -> Result<pb::ArtifactResult, Failure> {
-    let cache_hit = committed.is_none();
-    let (sha256, bytes) = match committed {
-        Some(c) => c,
-        None => hash_object(out, env.budget).await?,
-    };
-    Ok(pb::ArtifactResult {
-        artifact: Some(pb::Artifact { url: out.to_string(), sha256, bytes, types: type_mix(out).await? }),
+/// The artifact at `out`, just written (`cache_hit` false) or found there.
+fn artifact_result(out: &Location, (sha256, bytes): (String, u64), cache_hit: bool) -> pb::ArtifactResult {
+    pb::ArtifactResult {
+        artifact: Some(pb::Artifact { url: out.to_string(), sha256, bytes, types: vec![] }),
         cache_hit,
-    })
+    }
+}
+
+/// Whether an output found at its content-addressed location has the bytes the farm recorded for it (`digest`, its
+/// sha256 or folder digest): with other bytes it is corrupt, logged as such, and the caller makes it again.
+pub(crate) fn found_intact(out: &Location, digest: &str, env: &Env) -> bool {
+    match env.known_output.as_deref() {
+        Some(known) if known != digest => {
+            tracing::warn!(output = %out, found = digest, recorded = known, "the stored output is corrupt: making it again");
+            false
+        }
+        _ => true,
+    }
+}
+
+/// The output already at `out`, if it is intact (see [`found_intact`]); a corrupt one is removed.
+pub(crate) async fn cached(out: &Location, env: &Env) -> Result<Option<(String, u64)>, Failure> {
+    if !exists(out).await {
+        return Ok(None);
+    }
+    let found = hash_object(out, env.budget).await?;
+    if found_intact(out, &found.0, env) {
+        return Ok(Some(found));
+    }
+    out.remove().await?;
+    Ok(None)
 }
 
 async fn write_gguf(g: &pb::GgufShardTask, out: &Location, env: &Env) -> Result<(String, u64), Failure> {
@@ -258,15 +303,29 @@ where
     F: std::future::Future<Output = Result<(String, u64), Failure>>,
 {
     let out = location(url)?;
-    if exists(&out).await {
-        return artifact(&out, None, env).await;
+    if let Some(found) = cached(&out, env).await? {
+        return typed(&out, found, true).await;
     }
     match write(out.clone()).await {
-        Ok(c) => artifact(&out, Some(c), env).await,
+        Ok(c) => typed(&out, c, false).await,
         // Another lease of this task committed first: its output is the same bytes.
-        Err(_) if exists(&out).await => artifact(&out, None, env).await,
-        Err(e) => Err(e),
+        Err(e) => match cached(&out, env).await? {
+            Some(found) => typed(&out, found, true).await,
+            None => Err(e),
+        },
     }
+}
+
+/// [`artifact_result`] with the type mix of a GGUF or safetensors output (other outputs have none).
+async fn typed(out: &Location, digest: (String, u64), cache_hit: bool) -> Result<pb::ArtifactResult, Failure> {
+    let mut r = artifact_result(out, digest, cache_hit);
+    let name = out.file_name();
+    if name.ends_with(".gguf") || name.ends_with(".safetensors") {
+        if let Some(a) = r.artifact.as_mut() {
+            a.types = type_mix(out).await?;
+        }
+    }
+    Ok(r)
 }
 
 async fn gguf(g: &pb::GgufShardTask, env: &Env) -> Result<pb::ArtifactResult, Failure> {
@@ -310,9 +369,9 @@ async fn quantize(q: &pb::QuantizeTask, env: &Env) -> Result<pb::ArtifactResult,
 /// producer's sha256.
 async fn verify(v: &pb::VerifyTask, env: &Env) -> Result<pb::VerifyResult, Failure> {
     std::fs::create_dir_all(&env.scratch)
-        .map_err(|e| Failure { kind: FailureKind::Transient, message: format!("{}: {e}", env.scratch.display()) })?;
+        .map_err(|e| Failure::new(FailureKind::Transient, format!("{}: {e}", env.scratch.display())))?;
     let dir = tempfile::tempdir_in(&env.scratch)
-        .map_err(|e| Failure { kind: FailureKind::Transient, message: format!("{}: {e}", env.scratch.display()) })?;
+        .map_err(|e| Failure::new(FailureKind::Transient, format!("{}: {e}", env.scratch.display())))?;
     let scratch = Location::local(dir.path().join("recomputed"));
     let what = v.what.as_ref().ok_or_else(|| Failure::input("verify: nothing to verify"))?;
     let (stored_url, recomputed) = match what {
@@ -329,7 +388,11 @@ async fn verify(v: &pb::VerifyTask, env: &Env) -> Result<pb::VerifyResult, Failu
         }
         _ => hash_object(&stored_loc, env.budget).await?.0,
     };
-    let identical = stored == recomputed.0 && stored == v.expect_sha256;
+    if stored != v.expect_sha256 {
+        // Not what its producer committed: the store changed it since. The producer makes it again.
+        return Err(Failure::corrupt(&stored_url, &stored, &v.expect_sha256));
+    }
+    let identical = stored == recomputed.0;
     let detail = if identical {
         format!("{stored_url}: recomputed {} bytes, identical", recomputed.1)
     } else {
@@ -455,11 +518,15 @@ async fn merge(m: &pb::MergeTask, env: &Env) -> Result<pb::ArtifactResult, Failu
         return produce(&m.output, env, |out| async move { write_merge(m, &out, env).await }).await;
     }
     let out = location(&m.output)?;
-    let (sha256, bytes) = write_merge(m, &out, env).await?;
-    Ok(pb::ArtifactResult {
-        artifact: Some(pb::Artifact { url: out.to_string(), sha256, bytes, types: vec![] }),
-        cache_hit: false,
-    })
+    let mut digest = write_merge(m, &out, env).await?;
+    if !found_intact(&out, &digest.0, env) {
+        // Side files already there are kept as found: remove them all, then write them again.
+        for name in out.list().await? {
+            out.child(&name)?.remove().await?;
+        }
+        digest = write_merge(m, &out, env).await?;
+    }
+    Ok(artifact_result(&out, digest, false))
 }
 
 /// sha256 over the `sha256  name` lines (sorted by name) of files `names` in folder `dir`, and their total bytes.
@@ -515,10 +582,14 @@ async fn mlx_type_mix(dir: &Location) -> Result<Vec<pb::TypeCount>, Failure> {
 async fn mlx(m: &pb::MlxTask, env: &Env) -> Result<pb::ArtifactResult, Failure> {
     let out = location(&m.output)?;
     // config.json is committed last: a folder that has it is complete.
-    let (cache_hit, (sha256, bytes)) = if exists(&out.child("config.json")?).await {
-        (true, folder_digest(&out, &out.list().await?, env).await?)
-    } else {
-        (false, write_mlx(m, &out, env).await?)
+    let found = match exists(&out.child("config.json")?).await {
+        true => Some(folder_digest(&out, &out.list().await?, env).await?).filter(|d| found_intact(&out, &d.0, env)),
+        false => None,
+    };
+    // A corrupt folder is written over: the writer replaces every file of the checkpoint.
+    let (cache_hit, (sha256, bytes)) = match found {
+        Some(d) => (true, d),
+        None => (false, write_mlx(m, &out, env).await?),
     };
     let types = mlx_type_mix(&out).await?;
     Ok(pb::ArtifactResult { artifact: Some(pb::Artifact { url: out.to_string(), sha256, bytes, types }), cache_hit })

@@ -251,6 +251,7 @@ pub async fn run(
         budget: (s.cfg.memory_budget / s.cfg.slots.max(1) as u64).max(1 << 20),
         scratch: s.cfg.scratch.clone(),
         threads: (s.cfg.cores / s.cfg.slots.max(1)).max(1) as usize,
+        known_output: None,
     };
     let running: Arc<Mutex<HashMap<String, Running>>> = Arc::default();
     let outbox: Outbox = Arc::default();

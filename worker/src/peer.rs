@@ -17,7 +17,7 @@ use crate::exec::{hash_object, Env, Failure};
 pub const TOOLS: [&str; 1] = ["llama-perplexity"];
 
 fn internal(message: String) -> Failure {
-    Failure { kind: FailureKind::Internal, message }
+    Failure::new(FailureKind::Internal, message)
 }
 
 /// Runs the tool, returning everything it printed; a failure carries the end of its output.
@@ -63,9 +63,11 @@ pub async fn peer_kld(t: &pb::PeerKldTask, env: &Env) -> Result<pb::PeerKldResul
     if !TOOLS.contains(&t.tool.as_str()) {
         return Err(Failure::input(format!("peer tool {:?}: expected one of {}", t.tool, TOOLS.join(", "))));
     }
-    let tool = crate::find_tool(&t.tool).ok_or_else(|| Failure {
-        kind: FailureKind::Transient,
-        message: format!("{} is not on PATH or in $QUANTFARM_LLAMA_BIN on this worker", t.tool),
+    let tool = crate::find_tool(&t.tool).ok_or_else(|| {
+        Failure::new(
+            FailureKind::Transient,
+            format!("{} is not on PATH or in $QUANTFARM_LLAMA_BIN on this worker", t.tool),
+        )
     })?;
     let s = t.settings.clone().ok_or_else(|| Failure::input("the task has no KL-divergence settings"))?;
     let dir = task_dir(env)?;
