@@ -14,7 +14,8 @@ pub const ACCESS_KEY: &str = "quantfarm-test-access";
 pub const SECRET_KEY: &str = "quantfarm-test-secret-0123456789";
 
 pub struct S3Server {
-    child: Child,
+    /// Behind a lock so that a test can crash and restart the server while others hold it.
+    child: std::sync::Mutex<Child>,
     pub port: u16,
     /// The folder the server serves: `root/BUCKET/KEY` is object KEY of BUCKET.
     pub root: PathBuf,
@@ -54,6 +55,21 @@ impl S3Server {
     /// Starts a server over `root` (which must exist).
     pub fn start_at(root: &Path) -> S3Server {
         let port = TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("free port").port();
+        let child = std::sync::Mutex::new(S3Server::spawn(root, port));
+        S3Server { child, port, root: root.to_path_buf(), _tmp: None }
+    }
+
+    /// Kills the server (SIGKILL: no chance to finish anything), waits `down`, and starts it again on the same port
+    /// over the same folder, as a crashed and restarted S3 service comes back.
+    pub fn crash_and_restart(&self, down: Duration) {
+        let mut child = self.child.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = child.kill();
+        let _ = child.wait();
+        std::thread::sleep(down);
+        *child = S3Server::spawn(&self.root, self.port);
+    }
+
+    fn spawn(root: &Path, port: u16) -> Child {
         let child = Command::new(s3s_fs_bin())
             .args([
                 "--host",
@@ -75,7 +91,7 @@ impl S3Server {
             assert!(Instant::now() < deadline, "s3s-fs did not listen on port {port} within 20 s");
             std::thread::sleep(Duration::from_millis(50));
         }
-        S3Server { child, port, root: root.to_path_buf(), _tmp: None }
+        child
     }
 
     pub fn endpoint(&self) -> String {
@@ -168,7 +184,8 @@ impl S3Server {
 
 impl Drop for S3Server {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let child = self.child.get_mut().unwrap_or_else(|p| p.into_inner());
+        let _ = child.kill();
+        let _ = child.wait();
     }
 }
