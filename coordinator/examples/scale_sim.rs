@@ -237,7 +237,9 @@ fn result_for(t: &pb::Task, key: &TaskKey, plan: &pb::PlanResult, bytes: f64) ->
             tokens_sha256: "sim-tokens".into(),
         }),
         (TaskKey::Kld { .. }, _) => task_result::Kind::Kld(pb::KldResult::default()),
-        (_, Some(task::Kind::Verify(_))) => task_result::Kind::Verify(pb::VerifyResult { identical: true, ..Default::default() }),
+        (_, Some(task::Kind::Verify(_))) => {
+            task_result::Kind::Verify(pb::VerifyResult { identical: true, ..Default::default() })
+        }
         _ => {
             let url = graph::output_url(t).expect("an artifact task has an output").to_string();
             let sha256 = quantfarm_tensors::sink::hex(&<sha2::Sha256 as sha2::Digest>::digest(url.as_bytes()));
@@ -277,7 +279,11 @@ impl Ord for Finish {
 fn kind_of(key: &TaskKey) -> String {
     let id = key.to_string();
     let head = id.split('/').next().unwrap_or_default();
-    if head == "verify" { format!("verify/{}", id.split('/').nth(1).unwrap_or_default()) } else { head.to_string() }
+    match head {
+        "verify" => format!("verify/{}", id.split('/').nth(1).unwrap_or_default()),
+        _ if id.ends_with("/plan") => id,
+        _ => head.to_string(),
+    }
 }
 
 fn main() {
@@ -303,7 +309,11 @@ fn main() {
     let model = Model { cfg: &cfg, shard_bytes: &shard_bytes, bf16_bytes, logits_group_bytes };
 
     let kinds = |eval: bool| -> Vec<String> {
-        if eval { vec!["kld".into()] } else { ["plan", "gguf", "quantize", "verify"].map(String::from).to_vec() }
+        if eval {
+            vec!["kld".into()]
+        } else {
+            ["plan", "gguf", "quantize", "verify"].map(String::from).to_vec()
+        }
     };
     let workers: Vec<String> = (0..cfg.workers)
         .map(|i| {
@@ -404,7 +414,13 @@ fn main() {
     println!("|---|---:|---:|---:|---:|---:|");
     let mut tot = (0usize, 0.0, 0.0, 0.0, 0.0);
     for (k, (n, w, secs)) in &per_kind {
-        println!("| {k} | {n} | {:.0} | {:.0} | {:.0} | {:.2} |", gb(w.read), gb(w.written), gb(w.fetched), secs / 3600.0);
+        println!(
+            "| {k} | {n} | {:.0} | {:.0} | {:.0} | {:.2} |",
+            gb(w.read),
+            gb(w.written),
+            gb(w.fetched),
+            secs / 3600.0
+        );
         tot = (tot.0 + n, tot.1 + w.read, tot.2 + w.written, tot.3 + w.fetched, tot.4 + secs);
     }
     println!(
