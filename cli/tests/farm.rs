@@ -34,18 +34,13 @@ fn farm_release_of_smollm2_over_s3_survives_a_killed_worker_and_a_coordinator_re
     let s3 = S3Server::start();
     s3.upload(&hf, "models", "smollm2-hf");
     let rt = rt();
-    let key = tmp.path().join("signing.key");
-    let out = Command::new(bin()).arg("keygen").arg(&key).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let key = keygen(tmp.path());
     std::fs::write(tmp.path().join("release.yaml"), RELEASE).unwrap();
     let release = tmp.path().join("release.yaml");
     let release = release.to_str().unwrap();
 
     // --- Run 1, undisturbed. -----------------------------------------------------------------------------------
-    let dir1 = tmp.path().join("run1");
-    std::fs::create_dir_all(&dir1).unwrap();
-    let farm = Farm { s3: &s3, dir: dir1.clone(), port: free_port(), store_bucket: "farm1".into(), key: key.clone() };
-    std::fs::create_dir_all(s3.root.join("farm1")).unwrap();
+    let farm = Farm::new(&s3, &tmp.path().join("run1"), "farm1", &key);
     let _coord = farm.coordinator();
     let _workers: Vec<_> = (1..=3).map(|i| farm.worker(&format!("w{i}"), TOKEN)).collect();
 
@@ -146,10 +141,7 @@ fn farm_release_of_smollm2_over_s3_survives_a_killed_worker_and_a_coordinator_re
     assert!(text.contains(prompt) && text.len() > prompt.len() + 3, "llama-completion on the split GGUF:\n{text}");
 
     // --- Run 2: a worker killed mid-task, the coordinator killed and restarted. ----------------------------------
-    let dir2 = tmp.path().join("run2");
-    std::fs::create_dir_all(&dir2).unwrap();
-    let farm2 = Farm { s3: &s3, dir: dir2.clone(), port: free_port(), store_bucket: "farm2".into(), key: key.clone() };
-    std::fs::create_dir_all(s3.root.join("farm2")).unwrap();
+    let farm2 = Farm::new(&s3, &tmp.path().join("run2"), "farm2", &key);
     let mut coord2 = farm2.coordinator();
     let mut workers2: Vec<_> = (1..=3).map(|i| farm2.worker(&format!("w{i}"), TOKEN)).collect();
     let watch = BucketWatch::start(&s3, "farm2");
@@ -209,10 +201,8 @@ fn farm_release_of_smollm2_over_s3_survives_a_killed_worker_and_a_coordinator_re
 fn a_worker_drains_on_sigterm_and_another_finishes_the_release() {
     let tmp = tempfile::tempdir().unwrap();
     let s3 = S3Server::start();
-    let key = tmp.path().join("signing.key");
-    assert!(Command::new(bin()).arg("keygen").arg(&key).output().unwrap().status.success());
-    let farm = Farm { s3: &s3, dir: tmp.path().to_path_buf(), port: free_port(), store_bucket: "drain".into(), key };
-    std::fs::create_dir_all(s3.root.join("drain")).unwrap();
+    let key = keygen(tmp.path());
+    let farm = Farm::new(&s3, tmp.path(), "drain", &key);
     let _coord = farm.coordinator();
     let (mut w1, log1) = farm.worker("w1", TOKEN);
     let release = tmp.path().join("noop.yaml");

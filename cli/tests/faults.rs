@@ -170,17 +170,6 @@ fn watch(farm: &Farm, id: &str, outputs: &mut Vec<Output>) -> Value {
     s
 }
 
-/// The first "release failed" line in the coordinator logs of `dir`.
-fn failed_release(dir: &Path) -> Option<String> {
-    std::fs::read_dir(dir)
-        .ok()?
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("coordinator-"))
-        .find_map(|e| {
-            std::fs::read_to_string(e.path()).ok()?.lines().find(|l| l.contains("release failed")).map(str::to_string)
-        })
-}
-
 /// The tasks a worker's log shows started and not (yet) finished.
 fn running_tasks(log: &Path) -> Vec<String> {
     let text = std::fs::read_to_string(log).unwrap_or_default();
@@ -240,13 +229,6 @@ fn assert_no_secrets(dirs: &[&Path], s3_root: &Path, outputs: &[Output], secrets
     files.len()
 }
 
-fn keygen(dir: &Path) -> PathBuf {
-    let key = dir.join("signing.key");
-    let out = Command::new(bin()).arg("keygen").arg(&key).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    key
-}
-
 #[test]
 fn twenty_releases_survive_workers_killed_at_random_points_and_coordinator_restarts() {
     let seed = std::env::var("QUANTFARM_FAULT_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5eed_f00d_u64);
@@ -259,11 +241,7 @@ fn twenty_releases_survive_workers_killed_at_random_points_and_coordinator_resta
     let mut outputs = Vec::new();
 
     // --- Undisturbed: the 20 releases on a farm of 3 workers. ----------------------------------------------------
-    let calm_dir = tmp.path().join("calm");
-    std::fs::create_dir_all(&calm_dir).unwrap();
-    std::fs::create_dir_all(s3.root.join("calm")).unwrap();
-    let calm =
-        Farm { s3: &s3, dir: calm_dir.clone(), port: free_port(), store_bucket: "calm".into(), key: key.clone() };
+    let calm = Farm::new(&s3, &tmp.path().join("calm"), "calm", &key);
     let expected: BTreeMap<String, (Value, BTreeSet<String>)> = {
         let _coord = calm.coordinator();
         let _workers: Vec<_> = (1..=3).map(|i| calm.worker(&format!("w{i}"), TOKEN)).collect();
@@ -291,9 +269,7 @@ fn twenty_releases_survive_workers_killed_at_random_points_and_coordinator_resta
 
     // --- Disturbed: releases submitted one after another while workers and the coordinator are killed. ------------
     let dir = tmp.path().join("chaos");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::create_dir_all(s3.root.join("chaos")).unwrap();
-    let farm = Farm { s3: &s3, dir: dir.clone(), port: free_port(), store_bucket: "chaos".into(), key };
+    let farm = Farm::new(&s3, &dir, "chaos", &key);
     let watcher = BucketWatch::start(&s3, "chaos");
     let mut rng = Rng(seed);
     // Every kill of a busy worker costs its task a try (an expired lease counts: a task that keeps killing its
@@ -365,7 +341,7 @@ fn twenty_releases_survive_workers_killed_at_random_points_and_coordinator_resta
         if ids.len() == RELEASES && done(&ids) == RELEASES {
             break;
         }
-        if let Some(line) = failed_release(&dir) {
+        if let Some(line) = farm.coordinator_logs().lines().find(|l| l.contains("release failed")) {
             panic!("a release failed under the faults: {line}");
         }
         std::thread::sleep(Duration::from_millis(15));
@@ -422,8 +398,7 @@ fn a_worker_that_stops_heartbeating_has_its_late_outcome_discarded() {
     let s3 = S3Server::start();
     let rt = rt();
     let key = keygen(tmp.path());
-    std::fs::create_dir_all(s3.root.join("late")).unwrap();
-    let farm = Farm { s3: &s3, dir: tmp.path().to_path_buf(), port: free_port(), store_bucket: "late".into(), key };
+    let farm = Farm::new(&s3, tmp.path(), "late", &key);
     let spec = tiny_release(&tmp.path().join("spec"), "late", "Late");
     let _coord = farm.coordinator();
 
@@ -493,12 +468,7 @@ fn a_worker_that_stops_heartbeating_has_its_late_outcome_discarded() {
     assert_ne!(file["sha256"], "0".repeat(64), "the late, forged result was taken");
     let stored = read_object(&rt, &output, &s3);
     assert_eq!(file["sha256"].as_str().unwrap(), hex(&<sha2::Sha256 as sha2::Digest>::digest(&stored)));
-    let log = std::fs::read_dir(tmp.path())
-        .unwrap()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("coordinator-"))
-        .map(|e| std::fs::read_to_string(e.path()).unwrap())
-        .collect::<String>();
+    let log = farm.coordinator_logs();
     assert!(
         log.contains(&format!("{}: discarded a late outcome from worker {stale}", lease.task_id)),
         "the coordinator does not say it discarded the late outcome:\n{log}"
@@ -519,9 +489,8 @@ fn the_s3_server_restarted_during_a_multipart_upload_loses_nothing() {
         "name: smollm2-135m\nsource: s3://models/smollm2-hf\noutputs:\n  gguf: {prefix: SmolLM2-135M}\n",
     )
     .unwrap();
-    std::fs::create_dir_all(s3.root.join("s3crash")).unwrap();
     let before: BTreeSet<String> = s3.files().into_iter().collect();
-    let farm = Farm { s3: &s3, dir: tmp.path().to_path_buf(), port: free_port(), store_bucket: "s3crash".into(), key };
+    let farm = Farm::new(&s3, tmp.path(), "s3crash", &key);
     let _coord = farm.coordinator();
     let (_worker, w_log) = farm.worker("w1", TOKEN);
     let watcher = BucketWatch::start(&s3, "s3crash");
@@ -590,8 +559,7 @@ fn a_worker_with_a_full_scratch_disk_hands_its_tasks_to_the_others() {
     let calm_report: Value =
         serde_json::from_slice(&std::fs::read(summary(&calm)["report_url"].as_str().unwrap()).unwrap()).unwrap();
 
-    std::fs::create_dir_all(s3.root.join("full")).unwrap();
-    let farm = Farm { s3: &s3, dir: tmp.path().to_path_buf(), port: free_port(), store_bucket: "full".into(), key };
+    let farm = Farm::new(&s3, tmp.path(), "full", &key);
     let _coord = farm.coordinator();
     // The full worker's scratch is a 64 KiB tmpfs mounted in a mount namespace of its own (so nothing else sees
     // it, and no root is needed where user namespaces are allowed).
@@ -635,8 +603,7 @@ fn corrupted_artifacts_are_detected_by_their_checksum_and_made_again() {
     let rt = rt();
     let key = keygen(tmp.path());
     let spec = tiny_release(&tmp.path().join("spec"), "corrupt", "Corrupt");
-    std::fs::create_dir_all(s3.root.join("rot")).unwrap();
-    let farm = Farm { s3: &s3, dir: tmp.path().to_path_buf(), port: free_port(), store_bucket: "rot".into(), key };
+    let farm = Farm::new(&s3, tmp.path(), "rot", &key);
     let _coord = farm.coordinator();
     let (_w1, log1) = farm.worker("w1", TOKEN);
     let (_w2, log2) = farm.worker("w2", TOKEN);

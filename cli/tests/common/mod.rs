@@ -40,7 +40,32 @@ pub struct Farm<'a> {
     pub key: PathBuf,
 }
 
-impl Farm<'_> {
+impl<'a> Farm<'a> {
+    /// A farm in `dir` whose store is bucket `store_bucket` of `s3` (created here), on a free port.
+    pub fn new(s3: &'a S3Server, dir: &Path, store_bucket: &str, key: &Path) -> Farm<'a> {
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::create_dir_all(s3.root.join(store_bucket)).unwrap();
+        Farm {
+            s3,
+            dir: dir.to_path_buf(),
+            port: free_port(),
+            store_bucket: store_bucket.to_string(),
+            key: key.to_path_buf(),
+        }
+    }
+
+    /// Everything the coordinators of this farm logged so far (each start writes its own file).
+    pub fn coordinator_logs(&self) -> String {
+        let mut logs: Vec<PathBuf> = std::fs::read_dir(&self.dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("coordinator-")))
+            .collect();
+        logs.sort();
+        logs.iter().map(|p| std::fs::read_to_string(p).unwrap_or_default()).collect()
+    }
+
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
     }
@@ -112,6 +137,14 @@ impl Farm<'_> {
             .output()
             .unwrap()
     }
+}
+
+/// A new signing key `DIR/signing.key` (and its `.pub`), made by `quantfarm keygen`.
+pub fn keygen(dir: &Path) -> PathBuf {
+    let key = dir.join("signing.key");
+    let out = Command::new(bin()).arg("keygen").arg(&key).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    key
 }
 
 pub fn now_ms() -> u128 {
