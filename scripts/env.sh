@@ -28,3 +28,8 @@ if [[ $(uname -s) == Linux && $(uname -m) == x86_64 ]]; then
     export CMAKE_C_FLAGS_RELEASE=${CMAKE_C_FLAGS_RELEASE:--O3 -DNDEBUG -march=native}
     export CMAKE_CXX_FLAGS_RELEASE=${CMAKE_CXX_FLAGS_RELEASE:--O3 -DNDEBUG -march=native}
 fi
+# CMake for llama-cpp-sys-2's build, where the machine has none: scripts/install-build-tools puts it in this venv.
+export QUANTFARM_BUILD_TOOLS=$QUANTFARM_CACHE/build-tools
+if ! command -v cmake >/dev/null; then
+    export PATH=$PATH:$QUANTFARM_BUILD_TOOLS/bin
+fi

@@ -399,8 +399,15 @@ fn event_json(ev: &pb::ReleaseEvent) -> serde_json::Value {
     })
 }
 
-/// Prints the outcome and returns the exit code.
-async fn conclude(client: &mut Releases, id: &str, last: &pb::ReleaseEvent, json: bool) -> Result<u8> {
+/// Prints the outcome and returns the exit code. `pubkey` is the signer's public key where this process knows it
+/// (`run`), for the command that verifies the report.
+async fn conclude(
+    client: &mut Releases,
+    id: &str,
+    last: &pb::ReleaseEvent,
+    json: bool,
+    pubkey: Option<&str>,
+) -> Result<u8> {
     let report = client
         .get_report(pb::GetReportRequest { release_id: id.to_string() })
         .await
@@ -476,7 +483,16 @@ async fn conclude(client: &mut Releases, id: &str, last: &pb::ReleaseEvent, json
         }
     }
     if !report.report_url.is_empty() {
-        println!("  signed report: {}", report.report_url);
+        let url = &report.report_url;
+        println!("  signed report: {url}");
+        // The views are written beside report.json (report.html, report.md, the model card README.md).
+        if let Some(dir) = url.strip_suffix("report.json") {
+            println!("  view it:       {dir}report.html");
+        }
+        match pubkey {
+            Some(key) => println!("  verify it:     quantfarm report verify {url} --pubkey {key}"),
+            None => println!("  verify it:     quantfarm report verify {url} --pubkey SIGNER_PUBLIC_KEY"),
+        }
     }
     Ok(code)
 }
@@ -493,7 +509,7 @@ pub async fn submit(args: SubmitArgs) -> Result<u8> {
         return Ok(EXIT_RELEASED);
     }
     let last = watch_release(&mut client, &id, if args.json { Show::JsonLines } else { Show::Bars }).await?;
-    conclude(&mut client, &id, &last, args.json).await
+    conclude(&mut client, &id, &last, args.json, None).await
 }
 
 #[derive(clap::Args)]
@@ -510,7 +526,7 @@ pub async fn watch(args: WatchArgs) -> Result<u8> {
     let mut client = args.conn.client()?;
     let last =
         watch_release(&mut client, &args.release_id, if args.json { Show::JsonLines } else { Show::Bars }).await?;
-    conclude(&mut client, &args.release_id, &last, args.json).await
+    conclude(&mut client, &args.release_id, &last, args.json, None).await
 }
 
 /// Cancels a release: its leases are revoked (workers stop those tasks), nothing more runs.
@@ -554,6 +570,7 @@ pub async fn run(args: RunArgs) -> Result<u8> {
         key: signing_key(args.key.as_deref())?,
         tls: None,
     };
+    let pubkey = cfg.key.public().to_text();
     let coord = Coordinator::open(&cfg)?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("cannot listen on loopback")?;
     let url = format!("http://{}", listener.local_addr()?);
@@ -590,7 +607,7 @@ pub async fn run(args: RunArgs) -> Result<u8> {
             eprintln!("release {id}: {} local workers, store {store}", args.workers.max(1));
         }
         let last = watch_release(&mut client, &id, if args.json { Show::Nothing } else { Show::Bars }).await?;
-        conclude(&mut client, &id, &last, args.json).await
+        conclude(&mut client, &id, &last, args.json, Some(&pubkey)).await
     }
     .await;
     let _ = stop_tx.send(true);

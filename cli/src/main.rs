@@ -23,6 +23,10 @@ use clap::{Parser, Subcommand};
     about = "Release farm for fine-tuned language models: convert, quantize, and prove parity"
 )]
 struct Cli {
+    /// Say more: -v shows quantfarm's progress log and the runtime's own (llama.cpp's) log lines, -vv everything
+    /// at debug level. QUANTFARM_LOG (a tracing filter such as `warn,llama.cpp=debug`) overrides it.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
     #[command(subcommand)]
     command: Command,
 }
@@ -93,12 +97,20 @@ enum ReportCommand {
 }
 
 fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    // llama.cpp's log is at debug level under the target `llama.cpp` (quantfarm_eval's runtime log).
+    let default_filter = match cli.verbose {
+        0 => "warn",
+        1 => "info,llama.cpp=debug",
+        _ => "debug",
+    };
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("QUANTFARM_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("QUANTFARM_LOG").unwrap_or_else(|_| default_filter.into()),
+        )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let cli = Cli::parse();
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

@@ -15,6 +15,7 @@ pub mod prepare;
 pub mod probe;
 pub mod responders;
 pub mod runtime;
+mod runtime_log;
 pub mod template;
 
 pub use error::{Error, Result};

@@ -24,8 +24,8 @@ fn backend() -> Result<&'static LlamaBackend> {
     static BACKEND: OnceLock<std::result::Result<LlamaBackend, String>> = OnceLock::new();
     BACKEND
         .get_or_init(|| {
-            // llama.cpp's own log lines go through `tracing` (shown with QUANTFARM_LOG=llama_cpp_2=info).
-            llama_cpp_2::send_logs_to_tracing(llama_cpp_2::LogOptions::default());
+            // llama.cpp's own log lines go through `tracing` at debug level (`quantfarm -v` shows them).
+            crate::runtime_log::install();
             LlamaBackend::init().map_err(|e| e.to_string())
         })
         .as_ref()
