@@ -1,5 +1,5 @@
 //! `quantfarm kld`, `kld-merge`, `greedy` and `probe` on the real SmolLM2-135M against the real llama.cpp tools:
-//! the KL-divergence ladder against llama-perplexity's figures (fixture and live), base-logits files crossing
+//! the KL-divergence ladder against llama-perplexity's figures on the same chunks, base-logits files crossing
 //! between the two tools, the merge check able to fail, and probes against a real llama-server on loopback.
 
 use std::path::{Path, PathBuf};
@@ -32,22 +32,30 @@ fn bf16() -> PathBuf {
     smollm2_derived().join("smollm2-bf16.gguf")
 }
 
+/// The chunks every KLD comparison here runs on: the text's first 6 chunks of 512 tokens, decoded 2 at a time
+/// (`-b 1024`), so 3 decode groups, one per share in the three-process merge below. Every figure is compared with
+/// llama-perplexity run here on the same chunks, so fewer chunks than the text holds weaken nothing: the statistic is
+/// checked, not the text's average.
+const KLD_CHUNKS: &[&str] = &["--ctx", "512", "--batch", "1024", "--chunks", "6"];
+const PERPLEXITY_CHUNKS: &[&str] = &["-c", "512", "-b", "1024", "--chunks", "6", "-t", "2"];
+
 fn kld_json(base: &Path, model: &Path, extra: &[&str]) -> Value {
     let t = text();
     let mut args = vec![arg("kld"), arg("--model"), model.as_os_str(), arg("--base"), base.as_os_str(), arg("--text")];
     args.extend([t.as_os_str(), arg("--threads"), arg("2"), arg("--json")]);
-    args.extend(extra.iter().map(|a| arg(a)));
+    args.extend(KLD_CHUNKS.iter().chain(extra).map(|a| arg(a)));
     serde_json::from_str(&ok(quantfarm(&args), "quantfarm kld")).expect("kld --json prints JSON")
 }
 
-/// llama-perplexity's final figures, parsed from what it prints.
+/// llama-perplexity's final figures on a base-logits file, parsed from what it prints.
 fn llama_kld(base: &Path, model: &Path) -> (f64, f64, f64) {
     let out = Command::new(llama_bin().join("llama-perplexity"))
         .arg("-m")
         .arg(model)
         .arg("--kl-divergence-base")
         .arg(base)
-        .args(["--kl-divergence", "-c", "512", "-t", "2"])
+        .arg("--kl-divergence")
+        .args(PERPLEXITY_CHUNKS)
         .output()
         .expect("run llama-perplexity");
     let all = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
@@ -66,7 +74,10 @@ fn llama_kld(base: &Path, model: &Path) -> (f64, f64, f64) {
     (find("Mean    KLD"), find("Same top p"), find("Mean PPL(Q)"))
 }
 
-/// Mean KLD within ±10% (relative), same-top within 1 percentage point, PPL(Q) within 1%.
+/// Mean KLD within ±10% (relative), same-top within 1 percentage point, PPL(Q) within 1%: the bands between two
+/// builds of llama.cpp on one machine. The peer tools' ggml (0.25.3) and the runtime quantfarm links (0.26.0) have
+/// different quantized kernels on some CPUs (Q4_K_M with AVX-512: mean KLD 0.063707 against 0.063525), so the
+/// figures agree to these bands, not to the last digit, even on the same chunks.
 fn assert_bands(what: &str, kld: f64, same_top: f64, ppl: f64, want: (f64, f64, f64)) {
     let (k, s, p) = want;
     eprintln!("{what}: mean KLD {kld:.6} vs {k:.6}, same top {same_top:.3}% vs {s:.3}%, PPL(Q) {ppl:.4} vs {p:.4}");
@@ -75,19 +86,12 @@ fn assert_bands(what: &str, kld: f64, same_top: f64, ppl: f64, want: (f64, f64, 
     assert!((ppl - p).abs() <= 0.01 * p, "{what}: PPL(Q) {ppl} is not within 1% of {p}");
 }
 
-fn fixture(level: &str) -> (f64, f64, f64) {
-    let f: Value =
-        serde_json::from_str(&std::fs::read_to_string(fixtures_dir().join("smollm2/kld-gpl3.json")).unwrap()).unwrap();
-    let q = &f["quants"][level];
-    (
-        q["Mean KLD"]["value"].as_f64().unwrap(),
-        q["Same top p"]["value"].as_f64().unwrap(),
-        q["Mean PPL(Q)"]["value"].as_f64().unwrap(),
-    )
-}
-
-/// The whole ladder against llama-perplexity's printed figures, base files crossing both ways, and chunk
+/// The ladder against llama-perplexity run here on the same chunks, base files crossing both ways, and chunk
 /// statistics computed in three separate processes merging into exactly the one-process figures.
+///
+/// Three rungs span the range the statistic must hold over, from near-exact to heavily lossy (Q8_0's mean KLD is
+/// about 0.001, Q4_K_M's 0.06, Q2_K's 0.4): the KLD code is the same for every level, and every rung's bytes are
+/// checked against llama-quantize's in tests/tests/quantize_files.rs.
 #[test]
 fn kld_ladder_matches_llama_perplexity() {
     let dir = tempfile::tempdir().unwrap();
@@ -97,9 +101,10 @@ fn kld_ladder_matches_llama_perplexity() {
     let (b, t) = (bf16(), text());
     args.extend([b.as_os_str(), arg("--model"), b.as_os_str(), arg("--text"), t.as_os_str()]);
     args.extend([arg("--save-base"), ours.as_os_str(), arg("--threads"), arg("2"), arg("--json")]);
+    args.extend(KLD_CHUNKS.iter().map(|a| arg(a)));
     let selfcheck: Value = serde_json::from_str(&ok(quantfarm(&args), "kld bf16 vs itself")).unwrap();
-    assert_eq!(selfcheck["n_chunks"], 14);
-    assert_eq!(selfcheck["n_tokens"], 14 * 255);
+    assert_eq!(selfcheck["n_chunks"], 6);
+    assert_eq!(selfcheck["n_tokens"], 6 * 255);
     assert!(selfcheck["mean_kld"].as_f64().unwrap() < 1e-4, "{selfcheck}");
     // Saving again refuses to replace the file.
     let again = quantfarm(&args);
@@ -131,7 +136,7 @@ fn kld_ladder_matches_llama_perplexity() {
     std::fs::write(&truncated, &bytes[..bytes.len() - 1000]).unwrap();
     refused(&truncated, &[], "truncated or not a base-logits file");
 
-    // llama-perplexity's own base file: same header and tokens, same size.
+    // llama-perplexity's own base file on the same chunks: same header and tokens, same size.
     let theirs = dir.path().join("theirs.logits");
     let out = Command::new(llama_bin().join("llama-perplexity"))
         .arg("-m")
@@ -140,49 +145,32 @@ fn kld_ladder_matches_llama_perplexity() {
         .arg(text())
         .arg("--kl-divergence-base")
         .arg(&theirs)
-        .args(["-c", "512", "-t", "2"])
+        .args(PERPLEXITY_CHUNKS)
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let (a, b) = (std::fs::read(&ours).unwrap(), std::fs::read(&theirs).unwrap());
     assert_eq!(a.len(), b.len(), "base file sizes");
-    let head = 20 + 4 * 14 * 512;
+    let head = 20 + 4 * 6 * 512;
     assert_eq!(a[..head], b[..head], "header and tokens differ from llama-perplexity's");
 
-    // MLX 8-bit, evaluated through its exact dequantization to a bf16 GGUF, on the same tokens: a lossy rung (not
-    // the reference itself) closer than GGUF Q6_K. (MLX 4-bit is 0.435 here, worse than Q2_K's 0.418: mlx-lm
-    // quantizes SmolLM2's tied embedding, its output layer, to 4 bits too, where llama-quantize keeps Q6_K.)
-    let mlx8 = dir.path().join("mlx8");
-    let hf = smollm2_derived().join("smollm2-hf");
-    ok(quantfarm(&[arg("mlx"), hf.as_os_str(), mlx8.as_os_str(), arg("--bits"), arg("8")]), "mlx");
-    let j = kld_json(&ours, &mlx8, &[]);
-    let k = j["mean_kld"].as_f64().unwrap();
-    eprintln!("MLX 8-bit: mean KLD {k:.6}, same top {}%, PPL(Q) {}", j["same_top_p"], j["mean_ppl_q"]);
-    assert!(k > 1e-4 && k < fixture("q6_k").0, "MLX 8-bit mean KLD {k}");
-
-    for (level, key) in [
-        ("Q8_0", "q8_0"),
-        ("Q6_K", "q6_k"),
-        ("Q5_K_M", "q5_k_m"),
-        ("Q4_K_M", "q4_k_m"),
-        ("Q3_K_M", "q3_k_m"),
-        ("Q2_K", "q2_k"),
-        ("Q4_0", "q4_0"),
-    ] {
+    let figures = |j: &Value| {
+        (j["mean_kld"].as_f64().unwrap(), j["same_top_p"].as_f64().unwrap(), j["mean_ppl_q"].as_f64().unwrap())
+    };
+    let mut rungs = Vec::new();
+    for level in ["Q8_0", "Q4_K_M", "Q2_K"] {
         let model = dir.path().join(format!("{level}.gguf"));
         ok(quantfarm(&[arg("quantize"), bf16().as_os_str(), model.as_os_str(), arg(level)]), "quantize");
         let j = kld_json(&ours, &model, &[]);
-        let figures = |j: &Value| {
-            (j["mean_kld"].as_f64().unwrap(), j["same_top_p"].as_f64().unwrap(), j["mean_ppl_q"].as_f64().unwrap())
-        };
         let (k, s, p) = figures(&j);
-        assert_bands(&format!("{level}, our base file"), k, s, p, fixture(key));
+        // Our base file, read by llama-perplexity, gives its figures for the level: both tools on the same logits.
+        let live = llama_kld(&ours, &model);
+        assert_bands(&format!("{level}, our base file, against llama-perplexity on it"), k, s, p, live);
+        rungs.push((level, k));
         if level == "Q4_K_M" {
-            // Their base file read by us, and our base file read by llama-perplexity, live.
-            let (k, s, p) = figures(&kld_json(&theirs, &model, &[]));
-            assert_bands("Q4_K_M, llama-perplexity's base file", k, s, p, fixture(key));
-            let (k, s, p) = llama_kld(&ours, &model);
-            assert_bands("Q4_K_M, our base file in llama-perplexity", k, s, p, fixture(key));
+            // Their base file read by us: the same figures as from ours, within the bands.
+            let (k2, s2, p2) = figures(&kld_json(&theirs, &model, &[]));
+            assert_bands("Q4_K_M, llama-perplexity's base file", k2, s2, p2, live);
             // Three processes, one share of the chunk groups each (not all with the same thread count), merged:
             // exactly the one-process figures.
             let mut files = Vec::new();
@@ -198,6 +186,19 @@ fn kld_ladder_matches_llama_perplexity() {
             assert_eq!(merged, j, "three shares merged differ from one run");
         }
     }
+    // The ladder is ordered: each rung loses more than the one above it.
+    assert!(rungs.windows(2).all(|w| w[0].1 < w[1].1), "{rungs:?}");
+
+    // MLX 8-bit, evaluated through its exact dequantization to a bf16 GGUF, on the same tokens: a lossy rung (not
+    // the reference itself) closer than GGUF Q4_K_M. (MLX 4-bit is worse than Q2_K here: mlx-lm quantizes
+    // SmolLM2's tied embedding, its output layer, to 4 bits too, where llama-quantize keeps Q6_K.)
+    let mlx8 = dir.path().join("mlx8");
+    let hf = smollm2_derived().join("smollm2-hf");
+    ok(quantfarm(&[arg("mlx"), hf.as_os_str(), mlx8.as_os_str(), arg("--bits"), arg("8")]), "mlx");
+    let j = kld_json(&ours, &mlx8, &[]);
+    let k = j["mean_kld"].as_f64().unwrap();
+    eprintln!("MLX 8-bit: mean KLD {k:.6}, same top {}%, PPL(Q) {}", j["same_top_p"], j["mean_ppl_q"]);
+    assert!(k > 1e-4 && k < rungs[1].1, "MLX 8-bit mean KLD {k}, the ladder {rungs:?}");
 }
 
 fn arg(s: &str) -> &std::ffi::OsStr {
@@ -221,6 +222,7 @@ fn kld_share(base: &Path, model: &Path, shard: &str, out: &Path) {
         arg("--chunk-stats"),
         out.as_os_str(),
     ];
+    let args: Vec<&std::ffi::OsStr> = args.into_iter().chain(KLD_CHUNKS.iter().map(|a| arg(a))).collect();
     ok(quantfarm(&args), "kld --shard");
 }
 
@@ -455,13 +457,13 @@ fn workers_advertise_the_peer_runtimes_they_find() {
 }
 
 /// Evaluation as farm tasks: a release of the SmolLM2 HF checkpoint with Q8_0 and Q4_K_M and an `evaluation:`
-/// section (text, prompts, probes), made by `quantfarm run` with 3 workers. The KLD chunk groups are measured on all
-/// three workers and merged by the coordinator into llama-perplexity's figures (the recorded ones and those of
-/// llama-perplexity run here within the issue's bands, the reference's PPL to every printed digit), and into
-/// exactly what one `quantfarm kld` process gives on the same files; the `kld_mean` gates follow the figures; greedy
-/// agreement (two prompt shares per model) and probe results equal what `quantfarm greedy` and `quantfarm probe`
-/// give in one process; and llama-perplexity, asked for as a peer and run by a worker on the farm's own files, prints
-/// the figures compared.
+/// section (text, prompts, probes), made by `quantfarm run` with 3 workers. The KLD chunk groups (6 chunks of 512
+/// tokens, 2 per decode: 3 groups) are measured on all three workers and merged by the coordinator into
+/// llama-perplexity's figures (those of llama-perplexity, asked for as a peer and run by a worker on the farm's own
+/// files and chunks, within the bands; the reference's PPL to every printed digit), and into exactly what one
+/// `quantfarm kld` process gives on the same files; the `kld_mean` gates follow the figures; greedy agreement (two
+/// prompt shares per model) and probe results equal what `quantfarm greedy` and `quantfarm probe` give in one
+/// process.
 #[test]
 fn farm_measures_kld_greedy_and_probes_on_three_workers() {
     let dir = tempfile::tempdir().unwrap();
@@ -471,9 +473,10 @@ fn farm_measures_kld_greedy_and_probes_on_three_workers() {
         &release,
         format!(
             "name: smollm2-kld\nsource: {}\noutputs:\n  gguf:\n    quants: [Q8_0, Q4_K_M]\n  mlx: {{bits: [8]}}\n\
-             evaluation:\n  text: {}\n  ctx: 512\n  prompts: {}\n  probes: {}\n  peers: [llama-perplexity]\n\
+             evaluation:\n  text: {}\n  ctx: 512\n  batch: 1024\n  chunks: 6\n  prompts: {}\n  max_tokens: 24\n\
+             \x20 probes: {}\n  peers: [llama-perplexity]\n\
              gates:\n  - {{name: q8-close, check: 'q8_0.kld.mean <= 0.01'}}\n\
-             \x20 - {{name: q4-close, check: 'q4_k_m.kld.mean <= 0.05'}}\n",
+             \x20 - {{name: q4-close, check: 'q4_k_m.kld.mean <= 0.01'}}\n",
             hf.display(),
             text().display(),
             prompts().display(),
@@ -481,7 +484,8 @@ fn farm_measures_kld_greedy_and_probes_on_three_workers() {
         ),
     )
     .unwrap();
-    // Q4_K_M's mean KLD (0.063) is above its gate's 0.05: the release runs to its end and the verdict is "gate failed".
+    // Q4_K_M's mean KLD (about 0.06 on this text) is far above its gate's 0.01, Q8_0's (about 0.001) far below it:
+    // the release runs to its end and the verdict is "gate failed".
     let sum = farm_run(dir.path(), &release, 3, 1);
     let artifact = |ty: &str| {
         sum["artifacts"]
@@ -492,17 +496,14 @@ fn farm_measures_kld_greedy_and_probes_on_three_workers() {
             .unwrap_or_else(|| panic!("{sum:#}"))
             .clone()
     };
-    for (ty, key) in [("Q8_0", "q8_0"), ("Q4_K_M", "q4_k_m")] {
+    for ty in ["Q8_0", "Q4_K_M"] {
         let k = &artifact(ty)["kld"];
         let got =
             (k["mean_kld"].as_f64().unwrap(), k["same_top_p"].as_f64().unwrap(), k["mean_ppl_q"].as_f64().unwrap());
-        // The recorded figures were made on another CPU, whose kernels give other logits in the last bits.
-        assert_bands(&format!("farm {ty} vs the fixture"), got.0, got.1, got.2, fixture(key));
-        assert_eq!(k["n_chunks"], 14, "{k:#}");
-        // llama-perplexity itself, run by a worker on the same files (its own base run on the farm's BF16). The
-        // reference's figures print the same; a quant level's are within the bands: the peer's llama.cpp (ggml
-        // 0.25.3) and ours (0.26.0) have different quantized kernels on some CPUs (Q4_K_M with AVX-512: 0.063707
-        // vs 0.063525), the report says which figures print the same (`same_as_quantfarm`).
+        assert_eq!(k["n_chunks"], 6, "{k:#}");
+        // llama-perplexity itself, run by a worker on the same files and chunks (its own base run on the farm's
+        // BF16). The reference's figures print the same; a quant level's are within the bands (assert_bands says
+        // why), and the report says which figures print the same (`same_as_quantfarm`).
         let peer = &artifact(ty)["peers"]["llama-perplexity"];
         let f = |label: &str| peer["figures"][label].as_f64().unwrap_or_else(|| panic!("{label}: {peer:#}"));
         assert_eq!(peer["same_as_quantfarm"]["Mean PPL(base)"], true, "{ty}: {peer:#}");
@@ -513,7 +514,7 @@ fn farm_measures_kld_greedy_and_probes_on_three_workers() {
     // The MLX checkpoint, measured through its exact conversion in the same runtime, on the same chunks.
     let mlx = &artifact("MLX-8bit")["kld"];
     eprintln!("farm MLX-8bit: mean KLD {}, same top {} %", mlx["mean_kld"], mlx["same_top_p"]);
-    assert_eq!(mlx["n_chunks"], 14, "{mlx:#}");
+    assert_eq!(mlx["n_chunks"], 6, "{mlx:#}");
     let mlx_kld = mlx["mean_kld"].as_f64().unwrap();
     assert!(mlx_kld > 0.0 && mlx_kld < artifact("Q4_K_M")["kld"]["mean_kld"].as_f64().unwrap(), "{mlx:#}");
     assert_eq!(artifact("MLX-8bit")["greedy"]["n"], 20);
@@ -522,17 +523,18 @@ fn farm_measures_kld_greedy_and_probes_on_three_workers() {
     assert_eq!(gate("q8-close")["passed"], true, "{sum:#}");
     let q4 = gate("q4-close");
     assert_eq!(q4["passed"], false, "{q4:#}");
-    let detail = q4["detail"].as_str().unwrap();
+    // The gate line shows the figure this run measured, as gate lines show numbers.
     let q4_kld = artifact("Q4_K_M")["kld"]["mean_kld"].as_f64().unwrap();
-    assert!(detail.starts_with("q4_k_m.kld.mean = 0.0635") && detail.ends_with("> 0.05"), "{detail}");
+    let want = format!("q4_k_m.kld.mean = {} > 0.01", quantfarm_coordinator::gates::expr::fmt_num(q4_kld));
+    assert_eq!(q4["detail"], want.as_str(), "{q4:#}");
     assert_eq!(q4["inputs"]["q4_k_m.kld.mean"].as_f64(), Some(q4_kld), "{q4:#}");
-    assert_eq!(q4["threshold"], 0.05, "{q4:#}");
+    assert_eq!(q4["threshold"], 0.01, "{q4:#}");
     // Every level was measured (KLD and probes); the defaults' per-level KLD limits hold for all three.
     for g in sum["gates"].as_array().unwrap().iter().filter(|g| g["name"] == "measured" || g["name"] == "kld") {
         assert_eq!(g["passed"], true, "{g:#}");
     }
 
-    // The chunk groups (4 of them: 2048/512 chunks each) were spread over the three workers.
+    // The chunk groups (3 of them: 1024/512 chunks each) were spread over the three workers.
     let report: Value =
         serde_json::from_str(&std::fs::read_to_string(sum["report_url"].as_str().unwrap()).unwrap()).unwrap();
     let workers: std::collections::BTreeSet<&str> = report["tasks"]
@@ -543,7 +545,7 @@ fn farm_measures_kld_greedy_and_probes_on_three_workers() {
         .map(|t| t["worker"].as_str().unwrap())
         .collect();
     assert_eq!(workers.len(), 3, "the KLD tasks ran on {workers:?}");
-    assert_eq!(report["evaluation"]["n_chunks"], 14, "{:#}", report["evaluation"]);
+    assert_eq!(report["evaluation"]["n_chunks"], 6, "{:#}", report["evaluation"]);
 
     // One process on the same files gives the same figures, all of them.
     let url = |ty: &str| PathBuf::from(artifact(ty)["files"][0]["url"].as_str().unwrap());
@@ -560,6 +562,12 @@ fn farm_measures_kld_greedy_and_probes_on_three_workers() {
             arg("--threads"),
             arg("2"),
             arg("--json"),
+            arg("--ctx"),
+            arg("512"),
+            arg("--batch"),
+            arg("1024"),
+            arg("--chunks"),
+            arg("6"),
         ]),
         "quantfarm kld",
     ))
@@ -584,6 +592,8 @@ fn farm_measures_kld_greedy_and_probes_on_three_workers() {
         q8_0.as_os_str(),
         arg("--prompts"),
         p.as_os_str(),
+        arg("--max-tokens"),
+        arg("24"),
         arg("--ctx"),
         ctx,
         arg("--threads"),

@@ -1,8 +1,8 @@
 //! The fault suite: the farm as users run it (a real S3 server, `quantfarm coordinator` and `quantfarm worker`
 //! processes) under the failures of a real farm, each compared with an undisturbed run of the same releases:
 //!
-//! - workers killed (SIGKILL) at random points over 20 releases, and the coordinator killed and restarted among
-//!   them;
+//! - workers killed (SIGKILL) at random points over 8 releases (20 under `scripts/test --long`), and the
+//!   coordinator killed and restarted among them;
 //! - a worker that stops heartbeating but goes on and reports late (its outcome is discarded);
 //! - the S3 server killed and restarted during a multipart upload;
 //! - a worker whose scratch disk is full (a tmpfs of 64 KiB in its own mount namespace);
@@ -24,7 +24,16 @@ use common::*;
 use quantfarm_e2e::s3::{S3Server, ACCESS_KEY, SECRET_KEY};
 use serde_json::Value;
 
-const RELEASES: usize = 20;
+/// How many releases the chaos run makes: 8, or 20 with QUANTFARM_LONG set (`scripts/test --long`). Either way at
+/// least 10 workers are killed, 5 of them mid-task, and the coordinator is restarted twice before the last release
+/// is submitted; the long run spreads more faults over more releases.
+fn chaos_releases() -> usize {
+    if std::env::var_os("QUANTFARM_LONG").is_some() {
+        20
+    } else {
+        8
+    }
+}
 
 /// The README's example release (the synthetic tiny Llama, GGUF in two split files, Q8_0 and Q4_0, every level
 /// measured: KLD, greedy agreement, probes) named `NAME` with artifact prefix `PREFIX`, in `dir` beside the files
@@ -230,17 +239,18 @@ fn assert_no_secrets(dirs: &[&Path], s3_root: &Path, outputs: &[Output], secrets
 }
 
 #[test]
-fn twenty_releases_survive_workers_killed_at_random_points_and_coordinator_restarts() {
+fn releases_survive_workers_killed_at_random_points_and_coordinator_restarts() {
+    let releases = chaos_releases();
     let seed = std::env::var("QUANTFARM_FAULT_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5eed_f00d_u64);
     eprintln!("fault seed {seed:#x} (QUANTFARM_FAULT_SEED replays it)");
     let tmp = tempfile::tempdir().unwrap();
     let s3 = S3Server::start();
     let rt = rt();
     let key = keygen(tmp.path());
-    let specs: Vec<PathBuf> = (0..RELEASES).map(|i| fault_release(&tmp.path().join("specs"), i)).collect();
+    let specs: Vec<PathBuf> = (0..releases).map(|i| fault_release(&tmp.path().join("specs"), i)).collect();
     let mut outputs = Vec::new();
 
-    // --- Undisturbed: the 20 releases on a farm of 3 workers. ----------------------------------------------------
+    // --- Undisturbed: the releases on a farm of 3 workers. ------------------------------------------------------
     let calm = Farm::new(&s3, &tmp.path().join("calm"), "calm", &key);
     let expected: BTreeMap<String, (Value, BTreeSet<String>)> = {
         let _coord = calm.coordinator();
@@ -261,7 +271,7 @@ fn twenty_releases_survive_workers_killed_at_random_points_and_coordinator_resta
             })
             .collect()
     };
-    assert_eq!(expected.len(), RELEASES);
+    assert_eq!(expected.len(), releases);
     for (name, (fp, tasks)) in &expected {
         assert_eq!(fp["verdict"], "gate_failed", "{name}: {fp:#}");
         assert_eq!(tasks.len(), 20, "{name}: {tasks:?}");
@@ -294,10 +304,10 @@ fn twenty_releases_survive_workers_killed_at_random_points_and_coordinator_resta
     };
     loop {
         let now = Instant::now();
-        assert!(now < deadline, "the releases did not finish within 10 min ({} of {RELEASES} done)", done(&ids));
+        assert!(now < deadline, "the releases did not finish within 10 min ({} of {releases} done)", done(&ids));
         // The last release waits until enough faults have landed, so that a fast machine cannot finish first.
         let enough = kills >= 10 && mid_task.len() >= 5 && restarts >= 2;
-        if (ids.len() + 1 < RELEASES || enough) && ids.len() < RELEASES && now >= next_submit && coord.is_some() {
+        if (ids.len() + 1 < releases || enough) && ids.len() < releases && now >= next_submit && coord.is_some() {
             let out = farm.cli(&["submit", specs[ids.len()].to_str().unwrap()]);
             if out.status.code() == Some(0) {
                 ids.push(String::from_utf8_lossy(&out.stdout).trim().to_string());
@@ -306,7 +316,8 @@ fn twenty_releases_survive_workers_killed_at_random_points_and_coordinator_resta
             outputs.push(out);
         }
         if now >= next_fault {
-            if coord.is_some() && restarts < 3 && ids.len() >= 4 * (restarts + 1) && rng.below(5) == 0 {
+            let spacing = (releases / 5).max(1);
+            if coord.is_some() && restarts < 3 && ids.len() >= spacing * (restarts + 1) && rng.below(5) == 0 {
                 // The coordinator dies (SIGKILL) and comes back on the same journal after a while.
                 let mut c = coord.take().unwrap();
                 c.0.kill().unwrap();
@@ -338,7 +349,7 @@ fn twenty_releases_survive_workers_killed_at_random_points_and_coordinator_resta
             }
             next_fault = Instant::now() + rng.ms(800, 2400);
         }
-        if ids.len() == RELEASES && done(&ids) == RELEASES {
+        if ids.len() == releases && done(&ids) == releases {
             break;
         }
         if let Some(line) = farm.coordinator_logs().lines().find(|l| l.contains("release failed")) {
@@ -350,7 +361,7 @@ fn twenty_releases_survive_workers_killed_at_random_points_and_coordinator_resta
     let fin = list_bucket(&rt, &s3, "chaos");
     let listed = watcher.check(&fin);
     eprintln!(
-        "{RELEASES} releases in {:.1} s: {kills} workers killed ({} in the middle of a task: {:?}), the coordinator \
+        "{releases} releases in {:.1} s: {kills} workers killed ({} in the middle of a task: {:?}), the coordinator \
          restarted {restarts} times; {listed} objects listed during the run, none partial",
         elapsed.as_secs_f64(),
         mid_task.len(),
