@@ -23,8 +23,8 @@ use clap::{Parser, Subcommand};
     about = "Release farm for fine-tuned language models: convert, quantize, and prove parity"
 )]
 struct Cli {
-    /// Say more: -v shows quantfarm's progress log and the runtime's own (llama.cpp's) log lines, -vv everything
-    /// at debug level. QUANTFARM_LOG (a tracing filter such as `warn,llama.cpp=debug`) overrides it.
+    /// Say more: -v shows quantfarm's progress log and the runtime's own (llama.cpp's) log lines (and `verify`
+    /// every tensor's verdict), -vv everything at debug level. QUANTFARM_LOG (a tracing filter such as `warn,llama.cpp=debug`) overrides it.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     verbose: u8,
     #[command(subcommand)]
@@ -98,6 +98,7 @@ enum ReportCommand {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    let verbose = cli.verbose;
     // llama.cpp's log is at debug level under the target `llama.cpp` (quantfarm_eval's runtime log).
     let default_filter = match cli.verbose {
         0 => "warn",
@@ -128,7 +129,10 @@ fn main() -> std::process::ExitCode {
             Command::Mlx(args) => ok(mlx::run(args).await),
             Command::Merge(args) => ok(merge::run(args).await),
             Command::LoraGguf(args) => ok(merge::lora_gguf(args).await),
-            Command::Verify(args) => verify::run(args).await,
+            Command::Verify(mut args) => {
+                args.verbose = verbose > 0;
+                verify::run(args).await
+            }
             Command::Adapter(args) => ok(merge::convert_adapter(args).await),
             Command::Run(args) => farm::run(args).await,
             Command::Coordinator(args) => ok(farm::coordinator(args).await),
@@ -154,5 +158,16 @@ fn main() -> std::process::ExitCode {
             eprintln!("error: {e:#}");
             std::process::ExitCode::from(2)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// clap checks the whole command line's definition (names unique across global and subcommand arguments, value
+    /// types matching their accessors) only when asked, or when a user hits the broken subcommand.
+    #[test]
+    fn the_command_line_is_well_formed() {
+        use clap::CommandFactory;
+        super::Cli::command().debug_assert();
     }
 }

@@ -24,9 +24,9 @@ pub struct Args {
     /// Memory for tensor data held at once.
     #[arg(long, default_value = "64MiB", value_parser = parse_size)]
     budget: u64,
-    /// Print every tensor's verdict, not only those that are not identical.
-    #[arg(long, short)]
-    verbose: bool,
+    /// Print every tensor's verdict, not only those that are not identical: the global `-v/--verbose`.
+    #[arg(skip)]
+    pub verbose: bool,
     /// Print the outcome as JSON.
     #[arg(long)]
     json: bool,

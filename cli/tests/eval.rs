@@ -228,8 +228,11 @@ fn kld_share(base: &Path, model: &Path, shard: &str, out: &Path) {
 
 const RECORDED_BASE: &str = "HuggingFaceTB/SmolLM2-135M-Instruct";
 
-fn greedy_json(reference: &Path, lora: &Path, model: &Path) -> (Option<i32>, Value) {
-    let prompts = quantfarm_e2e::repo_root().join("examples/prompts-20.json");
+/// The merge checks here run on the first 8 prompts, 16 tokens each: an exact merge agrees on every one, a wrong one
+/// or the base without its adapter parts within the first tokens.
+const MERGE_PROMPTS: usize = 8;
+
+fn greedy_json(prompts: &Path, reference: &Path, lora: &Path, model: &Path) -> (Option<i32>, Value) {
     let out = quantfarm(&[
         arg("greedy"),
         arg("--reference"),
@@ -241,7 +244,7 @@ fn greedy_json(reference: &Path, lora: &Path, model: &Path) -> (Option<i32>, Val
         arg("--prompts"),
         prompts.as_os_str(),
         arg("--max-tokens"),
-        arg("32"),
+        arg("16"),
         arg("--threads"),
         arg("2"),
         arg("--json"),
@@ -252,7 +255,7 @@ fn greedy_json(reference: &Path, lora: &Path, model: &Path) -> (Option<i32>, Val
 }
 
 /// Link 1, the merge check: the base with the adapter applied at run time (unmerged, llama.cpp's LoRA path)
-/// against the merged checkpoint, greedy on 20 prompts. An exact merge agrees 20/20; a merge of an adapter with a
+/// against the merged checkpoint, greedy on 8 prompts. An exact merge agrees 8/8; a merge of an adapter with a
 /// layout bug (every lora_A transposed in memory) does not.
 ///
 /// The check runs in F32 (SmolLM2's bf16 weights widened exactly), so it tests the merge's arithmetic and nothing
@@ -314,17 +317,19 @@ fn merge_check_passes_an_exact_merge_and_fails_a_wrong_one() {
         "lora-gguf",
     );
     // HF folders are evaluated through the exact conversion to GGUF (F32 here).
-    let (code, good) = greedy_json(&hf, &lora, &merged[0]);
+    let prompts = quantfarm_e2e::prompts(MERGE_PROMPTS, dir.path());
+    let (code, good) = greedy_json(&prompts, &hf, &lora, &merged[0]);
     eprintln!(
         "exact merge: {}/{} identical, mean prefix {}",
         good["identical"], good["n"], good["mean_prefix_fraction"]
     );
-    assert_eq!((good["identical"].as_u64(), good["n"].as_u64()), (Some(20), Some(20)), "{good:#}");
+    let n = MERGE_PROMPTS as u64;
+    assert_eq!((good["identical"].as_u64(), good["n"].as_u64()), (Some(n), Some(n)), "{good:#}");
     assert_eq!(code, Some(0));
-    let (code, bad) = greedy_json(&hf, &lora, &merged[1]);
+    let (code, bad) = greedy_json(&prompts, &hf, &lora, &merged[1]);
     let identical = bad["identical"].as_u64().unwrap();
-    eprintln!("wrong merge: {identical}/20 identical, mean prefix {}", bad["mean_prefix_fraction"]);
-    assert!(identical < 20, "a wrong merge agreed 20/20: {bad:#}");
+    eprintln!("wrong merge: {identical}/{n} identical, mean prefix {}", bad["mean_prefix_fraction"]);
+    assert!(identical < n, "a wrong merge agreed {n}/{n}: {bad:#}");
     assert_eq!(code, Some(1));
     let d = bad["prompts"].as_array().unwrap().iter().find(|p| p["identical"] == false).unwrap();
     assert!(d["first_difference"].as_u64().is_some() && d["reference_margin"].as_f64().is_some(), "{d:#}");
@@ -468,6 +473,8 @@ fn workers_advertise_the_peer_runtimes_they_find() {
 fn farm_measures_kld_greedy_and_probes_on_three_workers() {
     let dir = tempfile::tempdir().unwrap();
     let hf = smollm2_derived().join("smollm2-hf");
+    // Greedy agreement on 8 prompts (two shares of 4 per model), compared prompt by prompt with one process.
+    let prompts = quantfarm_e2e::prompts(8, dir.path());
     let release = dir.path().join("release.yaml");
     std::fs::write(
         &release,
@@ -479,7 +486,7 @@ fn farm_measures_kld_greedy_and_probes_on_three_workers() {
              \x20 - {{name: q4-close, check: 'q4_k_m.kld.mean <= 0.01'}}\n",
             hf.display(),
             text().display(),
-            prompts().display(),
+            prompts.display(),
             probes().display()
         ),
     )
@@ -517,7 +524,7 @@ fn farm_measures_kld_greedy_and_probes_on_three_workers() {
     assert_eq!(mlx["n_chunks"], 6, "{mlx:#}");
     let mlx_kld = mlx["mean_kld"].as_f64().unwrap();
     assert!(mlx_kld > 0.0 && mlx_kld < artifact("Q4_K_M")["kld"]["mean_kld"].as_f64().unwrap(), "{mlx:#}");
-    assert_eq!(artifact("MLX-8bit")["greedy"]["n"], 20);
+    assert_eq!(artifact("MLX-8bit")["greedy"]["n"], 8);
     let gate = |name: &str| sum["gates"].as_array().unwrap().iter().find(|g| g["name"] == name).unwrap().clone();
     assert_eq!(gate("reproducible")["passed"], true, "{sum:#}");
     assert_eq!(gate("q8-close")["passed"], true, "{sum:#}");
@@ -583,7 +590,7 @@ fn farm_measures_kld_greedy_and_probes_on_three_workers() {
 
     // Greedy agreement, two shares of the prompts per model, joined: the same as one `quantfarm greedy` process.
     let q8_0 = url("Q8_0");
-    let (p, ctx) = (prompts(), arg("4096"));
+    let (p, ctx) = (&prompts, arg("4096"));
     let out = quantfarm(&[
         arg("greedy"),
         arg("--reference"),
@@ -603,7 +610,7 @@ fn farm_measures_kld_greedy_and_probes_on_three_workers() {
     let one: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("greedy --json: {e}"));
     let farm = artifact("Q8_0")["greedy"].clone();
     eprintln!("farm Q8_0 greedy: {}/{} identical", farm["identical"], farm["n"]);
-    assert_eq!((farm["n"].as_u64(), farm["complete"].as_bool()), (Some(20), Some(true)), "{farm:#}");
+    assert_eq!((farm["n"].as_u64(), farm["complete"].as_bool()), (Some(8), Some(true)), "{farm:#}");
     assert_eq!(farm["identical"], one["identical"], "farm {farm:#}\none process {one:#}");
     let differ = |v: &Value, key: &str| -> Vec<(u64, u64)> {
         v[key]
@@ -660,17 +667,13 @@ fn farm_run(dir: &Path, release: &Path, workers: u32, want_status: i32) -> Value
     serde_json::from_str(stdout.lines().last().expect("a summary line")).unwrap()
 }
 
-fn prompts() -> PathBuf {
-    quantfarm_e2e::repo_root().join("examples/prompts-20.json")
-}
-
 fn probes() -> PathBuf {
     quantfarm_e2e::repo_root().join("examples/probes-smollm2.yaml")
 }
 
 /// Link 1 on the farm: a release of SmolLM2 (bf16) with a PEFT adapter checks its merge. The workers write the
 /// adapter as a GGUF LoRA, the base widened to F32 and the merge rounded to f32, then run the base with the LoRA
-/// applied at run time against the merge on 20 prompts: an exact merge agrees 20/20, the gate passes, and one
+/// applied at run time against the merge on 8 prompts: an exact merge agrees 8/8, the gate passes, and one
 /// `quantfarm greedy` process on the farm's files agrees. The same merge against the base without the adapter does
 /// not agree, so the check sees the adapter (the CLI test above shows it failing a wrong merge).
 #[test]
@@ -678,16 +681,17 @@ fn farm_checks_the_merge_against_the_adapter_at_run_time() {
     let dir = tempfile::tempdir().unwrap();
     let hf = smollm2_derived().join("smollm2-hf");
     let adapter = quantfarm_e2e::lora_adapter("peft-attn", &hf, dir.path());
+    let prompts = quantfarm_e2e::prompts(MERGE_PROMPTS, dir.path());
     let release = dir.path().join("release.yaml");
     std::fs::write(
         &release,
         format!(
             "name: smollm2-lora\nsource: {}\nadapter: {}\nbase_name: {RECORDED_BASE}\noutputs:\n  gguf: {{quants: []}}\n\
-             evaluation:\n  prompts: {}\n  max_tokens: 32\n\
+             evaluation:\n  prompts: {}\n  max_tokens: 16\n\
              gates:\n  - {{name: merge, check: 'merge.greedy.agree >= 1'}}\n",
             hf.display(),
             adapter.display(),
-            prompts().display()
+            prompts.display()
         ),
     )
     .unwrap();
@@ -698,7 +702,8 @@ fn farm_checks_the_merge_against_the_adapter_at_run_time() {
         "farm merge check: {}/{} identical, mean prefix {}",
         greedy["identical"], greedy["n"], greedy["mean_prefix_fraction"]
     );
-    assert_eq!((greedy["identical"].as_u64(), greedy["n"].as_u64()), (Some(20), Some(20)), "{check:#}");
+    let n = MERGE_PROMPTS as u64;
+    assert_eq!((greedy["identical"].as_u64(), greedy["n"].as_u64()), (Some(n), Some(n)), "{check:#}");
     assert_eq!(greedy["complete"], true, "{check:#}");
     // The release's own `merge` gate replaced the default one (agree >= 0.9).
     let merge_gates: Vec<&Value> = sum["gates"].as_array().unwrap().iter().filter(|g| g["name"] == "merge").collect();
@@ -731,21 +736,21 @@ fn farm_checks_the_merge_against_the_adapter_at_run_time() {
 
     // One process on the farm's files: the same agreement.
     let greedy_one = |lora: Option<&Path>| -> Value {
-        let p = prompts();
+        let p = &prompts;
         let mut args = vec![arg("greedy"), arg("--reference"), base.as_os_str(), arg("--model"), merged.as_os_str()];
         if let Some(l) = lora {
             args.extend([arg("--reference-lora"), l.as_os_str()]);
         }
-        args.extend([arg("--prompts"), p.as_os_str(), arg("--max-tokens"), arg("32"), arg("--ctx"), arg("4096")]);
+        args.extend([arg("--prompts"), p.as_os_str(), arg("--max-tokens"), arg("16"), arg("--ctx"), arg("4096")]);
         args.extend([arg("--threads"), arg("2"), arg("--json")]);
         let out = quantfarm(&args);
         serde_json::from_slice(&out.stdout)
             .unwrap_or_else(|e| panic!("greedy --json: {e}: {}", String::from_utf8_lossy(&out.stderr)))
     };
     let one = greedy_one(Some(&lora));
-    assert_eq!(one["identical"], 20, "{one:#}");
+    assert_eq!(one["identical"], n, "{one:#}");
     let without = greedy_one(None);
     let identical = without["identical"].as_u64().unwrap();
-    eprintln!("the merge against the base without its adapter: {identical}/20 identical");
-    assert!(identical < 20, "the merge behaves like the base without the adapter: {without:#}");
+    eprintln!("the merge against the base without its adapter: {identical}/{n} identical");
+    assert!(identical < n, "the merge behaves like the base without the adapter: {without:#}");
 }

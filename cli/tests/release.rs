@@ -5,7 +5,7 @@
 //! docs/report.schema.json (checked by `jsonschema`), its signature and its DSSE envelope verify (the envelope also
 //! by securesystemslib, DSSE's reference implementation) and fail after one flipped byte; report.html loads in
 //! headless Chromium with no console error and no request, and its screenshot is kept; the model card names every
-//! file with its sha256. The same release with `evaluation.skip: [Q6_K]` fails, naming Q6_K.
+//! file with its sha256. A release with `evaluation.skip: [Q4_0]` (the README's tiny example) fails, naming Q4_0.
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
@@ -50,18 +50,21 @@ const PROBES: &str = "name: tuned-smollm2\ndefaults: {max_tokens: 256, thinking:
   - {name: greeting, prompt: Say hello., expect: {regex: '(?i)hello|hi'}}\n\
   - {name: romeo, prompt: Who wrote Romeo and Juliet?, expect: {contains: Shakespeare}}\n";
 
-fn release_yaml(hf: &Path, adapter: &Path, probes: &Path, skip: &str) -> String {
-    let repo = quantfarm_e2e::repo_root();
+/// Greedy agreement (each rung and the merge check) on the first 8 prompts, 16 tokens each: every figure the test
+/// reads is there, and each prompt costs a decode per model.
+const PROMPTS: usize = 8;
+
+fn release_yaml(hf: &Path, adapter: &Path, prompts: &Path, probes: &Path) -> String {
     format!(
         "name: smollm2-tuned\nsource: {}\nadapter: {}\nbase_name: HuggingFaceTB/SmolLM2-135M-Instruct\n\
          outputs:\n  gguf:\n    prefix: SmolLM2-135M-tuned\n    quants: [Q8_0, Q6_K, Q4_K_M, Q2_K]\n  mlx: {{bits: [4]}}\n\
-         evaluation:\n  text: {}\n  ctx: 512\n  chunks: 4\n  prompts: {}\n  max_tokens: 32\n  probes: {}\n{skip}\
+         evaluation:\n  text: {}\n  ctx: 512\n  chunks: 4\n  prompts: {}\n  max_tokens: 16\n  probes: {}\n\
          card: {{license: apache-2.0}}\n\
          gates:\n  - {{name: q8-close, check: 'q8_0.kld.mean <= 0.01'}}\n",
         hf.display(),
         adapter.display(),
         text().display(),
-        repo.join("examples/prompts-20.json").display(),
+        prompts.display(),
         probes.display(),
     )
 }
@@ -100,7 +103,8 @@ fn a_tuned_smollm2_ladder_is_gated_signed_and_shown() {
     let release = tmp.path().join("release.yaml");
     let probes = tmp.path().join("probes.yaml");
     std::fs::write(&probes, PROBES).unwrap();
-    std::fs::write(&release, release_yaml(&hf, &adapter, &probes, "")).unwrap();
+    let prompts = quantfarm_e2e::prompts(PROMPTS, tmp.path());
+    std::fs::write(&release, release_yaml(&hf, &adapter, &prompts, &probes)).unwrap();
 
     let out = run(&release, &store, &key);
     let sum = summary(&out);
@@ -123,7 +127,7 @@ fn a_tuned_smollm2_ladder_is_gated_signed_and_shown() {
         let k = &a["kld"];
         assert!(k["mean_kld"].as_f64().is_some_and(|m| m > 0.0), "{level}: {k:#}");
         assert_eq!(k["n_chunks"], 4, "{level}: {k:#}");
-        assert_eq!(a["greedy"]["n"], 20, "{level}: {a:#}");
+        assert_eq!(a["greedy"]["n"], PROMPTS, "{level}: {a:#}");
         let p = &a["probes"];
         let runs = ["passed", "failed", "truncated"].iter().map(|k| p[*k].as_u64().unwrap()).sum::<u64>();
         assert_eq!(runs, 4, "{level}: every probe ran once: {p:#}");
@@ -135,7 +139,7 @@ fn a_tuned_smollm2_ladder_is_gated_signed_and_shown() {
         let measured = gates.iter().find(|g| g["name"] == "measured" && g["level"] == level).unwrap();
         assert_eq!(measured["passed"], true, "{measured:#}");
         eprintln!(
-            "{level}: {} bytes, mean KLD {:.6} ± {:.6}, same top {:.2} %, greedy {}/20, probes {}",
+            "{level}: {} bytes, mean KLD {:.6} ± {:.6}, same top {:.2} %, greedy {}/{PROMPTS}, probes {}",
             a["bytes"],
             k["mean_kld"].as_f64().unwrap(),
             k["mean_kld_unc"].as_f64().unwrap(),
@@ -151,7 +155,7 @@ fn a_tuned_smollm2_ladder_is_gated_signed_and_shown() {
     assert_eq!(g["threshold"], 0.1, "the default limit for Q4_K_M: {g:#}");
     let merge = gates.iter().find(|g| g["name"] == "merge").expect("the default merge gate (an adapter)");
     assert_eq!(merge["passed"], true, "{merge:#}");
-    assert_eq!(sum["merge_check"]["greedy"]["identical"], 20, "{:#}", sum["merge_check"]);
+    assert_eq!(sum["merge_check"]["greedy"]["identical"], PROMPTS, "{:#}", sum["merge_check"]);
     // The identity chain names the adapter by content: each of its files with its sha256.
     let report = sum_report(Path::new(sum["report_url"].as_str().unwrap()));
     let adapter_files = report["adapter"]["files"].as_array().unwrap_or_else(|| panic!("{:#}", report["adapter"]));
@@ -236,20 +240,29 @@ fn a_tuned_smollm2_ladder_is_gated_signed_and_shown() {
     let md = std::fs::read_to_string(dir.join("report.md")).unwrap();
     assert_eq!(md.matches("| measured |").count(), LADDER.len(), "{md}");
 
-    // The same release, one level skipped: it is made, not measured, and the release fails naming it.
-    let skipped = tmp.path().join("skip.yaml");
-    std::fs::write(&skipped, release_yaml(&hf, &adapter, &probes, "  skip: [Q6_K]\n")).unwrap();
-    let out = run(&skipped, &store, &key);
+    // A release with a level skipped: it is made, not measured, and the release fails naming it. The README's tiny
+    // example shows it: the `measured` gate reads the report, whatever the model.
+    let examples = quantfarm_e2e::repo_root().join("examples");
+    let tiny_dir = tmp.path().join("tiny");
+    std::fs::create_dir_all(tiny_dir.join("texts")).unwrap();
+    for f in ["texts/mill.txt", "prompts-20.json", "probes-tiny.yaml"] {
+        std::fs::copy(examples.join(f), tiny_dir.join(f)).unwrap();
+    }
+    let tiny = std::fs::read_to_string(examples.join("tiny-llama.yaml")).unwrap();
+    assert!(tiny.contains("\nevaluation:\n"), "the example changed: {tiny}");
+    let skipped = tiny_dir.join("skip.yaml");
+    std::fs::write(&skipped, tiny.replace("\nevaluation:\n", "\nevaluation:\n  skip: [Q4_0]\n")).unwrap();
+    let out = run(&skipped, &tiny_dir.join("data"), &key);
     assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
     let sum = summary(&out);
     assert_eq!(sum["state"], "gate_failed");
     let failed: Vec<&Value> = sum["gates"].as_array().unwrap().iter().filter(|g| g["passed"] == false).collect();
     let m = failed.iter().find(|g| g["name"] == "measured").unwrap_or_else(|| panic!("{failed:#?}"));
-    assert_eq!(m["level"], "Q6_K", "{m:#}");
+    assert_eq!(m["level"], "Q4_0", "{m:#}");
     let detail = m["detail"].as_str().unwrap();
-    assert!(detail.starts_with("Q6_K: not measured") && detail.contains("evaluation.skip"), "{detail}");
-    let q6 = sum["artifacts"].as_array().unwrap().iter().find(|a| a["file_type"] == "Q6_K").unwrap();
-    assert!(q6["kld"].is_null() && q6["verified"] == true, "made and verified, not measured: {q6:#}");
+    assert!(detail.starts_with("Q4_0: not measured") && detail.contains("evaluation.skip"), "{detail}");
+    let q4 = sum["artifacts"].as_array().unwrap().iter().find(|a| a["file_type"] == "Q4_0").unwrap();
+    assert!(q4["kld"].is_null() && q4["verified"] == true, "made and verified, not measured: {q4:#}");
 }
 
 fn sum_report(path: &Path) -> Value {

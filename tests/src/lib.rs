@@ -176,6 +176,19 @@ pub fn lora_adapter(kind: &str, hf: &Path, dir: &Path) -> PathBuf {
     adapter
 }
 
+/// The first `n` prompts of `examples/prompts-20.json`, written as a prompt file into `dir`. Greedy agreement is
+/// compared prompt by prompt (the farm's shares against one process, a merge against its adapter at run time), so
+/// a test that checks such a comparison needs a few prompts, not the whole set: each one costs a decode per model.
+pub fn prompts(n: usize, dir: &Path) -> PathBuf {
+    let all: Vec<serde_json::Value> =
+        serde_json::from_slice(&std::fs::read(repo_root().join("examples/prompts-20.json")).expect("prompts-20.json"))
+            .expect("prompts-20.json is a JSON array");
+    assert!(n <= all.len(), "prompts-20.json has {} prompts, not {n}", all.len());
+    let path = dir.join(format!("prompts-{n}.json"));
+    std::fs::write(&path, serde_json::to_vec_pretty(&all[..n]).expect("JSON")).expect("write the prompt file");
+    path
+}
+
 pub mod s3;
 
 /// `quantfarm verify SRC OUT [--adapter A --base-name NAME]` through the library: every tensor recomputed and

@@ -46,10 +46,11 @@ fn check_against_gguf_py(what: &str, ty: GgmlType, input: &Path, tmp: &Path) -> 
     ours.len()
 }
 
-/// The ggml type of a golden file name: `<type>.bin`, `<type>_imat.bin` or `fma_<type>.bin`.
+/// The ggml type of a golden file name: `<type>.bin`, `<type>_imat.bin`, `fma_<type>.bin` or `ties_<type>[_imat].bin`
+/// (blocks quantized from the input full of exact ties; the README beside the files says how they were made).
 fn golden_type(file_name: &str) -> Option<GgmlType> {
     let stem = file_name.strip_suffix(".bin")?;
-    let stem = stem.strip_prefix("fma_").unwrap_or(stem);
+    let stem = stem.strip_prefix("fma_").or_else(|| stem.strip_prefix("ties_")).unwrap_or(stem);
     let stem = stem.strip_suffix("_imat").unwrap_or(stem);
     GgmlType::from_name(stem)
 }
