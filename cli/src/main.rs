@@ -24,7 +24,8 @@ use clap::{Parser, Subcommand};
 )]
 struct Cli {
     /// Say more: -v shows quantfarm's progress log and the runtime's own (llama.cpp's) log lines (and `verify`
-    /// every tensor's verdict), -vv everything at debug level. QUANTFARM_LOG (a tracing filter such as `warn,llama.cpp=debug`) overrides it.
+    /// every tensor's verdict), -vv everything at debug level. QUANTFARM_LOG (a tracing filter such as
+    /// `warn,llama.cpp=debug`) overrides it.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     verbose: u8,
     #[command(subcommand)]
@@ -100,7 +101,7 @@ fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let verbose = cli.verbose;
     // llama.cpp's log is at debug level under the target `llama.cpp` (quantfarm_eval's runtime log).
-    let default_filter = match cli.verbose {
+    let default_filter = match verbose {
         0 => "warn",
         1 => "info,llama.cpp=debug",
         _ => "debug",
