@@ -5,13 +5,14 @@
 //! config.json and the tokenizer files rebuilt from its keys.
 
 use anyhow::{Context, Result};
+use quantfarm_store::Location;
 use quantfarm_tensors::convert::{
     convert_hf_to_gguf, output_file_name, plan_gguf_to_hf, plan_gguf_to_mlx, plan_hf_to_gguf, plan_mlx_to_hf,
     split_ranges, write_hf, GgufPlan, OutType, SplitRule,
 };
 use quantfarm_tensors::gguf::Value;
 use quantfarm_tensors::{Dtype, Format};
-use quantfarm_tensors::{Location, TensorSource, TensorType};
+use quantfarm_tensors::{TensorSource, TensorType};
 
 use crate::units::{human, parse_size};
 

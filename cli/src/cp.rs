@@ -3,8 +3,8 @@
 //! never replacing an existing file without `--overwrite`. Prints each copy's size and sha256.
 
 use anyhow::{Context, Result};
-use quantfarm_tensors::blob::Blob;
-use quantfarm_tensors::{Location, StagedSink};
+use quantfarm_store::Blob;
+use quantfarm_store::{Location, StagedSink};
 
 use crate::units::{human, parse_size};
 

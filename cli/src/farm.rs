@@ -10,7 +10,7 @@ use quantfarm_coordinator::signing::{self, SigningKey};
 use quantfarm_coordinator::{Coordinator, CoordinatorConfig, SchedConfig};
 use quantfarm_proto::releases_client::ReleasesClient;
 use quantfarm_proto::{self as pb, ReleaseState, PROTOCOL_VERSION};
-use quantfarm_tensors::Location;
+use quantfarm_store::Location;
 use quantfarm_worker::{AddToken, WorkerConfig};
 use tokio::sync::watch;
 
@@ -560,7 +560,7 @@ pub async fn run(args: RunArgs) -> Result<u8> {
     let token = {
         let mut b = [0u8; 16];
         rand_core::RngCore::fill_bytes(&mut rand_core::OsRng, &mut b);
-        quantfarm_tensors::sink::hex(&b)
+        quantfarm_store::hex(&b)
     };
     let cfg = CoordinatorConfig {
         journal: journal_path(&store, None),

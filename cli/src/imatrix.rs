@@ -10,7 +10,7 @@ use quantfarm_eval::kld::{self, tokenize_text};
 use quantfarm_eval::prepare::prepare;
 use quantfarm_eval::{LoadOptions, Model};
 use quantfarm_quant::imatrix::sums::ImatrixSums;
-use quantfarm_tensors::Location;
+use quantfarm_store::Location;
 
 #[derive(clap::Args)]
 pub struct Args {

@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use quantfarm_tensors::{Location, TensorSource, TensorType};
+use quantfarm_store::Location;
+use quantfarm_tensors::{TensorSource, TensorType};
 use serde_json::{json, Map, Value as Json};
 
 use crate::units::{human, parse_size};
@@ -207,7 +208,7 @@ async fn read_all(src: &TensorSource, budget: u64, hash: bool) -> Result<ReadSta
             stats.largest_read = stats.largest_read.max(n as u64);
         }
         if hash {
-            stats.sha256.push((e.name.clone(), quantfarm_tensors::sink::hex(&h.finalize())));
+            stats.sha256.push((e.name.clone(), quantfarm_store::hex(&h.finalize())));
         }
     }
     stats.seconds = start.elapsed().as_secs_f64();

@@ -3,8 +3,8 @@
 //! before anything is written.
 
 use anyhow::{Context, Result};
+use quantfarm_store::Location;
 use quantfarm_tensors::merge::{adapter_to_gguf, merge_adapter, MergeOptions};
-use quantfarm_tensors::Location;
 
 use crate::units::{human, parse_size};
 

@@ -4,7 +4,8 @@
 
 use anyhow::{Context, Result};
 use quantfarm_quant::mlx_file::{quantize_mlx_checkpoint, MlxOptions};
-use quantfarm_tensors::{Location, TensorSource};
+use quantfarm_store::Location;
+use quantfarm_tensors::TensorSource;
 
 use crate::units::{human, parse_size};
 

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use quantfarm_quant::file::{quantize_gguf, Options};
 use quantfarm_quant::imatrix::Imatrix;
 use quantfarm_quant::FileType;
-use quantfarm_tensors::{GgmlType, Location, TensorSource};
+use quantfarm_store::Location;
+use quantfarm_tensors::{GgmlType, TensorSource};
 
 use crate::units::{human, parse_size};
 

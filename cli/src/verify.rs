@@ -4,8 +4,8 @@
 
 use anyhow::{Context, Result};
 use quantfarm_quant::verify::{verify, VerifyOptions};
+use quantfarm_store::Location;
 use quantfarm_tensors::verify::Verdict;
-use quantfarm_tensors::Location;
 
 use crate::units::parse_size;
 

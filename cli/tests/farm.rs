@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use quantfarm_e2e::s3::S3Server;
-use quantfarm_tensors::{Location, TensorSource};
+use quantfarm_store::Location;
+use quantfarm_tensors::TensorSource;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 const RELEASE: &str = "name: smollm2-135m
@@ -233,6 +234,33 @@ fn a_worker_drains_on_sigterm_and_another_finishes_the_release() {
     let t = report["tasks"].as_array().unwrap().iter().find(|t| t["id"] == task_id.as_str()).unwrap();
     assert_eq!(t["attempts"], 1, "{t}");
     assert!(t["worker"].as_str().unwrap().starts_with("w1"), "{t}");
+}
+
+/// Failures by meaning: a source that is not in the bucket is an input failure. Its task fails once, naming the
+/// object, and the release fails at once; no retry is spent on it (a transient failure would be tried
+/// `--max-attempts` times, with backoff, and its message would say after how many).
+#[test]
+fn a_missing_s3_object_fails_its_task_once_naming_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s3 = S3Server::start();
+    std::fs::create_dir_all(s3.root.join("models")).unwrap();
+    let key = keygen(tmp.path());
+    let farm = Farm::new(&s3, tmp.path(), "missing", &key);
+    let _coord = farm.coordinator();
+    let (_w, log) = farm.worker("w1", TOKEN);
+    let release = tmp.path().join("missing.yaml");
+    let source = "s3://models/no-such-model/model.safetensors";
+    std::fs::write(&release, format!("name: missing\nsource: {source}\noutputs:\n  gguf: {{quants: [Q8_0]}}\n"))
+        .unwrap();
+    let out = farm.cli(&["submit", release.to_str().unwrap(), "--watch", "--json"]);
+    let sum = summary(&out);
+    assert_eq!(sum["state"], "failed", "{sum:#}");
+    let error = sum["error"].as_str().unwrap_or_else(|| panic!("no error: {sum:#}"));
+    assert!(error.contains(source) && error.contains("not found"), "the error names the object: {error}");
+    assert!(error.starts_with("task plan failed: ") && !error.contains("attempts"), "retried: {error}");
+    let log = std::fs::read_to_string(&log).unwrap();
+    let tries = log.lines().filter(|l| l.contains("started") && l.contains("task=plan")).count();
+    assert_eq!(tries, 1, "the plan ran {tries} times:\n{log}");
 }
 
 #[test]

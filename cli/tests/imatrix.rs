@@ -8,7 +8,7 @@ use std::process::{Command, Output};
 
 use quantfarm_e2e::{fixtures_dir, llama_bin, repo_root, smollm2_derived};
 use quantfarm_quant::imatrix::sums::ImatrixSums;
-use quantfarm_tensors::Location;
+use quantfarm_store::Location;
 
 fn quantfarm(args: &[&str]) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_quantfarm")).args(args).output().expect("run quantfarm");

@@ -27,7 +27,7 @@ use quantfarm_coordinator::graph::{self, TaskKey};
 use quantfarm_coordinator::journal::Journal;
 use quantfarm_coordinator::sched::{Sched, SchedConfig};
 use quantfarm_proto::{self as pb, complete_request::Outcome, task, task_result};
-use quantfarm_tensors::Location;
+use quantfarm_store::Location;
 
 /// Llama-3.1-70B's shape.
 const HIDDEN: u64 = 8192;
@@ -242,7 +242,7 @@ fn result_for(t: &pb::Task, key: &TaskKey, plan: &pb::PlanResult, bytes: f64) ->
         }
         _ => {
             let url = graph::output_url(t).expect("an artifact task has an output").to_string();
-            let sha256 = quantfarm_tensors::sink::hex(&<sha2::Sha256 as sha2::Digest>::digest(url.as_bytes()));
+            let sha256 = quantfarm_store::hex(&<sha2::Sha256 as sha2::Digest>::digest(url.as_bytes()));
             let artifact = pb::Artifact { url, sha256, bytes: bytes as u64, types: vec![] };
             task_result::Kind::Artifact(pb::ArtifactResult { artifact: Some(artifact), cache_hit: false })
         }
@@ -291,9 +291,12 @@ fn main() {
     let dir = tempfile::tempdir().expect("temp dir");
     let journal_path = dir.path().join("journal.sqlite");
     let journal = Journal::open(&journal_path).expect("journal");
-    // Leases never expire in simulated time: the run takes milliseconds of real time.
-    let sched_cfg = SchedConfig { lease: Duration::from_secs(3600), ..SchedConfig::default() };
-    let mut s = Sched::open(journal, Location::local(dir.path().join("store")), sched_cfg).expect("scheduler");
+    // The scheduler runs on simulated time (each transition is given its instant); leases never expire in it, as
+    // workers that heartbeat would keep them.
+    let sched_cfg = SchedConfig { lease: Duration::from_secs(24 * 3600), ..SchedConfig::default() };
+    let t0 = Instant::now();
+    let at = |secs: f64| t0 + Duration::from_secs_f64(secs);
+    let mut s = Sched::open(journal, Location::local(dir.path().join("store")), sched_cfg, t0).expect("scheduler");
     let levels: Vec<&str> = LEVELS.iter().map(|l| l.0).collect();
     let yaml = format!(
         "name: llama-70b\nsource: s3://models/llama-3.1-70b\noutputs:\n  gguf:\n    split: {{max_size: 5GB}}\n    \
@@ -318,12 +321,15 @@ fn main() {
     let workers: Vec<String> = (0..cfg.workers)
         .map(|i| {
             let eval = i < cfg.eval_workers;
-            s.register(pb::WorkerInfo {
-                name: format!("{}{i}", if eval { "eval" } else { "cpu" }),
-                slots: 1,
-                task_kinds: kinds(eval),
-                ..Default::default()
-            })
+            s.register(
+                pb::WorkerInfo {
+                    name: format!("{}{i}", if eval { "eval" } else { "cpu" }),
+                    slots: 1,
+                    task_kinds: kinds(eval),
+                    ..Default::default()
+                },
+                t0,
+            )
         })
         .collect();
     let real = Instant::now();
@@ -342,8 +348,8 @@ fn main() {
                 continue;
             }
             calls += 1;
-            let (leases, _) = s.lease(&workers[w], 1).expect("lease");
-            let Some(lease) = leases.into_iter().next() else { continue };
+            let leased = s.lease(&workers[w], 1, at(now)).expect("lease");
+            let Some(lease) = leased.leases.into_iter().next() else { continue };
             let key = TaskKey::parse(&lease.task_id).expect("a task id");
             let model_name = match &key {
                 TaskKey::KldBase { .. } => Some("reference".to_string()),
@@ -375,7 +381,7 @@ fn main() {
             outcome: Some(Outcome::Result(result)),
         };
         calls += 1;
-        assert!(s.complete(req).expect("complete"), "{} was not needed", f.lease.task_id);
+        assert!(s.complete(req, at(now)).expect("complete"), "{} was not needed", f.lease.task_id);
         let e = per_kind.entry(kind_of(&f.key)).or_insert((0, Work::default(), 0.0));
         e.0 += 1;
         e.1.read += f.work.read;

@@ -10,10 +10,10 @@
 use std::collections::HashMap;
 use std::fmt;
 
+use quantfarm_ggml::split::split_file_name;
+use quantfarm_ggml::FileType;
 use quantfarm_proto::{self as pb, task, task_result, verify_task};
-use quantfarm_quant::FileType;
-use quantfarm_tensors::gguf::split::split_file_name;
-use quantfarm_tensors::Location;
+use quantfarm_store::Location;
 use sha2::{Digest, Sha256};
 
 use crate::spec::{ImatrixSource, Peer, ReleaseSpec};
@@ -652,10 +652,10 @@ pub fn output_url(t: &pb::Task) -> Option<&str> {
 /// For `synthetic:NAME` sources: the versioned name of the built-in model, or why NAME is unknown.
 pub fn synthetic_name(source: &str) -> Option<Result<&'static str, String>> {
     let name = source.strip_prefix("synthetic:")?;
-    Some(match name {
-        "tiny-llama" => Ok(quantfarm_tensors::synthetic::TINY_LLAMA),
-        other => Err(format!("unknown synthetic model {other:?} (known: tiny-llama)")),
-    })
+    Some(pb::synthetic_model(name).ok_or_else(|| {
+        let known: Vec<&str> = pb::SYNTHETIC_MODELS.iter().map(|(n, _)| *n).collect();
+        format!("unknown synthetic model {name:?} (known: {})", known.join(", "))
+    }))
 }
 
 fn short_hash(parts: &[&str]) -> String {
@@ -664,7 +664,7 @@ fn short_hash(parts: &[&str]) -> String {
         h.update(p.as_bytes());
         h.update(b"\n");
     }
-    quantfarm_tensors::sink::hex(&h.finalize()[..16])
+    quantfarm_store::hex(&h.finalize()[..16])
 }
 
 fn split_text(rule: &Option<pb::SplitRule>) -> String {

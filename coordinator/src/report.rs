@@ -1,6 +1,7 @@
 //! The release's record: `report.json` with the spec, every artifact's identity (URL, sha256, bytes, type mix,
 //! bits per weight), every task's inputs, outputs, worker and duration, the gates with their inputs and results,
-//! and the verdict. It is signed by [`crate::signing`] over its RFC 8785 canonical form.
+//! and the verdict. It is signed by [`crate::signing`] over its RFC 8785 canonical form and published by
+//! [`publish`] with its views and DSSE envelope.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -587,6 +588,40 @@ fn timings_json(rel: &Release, now_ms: i64) -> Value {
     })
 }
 
+/// Signs `report` with `key` and publishes it at `target` (`…/report.json`) with its views (`report.html`, the
+/// model card, …) and its DSSE envelope beside it. Every file is staged before any is committed, and report.json is
+/// committed last: its presence says the release's files are all there.
+pub async fn publish(
+    report: Value,
+    passed: bool,
+    key: &crate::signing::SigningKey,
+    target: &quantfarm_store::Location,
+) -> Result<crate::sched::Published, String> {
+    use quantfarm_store::StagedSink;
+    let signed = crate::signing::sign_report(report, key).map_err(|e| e.to_string())?;
+    let text = crate::canonical::canonical_json(&signed).map_err(|e| e.to_string())?;
+    let envelope = crate::attestation::envelope(&signed, key).map_err(|e| e.to_string())?;
+    let mut files: Vec<(&str, String)> = crate::views::render_all(&signed);
+    files.push((
+        "report.intoto.json",
+        format!("{}\n", crate::canonical::canonical_json(&envelope).map_err(|e| e.to_string())?),
+    ));
+    let mut sinks = Vec::new();
+    for (name, body) in &files {
+        let loc = target.sibling(name).map_err(|e| e.to_string())?;
+        let mut sink = StagedSink::create(&loc, true).await.map_err(|e| format!("{loc}: {e}"))?;
+        sink.write(body.as_bytes()).await.map_err(|e| format!("{loc}: {e}"))?;
+        sinks.push(sink);
+    }
+    let mut sink = StagedSink::create(target, true).await.map_err(|e| e.to_string())?;
+    sink.write(text.as_bytes()).await.map_err(|e| e.to_string())?;
+    for s in sinks {
+        s.commit().await.map_err(|e| e.to_string())?;
+    }
+    sink.commit().await.map_err(|e| e.to_string())?;
+    Ok(crate::sched::Published { json: text, url: target.to_string(), passed })
+}
+
 /// Builds the unsigned report of a release whose tasks (but the report) are all done; returns it with whether
 /// every gate passed. `workers` are the coordinator's known workers, `now_ms` the report's time.
 pub fn build(rel: &Release, workers: &HashMap<String, WorkerRec>, now_ms: i64) -> (Value, bool) {
@@ -695,7 +730,7 @@ pub fn build(rel: &Release, workers: &HashMap<String, WorkerRec>, now_ms: i64) -
             "id": rel.id,
             "name": rel.spec.name,
             "spec_file": rel.file_name,
-            "spec_sha256": quantfarm_tensors::sink::hex(&<sha2::Sha256 as sha2::Digest>::digest(rel.yaml.as_bytes())),
+            "spec_sha256": quantfarm_store::hex(&<sha2::Sha256 as sha2::Digest>::digest(rel.yaml.as_bytes())),
             "spec": spec,
         },
         "source": {

@@ -1,6 +1,9 @@
 //! The scheduler: every release's tasks and their states, the ready queue ordered by critical path, leases with
 //! deadlines, retries with backoff, and the journal write that goes with each change. Pure state transitions
 //! under one lock; the gRPC layer (`server`) waits and wakes around it.
+//!
+//! Time is an input: every transition that sets or checks a deadline takes `now`, so the scheduler reads no clock
+//! of its own and its tests move time forward instead of sleeping.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeSet, HashMap};
@@ -8,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use prost::Message;
 use quantfarm_proto::{self as pb, task_result, FailureKind, ReleaseState};
-use quantfarm_tensors::Location;
+use quantfarm_store::Location;
 
 use crate::graph::{self, Ctx, EvalInputs, TaskDef, TaskKey};
 use crate::journal::{Batch, Journal, JournalError, ReleaseRow, TaskRow};
@@ -39,7 +42,13 @@ impl Default for SchedConfig {
 pub enum TState {
     Blocked,
     Ready,
-    Leased { lease_id: String, worker: String, deadline: Instant },
+    Leased {
+        lease_id: String,
+        worker: String,
+        deadline: Instant,
+    },
+    /// The report task: the coordinator itself is making the release's report (no worker, no deadline).
+    Reporting,
     Done,
 }
 
@@ -49,6 +58,7 @@ impl TState {
             TState::Blocked => "blocked",
             TState::Ready => "ready",
             TState::Leased { .. } => "leased",
+            TState::Reporting => "reporting",
             TState::Done => "done",
         }
     }
@@ -147,7 +157,7 @@ impl Release {
             p.total += 1;
             match t.state {
                 TState::Done => p.done += 1,
-                TState::Leased { .. } => p.running += 1,
+                TState::Leased { .. } | TState::Reporting => p.running += 1,
                 _ => {}
             }
         }
@@ -206,6 +216,34 @@ pub struct WorkerRec {
     pub bytes_written: u64,
 }
 
+/// What [`Sched::lease`] gave a worker.
+#[derive(Debug, Default)]
+pub struct Leases {
+    pub leases: Vec<pb::Lease>,
+    /// When none could be given: when the first backed-off task the worker could run becomes ready.
+    pub next_wake: Option<Instant>,
+}
+
+/// What [`Sched::heartbeat`] answers.
+#[derive(Debug, Default)]
+pub struct Heartbeat {
+    /// The leases given that are no longer held (the worker must stop their tasks).
+    pub revoked: Vec<String>,
+    /// The coordinator does not know the worker (it restarted): the worker registers again.
+    pub unknown_worker: bool,
+}
+
+/// A published report, for [`Sched::report_done`].
+#[derive(Debug, Clone)]
+pub struct Published {
+    /// The signed report, as published.
+    pub json: String,
+    /// Where it was published.
+    pub url: String,
+    /// Whether every gate passed (the release is `released`, else `gate_failed`).
+    pub passed: bool,
+}
+
 /// A report the coordinator must now produce (the release's report task became ready).
 #[derive(Debug, Clone)]
 pub struct ReportJob {
@@ -240,7 +278,7 @@ fn now_ms() -> i64 {
 fn random_hex(bytes: usize) -> String {
     let mut b = vec![0u8; bytes];
     rand_core::RngCore::fill_bytes(&mut rand_core::OsRng, &mut b);
-    quantfarm_tensors::sink::hex(&b)
+    quantfarm_store::hex(&b)
 }
 
 /// Where a release's source is: a synthetic model (`synthetic:NAME`) lives in the store under its versioned name;
@@ -287,8 +325,9 @@ impl Sched {
         self.journal.ping().map_err(|e| e.to_string())
     }
 
-    /// Opens the journal and resumes every release it holds.
-    pub fn open(journal: Journal, store: Location, cfg: SchedConfig) -> Result<Sched, SchedError> {
+    /// Opens the journal and resumes every release it holds; leases that were held live on until `now` plus a
+    /// lease period.
+    pub fn open(journal: Journal, store: Location, cfg: SchedConfig, now: Instant) -> Result<Sched, SchedError> {
         let rows = journal.load()?;
         let mut s = Sched {
             cfg,
@@ -305,12 +344,12 @@ impl Sched {
             ready_changed: false,
         };
         for (rel, tasks) in rows {
-            s.restore(rel, tasks)?;
+            s.restore(rel, tasks, now)?;
         }
         Ok(s)
     }
 
-    fn restore(&mut self, row: ReleaseRow, rows: Vec<TaskRow>) -> Result<(), SchedError> {
+    fn restore(&mut self, row: ReleaseRow, rows: Vec<TaskRow>, now: Instant) -> Result<(), SchedError> {
         let spec = ReleaseSpec::parse(&row.yaml, &row.file_name)?;
         let source = source_location(&spec.source, &row.base, &self.store)?;
         let imatrix = imatrix_location(&spec, &row.base);
@@ -338,13 +377,14 @@ impl Sched {
             created_ms: row.created_ms,
             finished_ms: row.finished_ms,
         };
-        let deadline = Instant::now() + self.cfg.lease;
+        let deadline = now + self.cfg.lease;
         for r in &rows {
             let key = TaskKey::parse(&r.id)
                 .ok_or_else(|| SchedError::NoTask { release: row.id.clone(), task: r.id.clone() })?;
             let state = match r.state.as_str() {
                 "done" => TState::Done,
                 "ready" => TState::Ready,
+                "reporting" => TState::Reporting,
                 // A lease from before the restart lives on: its worker may still finish it, or it expires.
                 "leased" => match (&r.lease_id, &r.worker) {
                     (Some(l), Some(w)) => TState::Leased { lease_id: l.clone(), worker: w.clone(), deadline },
@@ -401,7 +441,12 @@ impl Sched {
                 let t = &self.releases[ri].tasks[ti];
                 match &t.state {
                     TState::Ready => self.make_ready(ri, ti),
-                    // The report was being made when the coordinator stopped: make it again.
+                    // The report was being made when the coordinator stopped: make it again. (Journals written
+                    // before the `reporting` state recorded it as a lease to the coordinator.)
+                    TState::Reporting => {
+                        self.releases[ri].tasks[ti].state = TState::Blocked;
+                        self.ready_up(ri, ti)?;
+                    }
                     TState::Leased { worker, .. } if worker == COORDINATOR => {
                         self.releases[ri].tasks[ti].state = TState::Blocked;
                         self.ready_up(ri, ti)?;
@@ -561,11 +606,7 @@ impl Sched {
         let key = rel.tasks[ti].key.clone();
         if key == TaskKey::Report {
             let t = &mut self.releases[ri].tasks[ti];
-            t.state = TState::Leased {
-                lease_id: format!("report-{}", random_hex(8)),
-                worker: COORDINATOR.into(),
-                deadline: far_future(),
-            };
+            t.state = TState::Reporting;
             t.attempts += 1;
             self.journal_task(ri, ti)?;
             self.reports.push(ReportJob { release_id: self.releases[ri].id.clone() });
@@ -602,16 +643,15 @@ impl Sched {
         Ok(())
     }
 
-    pub fn register(&mut self, info: pb::WorkerInfo) -> String {
+    pub fn register(&mut self, info: pb::WorkerInfo, now: Instant) -> String {
         let id = format!("{}-{}", if info.name.is_empty() { "worker" } else { &info.name }, random_hex(4));
-        self.workers.insert(id.clone(), WorkerRec { info, last_seen: Instant::now(), bytes_read: 0, bytes_written: 0 });
+        self.workers.insert(id.clone(), WorkerRec { info, last_seen: now, bytes_read: 0, bytes_written: 0 });
         id
     }
 
-    /// Leases up to `slots` ready tasks the worker can run, best critical path first. Returns the leases and,
+    /// Leases up to `slots` ready tasks the worker can run, best critical path first, at `now`: the leases and,
     /// when none could be given, when a backed-off task becomes ready (for the caller's wait).
-    pub fn lease(&mut self, worker_id: &str, slots: u32) -> Result<(Vec<pb::Lease>, Option<Instant>), SchedError> {
-        let now = Instant::now();
+    pub fn lease(&mut self, worker_id: &str, slots: u32, now: Instant) -> Result<Leases, SchedError> {
         let w = self.workers.get_mut(worker_id).ok_or_else(|| SchedError::UnknownWorker(worker_id.into()))?;
         w.last_seen = now;
         let kinds: Vec<String> = w.info.task_kinds.clone();
@@ -685,7 +725,7 @@ impl Sched {
             let ev = self.releases[ri].event(format!("{} started on {worker_id}", l.task_id));
             self.events.push(ev);
         }
-        Ok((out, next_wake))
+        Ok(Leases { leases: out, next_wake })
     }
 
     /// Whether a live worker other than those `t` failed on offers `kind` (and `t`'s runtime), so that `t` can wait
@@ -707,9 +747,8 @@ impl Sched {
         }
     }
 
-    /// Extends the deadlines of the given leases; returns those no longer valid.
-    pub fn heartbeat(&mut self, worker_id: &str, lease_ids: &[String]) -> (Vec<String>, bool) {
-        let now = Instant::now();
+    /// Extends the deadlines of the given leases to `now` plus a lease period.
+    pub fn heartbeat(&mut self, worker_id: &str, lease_ids: &[String], now: Instant) -> Heartbeat {
         let known = match self.workers.get_mut(worker_id) {
             Some(w) => {
                 w.last_seen = now;
@@ -728,11 +767,12 @@ impl Sched {
                 None => revoked.push(l.clone()),
             }
         }
-        (revoked, !known)
+        Heartbeat { revoked, unknown_worker: !known }
     }
 
-    /// Records a task's outcome. Returns false when it was not needed (already done, or the release is over).
-    pub fn complete(&mut self, req: pb::CompleteRequest) -> Result<bool, SchedError> {
+    /// Records a task's outcome at `now` (a failure's retry backs off from it). Returns false when it was not
+    /// needed (already done, or the release is over).
+    pub fn complete(&mut self, req: pb::CompleteRequest, now: Instant) -> Result<bool, SchedError> {
         let ri = *self.by_id.get(&req.release_id).ok_or_else(|| SchedError::NoRelease(req.release_id.clone()))?;
         let key = TaskKey::parse(&req.task_id)
             .ok_or_else(|| SchedError::NoTask { release: req.release_id.clone(), task: req.task_id.clone() })?;
@@ -768,7 +808,7 @@ impl Sched {
             Some(pb::complete_request::Outcome::Result(result)) => {
                 if let Err(e) = check_result(&key, &result).and_then(|()| self.check_output(&result)) {
                     self.releases[ri].tasks[ti].failed_on.push(worker.clone());
-                    self.fail_task(ri, ti, FailureKind::Internal, format!("worker {worker}: {e}"))?;
+                    self.fail_task(ri, ti, FailureKind::Internal, format!("worker {worker}: {e}"), now)?;
                     return Ok(true);
                 }
                 self.finish_task(ri, ti, result, worker, req.duration_ms)?;
@@ -777,12 +817,12 @@ impl Sched {
                 let kind = FailureKind::try_from(f.kind).unwrap_or(FailureKind::Internal);
                 let msg = format!("{} (worker {worker})", f.message);
                 if kind == FailureKind::Corrupt {
-                    return self.remake_corrupt(ri, ti, &f.corrupt_url, msg).map(|()| true);
+                    return self.remake_corrupt(ri, ti, &f.corrupt_url, msg, now).map(|()| true);
                 }
                 self.releases[ri].tasks[ti].failed_on.push(worker);
-                self.fail_task(ri, ti, kind, msg)?;
+                self.fail_task(ri, ti, kind, msg, now)?;
             }
-            None => self.fail_task(ri, ti, FailureKind::Internal, format!("worker {worker} sent no outcome"))?,
+            None => self.fail_task(ri, ti, FailureKind::Internal, format!("worker {worker} sent no outcome"), now)?,
         }
         Ok(true)
     }
@@ -804,13 +844,13 @@ impl Sched {
     /// (its worker sees the recorded digest and replaces the stored copy); `ti`, and any other dependent not yet
     /// leased, waits for it again. Neither uses up a try of `ti`. An input no task of the release made (the source,
     /// a given file) cannot be made again: the release fails.
-    fn remake_corrupt(&mut self, ri: usize, ti: usize, url: &str, msg: String) -> Result<(), SchedError> {
+    fn remake_corrupt(&mut self, ri: usize, ti: usize, url: &str, msg: String, now: Instant) -> Result<(), SchedError> {
         let rel = &self.releases[ri];
         let producer = rel.tasks.iter().position(|t| {
             t.state == TState::Done && t.result.as_ref().and_then(artifact_of_result).is_some_and(|a| a.url == url)
         });
         let Some(pi) = producer else {
-            return self.fail_task(ri, ti, FailureKind::Input, msg);
+            return self.fail_task(ri, ti, FailureKind::Input, msg, now);
         };
         let id = rel.tasks[ti].id.clone();
         let pid = rel.tasks[pi].id.clone();
@@ -960,7 +1000,14 @@ impl Sched {
         Ok(())
     }
 
-    fn fail_task(&mut self, ri: usize, ti: usize, kind: FailureKind, msg: String) -> Result<(), SchedError> {
+    fn fail_task(
+        &mut self,
+        ri: usize,
+        ti: usize,
+        kind: FailureKind,
+        msg: String,
+        now: Instant,
+    ) -> Result<(), SchedError> {
         let id = self.releases[ri].tasks[ti].id.clone();
         let attempts = self.releases[ri].tasks[ti].attempts;
         tracing::warn!(release = %self.releases[ri].id, task = %id, attempt = attempts, "task failed: {msg}");
@@ -987,7 +1034,7 @@ impl Sched {
         let t = &mut self.releases[ri].tasks[ti];
         t.state = TState::Ready;
         t.error = Some(msg.clone());
-        t.not_before = Some(Instant::now() + delay);
+        t.not_before = Some(now + delay);
         self.journal_task(ri, ti)?;
         self.make_ready(ri, ti);
         let ev = self.releases[ri].event(format!("{id} failed, retrying in {:.1} s: {msg}", delay.as_secs_f64()));
@@ -1033,18 +1080,14 @@ impl Sched {
         Ok(())
     }
 
-    /// The coordinator finished the report task.
-    pub fn report_done(
-        &mut self,
-        release_id: &str,
-        outcome: Result<(String, String, bool), String>,
-    ) -> Result<(), SchedError> {
+    /// The coordinator finished the report task: published, or why not.
+    pub fn report_done(&mut self, release_id: &str, outcome: Result<Published, String>) -> Result<(), SchedError> {
         let ri = *self.by_id.get(release_id).ok_or_else(|| SchedError::NoRelease(release_id.into()))?;
         if self.releases[ri].finished() {
             return Ok(());
         }
         match outcome {
-            Ok((json, url, passed)) => {
+            Ok(Published { json, url, passed }) => {
                 if let Some(&ti) = self.releases[ri].index.get(&TaskKey::Report) {
                     let t = &mut self.releases[ri].tasks[ti];
                     t.state = TState::Done;
@@ -1066,9 +1109,9 @@ impl Sched {
         Ok(self.releases[ri].state)
     }
 
-    /// Expires leases whose worker stopped heartbeating: each counts as a failed attempt.
-    pub fn expire(&mut self) -> Result<(), SchedError> {
-        let now = Instant::now();
+    /// Expires the leases whose deadline passed by `now` (their worker stopped heartbeating): each counts as a failed
+    /// attempt.
+    pub fn expire(&mut self, now: Instant) -> Result<(), SchedError> {
         let expired: Vec<(usize, usize, String)> = self
             .leases
             .values()
@@ -1081,7 +1124,7 @@ impl Sched {
             self.end_lease(ri, ti);
             self.releases[ri].tasks[ti].failed_on.push(worker.clone());
             let msg = format!("lease expired: worker {worker} stopped heartbeating");
-            self.fail_task(ri, ti, FailureKind::Transient, msg)?;
+            self.fail_task(ri, ti, FailureKind::Transient, msg, now)?;
         }
         Ok(())
     }
@@ -1104,10 +1147,6 @@ impl Sched {
 
 /// The worker name recorded for tasks the coordinator runs itself.
 pub const COORDINATOR: &str = "coordinator";
-
-fn far_future() -> Instant {
-    Instant::now() + Duration::from_secs(100 * 365 * 24 * 3600)
-}
 
 fn check_result(key: &TaskKey, r: &pb::TaskResult) -> Result<(), String> {
     let ok = matches!(

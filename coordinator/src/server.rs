@@ -1,7 +1,7 @@
 //! The coordinator's gRPC face: the `Farm` service for workers and the `Releases` service for users, both behind
 //! the token check, around one [`Sched`] under a mutex. Long-polled leases wait on a notification that every
-//! state change fires; an expiry ticker turns silent workers' leases into retries; reports are produced here,
-//! signed, and written to the store through the staged sink.
+//! state change fires; an expiry ticker turns silent workers' leases into retries; due reports are built and
+//! published (`report::publish`) on a task of their own. The clock is read here and handed to the scheduler.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -10,14 +10,14 @@ use std::time::{Duration, Instant};
 use quantfarm_proto::farm_server::{Farm, FarmServer};
 use quantfarm_proto::releases_server::{Releases, ReleasesServer};
 use quantfarm_proto::{self as pb, ReleaseState, PROTOCOL_VERSION};
-use quantfarm_tensors::{Location, StagedSink};
+use quantfarm_store::Location;
 use tokio::sync::{broadcast, Notify};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use crate::journal::Journal;
 use crate::sched::{Sched, SchedConfig, SchedError};
-use crate::signing::{self, SigningKey};
+use crate::signing::SigningKey;
 
 pub struct CoordinatorConfig {
     pub journal: std::path::PathBuf,
@@ -75,7 +75,7 @@ impl Coordinator {
             std::fs::create_dir_all(dir)?;
         }
         let journal = Journal::open(&cfg.journal)?;
-        let sched = Sched::open(journal, cfg.store.clone(), cfg.sched.clone())?;
+        let sched = Sched::open(journal, cfg.store.clone(), cfg.sched.clone(), Instant::now())?;
         let (events, _) = broadcast::channel(4096);
         let c = Coordinator {
             shared: Arc::new(Shared {
@@ -134,34 +134,10 @@ impl Coordinator {
             }
         };
         let Some((report, passed, target)) = built else { return };
-        let outcome = async {
-            let target = target.map_err(|e| e.to_string())?;
-            let signed = signing::sign_report(report, &self.shared.key).map_err(|e| e.to_string())?;
-            let text = crate::canonical::canonical_json(&signed).map_err(|e| e.to_string())?;
-            let envelope = crate::attestation::envelope(&signed, &self.shared.key).map_err(|e| e.to_string())?;
-            let mut files: Vec<(&str, String)> = crate::views::render_all(&signed);
-            files.push((
-                "report.intoto.json",
-                format!("{}\n", crate::canonical::canonical_json(&envelope).map_err(|e| e.to_string())?),
-            ));
-            // Every view is staged before anything is committed, and report.json is committed last: its presence
-            // says the release's files are all there.
-            let mut sinks = Vec::new();
-            for (name, body) in &files {
-                let loc = target.sibling(name).map_err(|e| e.to_string())?;
-                let mut sink = StagedSink::create(&loc, true).await.map_err(|e| format!("{loc}: {e}"))?;
-                sink.write(body.as_bytes()).await.map_err(|e| format!("{loc}: {e}"))?;
-                sinks.push(sink);
-            }
-            let mut sink = StagedSink::create(&target, true).await.map_err(|e| e.to_string())?;
-            sink.write(text.as_bytes()).await.map_err(|e| e.to_string())?;
-            for s in sinks {
-                s.commit().await.map_err(|e| e.to_string())?;
-            }
-            sink.commit().await.map_err(|e| e.to_string())?;
-            Ok::<_, String>((text, target.to_string(), passed))
-        }
-        .await;
+        let outcome = match target {
+            Ok(target) => crate::report::publish(report, passed, &self.shared.key, &target).await,
+            Err(e) => Err(e.to_string()),
+        };
         let mut s = self.lock();
         if let Err(e) = s.report_done(&release_id, outcome) {
             tracing::error!("release {release_id}: {e}");
@@ -178,7 +154,7 @@ impl Coordinator {
         loop {
             tokio::time::sleep(period).await;
             let mut s = self.lock();
-            if let Err(e) = s.expire() {
+            if let Err(e) = s.expire(Instant::now()) {
                 tracing::error!("lease expiry: {e}");
             }
             self.after(s);
@@ -289,7 +265,7 @@ impl Farm for FarmSvc {
             return Err(Status::invalid_argument("register: a worker must offer at least one task kind and slot"));
         }
         let mut s = self.0.lock();
-        let id = s.register(info);
+        let id = s.register(info, Instant::now());
         let (hb, lease) = (s.cfg.heartbeat.as_millis() as u32, s.cfg.lease.as_millis() as u32);
         tracing::info!("worker {id} registered");
         drop(s);
@@ -303,7 +279,7 @@ impl Farm for FarmSvc {
             let mut s = self.0.lock();
             for c in std::mem::take(&mut req.completed) {
                 let task = c.task_id.clone();
-                if let Err(e) = s.complete(c) {
+                if let Err(e) = s.complete(c, Instant::now()) {
                     tracing::warn!(task = %task, "completion from {}: {e}", req.worker_id);
                 }
             }
@@ -314,9 +290,9 @@ impl Farm for FarmSvc {
             let notified = self.0.shared.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let (leases, wake) = {
+            let crate::sched::Leases { leases, next_wake } = {
                 let mut s = self.0.lock();
-                let r = s.lease(&req.worker_id, req.free_slots).map_err(status)?;
+                let r = s.lease(&req.worker_id, req.free_slots, Instant::now()).map_err(status)?;
                 self.0.after(s);
                 r
             };
@@ -327,7 +303,7 @@ impl Farm for FarmSvc {
             if now >= deadline || self.0.shared.closing.load(std::sync::atomic::Ordering::SeqCst) {
                 return Ok(Response::new(pb::LeaseResponse { leases: vec![] }));
             }
-            let until = wake.map_or(deadline, |w| w.min(deadline));
+            let until = next_wake.map_or(deadline, |w| w.min(deadline));
             tokio::select! {
                 _ = &mut notified => {}
                 _ = tokio::time::sleep_until(until.into()) => {}
@@ -337,17 +313,17 @@ impl Farm for FarmSvc {
 
     async fn heartbeat(&self, req: Request<pb::HeartbeatRequest>) -> Result<Response<pb::HeartbeatResponse>, Status> {
         let req = req.into_inner();
-        let (revoked, reregister) = {
+        let beat = {
             let mut s = self.0.lock();
             s.io_report(&req.worker_id, req.bytes_read, req.bytes_written);
-            s.heartbeat(&req.worker_id, &req.lease_ids)
+            s.heartbeat(&req.worker_id, &req.lease_ids, Instant::now())
         };
-        Ok(Response::new(pb::HeartbeatResponse { revoked, reregister }))
+        Ok(Response::new(pb::HeartbeatResponse { revoked: beat.revoked, reregister: beat.unknown_worker }))
     }
 
     async fn complete(&self, req: Request<pb::CompleteRequest>) -> Result<Response<pb::CompleteResponse>, Status> {
         let mut s = self.0.lock();
-        let accepted = s.complete(req.into_inner()).map_err(status)?;
+        let accepted = s.complete(req.into_inner(), Instant::now()).map_err(status)?;
         self.0.after(s);
         Ok(Response::new(pb::CompleteResponse { accepted }))
     }

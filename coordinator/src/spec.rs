@@ -40,7 +40,7 @@
 //!   - {name: merge, check: "merge.greedy.agree >= 1"}  # with an adapter and prompts: the merge check (link 1)
 //! ```
 
-use quantfarm_quant::FileType;
+use quantfarm_ggml::FileType;
 use serde::{Deserialize, Deserializer, Serialize};
 
 #[derive(Debug, thiserror::Error)]
@@ -294,7 +294,7 @@ impl<'de> Deserialize<'de> for QuantLevel {
             let names: Vec<&str> = FileType::ALL.iter().map(|f| f.name()).collect();
             serde::de::Error::custom(format!("unknown quant type {s:?}, expected one of {}", names.join(", ")))
         })?;
-        if !quantfarm_quant::supported(ft.default_type()) {
+        if !quantfarm_ggml::QUANTIZED_BY_QUANTFARM.contains(&ft.default_type()) {
             return Err(serde::de::Error::custom(format!(
                 "quant type {s}: its {} blocks are not implemented yet",
                 ft.default_type()

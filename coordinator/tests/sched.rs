@@ -1,14 +1,17 @@
 //! The scheduler's state machine against a real SQLite journal: capability matching, retries with backoff, the
 //! attempt limit, input failures, lease expiry (a late outcome is discarded), retries on another worker, corrupt
 //! inputs made again, outputs that must be reproducible, and resuming after a restart.
+//!
+//! Time is an input of every transition: the tests move a clock forward ([`Clock`]) instead of sleeping, so they
+//! hold however busy the machine is.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use quantfarm_coordinator::graph::TaskKey;
 use quantfarm_coordinator::journal::Journal;
-use quantfarm_coordinator::sched::{Sched, SchedConfig};
+use quantfarm_coordinator::sched::{Published, Sched, SchedConfig};
 use quantfarm_proto::{self as pb, complete_request::Outcome, task_result, FailureKind, ReleaseState};
-use quantfarm_tensors::Location;
+use quantfarm_store::Location;
 
 fn noop_yaml(n: u32) -> String {
     format!("name: bench\nsource: unused\noutputs:\n  noop: {{tasks: {n}, sleep_ms: 0}}\n")
@@ -23,18 +26,42 @@ fn cfg() -> SchedConfig {
     }
 }
 
-fn open(dir: &std::path::Path) -> Sched {
-    let journal = Journal::open(&dir.join("journal.sqlite")).unwrap();
-    Sched::open(journal, Location::local(dir.join("store")), cfg()).unwrap()
+/// The scheduler's time in a test: starts at an arbitrary instant and moves only when the test says.
+#[derive(Clone, Copy)]
+struct Clock(Instant);
+
+impl Clock {
+    fn new() -> Clock {
+        Clock(Instant::now())
+    }
+
+    fn now(&self) -> Instant {
+        self.0
+    }
+
+    fn advance(&mut self, ms: u64) {
+        self.0 += Duration::from_millis(ms);
+    }
 }
 
-fn worker(s: &mut Sched, kinds: &[&str]) -> String {
-    s.register(pb::WorkerInfo {
+fn open(dir: &std::path::Path, clock: &Clock) -> Sched {
+    let journal = Journal::open(&dir.join("journal.sqlite")).unwrap();
+    Sched::open(journal, Location::local(dir.join("store")), cfg(), clock.now()).unwrap()
+}
+
+fn worker(s: &mut Sched, kinds: &[&str], clock: &Clock) -> String {
+    let info = pb::WorkerInfo {
         name: "w".into(),
         slots: 4,
         task_kinds: kinds.iter().map(|k| k.to_string()).collect(),
         ..Default::default()
-    })
+    };
+    s.register(info, clock.now())
+}
+
+/// The leases `worker` gets for `slots` at the clock's time.
+fn lease(s: &mut Sched, worker: &str, slots: u32, clock: &Clock) -> Vec<pb::Lease> {
+    s.lease(worker, slots, clock.now()).unwrap().leases
 }
 
 fn ok(l: &pb::Lease, worker: &str) -> pb::CompleteRequest {
@@ -66,43 +93,55 @@ fn state(s: &Sched, id: &str) -> ReleaseState {
 #[test]
 fn leases_by_capability_and_finishes_through_the_report() {
     let dir = tempfile::tempdir().unwrap();
-    let mut s = open(dir.path());
+    let clock = Clock::new();
+    let mut s = open(dir.path(), &clock);
     let id = s.submit(&noop_yaml(3), "r.yaml", "").unwrap();
-    let planner = worker(&mut s, &["plan"]);
-    assert!(s.lease(&planner, 4).unwrap().0.is_empty(), "a worker without the noop kind got a noop task");
-    let w = worker(&mut s, &["noop"]);
-    let (leases, _) = s.lease(&w, 2).unwrap();
+    let planner = worker(&mut s, &["plan"], &clock);
+    assert!(lease(&mut s, &planner, 4, &clock).is_empty(), "a worker without the noop kind got a noop task");
+    let w = worker(&mut s, &["noop"], &clock);
+    let leases = lease(&mut s, &w, 2, &clock);
     assert_eq!(leases.len(), 2, "leases up to the free slots");
-    let (more, _) = s.lease(&w, 4).unwrap();
+    let more = lease(&mut s, &w, 4, &clock);
     assert_eq!(more.len(), 1);
     for l in leases.iter().chain(&more) {
-        assert!(s.complete(ok(l, &w)).unwrap());
+        assert!(s.complete(ok(l, &w), clock.now()).unwrap());
     }
     assert_eq!(s.reports.len(), 1, "the report task is the coordinator's own, due now");
     assert_eq!(state(&s, &id), ReleaseState::Running);
-    s.report_done(&id, Ok(("{}".into(), "x/report.json".into(), true))).unwrap();
+    let report = s.release(&id).unwrap().tasks.iter().find(|t| t.key == TaskKey::Report).unwrap();
+    assert_eq!(report.state.name(), "reporting", "the report is a state of its own, not a lease");
+    let published = Published { json: "{}".into(), url: "x/report.json".into(), passed: true };
+    s.report_done(&id, Ok(published)).unwrap();
     assert_eq!(state(&s, &id), ReleaseState::Released);
 }
 
 #[test]
 fn transient_failures_back_off_then_fail_the_release_after_the_attempt_limit() {
     let dir = tempfile::tempdir().unwrap();
-    let mut s = open(dir.path());
+    let mut clock = Clock::new();
+    let mut s = open(dir.path(), &clock);
     let id = s.submit(&noop_yaml(1), "r.yaml", "").unwrap();
-    let w = worker(&mut s, &["noop"]);
-    for attempt in 1..=3 {
-        let (leases, wake) = s.lease(&w, 1).unwrap();
-        if leases.is_empty() {
-            let wake = wake.expect("a backed-off task says when it is ready");
-            std::thread::sleep(wake.saturating_duration_since(std::time::Instant::now()) + Duration::from_millis(2));
-        }
-        let (leases, _) = if leases.is_empty() { s.lease(&w, 1).unwrap() } else { (leases, None) };
+    let w = worker(&mut s, &["noop"], &clock);
+    for attempt in 1..=3u32 {
+        let leased = s.lease(&w, 1, clock.now()).unwrap();
+        let leases = if leased.leases.is_empty() {
+            let wake = leased.next_wake.expect("a backed-off task says when it is ready");
+            // The backoff doubles: 20 ms before the second try, 40 ms before the third.
+            assert_eq!(wake - clock.now(), cfg().backoff * (1 << (attempt - 2)), "try {attempt}");
+            clock.0 = wake - Duration::from_millis(1);
+            assert!(lease(&mut s, &w, 1, &clock).is_empty(), "leased before its backoff ended");
+            clock.0 = wake;
+            lease(&mut s, &w, 1, &clock)
+        } else {
+            leased.leases
+        };
         assert_eq!(leases.len(), 1);
         assert_eq!(leases[0].attempt, attempt);
-        s.complete(fail(&leases[0], &w, FailureKind::Transient, &format!("disk full #{attempt}"))).unwrap();
+        let failed = fail(&leases[0], &w, FailureKind::Transient, &format!("disk full #{attempt}"));
+        s.complete(failed, clock.now()).unwrap();
         if attempt < 3 {
             // Backed off: not leasable at once.
-            assert!(s.lease(&w, 1).unwrap().0.is_empty());
+            assert!(lease(&mut s, &w, 1, &clock).is_empty());
         }
     }
     assert_eq!(state(&s, &id), ReleaseState::Failed);
@@ -113,76 +152,83 @@ fn transient_failures_back_off_then_fail_the_release_after_the_attempt_limit() {
 #[test]
 fn an_input_failure_fails_the_release_at_once() {
     let dir = tempfile::tempdir().unwrap();
-    let mut s = open(dir.path());
+    let clock = Clock::new();
+    let mut s = open(dir.path(), &clock);
     let id = s.submit(&noop_yaml(2), "r.yaml", "").unwrap();
-    let w = worker(&mut s, &["noop"]);
-    let (leases, _) = s.lease(&w, 1).unwrap();
-    s.complete(fail(&leases[0], &w, FailureKind::Input, "model.safetensors: tensor x: bad shape")).unwrap();
+    let w = worker(&mut s, &["noop"], &clock);
+    let leases = lease(&mut s, &w, 1, &clock);
+    let failed = fail(&leases[0], &w, FailureKind::Input, "model.safetensors: tensor x: bad shape");
+    s.complete(failed, clock.now()).unwrap();
     assert_eq!(state(&s, &id), ReleaseState::Failed);
     assert!(s.release(&id).unwrap().error.as_ref().unwrap().contains("bad shape"));
-    assert!(s.lease(&w, 4).unwrap().0.is_empty(), "a failed release leases nothing");
+    assert!(lease(&mut s, &w, 4, &clock).is_empty(), "a failed release leases nothing");
 }
 
 #[test]
 fn expired_leases_are_retried_and_a_late_result_is_discarded() {
     let dir = tempfile::tempdir().unwrap();
-    let mut s = open(dir.path());
+    let mut clock = Clock::new();
+    let mut s = open(dir.path(), &clock);
     let id = s.submit(&noop_yaml(1), "r.yaml", "").unwrap();
-    let w1 = worker(&mut s, &["noop"]);
-    let w2 = worker(&mut s, &["noop"]);
-    let (first, _) = s.lease(&w1, 1).unwrap();
-    // A heartbeat keeps it alive…
-    std::thread::sleep(Duration::from_millis(120));
-    let (revoked, _) = s.heartbeat(&w1, &[first[0].lease_id.clone()]);
-    assert!(revoked.is_empty());
-    std::thread::sleep(Duration::from_millis(120));
-    s.expire().unwrap();
-    assert!(s.lease(&w2, 1).unwrap().0.is_empty(), "still leased after a heartbeat");
-    // …silence expires it.
-    std::thread::sleep(Duration::from_millis(250));
-    s.expire().unwrap();
-    std::thread::sleep(Duration::from_millis(30));
-    let (second, _) = s.lease(&w2, 1).unwrap();
+    let w1 = worker(&mut s, &["noop"], &clock);
+    let w2 = worker(&mut s, &["noop"], &clock);
+    let first = lease(&mut s, &w1, 1, &clock);
+    // A heartbeat keeps it alive past its first deadline (200 ms)…
+    clock.advance(120);
+    assert!(s.heartbeat(&w1, &[first[0].lease_id.clone()], clock.now()).revoked.is_empty());
+    clock.advance(120);
+    s.expire(clock.now()).unwrap();
+    assert!(lease(&mut s, &w2, 1, &clock).is_empty(), "still leased after a heartbeat");
+    // …up to its new deadline, 200 ms after the heartbeat; silence past it expires the lease.
+    clock.advance(80);
+    s.expire(clock.now()).unwrap();
+    assert!(lease(&mut s, &w2, 1, &clock).is_empty(), "expired at its deadline, not after it");
+    clock.advance(1);
+    s.expire(clock.now()).unwrap();
+    clock.advance(cfg().backoff.as_millis() as u64);
+    let second = lease(&mut s, &w2, 1, &clock);
     assert_eq!(second.len(), 1);
     assert_eq!(second[0].attempt, 2);
-    let (revoked, _) = s.heartbeat(&w1, &[first[0].lease_id.clone()]);
+    let revoked = s.heartbeat(&w1, &[first[0].lease_id.clone()], clock.now()).revoked;
     assert_eq!(revoked, vec![first[0].lease_id.clone()], "the old lease is revoked");
     // The first worker finishes anyway: its outcome is discarded (a failure as much as a result), the task stays
     // with the second worker, and only the second worker's result ends it.
-    assert!(!s.complete(ok(&first[0], &w1)).unwrap(), "a late result was taken");
-    assert!(!s.complete(fail(&first[0], &w1, FailureKind::Input, "late")).unwrap(), "a late failure was taken");
+    assert!(!s.complete(ok(&first[0], &w1), clock.now()).unwrap(), "a late result was taken");
+    let late = fail(&first[0], &w1, FailureKind::Input, "late");
+    assert!(!s.complete(late, clock.now()).unwrap(), "a late failure was taken");
     assert_eq!(state(&s, &id), ReleaseState::Running);
     let t = &s.release(&id).unwrap().tasks[0];
     assert!(t.result.is_none() && t.state.name() == "leased", "{:?}", t.state);
     assert!(s.events.iter().any(|e| e.message.contains("discarded a late outcome")), "no event says so");
-    assert!(s.complete(ok(&second[0], &w2)).unwrap());
+    assert!(s.complete(ok(&second[0], &w2), clock.now()).unwrap());
     assert_eq!(s.reports.len(), 1);
 }
 
 #[test]
 fn a_task_that_failed_on_a_worker_is_retried_on_another_while_one_is_alive() {
     let dir = tempfile::tempdir().unwrap();
-    let mut s = open(dir.path());
+    let mut clock = Clock::new();
+    let mut s = open(dir.path(), &clock);
     let _id = s.submit(&noop_yaml(1), "r.yaml", "").unwrap();
-    let w1 = worker(&mut s, &["noop"]);
-    let w2 = worker(&mut s, &["noop"]);
-    let (l, _) = s.lease(&w1, 1).unwrap();
-    s.complete(fail(&l[0], &w1, FailureKind::Transient, "scratch: No space left on device")).unwrap();
-    std::thread::sleep(Duration::from_millis(30));
-    assert!(s.lease(&w1, 1).unwrap().0.is_empty(), "the retry went back to the worker it failed on");
-    let (l, _) = s.lease(&w2, 1).unwrap();
+    let w1 = worker(&mut s, &["noop"], &clock);
+    let w2 = worker(&mut s, &["noop"], &clock);
+    let l = lease(&mut s, &w1, 1, &clock);
+    s.complete(fail(&l[0], &w1, FailureKind::Transient, "scratch: No space left on device"), clock.now()).unwrap();
+    clock.advance(30);
+    assert!(lease(&mut s, &w1, 1, &clock).is_empty(), "the retry went back to the worker it failed on");
+    let l = lease(&mut s, &w2, 1, &clock);
     assert_eq!(l.len(), 1, "the other worker did not get the retry");
-    s.complete(fail(&l[0], &w2, FailureKind::Transient, "again")).unwrap();
+    s.complete(fail(&l[0], &w2, FailureKind::Transient, "again"), clock.now()).unwrap();
     // Both failed: with no other worker, the first one may try again.
-    std::thread::sleep(Duration::from_millis(60));
-    assert_eq!(s.lease(&w1, 1).unwrap().0.len(), 1);
+    clock.advance(60);
+    assert_eq!(lease(&mut s, &w1, 1, &clock).len(), 1);
 }
 
 /// A release `plan → gguf/0 → {quantize/Q8_0/0, verify/gguf/0}` driven by hand: the plan's result is made up
 /// (one tensor, one file), so each task can be completed with a chosen digest.
-fn gguf_release(s: &mut Sched, w: &str) -> (String, pb::Lease) {
+fn gguf_release(s: &mut Sched, w: &str, clock: &Clock) -> (String, pb::Lease) {
     let id = s.submit("name: t\nsource: model\noutputs:\n  gguf: {quants: [Q8_0]}\n", "r.yaml", "/tmp").unwrap();
-    let (plan, _) = s.lease(w, 1).unwrap();
+    let plan = lease(s, w, 1, clock);
     let result = pb::PlanResult {
         architecture: "llama".into(),
         format: "safetensors".into(),
@@ -203,8 +249,8 @@ fn gguf_release(s: &mut Sched, w: &str) -> (String, pb::Lease) {
         outcome: Some(Outcome::Result(pb::TaskResult { kind: Some(task_result::Kind::Plan(result)) })),
         ..ok(&plan[0], w)
     };
-    assert!(s.complete(done).unwrap());
-    let (gguf, _) = s.lease(w, 1).unwrap();
+    assert!(s.complete(done, clock.now()).unwrap());
+    let gguf = lease(s, w, 1, clock);
     assert_eq!(gguf[0].task_id, "gguf/0");
     (id, gguf[0].clone())
 }
@@ -228,14 +274,15 @@ fn made(l: &pb::Lease, w: &str, sha256: &str) -> pb::CompleteRequest {
 #[test]
 fn a_corrupt_input_has_its_producer_make_it_again_then_its_reader_runs_again() {
     let dir = tempfile::tempdir().unwrap();
-    let mut s = open(dir.path());
-    let w = worker(&mut s, &["plan", "gguf", "quantize", "verify"]);
-    let (id, gguf) = gguf_release(&mut s, &w);
+    let mut clock = Clock::new();
+    let mut s = open(dir.path(), &clock);
+    let w = worker(&mut s, &["plan", "gguf", "quantize", "verify"], &clock);
+    let (id, gguf) = gguf_release(&mut s, &w, &clock);
     assert_eq!(gguf.task.as_ref().unwrap().known_output_sha256, "", "never made: nothing is known");
-    assert!(s.complete(made(&gguf, &w, "aaaa")).unwrap());
+    assert!(s.complete(made(&gguf, &w, "aaaa"), clock.now()).unwrap());
     // A worker that only verifies takes the verify; the quantize has not started.
-    let wv = worker(&mut s, &["verify"]);
-    let (ready, _) = s.lease(&wv, 1).unwrap();
+    let wv = worker(&mut s, &["verify"], &clock);
+    let ready = lease(&mut s, &wv, 1, &clock);
     let verify = ready.into_iter().find(|l| l.task_id == "verify/gguf/0").expect("the verify is leased");
     let url = output(&gguf);
     let corrupt = pb::CompleteRequest {
@@ -246,23 +293,24 @@ fn a_corrupt_input_has_its_producer_make_it_again_then_its_reader_runs_again() {
         })),
         ..ok(&verify, &wv)
     };
-    assert!(s.complete(corrupt).unwrap());
+    assert!(s.complete(corrupt, clock.now()).unwrap());
     assert_eq!(state(&s, &id), ReleaseState::Running, "{:?}", s.release(&id).unwrap().error);
     // The producer is leased again, with the digest it recorded; its readers (the verify, and the quantize that
     // had not started) wait for it.
-    let (again, _) = s.lease(&w, 4).unwrap();
+    let again = lease(&mut s, &w, 4, &clock);
     let ids: Vec<&str> = again.iter().map(|l| l.task_id.as_str()).collect();
     assert_eq!(ids, ["gguf/0"], "only the producer runs now");
     assert_eq!(again[0].task.as_ref().unwrap().known_output_sha256, "aaaa");
     // Made again with other bytes: not reproducible, refused, retried.
-    assert!(s.complete(made(&again[0], &w, "bbbb")).unwrap());
+    assert!(s.complete(made(&again[0], &w, "bbbb"), clock.now()).unwrap());
     let err = s.release(&id).unwrap().tasks.iter().find(|t| t.id == "gguf/0").unwrap().error.clone().unwrap();
     assert!(err.contains("not reproducible") && err.contains("aaaa") && err.contains("bbbb"), "{err}");
-    std::thread::sleep(Duration::from_millis(60));
-    let (third, _) = s.lease(&w, 4).unwrap();
+    let wake = s.lease(&w, 4, clock.now()).unwrap().next_wake.expect("the retry backs off");
+    clock.0 = wake;
+    let third = lease(&mut s, &w, 4, &clock);
     assert_eq!(third.len(), 1);
-    assert!(s.complete(made(&third[0], &w, "aaaa")).unwrap());
-    let (readers, _) = s.lease(&w, 4).unwrap();
+    assert!(s.complete(made(&third[0], &w, "aaaa"), clock.now()).unwrap());
+    let readers = lease(&mut s, &w, 4, &clock);
     let mut ids: Vec<(&str, u32)> = readers.iter().map(|l| (l.task_id.as_str(), l.attempt)).collect();
     ids.sort();
     assert_eq!(ids, [("quantize/Q8_0/0", 1), ("verify/gguf/0", 1)], "the corrupt input used up the verify's try");
@@ -271,9 +319,10 @@ fn a_corrupt_input_has_its_producer_make_it_again_then_its_reader_runs_again() {
 #[test]
 fn a_corrupt_input_no_task_made_fails_the_release_naming_it() {
     let dir = tempfile::tempdir().unwrap();
-    let mut s = open(dir.path());
-    let w = worker(&mut s, &["plan", "gguf", "quantize", "verify"]);
-    let (id, gguf) = gguf_release(&mut s, &w);
+    let clock = Clock::new();
+    let mut s = open(dir.path(), &clock);
+    let w = worker(&mut s, &["plan", "gguf", "quantize", "verify"], &clock);
+    let (id, gguf) = gguf_release(&mut s, &w, &clock);
     let corrupt = pb::CompleteRequest {
         outcome: Some(Outcome::Failure(pb::TaskFailure {
             kind: FailureKind::Corrupt as i32,
@@ -282,7 +331,7 @@ fn a_corrupt_input_no_task_made_fails_the_release_naming_it() {
         })),
         ..ok(&gguf, &w)
     };
-    assert!(s.complete(corrupt).unwrap());
+    assert!(s.complete(corrupt, clock.now()).unwrap());
     assert_eq!(state(&s, &id), ReleaseState::Failed);
     assert!(s.release(&id).unwrap().error.as_ref().unwrap().contains("model.safetensors: corrupt"));
 }
@@ -290,27 +339,28 @@ fn a_corrupt_input_no_task_made_fails_the_release_naming_it() {
 #[test]
 fn a_restarted_scheduler_resumes_from_the_journal() {
     let dir = tempfile::tempdir().unwrap();
+    let clock = Clock::new();
     let (id, held, w) = {
-        let mut s = open(dir.path());
+        let mut s = open(dir.path(), &clock);
         let id = s.submit(&noop_yaml(3), "r.yaml", "").unwrap();
-        let w = worker(&mut s, &["noop"]);
-        let (leases, _) = s.lease(&w, 2).unwrap();
-        s.complete(ok(&leases[0], &w)).unwrap();
+        let w = worker(&mut s, &["noop"], &clock);
+        let leases = lease(&mut s, &w, 2, &clock);
+        s.complete(ok(&leases[0], &w), clock.now()).unwrap();
         (id, leases[1].clone(), w)
     };
-    let mut s = open(dir.path());
+    let mut s = open(dir.path(), &clock);
     let rel = s.release(&id).unwrap();
     assert_eq!(rel.state, ReleaseState::Running);
     let done = rel.tasks.iter().filter(|t| t.result.is_some()).count();
     assert_eq!(done, 1);
     // The worker is unknown to the new process: it is told to register again, and its lease lives on.
-    let (revoked, reregister) = s.heartbeat(&w, std::slice::from_ref(&held.lease_id));
-    assert!(reregister && revoked.is_empty());
-    let w2 = worker(&mut s, &["noop"]);
-    let (rest, _) = s.lease(&w2, 4).unwrap();
+    let beat = s.heartbeat(&w, std::slice::from_ref(&held.lease_id), clock.now());
+    assert!(beat.unknown_worker && beat.revoked.is_empty());
+    let w2 = worker(&mut s, &["noop"], &clock);
+    let rest = lease(&mut s, &w2, 4, &clock);
     assert_eq!(rest.len(), 1, "only the never-leased task is ready");
-    assert!(s.complete(ok(&held, &w)).unwrap());
-    assert!(s.complete(ok(&rest[0], &w2)).unwrap());
+    assert!(s.complete(ok(&held, &w), clock.now()).unwrap());
+    assert!(s.complete(ok(&rest[0], &w2), clock.now()).unwrap());
     assert_eq!(s.reports.len(), 1);
     assert!(s.release(&id).unwrap().index.contains_key(&TaskKey::Report));
 }
@@ -318,7 +368,7 @@ fn a_restarted_scheduler_resumes_from_the_journal() {
 #[test]
 fn bad_specs_are_refused_with_the_line() {
     let dir = tempfile::tempdir().unwrap();
-    let mut s = open(dir.path());
+    let mut s = open(dir.path(), &Clock::new());
     let e =
         s.submit("name: x\nsource: y\noutputs:\n  gguf:\n    quants: [Q8_0]\n  onnx: {opset: 17}\n", "rel.yaml", "");
     let msg = e.unwrap_err().to_string();

@@ -5,8 +5,9 @@
 
 use std::path::{Path, PathBuf};
 
+use quantfarm_store::Location;
 use quantfarm_tensors::convert::{convert_hf_to_gguf, OutType};
-use quantfarm_tensors::{Dtype, Format, Location, TensorSource, TensorType};
+use quantfarm_tensors::{Dtype, Format, TensorSource, TensorType};
 
 use crate::error::{Error, Result};
 

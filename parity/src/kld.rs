@@ -1,5 +1,5 @@
-//! KL-divergence statistics as llama-perplexity computes them (ggml spec §4.5), kept per chunk so chunks computed
-//! anywhere merge into exactly the figures one run prints.
+//! KL-divergence statistics as llama-perplexity computes them (`tools/perplexity/perplexity.cpp::kl_divergence`),
+//! kept per chunk so chunks computed anywhere merge into exactly the figures one run prints.
 //!
 //! A chunk's [`ChunkStats`] holds the sufficient sums and its per-token KLD and Δp values (the percentiles need them).
 //! [`KldSummary::merge`] adds chunks in chunk order whatever order they arrive in, so the figures depend only on

@@ -14,6 +14,17 @@ pub const PROTOCOL_VERSION: u32 = 1;
 /// gRPC metadata key carrying the farm token.
 pub const TOKEN_HEADER: &str = "x-quantfarm-token";
 
+/// The built-in synthetic models a release may name as `synthetic:NAME`, each with the versioned folder its bytes
+/// are stored under in the farm's store (`sources/synthetic/VERSIONED`). The bytes are
+/// `quantfarm_tensors::synthetic`'s, pinned by `tests/tests/synthetic_model.rs`: when they change, bump the version
+/// here so that no store serves the old ones under the new name.
+pub const SYNTHETIC_MODELS: &[(&str, &str)] = &[("tiny-llama", "tiny-llama-v1")];
+
+/// The versioned folder of synthetic model `name`, if there is one.
+pub fn synthetic_model(name: &str) -> Option<&'static str> {
+    SYNTHETIC_MODELS.iter().find(|(n, _)| *n == name).map(|(_, v)| *v)
+}
+
 /// Messages may carry whole tensor inventories (a 1,000-tensor plan is ~100 KiB; large MoE models more).
 pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
 

@@ -1,17 +1,18 @@
 //! `llama-quantize` for whole GGUF models: the same output metadata, tensor order, per-tensor types and bytes,
 //! streamed tensor by tensor (and row chunk by row chunk) within a memory budget, written through the staged sink.
-//! Pipeline of `llama_model_quantize_impl` (`../shared/specs/ggml-llamacpp.md` §3.1).
+//! Pipeline of `src/llama-quant.cpp::llama_model_quantize_impl` (llama.cpp 0c1e570).
 
 use std::sync::Arc;
 
+use quantfarm_store::{Committed, Location};
 use quantfarm_tensors::dtype::TensorType;
 use quantfarm_tensors::gguf::{split, TensorDesc, Value};
 use quantfarm_tensors::write::{copy_tensor, GgufWriter};
-use quantfarm_tensors::{Committed, GgmlType, Location, TensorSource};
+use quantfarm_tensors::{GgmlType, TensorSource};
 
-use crate::ftype::FileType;
 use crate::imatrix::Imatrix;
 use crate::mixture::{self, Choice, ModelFacts};
+use crate::FileType;
 use crate::QuantError;
 
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +48,13 @@ pub enum FileError {
         #[source]
         source: QuantError,
     },
+}
+
+/// A store error (a missing object, a dropped connection) is a tensors error about that file.
+impl From<quantfarm_store::Error> for FileError {
+    fn from(e: quantfarm_store::Error) -> FileError {
+        FileError::Tensors(e.into())
+    }
 }
 
 pub struct Options {
@@ -128,7 +136,8 @@ pub fn model_facts(src: &TensorSource) -> Result<ModelFacts, FileError> {
 
 /// The output metadata: the input's, without split keys, then `general.quantization_version` and
 /// `general.file_type`, then the `quantize.imatrix.*` keys when an imatrix is used — each set with the C writer's
-/// remove-and-append, so a key already in the input moves to the end (`llama_model_quantize_impl`, §3.1, §3.9).
+/// remove-and-append (`gguf_set_val_*` in `ggml/src/gguf.cpp`), so a key already in the input moves to the end
+/// (`llama_model_quantize_impl`; the imatrix keys are `tools/quantize/quantize.cpp::llama_quantize`'s overrides).
 fn output_metadata(input: &[(String, Value)], ftype: FileType, imatrix: Option<&Imatrix>) -> Vec<(String, Value)> {
     let mut set: Vec<(String, Value)> = vec![
         ("general.quantization_version".into(), Value::U32(2)),

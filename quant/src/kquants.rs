@@ -7,27 +7,16 @@
 //!
 //! All five then **requantize** the elements with the fp16-rounded scales read back as f32, dividing by the
 //! sub-block scale `dd` (not multiplying by a reciprocal), and keep the search's levels where `dd` is zero.
+//!
+//! Each returns its block as the struct of `quantfarm_ggml::blocks`, whose layout the dequantizer reads too.
 
 use crate::float::f32_to_f16_bits;
 use crate::helpers::{make_qp_quants, make_qx_quants, nearest_int, GROUP_MAX_EPS};
 use crate::lanes;
+use quantfarm_ggml::blocks::{k4_scales, q3_scales, two_bit, Block, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K};
+pub(crate) use quantfarm_ggml::QK_K;
 use quantfarm_tensors::dequant::f16_bits_to_f32;
 use quantfarm_tensors::GgmlType;
-
-/// Elements per super-block (`QK_K`).
-pub(crate) const QK_K: usize = 256;
-
-/// Bytes of one encoded super-block, for the types this module handles.
-pub(crate) fn block_bytes(ty: GgmlType) -> Option<usize> {
-    match ty {
-        GgmlType::Q2_K => Some(84),
-        GgmlType::Q3_K => Some(110),
-        GgmlType::Q4_K => Some(144),
-        GgmlType::Q5_K => Some(176),
-        GgmlType::Q6_K => Some(210),
-        _ => None,
-    }
-}
 
 /// Quantizes whole rows of `ty` (Q2_K, Q3_K, Q4_K, Q5_K or Q6_K) into `dst`, whose length the caller has checked.
 ///
@@ -36,22 +25,32 @@ pub(crate) fn block_bytes(ty: GgmlType) -> Option<usize> {
 /// Always inlined, with everything below it, so that it is also compiled for AVX2 (see `crate::quantize_chunk`).
 #[inline(always)]
 pub(crate) fn quantize_rows(ty: GgmlType, src: &[f32], n_per_row: usize, imatrix: Option<&[f32]>, dst: &mut [u8]) {
-    let Some(size) = block_bytes(ty) else { return };
-    let row_bytes = n_per_row / QK_K * size;
+    // Direct calls, not a table of function pointers: each body is inlined into both compilations.
+    match ty {
+        GgmlType::Q2_K => rows(src, n_per_row, imatrix, dst, q2_k),
+        GgmlType::Q3_K => rows(src, n_per_row, imatrix, dst, q3_k),
+        GgmlType::Q4_K => rows(src, n_per_row, imatrix, dst, q4_k),
+        GgmlType::Q5_K => rows(src, n_per_row, imatrix, dst, q5_k),
+        GgmlType::Q6_K => rows(src, n_per_row, imatrix, dst, q6_k),
+        _ => {}
+    }
+}
+
+/// Quantizes each super-block of whole rows with `f` and writes its block.
+#[inline(always)]
+fn rows<B: Block>(
+    src: &[f32],
+    n_per_row: usize,
+    imatrix: Option<&[f32]>,
+    dst: &mut [u8],
+    f: impl Fn(&[f32; QK_K], Option<&[f32; QK_K]>) -> B,
+) {
+    let row_bytes = n_per_row / QK_K * B::SIZE;
     for (row, out_row) in src.chunks_exact(n_per_row).zip(dst.chunks_exact_mut(row_bytes)) {
-        for (i, (x, out)) in row.chunks_exact(QK_K).zip(out_row.chunks_exact_mut(size)).enumerate() {
+        for (i, (x, out)) in row.chunks_exact(QK_K).zip(out_row.chunks_exact_mut(B::SIZE)).enumerate() {
             let x: [f32; QK_K] = std::array::from_fn(|j| x[j]);
             let qw: Option<[f32; QK_K]> = imatrix.map(|m| std::array::from_fn(|j| m[QK_K * i + j]));
-            let qw = qw.as_ref();
-            // Direct calls, not a table of function pointers: each body is inlined into both compilations.
-            match ty {
-                GgmlType::Q2_K => q2_k(&x, qw, out),
-                GgmlType::Q3_K => q3_k(&x, qw, out),
-                GgmlType::Q4_K => q4_k(&x, qw, out),
-                GgmlType::Q5_K => q5_k(&x, qw, out),
-                GgmlType::Q6_K => q6_k(&x, qw, out),
-                _ => return,
-            }
+            f(&x, qw.as_ref()).write(out);
         }
     }
 }
@@ -62,28 +61,11 @@ fn sub<const N: usize>(s: &[f32], at: usize) -> [f32; N] {
     std::array::from_fn(|i| s[at + i])
 }
 
-fn put_f16(out: &mut [u8], at: usize, bits: u16) {
-    out[at..at + 2].copy_from_slice(&bits.to_le_bytes());
-}
-
-/// The 2-bit "128-half" packing of `quantize_row_q2_K_ref` / `quantize_row_q3_K_ref`: for each half of 128 levels,
-/// `qs[32h + l] = L[128h+l] | L[128h+l+32]<<2 | L[128h+l+64]<<4 | L[128h+l+96]<<6`. Levels must be in `0..4`.
-#[inline(always)]
-fn pack_2bit(l: &[u8; QK_K], qs: &mut [u8]) {
-    for h in 0..2 {
-        let j = 128 * h;
-        for k in 0..32 {
-            qs[32 * h + k] = l[j + k] | (l[j + k + 32] << 2) | (l[j + k + 64] << 4) | (l[j + k + 96] << 6);
-        }
-    }
-}
-
 // ====================== Q2_K
 
-/// `quantize_row_q2_K_ref` (`qw == None`) and `quantize_row_q2_K_impl` (imatrix) on one super-block. Layout:
-/// `scales[16]` @0 (low nibble scale, high nibble min), `qs[64]` @16, `d` f16 @80, `dmin` f16 @82.
+/// `quantize_row_q2_K_ref` (`qw == None`) and `quantize_row_q2_K_impl` (imatrix) on one super-block.
 #[inline(always)]
-fn q2_k(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>, out: &mut [u8]) {
+fn q2_k(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>) -> BlockQ2K {
     let mut l = [0u8; QK_K];
     let scales: [f32; QK_K / 16];
     let mins: [f32; QK_K / 16];
@@ -170,42 +152,14 @@ fn q2_k(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>, out: &mut [u8]) {
             l[16 * j + ii] = q as u8;
         }
     }
-    out[..16].copy_from_slice(&sc);
-    pack_2bit(&l, &mut out[16..80]);
-    put_f16(out, 80, d);
-    put_f16(out, 82, dmin);
+    BlockQ2K { scales: sc, qs: two_bit::pack(&l), d, dmin }
 }
 
 // ====================== Q3_K
 
-/// Packs 16 six-bit Q3_K sub-block scales (`0..64`, stored +32) into 12 bytes, as `quantize_row_q3_K_ref` does:
-/// low nibbles in bytes 0..8, the top 2 bits of scale `j` at bit `2·(j/4)` of byte `8 + j%4`.
+/// `quantize_row_q3_K_ref` (`qw == None`) and `quantize_row_q3_K_impl` (imatrix) on one super-block.
 #[inline(always)]
-fn pack_q3_scales(ls: &[u8; 16]) -> [u8; 12] {
-    let mut s = [0u8; 12];
-    for (j, &l) in ls.iter().enumerate() {
-        if j < 8 {
-            s[j] = l & 0xF;
-        } else {
-            s[j - 8] |= (l & 0xF) << 4;
-        }
-        s[8 + j % 4] |= (l >> 4) << (2 * (j / 4));
-    }
-    s
-}
-
-/// Sub-block `j`'s signed scale (`−32..32`) from the 12 packed bytes, as the requant loop of
-/// `quantize_row_q3_K_ref` decodes it.
-#[inline(always)]
-fn q3_scale(j: usize, s: &[u8; 12]) -> i8 {
-    let low = if j < 8 { s[j] & 0xF } else { s[j - 8] >> 4 };
-    (low | (((s[8 + j % 4] >> (2 * (j / 4))) & 3) << 4)) as i8 - 32
-}
-
-/// `quantize_row_q3_K_ref` (`qw == None`) and `quantize_row_q3_K_impl` (imatrix) on one super-block. Layout:
-/// `hmask[32]` @0, `qs[64]` @32, `scales[12]` @96, `d` f16 @108.
-#[inline(always)]
-fn q3_k(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>, out: &mut [u8]) {
+fn q3_k(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>) -> BlockQ3K {
     let mut l = [0i8; QK_K];
     let scales: [f32; QK_K / 16];
     let (packed, d) = match qw {
@@ -229,7 +183,7 @@ fn q3_k(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>, out: &mut [u8]) {
                 // `int8_t l = nearest_int(...)` (wraps), then MAX(-32, MIN(31, l)) + 32.
                 let ls: [u8; 16] =
                     std::array::from_fn(|j| ((nearest_int(iscale * scales[j]) as i8).clamp(-32, 31) + 32) as u8);
-                (pack_q3_scales(&ls), f32_to_f16_bits(1.0 / iscale))
+                (q3_scales::pack(&ls), f32_to_f16_bits(1.0 / iscale))
             } else {
                 ([0u8; 12], f32_to_f16_bits(0.0))
             }
@@ -261,12 +215,12 @@ fn q3_k(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>, out: &mut [u8]) {
             }
             let mut ls = [0i8; 16];
             let d_block = make_qx_quants(32, &scales, &mut ls, &sw);
-            (pack_q3_scales(&ls.map(|v| v as u8)), f32_to_f16_bits(d_block))
+            (q3_scales::pack(&ls.map(|v| v as u8)), f32_to_f16_bits(d_block))
         }
     };
     let df = f16_bits_to_f32(d);
     for j in 0..QK_K / 16 {
-        let dd = df * q3_scale(j, &packed) as f32;
+        let dd = df * q3_scales::get(j, &packed) as f32;
         if dd == 0.0 {
             continue; // keep L from the search
         }
@@ -287,18 +241,15 @@ fn q3_k(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>, out: &mut [u8]) {
             low[32 * b + k] = v - 4 * hi;
         }
     }
-    out[..32].copy_from_slice(&hmask);
-    pack_2bit(&low, &mut out[32..96]);
-    out[96..108].copy_from_slice(&packed);
-    put_f16(out, 108, d);
+    BlockQ3K { hmask, qs: two_bit::pack(&low), scales: packed, d }
 }
 
 // ====================== Q6_K
 
 /// `quantize_row_q6_K_ref` (`qw == None`) and `quantize_row_q6_K_impl` (raw imatrix weights, no σ² term) on one
-/// super-block. Layout: `ql[128]` @0, `qh[64]` @128, `scales[16]` i8 @192, `d` f16 @208.
+/// super-block.
 #[inline(always)]
-fn q6_k(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>, out: &mut [u8]) {
+fn q6_k(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>) -> BlockQ6K {
     let mut l = [0i8; QK_K];
     let mut max_scale = 0.0f32;
     let mut max_abs_scale = 0.0f32;
@@ -320,8 +271,7 @@ fn q6_k(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>, out: &mut [u8]) {
     }
     if max_abs_scale < GROUP_MAX_EPS {
         // memset to 0, d = fp16(0) = 0x0000.
-        out.fill(0);
-        return;
+        return BlockQ6K { ql: [0; QK_K / 2], qh: [0; QK_K / 4], scales: [0; QK_K / 16], d: 0 };
     }
     let iscale = -128.0f32 / max_scale;
     let d = f32_to_f16_bits(1.0 / iscale);
@@ -338,8 +288,7 @@ fn q6_k(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>, out: &mut [u8]) {
             l[16 * j + ii] = (q + 32) as i8;
         }
     }
-    let (ql, rest) = out.split_at_mut(128);
-    let (qh, rest) = rest.split_at_mut(64);
+    let (mut ql, mut qh) = ([0u8; QK_K / 2], [0u8; QK_K / 4]);
     let lu = |e: usize| l[e] as u8;
     for h in 0..2 {
         let j = 128 * h;
@@ -350,42 +299,10 @@ fn q6_k(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>, out: &mut [u8]) {
             qh[32 * h + k] = (q1 >> 4) | ((q2 >> 4) << 2) | ((q3 >> 4) << 4) | ((q4 >> 4) << 6);
         }
     }
-    for (o, s) in rest[..16].iter_mut().zip(sc) {
-        *o = s as u8;
-    }
-    put_f16(out, 208, d);
+    BlockQ6K { ql, qh, scales: sc, d }
 }
 
 // ====================== Q4_K / Q5_K
-
-/// Packs 8 (scale, min) pairs of 6 bits into the 12 bytes `get_scale_min_k4` reads (`quantize_row_q4_K_ref`).
-/// Bits above the sixth are dropped as the C's `uint8_t` stores drop them.
-#[inline(always)]
-fn pack_k4(ls: &[u8; 8], lm: &[u8; 8]) -> [u8; 12] {
-    let mut s = [0u8; 12];
-    for j in 0..8 {
-        let (ls, lm) = (ls[j], lm[j]);
-        if j < 4 {
-            s[j] = ls;
-            s[j + 4] = lm;
-        } else {
-            s[j + 4] = (ls & 0xF) | ((lm & 0xF) << 4);
-            s[j - 4] |= (ls >> 4) << 6;
-            s[j] |= (lm >> 4) << 6;
-        }
-    }
-    s
-}
-
-/// `get_scale_min_k4(j, q, &sc, &m)`.
-#[inline(always)]
-fn get_scale_min_k4(j: usize, q: &[u8; 12]) -> (u8, u8) {
-    if j < 4 {
-        (q[j] & 63, q[j + 4] & 63)
-    } else {
-        ((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
-    }
-}
 
 /// The scales, fp16 `d`/`dmin` and levels (`0..=NMAX`) of one Q4_K (`NMAX` 15) or Q5_K (`NMAX` 31) super-block,
 /// before packing.
@@ -434,7 +351,7 @@ fn k4_quants<const NMAX: i32>(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>) -> K4Qu
             // `uint8_t ls = nearest_int(...)` then MIN(63, ls).
             let ls: [u8; 8] = std::array::from_fn(|j| (nearest_int(inv_scale * scales[j]) as u8).min(63));
             let lm: [u8; 8] = std::array::from_fn(|j| (nearest_int(inv_min * mins[j]) as u8).min(63));
-            (pack_k4(&ls, &lm), f32_to_f16_bits(max_scale / 63.0), f32_to_f16_bits(max_min / 63.0))
+            (k4_scales::pack(&ls, &lm), f32_to_f16_bits(max_scale / 63.0), f32_to_f16_bits(max_min / 63.0))
         }
         Some(qw) => {
             // quantize_row_q{4,5}_K_impl: σ² = 2·Σx²/256 over the super-block, w = qw·sqrt(σ² + x²),
@@ -471,12 +388,12 @@ fn k4_quants<const NMAX: i32>(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>) -> K4Qu
                     *v = (*v).min(63);
                 }
             }
-            (pack_k4(&ls, &lm), f32_to_f16_bits(d_block), f32_to_f16_bits(m_block))
+            (k4_scales::pack(&ls, &lm), f32_to_f16_bits(d_block), f32_to_f16_bits(m_block))
         }
     };
     let (df, dminf) = (f16_bits_to_f32(d), f16_bits_to_f32(dmin));
     for j in 0..8 {
-        let (sc, m) = get_scale_min_k4(j, &packed);
+        let (sc, m) = k4_scales::get(j, &packed);
         let dd = df * sc as f32;
         if dd == 0.0 {
             continue; // keep L from the search
@@ -490,34 +407,26 @@ fn k4_quants<const NMAX: i32>(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>) -> K4Qu
     K4Quants { scales: packed, d, dmin, l }
 }
 
-/// `quantize_row_q4_K_ref` / `quantize_row_q4_K_impl` on one super-block. Layout: `d` @0, `dmin` @2,
-/// `scales[12]` @4, `qs[128]` @16.
+/// `quantize_row_q4_K_ref` / `quantize_row_q4_K_impl` on one super-block.
 #[inline(always)]
-fn q4_k(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>, out: &mut [u8]) {
+fn q4_k(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>) -> BlockQ4K {
     let k = k4_quants::<15>(x, qw);
-    put_f16(out, 0, k.d);
-    put_f16(out, 2, k.dmin);
-    out[4..16].copy_from_slice(&k.scales);
-    let qs = &mut out[16..144];
+    let mut qs = [0u8; QK_K / 2];
     for c in 0..4 {
         for i in 0..32 {
             qs[32 * c + i] = k.l[64 * c + i] | (k.l[64 * c + i + 32] << 4);
         }
     }
+    BlockQ4K { d: k.d, dmin: k.dmin, scales: k.scales, qs }
 }
 
-/// `quantize_row_q5_K_ref` / `quantize_row_q5_K_impl` on one super-block. Layout: `d` @0, `dmin` @2,
-/// `scales[12]` @4, `qh[32]` @16, `qs[128]` @48.
+/// `quantize_row_q5_K_ref` / `quantize_row_q5_K_impl` on one super-block.
 #[inline(always)]
-fn q5_k(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>, out: &mut [u8]) {
+fn q5_k(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>) -> BlockQ5K {
     let k = k4_quants::<31>(x, qw);
-    put_f16(out, 0, k.d);
-    put_f16(out, 2, k.dmin);
-    out[4..16].copy_from_slice(&k.scales);
-    let (qh, qs) = out[16..176].split_at_mut(32);
+    let (mut qh, mut qs) = ([0u8; QK_K / 8], [0u8; QK_K / 2]);
     // Bit 4 of level `64c + j` goes to bit `2c` of `qh[j]`, of level `64c + 32 + j` to bit `2c + 1` (the C's
     // `m1`/`m2` masks); branch-free, as in `q3_k`.
-    qh.fill(0);
     for c in 0..4 {
         let n = 64 * c;
         for j in 0..32 {
@@ -526,6 +435,7 @@ fn q5_k(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>, out: &mut [u8]) {
             qs[32 * c + j] = (l1 & 0xF) | ((l2 & 0xF) << 4);
         }
     }
+    BlockQ5K { d: k.d, dmin: k.dmin, scales: k.scales, qh, qs }
 }
 
 #[cfg(test)]
@@ -533,42 +443,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn block_sizes_match_ggml_types() {
-        for ty in [GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
-            assert_eq!(ty.block_size(), QK_K, "{ty}");
-            assert_eq!(block_bytes(ty), Some(ty.type_size()), "{ty}");
-        }
-    }
-
-    #[test]
-    fn k4_scale_packing_round_trips() {
-        let ls = [0, 1, 17, 63, 5, 33, 48, 63];
-        let lm = [63, 2, 40, 0, 62, 31, 16, 1];
-        let packed = pack_k4(&ls, &lm);
-        for j in 0..8 {
-            assert_eq!(get_scale_min_k4(j, &packed), (ls[j], lm[j]), "pair {j}");
-        }
-    }
-
-    #[test]
-    fn q3_scale_packing_round_trips() {
-        let ls: [u8; 16] = std::array::from_fn(|j| ((j * 29 + 7) % 64) as u8);
-        let packed = pack_q3_scales(&ls);
-        for (j, &l) in ls.iter().enumerate() {
-            assert_eq!(q3_scale(j, &packed), l as i8 - 32, "scale {j}");
-        }
-    }
-
-    #[test]
     fn all_zero_super_blocks_encode_zero_in_q2_k_and_q3_k() {
         let x = [0.0f32; QK_K];
         for qw in [None, Some(&[1.0f32; QK_K])] {
             let mut out = [0xAAu8; 84];
-            q2_k(&x, qw, &mut out);
+            q2_k(&x, qw).write(&mut out);
             assert!(out.iter().all(|&b| b == 0), "Q2_K {out:?}");
             // An all-zero group gets level 0 from the search (not the offset 4), and d = 0 keeps it.
             let mut out = [0xAAu8; 110];
-            q3_k(&x, qw, &mut out);
+            q3_k(&x, qw).write(&mut out);
             assert!(out.iter().all(|&b| b == 0), "Q3_K {out:?}");
         }
     }
@@ -577,10 +460,10 @@ mod tests {
     fn all_zero_super_blocks_encode_zero() {
         let x = [0.0f32; QK_K];
         let mut out = [0xAAu8; 210];
-        q6_k(&x, None, &mut out);
+        q6_k(&x, None).write(&mut out);
         assert!(out.iter().all(|&b| b == 0));
         let mut out = [0xAAu8; 144];
-        q4_k(&x, Some(&[1.0; QK_K]), &mut out);
+        q4_k(&x, Some(&[1.0; QK_K])).write(&mut out);
         assert!(out.iter().all(|&b| b == 0), "{out:?}");
     }
 }

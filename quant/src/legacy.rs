@@ -4,24 +4,20 @@
 //! Without an importance matrix every block is quantized on its own by `quantize_row_*_ref`. With one, ggml's
 //! `quantize_row_*_impl` weights each element by `qw_j·sqrt(σ² + x_j²)`, where σ² is the mean square of the **whole
 //! row**, and searches the scale (Q8_0 ignores the imatrix).
+//!
+//! The block layouts are `quantfarm_ggml::blocks` (the dequantizer reads the same structs); this module adds how
+//! each is quantized ([`Quantize`]).
 
 use crate::float::f32_to_f16_bits;
 use crate::helpers::{c_round_block, c_trunc_block};
 use crate::lanes;
-use quantfarm_tensors::GgmlType;
-
-/// Elements per block of every format here (`QK4_0`, `QK4_1`, `QK5_0`, `QK5_1`, `QK8_0`).
-pub(crate) const QK: usize = 32;
+pub(crate) use quantfarm_ggml::blocks::{Block, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, QK};
 
 /// Blocks of a row searched together on the imatrix path, one per SIMD lane (see `lanes`).
 pub(crate) const LANES: usize = 8;
 
-/// One quantized block of a 32-element format.
-pub(crate) trait Block: Sized {
-    /// The ggml type this block encodes; its `type_size()` equals [`Block::SIZE`] (checked in the tests).
-    const TYPE: GgmlType;
-    /// Bytes of the encoded block.
-    const SIZE: usize;
+/// How one block of a 32-element format is quantized.
+pub(crate) trait Quantize: Block {
     /// Whether `quantize_<type>` takes the imatrix path (`false` for Q8_0, which ignores it).
     const USES_IMATRIX: bool;
 
@@ -30,8 +26,6 @@ pub(crate) trait Block: Sized {
     /// The per-block body of `quantize_row_<type>_impl` on [`LANES`] blocks at once, with the element weights
     /// already computed; block `k` of the result is what the C computes for block `k`.
     fn quantize_weighted(x: &[[f32; QK]; LANES], weights: &[[f32; QK]; LANES]) -> [Self; LANES];
-    /// Writes the `ggml-common.h` layout; `out` is exactly [`Block::SIZE`] bytes.
-    fn write(&self, out: &mut [u8]);
 }
 
 /// Quantizes whole rows of `B` into `dst`, whose length the caller has checked (rows × blocks × `B::SIZE`).
@@ -40,7 +34,7 @@ pub(crate) trait Block: Sized {
 /// that σ² is taken over the row, with the same `imatrix` (length `n_per_row`) for every row. Always inlined, so
 /// that it is also compiled for AVX2 (see `crate::quantize_chunk`).
 #[inline(always)]
-pub(crate) fn quantize_rows<B: Block>(src: &[f32], n_per_row: usize, imatrix: Option<&[f32]>, dst: &mut [u8]) {
+pub(crate) fn quantize_rows<B: Quantize>(src: &[f32], n_per_row: usize, imatrix: Option<&[f32]>, dst: &mut [u8]) {
     match imatrix.filter(|_| B::USES_IMATRIX) {
         None => {
             for (x, out) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(B::SIZE)) {
@@ -203,16 +197,7 @@ fn unsigned_levels(l: &[i8; QK]) -> [u8; QK] {
     std::array::from_fn(|j| l[j] as u8)
 }
 
-/// `block_q8_0`: fp16 scale `d`, 32 signed 8-bit quants; `x = d·q`.
-pub(crate) struct BlockQ8_0 {
-    d: u16,
-    /// The `int8_t` quants as their two's-complement bytes.
-    qs: [u8; QK],
-}
-
-impl Block for BlockQ8_0 {
-    const TYPE: GgmlType = GgmlType::Q8_0;
-    const SIZE: usize = 2 + QK;
+impl Quantize for BlockQ8_0 {
     const USES_IMATRIX: bool = false;
 
     /// `quantize_row_q8_0_ref`: `d = amax/127`, `q = roundf(x·(1/d))` (half away from zero).
@@ -221,9 +206,9 @@ impl Block for BlockQ8_0 {
         let d = abs_max(x) / 127.0;
         let id = reciprocal(d);
         let q = c_round_block(&each(x, |v| v * id));
-        let mut qs = [0u8; QK];
+        let mut qs = [0i8; QK];
         for (o, q) in qs.iter_mut().zip(q) {
-            *o = q as i8 as u8;
+            *o = q as i8;
         }
         Self { d: f32_to_f16_bits(d), qs }
     }
@@ -232,23 +217,9 @@ impl Block for BlockQ8_0 {
     fn quantize_weighted(x: &[[f32; QK]; LANES], _weights: &[[f32; QK]; LANES]) -> [Self; LANES] {
         x.each_ref().map(Self::quantize_ref)
     }
-
-    #[inline(always)]
-    fn write(&self, out: &mut [u8]) {
-        out[..2].copy_from_slice(&self.d.to_le_bytes());
-        out[2..].copy_from_slice(&self.qs);
-    }
 }
 
-/// `block_q4_0`: fp16 scale `d`, 32 4-bit quants; `x = d·(q − 8)`.
-pub(crate) struct BlockQ4_0 {
-    d: u16,
-    qs: [u8; QK / 2],
-}
-
-impl Block for BlockQ4_0 {
-    const TYPE: GgmlType = GgmlType::Q4_0;
-    const SIZE: usize = 2 + QK / 2;
+impl Quantize for BlockQ4_0 {
     const USES_IMATRIX: bool = true;
 
     /// `quantize_row_q4_0_ref`: `d = max/−8` (signed absmax), `q = MIN(15, (int8)(x·(1/d) + 8.5))`.
@@ -267,24 +238,9 @@ impl Block for BlockQ4_0 {
         let d = lanes::make_qx_quants(8, x, &mut l, weights);
         std::array::from_fn(|k| Self { d: f32_to_f16_bits(d[k]), qs: pack_nibbles(&unsigned_levels(&l[k])) })
     }
-
-    #[inline(always)]
-    fn write(&self, out: &mut [u8]) {
-        out[..2].copy_from_slice(&self.d.to_le_bytes());
-        out[2..].copy_from_slice(&self.qs);
-    }
 }
 
-/// `block_q4_1`: fp16 scale `d` and offset `m`, 32 4-bit quants; `x = d·q + m`.
-pub(crate) struct BlockQ4_1 {
-    d: u16,
-    m: u16,
-    qs: [u8; QK / 2],
-}
-
-impl Block for BlockQ4_1 {
-    const TYPE: GgmlType = GgmlType::Q4_1;
-    const SIZE: usize = 4 + QK / 2;
+impl Quantize for BlockQ4_1 {
     const USES_IMATRIX: bool = true;
 
     /// `quantize_row_q4_1_ref`: `d = (max − min)/15`, `q = MIN(15, (int8)((x − min)·(1/d) + 0.5))`.
@@ -304,25 +260,9 @@ impl Block for BlockQ4_1 {
         let (d, min) = lanes::make_qkx3_quants(15, x, weights, &mut l, -0.9, 0.05, 36, false);
         std::array::from_fn(|k| Self { d: f32_to_f16_bits(d[k]), m: f32_to_f16_bits(-min[k]), qs: pack_nibbles(&l[k]) })
     }
-
-    #[inline(always)]
-    fn write(&self, out: &mut [u8]) {
-        out[..2].copy_from_slice(&self.d.to_le_bytes());
-        out[2..4].copy_from_slice(&self.m.to_le_bytes());
-        out[4..].copy_from_slice(&self.qs);
-    }
 }
 
-/// `block_q5_0`: fp16 scale `d`, 32 5-bit quants (low nibbles in `qs`, fifth bits in `qh`); `x = d·(q − 16)`.
-pub(crate) struct BlockQ5_0 {
-    d: u16,
-    qh: u32,
-    qs: [u8; QK / 2],
-}
-
-impl Block for BlockQ5_0 {
-    const TYPE: GgmlType = GgmlType::Q5_0;
-    const SIZE: usize = 6 + QK / 2;
+impl Quantize for BlockQ5_0 {
     const USES_IMATRIX: bool = true;
 
     /// `quantize_row_q5_0_ref`: `d = max/−16` (signed absmax), `q = MIN(31, (int8)(x·(1/d) + 16.5))`.
@@ -332,7 +272,7 @@ impl Block for BlockQ5_0 {
         let id = reciprocal(d);
         let l = capped_i8(&each(x, |v| v * id + 16.5), 31);
         let (qs, qh) = pack_q5(&l);
-        Self { d: f32_to_f16_bits(d), qh, qs }
+        Self { d: f32_to_f16_bits(d), qh: qh.to_le_bytes(), qs }
     }
 
     /// `quantize_row_q5_0_impl`: `d = make_qx_quants(32, 16, x, L, 1, w)`.
@@ -342,29 +282,12 @@ impl Block for BlockQ5_0 {
         let d = lanes::make_qx_quants(16, x, &mut l, weights);
         std::array::from_fn(|k| {
             let (qs, qh) = pack_q5(&unsigned_levels(&l[k]));
-            Self { d: f32_to_f16_bits(d[k]), qh, qs }
+            Self { d: f32_to_f16_bits(d[k]), qh: qh.to_le_bytes(), qs }
         })
     }
-
-    #[inline(always)]
-    fn write(&self, out: &mut [u8]) {
-        out[..2].copy_from_slice(&self.d.to_le_bytes());
-        out[2..6].copy_from_slice(&self.qh.to_le_bytes());
-        out[6..].copy_from_slice(&self.qs);
-    }
 }
 
-/// `block_q5_1`: fp16 scale `d` and offset `m`, 32 5-bit quants; `x = d·q + m`.
-pub(crate) struct BlockQ5_1 {
-    d: u16,
-    m: u16,
-    qh: u32,
-    qs: [u8; QK / 2],
-}
-
-impl Block for BlockQ5_1 {
-    const TYPE: GgmlType = GgmlType::Q5_1;
-    const SIZE: usize = 8 + QK / 2;
+impl Quantize for BlockQ5_1 {
     const USES_IMATRIX: bool = true;
 
     /// `quantize_row_q5_1_ref`: `d = (max − min)/31`, `q = (uint8)((x − min)·(1/d) + 0.5)` with **no** cap.
@@ -379,7 +302,7 @@ impl Block for BlockQ5_1 {
             *o = t as u8;
         }
         let (qs, qh) = pack_q5(&l);
-        Self { d: f32_to_f16_bits(d), m: f32_to_f16_bits(min), qh, qs }
+        Self { d: f32_to_f16_bits(d), m: f32_to_f16_bits(min), qh: qh.to_le_bytes(), qs }
     }
 
     /// `quantize_row_q5_1_impl`: `make_qkx3_quants(32, 31, x, w, L, &min, Laux, −0.9, 0.05, 36, false)`.
@@ -389,36 +312,14 @@ impl Block for BlockQ5_1 {
         let (d, min) = lanes::make_qkx3_quants(31, x, weights, &mut l, -0.9, 0.05, 36, false);
         std::array::from_fn(|k| {
             let (qs, qh) = pack_q5(&l[k]);
-            Self { d: f32_to_f16_bits(d[k]), m: f32_to_f16_bits(-min[k]), qh, qs }
+            Self { d: f32_to_f16_bits(d[k]), m: f32_to_f16_bits(-min[k]), qh: qh.to_le_bytes(), qs }
         })
-    }
-
-    #[inline(always)]
-    fn write(&self, out: &mut [u8]) {
-        out[..2].copy_from_slice(&self.d.to_le_bytes());
-        out[2..4].copy_from_slice(&self.m.to_le_bytes());
-        out[4..8].copy_from_slice(&self.qh.to_le_bytes());
-        out[8..].copy_from_slice(&self.qs);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn geometry<B: Block>() {
-        assert_eq!(B::TYPE.block_size(), QK, "{}", B::TYPE);
-        assert_eq!(B::TYPE.type_size(), B::SIZE, "{}", B::TYPE);
-    }
-
-    #[test]
-    fn block_sizes_match_ggml_types() {
-        geometry::<BlockQ8_0>();
-        geometry::<BlockQ4_0>();
-        geometry::<BlockQ4_1>();
-        geometry::<BlockQ5_0>();
-        geometry::<BlockQ5_1>();
-    }
 
     #[test]
     fn signed_absmax_is_the_first_largest_magnitude() {
@@ -444,7 +345,7 @@ mod tests {
         x[3] = 0.5;
         let b = BlockQ8_0::quantize_ref(&x);
         assert_eq!(b.d, 0x3C00);
-        assert_eq!(&b.qs[..5], &[127, 3, -3i8 as u8, 1, 0]);
+        assert_eq!(&b.qs[..5], &[127, 3, -3, 1, 0]);
     }
 
     #[test]
@@ -454,6 +355,6 @@ mod tests {
         let b = BlockQ4_0::quantize_ref(&x);
         assert_eq!((b.d, b.qs), (0x8000, [0x88; 16]));
         let b = &BlockQ5_0::quantize_weighted(&[x; LANES], &[[1.0; QK]; LANES])[3];
-        assert_eq!((b.d, b.qh, b.qs), (0, 0, [0; 16]));
+        assert_eq!((b.d, b.qh, b.qs), (0, [0; 4], [0; 16]));
     }
 }

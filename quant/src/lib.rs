@@ -5,7 +5,7 @@
 //! llama.cpp's and no model needs re-running to trust a release. That rules out "close enough": every rounding
 //! (round-half-even `nearest_int`, `roundf`, C casts, software fp16), accumulation order and association is copied
 //! from `ggml/src/ggml-quants.c` (llama.cpp 0c1e570), and nothing fuses multiply-adds (ggml-base is built without
-//! FMA; see `shared/specs/ggml-llamacpp.md` §2.9).
+//! FMA on x86-64; see `docs/formats.md` §1).
 //!
 //! Supported: F32, F16, BF16, Q8_0, and Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K with or without an
 //! importance matrix. The IQ formats are not here yet.
@@ -18,7 +18,6 @@
 
 pub mod file;
 mod float;
-pub mod ftype;
 mod helpers;
 pub mod imatrix;
 mod kquants;
@@ -30,8 +29,8 @@ pub mod mlx_file;
 pub mod verify;
 
 pub use float::{f32_to_bf16_bits, f32_to_f16_bits};
-pub use ftype::FileType;
 pub use helpers::nearest_int;
+pub use quantfarm_ggml::FileType;
 pub use quantfarm_tensors::GgmlType;
 
 use legacy::{Block, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0};
@@ -61,24 +60,9 @@ pub enum QuantError {
     Lost,
 }
 
-/// Whether [`quantize`] can produce `ty`.
+/// Whether [`quantize`] can produce `ty` (the list is `quantfarm_ggml::QUANTIZED_BY_QUANTFARM`).
 pub fn supported(ty: GgmlType) -> bool {
-    matches!(
-        ty,
-        GgmlType::F32
-            | GgmlType::F16
-            | GgmlType::BF16
-            | GgmlType::Q8_0
-            | GgmlType::Q4_0
-            | GgmlType::Q4_1
-            | GgmlType::Q5_0
-            | GgmlType::Q5_1
-            | GgmlType::Q2_K
-            | GgmlType::Q3_K
-            | GgmlType::Q4_K
-            | GgmlType::Q5_K
-            | GgmlType::Q6_K
-    )
+    quantfarm_ggml::QUANTIZED_BY_QUANTFARM.contains(&ty)
 }
 
 /// Quantizes `src` (whole rows of `n_per_row` f32 values, row-major) to `ty` into `dst`, exactly as

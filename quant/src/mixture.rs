@@ -1,14 +1,14 @@
 //! Which type llama-quantize gives each tensor of a file type: the tensor order, the tensors never quantized, the
 //! per-tensor mixture rules (with their layer counters) and the fallback for rows that are not whole blocks.
 //! Same decisions as `src/llama-quant.cpp` (`tensor_allows_quantization`, `llama_tensor_get_type`,
-//! `llama_tensor_get_type_impl`, `tensor_type_fallback`, `weight_name_comparer`) for dense models;
-//! `../shared/specs/ggml-llamacpp.md` §3.
+//! `llama_tensor_get_type_impl`, `tensor_type_fallback`) and `src/llama-model-loader.h` (`weight_name_comparer`)
+//! at llama.cpp 0c1e570, for dense models.
 
 use std::cmp::Ordering;
 
 use quantfarm_tensors::GgmlType;
 
-use crate::ftype::FileType;
+use crate::FileType;
 
 /// Substrings that keep a tensor in its input type (`tensor_allows_quantization`).
 const NEVER_QUANTIZED: &[&str] = &[
@@ -162,11 +162,11 @@ pub struct ModelFacts {
 pub struct Choice {
     pub name: String,
     pub ty: GgmlType,
-    /// Whether the fallback of §3.6 replaced the rule's type.
+    /// Whether the fallback (`tensor_type_fallback`) replaced the rule's type.
     pub fell_back: bool,
 }
 
-/// llama-quantize's flags that change the types chosen (`llama_model_quantize_params`; spec §3.3, §3.7).
+/// llama-quantize's flags that change the types chosen (`llama_model_quantize_params` in `include/llama.h`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Params {
     /// `qs.has_imatrix`: an imatrix with at least one entry was given; some rules depend on it.

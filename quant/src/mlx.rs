@@ -1,8 +1,8 @@
 //! MLX affine quantization, byte-identical to `mlx.core.quantize(w, group_size, bits)` (mode "affine") on CPU.
 //!
 //! A checkpoint written here must be the one `mlx_lm.convert -q` writes, so the per-group arithmetic is a port of
-//! the CPU kernel `mlx/backend/cpu/quantized.cpp::quantize` (mlx 0.32), not of the docstring (spec
-//! `shared/specs/mlx-peft.md` §2.2–2.4):
+//! the CPU kernel `mlx/backend/cpu/quantized.cpp::quantize` (mlx 0.32), not of the `mx.quantize` docstring
+//! (`python/src/ops.cpp`):
 //!
 //! * everything is f32, the extremes are C `std::max`/`std::min` folds starting at ∓∞;
 //! * the larger-magnitude extreme is the anchor (`edge`), so the scale is negative when `|max| ≥ |min|`;
@@ -15,7 +15,7 @@
 //! Packing: code `i` of a row occupies bits `[i·b, (i+1)·b)` of the row's little-endian bitstream, bit `k` being bit
 //! `k mod 32` of uint32 word `k / 32`. For 2/4/8 bits that is the kernel's word packing, for 3/5/6 bits it is its
 //! 3-, 5- and 3-byte packs read back as little-endian words (codes cross word boundaries). Every group starts on a
-//! word boundary because `group_size · bits` is a multiple of 32 for every supported pair.
+//! word boundary because `group_size · bits` is a multiple of 32 for every supported pair (`docs/formats.md` §2).
 
 use quantfarm_tensors::Dtype;
 use rayon::prelude::*;
@@ -292,7 +292,7 @@ mod tests {
                 dequantize_mlx_affine(bits, g, &q.packed_bytes(), &s, &b, &mut out).unwrap();
                 for (i, (x, y)) in w.iter().zip(&out).enumerate() {
                     // Each value decodes to the nearest point of its group's grid (the far extreme may lie beyond
-                    // the grid, spec §2.2, so "within half a step" is not the property).
+                    // the grid, `docs/formats.md` §2, so "within half a step" is not the property).
                     let (sc, bi) = (s[i / g], b[i / g]);
                     let best =
                         (0..1u32 << bits).map(|q| (x - (sc * q as f32 + bi)).abs()).fold(f32::INFINITY, f32::min);

@@ -2,7 +2,8 @@
 //! checkpoint whose tensors (names, dtypes, shapes, bytes) are the ones mlx-lm 0.32.2 writes, streamed row chunk by
 //! row chunk within a memory budget and written through the staged sink.
 //!
-//! Pipeline of `mlx_lm/convert.py::convert` (spec `shared/specs/mlx-peft.md` §2.5–2.8):
+//! Pipeline of `mlx_lm/convert.py::convert`, with `quantize_model`, `save_model` and `save_config` from
+//! `mlx_lm/utils.py` (mlx-lm 0.32.2):
 //!
 //! 1. `model.sanitize`: llama-family models drop `self_attn.rotary_emb.inv_freq` and, with tied embeddings,
 //!    `lm_head.weight` (`mlx_lm/models/llama.py::sanitize`; qwen2/qwen3/mistral do the same or less);
@@ -24,15 +25,16 @@
 
 use serde_json::{Map, Value as Json};
 
-use quantfarm_tensors::blob::Blob;
+use quantfarm_store::sink::StagedSink;
+use quantfarm_store::Blob;
+use quantfarm_store::{Committed, Location};
 use quantfarm_tensors::convert::transform::encode_f32;
 use quantfarm_tensors::convert::{HfPlan, HfTensor};
 use quantfarm_tensors::dequant::float_values;
 use quantfarm_tensors::mlx::CARRIED_FILES;
 use quantfarm_tensors::safetensors::{shard_file_name, StTensorDesc};
-use quantfarm_tensors::sink::StagedSink;
 use quantfarm_tensors::write::{copy_tensor, PieceWriter, SafetensorsWriter};
-use quantfarm_tensors::{Committed, Dtype, Format, Location, TensorSource, TensorType};
+use quantfarm_tensors::{Dtype, Format, TensorSource, TensorType};
 
 use crate::float::{f32_to_bf16_bits, f32_to_f16_bits};
 use crate::mlx::{check_params, quantize_affine, MlxQuantError};
@@ -63,6 +65,13 @@ pub enum MlxFileError {
     Architecture { file: String, model_type: String, supported: String },
     #[error("{file}: config.json: {msg}")]
     Config { file: String, msg: String },
+}
+
+/// A store error (a missing object, a dropped connection) is a tensors error about that file.
+impl From<quantfarm_store::Error> for MlxFileError {
+    fn from(e: quantfarm_store::Error) -> MlxFileError {
+        MlxFileError::Tensors(e.into())
+    }
 }
 
 pub struct MlxOptions {

@@ -11,11 +11,12 @@
 
 use serde_json::Value as Json;
 
+use quantfarm_store::Location;
 use quantfarm_tensors::convert::{self, HfTensor};
 use quantfarm_tensors::merge::MergeOptions;
 use quantfarm_tensors::verify::{self as tv, Compare, Verdict, Verification};
 use quantfarm_tensors::write::{copy_tensor, PieceWriter};
-use quantfarm_tensors::{Dtype, Format, Location, TensorSource, TensorType};
+use quantfarm_tensors::{Dtype, Format, TensorSource, TensorType};
 
 use crate::mlx::{quantize_affine, MlxQuantError};
 use crate::mlx_file::{mlx_config, round_to};
@@ -31,6 +32,13 @@ pub enum VerifyError {
     Direction(String),
     #[error("{tensor}: {source}")]
     Quant { tensor: String, source: MlxQuantError },
+}
+
+/// A store error (a missing object, a dropped connection) is a tensors error about that file.
+impl From<quantfarm_store::Error> for VerifyError {
+    fn from(e: quantfarm_store::Error) -> VerifyError {
+        VerifyError::Tensors(e.into())
+    }
 }
 
 #[derive(Debug, Clone)]

@@ -1,8 +1,6 @@
 //! The one error type of this crate. Every variant names the file (object) it is about, and format errors name the
 //! field, so a user can tell which input is wrong and how.
 
-use std::path::PathBuf;
-
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 #[derive(Debug, thiserror::Error)]
@@ -18,16 +16,14 @@ pub enum Error {
         source: std::io::Error,
     },
 
-    #[error("{file}: object store: {source}")]
-    Store {
-        file: String,
-        #[source]
-        source: Box<object_store::Error>,
-    },
+    /// Reading or writing a file or object: not found, exists, a bad location, a connection error
+    /// ([`quantfarm_store::Error`] says which).
+    #[error(transparent)]
+    Store(#[from] quantfarm_store::Error),
 
-    /// A location string that is not a path, `file://`, `s3://bucket/key` or `memory://` URL, or an unsafe key.
+    /// A folder that holds no model of the format asked for.
     #[error("{location}: {msg}")]
-    Location { location: String, msg: String },
+    NoModel { location: String, msg: String },
 
     #[error("{file}: no tensor named {name:?}")]
     NoSuchTensor { file: String, name: String },
@@ -35,10 +31,6 @@ pub enum Error {
     /// A read that cannot be done within the memory budget (e.g. a single row larger than the budget).
     #[error("{file}: tensor {tensor:?}: {msg}")]
     Budget { file: String, tensor: String, msg: String },
-
-    /// An output that already exists and may not be replaced.
-    #[error("{0}: already exists (refusing to replace it)")]
-    Exists(PathBuf),
 
     /// An architecture mapping (`mappings/*.yaml`) that does not parse or validate; `msg` names the line.
     #[error("mapping {file}: {msg}")]
@@ -56,9 +48,5 @@ pub enum Error {
 impl Error {
     pub(crate) fn format(file: impl Into<String>, field: impl Into<String>, msg: impl Into<String>) -> Error {
         Error::Format { file: file.into(), field: field.into(), msg: msg.into() }
-    }
-
-    pub(crate) fn store(file: impl Into<String>, source: object_store::Error) -> Error {
-        Error::Store { file: file.into(), source: Box::new(source) }
     }
 }

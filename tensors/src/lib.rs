@@ -2,30 +2,23 @@
 //!
 //! GGUF (v2/v3, split files), safetensors (single and sharded) and MLX checkpoints are parsed from headers only;
 //! tensor bytes are read through one [`TensorSource`] over `object_store` (local folder, S3, memory) in ranges that
-//! fit a caller's budget, and outputs go through one [`StagedSink`] so nothing partial is ever visible.
+//! fit a caller's budget, and outputs go through one `StagedSink` so nothing partial is ever visible (both in
+//! `quantfarm-store`).
 
-pub mod blob;
 pub mod convert;
 pub mod dequant;
 pub mod dtype;
 pub mod error;
-pub mod ggml_type;
 pub mod gguf;
-pub mod io_counters;
 pub mod merge;
 pub mod mlx;
-pub mod s3;
 pub mod safetensors;
-pub mod sink;
 pub mod source;
-pub mod store;
 pub mod synthetic;
 pub mod verify;
 pub mod write;
 
 pub use dtype::{Dtype, TensorType};
 pub use error::{Error, Result};
-pub use ggml_type::GgmlType;
-pub use sink::{Committed, StagedSink};
+pub use quantfarm_ggml::GgmlType;
 pub use source::{Format, TensorEntry, TensorSource};
-pub use store::Location;

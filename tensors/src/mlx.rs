@@ -1,15 +1,16 @@
 //! MLX (mlx-lm) checkpoints: `config.json` with its `quantization` block (global `group_size`/`bits`/`mode` plus
 //! per-module overrides), and safetensors shards in which a quantized module `P` is stored as `P.weight` (uint32
 //! codes), `P.scales` and `P.biases`. Each such triple is one logical tensor `P.weight` of the unpacked shape
-//! (`../shared/specs/mlx-peft.md` §2.4–2.8).
+//! (mlx-lm 0.32.2 `mlx_lm/utils.py`: `quantize_model`, `save_model`, `load_model`; mlx
+//! `python/mlx/nn/layers/quantized.py::QuantizedLinear`; packing: `docs/formats.md` §2).
 
 use serde_json::{Map, Value as Json};
 
-use crate::blob::Blob;
 use crate::dtype::{Dtype, TensorType};
 use crate::error::{Error, Result};
 use crate::safetensors::{SafetensorsModel, StTensor};
-use crate::store::Location;
+use quantfarm_store::Blob;
+use quantfarm_store::Location;
 
 /// How one module is quantized.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

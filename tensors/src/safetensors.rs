@@ -9,11 +9,11 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value as Json};
 
-use crate::blob::Blob;
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
-use crate::sink::{Committed, StagedSink};
-use crate::store::Location;
+use quantfarm_store::Blob;
+use quantfarm_store::Location;
+use quantfarm_store::{Committed, StagedSink};
 
 /// The safetensors crate's limit on the header's size.
 pub const MAX_HEADER_LEN: u64 = 100_000_000;
@@ -217,7 +217,7 @@ impl SafetensorsModel {
             files.push((blob, h));
         }
         if files.is_empty() {
-            return Err(Error::Location {
+            return Err(Error::NoModel {
                 location: loc.to_string(),
                 msg: "no .safetensors files in this folder".into(),
             });
@@ -376,5 +376,5 @@ pub async fn write_index(
     let mut sink = StagedSink::create(&dir.child(INDEX_FILE)?, overwrite).await?;
     sink.write(text.as_bytes()).await?;
     sink.write(b"\n").await?;
-    sink.commit().await
+    sink.commit().await.map_err(Into::into)
 }

@@ -4,14 +4,14 @@
 
 use serde_json::{Map, Value as Json};
 
-use crate::blob::Blob;
 use crate::dequant;
 use crate::dtype::{Dtype, TensorType};
 use crate::error::{Error, Result};
 use crate::gguf::GgufModel;
 use crate::mlx::{self, MlxModel, MlxParts};
 use crate::safetensors::SafetensorsModel;
-use crate::store::Location;
+use quantfarm_store::Blob;
+use quantfarm_store::Location;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
@@ -226,7 +226,7 @@ impl TensorSource {
                 msg: format!("bytes {offset}..+{} are outside its {len} bytes", buf.len()),
             });
         }
-        blob.read_at(start + offset, buf).await
+        blob.read_at(start + offset, buf).await.map_err(Into::into)
     }
 
     /// (file, absolute start, length) of the stored bytes of `name`.
@@ -381,7 +381,7 @@ async fn read_part_rows(
 ) -> Result<()> {
     let (blob, h) = &m.files.files[part.0];
     buf.resize((rows * row_bytes) as usize, 0);
-    blob.read_at(h.data_offset + part.1.begin + first_row * row_bytes, buf).await
+    blob.read_at(h.data_offset + part.1.begin + first_row * row_bytes, buf).await.map_err(Into::into)
 }
 
 fn to_f32(d: Dtype, raw: &[u8], name: &str) -> Result<Vec<f32>> {

@@ -5,19 +5,16 @@
 //! 2-layer `LlamaForCausalLM` (hidden 64, 4 heads, 2 kv heads, bf16) with a 267-token GPT-2-style byte-level BPE
 //! tokenizer whose `pre_tokenizer` section is SmolLM2's (so the converter names it `smollm`). Weights come from a
 //! fixed-seed splitmix64 generator and are rounded to bf16 exactly, so the bytes are the same on every machine;
-//! [`TINY_LLAMA`] names that version of the bytes. Every row width is a multiple of 32, so Q8_0 and Q4_0 apply.
+//! `quantfarm_proto::SYNTHETIC_MODELS` names that version of the bytes. Every row width is a multiple of 32, so Q8_0 and Q4_0 apply.
 
 use serde_json::{json, Value as Json};
 
 use crate::convert::transform::f32_to_bf16_bits;
 use crate::dtype::Dtype;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::safetensors::{encode_header, StTensorDesc};
-use crate::sink::{Committed, StagedSink};
-use crate::store::Location;
-
-/// Name/version of the synthetic model; bump the version whenever its bytes change.
-pub const TINY_LLAMA: &str = "tiny-llama-v1";
+use quantfarm_store::Location;
+use quantfarm_store::{Committed, StagedSink};
 
 /// The files of the checkpoint, in the order they are committed (config.json last: a folder with a config is
 /// complete).
@@ -85,7 +82,7 @@ const WEIGHT_SCALE: f64 = 0.02 / 0.577_350_269_189_625_8;
 /// tokenizer.json, tokenizer_config.json and model.safetensors. Every file is staged and all are committed only
 /// once all are written, so a partial model is never visible. A file already there with exactly these bytes is
 /// kept (so a re-run after an interrupted commit completes the folder); one with other bytes is an error
-/// ([`Error::Exists`]): put each [`TINY_LLAMA`] version in its own folder. Returns one [`Committed`] per file, in
+/// (`quantfarm_store::Error::Exists`): put each version (`quantfarm_proto::SYNTHETIC_MODELS`) in its own folder. Returns one [`Committed`] per file, in
 /// [`TINY_LLAMA_FILES`] order.
 pub async fn write_tiny_llama(dst_dir: &Location) -> Result<Vec<Committed>> {
     write_files(dst_dir, tiny_llama_files()).await
@@ -163,21 +160,21 @@ async fn existing_names(dir: &Location) -> Result<Vec<String>> {
     if !dir.is_dir().await? {
         return Ok(Vec::new());
     }
-    dir.list().await
+    dir.list().await.map_err(Into::into)
 }
 
-/// The [`Committed`] of a file already at `target` when its bytes are `want`; otherwise [`Error::Exists`].
+/// The [`Committed`] of a file already at `target` when its bytes are `want`; otherwise `quantfarm_store::Error::Exists`.
 async fn keep_identical(target: &Location, want: &[u8]) -> Result<Committed> {
     use sha2::{Digest, Sha256};
-    let blob = crate::blob::Blob::open(target).await?;
+    let blob = quantfarm_store::Blob::open(target).await?;
     let same = blob.len() == want.len() as u64 && blob.read_vec(0, blob.len()).await? == want;
     if !same {
-        return Err(Error::Exists(target.to_string().into()));
+        return Err(quantfarm_store::Error::Exists { path: target.to_string().into() }.into());
     }
     Ok(Committed {
         location: target.to_string(),
         bytes: want.len() as u64,
-        sha256: crate::sink::hex(&Sha256::digest(want)),
+        sha256: quantfarm_store::hex(&Sha256::digest(want)),
     })
 }
 
@@ -473,17 +470,20 @@ mod tests {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         rt.block_on(async {
             let dir = tempfile::tempdir().expect("temp dir");
-            let loc = Location::local(dir.path().join(TINY_LLAMA));
+            let loc = Location::local(dir.path().join("tiny-llama"));
             assert!(!tiny_llama_exists(&loc).await.expect("check"));
             let first = write_tiny_llama(&loc).await.expect("write");
             assert!(tiny_llama_exists(&loc).await.expect("check"));
             // A re-run keeps identical files; a missing one is written again.
-            std::fs::remove_file(dir.path().join(TINY_LLAMA).join("config.json")).expect("remove");
+            std::fs::remove_file(dir.path().join("tiny-llama").join("config.json")).expect("remove");
             let again = write_tiny_llama(&loc).await.expect("rewrite");
             assert_eq!(first, again);
             // A file with other bytes is never replaced.
-            std::fs::write(dir.path().join(TINY_LLAMA).join("tokenizer.json"), b"{}").expect("overwrite");
-            assert!(matches!(write_tiny_llama(&loc).await, Err(Error::Exists(_))));
+            std::fs::write(dir.path().join("tiny-llama").join("tokenizer.json"), b"{}").expect("overwrite");
+            assert!(matches!(
+                write_tiny_llama(&loc).await,
+                Err(crate::Error::Store(quantfarm_store::Error::Exists { .. }))
+            ));
         });
     }
 }

@@ -15,8 +15,8 @@ use crate::error::{Error, Result};
 use crate::gguf::Value;
 use crate::merge::{plan_merge, MergeOptions};
 use crate::source::{Format, TensorSource};
-use crate::store::Location;
 use crate::write::PieceWriter;
+use quantfarm_store::Location;
 
 /// What became of one output tensor.
 #[derive(Debug, Clone, PartialEq)]
@@ -389,8 +389,8 @@ pub async fn compare_carried(v: &mut Verification, src: &Location, out: &Locatio
 }
 
 async fn read_file(dir: &Location, name: &str) -> Result<Vec<u8>> {
-    let blob = crate::blob::Blob::open(&dir.child(name)?).await?;
-    blob.read_vec(0, blob.len()).await
+    let blob = quantfarm_store::Blob::open(&dir.child(name)?).await?;
+    blob.read_vec(0, blob.len()).await.map_err(Into::into)
 }
 
 /// HF base + adapter → merged checkpoint `out`: every tensor recomputed (copied, or merged in f64 and rounded

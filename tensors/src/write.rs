@@ -5,9 +5,9 @@ use crate::error::{Error, Result};
 use crate::gguf::split::{parse_split_file_name, split_file_name};
 use crate::gguf::{encode_header, GgufLayout, TensorDesc, Value};
 use crate::safetensors::{encode_header as st_header, StTensorDesc};
-use crate::sink::{Committed, StagedSink};
 use crate::source::TensorSource;
-use crate::store::Location;
+use quantfarm_store::Location;
+use quantfarm_store::{Committed, StagedSink};
 
 /// Streams one GGUF file: the header at creation, then every tensor's bytes in order, in pieces of any size.
 pub struct GgufWriter {
@@ -85,7 +85,7 @@ impl GgufWriter {
             return Err(Error::format("<gguf writer>", "tensor data", msg));
         }
         debug_assert_eq!(self.sink.bytes_written(), self.layout.file_len);
-        self.sink.commit().await
+        self.sink.commit().await.map_err(Into::into)
     }
 }
 
@@ -113,7 +113,7 @@ impl SafetensorsWriter {
         if self.sink.bytes_written() + data.len() as u64 > self.expected {
             return Err(Error::format("<safetensors writer>", "tensor data", "more bytes than the header declares"));
         }
-        self.sink.write(data).await
+        self.sink.write(data).await.map_err(Into::into)
     }
 
     pub async fn finish(self) -> Result<Committed> {
@@ -122,7 +122,7 @@ impl SafetensorsWriter {
             self.sink.abort().await?;
             return Err(Error::format("<safetensors writer>", "tensor data", msg));
         }
-        self.sink.commit().await
+        self.sink.commit().await.map_err(Into::into)
     }
 }
 

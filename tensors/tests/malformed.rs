@@ -4,8 +4,9 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
+use quantfarm_store::Location;
 use quantfarm_tensors::gguf::{encode_header, TensorDesc, Value};
-use quantfarm_tensors::{GgmlType, Location, TensorSource};
+use quantfarm_tensors::{GgmlType, TensorSource};
 
 /// Records the largest single allocation made while `ARMED` is set.
 struct Counting;

@@ -2,8 +2,9 @@
 //! (missing biases, scales of the wrong shape, a quantized module the config does not describe) is an error naming
 //! the tensor or key.
 
+use quantfarm_store::Location;
 use quantfarm_tensors::safetensors::{encode_header, StTensorDesc};
-use quantfarm_tensors::{Dtype, Location, TensorSource, TensorType};
+use quantfarm_tensors::{Dtype, TensorSource, TensorType};
 
 fn t(name: &str, dtype: Dtype, shape: &[u64]) -> StTensorDesc {
     StTensorDesc { name: name.into(), dtype, shape: shape.to_vec() }

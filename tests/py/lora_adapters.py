@@ -12,7 +12,8 @@ mlx:  mlx-lm DoRA (fine_tune_type dora, scale 2.0) on q_proj and v_proj of the l
       lora_a (in, r) / lora_b (r, out); DoRA magnitudes m (out,).
 mlx-lora: mlx-lm LoRA (scale 2.0) on q_proj, v_proj and mlp.down_proj of the last 4 layers.
 
-The reference follows the formulas of ../shared/specs/mlx-peft.md §3-4 in numpy float64:
+The reference follows the formulas of docs/formats.md §3 (PEFT peft/tuners/lora/layer.py; mlx-lm
+mlx_lm/tuner/lora.py and dora.py) in numpy float64:
   PEFT   W + (alpha/r) * (B @ A);   embedding E + (alpha/r) * (B_emb @ A_emb).T
   mlx    W + scale * (lora_b.T @ lora_a.T);  DoRA: V = W + delta, W' = V * (m / ||V||_row)
 and rounds each value to the nearest bfloat16 (ties to even) by comparing the exact distances to the candidate

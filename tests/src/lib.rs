@@ -195,7 +195,7 @@ pub mod s3;
 /// compared.
 pub fn verify(src: &Path, out: &Path, adapter: Option<(&Path, &str)>) -> quantfarm_tensors::verify::Verification {
     use quantfarm_quant::verify::{verify, VerifyOptions};
-    use quantfarm_tensors::Location;
+    use quantfarm_store::Location;
     let opts = VerifyOptions {
         budget: 8 << 20,
         adapter: adapter.map(|(a, _)| Location::local(a)),

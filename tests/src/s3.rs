@@ -7,8 +7,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use quantfarm_tensors::s3::S3Config;
-use quantfarm_tensors::Location;
+use quantfarm_store::s3::S3Config;
+use quantfarm_store::Location;
 
 pub const ACCESS_KEY: &str = "quantfarm-test-access";
 pub const SECRET_KEY: &str = "quantfarm-test-secret-0123456789";
@@ -112,7 +112,7 @@ impl S3Server {
     pub fn location(&self, bucket: &str, key: &str) -> Location {
         std::fs::create_dir_all(self.root.join(bucket)).expect("bucket folder");
         let store = self.config(bucket).build().expect("S3 store");
-        let key = quantfarm_tensors::store::checked_key(key, "test").expect("valid key");
+        let key = quantfarm_store::location::checked_key(key, "test").expect("valid key");
         Location::in_store(Arc::new(store), key, "s3", bucket)
     }
 
@@ -136,7 +136,7 @@ impl S3Server {
         rt.block_on(async {
             for (path, key) in files {
                 let mut sink =
-                    quantfarm_tensors::StagedSink::create(&self.location(bucket, &key), true).await.expect("upload");
+                    quantfarm_store::StagedSink::create(&self.location(bucket, &key), true).await.expect("upload");
                 let mut f = std::fs::File::open(&path).expect("open file to upload");
                 let mut buf = vec![0u8; 8 << 20];
                 loop {

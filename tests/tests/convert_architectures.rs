@@ -9,9 +9,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use quantfarm_e2e::{convert_python, llama_src, run_py_with};
+use quantfarm_store::Location;
 use quantfarm_tensors::convert::{convert_hf_to_gguf, OutType};
 use quantfarm_tensors::gguf::GgufHeader;
-use quantfarm_tensors::{Location, TensorSource};
+use quantfarm_tensors::TensorSource;
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()

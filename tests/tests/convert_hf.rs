@@ -6,9 +6,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use quantfarm_e2e::{fixtures_dir, llama_bin, smollm2_derived};
+use quantfarm_store::Location;
 use quantfarm_tensors::convert::{convert_hf_to_gguf, plan_hf_to_gguf, OutType, SplitRule};
 use quantfarm_tensors::gguf::{Array, GgufHeader, Value};
-use quantfarm_tensors::{Location, TensorSource};
+use quantfarm_tensors::TensorSource;
 use serde_json::Value as Json;
 use sha2::{Digest, Sha256};
 
@@ -17,7 +18,7 @@ fn rt() -> tokio::runtime::Runtime {
 }
 
 fn hex(b: &[u8]) -> String {
-    quantfarm_tensors::sink::hex(b)
+    quantfarm_store::hex(b)
 }
 
 fn sha256_file(p: &Path) -> String {

@@ -5,15 +5,16 @@ use std::path::Path;
 use std::process::Command;
 
 use quantfarm_e2e::{fixtures_dir, llama_bin, run_py, smollm2_gguf};
+use quantfarm_store::Location;
 use quantfarm_tensors::write::copy_gguf;
-use quantfarm_tensors::{Location, TensorSource};
+use quantfarm_tensors::TensorSource;
 use sha2::{Digest, Sha256};
 
 fn sha256_file(p: &Path) -> String {
     let mut h = Sha256::new();
     let mut f = std::fs::File::open(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
     std::io::copy(&mut f, &mut h).unwrap();
-    quantfarm_tensors::sink::hex(&h.finalize())
+    quantfarm_store::hex(&h.finalize())
 }
 
 fn rt() -> tokio::runtime::Runtime {
@@ -98,7 +99,7 @@ fn smollm2_dequantizes_like_gguf_py_bit_for_bit() {
             for v in &values {
                 h.update(v.to_le_bytes());
             }
-            out.push((e.name.clone(), quantfarm_tensors::sink::hex(&h.finalize())));
+            out.push((e.name.clone(), quantfarm_store::hex(&h.finalize())));
         }
         out
     });

@@ -12,8 +12,9 @@ use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
 use quantfarm_e2e::{convert_python, fixtures_dir, llama_bin, llama_src, run_py, run_py_with, smollm2_derived};
+use quantfarm_store::Location;
 use quantfarm_tensors::convert::{convert_gguf_to_hf, convert_hf_to_gguf, OutType};
-use quantfarm_tensors::{Dtype, Location, TensorSource, TensorType};
+use quantfarm_tensors::{Dtype, TensorSource, TensorType};
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()

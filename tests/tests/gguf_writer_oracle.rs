@@ -4,8 +4,9 @@
 use std::sync::Arc;
 
 use quantfarm_e2e::run_py;
+use quantfarm_store::Location;
 use quantfarm_tensors::write::copy_gguf;
-use quantfarm_tensors::{Location, TensorSource};
+use quantfarm_tensors::TensorSource;
 
 #[test]
 fn every_value_type_reads_like_gguf_py_and_round_trips() {
@@ -42,7 +43,7 @@ fn every_value_type_reads_like_gguf_py_and_round_trips() {
         assert_eq!(std::fs::read(&out).unwrap(), original);
 
         let mem: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
-        let key = quantfarm_tensors::store::checked_key("m/all.gguf", "test").unwrap();
+        let key = quantfarm_store::location::checked_key("m/all.gguf", "test").unwrap();
         let mem_loc = Location::in_store(mem.clone(), key.clone(), "memory", "test");
         let written = copy_gguf(&src, &mem_loc, 1 << 10, false).await.unwrap();
         assert_eq!(written[0].bytes, original.len() as u64);

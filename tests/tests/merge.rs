@@ -1,8 +1,8 @@
 //! LoRA merge into SmolLM2 (HF bf16): a synthetic PEFT adapter (LoRA on q/k/v/o with an alpha pattern, and an
 //! embedding LoRA on the tied embedding) and a synthetic mlx-lm DoRA adapter must give, element for element, the
 //! float64 reference merge rounded to bf16 (`tests/py/lora_adapters.py`, numpy, written from the formulas in
-//! ../shared/specs/mlx-peft.md); every other tensor keeps its bytes. A misspelled key, a wrong shape or the wrong
-//! base is an error naming it, and nothing is written.
+//! `docs/formats.md` §3); every other tensor keeps its bytes. A misspelled key, a wrong shape or the wrong base is
+//! an error naming it, and nothing is written.
 //!
 //! The same adapters merged by the real tools (PEFT's `merge_and_unload`, `mlx_lm.fuse`) agree with ours within the
 //! rounding those tools add (they round the delta to bf16 and add in bf16): a transposed factor or a wrong scale
@@ -13,8 +13,9 @@ use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
 use quantfarm_e2e::{convert_python, peers_python, run_py, run_py_with, smollm2_derived};
+use quantfarm_store::Location;
 use quantfarm_tensors::merge::{merge_adapter, MergeOptions};
-use quantfarm_tensors::{Location, TensorSource};
+use quantfarm_tensors::TensorSource;
 
 const RECORDED_BASE: &str = "HuggingFaceTB/SmolLM2-135M-Instruct";
 

@@ -2,7 +2,8 @@
 //! shape, and its dequantized values equal `mx.dequantize`'s (scales and biases upcast to f32) bit for bit.
 
 use quantfarm_e2e::{run_py, smollm2_derived};
-use quantfarm_tensors::{Location, TensorSource, TensorType};
+use quantfarm_store::Location;
+use quantfarm_tensors::{TensorSource, TensorType};
 use sha2::{Digest, Sha256};
 
 fn check(bits: u8, group: u32) {
@@ -45,12 +46,7 @@ fn check(bits: u8, group: u32) {
                 }
                 first += n;
             }
-            assert_eq!(
-                quantfarm_tensors::sink::hex(&h.finalize()),
-                r["sha256"].as_str().unwrap(),
-                "values of {}",
-                e.name
-            );
+            assert_eq!(quantfarm_store::hex(&h.finalize()), r["sha256"].as_str().unwrap(), "values of {}", e.name);
         }
         assert!(quantized >= 200, "only {quantized} quantized modules found");
     });

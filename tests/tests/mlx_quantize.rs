@@ -126,7 +126,8 @@ fn affine_quantize_matches_mx_quantize_byte_for_byte() {
 /// manifest, and compares every tensor (name, dtype, shape, sha256 of the bytes) and the config and index files.
 fn checkpoint_matches_manifest(bits: u32) {
     use quantfarm_quant::mlx_file::{quantize_mlx_checkpoint, MlxFileError, MlxOptions};
-    use quantfarm_tensors::{Location, TensorSource};
+    use quantfarm_store::Location;
+    use quantfarm_tensors::TensorSource;
     use sha2::{Digest, Sha256};
 
     let manifest_path = quantfarm_e2e::fixtures_dir().join(format!("smollm2/manifests/smollm2-mlx-q{bits}.json"));
@@ -162,7 +163,7 @@ fn checkpoint_matches_manifest(bits: u32) {
             assert_eq!(serde_json::json!(e.shape), t["shape"], "shape of {name}");
             buf.resize(e.bytes as usize, 0);
             written.read_range(name, 0, &mut buf).await.unwrap();
-            let sha = quantfarm_tensors::sink::hex(&Sha256::digest(&buf));
+            let sha = quantfarm_store::hex(&Sha256::digest(&buf));
             assert_eq!(sha, t["sha256"].as_str().unwrap(), "bytes of {name}");
         }
     });
@@ -171,7 +172,7 @@ fn checkpoint_matches_manifest(bits: u32) {
     for file in ["config.json", "model.safetensors.index.json", "tokenizer.json", "generation_config.json"] {
         let bytes = std::fs::read(out.join(file)).unwrap();
         let want = &manifest["other_files"][file];
-        let sha = quantfarm_tensors::sink::hex(&sha2::Sha256::digest(&bytes));
+        let sha = quantfarm_store::hex(&sha2::Sha256::digest(&bytes));
         assert_eq!(
             (bytes.len() as u64, sha.as_str()),
             (want["size"].as_u64().unwrap(), want["sha256"].as_str().unwrap()),

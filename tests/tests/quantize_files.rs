@@ -10,7 +10,8 @@ use quantfarm_e2e::{fixtures_dir, llama_bin, smollm2_derived};
 use quantfarm_quant::file::{model_facts, quantize_gguf, Options};
 use quantfarm_quant::imatrix::Imatrix;
 use quantfarm_quant::{mixture, FileType, GgmlType};
-use quantfarm_tensors::{Location, TensorSource};
+use quantfarm_store::Location;
+use quantfarm_tensors::TensorSource;
 use serde_json::Value;
 
 fn manifest(name: &str) -> Value {
@@ -154,7 +155,7 @@ async fn assert_matches_manifest(out: &Path, sha: &str, m: &Value, label: &str) 
             let e = ours.entry(name).unwrap();
             buf.resize(e.bytes as usize, 0);
             ours.read_range(name, 0, &mut buf).await.unwrap();
-            let sha = quantfarm_tensors::sink::hex(&<sha2::Sha256 as sha2::Digest>::digest(&buf));
+            let sha = quantfarm_store::hex(&<sha2::Sha256 as sha2::Digest>::digest(&buf));
             assert_eq!(sha, t["sha256"].as_str().unwrap(), "{label}: tensor {name}");
         }
         panic!("{label}: tensors equal but the file differs (metadata or layout)");
@@ -256,8 +257,7 @@ fn legacy_dat_imatrix_gives_llama_quantizes_bytes() {
         .output()
         .unwrap();
     assert!(out.status.success(), "llama-quantize failed:\n{}", String::from_utf8_lossy(&out.stderr));
-    let want =
-        quantfarm_tensors::sink::hex(&<sha2::Sha256 as sha2::Digest>::digest(std::fs::read(&reference).unwrap()));
+    let want = quantfarm_store::hex(&<sha2::Sha256 as sha2::Digest>::digest(std::fs::read(&reference).unwrap()));
     rt().block_on(async {
         let mut im = Imatrix::load(&Location::local(&dat)).await.unwrap();
         assert!(im.legacy);

@@ -14,9 +14,10 @@ use quantfarm_quant::file::{quantize_gguf, Options};
 use quantfarm_quant::imatrix::Imatrix;
 use quantfarm_quant::mixture::Choice;
 use quantfarm_quant::{FileType, GgmlType};
+use quantfarm_store::Location;
 use quantfarm_tensors::convert::{convert_hf_to_gguf, OutType};
 use quantfarm_tensors::synthetic::{write_wide_llama, write_wide_tied_llama};
-use quantfarm_tensors::{Location, TensorSource};
+use quantfarm_tensors::TensorSource;
 
 /// Every file type whose tensors are quantized.
 const QUANTIZED: [FileType; 14] = [
@@ -41,7 +42,7 @@ fn rt() -> tokio::runtime::Runtime {
 }
 
 fn sha256_file(p: &Path) -> String {
-    quantfarm_tensors::sink::hex(&<sha2::Sha256 as sha2::Digest>::digest(std::fs::read(p).unwrap()))
+    quantfarm_store::hex(&<sha2::Sha256 as sha2::Digest>::digest(std::fs::read(p).unwrap()))
 }
 
 /// The wide Llama, written as an HF checkpoint and converted to a BF16 GGUF in `dir`.

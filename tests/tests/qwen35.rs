@@ -17,8 +17,9 @@ use quantfarm_e2e::{
     assert_verified_identical, convert_python, fixtures_dir, llama_bin, llama_src, run_py, run_py_with, smollm2_derived,
 };
 use quantfarm_quant::mlx_file::{gguf_to_mlx, MlxOptions};
+use quantfarm_store::Location;
 use quantfarm_tensors::convert::{plan_gguf_to_hf, plan_gguf_to_mlx, write_hf};
-use quantfarm_tensors::{Dtype, Location, TensorSource};
+use quantfarm_tensors::{Dtype, TensorSource};
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()

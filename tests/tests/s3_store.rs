@@ -4,8 +4,9 @@
 
 use quantfarm_e2e::s3::S3Server;
 use quantfarm_e2e::smollm2_gguf;
+use quantfarm_store::{Error, Location, StagedSink};
 use quantfarm_tensors::write::copy_gguf;
-use quantfarm_tensors::{Error, Location, StagedSink, TensorSource};
+use quantfarm_tensors::TensorSource;
 use sha2::{Digest, Sha256};
 
 fn rt() -> tokio::runtime::Runtime {
@@ -28,7 +29,7 @@ async fn tensor_hashes(src: &TensorSource, budget: u64) -> Vec<(String, String)>
             src.read_range(&e.name, r.start, &mut buf).await.unwrap();
             h.update(&buf);
         }
-        out.push((e.name.clone(), quantfarm_tensors::sink::hex(&h.finalize())));
+        out.push((e.name.clone(), quantfarm_store::hex(&h.finalize())));
     }
     out
 }
@@ -62,12 +63,12 @@ fn a_staged_upload_is_invisible_until_commit_and_leaves_nothing_when_aborted() {
         assert!(server.location("out", "a").list().await.unwrap().is_empty());
         let committed = sink.commit().await.unwrap();
         assert_eq!(committed.bytes, data.len() as u64);
-        assert_eq!(committed.sha256, quantfarm_tensors::sink::hex(&Sha256::digest(&data)));
+        assert_eq!(committed.sha256, quantfarm_store::hex(&Sha256::digest(&data)));
         assert_eq!(std::fs::read(server.root.join("out/a/model.gguf")).unwrap(), data);
 
         // Not replaced without overwrite.
         match StagedSink::create(&loc, false).await {
-            Err(Error::Exists(_)) => {}
+            Err(Error::Exists { .. }) => {}
             other => panic!("expected Exists, got {:?}", other.map(|_| ())),
         }
 
@@ -104,7 +105,7 @@ fn a_gguf_copied_to_s3_is_byte_identical() {
         let src = TensorSource::open(&Location::local(smollm2_gguf())).await.unwrap();
         let out = copy_gguf(&src, &server.location("out", "copy/smollm2.gguf"), 4 << 20, false).await.unwrap();
         let original = std::fs::read(smollm2_gguf()).unwrap();
-        assert_eq!(out[0].sha256, quantfarm_tensors::sink::hex(&Sha256::digest(&original)));
+        assert_eq!(out[0].sha256, quantfarm_store::hex(&Sha256::digest(&original)));
         assert_eq!(std::fs::read(server.root.join("out/copy/smollm2.gguf")).unwrap(), original);
     });
 }
@@ -114,7 +115,7 @@ fn unsafe_object_keys_are_refused() {
     for key in ["../escape.gguf", "a/../../b", "/abs/key", "a//b", "a/\u{7}bell", "./x"] {
         let url = format!("s3://bucket/{key}");
         match Location::parse(&url) {
-            Err(Error::Location { msg, .. }) => assert!(msg.contains("object key"), "{url}: {msg}"),
+            Err(Error::InvalidLocation { msg, .. }) => assert!(msg.contains("object key"), "{url}: {msg}"),
             Err(e) => panic!("{url}: unexpected error {e}"),
             Ok(_) => panic!("{url}: accepted"),
         }

@@ -3,8 +3,9 @@
 
 use quantfarm_e2e::s3::S3Server;
 use quantfarm_e2e::{run_py, smollm2_derived};
+use quantfarm_store::Location;
 use quantfarm_tensors::write::copy_safetensors;
-use quantfarm_tensors::{Location, TensorSource};
+use quantfarm_tensors::TensorSource;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -22,7 +23,7 @@ async fn hashes(src: &TensorSource) -> Vec<(String, Vec<u64>, String)> {
             src.read_range(&e.name, r.start, &mut buf).await.unwrap();
             h.update(&buf);
         }
-        out.push((e.name.clone(), e.shape.clone(), quantfarm_tensors::sink::hex(&h.finalize())));
+        out.push((e.name.clone(), e.shape.clone(), quantfarm_store::hex(&h.finalize())));
     }
     out.sort();
     out

@@ -1,22 +1,28 @@
-//! The synthesized tiny Llama: the same bytes every time (pinned, so a change is noticed and TINY_LLAMA's version
+//! The synthesized tiny Llama: the same bytes every time (pinned, so a change is noticed and the tiny Llama's version (quantfarm_proto::SYNTHETIC_MODELS)
 //! bumped), converted by our converter into a GGUF that llama.cpp loads and generates from.
 
 use std::path::{Path, PathBuf};
 
 use quantfarm_e2e::llama_generate;
+use quantfarm_store::Location;
 use quantfarm_tensors::convert::{convert_hf_to_gguf, OutType};
-use quantfarm_tensors::synthetic::{tiny_llama_exists, write_tiny_llama, TINY_LLAMA, TINY_LLAMA_FILES};
-use quantfarm_tensors::{Location, TensorSource};
+use quantfarm_tensors::synthetic::{tiny_llama_exists, write_tiny_llama, TINY_LLAMA_FILES};
+use quantfarm_tensors::TensorSource;
 use serde_json::Value as Json;
 
-/// sha256 of model.safetensors. If this changes, the model's bytes changed: bump TINY_LLAMA's version.
+/// sha256 of model.safetensors. If this changes, the model's bytes changed: bump the tiny Llama's version (quantfarm_proto::SYNTHETIC_MODELS).
+/// The tiny Llama's versioned name (`quantfarm_proto::SYNTHETIC_MODELS`).
+fn tiny_llama() -> &'static str {
+    quantfarm_proto::synthetic_model("tiny-llama").expect("tiny-llama is in SYNTHETIC_MODELS")
+}
+
 const MODEL_SHA256: &str = "5d90fa10af4f4dcd60d770f0198d58fc566a960e12756265ebd8e36f6e6320ed";
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
 }
 
-fn write(dir: &Path) -> Vec<quantfarm_tensors::Committed> {
+fn write(dir: &Path) -> Vec<quantfarm_store::Committed> {
     rt().block_on(write_tiny_llama(&Location::local(dir))).unwrap()
 }
 
@@ -27,7 +33,7 @@ fn exists(dir: &Path) -> bool {
 #[test]
 fn tiny_llama_is_deterministic_and_pinned() {
     let tmp = tempfile::tempdir().unwrap();
-    let (a, b) = (tmp.path().join("a").join(TINY_LLAMA), tmp.path().join("b").join(TINY_LLAMA));
+    let (a, b) = (tmp.path().join("a").join(tiny_llama()), tmp.path().join("b").join(tiny_llama()));
     assert!(!exists(&a));
     let written = write(&a);
     assert!(exists(&a));
@@ -39,7 +45,12 @@ fn tiny_llama_is_deterministic_and_pinned() {
     }
     let model = written.iter().find(|c| c.location.ends_with("/model.safetensors")).unwrap();
     assert!(model.bytes < 1 << 20, "{} bytes", model.bytes);
-    assert_eq!(model.sha256, MODEL_SHA256, "model.safetensors changed: bump TINY_LLAMA's version ({TINY_LLAMA})");
+    assert_eq!(
+        model.sha256,
+        MODEL_SHA256,
+        "model.safetensors changed: bump the tiny Llama's version ({}) in SYNTHETIC_MODELS",
+        tiny_llama()
+    );
     // Idempotent: a re-run finds the same files and changes nothing.
     assert_eq!(write(&a), written);
 }
@@ -47,7 +58,7 @@ fn tiny_llama_is_deterministic_and_pinned() {
 #[test]
 fn tiny_llama_converts_and_llama_cpp_generates() {
     let tmp = tempfile::tempdir().unwrap();
-    let hf = tmp.path().join(TINY_LLAMA);
+    let hf = tmp.path().join(tiny_llama());
     write(&hf);
     let out = rt()
         .block_on(convert_hf_to_gguf(

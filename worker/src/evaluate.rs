@@ -1,5 +1,5 @@
-//! The evaluation executors: the KL-divergence pass spread over the farm (ggml spec §4), in llama.cpp through
-//! `quantfarm-eval`.
+//! The evaluation executors: the KL-divergence pass spread over the farm (llama-perplexity's, in
+//! `tools/perplexity/perplexity.cpp`), in llama.cpp through `quantfarm-eval`.
 //!
 //! `kld/plan` tokenizes the text with the reference's vocabulary and counts its chunks; each `kld-base` task runs
 //! the reference over one group of chunks (the chunks llama-perplexity decodes together) and stores their base
@@ -25,9 +25,9 @@ use quantfarm_eval::prepare::prepare;
 use quantfarm_eval::{LoadOptions, Model};
 use quantfarm_proto::{self as pb, FailureKind};
 use quantfarm_quant::imatrix::sums::ImatrixSums;
-use quantfarm_tensors::blob::Blob;
+use quantfarm_store::Blob;
+use quantfarm_store::{Location, StagedSink};
 use quantfarm_tensors::gguf::split::{parse_split_file_name, split_file_name};
-use quantfarm_tensors::{Location, StagedSink};
 use sha2::{Digest, Sha256};
 
 use crate::exec::{hash_object, location, Env, Failure};
@@ -113,7 +113,7 @@ async fn read_text(url: &str) -> Result<(String, String), Failure> {
     let blob = Blob::open(&loc).await?;
     let mut bytes = vec![0u8; blob.len() as usize];
     blob.read_at(0, &mut bytes).await?;
-    let sha = quantfarm_tensors::sink::hex(&Sha256::digest(&bytes));
+    let sha = quantfarm_store::hex(&Sha256::digest(&bytes));
     let text = String::from_utf8(bytes).map_err(|e| Failure::input(format!("{url}: the text is not UTF-8: {e}")))?;
     Ok((text, sha))
 }
@@ -123,7 +123,7 @@ fn tokens_sha256(tokens: &[i32]) -> String {
     for t in tokens {
         h.update(t.to_le_bytes());
     }
-    quantfarm_tensors::sink::hex(&h.finalize())
+    quantfarm_store::hex(&h.finalize())
 }
 
 /// Runs blocking llama.cpp work off the async threads.

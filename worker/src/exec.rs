@@ -9,10 +9,11 @@ use quantfarm_proto::{self as pb, task, task_result, verify_task, FailureKind};
 use quantfarm_quant::file::{quantize_gguf_shard, FileError, Options};
 use quantfarm_quant::imatrix::Imatrix;
 use quantfarm_quant::FileType;
-use quantfarm_tensors::blob::Blob;
+use quantfarm_store::Blob;
+use quantfarm_store::Location;
 use quantfarm_tensors::convert::{self, GgufPlan, SplitRule};
 use quantfarm_tensors::gguf::GgufHeader;
-use quantfarm_tensors::{Location, TensorSource};
+use quantfarm_tensors::TensorSource;
 use sha2::{Digest, Sha256};
 
 /// A task's failure, classified so the coordinator knows whether a retry can help.
@@ -52,14 +53,24 @@ impl Failure {
     }
 }
 
+/// Failures by meaning, not by origin: a missing object, a refused input or a row larger than the memory budget
+/// fails the same way on every try (an input failure, not retried); a timeout or a dropped connection may not
+/// (transient).
+impl From<quantfarm_store::Error> for Failure {
+    fn from(e: quantfarm_store::Error) -> Failure {
+        let kind = if e.is_transient() { FailureKind::Transient } else { FailureKind::Input };
+        Failure::new(kind, e.to_string())
+    }
+}
+
 impl From<quantfarm_tensors::Error> for Failure {
     fn from(e: quantfarm_tensors::Error) -> Failure {
         use quantfarm_tensors::Error as E;
-        let kind = match &e {
-            E::Io { .. } | E::Store { .. } | E::Budget { .. } => FailureKind::Transient,
-            _ => FailureKind::Input,
-        };
-        Failure::new(kind, e.to_string())
+        match e {
+            E::Store(e) => e.into(),
+            E::Io { .. } => Failure::new(FailureKind::Transient, e.to_string()),
+            e => Failure::input(e.to_string()),
+        }
     }
 }
 
@@ -133,7 +144,7 @@ fn source_identity(src: &TensorSource) -> String {
     for b in src.files() {
         h.update(format!("{}\n{}\n{}\n", b.name(), b.len(), b.version()).as_bytes());
     }
-    quantfarm_tensors::sink::hex(&h.finalize())
+    quantfarm_store::hex(&h.finalize())
 }
 
 async fn open_plan(source: &str) -> Result<(TensorSource, GgufPlan), Failure> {
@@ -145,7 +156,8 @@ async fn open_plan(source: &str) -> Result<(TensorSource, GgufPlan), Failure> {
 /// Writes the built-in synthetic model at `dir` unless it is there (any worker writes the same bytes).
 async fn materialize(name: &str, dir: &Location) -> Result<(), Failure> {
     use quantfarm_tensors::synthetic;
-    if name != "tiny-llama" {
+    // Every model of the catalogue is the tiny Llama today; a second one adds its writer here.
+    if pb::synthetic_model(name).is_none() {
         return Err(Failure::input(format!("unknown synthetic model {name:?}")));
     }
     if synthetic::tiny_llama_exists(dir).await? {
@@ -209,7 +221,7 @@ pub async fn hash_object(loc: &Location, budget: u64) -> Result<(String, u64), F
         h.update(&buf[..n]);
         off += n as u64;
     }
-    Ok((quantfarm_tensors::sink::hex(&h.finalize()), blob.len()))
+    Ok((quantfarm_store::hex(&h.finalize()), blob.len()))
 }
 
 /// Per-type tensor counts of one GGUF or safetensors file (from its header).
@@ -427,7 +439,7 @@ async fn folders_identity(dirs: &[&Location]) -> Result<String, Failure> {
             h.update(format!("{dir}/{name}\n{}\n{}\n", b.len(), b.version()).as_bytes());
         }
     }
-    Ok(quantfarm_tensors::sink::hex(&h.finalize()))
+    Ok(quantfarm_store::hex(&h.finalize()))
 }
 
 /// Every file of `dir` with the sha256 of its content, read in chunks of at most `budget` bytes (adapters are
@@ -449,7 +461,7 @@ async fn folder_digests(dir: &Location, budget: u64) -> Result<Vec<pb::Artifact>
         }
         out.push(pb::Artifact {
             url: loc.to_string(),
-            sha256: quantfarm_tensors::sink::hex(&h.finalize()),
+            sha256: quantfarm_store::hex(&h.finalize()),
             bytes: b.len(),
             types: vec![],
         });
@@ -491,7 +503,7 @@ async fn write_merge(m: &pb::MergeTask, out: &Location, env: &Env) -> Result<(St
         for (name, bytes) in plan.side_files().await? {
             let target = out.child(&name)?;
             if !exists(&target).await {
-                let mut sink = quantfarm_tensors::StagedSink::create(&target, false).await?;
+                let mut sink = quantfarm_store::StagedSink::create(&target, false).await?;
                 sink.write(&bytes).await?;
                 if let Err(e) = sink.commit().await {
                     // Another lease wrote the same bytes meanwhile.
@@ -546,7 +558,7 @@ fn digest_lines(mut files: Vec<(String, String, u64)>) -> (String, u64) {
     for (name, sha, _) in &files {
         h.update(format!("{sha}  {name}\n").as_bytes());
     }
-    (quantfarm_tensors::sink::hex(&h.finalize()), files.iter().map(|f| f.2).sum())
+    (quantfarm_store::hex(&h.finalize()), files.iter().map(|f| f.2).sum())
 }
 
 /// Writes the MLX checkpoint of `m.source` into folder `out`; returns its folder digest and bytes.
@@ -559,7 +571,7 @@ async fn write_mlx(m: &pb::MlxTask, out: &Location, env: &Env) -> Result<(String
         quantfarm_quant::mlx_file::MlxFileError::Tensors(t) => t.into(),
         other => Failure::input(other.to_string()),
     })?;
-    let name = |c: &quantfarm_tensors::Committed| {
+    let name = |c: &quantfarm_store::Committed| {
         Location::parse(&c.location).map(|l| l.file_name().to_string()).unwrap_or_default()
     };
     Ok(digest_lines(done.files.iter().map(|c| (name(c), c.sha256.clone(), c.bytes)).collect()))

@@ -279,8 +279,8 @@ pub async fn run(
             free_slots: free.max(1),
             wait_ms,
             completed: completed.clone(),
-            bytes_read: quantfarm_tensors::io_counters::bytes_read(),
-            bytes_written: quantfarm_tensors::io_counters::bytes_written(),
+            bytes_read: quantfarm_store::io_counters::bytes_read(),
+            bytes_written: quantfarm_store::io_counters::bytes_written(),
         };
         let mut client = s.client.clone();
         let leased = tokio::select! {
@@ -444,8 +444,8 @@ async fn heartbeat_loop(
         let req = pb::HeartbeatRequest {
             worker_id: id,
             lease_ids: ids,
-            bytes_read: quantfarm_tensors::io_counters::bytes_read(),
-            bytes_written: quantfarm_tensors::io_counters::bytes_written(),
+            bytes_read: quantfarm_store::io_counters::bytes_read(),
+            bytes_written: quantfarm_store::io_counters::bytes_written(),
         };
         match client.clone().heartbeat(req).await {
             Ok(r) => {

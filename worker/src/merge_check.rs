@@ -9,9 +9,10 @@
 //! already check.
 
 use quantfarm_proto::{self as pb, MergeCheckPart};
+use quantfarm_store::{Committed, Location};
 use quantfarm_tensors::convert::{plan_hf_to_gguf, write_gguf_shard, OutType};
 use quantfarm_tensors::merge::{adapter_to_gguf, merge_adapter};
-use quantfarm_tensors::{Committed, Location, TensorSource};
+use quantfarm_tensors::TensorSource;
 
 use crate::evaluate::task_dir;
 use crate::exec::{location, merge_options, produce, Env, Failure};

@@ -7,8 +7,8 @@ use std::path::Path;
 use std::process::Command;
 
 use quantfarm_proto::{self as pb, FailureKind};
-use quantfarm_tensors::blob::Blob;
-use quantfarm_tensors::Location;
+use quantfarm_store::Blob;
+use quantfarm_store::Location;
 
 use crate::evaluate::{local_file, local_model, task_dir, upload};
 use crate::exec::{hash_object, Env, Failure};

@@ -12,7 +12,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use quantfarm_e2e::s3::S3Server;
-use quantfarm_tensors::{Location, TensorSource};
+use quantfarm_store::Location;
+use quantfarm_tensors::TensorSource;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -249,7 +250,7 @@ pub fn read_object(rt: &tokio::runtime::Runtime, url: &str, s3: &S3Server) -> Ve
     let (bucket, key) = url.strip_prefix("s3://").unwrap().split_once('/').unwrap();
     let loc = s3.location(bucket, key);
     rt.block_on(async {
-        let b = quantfarm_tensors::blob::Blob::open(&loc).await.unwrap();
+        let b = quantfarm_store::Blob::open(&loc).await.unwrap();
         b.read_vec(0, b.len()).await.unwrap()
     })
 }

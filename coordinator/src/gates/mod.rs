@@ -441,7 +441,7 @@ mod tests {
     fn the_defaults_parse_and_name_only_known_figures() {
         let d = defaults();
         assert!(d.kld_mean_max.contains_key("Q4_K_M") && d.kld_mean_max.contains_key("MLX-4bit"));
-        for ft in quantfarm_quant::FileType::ALL {
+        for ft in quantfarm_ggml::FileType::ALL {
             assert!(d.kld_mean_max.contains_key(ft.name()), "no default limit for {}", ft.name());
         }
         for g in &d.gates {

@@ -110,7 +110,7 @@ pub fn render(report: &Value) -> String {
             cell(g["level"].as_str().unwrap_or("—")),
             g["check"].as_str().unwrap_or("").replace('`', "'").replace('|', "\\|"),
             cell(&inputs.join("; ")),
-            or_dash(g["threshold"].as_f64().map(|t| crate::gates::expr::fmt_num(t))),
+            or_dash(g["threshold"].as_f64().map(crate::gates::expr::fmt_num)),
             cell(g["detail"].as_str().unwrap_or("")),
         );
     }

@@ -1,6 +1,7 @@
 //! llama.cpp's base-logits file (`llama-perplexity --kl-divergence-base`), byte for byte: a header with the context,
 //! vocabulary and chunk count, the evaluation tokens, then per chunk one record per scored position holding the
-//! reference's log-probabilities quantized to 16 bits (ggml spec §4.4).
+//! reference's log-probabilities quantized to 16 bits (`process_logits` and `log_softmax` in
+//! `tools/perplexity/perplexity.cpp`).
 //!
 //! The records of one chunk are a contiguous run, so the farm stores them per chunk and a whole file is the header
 //! followed by the chunks' runs in order ([`BaseHeader::encode`] + [`ChunkRecords::as_bytes`]).
@@ -266,7 +267,7 @@ pub fn encode_record(logits: &[f32], token: usize, out: &mut [u16]) -> f64 {
     f64::from(max + lse - logits[token])
 }
 
-/// ggml's round-half-to-even via the 1.5·2^23 trick (spec §2.1 `nearest_int`).
+/// ggml's round-half-to-even via the 1.5·2^23 trick (`nearest_int` in `tools/perplexity/perplexity.cpp`).
 fn nearest_int(v: f32) -> i32 {
     let bits = (v + 12_582_912.0).to_bits() as i32;
     (bits & 0x007f_ffff) - 0x0040_0000

@@ -1,6 +1,7 @@
-//! KL divergence of a model against a reference, by llama-perplexity's procedure (ggml spec §4.2): the text
-//! tokenized once with BOS, cut into `n_ctx`-token chunks (the remainder dropped), each chunk decoded from position 0
-//! with its first token overwritten by BOS, and positions `n_ctx/2 .. n_ctx−2` scored against the next token.
+//! KL divergence of a model against a reference, by llama-perplexity's procedure
+//! (`tools/perplexity/perplexity.cpp::kl_divergence`): the text tokenized once with BOS, cut into `n_ctx`-token
+//! chunks (the remainder dropped), each chunk decoded from position 0 with its first token overwritten by BOS, and
+//! positions `n_ctx/2 .. n_ctx−2` scored against the next token.
 //!
 //! The work is per chunk so a farm can spread it: [`base_chunks`] turns chunks of the reference into base-file
 //! records, [`kld_chunks`] scores chunks of a model against those records, and [`stats::KldSummary::merge`] gives

@@ -2,7 +2,7 @@
 //! (`<weight>.in_sum2` / `<weight>.counts` tensors) and the legacy `.dat` format, from any [`Location`].
 //!
 //! The values kept are the ones llama-quantize hands to the quantizers: `tools/quantize/quantize.cpp::load_imatrix`
-//! applied to what `common/imatrix-loader.cpp::common_imatrix_load` read (`../shared/specs/ggml-llamacpp.md` §5).
+//! applied to what `common/imatrix-loader.cpp::common_imatrix_load` read (llama.cpp 0c1e570).
 //! GGUF: `w[j·ne0 + i] = in_sum2[j·ne0 + i] / (float)lround(counts[j])`, or 1 where the count is 0 (per expert `j`).
 //! Legacy: `w[i] = value[i] / (float)ncall` when `ncall > 0`, else the value as stored.
 //!
@@ -16,9 +16,10 @@ pub mod sums;
 
 use std::collections::{BTreeMap, HashMap};
 
-use quantfarm_tensors::blob::Blob;
+use quantfarm_store::Blob;
+use quantfarm_store::Location;
 use quantfarm_tensors::gguf::{Array, GgufHeader, Value};
-use quantfarm_tensors::{GgmlType, Location};
+use quantfarm_tensors::GgmlType;
 
 /// `LLM_KV_IMATRIX_*` (`common/imatrix-loader.h`).
 pub const KEY_DATASETS: &str = "imatrix.datasets";
@@ -46,6 +47,13 @@ pub enum ImatrixError {
     File { file: String, msg: String },
     #[error("imatrix {file}: entry {entry:?}: {msg}")]
     Entry { file: String, entry: String, msg: String },
+}
+
+/// A store error (a missing object, a dropped connection) is a tensors error about that file.
+impl From<quantfarm_store::Error> for ImatrixError {
+    fn from(e: quantfarm_store::Error) -> ImatrixError {
+        ImatrixError::Tensors(e.into())
+    }
 }
 
 /// A loaded importance matrix: per weight name, one importance value per column (× experts), ready to pass to
@@ -91,9 +99,10 @@ impl Imatrix {
         self.entries.get(name).map(Vec::as_slice)
     }
 
-    /// The keys llama-quantize appends when given an imatrix, in its order (`llama_quantize` kv overrides; §3.9):
-    /// the file name and first dataset truncated to 127 bytes, the counts as UINT32 (`abs` of the INT override);
-    /// the dataset only if there is one, the chunk count only if positive.
+    /// The keys llama-quantize appends when given an imatrix, in its order (the kv overrides of
+    /// `tools/quantize/quantize.cpp::llama_quantize`): the file name and first dataset truncated to 127 bytes, the
+    /// counts as UINT32 (`abs` of the INT override); the dataset only if there is one, the chunk count only if
+    /// positive.
     pub fn quantize_metadata(&self) -> Vec<(String, Value)> {
         let string = |s: &str| {
             let b = s.as_bytes();

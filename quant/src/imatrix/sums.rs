@@ -1,18 +1,21 @@
 //! What llama-imatrix accumulates before llama-quantize divides it: per weight matrix, per expert, the sum over
-//! tokens of each input column's square and the number of tokens (`IMatrixCollector::m_stats`, ggml spec §5).
+//! tokens of each input column's square and the number of tokens (`IMatrixCollector::m_stats` in
+//! `tools/imatrix/imatrix.cpp`, llama.cpp 0c1e570).
 //!
 //! Sums of parts add up, so a farm computes chunk groups anywhere and merges them. They are kept in f64 (a square
 //! of an f32 is exact in f64) and parts are added in chunk order, so the merged file does not depend on how many
-//! workers there were. The result is written as llama.cpp's GGUF imatrix (F32, §5.1), which llama-quantize and
-//! `llama-imatrix --in-file` read; a part is the same layout with F64 tensors and the key [`KEY_FIRST_CHUNK`].
+//! workers there were. The result is written as llama.cpp's GGUF imatrix (F32, `IMatrixCollector::save_imatrix`),
+//! which llama-quantize and `llama-imatrix --in-file` read; a part is the same layout with F64 tensors and the key
+//! [`KEY_FIRST_CHUNK`].
 
 use std::collections::BTreeMap;
 
-use quantfarm_tensors::blob::Blob;
+use quantfarm_store::sink::Committed;
+use quantfarm_store::Blob;
+use quantfarm_store::Location;
 use quantfarm_tensors::gguf::{Array, GgufHeader, GgufStr, TensorDesc, Value};
-use quantfarm_tensors::sink::Committed;
 use quantfarm_tensors::write::GgufWriter;
-use quantfarm_tensors::{GgmlType, Location};
+use quantfarm_tensors::GgmlType;
 
 use super::{file_err, ImatrixError, KEY_CHUNK_COUNT, KEY_CHUNK_SIZE, KEY_DATASETS, SUFFIX_COUNTS, SUFFIX_SUMS};
 

@@ -2,9 +2,9 @@
 
 use serde_json::{Map, Value as Json};
 
-use crate::blob::Blob;
 use crate::error::{Error, Result};
-use crate::store::Location;
+use quantfarm_store::Blob;
+use quantfarm_store::Location;
 
 /// Files are small; a bigger one is not what we think it is.
 const MAX_FILE: u64 = 256 << 20;

@@ -35,10 +35,10 @@ use crate::dtype::{Dtype, TensorType};
 use crate::error::{Error, Result};
 use crate::gguf::{encode_header, TensorDesc, Value};
 use crate::mlx::MlxParts;
-use crate::sink::Committed;
 use crate::source::{Format, TensorSource};
-use crate::store::Location;
 use crate::GgmlType;
+use quantfarm_store::Committed;
+use quantfarm_store::Location;
 
 use hf::HfFiles;
 use mapping::{mapping_for, Mapped};
@@ -139,7 +139,7 @@ impl GgufPlan {
         for t in &self.tensors {
             h.update(format!("\n{}\t{}\t{:?}\t{:?}", t.source, t.source_type, t.permute_heads, t.offset).as_bytes());
         }
-        crate::sink::hex(&h.finalize())
+        quantfarm_store::hex(&h.finalize())
     }
 
     pub(crate) fn descs(&self, r: Range<usize>) -> Vec<TensorDesc> {
@@ -209,7 +209,8 @@ pub async fn plan_hf_to_gguf(source: &TensorSource, out: OutType) -> Result<Gguf
         }
     }
 
-    // convert_hf_to_gguf order: part files by name, names sorted within each part (§6.6).
+    // convert_hf_to_gguf order: part files by name, names sorted within each part (`ModelBase.index_tensors` in
+    // `conversion/base.py`, `gguf-py/gguf/utility.py::SafetensorsLocal`).
     let mut tensors = Vec::new();
     let mut seen = std::collections::HashSet::new();
     for mut names in files {

@@ -1,5 +1,5 @@
 //! How a plan's tensors are cut into GGUF split files: gguf-split's `split_strategy::should_split` rules
-//! (../shared/specs/ggml-llamacpp.md §1.10) and llama.cpp's split file names.
+//! (`tools/gguf-split/gguf-split.cpp`) and llama.cpp's split file names (`src/llama.cpp::llama_split_path`).
 
 use std::ops::Range;
 

@@ -16,10 +16,10 @@ use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::gguf::Value;
 use crate::safetensors::{plan_shards, shard_file_name, write_index, StTensorDesc};
-use crate::sink::{Committed, StagedSink};
 use crate::source::TensorSource;
-use crate::store::Location;
 use crate::write::{PieceWriter, SafetensorsWriter};
+use quantfarm_store::Location;
+use quantfarm_store::{Committed, StagedSink};
 
 /// safetensors shards of at most this many bytes (`save_pretrained`'s default `max_shard_size` is 5 GB).
 const MAX_SHARD_BYTES: u64 = 5_000_000_000;
@@ -605,7 +605,7 @@ pub async fn write_hf(
     }
     let present = if plan.carried.is_empty() { Vec::new() } else { source.location().list().await? };
     for name in plan.carried.iter().filter(|n| present.contains(n)) {
-        let blob = crate::blob::Blob::open(&source.location().child(name)?).await?;
+        let blob = quantfarm_store::Blob::open(&source.location().child(name)?).await?;
         let bytes = blob.read_vec(0, blob.len()).await?;
         let mut sink = StagedSink::create(&dst_dir.child(name)?, overwrite).await?;
         sink.write(&bytes).await?;

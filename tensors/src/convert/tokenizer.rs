@@ -1,7 +1,7 @@
-//! The tokenizer keys as convert_hf_to_gguf writes them (../shared/specs/ggml-llamacpp.md §6.4), without running a
+//! The tokenizer keys as convert_hf_to_gguf writes them (`conversion/base.py`, llama.cpp 0c1e570), without running a
 //! tokenizer: GPT-2-style BPE from tokenizer.json (`TextModel._set_vocab_gpt2`, `get_vocab_base`) and SentencePiece
 //! from tokenizer.model (`_set_vocab_sentencepiece`, `_create_vocab_sentencepiece`), each followed by
-//! [`special_vocab::add`].
+//! [`special_vocab::add`] (`gguf-py/gguf/vocab.py::SpecialVocab`).
 
 use serde_json::{Map, Value as Json};
 use sha2::{Digest, Sha256};
@@ -230,7 +230,7 @@ pub fn pre_tokenizer_sha256(pre: &Json) -> String {
         }
     }
     let text = serde_json::to_string(&sorted(pre)).unwrap_or_default();
-    crate::sink::hex(&Sha256::digest(text.as_bytes()))
+    quantfarm_store::hex(&Sha256::digest(text.as_bytes()))
 }
 
 /// `tokenizer.ggml.pre` from the table in `mappings/pre-tokenizers.yaml`.

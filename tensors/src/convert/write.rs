@@ -8,8 +8,8 @@ use crate::dtype::{Dtype, TensorType};
 use crate::error::{Error, Result};
 use crate::gguf::split::split_metadata;
 use crate::source::TensorSource;
-use crate::store::Location;
 use crate::write::{GgufWriter, PieceWriter};
+use quantfarm_store::Location;
 
 /// Stages file `shard` of the plan cut by `ranges` at `dst` and writes all its bytes; not yet committed.
 pub(super) async fn stage_shard(
@@ -32,7 +32,8 @@ pub(super) async fn stage_shard(
     } else {
         let count = u16::try_from(n).map_err(|_| bad(format!("{n} files (at most 65535)")))?;
         let total = i32::try_from(plan.tensors.len()).map_err(|_| bad("too many tensors".into()))?;
-        // gguf-split: shard 0 carries all KVs then the split keys; the others only the split keys (§1.10).
+        // gguf-split (`tools/gguf-split/gguf-split.cpp`): shard 0 carries all KVs then the split keys; the others
+        // only the split keys.
         let keys = split_metadata(shard as u16, count, total);
         if shard == 0 {
             plan.metadata.iter().cloned().chain(keys).collect()

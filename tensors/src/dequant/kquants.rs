@@ -1,88 +1,57 @@
 //! The K-quants: Q2_K, Q3_K, Q4_K, Q5_K, Q6_K (256-element super-blocks with sub-block scales) and Q8_K.
 //!
-//! Layouts: `../shared/specs/ggml-llamacpp.md` §2.3 (ggml-common.h `block_q*_K`). Arithmetic: gguf-py quants.py
-//! `Q*_K.dequantize_blocks`, whose order is kept exactly: the sub-block scale is formed first (`d · sc` as f32,
-//! `dmin · m` as f32) and then applied (`dl · q − ml`). ggml's `dequantize_row_q*_K` computes the same products.
-//!
-//! *128-half packing* (Q2_K `qs`, Q3_K low bits): element `128h + 32s + l` (h < 2, s < 4, l < 32) is bits
-//! `2s..2s+2` of byte `32h + l`.
+//! Layouts: `quantfarm_ggml::blocks` (ggml-common.h `block_q*_K`), with their scale packings. Arithmetic: gguf-py
+//! quants.py `Q*_K.dequantize_blocks`, whose order is kept exactly: the sub-block scale is formed first (`d · sc`
+//! as f32, `dmin · m` as f32) and then applied (`dl · q − ml`). ggml's `dequantize_row_q*_K` computes the same
+//! products.
 
-use super::bytes::{f16_at, f32_at};
-use super::each_block;
-use crate::ggml_type::QK_K;
+use quantfarm_ggml::blocks::{
+    k4_scales, q3_scales, two_bit, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K,
+};
+use quantfarm_ggml::QK_K;
 
-/// The 2-bit code of element `e` in the 128-half packing of `qs` (64 bytes).
-#[inline]
-fn two_bits(qs: &[u8], e: usize) -> u8 {
-    let (h, s, l) = (e / 128, (e % 128) / 32, e % 32);
-    (qs[32 * h + l] >> (2 * s)) & 3
-}
+use super::each;
+use super::float::f16_bits_to_f32 as f16;
 
 /// Same decoding as gguf-py `Q2_K.dequantize_blocks` / ggml `dequantize_row_q2_K`:
 /// `dl = d · (sc & 0xF)`, `ml = dmin · (sc >> 4)`, `x = dl · q − ml`, 16 sub-blocks of 16.
 pub(super) fn q2_k(data: &[u8], out: &mut [f32]) {
-    each_block::<84, QK_K>(data, out, |b, o| {
-        let (scales, qs) = (&b[0..16], &b[16..80]);
-        let (d, dmin) = (f16_at(b, 80), f16_at(b, 82));
+    each(data, out, |b: &BlockQ2K, o: &mut [f32; QK_K]| {
+        let (d, dmin) = (f16(b.d), f16(b.dmin));
         for (sub, o) in o.chunks_exact_mut(16).enumerate() {
-            let dl = d * f32::from(scales[sub] & 0x0f);
-            let ml = dmin * f32::from(scales[sub] >> 4);
+            let dl = d * f32::from(b.scales[sub] & 0x0f);
+            let ml = dmin * f32::from(b.scales[sub] >> 4);
             for (i, x) in o.iter_mut().enumerate() {
-                *x = dl * f32::from(two_bits(qs, 16 * sub + i)) - ml;
+                *x = dl * f32::from(two_bit::get(&b.qs, 16 * sub + i)) - ml;
             }
         }
     });
 }
 
-/// The 16 signed 6-bit Q3_K scales (stored +32): low nibbles in bytes 0..8 (j < 8 low, j ≥ 8 high nibble of
-/// byte j − 8), high 2 bits in byte `8 + j % 4` at bits `2·(j / 4)`. Same as gguf-py's `lscales`/`hscales`.
-fn q3_k_scales(s: &[u8]) -> [i8; 16] {
-    let mut out = [0i8; 16];
-    for (j, sc) in out.iter_mut().enumerate() {
-        let low = if j < 8 { s[j] & 0x0f } else { s[j - 8] >> 4 };
-        let high = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
-        *sc = ((low | (high << 4)) as i8) - 32;
-    }
-    out
-}
-
 /// Same decoding as gguf-py `Q3_K.dequantize_blocks` / ggml `dequantize_row_q3_K`: `dl = d · (sc − 32)`,
 /// `q = low2 − 4·(1 − hbit)` with the high bit of element `e` at `hmask[e % 32]` bit `e / 32`, `x = dl · q`.
 pub(super) fn q3_k(data: &[u8], out: &mut [f32]) {
-    each_block::<110, QK_K>(data, out, |b, o| {
-        let (hmask, qs) = (&b[0..32], &b[32..96]);
-        let scales = q3_k_scales(&b[96..108]);
-        let d = f16_at(b, 108);
+    each(data, out, |b: &BlockQ3K, o: &mut [f32; QK_K]| {
+        let scales = q3_scales::unpack(&b.scales);
+        let d = f16(b.d);
         for (sub, o) in o.chunks_exact_mut(16).enumerate() {
             let dl = d * f32::from(scales[sub]);
             for (i, x) in o.iter_mut().enumerate() {
                 let e = 16 * sub + i;
-                let hbit = (hmask[e % 32] >> (e / 32)) & 1;
-                let q = two_bits(qs, e) as i8 - ((hbit ^ 1) << 2) as i8;
+                let hbit = (b.hmask[e % 32] >> (e / 32)) & 1;
+                let q = two_bit::get(&b.qs, e) as i8 - ((hbit ^ 1) << 2) as i8;
                 *x = dl * f32::from(q);
             }
         }
     });
 }
 
-/// The 8 pairs of 6-bit (scale, min) of Q4_K/Q5_K: ggml `get_scale_min_k4`, gguf-py `Q4_K.get_scale_min`.
-fn scale_min_k4(s: &[u8]) -> ([u8; 8], [u8; 8]) {
-    let (mut sc, mut m) = ([0u8; 8], [0u8; 8]);
-    for j in 0..4 {
-        sc[j] = s[j] & 0x3f;
-        m[j] = s[j + 4] & 0x3f;
-        sc[j + 4] = (s[j + 8] & 0x0f) | ((s[j] >> 2) & 0x30);
-        m[j + 4] = (s[j + 8] >> 4) | ((s[j + 4] >> 2) & 0x30);
-    }
-    (sc, m)
-}
-
 /// Shared Q4_K/Q5_K decoding over 8 sub-blocks of 32: `dl = d · sc`, `ml = dmin · m`, `x = dl · q − ml`, where
 /// `q(e)` supplies the code of element `e`.
 #[inline]
-fn k4_like(b: &[u8], o: &mut [f32; QK_K], q: impl Fn(usize) -> u8) {
-    let (d, dmin) = (f16_at(b, 0), f16_at(b, 2));
-    let (sc, m) = scale_min_k4(&b[4..16]);
+fn k4_like(d: u16, dmin: u16, scales: &[u8; 12], o: &mut [f32; QK_K], q: impl Fn(usize) -> u8) {
+    let (d, dmin) = (f16(d), f16(dmin));
+    let (sc, m) = k4_scales::unpack(scales);
     for (sub, o) in o.chunks_exact_mut(32).enumerate() {
         let dl = d * f32::from(sc[sub]);
         let ml = dmin * f32::from(m[sub]);
@@ -95,24 +64,22 @@ fn k4_like(b: &[u8], o: &mut [f32; QK_K], q: impl Fn(usize) -> u8) {
 /// The 4-bit code of element `e` in Q4_K/Q5_K `qs`: byte `32c + l` holds element `64c + l` in its low nibble and
 /// `64c + 32 + l` in its high nibble.
 #[inline]
-fn nibble(qs: &[u8], e: usize) -> u8 {
+fn nibble(qs: &[u8; QK_K / 2], e: usize) -> u8 {
     (qs[32 * (e / 64) + e % 32] >> (4 * ((e / 32) % 2))) & 0x0f
 }
 
 /// Same decoding as gguf-py `Q4_K.dequantize_blocks` / ggml `dequantize_row_q4_K`.
 pub(super) fn q4_k(data: &[u8], out: &mut [f32]) {
-    each_block::<144, QK_K>(data, out, |b, o| {
-        let qs = &b[16..144];
-        k4_like(b, o, |e| nibble(qs, e));
+    each(data, out, |b: &BlockQ4K, o: &mut [f32; QK_K]| {
+        k4_like(b.d, b.dmin, &b.scales, o, |e| nibble(&b.qs, e));
     });
 }
 
 /// Same decoding as gguf-py `Q5_K.dequantize_blocks` / ggml `dequantize_row_q5_K`: Q4_K plus bit 4 of element
 /// `e` at `qh[e % 32]` bit `e / 32`.
 pub(super) fn q5_k(data: &[u8], out: &mut [f32]) {
-    each_block::<176, QK_K>(data, out, |b, o| {
-        let (qh, qs) = (&b[16..48], &b[48..176]);
-        k4_like(b, o, |e| nibble(qs, e) | (((qh[e % 32] >> (e / 32)) & 1) << 4));
+    each(data, out, |b: &BlockQ5K, o: &mut [f32; QK_K]| {
+        k4_like(b.d, b.dmin, &b.scales, o, |e| nibble(&b.qs, e) | (((b.qh[e % 32] >> (e / 32)) & 1) << 4));
     });
 }
 
@@ -120,11 +87,11 @@ pub(super) fn q5_k(data: &[u8], out: &mut [f32]) {
 /// (int8 scales), `x = dl · (q − 32)`. In half h, element `128h + 64s + l` (l < 64) has its low 4 bits in nibble s
 /// of `ql[64h + l]`, and element `128h + 32t + l` (l < 32) its high 2 bits at bits `2t` of `qh[32h + l]`.
 pub(super) fn q6_k(data: &[u8], out: &mut [f32]) {
-    each_block::<210, QK_K>(data, out, |b, o| {
-        let (ql, qh, scales) = (&b[0..128], &b[128..192], &b[192..208]);
-        let d = f16_at(b, 208);
+    each(data, out, |b: &BlockQ6K, o: &mut [f32; QK_K]| {
+        let (ql, qh) = (&b.ql, &b.qh);
+        let d = f16(b.d);
         for (sub, o) in o.chunks_exact_mut(16).enumerate() {
-            let dl = d * f32::from(scales[sub] as i8);
+            let dl = d * f32::from(b.scales[sub]);
             for (i, x) in o.iter_mut().enumerate() {
                 let e = 16 * sub + i;
                 let (h, r) = (e / 128, e % 128);
@@ -139,10 +106,10 @@ pub(super) fn q6_k(data: &[u8], out: &mut [f32]) {
 /// Q8_K (`d` f32, `qs[256]` i8, `bsums[16]` i16): same decoding as ggml `dequantize_row_q8_K`, `x = d · q`
 /// (gguf-py has no Q8_K; it is an intermediate type, so the golden vectors have none either).
 pub(super) fn q8_k(data: &[u8], out: &mut [f32]) {
-    each_block::<292, QK_K>(data, out, |b, o| {
-        let d = f32_at(b, 0);
-        for (j, x) in o.iter_mut().enumerate() {
-            *x = d * f32::from(b[4 + j] as i8);
+    each(data, out, |b: &BlockQ8K, o: &mut [f32; QK_K]| {
+        let d = b.d;
+        for (x, &q) in o.iter_mut().zip(&b.qs) {
+            *x = d * f32::from(q);
         }
     });
 }
@@ -197,7 +164,7 @@ mod tests {
             }
             scales[8 + j % 4] |= (l >> 4) << (2 * (j / 4));
         }
-        assert_eq!(q3_k_scales(&scales)[0], -31);
+        assert_eq!(q3_scales::unpack(&scales)[0], -31);
         // Element e: low 2 bits e % 4, high bit set when (e / 4) is even.
         let codes: Vec<u8> = (0..256).map(|e| (e % 4) as u8).collect();
         let mut hmask = [0u8; 32];
@@ -216,20 +183,8 @@ mod tests {
         assert_eq!(out[5], 0.5 * -31.0 * -3.0); // negative scale times negative code
     }
 
-    /// Packs 8 (scale, min) pairs as `quantize_row_q4_K_ref` does.
     fn pack_k4(ls: [u8; 8], lm: [u8; 8]) -> [u8; 12] {
-        let mut s = [0u8; 12];
-        for j in 0..8 {
-            if j < 4 {
-                s[j] = ls[j];
-                s[j + 4] = lm[j];
-            } else {
-                s[j + 4] = (ls[j] & 0x0f) | ((lm[j] & 0x0f) << 4);
-                s[j - 4] |= (ls[j] >> 4) << 6;
-                s[j] |= (lm[j] >> 4) << 6;
-            }
-        }
-        s
+        k4_scales::pack(&ls, &lm)
     }
 
     const LS: [u8; 8] = [1, 63, 17, 32, 48, 5, 63, 33];
@@ -237,7 +192,7 @@ mod tests {
 
     #[test]
     fn k4_scales_round_trip() {
-        assert_eq!(scale_min_k4(&pack_k4(LS, LM)), (LS, LM));
+        assert_eq!(k4_scales::unpack(&pack_k4(LS, LM)), (LS, LM));
     }
 
     fn expected_k4(e: usize, q: u8) -> f32 {

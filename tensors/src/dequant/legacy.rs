@@ -1,21 +1,19 @@
 //! The 32-element formats: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1.
 //!
-//! Layouts: `../shared/specs/ggml-llamacpp.md` §2.3 (ggml-common.h `block_q*`). Arithmetic: gguf-py quants.py
+//! Layouts: `quantfarm_ggml::blocks` (ggml-common.h `block_q*`). Arithmetic: gguf-py quants.py
 //! `Q*.dequantize_blocks`, one f32 multiply (plus one add for the `_1` types, after the multiply), as in ggml's
 //! `dequantize_row_q*`. In every format byte `j` of `qs` holds element `j` in its low nibble and `j + 16` in its high.
 
-use super::bytes::{f16_at, u32_at};
-use super::each_block;
+use quantfarm_ggml::blocks::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, BlockQ8_1, QK};
 
-/// Elements per block.
-const QK: usize = 32;
+use super::each;
+use super::float::f16_bits_to_f32 as f16;
 
 /// Same decoding as gguf-py `Q4_0.dequantize_blocks` / ggml `dequantize_row_q4_0`: `d · (q − 8)`.
 pub(super) fn q4_0(data: &[u8], out: &mut [f32]) {
-    each_block::<18, QK>(data, out, |b, o| {
-        let d = f16_at(b, 0);
-        for j in 0..QK / 2 {
-            let q = b[2 + j];
+    each(data, out, |b: &BlockQ4_0, o: &mut [f32; QK]| {
+        let d = f16(b.d);
+        for (j, &q) in b.qs.iter().enumerate() {
             o[j] = d * (i32::from(q & 0x0f) - 8) as f32;
             o[j + QK / 2] = d * (i32::from(q >> 4) - 8) as f32;
         }
@@ -24,10 +22,9 @@ pub(super) fn q4_0(data: &[u8], out: &mut [f32]) {
 
 /// Same decoding as gguf-py `Q4_1.dequantize_blocks` / ggml `dequantize_row_q4_1`: `(d · q) + m`.
 pub(super) fn q4_1(data: &[u8], out: &mut [f32]) {
-    each_block::<20, QK>(data, out, |b, o| {
-        let (d, m) = (f16_at(b, 0), f16_at(b, 2));
-        for j in 0..QK / 2 {
-            let q = b[4 + j];
+    each(data, out, |b: &BlockQ4_1, o: &mut [f32; QK]| {
+        let (d, m) = (f16(b.d), f16(b.m));
+        for (j, &q) in b.qs.iter().enumerate() {
             o[j] = d * f32::from(q & 0x0f) + m;
             o[j + QK / 2] = d * f32::from(q >> 4) + m;
         }
@@ -44,10 +41,10 @@ fn q5_codes(qs: u8, qh: u32, j: usize) -> (u8, u8) {
 
 /// Same decoding as gguf-py `Q5_0.dequantize_blocks` / ggml `dequantize_row_q5_0`: `d · (q − 16)`.
 pub(super) fn q5_0(data: &[u8], out: &mut [f32]) {
-    each_block::<22, QK>(data, out, |b, o| {
-        let (d, qh) = (f16_at(b, 0), u32_at(b, 2));
-        for j in 0..QK / 2 {
-            let (lo, hi) = q5_codes(b[6 + j], qh, j);
+    each(data, out, |b: &BlockQ5_0, o: &mut [f32; QK]| {
+        let (d, qh) = (f16(b.d), u32::from_le_bytes(b.qh));
+        for (j, &q) in b.qs.iter().enumerate() {
+            let (lo, hi) = q5_codes(q, qh, j);
             o[j] = d * (i32::from(lo) - 16) as f32;
             o[j + QK / 2] = d * (i32::from(hi) - 16) as f32;
         }
@@ -56,10 +53,10 @@ pub(super) fn q5_0(data: &[u8], out: &mut [f32]) {
 
 /// Same decoding as gguf-py `Q5_1.dequantize_blocks` / ggml `dequantize_row_q5_1`: `(d · q) + m`.
 pub(super) fn q5_1(data: &[u8], out: &mut [f32]) {
-    each_block::<24, QK>(data, out, |b, o| {
-        let (d, m, qh) = (f16_at(b, 0), f16_at(b, 2), u32_at(b, 4));
-        for j in 0..QK / 2 {
-            let (lo, hi) = q5_codes(b[8 + j], qh, j);
+    each(data, out, |b: &BlockQ5_1, o: &mut [f32; QK]| {
+        let (d, m, qh) = (f16(b.d), f16(b.m), u32::from_le_bytes(b.qh));
+        for (j, &q) in b.qs.iter().enumerate() {
+            let (lo, hi) = q5_codes(q, qh, j);
             o[j] = d * f32::from(lo) + m;
             o[j + QK / 2] = d * f32::from(hi) + m;
         }
@@ -68,10 +65,10 @@ pub(super) fn q5_1(data: &[u8], out: &mut [f32]) {
 
 /// Same decoding as gguf-py `Q8_0.dequantize_blocks` / ggml `dequantize_row_q8_0`: `q · d`.
 pub(super) fn q8_0(data: &[u8], out: &mut [f32]) {
-    each_block::<34, QK>(data, out, |b, o| {
-        let d = f16_at(b, 0);
-        for (j, x) in o.iter_mut().enumerate() {
-            *x = f32::from(b[2 + j] as i8) * d;
+    each(data, out, |b: &BlockQ8_0, o: &mut [f32; QK]| {
+        let d = f16(b.d);
+        for (x, &q) in o.iter_mut().zip(&b.qs) {
+            *x = f32::from(q) * d;
         }
     });
 }
@@ -79,10 +76,10 @@ pub(super) fn q8_0(data: &[u8], out: &mut [f32]) {
 /// Q8_1 (`d` f16, `s` = d·Σq f16, `qs[32]` i8): `q · d`. Neither gguf-py nor ggml's CPU backend dequantizes Q8_1
 /// (it is only a matmul operand), so this is the format's definition, matching Q8_0; `s` is redundant.
 pub(super) fn q8_1(data: &[u8], out: &mut [f32]) {
-    each_block::<36, QK>(data, out, |b, o| {
-        let d = f16_at(b, 0);
-        for (j, x) in o.iter_mut().enumerate() {
-            *x = f32::from(b[4 + j] as i8) * d;
+    each(data, out, |b: &BlockQ8_1, o: &mut [f32; QK]| {
+        let d = f16(b.d);
+        for (x, &q) in o.iter_mut().zip(&b.qs) {
+            *x = f32::from(q) * d;
         }
     });
 }

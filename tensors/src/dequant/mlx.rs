@@ -1,10 +1,11 @@
 //! MLX affine dequantization (`mx.dequantize(w, scales, biases, group_size, bits)`, mode "affine").
 //!
-//! Spec: `../shared/specs/mlx-peft.md` §2.2–2.4. Code `i` of a row occupies bits `[i·b, (i+1)·b)` of the row's
-//! little-endian bitstream (bit `k` = bit `k mod 32` of uint32 word `k / 32`), so at 3, 5 and 6 bits codes cross
-//! word boundaries. Every group starts on a word boundary (`g·b` is a multiple of 32 for all supported pairs), so a
-//! buffer of several rows is just a run of groups. Each element is `scale · q + bias` in f32 (not fused), with
-//! `scale` possibly negative (MLX anchors the larger-magnitude extreme).
+//! Sources: `mlx/ops.cpp::affine_dequantize` and `mlx/backend/cpu/quantized.cpp` (mlx 0.32), `docs/formats.md` §2.
+//! Code `i` of a row occupies bits `[i·b, (i+1)·b)` of the row's little-endian bitstream (bit `k` = bit `k mod 32`
+//! of uint32 word `k / 32`), so at 3, 5 and 6 bits codes cross word boundaries. Every group starts on a word
+//! boundary (`g·b` is a multiple of 32 for all supported pairs), so a buffer of several rows is just a run of
+//! groups. Each element is `scale · q + bias` in f32 (not fused), with `scale` possibly negative (MLX anchors the
+//! larger-magnitude extreme).
 
 use super::DequantError;
 

@@ -9,9 +9,8 @@
 //! fixed buffer. IQ*, TQ*, MXFP4, NVFP4 and Q1_0/Q2_0 are not supported (quantfarm never produces them).
 //!
 //! Files: `float.rs` (F32, F16, BF16, F64, integers), `legacy.rs` (the 32-element formats), `kquants.rs`
-//! (Q2_K…Q8_K), `mlx.rs` (MLX affine), `bytes.rs` (little-endian field readers shared by the block decoders).
+//! (Q2_K…Q8_K), `mlx.rs` (MLX affine). The block layouts are `quantfarm_ggml::blocks`, shared with the quantizer.
 
-mod bytes;
 mod float;
 mod kquants;
 mod legacy;
@@ -19,6 +18,8 @@ mod mlx;
 
 pub use float::{bf16_bits_to_f32, bf16_to_f32, f16_bits_to_f32, f16_to_f32, float_values};
 pub use mlx::{dequantize_mlx_affine, dequantize_mlx_affine_as};
+
+use quantfarm_ggml::blocks::Block;
 
 use crate::GgmlType;
 
@@ -92,15 +93,17 @@ pub fn dequantize_ggml(ty: GgmlType, data: &[u8], out: &mut [f32]) -> Result<(),
     Ok(())
 }
 
-/// Runs `f` on each block of a buffer whose lengths the caller has checked (`data` = k·`TS` bytes, `out` = k·`BS`).
+/// Runs `f` on each block of a buffer whose lengths the caller has checked (`data` = k·`B::SIZE` bytes, `out` =
+/// k·`BS` elements), the block read into its struct (`quantfarm_ggml::blocks`, the quantizer's own layouts).
 ///
-/// Fixed-size arrays let the decoders index without bounds checks; `TS`/`BS` are tested against [`GgmlType`].
-fn each_block<const TS: usize, const BS: usize>(data: &[u8], out: &mut [f32], f: impl Fn(&[u8; TS], &mut [f32; BS])) {
-    debug_assert_eq!(data.len() / TS * BS, out.len());
-    for (block, o) in data.chunks_exact(TS).zip(out.chunks_exact_mut(BS)) {
-        // chunks_exact yields exactly TS / BS items, so these conversions cannot fail.
-        if let (Ok(block), Ok(o)) = (<&[u8; TS]>::try_from(block), <&mut [f32; BS]>::try_from(o)) {
-            f(block, o);
+/// A fixed-size output array lets the decoders index without bounds checks; `BS` is checked against the block.
+fn each<B: Block, const BS: usize>(data: &[u8], out: &mut [f32], f: impl Fn(&B, &mut [f32; BS])) {
+    debug_assert_eq!(B::ELEMENTS, BS);
+    debug_assert_eq!(data.len() / B::SIZE * BS, out.len());
+    for (block, o) in data.chunks_exact(B::SIZE).zip(out.chunks_exact_mut(BS)) {
+        // chunks_exact yields exactly BS items, so this conversion cannot fail.
+        if let Ok(o) = <&mut [f32; BS]>::try_from(o) {
+            f(&B::read(block), o);
         }
     }
 }

@@ -9,10 +9,10 @@ pub mod value;
 pub use encode::{encode_header, GgufLayout, TensorDesc};
 pub use value::{Array, GgufStr, Value, ValueType};
 
-use crate::blob::Blob;
 use crate::error::{Error, Result};
-use crate::store::Location;
 use crate::GgmlType;
+use quantfarm_store::Blob;
+use quantfarm_store::Location;
 
 pub const ALIGNMENT_KEY: &str = "general.alignment";
 pub const DEFAULT_ALIGNMENT: u64 = 32;

@@ -4,7 +4,8 @@
 //! 2^63 bytes) is refused by comparing it with the bytes that could possibly hold it, before anything is allocated.
 //! When the prefix ends before the header does, it asks for more ([`Parsed::NeedMore`]) instead of failing, so
 //! callers can read headers of unknown length with a few ranged reads.
-//! Rules follow `ggml/src/gguf.cpp::gguf_init_from_reader` (llama.cpp 0c1e570), `../shared/specs/ggml-llamacpp.md` §1.
+//! Rules follow `ggml/src/gguf.cpp::gguf_init_from_reader` (llama.cpp 0c1e570); the layout is the one described at
+//! the top of `ggml/include/gguf.h`.
 
 use super::value::{Array, GgufStr, Value, ValueType};
 use super::{GgufHeader, TensorInfo, DEFAULT_ALIGNMENT, MAX_DIMS, MAX_NAME_LEN};

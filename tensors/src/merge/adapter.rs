@@ -1,9 +1,10 @@
 //! LoRA adapters as trained: Hugging Face PEFT (`adapter_config.json` + `adapter_model.safetensors`) and mlx-lm
 //! (`adapter_config.json` + `adapters.safetensors`), read into one form: per base tensor, a low-rank update
-//! `ΔW = scale · B·A` in the base weight's own layout, or a whole replacement. Formats and formulas:
-//! ../shared/specs/mlx-peft.md §3 (mlx-lm: `lora_a (in, r)`, `lora_b (r, out)`, literal `scale`, DoRA `m`) and §4
-//! (PEFT: `lora_A (r, in)`, `lora_B (out, r)`, `lora_alpha / r` or `/ √r` with rsLoRA, rank/alpha patterns,
-//! `fan_in_fan_out`, embeddings, `lora_magnitude_vector`, `lora_B.bias`, `modules_to_save`).
+//! `ΔW = scale · B·A` in the base weight's own layout, or a whole replacement. Formats and formulas, side by side in
+//! `docs/formats.md` §3: mlx-lm's `mlx_lm/tuner/lora.py` and `dora.py` (`lora_a (in, r)`, `lora_b (r, out)`, literal
+//! `scale`, DoRA `m`) and PEFT's `peft/tuners/lora/layer.py` and `config.py` (`lora_A (r, in)`, `lora_B (out, r)`,
+//! `lora_alpha / r` or `/ √r` with rsLoRA, rank/alpha patterns, `fan_in_fan_out`, embeddings,
+//! `lora_magnitude_vector`, `lora_B.bias`, `modules_to_save`).
 
 use std::collections::BTreeMap;
 
@@ -12,7 +13,7 @@ use serde_json::{Map, Value as Json};
 
 use crate::error::{Error, Result};
 use crate::source::TensorSource;
-use crate::store::Location;
+use quantfarm_store::Location;
 
 /// Module names whose weight is an embedding `(vocab, dim)` rather than a linear `(out, in)`: their LoRA factors
 /// are stored the other way round in both formats.
@@ -102,7 +103,7 @@ impl Adapter {
                 "missing: not a PEFT or mlx-lm adapter folder",
             ));
         }
-        let blob = crate::blob::Blob::open(&dir.child("adapter_config.json")?).await?;
+        let blob = quantfarm_store::Blob::open(&dir.child("adapter_config.json")?).await?;
         let config: Map<String, Json> = match serde_json::from_slice(&blob.read_vec(0, blob.len().min(16 << 20)).await?)
         {
             Ok(Json::Object(m)) => m,

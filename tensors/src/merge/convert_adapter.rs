@@ -12,7 +12,8 @@
 //! - PEFT gets per-module `rank_pattern`/`alpha_pattern` entries where a module differs from the common values, and
 //!   `layers_to_transform` listing the adapted layers.
 //!
-//! Formats: ../shared/specs/mlx-peft.md §3 (mlx-lm) and §4 (PEFT).
+//! Formats: `docs/formats.md` §3, from mlx-lm's `mlx_lm/tuner/` (`lora.py`, `utils.py`) and PEFT's
+//! `peft/tuners/lora/` (`layer.py`, `config.py`).
 
 use std::collections::BTreeMap;
 
@@ -22,9 +23,9 @@ use super::adapter::{transpose, Adapter, AdapterFormat, LowRank};
 use crate::dtype::{Dtype, TensorType};
 use crate::error::{Error, Result};
 use crate::safetensors::StTensorDesc;
-use crate::sink::{Committed, StagedSink};
-use crate::store::Location;
 use crate::write::SafetensorsWriter;
+use quantfarm_store::Location;
+use quantfarm_store::{Committed, StagedSink};
 
 /// Where the adapter is applied: the base's layer count (mlx-lm's `num_layers` counts from the last layer) and its
 /// identity, recorded in the converted adapter when the source does not record one.

@@ -18,10 +18,10 @@ use crate::convert::mapping::{mapping_for, Mapped};
 use crate::convert::transform::permuted_source_row;
 use crate::error::{Error, Result};
 use crate::gguf::{TensorDesc, Value};
-use crate::sink::Committed;
-use crate::store::Location;
 use crate::write::GgufWriter;
 use crate::GgmlType;
+use quantfarm_store::Committed;
+use quantfarm_store::Location;
 
 /// One output pair.
 struct Pair<'a> {

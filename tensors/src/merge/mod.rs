@@ -4,8 +4,9 @@
 //!
 //! `W' = W + scale·(B·A)` (DoRA: each row then rescaled to `m / ‖W + ΔW‖`) is computed in f64 and rounded once to
 //! the base dtype, so the result is the exact merge correctly rounded: the converters people use add in the base
-//! dtype (mlx_lm.fuse, PEFT's merge) and lose the low bits of small deltas, which is one of the ways a merged model
-//! stops behaving like the adapter (../shared/specs/mlx-peft.md §3.5, §4.6).
+//! dtype (mlx_lm.fuse: `mlx_lm/tuner/lora.py::LoRALinear.fuse`; PEFT's `peft/tuners/lora/layer.py::Linear.merge`)
+//! and lose the low bits of small deltas, which is one of the ways a merged model stops behaving like the adapter
+//! (`docs/formats.md` §3; huggingface/peft#1388).
 //!
 //! Everything is checked before a byte is written: every adapter tensor is used exactly once, every update's shape
 //! matches its base tensor, the adapter's recorded base matches the base given, the base is not quantized. A tied
@@ -21,15 +22,15 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde_json::Value as Json;
 
-use crate::blob::Blob;
 use crate::convert::transform::f64_to_bf16_bits;
 use crate::dtype::{Dtype, TensorType};
 use crate::error::{Error, Result};
 use crate::safetensors::{StTensorDesc, INDEX_FILE};
-use crate::sink::{Committed, StagedSink};
 use crate::source::{Format, TensorSource};
-use crate::store::Location;
 use crate::write::{copy_tensor, PieceWriter, SafetensorsWriter};
+use quantfarm_store::Blob;
+use quantfarm_store::Location;
+use quantfarm_store::{Committed, StagedSink};
 
 use adapter::LowRank;
 pub use adapter::{Adapter, AdapterFormat};
@@ -283,7 +284,7 @@ impl MergePlan {
                 h.update(format!("{} {} {:?} <- {} {make}\n", o.name, o.dtype, o.shape, o.source));
             }
         }
-        crate::sink::hex(&h.finalize())
+        quantfarm_store::hex(&h.finalize())
     }
 
     /// Tensor bytes of each output file.
@@ -299,7 +300,7 @@ impl MergePlan {
     }
 
     /// The files whose bytes the merge depends on: the base's tensors and the adapter's.
-    pub fn inputs(&self) -> Vec<&crate::blob::Blob> {
+    pub fn inputs(&self) -> Vec<&quantfarm_store::Blob> {
         self.src.files().into_iter().chain(self.adapter.tensors.files()).collect()
     }
 
@@ -502,7 +503,7 @@ async fn read_small(loc: &Location, name: &str) -> Result<Vec<u8>> {
     if blob.len() > 256 << 20 {
         return Err(Error::format(name, "file", format!("{} bytes is too large for a side file", blob.len())));
     }
-    blob.read_vec(0, blob.len()).await
+    blob.read_vec(0, blob.len()).await.map_err(Into::into)
 }
 
 /// `model.safetensors.index.json` for the output files (their names are the base's).

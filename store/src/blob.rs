@@ -10,7 +10,7 @@ use futures::StreamExt;
 use object_store::{GetOptions, GetRange, ObjectStoreExt};
 
 use crate::error::{Error, Result};
-use crate::store::Location;
+use crate::location::Location;
 
 /// A store read is split into concurrent ranged GETs of at least this many bytes…
 const MIN_PART_BYTES: usize = 8 << 20;
@@ -49,17 +49,17 @@ impl Blob {
     pub async fn open(loc: &Location) -> Result<Blob> {
         let name = loc.to_string();
         if let Some(path) = loc.local_path() {
-            let io = |e| Error::Io { file: name.clone(), source: e };
+            let io = |e| Error::from_io(&name, e);
             let file = std::fs::File::open(path).map_err(io)?;
             let meta = file.metadata().map_err(io)?;
             if !meta.is_file() {
-                return Err(Error::Io { file: name.clone(), source: std::io::Error::other("not a regular file") });
+                return Err(Error::InvalidLocation { location: name, msg: "not a regular file".into() });
             }
             let version = local_version(&meta);
             return Ok(Blob { loc: loc.clone(), len: meta.len(), version, file: Some(Arc::new(file)), name });
         }
         let (store, key) = loc.object().expect("a location is local or in a store");
-        let meta = store.head(key).await.map_err(|e| Error::store(&name, e))?;
+        let meta = store.head(key).await.map_err(|e| Error::from_store(&name, e))?;
         tracing::debug!(object = %name, bytes = meta.size, "opened");
         let version = match (&meta.e_tag, &meta.version) {
             (Some(e), _) => format!("etag:{e}"),
@@ -95,11 +95,7 @@ impl Blob {
     /// Fills `buf` with the bytes at `offset..offset + buf.len()`.
     pub async fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         if offset.checked_add(buf.len() as u64).is_none_or(|e| e > self.len) {
-            return Err(Error::format(
-                &self.name,
-                "read",
-                format!("{} bytes at {offset} run past the end ({})", buf.len(), self.len),
-            ));
+            return Err(Error::OutOfRange { path: self.name.clone(), offset, len: buf.len() as u64, size: self.len });
         }
         if buf.is_empty() {
             return Ok(());
@@ -107,7 +103,7 @@ impl Blob {
         if let Some(file) = &self.file {
             use std::os::unix::fs::FileExt;
             // Page-cache reads: short enough to do on the async thread, and a copy fewer than spawn_blocking.
-            file.read_exact_at(buf, offset).map_err(|e| Error::Io { file: self.name.clone(), source: e })?;
+            file.read_exact_at(buf, offset).map_err(|e| Error::from_io(&self.name, e))?;
             crate::io_counters::add_read(buf.len());
             return Ok(());
         }
@@ -127,28 +123,26 @@ impl Blob {
         let (store, key) = self.loc.object().expect("a location is local or in a store");
         let end = offset + buf.len() as u64;
         let opts = GetOptions { range: Some(GetRange::Bounded(offset..end)), ..Default::default() };
-        let res = store.get_opts(key, opts).await.map_err(|e| Error::store(&self.name, e))?;
+        let res = store.get_opts(key, opts).await.map_err(|e| Error::from_store(&self.name, e))?;
         let mut stream = res.into_stream();
         let mut filled = 0usize;
         while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| Error::store(&self.name, e))?;
+            let chunk = chunk.map_err(|e| Error::from_store(&self.name, e))?;
             let n = chunk.len();
             if filled + n > buf.len() {
-                return Err(Error::format(
-                    &self.name,
-                    "read",
-                    "the store returned more bytes than the range asked for",
-                ));
+                return Err(Error::ShortRead {
+                    path: self.name.clone(),
+                    msg: "the store returned more bytes than the range asked for".into(),
+                });
             }
             buf[filled..filled + n].copy_from_slice(&chunk);
             filled += n;
         }
         if filled != buf.len() {
-            return Err(Error::format(
-                &self.name,
-                "read",
-                format!("the store returned {filled} of {} bytes at {offset}", buf.len()),
-            ));
+            return Err(Error::ShortRead {
+                path: self.name.clone(),
+                msg: format!("the store returned {filled} of {} bytes at {offset}", buf.len()),
+            });
         }
         Ok(())
     }
@@ -156,11 +150,7 @@ impl Blob {
     /// Reads `len` bytes at `offset` into a new buffer (never more than the file holds).
     pub async fn read_vec(&self, offset: u64, len: u64) -> Result<Vec<u8>> {
         if offset.checked_add(len).is_none_or(|e| e > self.len) {
-            return Err(Error::format(
-                &self.name,
-                "read",
-                format!("{len} bytes at {offset} run past the end ({})", self.len),
-            ));
+            return Err(Error::OutOfRange { path: self.name.clone(), offset, len, size: self.len });
         }
         let mut buf = vec![0u8; len as usize];
         self.read_at(offset, &mut buf).await?;

@@ -9,7 +9,7 @@ use sha2::{Digest, Sha256};
 use write_behind::WriteBehind;
 
 use crate::error::{Error, Result};
-use crate::store::Location;
+use crate::location::Location;
 
 /// Multipart part size: S3's minimum is 5 MiB; two parts in flight bound the sink's memory to about 3 parts.
 const PART_SIZE: usize = 8 << 20;
@@ -27,6 +27,12 @@ pub struct StagedSink {
     target: Location,
     stage: Stage,
     bytes: u64,
+}
+
+impl std::fmt::Debug for StagedSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StagedSink").field("target", &self.target).field("bytes", &self.bytes).finish()
+    }
 }
 
 enum Stage {
@@ -50,13 +56,13 @@ impl StagedSink {
         let name = target.to_string();
         let stage = if let Some(path) = target.local_path() {
             if !overwrite && path.exists() {
-                return Err(Error::Exists(path.to_path_buf()));
+                return Err(Error::Exists { path: path.to_path_buf() });
             }
             let dir = match path.parent() {
                 Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
                 _ => std::path::PathBuf::from("."),
             };
-            let io = |e| Error::Io { file: name.clone(), source: e };
+            let io = |e| Error::from_io(&name, e);
             std::fs::create_dir_all(&dir).map_err(io)?;
             let prefix = format!(".{}.partial-", target.file_name());
             let mut builder = tempfile::Builder::new();
@@ -72,12 +78,12 @@ impl StagedSink {
             let (store, key) = target.object().expect("a location is local or in a store");
             if !overwrite {
                 match store.head(key).await {
-                    Ok(_) => return Err(Error::Exists(name.clone().into())),
+                    Ok(_) => return Err(Error::Exists { path: name.clone().into() }),
                     Err(object_store::Error::NotFound { .. }) => {}
-                    Err(e) => return Err(Error::store(&name, e)),
+                    Err(e) => return Err(Error::from_store(&name, e)),
                 }
             }
-            let upload = store.put_multipart(key).await.map_err(|e| Error::store(&name, e))?;
+            let upload = store.put_multipart(key).await.map_err(|e| Error::from_store(&name, e))?;
             let upload = Some(object_store::WriteMultipart::new_with_chunk_size(upload, PART_SIZE));
             Stage::Object { upload, hasher: Sha256::new() }
         };
@@ -92,13 +98,13 @@ impl StagedSink {
         self.bytes += data.len() as u64;
         crate::io_counters::add_written(data.len());
         match &mut self.stage {
-            Stage::Local { out, .. } => {
-                out.write(data).map_err(|e| Error::Io { file: self.target.to_string(), source: e })
-            }
+            Stage::Local { out, .. } => out.write(data).map_err(|e| Error::from_io(self.target.to_string(), e)),
             Stage::Object { upload, hasher } => {
                 hasher.update(data);
                 let up = upload.as_mut().expect("upload present until commit");
-                up.wait_for_capacity(PARTS_IN_FLIGHT).await.map_err(|e| Error::store(self.target.to_string(), e))?;
+                up.wait_for_capacity(PARTS_IN_FLIGHT)
+                    .await
+                    .map_err(|e| Error::from_store(self.target.to_string(), e))?;
                 up.write(data);
                 Ok(())
             }
@@ -123,7 +129,7 @@ impl StagedSink {
         let stage = std::mem::replace(&mut self.stage, Stage::Object { upload: None, hasher: Sha256::new() });
         let hasher = match stage {
             Stage::Local { tmp, out, overwrite } => {
-                let io = |e| Error::Io { file: name.clone(), source: e };
+                let io = |e| Error::from_io(&name, e);
                 let (file, hasher) = out.finish().map_err(io)?;
                 file.sync_all().map_err(io)?;
                 let path = self.target.local_path().expect("local stage has a local target").to_path_buf();
@@ -131,7 +137,7 @@ impl StagedSink {
                     tmp.persist(&path).map_err(|e| io(e.error))?;
                 } else {
                     tmp.persist_noclobber(&path).map_err(|e| match e.error.kind() {
-                        std::io::ErrorKind::AlreadyExists => Error::Exists(path.clone()),
+                        std::io::ErrorKind::AlreadyExists => Error::Exists { path: path.clone() },
                         _ => io(e.error),
                     })?;
                 }
@@ -143,11 +149,11 @@ impl StagedSink {
             }
             Stage::Object { upload, hasher } => {
                 let up = upload.expect("upload present until commit");
-                up.finish().await.map_err(|e| Error::store(&name, e))?;
+                up.finish().await.map_err(|e| Error::from_store(&name, e))?;
                 hasher
             }
         };
-        let sha256 = hex(&hasher.finalize());
+        let sha256 = crate::hex(&hasher.finalize());
         tracing::debug!(location = %name, bytes = self.bytes, %sha256, "committed");
         Ok(Committed { location: name, bytes: self.bytes, sha256 })
     }
@@ -156,7 +162,7 @@ impl StagedSink {
     pub async fn abort(mut self) -> Result<()> {
         if let Stage::Object { upload, .. } = &mut self.stage {
             if let Some(up) = upload.take() {
-                up.abort().await.map_err(|e| Error::store(self.target.to_string(), e))?;
+                up.abort().await.map_err(|e| Error::from_store(self.target.to_string(), e))?;
             }
         }
         Ok(())
@@ -177,8 +183,4 @@ impl Drop for StagedSink {
             }
         }
     }
-}
-
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

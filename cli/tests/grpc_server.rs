@@ -1,5 +1,6 @@
-//! The coordinator's gRPC server with real clients: TLS with a certificate, the token check, the protocol-version
-//! check, the refusal to serve off loopback without a token, and a signed report at the end of a release.
+//! The coordinator's gRPC server with real clients and a real worker (here, where both are linked; the coordinator's
+//! own tests build no worker): TLS with a certificate, the token check, the protocol-version check, the refusal to
+//! serve off loopback without a token, and a signed report at the end of a release.
 
 use std::time::Duration;
 
@@ -8,7 +9,7 @@ use quantfarm_coordinator::{Coordinator, CoordinatorConfig, SchedConfig, ServeEr
 use quantfarm_proto::farm_client::FarmClient;
 use quantfarm_proto::releases_client::ReleasesClient;
 use quantfarm_proto::{self as pb, ReleaseState, PROTOCOL_VERSION};
-use quantfarm_tensors::Location;
+use quantfarm_store::Location;
 use quantfarm_worker::{AddToken, WorkerConfig};
 
 const TOKEN: &str = "s3cr3t-token";

@@ -1,7 +1,8 @@
 //! llama-quantize's file types (`llama_ftype`, written as `general.file_type`) and their default tensor types
-//! (`llama_ftype_get_default_type`), `../shared/specs/ggml-llamacpp.md` §1.7 and §3.5.
+//! (`llama_ftype_get_default_type`), from llama.cpp 0c1e570's `include/llama.h` (`enum llama_ftype`) and
+//! `src/llama-quant.cpp`.
 
-use quantfarm_tensors::GgmlType;
+use crate::GgmlType;
 
 macro_rules! file_types {
     ($( $variant:ident = $id:literal, $name:literal, $default:ident; )*) => {

@@ -1,7 +1,7 @@
 //! The local staged sink: nothing at the final path until commit, nothing left after a drop, no replacement of an
 //! existing file unless asked.
 
-use quantfarm_tensors::{Error, Location, StagedSink};
+use quantfarm_store::{Error, Location, StagedSink};
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread().build().unwrap()
@@ -37,7 +37,7 @@ fn commit_makes_the_file_appear_whole_and_drop_leaves_nothing() {
         assert_eq!(names(dir.path()), ["out.gguf"], "a dropped sink left files");
 
         match StagedSink::create(&Location::local(&target), false).await {
-            Err(Error::Exists(p)) => assert_eq!(p, target),
+            Err(Error::Exists { path }) => assert_eq!(path, target),
             other => panic!("expected Exists, got {:?}", other.map(|_| ())),
         }
         let mut again = StagedSink::create(&Location::local(&target), true).await.unwrap();
@@ -55,7 +55,7 @@ fn a_file_created_meanwhile_is_not_clobbered_at_commit() {
         let mut sink = StagedSink::create(&Location::local(&target), false).await.unwrap();
         sink.write(b"ours").await.unwrap();
         std::fs::write(&target, b"theirs").unwrap();
-        assert!(matches!(sink.commit().await, Err(Error::Exists(_))));
+        assert!(matches!(sink.commit().await, Err(Error::Exists { .. })));
         assert_eq!(std::fs::read(&target).unwrap(), b"theirs");
         assert_eq!(names(dir.path()), ["race.gguf"], "the staged file was left behind");
     });

@@ -2,7 +2,7 @@
 //!
 //! Every type a GGUF file may hold is listed, including those quantfarm never produces (IQ*, TQ*, MXFP4…), so that
 //! such files can be inspected and copied. Geometry from `ggml/src/ggml.c::type_traits` at llama.cpp 0c1e570
-//! (`../shared/specs/ggml-llamacpp.md` §1.7).
+//! and `ggml/include/ggml.h` (`enum ggml_type`).
 
 use std::fmt;
 
@@ -30,17 +30,17 @@ macro_rules! ggml_types {
             }
 
             /// The name gguf-py uses (`GGMLQuantizationType.name`), e.g. `Q4_K`, `BF16`.
-            pub fn name(self) -> &'static str {
+            pub const fn name(self) -> &'static str {
                 match self { $( GgmlType::$variant => $name, )* }
             }
 
             /// Elements per block.
-            pub fn block_size(self) -> usize {
+            pub const fn block_size(self) -> usize {
                 match self { $( GgmlType::$variant => $block, )* }
             }
 
             /// Bytes per block.
-            pub fn type_size(self) -> usize {
+            pub const fn type_size(self) -> usize {
                 match self { $( GgmlType::$variant => $bytes, )* }
             }
         }
@@ -86,7 +86,7 @@ ggml_types! {
 }
 
 impl GgmlType {
-    pub fn id(self) -> u32 {
+    pub const fn id(self) -> u32 {
         self as u32
     }
 

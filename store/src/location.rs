@@ -41,7 +41,8 @@ impl std::fmt::Display for Location {
 
 /// Checks an object key and turns it into an `object_store` path.
 pub fn checked_key(key: &str, context: &str) -> Result<ObjPath> {
-    let bad = |msg: &str| Error::Location { location: context.to_string(), msg: format!("object key {key:?}: {msg}") };
+    let bad =
+        |msg: &str| Error::InvalidLocation { location: context.to_string(), msg: format!("object key {key:?}: {msg}") };
     if key.starts_with('/') {
         return Err(bad("is absolute"));
     }
@@ -69,16 +70,16 @@ impl Location {
         if let Some(rest) = s.strip_prefix("s3://") {
             let (bucket, key) = rest.split_once('/').unwrap_or((rest, ""));
             if bucket.is_empty() {
-                return Err(Error::Location { location: s.into(), msg: "no bucket name".into() });
+                return Err(Error::InvalidLocation { location: s.into(), msg: "no bucket name".into() });
             }
-            let store = crate::s3::store_from_env(bucket).map_err(|e| Error::store(s, e))?;
+            let store = crate::s3::store_from_env(bucket).map_err(|e| Error::from_store(s, e))?;
             let key = checked_key(key, s)?;
             return Ok(Location::in_store(Arc::new(store), key, "s3", bucket));
         }
         let path = match s.strip_prefix("file://") {
             Some(p) => PathBuf::from(p),
             None if s.contains("://") => {
-                return Err(Error::Location {
+                return Err(Error::InvalidLocation {
                     location: s.into(),
                     msg: "unsupported URL scheme (use a path, file://, or s3://)".into(),
                 })
@@ -108,7 +109,7 @@ impl Location {
         }
     }
 
-    pub(crate) fn object(&self) -> Option<(&Arc<dyn ObjectStore>, &ObjPath)> {
+    pub fn object(&self) -> Option<(&Arc<dyn ObjectStore>, &ObjPath)> {
         match &self.backend {
             Backend::Local(_) => None,
             Backend::Object { store, key, .. } => Some((store, key)),
@@ -162,7 +163,7 @@ impl Location {
             Backend::Local(p) => Ok(p.is_dir()),
             Backend::Object { store, key, .. } => {
                 let prefix = if key.as_ref().is_empty() { None } else { Some(key) };
-                let res = store.list_with_delimiter(prefix).await.map_err(|e| Error::store(&self.display, e))?;
+                let res = store.list_with_delimiter(prefix).await.map_err(|e| Error::from_store(&self.display, e))?;
                 Ok(!res.objects.is_empty() || !res.common_prefixes.is_empty())
             }
         }
@@ -173,14 +174,14 @@ impl Location {
     pub async fn remove(&self) -> Result<()> {
         match &self.backend {
             Backend::Local(p) => match std::fs::remove_file(p) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                    Err(Error::Io { file: self.display.clone(), source: e })
-                }
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::from_io(&self.display, e)),
                 _ => Ok(()),
             },
             Backend::Object { store, key, .. } => match object_store::ObjectStoreExt::delete(store.as_ref(), key).await
             {
-                Err(e) if !matches!(e, object_store::Error::NotFound { .. }) => Err(Error::store(&self.display, e)),
+                Err(e) if !matches!(e, object_store::Error::NotFound { .. }) => {
+                    Err(Error::from_store(&self.display, e))
+                }
                 _ => Ok(()),
             },
         }
@@ -190,7 +191,7 @@ impl Location {
     pub async fn list(&self) -> Result<Vec<String>> {
         let mut names = match &self.backend {
             Backend::Local(p) => {
-                let io = |e| Error::Io { file: self.display.clone(), source: e };
+                let io = |e| Error::from_io(&self.display, e);
                 let mut names = Vec::new();
                 for entry in std::fs::read_dir(p).map_err(io)? {
                     let entry = entry.map_err(io)?;
@@ -202,7 +203,7 @@ impl Location {
             }
             Backend::Object { store, key, .. } => {
                 let prefix = if key.as_ref().is_empty() { None } else { Some(key) };
-                let res = store.list_with_delimiter(prefix).await.map_err(|e| Error::store(&self.display, e))?;
+                let res = store.list_with_delimiter(prefix).await.map_err(|e| Error::from_store(&self.display, e))?;
                 res.objects.iter().filter_map(|m| m.location.filename().map(str::to_string)).collect()
             }
         };

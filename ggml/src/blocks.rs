@@ -1,0 +1,428 @@
+//! The byte layout of each quantized block, as a struct with named fields: the one definition the quantizer writes
+//! and the dequantizer reads (after candle's `k_quants.rs`, one `#[repr(C)]` struct per format).
+//!
+//! Layouts are ggml's `block_*` structs in llama.cpp 0c1e570's `ggml/src/ggml-common.h`, field for field and in
+//! that order; `f16` fields hold the IEEE half's bits, little-endian in the file. Each struct's size is checked at
+//! compile time against [`GgmlType::type_size`], and the sum of its fields' sizes too, so a block has no padding
+//! and its in-memory order is its on-disk order.
+//!
+//! Blocks are read from and written to byte slices by copying field by field ([`Block::read`],
+//! [`Block::write`]): no `unsafe`, no alignment demands on the caller's buffer, and the same code on big- and
+//! little-endian machines.
+//!
+//! The sub-block scale packings that several formats share live here too: [`k4_scales`] (Q4_K, Q5_K) and
+//! [`q3_scales`] (Q3_K), each with its packing and unpacking side by side.
+
+use crate::{GgmlType, QK_K};
+
+/// Elements per block of the legacy formats (Q4_0 … Q8_1).
+pub const QK: usize = 32;
+
+/// A fixed-size field of a block, as stored in the file (little-endian).
+pub trait Field: Sized + Copy {
+    /// Bytes in the file.
+    const SIZE: usize;
+    /// Reads the field from exactly [`Field::SIZE`] bytes.
+    fn get(b: &[u8]) -> Self;
+    /// Writes the field into exactly [`Field::SIZE`] bytes.
+    fn put(&self, out: &mut [u8]);
+}
+
+impl Field for u16 {
+    const SIZE: usize = 2;
+    fn get(b: &[u8]) -> u16 {
+        u16::from_le_bytes([b[0], b[1]])
+    }
+    fn put(&self, out: &mut [u8]) {
+        out.copy_from_slice(&self.to_le_bytes());
+    }
+}
+
+impl Field for f32 {
+    const SIZE: usize = 4;
+    fn get(b: &[u8]) -> f32 {
+        f32::from_le_bytes([b[0], b[1], b[2], b[3]])
+    }
+    fn put(&self, out: &mut [u8]) {
+        out.copy_from_slice(&self.to_le_bytes());
+    }
+}
+
+impl<const N: usize> Field for [u8; N] {
+    const SIZE: usize = N;
+    fn get(b: &[u8]) -> [u8; N] {
+        let mut a = [0u8; N];
+        a.copy_from_slice(b);
+        a
+    }
+    fn put(&self, out: &mut [u8]) {
+        out.copy_from_slice(self);
+    }
+}
+
+impl<const N: usize> Field for [i8; N] {
+    const SIZE: usize = N;
+    fn get(b: &[u8]) -> [i8; N] {
+        let mut a = [0i8; N];
+        for (x, &y) in a.iter_mut().zip(b) {
+            *x = y as i8;
+        }
+        a
+    }
+    fn put(&self, out: &mut [u8]) {
+        for (o, &x) in out.iter_mut().zip(self) {
+            *o = x as u8;
+        }
+    }
+}
+
+impl<const N: usize> Field for [i16; N] {
+    const SIZE: usize = 2 * N;
+    fn get(b: &[u8]) -> [i16; N] {
+        let mut a = [0i16; N];
+        for (x, y) in a.iter_mut().zip(b.chunks_exact(2)) {
+            *x = i16::from_le_bytes([y[0], y[1]]);
+        }
+        a
+    }
+    fn put(&self, out: &mut [u8]) {
+        for (o, &x) in out.chunks_exact_mut(2).zip(self) {
+            o.copy_from_slice(&x.to_le_bytes());
+        }
+    }
+}
+
+/// A quantized block: [`Block::TYPE`]'s bytes as named fields.
+pub trait Block: Sized + Copy {
+    /// The ggml type whose blocks these are.
+    const TYPE: GgmlType;
+    /// Bytes per block (`TYPE.type_size()`).
+    const SIZE: usize = Self::TYPE.type_size();
+    /// Elements per block (`TYPE.block_size()`).
+    const ELEMENTS: usize = Self::TYPE.block_size();
+    /// Reads a block from exactly [`Block::SIZE`] bytes (panics on another length: callers slice by `SIZE`).
+    fn read(b: &[u8]) -> Self;
+    /// Writes the block into exactly [`Block::SIZE`] bytes.
+    fn write(&self, out: &mut [u8]);
+}
+
+/// Declares a block struct, its compile-time size checks and its field-by-field [`Block`] codec.
+macro_rules! blocks {
+    ($(
+        $(#[$m:meta])*
+        $name:ident = $ty:ident {
+            $( $(#[$fm:meta])* $field:ident: $fty:ty, )*
+        }
+    )*) => {$(
+        $(#[$m])*
+        #[repr(C)]
+        #[derive(Clone, Copy, Debug, PartialEq)]
+        pub struct $name {
+            $( $(#[$fm])* pub $field: $fty, )*
+        }
+
+        // The struct is exactly ggml's block, with no padding between or after the fields.
+        const _: () = assert!(std::mem::size_of::<$name>() == GgmlType::$ty.type_size());
+        const _: () = assert!(0 $( + <$fty as Field>::SIZE )* == GgmlType::$ty.type_size());
+
+        impl Block for $name {
+            const TYPE: GgmlType = GgmlType::$ty;
+
+            fn read(b: &[u8]) -> $name {
+                assert_eq!(b.len(), Self::SIZE, concat!(stringify!($name), " bytes"));
+                let mut at = 0;
+                $(
+                    let $field = <$fty as Field>::get(&b[at..at + <$fty as Field>::SIZE]);
+                    at += <$fty as Field>::SIZE;
+                )*
+                debug_assert_eq!(at, Self::SIZE);
+                $name { $( $field, )* }
+            }
+
+            fn write(&self, out: &mut [u8]) {
+                assert_eq!(out.len(), Self::SIZE, concat!(stringify!($name), " bytes"));
+                let mut at = 0;
+                $(
+                    self.$field.put(&mut out[at..at + <$fty as Field>::SIZE]);
+                    at += <$fty as Field>::SIZE;
+                )*
+                debug_assert_eq!(at, Self::SIZE);
+            }
+        }
+    )*};
+}
+
+blocks! {
+    /// `block_q4_0`: `x = d · (q − 8)`; element `j` in the low nibble of `qs[j]`, element `j + 16` in its high one.
+    BlockQ4_0 = Q4_0 {
+        d: u16,
+        qs: [u8; QK / 2],
+    }
+
+    /// `block_q4_1`: `x = d · q + m`, nibbles as Q4_0.
+    BlockQ4_1 = Q4_1 {
+        d: u16,
+        m: u16,
+        qs: [u8; QK / 2],
+    }
+
+    /// `block_q5_0`: Q4_0's nibbles plus bit 4 of element `j` at bit `j` of `qh` (little-endian u32); `q − 16`.
+    BlockQ5_0 = Q5_0 {
+        d: u16,
+        qh: [u8; 4],
+        qs: [u8; QK / 2],
+    }
+
+    /// `block_q5_1`: Q5_0's codes, `x = d · q + m`.
+    BlockQ5_1 = Q5_1 {
+        d: u16,
+        m: u16,
+        qh: [u8; 4],
+        qs: [u8; QK / 2],
+    }
+
+    /// `block_q8_0`: `x = d · q`.
+    BlockQ8_0 = Q8_0 {
+        d: u16,
+        qs: [i8; QK],
+    }
+
+    /// `block_q8_1`: Q8_0 plus `s = d · Σq` (an f16), the dot products' intermediate type.
+    BlockQ8_1 = Q8_1 {
+        d: u16,
+        s: u16,
+        qs: [i8; QK],
+    }
+
+    /// `block_q2_K`: 16 sub-blocks of 16; `scales[j]` = scale level (low nibble) | min level (high nibble);
+    /// 2-bit codes in the 128-half packing ([`two_bit`]); `x = d · sc · q − dmin · m`.
+    BlockQ2K = Q2_K {
+        scales: [u8; QK_K / 16],
+        qs: [u8; QK_K / 4],
+        d: u16,
+        dmin: u16,
+    }
+
+    /// `block_q3_K`: 16 sub-blocks of 16; the high bit of element `e` at bit `e / 32` of `hmask[e % 32]`, low 2 bits
+    /// in the 128-half packing; 16 signed 6-bit scales packed by [`q3_scales`]; `x = d · (sc − 32) · (q − 4·!h)`.
+    BlockQ3K = Q3_K {
+        hmask: [u8; QK_K / 8],
+        qs: [u8; QK_K / 4],
+        scales: [u8; 12],
+        d: u16,
+    }
+
+    /// `block_q4_K`: 8 sub-blocks of 32; 6-bit (scale, min) pairs packed by [`k4_scales`]; byte `32c + l` of `qs`
+    /// holds element `64c + l` (low nibble) and `64c + 32 + l` (high nibble); `x = d · sc · q − dmin · m`.
+    BlockQ4K = Q4_K {
+        d: u16,
+        dmin: u16,
+        scales: [u8; 12],
+        qs: [u8; QK_K / 2],
+    }
+
+    /// `block_q5_K`: Q4_K plus bit 4 of element `e` at bit `e / 32` of `qh[e % 32]`.
+    BlockQ5K = Q5_K {
+        d: u16,
+        dmin: u16,
+        scales: [u8; 12],
+        qh: [u8; QK_K / 8],
+        qs: [u8; QK_K / 2],
+    }
+
+    /// `block_q6_K`: 16 sub-blocks of 16 with int8 scales; in half `h`, element `128h + 64s + l` has its low 4
+    /// bits in nibble `s` of `ql[64h + l]`, element `128h + 32t + l` its high 2 bits at bits `2t` of
+    /// `qh[32h + l]`; `x = d · sc · (q − 32)`.
+    BlockQ6K = Q6_K {
+        ql: [u8; QK_K / 2],
+        qh: [u8; QK_K / 4],
+        scales: [i8; QK_K / 16],
+        d: u16,
+    }
+
+    /// `block_q8_K`: `x = d · q` with an f32 scale, and the sums of each 16 codes (for dot products).
+    BlockQ8K = Q8_K {
+        d: f32,
+        qs: [i8; QK_K],
+        bsums: [i16; QK_K / 16],
+    }
+}
+
+/// The 128-half packing of 2-bit codes (Q2_K's `qs`, Q3_K's low bits): element `128h + 32s + l` (h < 2, s < 4,
+/// l < 32) is bits `2s..2s+2` of byte `32h + l`.
+pub mod two_bit {
+    use crate::QK_K;
+
+    /// The code of element `e`.
+    #[inline]
+    pub fn get(qs: &[u8; QK_K / 4], e: usize) -> u8 {
+        let (h, s, l) = (e / 128, (e % 128) / 32, e % 32);
+        (qs[32 * h + l] >> (2 * s)) & 3
+    }
+
+    /// Packs 256 codes (each `< 4`), as `quantize_row_q2_K_ref` does.
+    pub fn pack(codes: &[u8; QK_K]) -> [u8; QK_K / 4] {
+        let mut qs = [0u8; QK_K / 4];
+        for h in 0..2 {
+            for l in 0..32 {
+                let c = |s: usize| codes[128 * h + 32 * s + l];
+                qs[32 * h + l] = c(0) | (c(1) << 2) | (c(2) << 4) | (c(3) << 6);
+            }
+        }
+        qs
+    }
+}
+
+/// Q4_K's and Q5_K's 8 pairs of 6-bit (scale, min) in 12 bytes: ggml's `get_scale_min_k4` and the packing of
+/// `quantize_row_q4_K_ref` (`ggml/src/ggml-quants.c`).
+pub mod k4_scales {
+    /// Packs 8 scale levels and 8 min levels (each `< 64`).
+    pub fn pack(ls: &[u8; 8], lm: &[u8; 8]) -> [u8; 12] {
+        let mut s = [0u8; 12];
+        for j in 0..8 {
+            if j < 4 {
+                s[j] = ls[j];
+                s[j + 4] = lm[j];
+            } else {
+                s[j + 4] = (ls[j] & 0x0f) | ((lm[j] & 0x0f) << 4);
+                s[j - 4] |= (ls[j] >> 4) << 6;
+                s[j] |= (lm[j] >> 4) << 6;
+            }
+        }
+        s
+    }
+
+    /// `get_scale_min_k4(j, q)`: sub-block `j`'s (scale, min) levels.
+    #[inline]
+    pub fn get(j: usize, q: &[u8; 12]) -> (u8, u8) {
+        if j < 4 {
+            (q[j] & 63, q[j + 4] & 63)
+        } else {
+            ((q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
+        }
+    }
+
+    /// All 8 (scales, mins).
+    pub fn unpack(q: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
+        let (mut sc, mut m) = ([0u8; 8], [0u8; 8]);
+        for j in 0..8 {
+            (sc[j], m[j]) = get(j, q);
+        }
+        (sc, m)
+    }
+}
+
+/// Q3_K's 16 signed 6-bit scales in 12 bytes, stored as `level = scale + 32`: the low nibbles in bytes 0..8
+/// (`j < 8` low, `j ≥ 8` high nibble of byte `j − 8`), the high 2 bits in byte `8 + j % 4` at bits `2·(j / 4)`
+/// (`quantize_row_q3_K_ref` and `dequantize_row_q3_K`, `ggml/src/ggml-quants.c`).
+pub mod q3_scales {
+    /// Packs 16 levels (each `< 64`).
+    pub fn pack(ls: &[u8; 16]) -> [u8; 12] {
+        let mut s = [0u8; 12];
+        for (j, &l) in ls.iter().enumerate() {
+            if j < 8 {
+                s[j] = l & 0x0f;
+            } else {
+                s[j - 8] |= (l & 0x0f) << 4;
+            }
+            s[8 + j % 4] |= (l >> 4) << (2 * (j / 4));
+        }
+        s
+    }
+
+    /// Sub-block `j`'s signed scale (`level − 32`).
+    #[inline]
+    pub fn get(j: usize, s: &[u8; 12]) -> i8 {
+        let low = if j < 8 { s[j] & 0x0f } else { s[j - 8] >> 4 };
+        let high = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+        ((low | (high << 4)) as i8) - 32
+    }
+
+    /// All 16 signed scales.
+    pub fn unpack(s: &[u8; 12]) -> [i8; 16] {
+        let mut out = [0i8; 16];
+        for (j, o) in out.iter_mut().enumerate() {
+            *o = get(j, s);
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every block reads back what it wrote, and writes back the bytes it read.
+    fn round_trip<B: Block + PartialEq + std::fmt::Debug>() {
+        let bytes: Vec<u8> = (0..B::SIZE).map(|i| (i * 37 + 11) as u8).collect();
+        let b = B::read(&bytes);
+        let mut out = vec![0u8; B::SIZE];
+        b.write(&mut out);
+        assert_eq!(out, bytes, "{}", B::TYPE);
+        assert_eq!(B::read(&out), b);
+    }
+
+    #[test]
+    fn blocks_round_trip() {
+        round_trip::<BlockQ4_0>();
+        round_trip::<BlockQ4_1>();
+        round_trip::<BlockQ5_0>();
+        round_trip::<BlockQ5_1>();
+        round_trip::<BlockQ8_0>();
+        round_trip::<BlockQ8_1>();
+        round_trip::<BlockQ2K>();
+        round_trip::<BlockQ3K>();
+        round_trip::<BlockQ4K>();
+        round_trip::<BlockQ5K>();
+        round_trip::<BlockQ6K>();
+        round_trip::<BlockQ8K>();
+    }
+
+    #[test]
+    fn fields_sit_where_ggml_puts_them() {
+        // block_q4_K: d at 0, dmin at 2, scales at 4, qs at 16.
+        let mut bytes = [0u8; 144];
+        bytes[0] = 0x01;
+        bytes[2] = 0x02;
+        bytes[4] = 0x03;
+        bytes[16] = 0x04;
+        let b = BlockQ4K::read(&bytes);
+        assert_eq!((b.d, b.dmin, b.scales[0], b.qs[0]), (1, 2, 3, 4));
+        // block_q3_K: d last, at 108.
+        let mut bytes = [0u8; 110];
+        bytes[108] = 0x3c;
+        assert_eq!(BlockQ3K::read(&bytes).d, 0x3c);
+        // block_q8_K: f32 d first, bsums last, little-endian.
+        let mut bytes = [0u8; 292];
+        bytes[..4].copy_from_slice(&(-0.5f32).to_le_bytes());
+        bytes[290] = 0xff;
+        bytes[291] = 0xff;
+        let b = BlockQ8K::read(&bytes);
+        assert_eq!((b.d, b.bsums[15]), (-0.5, -1));
+    }
+
+    #[test]
+    fn k4_scale_packing_round_trips() {
+        let ls = [1, 63, 17, 32, 48, 5, 63, 33];
+        let lm = [0, 2, 63, 40, 16, 49, 1, 62];
+        assert_eq!(k4_scales::unpack(&k4_scales::pack(&ls, &lm)), (ls, lm));
+    }
+
+    #[test]
+    fn q3_scale_packing_round_trips() {
+        let ls: [u8; 16] = std::array::from_fn(|j| (4 * j + 1) as u8);
+        let s = q3_scales::unpack(&q3_scales::pack(&ls));
+        for j in 0..16 {
+            assert_eq!(i32::from(s[j]), 4 * j as i32 + 1 - 32, "{j}");
+        }
+    }
+
+    #[test]
+    fn two_bit_packing_round_trips() {
+        let codes: [u8; QK_K] = std::array::from_fn(|e| ((e * 7 + e / 5) % 4) as u8);
+        let qs = two_bit::pack(&codes);
+        for (e, &c) in codes.iter().enumerate() {
+            assert_eq!(two_bit::get(&qs, e), c, "{e}");
+        }
+    }
+}
