@@ -23,10 +23,19 @@ fi
 # ggml's own tools are built with -march=native (GGML_NATIVE), which also tunes the schedule for this CPU; the flags
 # above only pick the instruction set. llama-cpp-sys-2 forwards CMAKE_* variables to CMake, and the release flags come
 # after the crate's -march=x86-64 on the compile line, so the last -march wins. x86-64 Linux only: that is where the
-# crate forces the generic baseline. build.rs does not rerun when these change: `cargo clean -p llama-cpp-sys-2`.
+# crate forces the generic baseline. build.rs does not rerun when these change: `cargo clean -p llama-cpp-sys-2`
+# (needed once on an AMX machine whose build predates the AMX exclusion below).
 if [[ $(uname -s) == Linux && $(uname -m) == x86_64 ]]; then
-    export CMAKE_C_FLAGS_RELEASE=${CMAKE_C_FLAGS_RELEASE:--O3 -DNDEBUG -march=native}
-    export CMAKE_CXX_FLAGS_RELEASE=${CMAKE_CXX_FLAGS_RELEASE:--O3 -DNDEBUG -march=native}
+    native="-O3 -DNDEBUG -march=native"
+    # Without AMX on CPUs that have it (Sapphire Rapids and later): -march=native turns on ggml's AMX matmul, and in
+    # this build it crashes (SIGSEGV in ggml_backend_amx_mul_mat at the first decode, seen on such a machine with
+    # llama-cpp-sys-2 0.1.161). AVX-512 stays on; the KLD tests compare with the peer tools within bands.
+    if grep -qw amx_tile /proc/cpuinfo 2>/dev/null; then
+        native="$native -mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+    fi
+    export CMAKE_C_FLAGS_RELEASE=${CMAKE_C_FLAGS_RELEASE:-$native}
+    export CMAKE_CXX_FLAGS_RELEASE=${CMAKE_CXX_FLAGS_RELEASE:-$native}
+    unset native
 fi
 # CMake for llama-cpp-sys-2's build, where the machine has none: scripts/install-build-tools puts it in this venv.
 export QUANTFARM_BUILD_TOOLS=$QUANTFARM_CACHE/build-tools

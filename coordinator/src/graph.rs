@@ -282,28 +282,30 @@ impl TaskKey {
         })
     }
 
-    /// The worker task kind (what workers advertise), or `None` for the coordinator's own tasks.
-    pub fn worker_kind(&self) -> Option<&'static str> {
+    /// The worker kind that runs the task (what workers advertise), or `None` for the coordinator's own tasks.
+    /// A test checks it against the kind of the message [`build`] makes for the key.
+    pub fn worker_kind(&self) -> Option<pb::WorkerKind> {
+        use pb::WorkerKind as W;
         match self {
-            TaskKey::Plan => Some("plan"),
-            TaskKey::Gguf { .. } => Some("gguf"),
-            TaskKey::Quantize { .. } => Some("quantize"),
+            TaskKey::Plan => Some(W::Plan),
+            TaskKey::Gguf { .. } => Some(W::Gguf),
+            TaskKey::Quantize { .. } => Some(W::Quantize),
             TaskKey::MergePlan | TaskKey::Merge { .. } | TaskKey::MergeSide | TaskKey::MergeCheck { .. } => {
-                Some("merge")
+                Some(W::Merge)
             }
-            TaskKey::Mlx { .. } => Some("mlx"),
+            TaskKey::Mlx { .. } => Some(W::Mlx),
             TaskKey::VerifyGguf { .. }
             | TaskKey::VerifyQuantize { .. }
             | TaskKey::VerifyMerge { .. }
             | TaskKey::VerifyMergeSide
-            | TaskKey::VerifyMlx { .. } => Some("verify"),
-            TaskKey::Noop { .. } => Some("noop"),
-            TaskKey::Imatrix { .. } | TaskKey::ImatrixMerge => Some("imatrix"),
+            | TaskKey::VerifyMlx { .. } => Some(W::Verify),
+            TaskKey::Noop { .. } => Some(W::Noop),
+            TaskKey::Imatrix { .. } | TaskKey::ImatrixMerge => Some(W::Imatrix),
             // A KldPlan task over the calibration text.
-            TaskKey::ImatrixPlan | TaskKey::KldPlan | TaskKey::KldBase { .. } | TaskKey::Kld { .. } => Some("kld"),
-            TaskKey::Greedy { .. } => Some("greedy"),
-            TaskKey::Probe { .. } => Some("probe"),
-            TaskKey::PeerBase { .. } | TaskKey::PeerKld { .. } => Some("peer"),
+            TaskKey::ImatrixPlan | TaskKey::KldPlan | TaskKey::KldBase { .. } | TaskKey::Kld { .. } => Some(W::Kld),
+            TaskKey::Greedy { .. } => Some(W::Greedy),
+            TaskKey::Probe { .. } => Some(W::Probe),
+            TaskKey::PeerBase { .. } | TaskKey::PeerKld { .. } => Some(W::Peer),
             TaskKey::Report => None,
         }
     }
@@ -312,7 +314,29 @@ impl TaskKey {
     pub fn runtime(&self) -> Option<&'static str> {
         match self {
             TaskKey::PeerBase { peer } | TaskKey::PeerKld { peer, .. } => Some(peer.tool()),
-            _ => None,
+            TaskKey::Plan
+            | TaskKey::Gguf { .. }
+            | TaskKey::Quantize { .. }
+            | TaskKey::VerifyGguf { .. }
+            | TaskKey::VerifyQuantize { .. }
+            | TaskKey::Noop { .. }
+            | TaskKey::MergePlan
+            | TaskKey::Merge { .. }
+            | TaskKey::MergeSide
+            | TaskKey::VerifyMerge { .. }
+            | TaskKey::VerifyMergeSide
+            | TaskKey::MergeCheck { .. }
+            | TaskKey::Mlx { .. }
+            | TaskKey::VerifyMlx { .. }
+            | TaskKey::ImatrixPlan
+            | TaskKey::Imatrix { .. }
+            | TaskKey::ImatrixMerge
+            | TaskKey::KldPlan
+            | TaskKey::KldBase { .. }
+            | TaskKey::Kld { .. }
+            | TaskKey::Greedy { .. }
+            | TaskKey::Probe { .. }
+            | TaskKey::Report => None,
         }
     }
 
@@ -635,18 +659,7 @@ pub fn priorities(tasks: &[TaskDef]) -> HashMap<TaskKey, u64> {
 
 /// The output a task makes at a content-addressed URL, for the kinds that make one.
 pub fn output_url(t: &pb::Task) -> Option<&str> {
-    use pb::task::Kind as K;
-    Some(match t.kind.as_ref()? {
-        K::Gguf(g) => &g.output,
-        K::Quantize(q) => &q.output,
-        K::Merge(m) => &m.output,
-        K::Mlx(m) => &m.output,
-        K::MergeCheck(m) => &m.output,
-        K::KldBase(k) => &k.output,
-        K::Imatrix(i) => &i.output,
-        K::ImatrixMerge(i) => &i.output,
-        _ => return None,
-    })
+    t.kind.as_ref()?.output()
 }
 
 /// For `synthetic:NAME` sources: the versioned name of the built-in model, or why NAME is unknown.

@@ -210,6 +210,8 @@ pub enum SchedError {
 
 pub struct WorkerRec {
     pub info: pb::WorkerInfo,
+    /// The kinds it runs (its advertised names parsed; names this coordinator does not know are left out).
+    pub kinds: Vec<pb::WorkerKind>,
     pub last_seen: Instant,
     /// The worker's own byte counts, as it last reported them (lease and heartbeat requests).
     pub bytes_read: u64,
@@ -429,7 +431,7 @@ impl Sched {
             }
         }
         for t in rel.tasks.iter().filter(|t| t.state == TState::Done) {
-            if let Some(a) = t.result.as_ref().and_then(artifact_of_result) {
+            if let Some(a) = t.result.as_ref().and_then(pb::TaskResult::artifact) {
                 self.outputs.insert(a.url.clone(), a.sha256.clone());
             }
         }
@@ -645,7 +647,8 @@ impl Sched {
 
     pub fn register(&mut self, info: pb::WorkerInfo, now: Instant) -> String {
         let id = format!("{}-{}", if info.name.is_empty() { "worker" } else { &info.name }, random_hex(4));
-        self.workers.insert(id.clone(), WorkerRec { info, last_seen: now, bytes_read: 0, bytes_written: 0 });
+        let kinds = info.task_kinds.iter().filter_map(|k| pb::WorkerKind::parse(k)).collect();
+        self.workers.insert(id.clone(), WorkerRec { info, kinds, last_seen: now, bytes_read: 0, bytes_written: 0 });
         id
     }
 
@@ -654,7 +657,7 @@ impl Sched {
     pub fn lease(&mut self, worker_id: &str, slots: u32, now: Instant) -> Result<Leases, SchedError> {
         let w = self.workers.get_mut(worker_id).ok_or_else(|| SchedError::UnknownWorker(worker_id.into()))?;
         w.last_seen = now;
-        let kinds: Vec<String> = w.info.task_kinds.clone();
+        let kinds = w.kinds.clone();
         let runtimes: Vec<String> = w.info.runtimes.clone();
         let mut picked = Vec::new();
         let mut next_wake: Option<Instant> = None;
@@ -664,7 +667,7 @@ impl Sched {
             }
             let t = &self.releases[ri].tasks[ti];
             let Some(kind) = t.key.worker_kind() else { continue };
-            if !kinds.iter().any(|k| k == kind) {
+            if !kinds.contains(&kind) {
                 continue;
             }
             if t.key.runtime().is_some_and(|rt| !runtimes.iter().any(|r| r == rt)) {
@@ -730,11 +733,11 @@ impl Sched {
 
     /// Whether a live worker other than those `t` failed on offers `kind` (and `t`'s runtime), so that `t` can wait
     /// for it. Live: seen within two lease periods.
-    fn another_worker_for(&self, t: &TaskRec, kind: &str, now: Instant) -> bool {
+    fn another_worker_for(&self, t: &TaskRec, kind: pb::WorkerKind, now: Instant) -> bool {
         self.workers.iter().any(|(id, w)| {
             !t.failed_on.contains(id)
                 && now.duration_since(w.last_seen) < self.cfg.lease * 2
-                && w.info.task_kinds.iter().any(|k| k == kind)
+                && w.kinds.contains(&kind)
                 && t.key.runtime().is_none_or(|rt| w.info.runtimes.iter().any(|r| r == rt))
         })
     }
@@ -806,7 +809,8 @@ impl Sched {
         let worker = req.worker_id.clone();
         match req.outcome {
             Some(pb::complete_request::Outcome::Result(result)) => {
-                if let Err(e) = check_result(&key, &result).and_then(|()| self.check_output(&result)) {
+                let shape = check_shape(&self.releases[ri].tasks[ti], &result);
+                if let Err(e) = shape.and_then(|()| self.check_output(&result)) {
                     self.releases[ri].tasks[ti].failed_on.push(worker.clone());
                     self.fail_task(ri, ti, FailureKind::Internal, format!("worker {worker}: {e}"), now)?;
                     return Ok(true);
@@ -830,7 +834,7 @@ impl Sched {
     /// A made output must have the digest recorded when its URL was made before (content addressing: one URL, one
     /// content); another means a task that is not deterministic, or an output changed while the task ran.
     fn check_output(&self, result: &pb::TaskResult) -> Result<(), String> {
-        let Some(a) = artifact_of_result(result) else { return Ok(()) };
+        let Some(a) = result.artifact() else { return Ok(()) };
         match self.outputs.get(&a.url) {
             Some(known) if *known != a.sha256 => Err(format!(
                 "{} has sha256 {}, but it was made before with sha256 {known}: the output is not reproducible",
@@ -847,7 +851,8 @@ impl Sched {
     fn remake_corrupt(&mut self, ri: usize, ti: usize, url: &str, msg: String, now: Instant) -> Result<(), SchedError> {
         let rel = &self.releases[ri];
         let producer = rel.tasks.iter().position(|t| {
-            t.state == TState::Done && t.result.as_ref().and_then(artifact_of_result).is_some_and(|a| a.url == url)
+            t.state == TState::Done
+                && t.result.as_ref().and_then(pb::TaskResult::artifact).is_some_and(|a| a.url == url)
         });
         let Some(pi) = producer else {
             return self.fail_task(ri, ti, FailureKind::Input, msg, now);
@@ -930,7 +935,7 @@ impl Sched {
             Some(task_result::Kind::KldPlan(p)) => (Some(p.clone()), None),
             _ => (None, None),
         };
-        if let Some(a) = artifact_of_result(&result) {
+        if let Some(a) = result.artifact() {
             self.outputs.insert(a.url.clone(), a.sha256.clone());
         }
         {
@@ -1148,50 +1153,13 @@ impl Sched {
 /// The worker name recorded for tasks the coordinator runs itself.
 pub const COORDINATOR: &str = "coordinator";
 
-fn check_result(key: &TaskKey, r: &pb::TaskResult) -> Result<(), String> {
-    let ok = matches!(
-        (key, &r.kind),
-        (TaskKey::Plan, Some(task_result::Kind::Plan(_)))
-            | (TaskKey::MergePlan, Some(task_result::Kind::MergePlan(_)))
-            | (
-                TaskKey::Gguf { .. }
-                    | TaskKey::Quantize { .. }
-                    | TaskKey::Merge { .. }
-                    | TaskKey::MergeSide
-                    | TaskKey::MergeCheck { .. }
-                    | TaskKey::Mlx { .. }
-                    | TaskKey::KldBase { .. }
-                    | TaskKey::Imatrix { .. }
-                    | TaskKey::ImatrixMerge,
-                Some(task_result::Kind::Artifact(_))
-            )
-            | (TaskKey::KldPlan | TaskKey::ImatrixPlan, Some(task_result::Kind::KldPlan(_)))
-            | (TaskKey::Kld { .. }, Some(task_result::Kind::Kld(_)))
-            | (TaskKey::Greedy { .. }, Some(task_result::Kind::Greedy(_)))
-            | (TaskKey::Probe { .. }, Some(task_result::Kind::Probe(_)))
-            | (TaskKey::PeerBase { .. } | TaskKey::PeerKld { .. }, Some(task_result::Kind::PeerKld(_)))
-            | (
-                TaskKey::VerifyGguf { .. }
-                    | TaskKey::VerifyQuantize { .. }
-                    | TaskKey::VerifyMerge { .. }
-                    | TaskKey::VerifyMergeSide
-                    | TaskKey::VerifyMlx { .. },
-                Some(task_result::Kind::Verify(_))
-            )
-            | (TaskKey::Noop { .. }, Some(task_result::Kind::Noop(_)))
-    );
-    if ok {
-        Ok(())
-    } else {
-        Err(format!("task {key} got a result of the wrong kind"))
-    }
-}
-
-/// The output a task's result names, for the results that make one.
-fn artifact_of_result(r: &pb::TaskResult) -> Option<&pb::Artifact> {
-    match &r.kind {
-        Some(task_result::Kind::Artifact(a)) => a.artifact.as_ref(),
-        _ => None,
+/// A result must have the shape its task's message asks for (a plan for a plan, an artifact for a conversion, …).
+fn check_shape(t: &TaskRec, r: &pb::TaskResult) -> Result<(), String> {
+    let want = t.task.as_ref().and_then(|m| m.kind.as_ref()).map(pb::task::Kind::result_shape);
+    let got = r.kind.as_ref().map(pb::task_result::Kind::shape);
+    match (want, got) {
+        (Some(w), Some(g)) if w == g => Ok(()),
+        _ => Err(format!("task {} got a result of the wrong kind ({got:?}, expected {want:?})", t.key)),
     }
 }
 

@@ -264,6 +264,15 @@ impl Farm for FarmSvc {
         if info.task_kinds.is_empty() || info.slots == 0 {
             return Err(Status::invalid_argument("register: a worker must offer at least one task kind and slot"));
         }
+        // A newer worker may offer kinds this coordinator does not know: they are ignored, not an error.
+        if !info.task_kinds.iter().any(|k| pb::WorkerKind::parse(k).is_some()) {
+            let known: Vec<&str> = pb::WorkerKind::ALL.iter().map(|k| k.name()).collect();
+            return Err(Status::invalid_argument(format!(
+                "register: no task kind this coordinator knows among {:?} (known: {})",
+                info.task_kinds,
+                known.join(", ")
+            )));
+        }
         let mut s = self.0.lock();
         let id = s.register(info, Instant::now());
         let (hb, lease) = (s.cfg.heartbeat.as_millis() as u32, s.cfg.lease.as_millis() as u32);

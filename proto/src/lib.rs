@@ -28,24 +28,203 @@ pub fn synthetic_model(name: &str) -> Option<&'static str> {
 /// Messages may carry whole tensor inventories (a 1,000-tensor plan is ~100 KiB; large MoE models more).
 pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
 
-impl Task {
-    /// The kind's name, as workers advertise it and the scheduler matches it.
-    pub fn kind_name(&self) -> &'static str {
-        match &self.kind {
-            Some(task::Kind::Plan(_)) => "plan",
-            Some(task::Kind::Gguf(_)) => "gguf",
-            Some(task::Kind::Quantize(_)) => "quantize",
-            Some(task::Kind::Verify(_)) => "verify",
-            Some(task::Kind::Noop(_)) => "noop",
-            Some(task::Kind::MergePlan(_) | task::Kind::Merge(_) | task::Kind::MergeCheck(_)) => "merge",
-            Some(task::Kind::Mlx(_)) => "mlx",
+/// What a worker can run: the kinds it advertises (as their names) and the scheduler matches. Each task message
+/// belongs to exactly one kind ([`Task::worker_kind`], an exhaustive match: a new message does not compile until
+/// it is given one), and the worker's executors declare theirs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum WorkerKind {
+    /// Reads a source's headers and returns its tensor inventory.
+    Plan,
+    /// Converts a split file of the source to GGUF BF16.
+    Gguf,
+    /// Quantizes a split file to one level.
+    Quantize,
+    /// Re-derives an output from its inputs and compares.
+    Verify,
+    /// Does nothing (the scheduler's benchmark).
+    Noop,
+    /// Merges an adapter into its base, and makes the merge check's inputs.
+    Merge,
+    /// Makes an MLX affine checkpoint.
+    Mlx,
+    /// Tokenizes an evaluation text, makes base logits and measures KL divergence (llama.cpp).
+    Kld,
+    /// Computes and merges importance-matrix parts (llama.cpp).
+    Imatrix,
+    /// Greedy continuations of the release's prompts (llama.cpp).
+    Greedy,
+    /// The probe suite on a served model (llama.cpp).
+    Probe,
+    /// A peer tool's own KL-divergence run (llama-perplexity).
+    Peer,
+}
+
+impl WorkerKind {
+    pub const ALL: [WorkerKind; 12] = [
+        WorkerKind::Plan,
+        WorkerKind::Gguf,
+        WorkerKind::Quantize,
+        WorkerKind::Verify,
+        WorkerKind::Noop,
+        WorkerKind::Merge,
+        WorkerKind::Mlx,
+        WorkerKind::Kld,
+        WorkerKind::Imatrix,
+        WorkerKind::Greedy,
+        WorkerKind::Probe,
+        WorkerKind::Peer,
+    ];
+
+    /// The name workers advertise (`WorkerInfo.task_kinds`).
+    pub fn name(self) -> &'static str {
+        match self {
+            WorkerKind::Plan => "plan",
+            WorkerKind::Gguf => "gguf",
+            WorkerKind::Quantize => "quantize",
+            WorkerKind::Verify => "verify",
+            WorkerKind::Noop => "noop",
+            WorkerKind::Merge => "merge",
+            WorkerKind::Mlx => "mlx",
+            WorkerKind::Kld => "kld",
+            WorkerKind::Imatrix => "imatrix",
+            WorkerKind::Greedy => "greedy",
+            WorkerKind::Probe => "probe",
+            WorkerKind::Peer => "peer",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<WorkerKind> {
+        WorkerKind::ALL.into_iter().find(|k| k.name() == name)
+    }
+}
+
+impl std::fmt::Display for WorkerKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl task::Kind {
+    /// The worker kind that runs this task.
+    pub fn worker_kind(&self) -> WorkerKind {
+        use task::Kind as K;
+        match self {
+            K::Plan(_) => WorkerKind::Plan,
+            K::Gguf(_) => WorkerKind::Gguf,
+            K::Quantize(_) => WorkerKind::Quantize,
+            K::Verify(_) => WorkerKind::Verify,
+            K::Noop(_) => WorkerKind::Noop,
+            K::MergePlan(_) | K::Merge(_) | K::MergeCheck(_) => WorkerKind::Merge,
+            K::Mlx(_) => WorkerKind::Mlx,
             // The imatrix's plan is a KldPlan over the calibration text.
-            Some(task::Kind::KldPlan(_) | task::Kind::KldBase(_) | task::Kind::Kld(_)) => "kld",
-            Some(task::Kind::Imatrix(_) | task::Kind::ImatrixMerge(_)) => "imatrix",
-            Some(task::Kind::Greedy(_)) => "greedy",
-            Some(task::Kind::Probe(_)) => "probe",
-            Some(task::Kind::PeerKld(_)) => "peer",
-            None => "none",
+            K::KldPlan(_) | K::KldBase(_) | K::Kld(_) => WorkerKind::Kld,
+            K::Imatrix(_) | K::ImatrixMerge(_) => WorkerKind::Imatrix,
+            K::Greedy(_) => WorkerKind::Greedy,
+            K::Probe(_) => WorkerKind::Probe,
+            K::PeerKld(_) => WorkerKind::Peer,
+        }
+    }
+}
+
+impl task::Kind {
+    /// The output this task makes at a content-addressed URL, for the kinds that make one.
+    pub fn output(&self) -> Option<&str> {
+        use task::Kind as K;
+        match self {
+            K::Gguf(g) => Some(&g.output),
+            K::Quantize(q) => Some(&q.output),
+            K::Merge(m) => Some(&m.output),
+            K::Mlx(m) => Some(&m.output),
+            K::MergeCheck(m) => Some(&m.output),
+            K::KldBase(k) => Some(&k.output),
+            K::Imatrix(i) => Some(&i.output),
+            K::ImatrixMerge(i) => Some(&i.output),
+            K::Plan(_)
+            | K::Verify(_)
+            | K::Noop(_)
+            | K::MergePlan(_)
+            | K::KldPlan(_)
+            | K::Kld(_)
+            | K::Greedy(_)
+            | K::Probe(_)
+            | K::PeerKld(_) => None,
+        }
+    }
+}
+
+impl Task {
+    /// The worker kind that runs this task (`None` for a message with no task in it).
+    pub fn worker_kind(&self) -> Option<WorkerKind> {
+        self.kind.as_ref().map(task::Kind::worker_kind)
+    }
+}
+
+/// The shape of a task's result, as the coordinator checks it against the task that asked for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResultShape {
+    Plan,
+    Artifact,
+    Verify,
+    Noop,
+    MergePlan,
+    KldPlan,
+    Kld,
+    Greedy,
+    Probe,
+    PeerKld,
+}
+
+impl task::Kind {
+    /// The result this task must answer with.
+    pub fn result_shape(&self) -> ResultShape {
+        use task::Kind as K;
+        match self {
+            K::Plan(_) => ResultShape::Plan,
+            K::Gguf(_)
+            | K::Quantize(_)
+            | K::Merge(_)
+            | K::MergeCheck(_)
+            | K::Mlx(_)
+            | K::KldBase(_)
+            | K::Imatrix(_)
+            | K::ImatrixMerge(_) => ResultShape::Artifact,
+            K::Verify(_) => ResultShape::Verify,
+            K::Noop(_) => ResultShape::Noop,
+            K::MergePlan(_) => ResultShape::MergePlan,
+            K::KldPlan(_) => ResultShape::KldPlan,
+            K::Kld(_) => ResultShape::Kld,
+            K::Greedy(_) => ResultShape::Greedy,
+            K::Probe(_) => ResultShape::Probe,
+            K::PeerKld(_) => ResultShape::PeerKld,
+        }
+    }
+}
+
+impl task_result::Kind {
+    /// This result's shape.
+    pub fn shape(&self) -> ResultShape {
+        use task_result::Kind as K;
+        match self {
+            K::Plan(_) => ResultShape::Plan,
+            K::Artifact(_) => ResultShape::Artifact,
+            K::Verify(_) => ResultShape::Verify,
+            K::Noop(_) => ResultShape::Noop,
+            K::MergePlan(_) => ResultShape::MergePlan,
+            K::KldPlan(_) => ResultShape::KldPlan,
+            K::Kld(_) => ResultShape::Kld,
+            K::Greedy(_) => ResultShape::Greedy,
+            K::Probe(_) => ResultShape::Probe,
+            K::PeerKld(_) => ResultShape::PeerKld,
+        }
+    }
+}
+
+impl TaskResult {
+    /// The artifact this result names, for the results that make one.
+    pub fn artifact(&self) -> Option<&Artifact> {
+        match &self.kind {
+            Some(task_result::Kind::Artifact(a)) => a.artifact.as_ref(),
+            _ => None,
         }
     }
 }

@@ -107,8 +107,7 @@ fn is_down(s: &Status) -> bool {
 
 /// Kinds this build has executors for.
 /// Peer-tool tasks ("peer") run only on workers that also advertise the tool as a runtime.
-pub const TASK_KINDS: [&str; 12] =
-    ["plan", "gguf", "quantize", "verify", "noop", "merge", "mlx", "kld", "imatrix", "greedy", "probe", "peer"];
+pub const TASK_KINDS: [pb::WorkerKind; 12] = pb::WorkerKind::ALL;
 
 /// Where llama.cpp's tools are looked for: `$QUANTFARM_LLAMA_BIN`, then PATH.
 fn tool_dirs() -> Vec<PathBuf> {
@@ -182,7 +181,7 @@ impl Session {
             slots: self.cfg.slots,
             cores: self.cfg.cores,
             memory_budget: self.cfg.memory_budget,
-            task_kinds: TASK_KINDS.iter().map(|s| s.to_string()).collect(),
+            task_kinds: TASK_KINDS.iter().map(|k| k.name().to_string()).collect(),
             runtimes: runtimes(),
             version: env!("CARGO_PKG_VERSION").into(),
         }
