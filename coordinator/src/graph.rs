@@ -671,6 +671,14 @@ pub fn synthetic_name(source: &str) -> Option<Result<&'static str, String>> {
     }))
 }
 
+/// Where an output lives: `artifacts/HASH/NAME` in the store, `HASH` the short sha256 of `identity` (everything
+/// the output's bytes depend on, led by a versioned tag of the recipe), so a task made twice writes or finds the
+/// same object. The one place that names an artifact.
+fn artifact(ctx: &Ctx, identity: &[&str], name: &str) -> Result<Location, String> {
+    let folder = short_hash(identity);
+    ctx.store.child(&format!("artifacts/{folder}/{name}")).map_err(|e| e.to_string())
+}
+
 fn short_hash(parts: &[&str]) -> String {
     let mut h = Sha256::new();
     for p in parts {
@@ -716,8 +724,7 @@ fn merge_plan_of<'a>(results: &Results<'a>) -> Result<&'a pb::MergePlanResult, S
 /// The merged checkpoint's folder: content-addressed by the merge's inputs and plan.
 fn merged_folder(ctx: &Ctx, results: &Results) -> Result<Location, String> {
     let mp = merge_plan_of(results)?;
-    let folder = short_hash(&["quantfarm merge v1", &mp.inputs_identity, &mp.plan_digest]);
-    ctx.store.child(&format!("artifacts/{folder}/{}-merged", ctx.spec.name)).map_err(|e| e.to_string())
+    artifact(ctx, &["quantfarm merge v1", &mp.inputs_identity, &mp.plan_digest], &format!("{}-merged", ctx.spec.name))
 }
 
 /// The model the conversions read: the merged checkpoint when there is an adapter, else the source.
@@ -753,11 +760,8 @@ fn merge_task(ctx: &Ctx, results: &Results, file: Option<u32>) -> Result<pb::Mer
 fn mlx_task(ctx: &Ctx, results: &Results, bits: u32) -> Result<pb::MlxTask, String> {
     let plan = plan_of(results)?;
     let group_size = ctx.spec.outputs.mlx.as_ref().map_or(64, |m| m.group_size);
-    let folder = short_hash(&["quantfarm mlx v1", &bits.to_string(), &group_size.to_string(), &plan.source_identity]);
-    let output = ctx
-        .store
-        .child(&format!("artifacts/{folder}/{}-MLX-{bits}bit", ctx.spec.prefix()))
-        .map_err(|e| e.to_string())?;
+    let identity = ["quantfarm mlx v1", &bits.to_string(), &group_size.to_string(), &plan.source_identity];
+    let output = artifact(ctx, &identity, &format!("{}-MLX-{bits}bit", ctx.spec.prefix()))?;
     Ok(pb::MlxTask { source: model_source(ctx, results)?, bits, group_size, output: output.to_string() })
 }
 
@@ -772,9 +776,12 @@ fn gguf_task(ctx: &Ctx, results: &Results, shard: u32) -> Result<pb::GgufShardTa
     let plan = plan_of(results)?;
     let n = plan.shards.len() as u32;
     let split = ctx.spec.split_rule();
-    let folder = short_hash(&["quantfarm gguf-bf16 v1", &plan.source_identity, &plan.plan_digest, &split_text(&split)]);
     let name = file_name(&format!("{}-BF16", ctx.spec.prefix()), shard, n);
-    let output = ctx.store.child(&format!("artifacts/{folder}/{name}")).map_err(|e| e.to_string())?;
+    let output = artifact(
+        ctx,
+        &["quantfarm gguf-bf16 v1", &plan.source_identity, &plan.plan_digest, &split_text(&split)],
+        &name,
+    )?;
     Ok(pb::GgufShardTask {
         source: model_source(ctx, results)?,
         plan_digest: plan.plan_digest.clone(),
@@ -804,9 +811,8 @@ fn quantize_task(ctx: &Ctx, results: &Results, level: FileType, shard: u32) -> R
         parts.push("imatrix");
         parts.push(&imatrix_sha256);
     }
-    let folder = short_hash(&parts);
     let name = file_name(&format!("{}-{}", ctx.spec.prefix(), level.name()), shard, n);
-    let output = ctx.store.child(&format!("artifacts/{folder}/{name}")).map_err(|e| e.to_string())?;
+    let output = artifact(ctx, &parts, &name)?;
     Ok(pb::QuantizeTask {
         input: inputs[0].url.clone(),
         shard,
@@ -854,19 +860,22 @@ fn imatrix_task(ctx: &Ctx, results: &Results, group: u32) -> Result<pb::ImatrixT
     let (ctx_s, batch_s, first_s, n_s) =
         (settings.ctx.to_string(), settings.batch.to_string(), first.to_string(), n_chunks.to_string());
     let dataset = imatrix_dataset(ctx)?;
-    let folder = short_hash(&[
-        "quantfarm imatrix-part v1",
-        &kp.text_sha256,
-        &kp.tokens_sha256,
-        &dataset,
-        &ctx_s,
-        &batch_s,
-        &first_s,
-        &n_s,
-        &reference.sha256,
-    ]);
     let name = format!("{}-imatrix-{first:05}-{n_chunks}.part.gguf", ctx.spec.prefix());
-    let output = ctx.store.child(&format!("artifacts/{folder}/{name}")).map_err(|e| e.to_string())?;
+    let output = artifact(
+        ctx,
+        &[
+            "quantfarm imatrix-part v1",
+            &kp.text_sha256,
+            &kp.tokens_sha256,
+            &dataset,
+            &ctx_s,
+            &batch_s,
+            &first_s,
+            &n_s,
+            &reference.sha256,
+        ],
+        &name,
+    )?;
     Ok(pb::ImatrixTask {
         reference: reference.url.clone(),
         settings: Some(settings),
@@ -886,9 +895,8 @@ fn imatrix_merge_task(ctx: &Ctx, results: &Results) -> Result<pb::ImatrixMergeTa
         .collect::<Result<_, _>>()?;
     let mut id = vec!["quantfarm imatrix v1"];
     id.extend(parts.iter().map(|a| a.sha256.as_str()));
-    let folder = short_hash(&id);
     let name = format!("{}-imatrix.gguf", ctx.spec.prefix());
-    let output = ctx.store.child(&format!("artifacts/{folder}/{name}")).map_err(|e| e.to_string())?;
+    let output = artifact(ctx, &id, &name)?;
     Ok(pb::ImatrixMergeTask { parts, output: output.to_string() })
 }
 
@@ -925,9 +933,8 @@ fn kld_base_task(ctx: &Ctx, results: &Results, group: u32) -> Result<pb::KldBase
         (settings.ctx.to_string(), settings.batch.to_string(), first.to_string(), n_chunks.to_string());
     let mut parts = vec!["quantfarm kld-base v1", &kp.text_sha256, &kp.tokens_sha256, &ctx_s, &batch_s, &first_s, &n_s];
     parts.extend(refs.iter().map(|a| a.sha256.as_str()));
-    let folder = short_hash(&parts);
     let name = format!("{}-BF16-kld-base-{first:05}-{n_chunks}.logits", ctx.spec.prefix());
-    let output = ctx.store.child(&format!("artifacts/{folder}/{name}")).map_err(|e| e.to_string())?;
+    let output = artifact(ctx, &parts, &name)?;
     Ok(pb::KldBaseTask {
         reference: refs[0].url.clone(),
         settings: Some(settings),
@@ -980,9 +987,9 @@ fn greedy_task(ctx: &Ctx, results: &Results, subject: Subject, share: u32) -> Re
 
 fn merge_check_task(ctx: &Ctx, results: &Results, part: CheckPart) -> Result<pb::MergeCheckTask, String> {
     let mp = merge_plan_of(results)?;
-    let folder = short_hash(&["quantfarm merge-check v1", part.name(), &mp.inputs_identity, &mp.plan_digest]);
     let name = format!("{}-{}", ctx.spec.name, part.file_suffix());
-    let output = ctx.store.child(&format!("artifacts/{folder}/{name}")).map_err(|e| e.to_string())?;
+    let output =
+        artifact(ctx, &["quantfarm merge-check v1", part.name(), &mp.inputs_identity, &mp.plan_digest], &name)?;
     Ok(pb::MergeCheckTask {
         base: ctx.source.to_string(),
         adapter: ctx.adapter.to_string(),
@@ -1003,9 +1010,8 @@ fn peer_task(ctx: &Ctx, results: &Results, peer: Peer, level: Option<FileType>) 
         let (c, b, m) = (settings.ctx.to_string(), settings.batch.to_string(), settings.max_chunks.to_string());
         let mut parts = vec!["quantfarm peer-base v1", peer.tool(), &kp.text_sha256, &c, &b, &m];
         parts.extend(refs.iter().map(|a| a.sha256.as_str()));
-        let folder = short_hash(&parts);
         let name = format!("{}-BF16-{}.logits", ctx.spec.prefix(), peer.tool());
-        let output = ctx.store.child(&format!("artifacts/{folder}/{name}")).map_err(|e| e.to_string())?;
+        let output = artifact(ctx, &parts, &name)?;
         return Ok(pb::PeerKldTask {
             tool: peer.tool().into(),
             model: refs[0].url.clone(),

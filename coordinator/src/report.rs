@@ -601,7 +601,10 @@ pub async fn publish(
     let signed = crate::signing::sign_report(report, key).map_err(|e| e.to_string())?;
     let text = crate::canonical::canonical_json(&signed).map_err(|e| e.to_string())?;
     let envelope = crate::attestation::envelope(&signed, key).map_err(|e| e.to_string())?;
-    let mut files: Vec<(&str, String)> = crate::views::render_all(&signed);
+    // The views are rendered from the report as published (canonical: keys sorted), so that `quantfarm report
+    // render` of report.json gives the same files byte for byte.
+    let published: Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+    let mut files: Vec<(&str, String)> = crate::views::render_all(&published);
     files.push((
         "report.intoto.json",
         format!("{}\n", crate::canonical::canonical_json(&envelope).map_err(|e| e.to_string())?),

@@ -1,0 +1,58 @@
+//! A report published before the report became typed (`tests/fixtures/report-tiny-llama`, see its SOURCE.md):
+//! the current code verifies its signature and its DSSE envelope against the key that signed it, renders the same
+//! views byte for byte, and refuses it after one changed byte.
+
+use std::path::PathBuf;
+
+use quantfarm_coordinator::attestation::verify_envelope;
+use quantfarm_coordinator::signing::{verify_report, PublicKey};
+use quantfarm_coordinator::views::render_all;
+use serde_json::Value;
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/report-tiny-llama").join(name)
+}
+
+fn json(name: &str) -> Value {
+    let text = std::fs::read_to_string(fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+fn signer() -> PublicKey {
+    let text = std::fs::read_to_string(fixture("signer.pub")).expect("signer.pub");
+    PublicKey::from_text(text.trim()).expect("a public key")
+}
+
+#[test]
+fn a_published_report_still_verifies_against_its_signer() {
+    let report = json("report.json");
+    let verified = verify_report(&report, Some(&signer())).expect("the report verifies");
+    assert!(verified.pinned, "checked against the pinned key");
+    let envelope = verify_envelope(&json("report.intoto.json"), Some(&signer())).expect("the envelope verifies");
+    assert_eq!(envelope.report, report, "the envelope carries the same report");
+}
+
+#[test]
+fn a_published_report_renders_the_same_views() {
+    let report = json("report.json");
+    let views = render_all(&report);
+    assert!(views.len() >= 3, "{:?}", views.iter().map(|v| v.0).collect::<Vec<_>>());
+    for (name, body) in views {
+        let published = std::fs::read_to_string(fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        if let Some((i, (ours, theirs))) = body.lines().zip(published.lines()).enumerate().find(|(_, (a, b))| a != b) {
+            panic!("{name} line {}: renders\n  {ours}\nwhere the published one has\n  {theirs}", i + 1);
+        }
+        assert_eq!(body.len(), published.len(), "{name} renders to another length than the published one");
+    }
+}
+
+#[test]
+fn one_changed_byte_is_refused() {
+    let text = std::fs::read_to_string(fixture("report.json")).expect("report.json");
+    // A figure's last digit: still valid JSON, no longer what was signed.
+    let at = text.find("\"mean_kld\":").expect("a KLD figure") + "\"mean_kld\":".len() + 3;
+    let mut bytes = text.into_bytes();
+    bytes[at] = if bytes[at] == b'1' { b'2' } else { b'1' };
+    let changed: Value = serde_json::from_slice(&bytes).expect("still JSON");
+    assert!(verify_report(&changed, Some(&signer())).is_err(), "a changed report verified");
+}
