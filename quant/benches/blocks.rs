@@ -40,18 +40,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     println!("{ROWS} rows x {N_PER_ROW} f32 ({mb:.1} MB) per pass, 1 thread");
     println!("{:<6} {:>14} {:>14}", "type", "MB/s", "MB/s imatrix");
-    let types = [
-        GgmlType::Q8_0,
-        GgmlType::Q4_0,
-        GgmlType::Q4_1,
-        GgmlType::Q5_0,
-        GgmlType::Q5_1,
-        GgmlType::Q2_K,
-        GgmlType::Q3_K,
-        GgmlType::Q4_K,
-        GgmlType::Q5_K,
-        GgmlType::Q6_K,
-    ];
+    // Every block type the quantizer makes (the float types are conversions, not blocks).
+    let types = quantfarm_ggml::QUANTIZED_BY_QUANTFARM.iter().copied().filter(|t| t.block_size() > 1);
     for ty in types {
         if !filters.is_empty() && !filters.iter().any(|f| ty.name().eq_ignore_ascii_case(f)) {
             continue;
