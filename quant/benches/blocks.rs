@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use quantfarm_quant::{quantize, GgmlType};
+use quantfarm_quant::quantize;
 
 const ROWS: usize = 256;
 const N_PER_ROW: usize = 4096;
