@@ -30,8 +30,11 @@ if [[ $(uname -s) == Linux && $(uname -m) == x86_64 ]]; then
     # Without AMX on CPUs that have it (Sapphire Rapids and later): -march=native turns on ggml's AMX matmul, and in
     # this build it crashes (SIGSEGV in ggml_backend_amx_mul_mat at the first decode, seen on such a machine with
     # llama-cpp-sys-2 0.1.161). AVX-512 stays on; the KLD tests compare with the peer tools within bands.
+    # QUANTFARM_NO_AMX: the flags that turn it off, set only on such a CPU (scripts/install-peers builds the peer
+    # tools with them too).
     if grep -qw amx_tile /proc/cpuinfo 2>/dev/null; then
-        native="$native -mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+        export QUANTFARM_NO_AMX="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+        native="$native $QUANTFARM_NO_AMX"
     fi
     export CMAKE_C_FLAGS_RELEASE=${CMAKE_C_FLAGS_RELEASE:-$native}
     export CMAKE_CXX_FLAGS_RELEASE=${CMAKE_CXX_FLAGS_RELEASE:-$native}

@@ -412,8 +412,8 @@ mod tests {
     fn q3_scale_packing_round_trips() {
         let ls: [u8; 16] = std::array::from_fn(|j| (4 * j + 1) as u8);
         let s = q3_scales::unpack(&q3_scales::pack(&ls));
-        for j in 0..16 {
-            assert_eq!(i32::from(s[j]), 4 * j as i32 + 1 - 32, "{j}");
+        for (j, &sc) in s.iter().enumerate() {
+            assert_eq!(i32::from(sc), 4 * j as i32 + 1 - 32, "{j}");
         }
     }
 

@@ -104,6 +104,21 @@ impl std::fmt::Display for WorkerKind {
     }
 }
 
+/// The shape of a task's result, as the coordinator checks it against the task that asked for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResultShape {
+    Plan,
+    Artifact,
+    Verify,
+    Noop,
+    MergePlan,
+    KldPlan,
+    Kld,
+    Greedy,
+    Probe,
+    PeerKld,
+}
+
 impl task::Kind {
     /// The worker kind that runs this task.
     pub fn worker_kind(&self) -> WorkerKind {
@@ -124,9 +139,7 @@ impl task::Kind {
             K::PeerKld(_) => WorkerKind::Peer,
         }
     }
-}
 
-impl task::Kind {
     /// The output this task makes at a content-addressed URL, for the kinds that make one.
     pub fn output(&self) -> Option<&str> {
         use task::Kind as K;
@@ -150,31 +163,7 @@ impl task::Kind {
             | K::PeerKld(_) => None,
         }
     }
-}
 
-impl Task {
-    /// The worker kind that runs this task (`None` for a message with no task in it).
-    pub fn worker_kind(&self) -> Option<WorkerKind> {
-        self.kind.as_ref().map(task::Kind::worker_kind)
-    }
-}
-
-/// The shape of a task's result, as the coordinator checks it against the task that asked for it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ResultShape {
-    Plan,
-    Artifact,
-    Verify,
-    Noop,
-    MergePlan,
-    KldPlan,
-    Kld,
-    Greedy,
-    Probe,
-    PeerKld,
-}
-
-impl task::Kind {
     /// The result this task must answer with.
     pub fn result_shape(&self) -> ResultShape {
         use task::Kind as K;
@@ -197,6 +186,13 @@ impl task::Kind {
             K::Probe(_) => ResultShape::Probe,
             K::PeerKld(_) => ResultShape::PeerKld,
         }
+    }
+}
+
+impl Task {
+    /// The worker kind that runs this task (`None` for a message with no task in it).
+    pub fn worker_kind(&self) -> Option<WorkerKind> {
+        self.kind.as_ref().map(task::Kind::worker_kind)
     }
 }
 

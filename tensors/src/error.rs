@@ -9,13 +9,6 @@ pub enum Error {
     #[error("{file}: {field}: {msg}")]
     Format { file: String, field: String, msg: String },
 
-    #[error("{file}: {source}")]
-    Io {
-        file: String,
-        #[source]
-        source: std::io::Error,
-    },
-
     /// Reading or writing a file or object: not found, exists, a bad location, a connection error
     /// ([`quantfarm_store::Error`] says which).
     #[error(transparent)]

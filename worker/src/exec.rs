@@ -68,7 +68,6 @@ impl From<quantfarm_tensors::Error> for Failure {
         use quantfarm_tensors::Error as E;
         match e {
             E::Store(e) => e.into(),
-            E::Io { .. } => Failure::new(FailureKind::Transient, e.to_string()),
             e => Failure::input(e.to_string()),
         }
     }
