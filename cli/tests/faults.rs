@@ -383,6 +383,17 @@ fn releases_survive_workers_killed_at_random_points_and_coordinator_restarts() {
         retried += report["tasks"].as_array().unwrap().iter().filter(|t| t["attempts"].as_u64() > Some(1)).count();
     }
     assert!(retried > 0, "no task was retried: the faults did not land");
+    // What the killed workers had staged is gone now that the releases have ended: no staging marker in the bucket,
+    // and no incomplete upload in s3s-fs's own folder (`.upload-UUID.json`, parts `.upload_id-UUID.part-N`).
+    let staged: Vec<String> = s3
+        .files()
+        .into_iter()
+        .filter(|f| {
+            let name = f.rsplit('/').next().unwrap_or(f);
+            quantfarm_store::staging::is_staging(name) || f.starts_with(".upload-") || f.starts_with(".upload_id-")
+        })
+        .collect();
+    assert!(staged.is_empty(), "staging left in the store after the releases ended: {staged:?}");
     // No output was ever reported with two digests, and no release failed.
     for e in std::fs::read_dir(&dir).unwrap().flatten() {
         let text = std::fs::read_to_string(e.path()).unwrap_or_default();

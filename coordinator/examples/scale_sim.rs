@@ -15,10 +15,10 @@
 //! - GGUF conversion moves bytes only; quantization computes at the per-core rates `bench/quantize-vs-llama`
 //!   measured for `quantfarm quantize` on SmolLM2 (single thread), times the worker's cores; a verify task
 //!   recomputes its output and reads the stored copy;
-//! - an evaluation task (kld-base, kld) first fetches its whole model into scratch, as the worker does (`evaluate.rs`:
-//!   fetched per task, removed with it), unless `--model-cache` models a per-worker cache (what affinity would buy),
-//!   then decodes its chunk group at `--eval-tok-s` for the bf16 reference, proportionally faster for smaller
-//!   models (decode is memory-bound).
+//! - an evaluation task (kld-base, kld) first fetches its whole model into scratch, as the worker does
+//!   (`worker/src/fetch.rs`: fetched per task, removed with it), unless `--model-cache` models a per-worker cache
+//!   (what affinity would buy), then decodes its chunk group at `--eval-tok-s` for the bf16 reference,
+//!   proportionally faster for smaller models (decode is memory-bound).
 
 use std::collections::{BTreeMap, BinaryHeap, HashSet};
 use std::time::{Duration, Instant};

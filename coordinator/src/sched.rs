@@ -10,7 +10,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use prost::Message;
-use quantfarm_proto::{self as pb, task_result, FailureKind, ReleaseState};
+use quantfarm_proto::{self as pb, FailureKind, ReleaseState};
 use quantfarm_store::Location;
 
 use crate::graph::{self, Ctx, EvalInputs, TaskDef, TaskKey};
@@ -144,6 +144,18 @@ impl Release {
         }
     }
 
+    /// The outputs of the tasks that took more than one try: a writer of one of them may have been killed mid-write
+    /// (a lease that expires counts as a try, and the journal keeps the count across restarts). Swept, as of `now`,
+    /// before the report says the release's files are all there.
+    pub fn retried_outputs(&self, now: Instant) -> Vec<Sweep> {
+        self.tasks
+            .iter()
+            .filter(|t| t.attempts > 1)
+            .filter_map(|t| t.task.as_ref().and_then(graph::output_url))
+            .map(|url| Sweep { url: url.to_string(), died: now })
+            .collect()
+    }
+
     pub fn result(&self, key: &TaskKey) -> Option<&pb::TaskResult> {
         self.index.get(key).and_then(|&i| self.tasks[i].result.as_ref())
     }
@@ -246,6 +258,14 @@ pub struct Published {
     pub passed: bool,
 }
 
+/// Staging to sweep (`quantfarm_store::staging::sweep`): what a writer of output `url` whose lease died at `died`
+/// may have left.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sweep {
+    pub url: String,
+    pub died: Instant,
+}
+
 /// A report the coordinator must now produce (the release's report task became ready).
 #[derive(Debug, Clone)]
 pub struct ReportJob {
@@ -265,6 +285,8 @@ pub struct Sched {
     pub events: Vec<pb::ReleaseEvent>,
     /// Reports to produce.
     pub reports: Vec<ReportJob>,
+    /// Staging of dead writers to sweep.
+    pub sweeps: Vec<Sweep>,
     /// A task became ready since the server last looked (it wakes waiting leases).
     pub ready_changed: bool,
     /// The sha256 recorded for every output URL a task made (all releases, rebuilt from the journal on restart).
@@ -343,6 +365,7 @@ impl Sched {
             workers: HashMap::new(),
             events: Vec::new(),
             reports: Vec::new(),
+            sweeps: Vec::new(),
             ready_changed: false,
         };
         for (rel, tasks) in rows {
@@ -920,21 +943,6 @@ impl Sched {
         worker: String,
         duration_ms: u64,
     ) -> Result<(), SchedError> {
-        let plan = match &result.kind {
-            Some(task_result::Kind::Plan(p)) => Some(p.clone()),
-            _ => None,
-        };
-        let merge_plan = match &result.kind {
-            Some(task_result::Kind::MergePlan(p)) => Some(p.clone()),
-            _ => None,
-        };
-        // The same plan message counts the chunks of the evaluation text and of the imatrix's calibration text.
-        let is_imatrix_plan = self.releases[ri].tasks[ti].key == TaskKey::ImatrixPlan;
-        let (kld_plan, imatrix_plan) = match &result.kind {
-            Some(task_result::Kind::KldPlan(p)) if is_imatrix_plan => (None, Some(p.clone())),
-            Some(task_result::Kind::KldPlan(p)) => (Some(p.clone()), None),
-            _ => (None, None),
-        };
         if let Some(a) = result.artifact() {
             self.outputs.insert(a.url.clone(), a.sha256.clone());
         }
@@ -947,49 +955,24 @@ impl Sched {
             t.error = None;
         }
         self.journal_task(ri, ti)?;
-        if let Some(mp) = merge_plan {
-            if mp.files.is_empty() {
-                return self.fail_release(ri, "merge plan: the base has no safetensors files".into());
+        let growth = {
+            let rel = &self.releases[ri];
+            let results = |k: &TaskKey| rel.result(k);
+            let t = &rel.tasks[ti];
+            match &t.result {
+                Some(r) => graph::grows(&rel.ctx(&self.store), &t.key, r, &results),
+                None => Ok(graph::Growth::default()),
             }
-            let defs = graph::expand_merge(&self.releases[ri].ctx(&self.store), &mp);
-            self.add_tasks(ri, defs)?;
-        }
-        if let Some(plan) = plan {
-            let defs = {
-                let rel = &self.releases[ri];
-                let results = |k: &TaskKey| rel.result(k);
-                graph::expand(&rel.ctx(&self.store), &plan, &results)
-            };
-            if let Err(e) = check_plan(&plan) {
-                return self.fail_release(ri, format!("plan: {e}"));
+        };
+        match growth {
+            Err(e) => return self.fail_release(ri, e),
+            Ok(g) => {
+                self.add_tasks(ri, g.tasks)?;
+                // Before this task's dependents are released.
+                for (waiter, on) in g.waits {
+                    self.add_deps(ri, &waiter, &on)?;
+                }
             }
-            self.add_tasks(ri, defs)?;
-        }
-        if let Some(kp) = imatrix_plan {
-            if kp.n_chunks == 0 || kp.n_seq == 0 {
-                return self.fail_release(ri, "imatrix/plan: the calibration text has no whole chunk".into());
-            }
-            let (defs, parts) = {
-                let rel = &self.releases[ri];
-                let results = |k: &TaskKey| rel.result(k);
-                graph::expand_imatrix(&kp, &results)
-            };
-            self.add_tasks(ri, defs)?;
-            // Before the plan's dependents are released: the merge now waits for every part.
-            self.add_deps(ri, &TaskKey::ImatrixMerge, &parts)?;
-        }
-        if let Some(kp) = kld_plan {
-            if kp.n_chunks == 0 || kp.n_seq == 0 {
-                return self.fail_release(ri, "kld/plan: the evaluation text has no whole chunk".into());
-            }
-            let (defs, measured) = {
-                let rel = &self.releases[ri];
-                let results = |k: &TaskKey| rel.result(k);
-                graph::expand_kld(&rel.ctx(&self.store), &kp, &results)
-            };
-            self.add_tasks(ri, defs)?;
-            // Before the plan's dependents are released: the report now waits for every chunk's figures too.
-            self.add_deps(ri, &TaskKey::Report, &measured)?;
         }
         let dependents = self.releases[ri].tasks[ti].dependents.clone();
         for d in dependents {
@@ -1127,6 +1110,10 @@ impl Sched {
             .collect();
         for (ri, ti, worker) in expired {
             self.end_lease(ri, ti);
+            // Its worker may have been killed mid-write.
+            if let Some(url) = self.releases[ri].tasks[ti].task.as_ref().and_then(graph::output_url) {
+                self.sweeps.push(Sweep { url: url.to_string(), died: now });
+            }
             self.releases[ri].tasks[ti].failed_on.push(worker.clone());
             let msg = format!("lease expired: worker {worker} stopped heartbeating");
             self.fail_task(ri, ti, FailureKind::Transient, msg, now)?;
@@ -1161,24 +1148,4 @@ fn check_shape(t: &TaskRec, r: &pb::TaskResult) -> Result<(), String> {
         (Some(w), Some(g)) if w == g => Ok(()),
         _ => Err(format!("task {} got a result of the wrong kind ({got:?}, expected {want:?})", t.key)),
     }
-}
-
-fn check_plan(p: &pb::PlanResult) -> Result<(), String> {
-    if p.shards.is_empty() || p.tensors.is_empty() {
-        return Err("the source has no tensors".into());
-    }
-    let mut next = 0u32;
-    for s in &p.shards {
-        if s.start != next || s.end <= s.start || s.end as usize > p.tensors.len() {
-            return Err("the split ranges do not cover the tensors in order".into());
-        }
-        next = s.end;
-    }
-    if next as usize != p.tensors.len() {
-        return Err("the split ranges do not cover every tensor".into());
-    }
-    if p.shards.len() > 99_999 {
-        return Err("more than 99999 split files".into());
-    }
-    Ok(())
 }

@@ -102,6 +102,7 @@ impl Coordinator {
     fn after(&self, mut s: MutexGuard<'_, Sched>) {
         let events = std::mem::take(&mut s.events);
         let reports = std::mem::take(&mut s.reports);
+        let sweeps = std::mem::take(&mut s.sweeps);
         // Only news of ready work wakes the lease waiters (waking them on every change would have idle waiters
         // wake each other forever).
         let woke = std::mem::take(&mut s.ready_changed);
@@ -116,9 +117,17 @@ impl Coordinator {
             let me = self.clone();
             tokio::spawn(async move { me.make_report(job.release_id).await });
         }
+        if !sweeps.is_empty() {
+            tokio::spawn(sweep_all(sweeps));
+        }
     }
 
     async fn make_report(&self, release_id: String) {
+        // What killed writers staged goes before the report says the release's files are all there. (Every task of
+        // the release is done: no writer of its outputs is alive. A concurrent release making the same
+        // content-addressed output would see its upload aborted and its task retried.)
+        let retried = self.lock().release(&release_id).map(|r| r.retried_outputs(Instant::now())).unwrap_or_default();
+        sweep_all(retried).await;
         let built = {
             let s = self.lock();
             match s.release(&release_id) {
@@ -405,5 +414,26 @@ impl Releases for ReleasesSvc {
         let state = s.cancel(&req.into_inner().release_id).map_err(status)?;
         self.0.after(s);
         Ok(Response::new(pb::CancelResponse { state: state as i32 }))
+    }
+}
+
+/// Sweeps what the writers of dead leases staged (`quantfarm_store::staging`). A failure is logged, not fatal: the
+/// staging is garbage, not an output, and the next sweep of the same output tries again.
+async fn sweep_all(sweeps: Vec<crate::sched::Sweep>) {
+    for sw in sweeps {
+        // The lease's death on this machine's wall clock (file times and object stores keep wall-clock time).
+        let ago = Instant::now().saturating_duration_since(sw.died);
+        let before = std::time::SystemTime::now().checked_sub(ago).unwrap_or(std::time::UNIX_EPOCH);
+        let swept = match quantfarm_store::Location::parse(&sw.url) {
+            Ok(loc) => quantfarm_store::staging::sweep(&loc, before).await,
+            Err(e) => Err(e),
+        };
+        match swept {
+            Ok(s) if s.files + s.uploads > 0 => {
+                tracing::info!(output = %sw.url, files = s.files, uploads = s.uploads, "swept a dead writer's staging")
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(output = %sw.url, "sweeping a dead writer's staging: {e}"),
+        }
     }
 }

@@ -272,6 +272,30 @@ fn made(l: &pb::Lease, w: &str, sha256: &str) -> pb::CompleteRequest {
 }
 
 #[test]
+fn a_dead_lease_has_the_staging_of_its_output_swept_then_again_before_the_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut clock = Clock::new();
+    let mut s = open(dir.path(), &clock);
+    let w = worker(&mut s, &["plan", "gguf", "quantize", "verify"], &clock);
+    let (id, gguf) = gguf_release(&mut s, &w, &clock);
+    assert!(s.sweeps.is_empty());
+    // The worker is killed mid-write: its lease expires, and the output it was making is to be swept as of then.
+    clock.advance(cfg().lease.as_millis() as u64 + 1);
+    let died = clock.now();
+    s.expire(died).unwrap();
+    let sweeps = std::mem::take(&mut s.sweeps);
+    assert_eq!(sweeps.len(), 1, "{sweeps:?}");
+    assert_eq!((sweeps[0].url.as_str(), sweeps[0].died), (output(&gguf).as_str(), died));
+    // The task that took two tries is swept again before its release's report (the tries are journaled).
+    clock.advance(cfg().backoff.as_millis() as u64);
+    let again = lease(&mut s, &w, 1, &clock);
+    assert_eq!(again[0].task_id, "gguf/0");
+    let later = clock.now() + Duration::from_secs(1);
+    let retried = s.release(&id).unwrap().retried_outputs(later);
+    assert_eq!(retried.iter().map(|w| (w.url.clone(), w.died)).collect::<Vec<_>>(), vec![(output(&gguf), later)]);
+}
+
+#[test]
 fn a_corrupt_input_has_its_producer_make_it_again_then_its_reader_runs_again() {
     let dir = tempfile::tempdir().unwrap();
     let mut clock = Clock::new();

@@ -23,6 +23,12 @@ pub enum Error {
     #[error("{what}: {msg}")]
     Mismatch { what: String, msg: String },
 
+    /// An evaluation setting that cannot be used as given. Shown with the command line's spelling (`--ctx`); a
+    /// caller that takes its settings elsewhere (a release.yaml's `evaluation.ctx`) names them by
+    /// [`Setting::key`] instead.
+    #[error("{}: {msg}", setting.flag())]
+    Setting { setting: Setting, msg: String },
+
     #[error(transparent)]
     Stats(#[from] quantfarm_parity::StatsError),
 
@@ -43,7 +49,46 @@ pub enum Error {
     },
 }
 
+/// The settings of a KL-divergence or imatrix pass, as llama-perplexity and llama-imatrix take them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Setting {
+    /// The text's tokens per chunk (`-c`).
+    Ctx,
+    /// Tokens per decode (`-b`).
+    Batch,
+    /// How many chunks to evaluate (`--chunks`).
+    Chunks,
+    /// The text evaluated (`-f`).
+    Text,
+}
+
+impl Setting {
+    /// The command line's flag.
+    pub fn flag(self) -> &'static str {
+        match self {
+            Setting::Ctx => "--ctx",
+            Setting::Batch => "--batch",
+            Setting::Chunks => "--chunks",
+            Setting::Text => "--text",
+        }
+    }
+
+    /// The key in a settings section (`ctx` of release.yaml's `evaluation:` or `imatrix:`).
+    pub fn key(self) -> &'static str {
+        match self {
+            Setting::Ctx => "ctx",
+            Setting::Batch => "batch",
+            Setting::Chunks => "chunks",
+            Setting::Text => "text",
+        }
+    }
+}
+
 impl Error {
+    pub(crate) fn setting(setting: Setting, msg: impl Into<String>) -> Error {
+        Error::Setting { setting, msg: msg.into() }
+    }
+
     pub(crate) fn format(file: impl Into<String>, field: impl Into<String>, msg: impl Into<String>) -> Error {
         Error::Format { file: file.into(), field: field.into(), msg: msg.into() }
     }

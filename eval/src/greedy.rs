@@ -11,31 +11,6 @@ use crate::error::{Error, Result};
 use crate::runtime::{GreedyStep, Model, Token};
 use crate::template::{ChatTemplate, Message};
 
-/// The first index of the largest logit (ties go to the lowest id, as llama.cpp's greedy sampler).
-pub fn argmax(logits: &[f32]) -> Token {
-    let mut best = 0;
-    for (i, &l) in logits.iter().enumerate().skip(1) {
-        if l > logits[best] {
-            best = i;
-        }
-    }
-    best as Token
-}
-
-/// Top-1 minus top-2 logit: how decided a greedy choice was.
-pub fn top2_margin(logits: &[f32]) -> f32 {
-    let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
-    for &l in logits {
-        if l > a {
-            b = a;
-            a = l;
-        } else if l > b {
-            b = l;
-        }
-    }
-    a - b
-}
-
 /// One prompt: chat messages (rendered with the template) or a raw text (tokenized as is).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(untagged)]
@@ -213,16 +188,4 @@ pub fn run_prompts(
             Ok((tokens, steps))
         })
         .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn argmax_and_margin() {
-        assert_eq!(argmax(&[1.0, 3.0, 3.0, 2.0]), 1);
-        assert_eq!(top2_margin(&[1.0, 3.0, 2.5]), 0.5);
-        assert_eq!(top2_margin(&[3.0, 3.0]), 0.0);
-    }
 }

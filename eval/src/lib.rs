@@ -11,6 +11,7 @@ pub mod error;
 pub mod greedy;
 pub mod imatrix;
 pub mod kld;
+pub mod logits;
 pub mod prepare;
 pub mod probe;
 pub mod responders;
@@ -18,5 +19,5 @@ pub mod runtime;
 mod runtime_log;
 pub mod template;
 
-pub use error::{Error, Result};
+pub use error::{Error, Result, Setting};
 pub use runtime::{LoadOptions, Model, Session, Token};

@@ -36,7 +36,7 @@ impl Responder for Builtin<'_> {
         let temperature = probe.temperature;
         let steps = session.generate(&prompt, probe.max_tokens, &mut |logits| {
             if temperature <= 0.0 {
-                crate::greedy::argmax(logits)
+                crate::logits::argmax(logits)
             } else {
                 sample(logits, temperature, rng.next_f64())
             }
@@ -64,7 +64,7 @@ fn sample(logits: &[f32], temperature: f32, u: f64) -> Token {
             return i as Token;
         }
     }
-    crate::greedy::argmax(logits)
+    crate::logits::argmax(logits)
 }
 
 /// A small deterministic generator (SplitMix64): the same repeat samples the same tokens on every machine.

@@ -16,8 +16,7 @@ use llama_cpp_2::token::LlamaToken;
 
 use crate::error::{Error, Result};
 
-/// A token id, as llama.cpp numbers them.
-pub type Token = i32;
+pub use crate::logits::Token;
 
 /// llama.cpp's backend can be initialized once per process; every model shares it.
 fn backend() -> Result<&'static LlamaBackend> {
@@ -249,7 +248,7 @@ impl Session<'_> {
     /// Greedy (temperature 0) continuation of `prompt`: at each step the first arg-max token, until an
     /// end-of-generation token or `max_tokens`. Each step reports the chosen token and the top-2 logit margin.
     pub fn greedy(&mut self, prompt: &[Token], max_tokens: usize) -> Result<Vec<GreedyStep>> {
-        self.generate(prompt, max_tokens, &mut |logits| crate::greedy::argmax(logits))
+        self.generate(prompt, max_tokens, &mut |logits| crate::logits::argmax(logits))
     }
 
     /// Continuation of `prompt`, choosing each token with `pick` from the logits.
@@ -286,7 +285,7 @@ impl Session<'_> {
             }
             let logits = self.ctx.get_logits_ith(self.batch.n_tokens() - 1);
             let token = pick(logits);
-            steps.push(GreedyStep { token, margin: crate::greedy::top2_margin(logits) });
+            steps.push(GreedyStep { token, margin: crate::logits::top2_margin(logits) });
             if self.model.is_eog(token) || steps.len() >= max_tokens || pos + 1 >= limit {
                 return Ok(steps);
             }

@@ -3,8 +3,9 @@
 //! A [`Location`] names one file or object: a local path, `file://`, `s3://bucket/key`, or any `object_store`
 //! backend given in code. [`Blob`] reads ranges of one into caller-owned buffers (so memory follows the caller's
 //! budget, never the file's size); [`StagedSink`] writes an output to a staging place and makes it visible whole at
-//! commit, or not at all. [`io_counters`] count what went through both. Errors are by meaning ([`Error`]): a missing
-//! object is [`Error::NotFound`], which no retry can fix; a dropped connection is [`Error::Backend`], which one may.
+//! commit, or not at all, and [`staging`] sweeps what a killed writer staged. [`io_counters`] count what went
+//! through both. Errors are by meaning ([`Error`]): a missing object is [`Error::NotFound`], which no retry can
+//! fix; a dropped connection is [`Error::Backend`], which one may.
 //!
 //! This crate knows nothing of model formats: the coordinator uses it without linking any tensor code.
 
@@ -16,6 +17,7 @@ pub mod io_counters;
 pub mod location;
 pub mod s3;
 pub mod sink;
+pub mod staging;
 
 pub use blob::Blob;
 pub use error::{Error, Result};

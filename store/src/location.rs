@@ -7,6 +7,7 @@
 use std::path::{Path as FsPath, PathBuf};
 use std::sync::Arc;
 
+use object_store::multipart::MultipartStore;
 use object_store::path::Path as ObjPath;
 use object_store::ObjectStore;
 
@@ -23,8 +24,16 @@ pub struct Location {
 enum Backend {
     /// A file on this machine: read with positional reads, written through a staged temp file.
     Local(PathBuf),
-    /// An object in an object store (S3, memory, …).
-    Object { store: Arc<dyn ObjectStore>, key: ObjPath, scheme: String },
+    /// An object in an object store (S3, memory, …), which outputs are staged into as multipart uploads.
+    Object { store: Stores, key: ObjPath, scheme: String },
+}
+
+/// One object store seen through the two interfaces quantfarm uses: objects, and multipart uploads by id (so that a
+/// dead writer's upload can be aborted by someone else).
+#[derive(Clone)]
+pub(crate) struct Stores {
+    pub(crate) objects: Arc<dyn ObjectStore>,
+    pub(crate) multipart: Arc<dyn MultipartStore>,
 }
 
 impl std::fmt::Debug for Location {
@@ -95,7 +104,13 @@ impl Location {
     }
 
     /// An object `key` in `store`; `scheme` and `bucket` only shape how it is displayed (`s3://bucket/key`).
-    pub fn in_store(store: Arc<dyn ObjectStore>, key: ObjPath, scheme: &str, bucket: &str) -> Location {
+    pub fn in_store<S: ObjectStore + MultipartStore>(
+        store: Arc<S>,
+        key: ObjPath,
+        scheme: &str,
+        bucket: &str,
+    ) -> Location {
+        let store = Stores { objects: store.clone(), multipart: store };
         Location {
             display: format!("{scheme}://{bucket}/{key}"),
             backend: Backend::Object { store, key, scheme: format!("{scheme}://{bucket}") },
@@ -110,6 +125,10 @@ impl Location {
     }
 
     pub fn object(&self) -> Option<(&Arc<dyn ObjectStore>, &ObjPath)> {
+        self.stores().map(|(s, key)| (&s.objects, key))
+    }
+
+    pub(crate) fn stores(&self) -> Option<(&Stores, &ObjPath)> {
         match &self.backend {
             Backend::Local(_) => None,
             Backend::Object { store, key, .. } => Some((store, key)),
@@ -149,7 +168,7 @@ impl Location {
         }
     }
 
-    fn with_key(&self, store: &Arc<dyn ObjectStore>, key: ObjPath, scheme: &str) -> Location {
+    fn with_key(&self, store: &Stores, key: ObjPath, scheme: &str) -> Location {
         Location {
             display: format!("{scheme}/{key}"),
             backend: Backend::Object { store: store.clone(), key, scheme: scheme.to_string() },
@@ -163,7 +182,8 @@ impl Location {
             Backend::Local(p) => Ok(p.is_dir()),
             Backend::Object { store, key, .. } => {
                 let prefix = if key.as_ref().is_empty() { None } else { Some(key) };
-                let res = store.list_with_delimiter(prefix).await.map_err(|e| Error::from_store(&self.display, e))?;
+                let res =
+                    store.objects.list_with_delimiter(prefix).await.map_err(|e| Error::from_store(&self.display, e))?;
                 Ok(!res.objects.is_empty() || !res.common_prefixes.is_empty())
             }
         }
@@ -177,17 +197,19 @@ impl Location {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(Error::from_io(&self.display, e)),
                 _ => Ok(()),
             },
-            Backend::Object { store, key, .. } => match object_store::ObjectStoreExt::delete(store.as_ref(), key).await
-            {
-                Err(e) if !matches!(e, object_store::Error::NotFound { .. }) => {
-                    Err(Error::from_store(&self.display, e))
+            Backend::Object { store, key, .. } => {
+                match object_store::ObjectStoreExt::delete(store.objects.as_ref(), key).await {
+                    Err(e) if !matches!(e, object_store::Error::NotFound { .. }) => {
+                        Err(Error::from_store(&self.display, e))
+                    }
+                    _ => Ok(()),
                 }
-                _ => Ok(()),
-            },
+            }
         }
     }
 
-    /// The names of the files directly inside this folder, sorted.
+    /// The names of the files directly inside this folder, sorted; staging files of outputs being written (or left
+    /// by a writer that died, see [`crate::staging`]) are not among them.
     pub async fn list(&self) -> Result<Vec<String>> {
         let mut names = match &self.backend {
             Backend::Local(p) => {
@@ -203,10 +225,12 @@ impl Location {
             }
             Backend::Object { store, key, .. } => {
                 let prefix = if key.as_ref().is_empty() { None } else { Some(key) };
-                let res = store.list_with_delimiter(prefix).await.map_err(|e| Error::from_store(&self.display, e))?;
+                let res =
+                    store.objects.list_with_delimiter(prefix).await.map_err(|e| Error::from_store(&self.display, e))?;
                 res.objects.iter().filter_map(|m| m.location.filename().map(str::to_string)).collect()
             }
         };
+        names.retain(|n| !crate::staging::is_staging(n));
         names.sort();
         Ok(names)
     }

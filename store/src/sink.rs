@@ -1,11 +1,17 @@
 //! The staged sink: every output is written to a staging place and made visible at its final name only by
 //! [`StagedSink::commit`]. Locally that is a temp file in the destination's folder, fsynced and renamed; in an
-//! object store a multipart upload, completed on commit and aborted otherwise. A failed or dropped write therefore
-//! never leaves a partial artifact, nor replaces an existing one.
+//! object store a multipart upload (with a marker object naming it, see [`crate::staging`]), completed on commit
+//! and aborted otherwise. A failed or dropped write therefore never leaves a partial artifact, nor replaces an
+//! existing one; a killed writer's staging is swept by [`crate::staging::sweep`].
 
 mod write_behind;
 
+use object_store::multipart::{MultipartStore, PartId};
+use object_store::path::Path as ObjPath;
+use object_store::{MultipartId, ObjectStore, ObjectStoreExt, PutPayload};
 use sha2::{Digest, Sha256};
+use std::sync::Arc;
+use tokio::task::JoinSet;
 use write_behind::WriteBehind;
 
 use crate::error::{Error, Result};
@@ -44,9 +50,118 @@ enum Stage {
         overwrite: bool,
     },
     Object {
-        upload: Option<object_store::WriteMultipart>,
+        upload: Option<Upload>,
         hasher: Sha256,
     },
+}
+
+/// A multipart upload in flight: parts of [`PART_SIZE`] bytes, at most [`PARTS_IN_FLIGHT`] of them sent at once.
+struct Upload {
+    multipart: Arc<dyn MultipartStore>,
+    objects: Arc<dyn ObjectStore>,
+    key: ObjPath,
+    id: MultipartId,
+    /// The marker object naming the upload, removed when it is completed or aborted.
+    marker: ObjPath,
+    buf: Vec<u8>,
+    /// Each part's id once sent, by index.
+    parts: Vec<Option<PartId>>,
+    sending: JoinSet<(usize, object_store::Result<PartId>)>,
+}
+
+impl Upload {
+    async fn start(
+        multipart: Arc<dyn MultipartStore>,
+        objects: Arc<dyn ObjectStore>,
+        key: &ObjPath,
+    ) -> object_store::Result<Upload> {
+        let id = multipart.create_multipart(key).await?;
+        let tag = crate::hex(&Sha256::digest(id.as_bytes())[..8]);
+        let name = format!("{}{tag}", crate::staging::prefix(key.filename().unwrap_or("")));
+        let marker = match key.as_ref().rsplit_once('/') {
+            Some((dir, _)) => ObjPath::from(dir).join(name.as_str()),
+            None => ObjPath::from(name.as_str()),
+        };
+        if let Err(e) = objects.put(&marker, PutPayload::from(id.clone().into_bytes())).await {
+            let _ = multipart.abort_multipart(key, &id).await;
+            return Err(e);
+        }
+        Ok(Upload {
+            multipart,
+            objects,
+            key: key.clone(),
+            id,
+            marker,
+            buf: Vec::new(),
+            parts: Vec::new(),
+            sending: JoinSet::new(),
+        })
+    }
+
+    async fn write(&mut self, mut data: &[u8]) -> object_store::Result<()> {
+        while !data.is_empty() {
+            let n = (PART_SIZE - self.buf.len()).min(data.len());
+            self.buf.extend_from_slice(&data[..n]);
+            data = &data[n..];
+            if self.buf.len() == PART_SIZE {
+                self.send_part().await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends what the buffer holds as the next part, after waiting for room.
+    async fn send_part(&mut self) -> object_store::Result<()> {
+        while self.sending.len() >= PARTS_IN_FLIGHT {
+            self.receive_one().await?;
+        }
+        let idx = self.parts.len();
+        self.parts.push(None);
+        let data = PutPayload::from(std::mem::take(&mut self.buf));
+        let (multipart, key, id) = (self.multipart.clone(), self.key.clone(), self.id.clone());
+        self.sending.spawn(async move { (idx, multipart.put_part(&key, &id, idx, data).await) });
+        Ok(())
+    }
+
+    async fn receive_one(&mut self) -> object_store::Result<()> {
+        match self.sending.join_next().await {
+            Some(Ok((idx, part))) => {
+                self.parts[idx] = Some(part?);
+                Ok(())
+            }
+            Some(Err(e)) => Err(object_store::Error::Generic { store: "multipart", source: Box::new(e) }),
+            None => Ok(()),
+        }
+    }
+
+    async fn complete(mut self) -> object_store::Result<()> {
+        // The last part may be short; an empty output is one empty part.
+        if !self.buf.is_empty() || self.parts.is_empty() {
+            self.send_part().await?;
+        }
+        while !self.sending.is_empty() {
+            self.receive_one().await?;
+        }
+        let parts = std::mem::take(&mut self.parts).into_iter().flatten().collect();
+        self.multipart.complete_multipart(&self.key, &self.id, parts).await?;
+        self.remove_marker().await;
+        Ok(())
+    }
+
+    async fn abort(mut self) -> object_store::Result<()> {
+        self.sending.abort_all();
+        let aborted = self.multipart.abort_multipart(&self.key, &self.id).await;
+        self.remove_marker().await;
+        aborted
+    }
+
+    /// The marker goes once the upload is completed or aborted; one left behind (a failed delete) names an upload
+    /// that no longer exists, which [`crate::staging::sweep`] removes.
+    async fn remove_marker(&mut self) {
+        if let Err(e) = self.objects.delete(&self.marker).await {
+            tracing::debug!(marker = %self.marker, "could not remove the staging marker: {e}");
+        }
+    }
 }
 
 impl StagedSink {
@@ -83,9 +198,11 @@ impl StagedSink {
                     Err(e) => return Err(Error::from_store(&name, e)),
                 }
             }
-            let upload = store.put_multipart(key).await.map_err(|e| Error::from_store(&name, e))?;
-            let upload = Some(object_store::WriteMultipart::new_with_chunk_size(upload, PART_SIZE));
-            Stage::Object { upload, hasher: Sha256::new() }
+            let (stores, _) = target.stores().expect("an object location has its stores");
+            let upload = Upload::start(stores.multipart.clone(), stores.objects.clone(), key)
+                .await
+                .map_err(|e| Error::from_store(&name, e))?;
+            Stage::Object { upload: Some(upload), hasher: Sha256::new() }
         };
         Ok(StagedSink { target: target.clone(), stage, bytes: 0 })
     }
@@ -102,11 +219,7 @@ impl StagedSink {
             Stage::Object { upload, hasher } => {
                 hasher.update(data);
                 let up = upload.as_mut().expect("upload present until commit");
-                up.wait_for_capacity(PARTS_IN_FLIGHT)
-                    .await
-                    .map_err(|e| Error::from_store(self.target.to_string(), e))?;
-                up.write(data);
-                Ok(())
+                up.write(data).await.map_err(|e| Error::from_store(self.target.to_string(), e))
             }
         }
     }
@@ -149,7 +262,7 @@ impl StagedSink {
             }
             Stage::Object { upload, hasher } => {
                 let up = upload.expect("upload present until commit");
-                up.finish().await.map_err(|e| Error::from_store(&name, e))?;
+                up.complete().await.map_err(|e| Error::from_store(&name, e))?;
                 hasher
             }
         };

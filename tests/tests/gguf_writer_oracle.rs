@@ -42,7 +42,7 @@ fn every_value_type_reads_like_gguf_py_and_round_trips() {
         copy_gguf(&src, &Location::local(&out), 40, false).await.unwrap();
         assert_eq!(std::fs::read(&out).unwrap(), original);
 
-        let mem: Arc<dyn object_store::ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        let mem = Arc::new(object_store::memory::InMemory::new());
         let key = quantfarm_store::location::checked_key("m/all.gguf", "test").unwrap();
         let mem_loc = Location::in_store(mem.clone(), key.clone(), "memory", "test");
         let written = copy_gguf(&src, &mem_loc, 1 << 10, false).await.unwrap();

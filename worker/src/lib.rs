@@ -2,14 +2,23 @@
 //! of its kind within its share of the memory budget, heartbeats the leases it holds, and reports typed results
 //! or failures. On shutdown it stops leasing and finishes (or, when told to stop now, hands back) what it holds.
 //! A coordinator that restarts is waited for: results are re-sent until it takes them.
+//!
+//! Modules by role, each importing only those listed after it: the lease loop (this file) → [`exec`] (one
+//! executor per task kind, and the table that maps kinds to them) → `writers` (how each deterministic output is
+//! made) → `outputs` (content-addressed outputs: cache hits, staging, digests) → `fetch` (inputs) and `llama`
+//! (the evaluation runtime) → `failure` and `env`. `runtimes` finds the peer tools a worker advertises.
 
-pub mod evaluate;
+mod env;
 pub mod exec;
-mod merge_check;
-pub mod peer;
+mod failure;
+mod fetch;
+mod llama;
+mod outputs;
+mod runtimes;
+mod scratch;
+mod writers;
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -20,7 +29,9 @@ use tonic::codegen::InterceptedService;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::{Code, Request, Status};
 
-pub use exec::Env;
+pub use env::Env;
+pub use failure::Failure;
+pub use runtimes::{find_tool, runtimes, runtimes_in};
 
 /// The machine's cores, the default share of a worker.
 pub fn available_cores() -> u32 {
@@ -41,6 +52,8 @@ pub struct WorkerConfig {
     pub memory_budget: u64,
     /// PEM CA certificate that signed the coordinator's certificate (for https).
     pub ca_cert: Option<Vec<u8>>,
+    /// The folder this machine's workers share for scratch; each works in a folder of its own inside it, and
+    /// removes those of workers that died.
     pub scratch: std::path::PathBuf,
     /// How long to keep trying to reach a coordinator that is down before giving up.
     pub patience: Duration,
@@ -52,6 +65,8 @@ pub enum WorkerError {
     Connect { url: String, msg: String },
     #[error("coordinator refused the worker: {0}")]
     Refused(String),
+    #[error("scratch folder {path}: {msg}")]
+    Scratch { path: String, msg: String },
 }
 
 #[derive(Clone)]
@@ -105,52 +120,6 @@ fn is_down(s: &Status) -> bool {
     matches!(s.code(), Code::Unavailable | Code::Unknown | Code::Cancelled | Code::DeadlineExceeded)
 }
 
-/// Kinds this build has executors for.
-/// Peer-tool tasks ("peer") run only on workers that also advertise the tool as a runtime.
-pub const TASK_KINDS: [pb::WorkerKind; 12] = pb::WorkerKind::ALL;
-
-/// Where llama.cpp's tools are looked for: `$QUANTFARM_LLAMA_BIN`, then PATH.
-fn tool_dirs() -> Vec<PathBuf> {
-    let mut dirs: Vec<PathBuf> = std::env::var_os("QUANTFARM_LLAMA_BIN").map(PathBuf::from).into_iter().collect();
-    if let Some(p) = std::env::var_os("PATH") {
-        dirs.extend(std::env::split_paths(&p));
-    }
-    dirs
-}
-
-/// The path of a llama.cpp tool (`llama-perplexity`, …) on this machine.
-pub fn find_tool(name: &str) -> Option<PathBuf> {
-    tool_dirs().into_iter().map(|d| d.join(name)).find(|p| p.is_file())
-}
-
-/// The external runtimes this machine has, so a release can ask for a peer tool's own figures beside quantfarm's
-/// (link 2 across real runtimes): llama.cpp's tools on PATH or in `$QUANTFARM_LLAMA_BIN`, and mlx-lm importable by
-/// `python3` (or `$QUANTFARM_PYTHON`).
-pub fn runtimes() -> Vec<String> {
-    let python = std::env::var_os("QUANTFARM_PYTHON").map_or_else(|| PathBuf::from("python3"), PathBuf::from);
-    runtimes_in(&tool_dirs(), &python)
-}
-
-/// Names a worker advertises: `llama-perplexity`, `llama-server`, `llama-completion` (each when found in `dirs`),
-/// `mlx_lm` (when `python -m mlx_lm` would run).
-pub fn runtimes_in(dirs: &[PathBuf], python: &Path) -> Vec<String> {
-    let mut out = Vec::new();
-    for tool in ["llama-perplexity", "llama-server", "llama-completion"] {
-        if dirs.iter().any(|d| d.join(tool).is_file()) {
-            out.push(tool.to_string());
-        }
-    }
-    let mlx = std::process::Command::new(python)
-        .args(["-c", "import mlx_lm"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status();
-    if mlx.is_ok_and(|s| s.success()) {
-        out.push("mlx_lm".to_string());
-    }
-    out
-}
-
 struct Running {
     task_id: String,
     abort: tokio::task::AbortHandle,
@@ -181,7 +150,7 @@ impl Session {
             slots: self.cfg.slots,
             cores: self.cfg.cores,
             memory_budget: self.cfg.memory_budget,
-            task_kinds: TASK_KINDS.iter().map(|k| k.name().to_string()).collect(),
+            task_kinds: exec::kinds().iter().map(|k| k.name().to_string()).collect(),
             runtimes: runtimes(),
             version: env!("CARGO_PKG_VERSION").into(),
         }
@@ -246,9 +215,11 @@ pub async fn run(
     let mut s =
         Session { client, cfg, worker_id: Arc::new(Mutex::new(String::new())), heartbeat: Duration::from_secs(5) };
     s.register().await?;
+    let scratch = scratch::Scratch::claim(&s.cfg.scratch, &s.cfg.name)
+        .map_err(|e| WorkerError::Scratch { path: s.cfg.scratch.display().to_string(), msg: e.to_string() })?;
     let env = Env {
         budget: (s.cfg.memory_budget / s.cfg.slots.max(1) as u64).max(1 << 20),
-        scratch: s.cfg.scratch.clone(),
+        scratch: scratch.path().to_path_buf(),
         threads: (s.cfg.cores / s.cfg.slots.max(1)).max(1) as usize,
         known_output: None,
     };
@@ -371,6 +342,7 @@ pub async fn run(
         }
     }
     hb.abort();
+    drop(scratch);
     result
 }
 
@@ -401,7 +373,7 @@ fn start_task(
         let start = Instant::now();
         let outcome = match &lease.task {
             Some(t) => exec::run(t, &env).await,
-            None => Err(exec::Failure::input("the lease carries no task")),
+            None => Err(Failure::input("the lease carries no task")),
         };
         let duration_ms = start.elapsed().as_millis() as u64;
         let outcome = match outcome {

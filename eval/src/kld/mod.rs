@@ -14,7 +14,7 @@ use rayon::prelude::*;
 
 use std::io::Write;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Setting};
 use crate::runtime::{Model, Session, Token};
 use base_file::{encode_record, BaseFile, BaseHeader, ChunkRecords};
 use stats::{score_position, ChunkStats, PositionScore};
@@ -27,7 +27,7 @@ pub const DEFAULT_BATCH: u32 = 2048;
 /// parse_special=false)`) and keeps the whole chunks: all of them, or the first `max_chunks`.
 pub fn tokenize_text(model: &Model, text: &str, n_ctx: u32, max_chunks: Option<usize>) -> Result<BaseHeader> {
     if n_ctx < 8 {
-        return Err(Error::mismatch("--ctx", format!("{n_ctx}: expected at least 8 tokens")));
+        return Err(Error::setting(Setting::Ctx, format!("{n_ctx}: expected at least 8 tokens")));
     }
     if model.add_eos() {
         return Err(Error::mismatch(
@@ -38,9 +38,9 @@ pub fn tokenize_text(model: &Model, text: &str, n_ctx: u32, max_chunks: Option<u
     let tokens = model.tokenize(text, true, false);
     let n = n_ctx as usize;
     if tokens.len() < 2 * n {
-        return Err(Error::mismatch(
-            "evaluation text",
-            format!("tokenizes to {} tokens; a context of {n_ctx} needs at least {}", tokens.len(), 2 * n),
+        return Err(Error::setting(
+            Setting::Text,
+            format!("the text tokenizes to {} tokens; a context of {n_ctx} needs at least {}", tokens.len(), 2 * n),
         ));
     }
     let n_chunk = match max_chunks {
@@ -48,7 +48,7 @@ pub fn tokenize_text(model: &Model, text: &str, n_ctx: u32, max_chunks: Option<u
         None => tokens.len() / n,
     };
     if n_chunk == 0 {
-        return Err(Error::mismatch("--chunks", "0: nothing to evaluate"));
+        return Err(Error::setting(Setting::Chunks, "0: nothing to evaluate"));
     }
     Ok(BaseHeader { n_ctx, n_vocab: model.n_vocab(), tokens: tokens[..n_chunk * n].to_vec() })
 }
@@ -64,9 +64,9 @@ pub fn check_compatible(header: &BaseHeader, base_name: &str, model: &Model, n_c
     }
     if let Some(c) = n_ctx {
         if c != header.n_ctx {
-            return Err(Error::mismatch(
-                base_name,
-                format!("computed with a context of {} tokens, but --ctx is {c}", header.n_ctx),
+            return Err(Error::setting(
+                Setting::Ctx,
+                format!("{c}, but {base_name} was computed with a context of {} tokens", header.n_ctx),
             ));
         }
     }
@@ -81,8 +81,8 @@ pub fn chunks_per_decode(n_ctx: u32, n_batch: u32) -> u32 {
 /// Refuses a batch that is neither below nor a multiple of the context, as llama-perplexity and llama-imatrix do.
 pub fn check_batch(n_ctx: u32, n_batch: u32) -> Result<()> {
     if n_batch >= n_ctx && !n_batch.is_multiple_of(n_ctx) {
-        return Err(Error::mismatch(
-            "--batch",
+        return Err(Error::setting(
+            Setting::Batch,
             format!("{n_batch} must be below or a multiple of the context {n_ctx}"),
         ));
     }

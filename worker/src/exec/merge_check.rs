@@ -1,5 +1,5 @@
-//! The merge check's inputs (link 1), each a GGUF file: the adapter as a GGUF LoRA, the base widened to F32, and the
-//! merge rounded to f32. The greedy tasks then run the base with the LoRA applied at run time (llama.cpp's
+//! The merge check's inputs (link 1), each a GGUF file: the adapter as a GGUF LoRA, the base widened to F32, and
+//! the merge rounded to f32. The greedy tasks then run the base with the LoRA applied at run time (llama.cpp's
 //! unmerged adapter path) against the merge.
 //!
 //! Both sides are F32 so that what differs is the merge's arithmetic alone: the published merge is rounded to the
@@ -8,18 +8,30 @@
 //! is made by the same merge plan as the published checkpoint (`MergeOptions::widen`), whose bytes verify tasks
 //! already check.
 
-use quantfarm_proto::{self as pb, MergeCheckPart};
+use quantfarm_proto::{self as pb, task_result, MergeCheckPart, WorkerKind};
 use quantfarm_store::{Committed, Location};
 use quantfarm_tensors::convert::{plan_hf_to_gguf, write_gguf_shard, OutType};
 use quantfarm_tensors::merge::{adapter_to_gguf, merge_adapter};
 use quantfarm_tensors::TensorSource;
 
-use crate::evaluate::task_dir;
-use crate::exec::{location, merge_options, produce, Env, Failure};
+use super::Executor;
+use crate::env::Env;
+use crate::failure::Failure;
+use crate::fetch::{location, task_dir};
+use crate::outputs::produce;
+use crate::writers::merge_options;
 
-pub async fn merge_check(m: &pb::MergeCheckTask, env: &Env) -> Result<pb::ArtifactResult, Failure> {
-    let part = MergeCheckPart::try_from(m.part).unwrap_or(MergeCheckPart::Unspecified);
-    produce(&m.output, env, |out| async move { write_part(m, part, &out, env).await }).await
+pub struct MergeCheck;
+
+impl Executor for MergeCheck {
+    type Task = pb::MergeCheckTask;
+    const KIND: WorkerKind = WorkerKind::Merge;
+
+    async fn run(m: &pb::MergeCheckTask, env: &Env) -> Result<task_result::Kind, Failure> {
+        let part = MergeCheckPart::try_from(m.part).unwrap_or(MergeCheckPart::Unspecified);
+        let made = produce(&m.output, env, |out| async move { write_part(m, part, &out, env).await }).await?;
+        Ok(task_result::Kind::Artifact(made))
+    }
 }
 
 async fn write_part(

@@ -1,4 +1,4 @@
-//! Peer runtimes as tasks: llama.cpp's own `llama-perplexity` run on the release's files, so the figures it prints
+//! `peer-kld/…`: peer runtimes as tasks: llama.cpp's own `llama-perplexity` run on the release's files, so the figures it prints
 //! stand beside quantfarm's in the report (link 2 of the parity method across real runtimes). The base run writes
 //! its base-logits file into the store; each KLD run reads it and its printed final statistics are parsed back.
 
@@ -6,19 +6,30 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::process::Command;
 
-use quantfarm_proto::{self as pb, FailureKind};
+use quantfarm_proto::{self as pb, task_result, FailureKind, WorkerKind};
 use quantfarm_store::Blob;
 use quantfarm_store::Location;
 
-use crate::evaluate::{local_file, local_model, task_dir, upload};
-use crate::exec::{hash_object, Env, Failure};
+use super::Executor;
+use crate::env::Env;
+use crate::failure::Failure;
+use crate::fetch::{hash_object, local_file, local_model, task_dir};
+use crate::outputs::upload;
+use crate::runtimes::find_tool;
+
+pub struct PeerKld;
+
+impl Executor for PeerKld {
+    type Task = pb::PeerKldTask;
+    const KIND: WorkerKind = WorkerKind::Peer;
+
+    async fn run(t: &pb::PeerKldTask, env: &Env) -> Result<task_result::Kind, Failure> {
+        Ok(task_result::Kind::PeerKld(peer_kld(t, env).await?))
+    }
+}
 
 /// Tools a `PeerKldTask` may name.
 pub const TOOLS: [&str; 1] = ["llama-perplexity"];
-
-fn internal(message: String) -> Failure {
-    Failure::new(FailureKind::Internal, message)
-}
 
 /// Runs the tool, returning everything it printed; a failure carries the end of its output.
 async fn run_tool(tool: &Path, args: Vec<std::ffi::OsString>) -> Result<String, Failure> {
@@ -26,8 +37,8 @@ async fn run_tool(tool: &Path, args: Vec<std::ffi::OsString>) -> Result<String, 
     cmd.args(&args);
     let out = tokio::task::spawn_blocking(move || cmd.output())
         .await
-        .map_err(|e| internal(format!("{}: {e}", tool.display())))?
-        .map_err(|e| internal(format!("cannot run {}: {e}", tool.display())))?;
+        .map_err(|e| Failure::internal(format!("{}: {e}", tool.display())))?
+        .map_err(|e| Failure::internal(format!("cannot run {}: {e}", tool.display())))?;
     let all = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     if !out.status.success() {
         let tail: String =
@@ -59,11 +70,11 @@ fn name_of(p: &Path) -> String {
     p.file_name().map_or_else(|| p.display().to_string(), |n| n.to_string_lossy().into_owned())
 }
 
-pub async fn peer_kld(t: &pb::PeerKldTask, env: &Env) -> Result<pb::PeerKldResult, Failure> {
+async fn peer_kld(t: &pb::PeerKldTask, env: &Env) -> Result<pb::PeerKldResult, Failure> {
     if !TOOLS.contains(&t.tool.as_str()) {
         return Err(Failure::input(format!("peer tool {:?}: expected one of {}", t.tool, TOOLS.join(", "))));
     }
-    let tool = crate::find_tool(&t.tool).ok_or_else(|| {
+    let tool = find_tool(&t.tool).ok_or_else(|| {
         Failure::new(
             FailureKind::Transient,
             format!("{} is not on PATH or in $QUANTFARM_LLAMA_BIN on this worker", t.tool),
@@ -124,7 +135,7 @@ pub async fn peer_kld(t: &pb::PeerKldTask, env: &Env) -> Result<pb::PeerKldResul
     } else {
         result.figures = parse_final_figures(&output);
         if !result.figures.contains_key("Mean KLD") {
-            return Err(internal(format!("{}: printed no final KL-divergence statistics", t.tool)));
+            return Err(Failure::internal(format!("{}: printed no final KL-divergence statistics", t.tool)));
         }
     }
     drop(dir);

@@ -1,0 +1,393 @@
+//! Which tasks a release starts with, and what each finished plan adds (the conversions and quantizations after
+//! the source's plan, the merge after the merge plan, the chunk tasks after an evaluation text's plan), with the
+//! critical-path priorities the scheduler orders ready tasks by.
+
+use std::collections::HashMap;
+
+use quantfarm_proto::{self as pb, task_result};
+
+use super::keys::{CheckPart, EvalTarget, Subject, TaskKey};
+use super::messages::{merge_plan_of, plan_of};
+use super::{Ctx, Results, TaskDef};
+use crate::spec::ImatrixSource;
+
+/// The tasks a release starts with: the merge plan when there is an adapter, else planning (and the scheduler's
+/// benchmark no-ops).
+pub fn initial(ctx: &Ctx) -> Vec<TaskDef> {
+    let mut out = Vec::new();
+    if !ctx.adapter.is_empty() {
+        out.push(TaskDef { key: TaskKey::MergePlan, deps: vec![], cost: 1 });
+    } else if ctx.spec.converts() {
+        out.push(TaskDef { key: TaskKey::Plan, deps: vec![], cost: 1 });
+    }
+    if let Some(noop) = &ctx.spec.outputs.noop {
+        for n in 0..noop.tasks {
+            out.push(TaskDef { key: TaskKey::Noop { n }, deps: vec![], cost: noop.sleep_ms as u64 + 1 });
+        }
+    }
+    if !ctx.spec.converts() {
+        let deps = out.iter().map(|t| t.key.clone()).collect();
+        out.push(TaskDef { key: TaskKey::Report, deps, cost: 1 });
+    }
+    out
+}
+
+/// After the merge plan: one merge task per safetensors file and one for the side files, each with its
+/// verification, then planning the conversions from the merged checkpoint; and, with prompts to check it on, the
+/// merge check (link 1): its three GGUF inputs, then per prompt share the base with the adapter at run time and the
+/// merge compared with it.
+fn expand_merge(ctx: &Ctx, mp: &pb::MergePlanResult) -> Vec<TaskDef> {
+    let mut out = Vec::new();
+    let mut merges = Vec::new();
+    for (file, bytes) in (0..mp.files.len() as u32).zip(mp.file_bytes.iter().copied().chain(std::iter::repeat(1))) {
+        let m = TaskKey::Merge { file };
+        out.push(TaskDef { key: m.clone(), deps: vec![TaskKey::MergePlan], cost: bytes });
+        out.push(TaskDef { key: TaskKey::VerifyMerge { file }, deps: vec![m.clone()], cost: bytes });
+        merges.push(m);
+    }
+    out.push(TaskDef { key: TaskKey::MergeSide, deps: vec![TaskKey::MergePlan], cost: 1 });
+    out.push(TaskDef { key: TaskKey::VerifyMergeSide, deps: vec![TaskKey::MergeSide], cost: 1 });
+    merges.push(TaskKey::MergeSide);
+    out.push(TaskDef { key: TaskKey::Plan, deps: merges, cost: 1 });
+    if let Some(e) = merge_checked(ctx, mp) {
+        // F32 is twice the bytes of a bf16 base.
+        let cost = 2 * mp.file_bytes.iter().sum::<u64>().max(1);
+        for part in CheckPart::ALL {
+            out.push(TaskDef { key: TaskKey::MergeCheck { part }, deps: vec![TaskKey::MergePlan], cost });
+        }
+        let part = |part| TaskKey::MergeCheck { part };
+        for share in 0..e.prompt_shares {
+            let reference = TaskKey::Greedy { subject: Subject::Adapter, share };
+            out.push(TaskDef {
+                key: reference.clone(),
+                deps: vec![part(CheckPart::Lora), part(CheckPart::Base)],
+                cost,
+            });
+            let key = TaskKey::Greedy { subject: Subject::MergedF32, share };
+            out.push(TaskDef { key, deps: vec![reference, part(CheckPart::Merged)], cost });
+        }
+    }
+    out
+}
+
+/// The evaluation settings when the release checks its merge: it has an adapter, prompts to check it on, and the
+/// adapter is one llama.cpp can apply at run time — not an embedding LoRA on a base with tied embeddings (llama.cpp
+/// would apply it to the output layer too; the merge unties them, `mp.untied`): then the report says why the check
+/// was not made and the `merge` gate fails with that reason.
+fn merge_checked<'a>(ctx: &Ctx<'a>, mp: &pb::MergePlanResult) -> Option<&'a crate::spec::Evaluation> {
+    let e = ctx.spec.evaluation.as_ref()?;
+    (!ctx.adapter.is_empty() && e.prompts.is_some() && !mp.untied).then_some(e)
+}
+
+/// The merge check's measurements, which the report waits for.
+fn merge_check_measured(ctx: &Ctx, mp: &pb::MergePlanResult) -> Vec<TaskKey> {
+    let shares = merge_checked(ctx, mp).map_or(0, |e| e.prompt_shares);
+    (0..shares).map(|share| TaskKey::Greedy { subject: Subject::MergedF32, share }).collect()
+}
+
+/// Everything after planning, from the plan's inventory: per split file a conversion and its verification, per
+/// (level, split file) a quantization and its verification, per MLX bit width a checkpoint and its verification,
+/// then the report over all of them (and over the merge's verifications, when there was one).
+fn expand(ctx: &Ctx, plan: &pb::PlanResult, results: &Results) -> Vec<TaskDef> {
+    let shard_bytes: Vec<u64> = plan
+        .shards
+        .iter()
+        .map(|r| plan.tensors[r.start as usize..r.end as usize].iter().map(|t| t.bytes).sum())
+        .collect();
+    let n = if ctx.spec.outputs.gguf.is_some() { shard_bytes.len() as u32 } else { 0 };
+    let mut out = Vec::new();
+    let mut verifies = Vec::new();
+    if let Ok(mp) = merge_plan_of(results) {
+        verifies.extend((0..mp.files.len() as u32).map(|file| TaskKey::VerifyMerge { file }));
+        verifies.push(TaskKey::VerifyMergeSide);
+        verifies.extend(merge_check_measured(ctx, mp));
+    }
+    for &bits in ctx.spec.mlx_bits() {
+        let bytes = plan.source_bytes;
+        out.push(TaskDef { key: TaskKey::Mlx { bits }, deps: vec![TaskKey::Plan], cost: bytes });
+        out.push(TaskDef { key: TaskKey::VerifyMlx { bits }, deps: vec![TaskKey::Mlx { bits }], cost: bytes });
+        verifies.push(TaskKey::VerifyMlx { bits });
+    }
+    let ggufs: Vec<TaskKey> = (0..n).map(|shard| TaskKey::Gguf { shard }).collect();
+    for shard in 0..n {
+        let bytes = shard_bytes[shard as usize];
+        out.push(TaskDef { key: TaskKey::Gguf { shard }, deps: vec![TaskKey::Plan], cost: bytes });
+        let v = TaskKey::VerifyGguf { shard };
+        out.push(TaskDef { key: v.clone(), deps: vec![TaskKey::Gguf { shard }], cost: bytes });
+        verifies.push(v);
+    }
+    let mut quant_deps = ggufs.clone();
+    if computes_imatrix(ctx) && n > 0 {
+        // The merge waits for the plan; the plan's result adds the chunk groups before it.
+        out.push(TaskDef { key: TaskKey::ImatrixPlan, deps: ggufs.clone(), cost: plan.source_bytes });
+        out.push(TaskDef { key: TaskKey::ImatrixMerge, deps: vec![TaskKey::ImatrixPlan], cost: 1 });
+        quant_deps.push(TaskKey::ImatrixMerge);
+    }
+    for level in ctx.spec.quants() {
+        for shard in 0..n {
+            let bytes = shard_bytes[shard as usize] * 2;
+            let q = TaskKey::Quantize { level: level.0, shard };
+            out.push(TaskDef { key: q.clone(), deps: quant_deps.clone(), cost: bytes });
+            let v = TaskKey::VerifyQuantize { level: level.0, shard };
+            out.push(TaskDef { key: v.clone(), deps: vec![q], cost: bytes });
+            verifies.push(v);
+        }
+    }
+    if let (Some(e), true) = (&ctx.spec.evaluation, n > 0) {
+        let cost = plan.source_bytes;
+        if e.text.is_some() {
+            // The report waits for the KL-divergence plan; the plan's result adds the chunk tasks before it.
+            out.push(TaskDef { key: TaskKey::KldPlan, deps: ggufs.clone(), cost });
+            verifies.push(TaskKey::KldPlan);
+        }
+        let targets = eval_targets(ctx);
+        // The reference's continuations are only run for models to compare with them.
+        if e.prompts.is_some() && !targets.is_empty() {
+            for share in 0..e.prompt_shares {
+                let reference = TaskKey::Greedy { subject: Subject::Reference, share };
+                out.push(TaskDef { key: reference.clone(), deps: ggufs.clone(), cost });
+                for &t in &targets {
+                    let key = TaskKey::Greedy { subject: Subject::Model(t), share };
+                    let mut deps = vec![reference.clone()];
+                    deps.extend(model_tasks(t, n));
+                    out.push(TaskDef { key: key.clone(), deps, cost });
+                    verifies.push(key);
+                }
+            }
+        }
+        for &peer in &e.peers {
+            // After the KL-divergence plan: its text checksum names the peer's base file.
+            let base = TaskKey::PeerBase { peer };
+            out.push(TaskDef { key: base.clone(), deps: vec![TaskKey::KldPlan], cost });
+            for level in ctx.spec.quants().iter().filter(|l| ctx.spec.measures(l.0.name())) {
+                let key = TaskKey::PeerKld { peer, level: level.0 };
+                let mut deps = vec![base.clone()];
+                deps.extend(model_tasks(EvalTarget::Quant(level.0), n));
+                out.push(TaskDef { key: key.clone(), deps, cost });
+                verifies.push(key);
+            }
+        }
+        if e.probes.is_some() {
+            let reference = TaskKey::Probe { subject: Subject::Reference };
+            out.push(TaskDef { key: reference.clone(), deps: ggufs.clone(), cost });
+            verifies.push(reference);
+            for &t in &targets {
+                let key = TaskKey::Probe { subject: Subject::Model(t) };
+                out.push(TaskDef { key: key.clone(), deps: model_tasks(t, n), cost });
+                verifies.push(key);
+            }
+        }
+    }
+    if let Some(noop) = &ctx.spec.outputs.noop {
+        verifies.extend((0..noop.tasks).map(|n| TaskKey::Noop { n }));
+    }
+    out.push(TaskDef { key: TaskKey::Report, deps: verifies, cost: 1 });
+    out
+}
+
+/// The tasks that make a measured model (every split file of a quant level, or the MLX checkpoint).
+fn model_tasks(target: EvalTarget, n_shards: u32) -> Vec<TaskKey> {
+    match target {
+        EvalTarget::Quant(level) => (0..n_shards).map(|shard| TaskKey::Quantize { level, shard }).collect(),
+        EvalTarget::Mlx { bits } => vec![TaskKey::Mlx { bits }],
+    }
+}
+
+/// The models measured against the reference: every GGUF quant level, then every MLX checkpoint, less those the
+/// release skips (`evaluation.skip`).
+pub fn eval_targets(ctx: &Ctx) -> Vec<EvalTarget> {
+    let quants = ctx.spec.quants().iter().map(|q| EvalTarget::Quant(q.0));
+    quants
+        .chain(ctx.spec.mlx_bits().iter().map(|&bits| EvalTarget::Mlx { bits }))
+        .filter(|t| ctx.spec.measures(&t.to_string()))
+        .collect()
+}
+
+/// Whether the farm computes the quants' importance matrix from a text.
+pub(super) fn computes_imatrix(ctx: &Ctx) -> bool {
+    matches!(ctx.spec.imatrix(), Some(ImatrixSource::Text { .. }))
+}
+
+/// After the imatrix plan: one task per chunk group of the calibration text. Returns them, and the merge's new
+/// dependencies.
+fn expand_imatrix(kp: &pb::KldPlanResult, results: &Results) -> (Vec<TaskDef>, Vec<TaskKey>) {
+    let cost = plan_of(results).map_or(1, |p| p.source_bytes);
+    let groups: Vec<TaskKey> =
+        (0..kp.n_chunks.div_ceil(kp.n_seq.max(1))).map(|group| TaskKey::Imatrix { group }).collect();
+    let defs = groups.iter().map(|k| TaskDef { key: k.clone(), deps: vec![TaskKey::ImatrixPlan], cost }).collect();
+    (defs, groups)
+}
+
+/// After the KL-divergence plan: per chunk group the reference's base logits, and per (model, group) its
+/// statistics. Returns the tasks and the ones the report must wait for.
+fn expand_kld(ctx: &Ctx, kp: &pb::KldPlanResult, results: &Results) -> (Vec<TaskDef>, Vec<TaskKey>) {
+    let cost = plan_of(results).map_or(1, |p| p.source_bytes);
+    let n_shards = plan_of(results).map_or(0, |p| p.shards.len() as u32);
+    let groups = kp.n_chunks.div_ceil(kp.n_seq.max(1));
+    let mut out = Vec::new();
+    let mut measured = Vec::new();
+    for group in 0..groups {
+        out.push(TaskDef { key: TaskKey::KldBase { group }, deps: vec![TaskKey::KldPlan], cost });
+    }
+    for target in eval_targets(ctx) {
+        let model = model_tasks(target, n_shards);
+        for group in 0..groups {
+            let key = TaskKey::Kld { target, group };
+            let mut deps = vec![TaskKey::KldBase { group }];
+            deps.extend(model.iter().cloned());
+            out.push(TaskDef { key: key.clone(), deps, cost });
+            measured.push(key);
+        }
+    }
+    (out, measured)
+}
+
+/// What a finished task adds to its release's graph: new tasks, and existing tasks that now also wait for some of
+/// them (added before the finished task's dependents are released).
+#[derive(Debug, Default)]
+pub struct Growth {
+    pub tasks: Vec<TaskDef>,
+    pub waits: Vec<(TaskKey, Vec<TaskKey>)>,
+}
+
+impl Growth {
+    fn tasks(tasks: Vec<TaskDef>) -> Growth {
+        Growth { tasks, waits: Vec::new() }
+    }
+}
+
+/// What task `key`'s `result` adds: a plan's result expands the graph, every other result adds nothing. An error
+/// says why the result cannot be expanded; the release fails with it. `results` holds the finished tasks' results,
+/// this one's included.
+pub fn grows(ctx: &Ctx, key: &TaskKey, result: &pb::TaskResult, results: &Results) -> Result<Growth, String> {
+    use task_result::Kind as K;
+    let Some(kind) = &result.kind else { return Ok(Growth::default()) };
+    match kind {
+        K::MergePlan(mp) => {
+            if mp.files.is_empty() {
+                return Err("merge plan: the base has no safetensors files".into());
+            }
+            Ok(Growth::tasks(expand_merge(ctx, mp)))
+        }
+        K::Plan(plan) => {
+            check_plan(plan).map_err(|e| format!("plan: {e}"))?;
+            Ok(Growth::tasks(expand(ctx, plan, results)))
+        }
+        // The same plan message counts the chunks of the evaluation text and of the imatrix's calibration text.
+        K::KldPlan(kp) if *key == TaskKey::ImatrixPlan => {
+            if kp.n_chunks == 0 || kp.n_seq == 0 {
+                return Err("imatrix/plan: the calibration text has no whole chunk".into());
+            }
+            let (tasks, parts) = expand_imatrix(kp, results);
+            // The merge now waits for every part.
+            Ok(Growth { tasks, waits: vec![(TaskKey::ImatrixMerge, parts)] })
+        }
+        K::KldPlan(kp) => {
+            if kp.n_chunks == 0 || kp.n_seq == 0 {
+                return Err("kld/plan: the evaluation text has no whole chunk".into());
+            }
+            let (tasks, measured) = expand_kld(ctx, kp, results);
+            // The report now waits for every chunk's figures too.
+            Ok(Growth { tasks, waits: vec![(TaskKey::Report, measured)] })
+        }
+        K::Artifact(_) | K::Verify(_) | K::Noop(_) | K::Kld(_) | K::Greedy(_) | K::Probe(_) | K::PeerKld(_) => {
+            Ok(Growth::default())
+        }
+    }
+}
+
+/// A plan's split ranges cover its tensors in order, each file holding at least one.
+fn check_plan(p: &pb::PlanResult) -> Result<(), String> {
+    if p.shards.is_empty() || p.tensors.is_empty() {
+        return Err("the source has no tensors".into());
+    }
+    let mut next = 0u32;
+    for s in &p.shards {
+        if s.start != next || s.end <= s.start || s.end as usize > p.tensors.len() {
+            return Err("the split ranges do not cover the tensors in order".into());
+        }
+        next = s.end;
+    }
+    if next as usize != p.tensors.len() {
+        return Err("the split ranges do not cover every tensor".into());
+    }
+    if p.shards.len() > 99_999 {
+        return Err("more than 99999 split files".into());
+    }
+    Ok(())
+}
+
+/// Critical-path priorities: a task's cost plus the most expensive chain of tasks that wait on it, so the
+/// scheduler starts the work that gates the release's end first.
+pub fn priorities(tasks: &[TaskDef]) -> HashMap<TaskKey, u64> {
+    let mut dependents: HashMap<&TaskKey, Vec<&TaskDef>> = HashMap::new();
+    for t in tasks {
+        for d in &t.deps {
+            dependents.entry(d).or_default().push(t);
+        }
+    }
+    let mut memo: HashMap<TaskKey, u64> = HashMap::new();
+    fn visit<'a>(
+        t: &'a TaskDef,
+        dependents: &HashMap<&TaskKey, Vec<&'a TaskDef>>,
+        memo: &mut HashMap<TaskKey, u64>,
+    ) -> u64 {
+        if let Some(&p) = memo.get(&t.key) {
+            return p;
+        }
+        let tail =
+            dependents.get(&t.key).map_or(0, |ds| ds.iter().map(|d| visit(d, dependents, memo)).max().unwrap_or(0));
+        let p = t.cost.saturating_add(tail);
+        memo.insert(t.key.clone(), p);
+        p
+    }
+    for t in tasks {
+        visit(t, &dependents, &mut memo);
+    }
+    memo
+}
+
+#[cfg(test)]
+mod tests {
+    use quantfarm_ggml::FileType;
+    use quantfarm_store::Location;
+
+    use super::*;
+    use crate::graph::EvalInputs;
+    use crate::spec::ReleaseSpec;
+
+    #[test]
+    fn the_merge_check_is_not_scheduled_for_an_embedding_lora_on_a_tied_base() {
+        let yaml =
+            "name: r\nsource: ./m\nadapter: ./a\noutputs:\n  gguf: {quants: [Q8_0]}\nevaluation: {prompts: p.json}\n";
+        let spec = ReleaseSpec::parse(yaml, "r.yaml").unwrap();
+        let eval = EvalInputs { text: String::new(), prompts: "/p.json".into(), probes: String::new() };
+        let store = Location::local("/tmp/store");
+        let ctx = Ctx { spec: &spec, source: "/m", imatrix: "", adapter: "/a", eval: &eval, store: &store };
+        let checks = |untied| {
+            let mp = pb::MergePlanResult { files: vec!["model.safetensors".into()], untied, ..Default::default() };
+            expand_merge(&ctx, &mp).iter().filter(|t| matches!(t.key, TaskKey::MergeCheck { .. })).count()
+        };
+        assert_eq!(checks(false), 3, "lora, base and merged GGUFs for the check");
+        assert_eq!(checks(true), 0, "llama.cpp cannot apply the adapter at run time: no check to schedule");
+    }
+
+    #[test]
+    fn critical_path_prefers_long_chains() {
+        let t = |key: TaskKey, deps: Vec<TaskKey>, cost| TaskDef { key, deps, cost };
+        let tasks = vec![
+            t(TaskKey::Gguf { shard: 0 }, vec![], 10),
+            t(TaskKey::Gguf { shard: 1 }, vec![], 10),
+            t(TaskKey::Quantize { level: FileType::Q8_0, shard: 0 }, vec![TaskKey::Gguf { shard: 0 }], 100),
+            t(
+                TaskKey::Report,
+                vec![TaskKey::Quantize { level: FileType::Q8_0, shard: 0 }, TaskKey::Gguf { shard: 1 }],
+                1,
+            ),
+        ];
+        let p = priorities(&tasks);
+        assert_eq!(p[&TaskKey::Report], 1);
+        assert_eq!(p[&TaskKey::Gguf { shard: 0 }], 111);
+        assert_eq!(p[&TaskKey::Gguf { shard: 1 }], 11);
+    }
+}

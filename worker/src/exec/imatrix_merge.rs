@@ -1,0 +1,40 @@
+//! `imatrix/merge`: the parts, each checked against its task's sha256, added in chunk order into llama.cpp's GGUF
+//! imatrix. Chunk order, not arrival order: the file is the same however the groups were spread.
+
+use quantfarm_proto::{self as pb, task_result, WorkerKind};
+use quantfarm_quant::imatrix::sums::ImatrixSums;
+
+use super::Executor;
+use crate::env::Env;
+use crate::failure::Failure;
+use crate::fetch::{hash_object, location};
+use crate::outputs::produce;
+
+pub struct ImatrixMerge;
+
+impl Executor for ImatrixMerge {
+    type Task = pb::ImatrixMergeTask;
+    const KIND: WorkerKind = WorkerKind::Imatrix;
+
+    async fn run(t: &pb::ImatrixMergeTask, env: &Env) -> Result<task_result::Kind, Failure> {
+        let made = produce(&t.output, env, |out| async move {
+            let mut sums = ImatrixSums::default();
+            for a in &t.parts {
+                let loc = location(&a.url)?;
+                let (sha, _) = hash_object(&loc, env.budget).await?;
+                if sha != a.sha256 {
+                    return Err(Failure::corrupt(&a.url, &sha, &a.sha256));
+                }
+                let part = ImatrixSums::load(&loc).await?;
+                sums.append(&part, &a.url)?;
+            }
+            if sums.entries.is_empty() {
+                return Err(Failure::input("imatrix/merge: no part holds any statistics"));
+            }
+            let done = sums.write(&out, false, false).await?;
+            Ok((done.sha256, done.bytes))
+        })
+        .await?;
+        Ok(task_result::Kind::Artifact(made))
+    }
+}

@@ -1,0 +1,46 @@
+//! The external runtimes this machine has: llama.cpp's tools (for peer tasks, which run them as they are) and
+//! mlx-lm, found once at registration and advertised with the worker's kinds.
+
+use std::path::{Path, PathBuf};
+
+/// Where llama.cpp's tools are looked for: `$QUANTFARM_LLAMA_BIN`, then PATH.
+fn tool_dirs() -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::env::var_os("QUANTFARM_LLAMA_BIN").map(PathBuf::from).into_iter().collect();
+    if let Some(p) = std::env::var_os("PATH") {
+        dirs.extend(std::env::split_paths(&p));
+    }
+    dirs
+}
+
+/// The path of a llama.cpp tool (`llama-perplexity`, …) on this machine.
+pub fn find_tool(name: &str) -> Option<PathBuf> {
+    tool_dirs().into_iter().map(|d| d.join(name)).find(|p| p.is_file())
+}
+
+/// The external runtimes this machine has, so a release can ask for a peer tool's own figures beside quantfarm's
+/// (link 2 across real runtimes): llama.cpp's tools on PATH or in `$QUANTFARM_LLAMA_BIN`, and mlx-lm importable by
+/// `python3` (or `$QUANTFARM_PYTHON`).
+pub fn runtimes() -> Vec<String> {
+    let python = std::env::var_os("QUANTFARM_PYTHON").map_or_else(|| PathBuf::from("python3"), PathBuf::from);
+    runtimes_in(&tool_dirs(), &python)
+}
+
+/// Names a worker advertises: `llama-perplexity`, `llama-server`, `llama-completion` (each when found in `dirs`),
+/// `mlx_lm` (when `python -m mlx_lm` would run).
+pub fn runtimes_in(dirs: &[PathBuf], python: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for tool in ["llama-perplexity", "llama-server", "llama-completion"] {
+        if dirs.iter().any(|d| d.join(tool).is_file()) {
+            out.push(tool.to_string());
+        }
+    }
+    let mlx = std::process::Command::new(python)
+        .args(["-c", "import mlx_lm"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status();
+    if mlx.is_ok_and(|s| s.success()) {
+        out.push("mlx_lm".to_string());
+    }
+    out
+}
