@@ -289,12 +289,17 @@ impl BucketWatch {
     }
 
     /// Stops watching; asserts every object ever listed is in `fin` with its final size (nothing partial, nothing
-    /// that later vanished).
+    /// that later vanished), except staging markers (`.NAME.partial-*`, `quantfarm_store::staging`), which name
+    /// uploads in progress and must be gone at the end.
     pub fn check(mut self, fin: &BTreeMap<String, u64>) -> usize {
         self.stop.store(true, Ordering::SeqCst);
         self.thread.take().unwrap().join().unwrap();
         let seen = self.seen.lock().unwrap();
         for (key, sizes) in seen.iter() {
+            if quantfarm_store::staging::is_staging(key.rsplit('/').next().unwrap_or(key)) {
+                assert!(!fin.contains_key(key), "staging marker {key} is still there at the end");
+                continue;
+            }
             let size = fin.get(key).unwrap_or_else(|| panic!("{key} was listed during the run but is gone at the end"));
             assert_eq!(sizes, &BTreeSet::from([*size]), "{key} was listed with sizes {sizes:?}, final size {size}");
         }
