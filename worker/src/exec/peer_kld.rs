@@ -7,13 +7,12 @@ use std::path::Path;
 use std::process::Command;
 
 use quantfarm_proto::{self as pb, task_result, FailureKind, WorkerKind};
-use quantfarm_store::Blob;
 use quantfarm_store::Location;
 
 use super::Executor;
 use crate::env::Env;
 use crate::failure::Failure;
-use crate::fetch::{hash_object, local_file, local_model, task_dir};
+use crate::fetch::{exists, hash_object, local_file, local_model, task_dir};
 use crate::outputs::upload;
 use crate::runtimes::find_tool;
 
@@ -126,7 +125,7 @@ async fn peer_kld(t: &pb::PeerKldTask, env: &Env) -> Result<pb::PeerKldResult, F
     let mut result = pb::PeerKldResult { tool: t.tool.clone(), version, command, ..Default::default() };
     if base_run {
         let out = Location::parse(&t.output)?;
-        let (sha256, bytes) = if Blob::open(&out).await.is_ok() {
+        let (sha256, bytes) = if exists(&out).await {
             hash_object(&out, env.budget).await?
         } else {
             upload(&base_path, &out, env).await?
