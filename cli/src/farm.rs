@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context as _, Result};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use quantfarm_coordinator::report::model::{Kld, MergeCheck};
 use quantfarm_coordinator::signing::{self, SigningKey};
 use quantfarm_coordinator::{Coordinator, CoordinatorConfig, SchedConfig};
 use quantfarm_proto::releases_client::ReleasesClient;
@@ -418,16 +419,24 @@ async fn conclude(
         Ok(ReleaseState::GateFailed) => EXIT_GATE_FAILED,
         _ => EXIT_ERROR,
     };
-    let parsed: Option<serde_json::Value> = serde_json::from_str(&report.report_json).ok();
+    let parsed = (!report.report_json.is_empty()).then(|| quantfarm_coordinator::report::parse(&report.report_json));
+    let parsed = match parsed {
+        Some(Err(e)) => {
+            println!("release {id}: its report does not fit {}: {e}", quantfarm_coordinator::report::FORMAT);
+            None
+        }
+        Some(Ok(r)) => Some(r),
+        None => None,
+    };
     if json {
         println!(
             "{}",
             serde_json::json!({
                 "release_id": id, "state": state_name(last.state), "error": last.error,
                 "report_url": report.report_url,
-                "artifacts": parsed.as_ref().map(|r| r["artifacts"].clone()),
-                "gates": parsed.as_ref().map(|r| r["gates"].clone()),
-                "merge_check": parsed.as_ref().map(|r| r["merge_check"].clone()),
+                "artifacts": parsed.as_ref().map(|r| &r.artifacts),
+                "gates": parsed.as_ref().map(|r| &r.gates),
+                "merge_check": parsed.as_ref().map(|r| &r.merge_check),
             })
         );
         return Ok(code);
@@ -437,49 +446,36 @@ async fn conclude(
         println!("  error: {}", last.error);
     }
     if let Some(r) = &parsed {
-        for a in r["artifacts"].as_array().into_iter().flatten() {
+        for a in &r.artifacts {
             println!(
                 "  {} ({:.2} bits/weight, {} files, verified: {})",
-                a["name"].as_str().unwrap_or(""),
-                a["bits_per_weight"].as_f64().unwrap_or(0.0),
-                a["files"].as_array().map_or(0, |f| f.len()),
-                a["verified"]
+                a.name,
+                a.bits_per_weight,
+                a.files.len(),
+                a.verified
             );
-            for f in a["files"].as_array().into_iter().flatten() {
-                println!("    {}  {}", f["sha256"].as_str().unwrap_or(""), f["url"].as_str().unwrap_or(""));
+            for f in &a.files {
+                println!("    {}  {}", f.sha256, f.url);
             }
-            let k = &a["kld"];
-            if let (Some(mean), Some(unc)) = (k["mean_kld"].as_f64(), k["mean_kld_unc"].as_f64()) {
-                println!(
-                    "    mean KLD {mean:.6} ± {unc:.6}, same top p {:.3} %, PPL(Q) {:.4} (base {:.4}), {} chunks",
-                    k["same_top_p"].as_f64().unwrap_or(f64::NAN),
-                    k["mean_ppl_q"].as_f64().unwrap_or(f64::NAN),
-                    k["mean_ppl_base"].as_f64().unwrap_or(f64::NAN),
-                    k["n_chunks"]
-                );
-            } else if let Some(e) = k["error"].as_str() {
-                println!("    KL divergence: {e}");
+            match &a.kld {
+                Some(Kld::Measured(k)) => println!(
+                    "    mean KLD {:.6} ± {:.6}, same top p {:.3} %, PPL(Q) {:.4} (base {:.4}), {} chunks",
+                    k.mean_kld, k.mean_kld_unc, k.same_top_p, k.mean_ppl_q, k.mean_ppl_base, k.n_chunks
+                ),
+                Some(Kld::Unmeasured { error }) => println!("    KL divergence: {error}"),
+                None => {}
             }
         }
-        let m = &r["merge_check"];
-        if let Some(g) = m.get("greedy") {
-            println!(
+        match &r.merge_check {
+            Some(MergeCheck::Measured(m)) => println!(
                 "  merge check: {}/{} prompts identical (merge in f32 vs base + adapter at run time), mean prefix {:.3}",
-                g["identical"],
-                g["n"],
-                g["mean_prefix_fraction"].as_f64().unwrap_or(f64::NAN)
-            );
-        } else if let Some(e) = m["error"].as_str() {
-            println!("  merge check: {e}");
+                m.greedy.identical, m.greedy.n, m.greedy.mean_prefix_fraction
+            ),
+            Some(MergeCheck::Unmeasured { error }) => println!("  merge check: {error}"),
+            None => {}
         }
-        for g in r["gates"].as_array().into_iter().flatten() {
-            let ok = g["passed"].as_bool().unwrap_or(false);
-            println!(
-                "  gate {}: {} — {}",
-                g["name"].as_str().unwrap_or(""),
-                if ok { "pass" } else { "FAIL" },
-                g["detail"].as_str().unwrap_or("")
-            );
+        for g in &r.gates {
+            println!("  gate {}: {} — {}", g.name, if g.passed { "pass" } else { "FAIL" }, g.detail);
         }
     }
     if !report.report_url.is_empty() {

@@ -34,8 +34,8 @@ pub struct RenderArgs {
 pub fn render(args: RenderArgs) -> Result<()> {
     let name = args.report.display();
     let text = std::fs::read_to_string(&args.report).with_context(|| format!("cannot read report {name}"))?;
-    let report: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("report {name} is not valid JSON"))?;
+    let report = quantfarm_coordinator::report::parse(&text)
+        .map_err(|e| anyhow::anyhow!("report {name} is not a {} report: {e}", quantfarm_coordinator::report::FORMAT))?;
     let out = args.out.unwrap_or_else(|| args.report.parent().map(Path::to_path_buf).unwrap_or_default());
     std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
     for (file, body) in quantfarm_coordinator::views::render_all(&report) {

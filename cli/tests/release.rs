@@ -91,6 +91,19 @@ fn python(script: &str, args: &[&OsStr]) -> (i32, String) {
     )
 }
 
+/// The schema is strict (no member it does not name), so a member the report's types add and the schema lacks fails
+/// here: `docs/report.example.json` is the coordinator's sample report with every member (a unit test keeps it equal
+/// to the types' serialization), and the fixture a report published before the types.
+#[test]
+fn the_schema_names_every_member_of_the_report_types() {
+    let root = quantfarm_e2e::repo_root();
+    let schema = root.join("docs/report.schema.json");
+    for doc in ["docs/report.example.json", "coordinator/tests/fixtures/report-tiny-llama/report.json"] {
+        let (rc, msg) = python("check_schema.py", &[schema.as_os_str(), root.join(doc).as_os_str()]);
+        assert_eq!(rc, 0, "{doc} against docs/report.schema.json:\n{msg}");
+    }
+}
+
 #[test]
 fn a_tuned_smollm2_ladder_is_gated_signed_and_shown() {
     let tmp = tempfile::tempdir().unwrap();

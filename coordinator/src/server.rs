@@ -135,16 +135,16 @@ impl Coordinator {
                     let now = std::time::SystemTime::now()
                         .duration_since(std::time::UNIX_EPOCH)
                         .map_or(0, |d| d.as_millis() as i64);
-                    let (report, passed) = crate::report::build(rel, &s.workers, now);
+                    let report = crate::report::build(rel, &s.workers, now);
                     let target = s.store.child(&format!("releases/{release_id}/report.json"));
-                    Some((report, passed, target))
+                    Some((report, target))
                 }
                 Err(_) => None,
             }
         };
-        let Some((report, passed, target)) = built else { return };
+        let Some((report, target)) = built else { return };
         let outcome = match target {
-            Ok(target) => crate::report::publish(report, passed, &self.shared.key, &target).await,
+            Ok(target) => crate::report::publish(report, &self.shared.key, &target).await,
             Err(e) => Err(e.to_string()),
         };
         let mut s = self.lock();

@@ -1,10 +1,13 @@
 //! A report published before the report became typed (`tests/fixtures/report-tiny-llama`, see its SOURCE.md):
-//! the current code verifies its signature and its DSSE envelope against the key that signed it, renders the same
-//! views byte for byte, and refuses it after one changed byte.
+//! the current code verifies its signature and its DSSE envelope against the key that signed it, reads it into the
+//! report's types without losing a member, renders the same views byte for byte, and refuses it after one changed
+//! byte.
 
 use std::path::PathBuf;
 
 use quantfarm_coordinator::attestation::verify_envelope;
+use quantfarm_coordinator::canonical::canonical_json;
+use quantfarm_coordinator::report;
 use quantfarm_coordinator::signing::{verify_report, PublicKey};
 use quantfarm_coordinator::views::render_all;
 use serde_json::Value;
@@ -33,8 +36,42 @@ fn a_published_report_still_verifies_against_its_signer() {
 }
 
 #[test]
+fn a_published_report_reads_into_the_types_and_back_to_the_same_canonical_form() {
+    let text = std::fs::read_to_string(fixture("report.json")).expect("report.json");
+    let typed = report::parse(&text).unwrap_or_else(|e| panic!("report.json: {e}"));
+    assert_eq!(typed.artifacts.len(), 3);
+    let back = serde_json::to_value(&typed).expect("serializes");
+    let (ours, published) = (canonical_json(&back).expect("canonical"), canonical_json(&json("report.json")).unwrap());
+    if ours != published {
+        let at =
+            ours.bytes().zip(published.bytes()).position(|(a, b)| a != b).unwrap_or(ours.len().min(published.len()));
+        let from = at.saturating_sub(120);
+        panic!(
+            "the typed report is not the published one; first difference at byte {at}:\n  ours:      …{}\n  published: …{}",
+            &ours[from..(at + 80).min(ours.len())],
+            &published[from..(at + 80).min(published.len())]
+        );
+    }
+    // So the signature still verifies over what the types hold.
+    verify_report(&back, Some(&signer())).expect("the typed report verifies");
+}
+
+#[test]
+fn a_report_that_does_not_fit_names_the_member() {
+    let mut doc = json("report.json");
+    doc["artifacts"][1]["kld"]["n_tokens"] = Value::from("many");
+    let e = report::parse(&doc.to_string()).expect_err("a string for a count");
+    assert!(e.starts_with("artifacts[1].kld"), "{e}");
+    let mut doc = json("report.json");
+    doc["artifacts"][1].as_object_mut().unwrap().remove("verified");
+    let e = report::parse(&doc.to_string()).expect_err("a member missing");
+    assert!(e.starts_with("artifacts[1]") && e.contains("verified"), "{e}");
+}
+
+#[test]
 fn a_published_report_renders_the_same_views() {
-    let report = json("report.json");
+    let text = std::fs::read_to_string(fixture("report.json")).expect("report.json");
+    let report = report::parse(&text).unwrap_or_else(|e| panic!("report.json: {e}"));
     let views = render_all(&report);
     assert!(views.len() >= 3, "{:?}", views.iter().map(|v| v.0).collect::<Vec<_>>());
     for (name, body) in views {

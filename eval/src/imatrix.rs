@@ -98,10 +98,10 @@ pub fn collect(
             batch.clear();
             for (seq, &c) in group.iter().enumerate() {
                 let tokens = header.chunk_tokens(c);
-                for pos in start..end {
+                for (pos, &token) in tokens.iter().enumerate().take(end).skip(start) {
                     let tok = match (pos, bos) {
                         (0, Some(b)) => b,
-                        _ => tokens[pos],
+                        _ => token,
                     };
                     batch.add(tok, pos as i32, seq as i32, true);
                 }

@@ -225,6 +225,35 @@ impl TaskResult {
     }
 }
 
+/// `TaskResult::plan()` and the like: the result's message when it is of that kind.
+macro_rules! result_accessors {
+    ($($name:ident: $variant:ident($ty:ty)),* $(,)?) => {
+        impl TaskResult {
+            $(
+                #[doc = concat!("The result's `", stringify!($variant), "` message, when it is one.")]
+                pub fn $name(&self) -> Option<&$ty> {
+                    match &self.kind {
+                        Some(task_result::Kind::$variant(m)) => Some(m),
+                        _ => None,
+                    }
+                }
+            )*
+        }
+    };
+}
+
+result_accessors!(
+    plan: Plan(PlanResult),
+    artifact_result: Artifact(ArtifactResult),
+    verify: Verify(VerifyResult),
+    merge_plan: MergePlan(MergePlanResult),
+    kld_plan: KldPlan(KldPlanResult),
+    kld: Kld(KldResult),
+    greedy: Greedy(GreedyResult),
+    probe: Probe(ProbeResult),
+    peer_kld: PeerKld(PeerKldResult),
+);
+
 /// Builds `$to` from `$c`, field for field: the wire message and `quantfarm-parity`'s ChunkStats hold the same
 /// fields by the same names.
 macro_rules! chunk_stats {

@@ -14,8 +14,8 @@ pub mod expr;
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
+use crate::report::model::{GateInput, GateRecord};
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Map, Value};
 
 pub use expr::{Check, FigureValue, Figures, Outcome};
 
@@ -277,37 +277,35 @@ pub struct GateResult {
 }
 
 impl GateResult {
-    pub fn to_json(&self) -> Value {
-        let mut inputs = Map::new();
-        for (name, v) in &self.outcome.inputs {
-            inputs.insert(
-                name.clone(),
-                match v {
-                    FigureValue::Number(x) if x.is_finite() => json!(x),
-                    FigureValue::Number(x) => json!(x.to_string()),
-                    FigureValue::Flag(b) => json!(b),
-                    FigureValue::Missing(why) => json!({"missing": why}),
-                },
-            );
+    /// As the report records it.
+    pub fn record(&self) -> GateRecord {
+        let inputs = self
+            .outcome
+            .inputs
+            .iter()
+            .map(|(name, v)| {
+                let input = match v {
+                    FigureValue::Number(x) if x.is_finite() => GateInput::Number(*x),
+                    FigureValue::Number(x) => GateInput::Text(x.to_string()),
+                    FigureValue::Flag(b) => GateInput::Flag(*b),
+                    FigureValue::Missing(why) => GateInput::Missing { missing: why.clone() },
+                };
+                (name.clone(), input)
+            })
+            .collect();
+        GateRecord {
+            name: self.name.clone(),
+            level: self.level.clone(),
+            check: self.check.clone(),
+            source: self.source.to_string(),
+            inputs,
+            threshold: self.outcome.threshold,
+            passed: self.outcome.passed,
+            detail: match &self.level {
+                Some(l) => format!("{l}: {}", self.outcome.detail),
+                None => self.outcome.detail.clone(),
+            },
         }
-        let mut g = Map::new();
-        g.insert("name".into(), json!(self.name));
-        if let Some(l) = &self.level {
-            g.insert("level".into(), json!(l));
-        }
-        g.insert("check".into(), json!(self.check));
-        g.insert("source".into(), json!(self.source));
-        g.insert("inputs".into(), Value::Object(inputs));
-        if let Some(t) = self.outcome.threshold {
-            g.insert("threshold".into(), json!(t));
-        }
-        g.insert("passed".into(), json!(self.outcome.passed));
-        let detail = match &self.level {
-            Some(l) => format!("{l}: {}", self.outcome.detail),
-            None => self.outcome.detail.clone(),
-        };
-        g.insert("detail".into(), json!(detail));
-        Value::Object(g)
     }
 }
 
@@ -463,10 +461,10 @@ mod tests {
             .collect();
         // Q4_K_M's probes: 0.5 < 0.75 - 0.1.
         assert_eq!(failed, ["probes/Q4_K_M"], "{r:#?}");
-        let line = r.iter().find(|g| g.name == "probes" && g.level.as_deref() == Some("Q4_K_M")).unwrap().to_json();
-        assert_eq!(line["detail"], "Q4_K_M: probe.pass_rate = 0.5 < baseline - noise = 0.65");
-        assert_eq!(line["threshold"], 0.65);
-        assert_eq!(line["inputs"]["baseline"], 0.75);
+        let line = r.iter().find(|g| g.name == "probes" && g.level.as_deref() == Some("Q4_K_M")).unwrap().record();
+        assert_eq!(line.detail, "Q4_K_M: probe.pass_rate = 0.5 < baseline - noise = 0.65");
+        assert_eq!(line.threshold, Some(0.65));
+        assert_eq!(line.inputs["baseline"], crate::report::model::GateInput::Number(0.75));
     }
 
     #[test]

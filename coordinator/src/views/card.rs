@@ -7,23 +7,26 @@ use std::fmt::Write as _;
 use serde_json::Value;
 
 use super::markdown::cell;
-use super::{or_dash, rows, size, verdict};
+use super::{fig, or_dash, or_null, rows, signer, size, verdict};
+use crate::report::model::{Container, Report};
+use crate::spec::ModelCard;
 
 /// A YAML scalar in double quotes (front matter values may hold ':' or '#').
 fn yaml_str(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
 }
 
-pub fn render(report: &Value) -> String {
-    let rel = &report["release"];
-    let spec = &rel["spec"];
-    let card = &spec["card"];
-    let name = rel["name"].as_str().unwrap_or("release");
-    let base_model = card["base_model"].as_str().or_else(|| spec["base_name"].as_str());
-    let license = card["license"].as_str();
+pub fn render(report: &Report) -> String {
+    let rel = &report.release;
+    // The spec is the release.yaml as resolved: the card reads its `card`, `base_name`, `adapter` and MLX group size.
+    let spec = &rel.spec;
+    let card: ModelCard = spec.get("card").and_then(|c| serde_json::from_value(c.clone()).ok()).unwrap_or_default();
+    let name = rel.name.as_str();
+    let base_model = card.base_model.as_deref().or_else(|| rel.spec_str("base_name"));
+    let license = card.license.as_deref();
     let artifacts = rows(report);
-    let has_gguf = artifacts.iter().any(|r| r.a["container"] == "gguf");
-    let has_mlx = artifacts.iter().any(|r| r.a["container"] == "mlx");
+    let has_gguf = artifacts.iter().any(|r| r.a.container == Container::Gguf);
+    let has_mlx = artifacts.iter().any(|r| r.a.container == Container::Mlx);
 
     let mut md = String::from("---\n");
     if let Some(l) = license {
@@ -37,23 +40,20 @@ pub fn render(report: &Value) -> String {
     for t in ["quantized", "quantfarm"].into_iter().chain(has_gguf.then_some("gguf")).chain(has_mlx.then_some("mlx")) {
         let _ = writeln!(md, "  - {t}");
     }
-    for t in card["tags"].as_array().into_iter().flatten().filter_map(Value::as_str) {
+    for t in &card.tags {
         let _ = writeln!(md, "  - {}", yaml_str(t));
     }
     md.push_str("---\n\n");
 
     let _ = writeln!(md, "# {}\n", cell(name));
-    if let Some(d) = card["description"].as_str() {
+    if let Some(d) = &card.description {
         let _ = writeln!(md, "{}\n", d.trim());
     }
     let _ = writeln!(
         md,
         "Quantized artifacts of {}, each measured against the GGUF BF16 reference and published with a signed parity \
          report. Verdict of the release: **{}**.\n",
-        base_model.map_or_else(
-            || format!("`{}`", report["source"]["url"].as_str().unwrap_or("the source")),
-            |b| format!("[{b}](https://huggingface.co/{b})")
-        ),
+        base_model.map_or_else(|| format!("`{}`", report.source.url), |b| format!("[{b}](https://huggingface.co/{b})")),
         verdict(report),
     );
     if license.is_none() {
@@ -64,7 +64,7 @@ pub fn render(report: &Value) -> String {
 
     md.push_str("## Parity\n\n| File | Size | Bits/weight | Mean KLD | Same top p | PPL ratio | Greedy identical | Probes passed |\n|---|---:|---:|---:|---:|---:|---:|---:|\n");
     for r in &artifacts {
-        let k = &r.a["kld"];
+        let k = r.a.kld_figures();
         let _ = writeln!(
             md,
             "| {} | {} | {:.2} | {} | {} | {} | {} | {} |",
@@ -72,34 +72,29 @@ pub fn render(report: &Value) -> String {
             size(r.bytes),
             r.bpw,
             or_dash(r.kld.map(|(m, u)| format!("{m:.4} ± {u:.4}"))),
-            or_dash(k["same_top_p"].as_f64().map(|v| format!("{v:.1} %"))),
-            or_dash(k["mean_ppl_ratio"].as_f64().map(|v| format!("{v:.3}"))),
+            or_dash(fig(k, |k| k.same_top_p).map(|v| format!("{v:.1} %"))),
+            or_dash(fig(k, |k| k.mean_ppl_ratio).map(|v| format!("{v:.3}"))),
             or_dash(r.greedy.map(|(k, n)| format!("{k}/{n}"))),
             super::probe_cell(r),
         );
     }
     md.push_str("\nMean KLD: KL divergence from the GGUF BF16 per token (nats, lower is closer), by llama-perplexity's procedure. \
                  Greedy identical: prompts whose temperature-0 continuation is byte-identical to the reference's.\n\n");
-    let failed: Vec<String> = report["gates"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|g| g["passed"] != true)
-        .map(|g| format!("- `{}`: {}", g["name"].as_str().unwrap_or(""), cell(g["detail"].as_str().unwrap_or(""))))
-        .collect();
+    let failed: Vec<String> =
+        report.gates.iter().filter(|g| !g.passed).map(|g| format!("- `{}`: {}", g.name, cell(&g.detail))).collect();
     if !failed.is_empty() {
         let _ = writeln!(md, "Gates that failed:\n\n{}\n", failed.join("\n"));
     }
 
     md.push_str("## Method\n\n");
-    if let Some(adapter) = spec["adapter"].as_str() {
-        let m = &report["merge_check"]["greedy"];
+    if let Some(adapter) = rel.spec_str("adapter") {
+        let m = report.merge_check.as_ref().and_then(|m| m.greedy());
         let _ = writeln!(
             md,
             "- Adapter `{}` merged into the base exactly (f64, rounded once){}.",
             adapter.replace('`', "'"),
-            match (m["identical"].as_u64(), m["n"].as_u64()) {
-                (Some(k), Some(n)) => format!("; the merge gives {k}/{n} greedy continuations identical to the base with the adapter applied at run time"),
+            match m.map(|m| (m.identical, m.n)) {
+                Some((k, n)) => format!("; the merge gives {k}/{n} greedy continuations identical to the base with the adapter applied at run time"),
                 _ => String::new(),
             }
         );
@@ -112,41 +107,39 @@ pub fn render(report: &Value) -> String {
         let _ = writeln!(
             md,
             "- MLX checkpoints quantized as `mlx_lm.convert -q` (affine, group size {}).",
-            spec["outputs"]["mlx"]["group_size"].as_u64().unwrap_or(64)
+            spec.pointer("/outputs/mlx/group_size").and_then(Value::as_u64).unwrap_or(64)
         );
     }
-    let e = &report["evaluation"];
-    if e.is_object() {
+    if let Some(e) = &report.evaluation {
         md.push_str("\n## Dataset\n\n");
         let _ = writeln!(
             md,
             "- KL divergence text: `{}`, sha256 `{}`, {} chunks of {} tokens (tokens sha256 `{}`).",
-            e["text"].as_str().unwrap_or("—").replace('`', "'"),
-            e["text_sha256"].as_str().unwrap_or("—"),
-            e["n_chunks"],
-            e["ctx"],
-            e["tokens_sha256"].as_str().unwrap_or("—"),
+            e.text.replace('`', "'"),
+            e.text_sha256.as_deref().unwrap_or("—"),
+            or_null(e.n_chunks),
+            e.ctx,
+            e.tokens_sha256.as_deref().unwrap_or("—"),
         );
-        if let Some(p) = e["prompts"].as_str().filter(|p| !p.is_empty()) {
+        if !e.prompts.is_empty() {
             let _ = writeln!(
                 md,
                 "- Greedy prompts: `{}` ({} prompts, {} tokens each).",
-                p.replace('`', "'"),
-                e["n_prompts"],
-                e["max_tokens"]
+                e.prompts.replace('`', "'"),
+                e.n_prompts,
+                e.max_tokens
             );
         }
-        if let Some(p) = e["probes"].as_str().filter(|p| !p.is_empty()) {
+        if let Some(p) = Some(&e.probes).filter(|p| !p.is_empty()) {
             let _ = writeln!(md, "- Task probes: `{}`.", p.replace('`', "'"));
         }
     }
 
     md.push_str("\n## Files\n\n| File | sha256 |\n|---|---|\n");
     for r in &artifacts {
-        for f in r.a["files"].as_array().into_iter().flatten() {
-            let url = f["url"].as_str().unwrap_or("");
-            let file = url.rsplit('/').next().unwrap_or(url);
-            let _ = writeln!(md, "| `{}` | `{}` |", file.replace('`', "'"), f["sha256"].as_str().unwrap_or(""));
+        for f in &r.a.files {
+            let file = f.url.rsplit('/').next().unwrap_or(&f.url);
+            let _ = writeln!(md, "| `{}` | `{}` |", file.replace('`', "'"), f.sha256);
         }
     }
     let _ = writeln!(
@@ -154,9 +147,9 @@ pub fn render(report: &Value) -> String {
         "\n## Provenance\n\nRelease `{}`, made by quantfarm {}. The parity report (`report.json`, signed by `{}`; \
          also `report.intoto.json`, an in-toto attestation in a DSSE envelope) holds every figure above with its \
          uncertainty and every task's inputs: `quantfarm report verify report.json --pubkey FARM.pub`.",
-        rel["id"].as_str().unwrap_or("?"),
-        report["quantfarm_version"].as_str().unwrap_or("?"),
-        report["signature"]["fingerprint"].as_str().unwrap_or("unsigned"),
+        rel.id,
+        report.quantfarm_version,
+        signer(report),
     );
     md
 }

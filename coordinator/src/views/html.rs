@@ -5,10 +5,9 @@
 
 use std::fmt::Write as _;
 
-use serde_json::Value;
-
 use super::svg::{esc, Chart};
-use super::{identity_chain, or_dash, reference_probe, rows, size, verdict};
+use super::{identity_chain, or_dash, reference_probe, rows, signer, size, verdict};
+use crate::report::model::{GreedySummary, KldFigures, Report, Verdict};
 
 const CSS: &str = r#"
 :root { color-scheme: light; --ok: #1a7f37; --bad: #cf222e; --ink: #1f2328; --muted: #59636e; --line: #d1d9e0; }
@@ -41,23 +40,26 @@ svg .s5 polyline { stroke: #57606a; } svg .s5 circle, svg .s5 rect { fill: #5760
 details { margin: 4px 0; } summary { cursor: pointer; font-weight: 600; }
 "#;
 
-/// The KLD percentiles drawn per level, as the report's keys and their labels.
-const PERCENTILES: [(&str, &str); 9] = [
-    ("kld_p1", "1%"),
-    ("kld_p5", "5%"),
-    ("kld_p10", "10%"),
-    ("median_kld", "50%"),
-    ("kld_p90", "90%"),
-    ("kld_p95", "95%"),
-    ("kld_p99", "99%"),
-    ("kld_p99_9", "99.9%"),
-    ("max_kld", "max"),
+/// The KLD percentiles drawn per level, and their labels.
+/// Reads one figure.
+type Figure = fn(&KldFigures) -> f64;
+
+const PERCENTILES: [(Figure, &str); 9] = [
+    (|k| k.kld_p1, "1%"),
+    (|k| k.kld_p5, "5%"),
+    (|k| k.kld_p10, "10%"),
+    (|k| k.median_kld, "50%"),
+    (|k| k.kld_p90, "90%"),
+    (|k| k.kld_p95, "95%"),
+    (|k| k.kld_p99, "99%"),
+    (|k| k.kld_p99_9, "99.9%"),
+    (|k| k.max_kld, "max"),
 ];
 
-pub fn render(report: &Value) -> String {
-    let rel = &report["release"];
-    let name = rel["name"].as_str().unwrap_or("release");
-    let released = report["verdict"] == "released";
+pub fn render(report: &Report) -> String {
+    let rel = &report.release;
+    let name = rel.name.as_str();
+    let released = report.verdict == Verdict::Released;
     let mut h = String::new();
     let _ = write!(
         h,
@@ -73,10 +75,10 @@ pub fn render(report: &Value) -> String {
         esc(name),
         if released { "released" } else { "failed" },
         esc(&verdict(report).to_uppercase()),
-        esc(rel["id"].as_str().unwrap_or("?")),
-        esc(rel["spec_file"].as_str().unwrap_or("?")),
-        esc(report["quantfarm_version"].as_str().unwrap_or("?")),
-        esc(report["signature"]["fingerprint"].as_str().unwrap_or("unsigned")),
+        esc(&rel.id),
+        esc(&rel.spec_file),
+        esc(&report.quantfarm_version),
+        esc(signer(report)),
     );
     gates(&mut h, report);
     h.push_str("<h2>Ladder</h2><div class=\"charts\">");
@@ -93,10 +95,10 @@ pub fn render(report: &Value) -> String {
     h
 }
 
-fn gates(h: &mut String, report: &Value) {
+fn gates(h: &mut String, report: &Report) {
     h.push_str("<h2>Gates</h2><table><tr><th></th><th>Gate</th><th>Level</th><th>Check</th><th>Inputs</th><th>Threshold</th><th>Detail</th></tr>");
-    for g in report["gates"].as_array().into_iter().flatten() {
-        let ok = g["passed"] == true;
+    for g in &report.gates {
+        let ok = g.passed;
         let inputs: Vec<String> = super::gate_inputs(g)
             .into_iter()
             .map(|(k, v)| match v {
@@ -111,12 +113,12 @@ fn gates(h: &mut String, report: &Value) {
             "<tr class=\"{}\"><td>{}</td><td>{}</td><td>{}</td><td><code>{}</code></td><td>{}</td><td class=\"num\">{}</td><td>{}</td></tr>",
             if ok { "ok" } else { "fail" },
             if ok { "<span class=\"pass\">pass</span>" } else { "<span class=\"fail-mark\">FAIL</span>" },
-            esc(g["name"].as_str().unwrap_or("")),
-            esc(g["level"].as_str().unwrap_or("—")),
-            esc(g["check"].as_str().unwrap_or("")),
+            esc(&g.name),
+            esc(g.level.as_deref().unwrap_or("—")),
+            esc(&g.check),
             inputs.join("<br>"),
-            esc(&or_dash(g["threshold"].as_f64().map(crate::gates::expr::fmt_num))),
-            esc(g["detail"].as_str().unwrap_or("")),
+            esc(&or_dash(g.threshold.map(crate::gates::expr::fmt_num))),
+            esc(&g.detail),
         );
     }
     h.push_str("</table>");
@@ -130,7 +132,7 @@ fn empty(h: &mut String, what: &str) {
     let _ = write!(h, "<figure><p class=\"empty\">{}</p></figure>", esc(what));
 }
 
-fn ladder_chart(h: &mut String, report: &Value) {
+fn ladder_chart(h: &mut String, report: &Report) {
     let measured: Vec<_> = rows(report).into_iter().filter(|r| r.kld.is_some()).collect();
     if measured.is_empty() {
         return empty(h, "No level has a KL-divergence figure: nothing to plot.");
@@ -148,23 +150,27 @@ fn ladder_chart(h: &mut String, report: &Value) {
     figure(h, c.finish(), "The ladder: each level's size against its mean KL divergence from the GGUF BF16 (log scale), with the ± uncertainty llama-perplexity prints.");
 }
 
-fn percentile_chart(h: &mut String, report: &Value) {
+fn percentile_chart(h: &mut String, report: &Report) {
     let measured: Vec<_> = rows(report).into_iter().filter(|r| r.kld.is_some()).collect();
     if measured.is_empty() {
         return empty(h, "No KL-divergence percentiles: no level was measured.");
     }
-    let ys: Vec<f64> =
-        measured.iter().flat_map(|r| PERCENTILES.iter().filter_map(|(k, _)| r.a["kld"][*k].as_f64())).collect();
+    let figures = |r: &super::Row<'_>| -> Vec<f64> {
+        let k = r.a.kld_figures();
+        PERCENTILES.iter().filter_map(|(f, _)| super::fig(k, *f)).collect()
+    };
+    let ys: Vec<f64> = measured.iter().flat_map(figures).collect();
     let mut c =
         Chart::categories("KL divergence percentiles per level", PERCENTILES.len(), &ys, true, "KLD (nats/token)");
     for (i, (_, label)) in PERCENTILES.iter().enumerate() {
         c.category(i, label);
     }
     for (s, r) in measured.iter().enumerate() {
+        let k = r.a.kld_figures();
         let pts: Vec<(f64, f64)> = PERCENTILES
             .iter()
             .enumerate()
-            .filter_map(|(i, (k, _))| r.a["kld"][*k].as_f64().filter(|v| *v > 0.0).map(|v| (i as f64, v)))
+            .filter_map(|(i, (f, _))| k.map(f).filter(|v| *v > 0.0).map(|v| (i as f64, v)))
             .collect();
         let class = format!("series s{}", s % 6);
         c.line(&pts, r.name, &class);
@@ -173,27 +179,28 @@ fn percentile_chart(h: &mut String, report: &Value) {
     figure(h, c.finish(), "Per-token KL divergence percentiles (log scale): the tail shows what the mean hides.");
 }
 
-fn same_top_chart(h: &mut String, report: &Value) {
-    let measured: Vec<_> = rows(report).into_iter().filter(|r| r.a["kld"]["same_top_p"].is_number()).collect();
+fn same_top_chart(h: &mut String, report: &Report) {
+    let same_top = |r: &super::Row<'_>| r.a.kld_figures().map(|k| (k.same_top_p, k.same_top_p_unc));
+    let measured: Vec<_> =
+        rows(report).into_iter().filter(|r| same_top(r).is_some_and(|(v, _)| v.is_finite())).collect();
     if measured.is_empty() {
         return empty(h, "No same-top-p figures: no level was measured.");
     }
-    let ys: Vec<f64> = measured.iter().filter_map(|r| r.a["kld"]["same_top_p"].as_f64()).chain([100.0]).collect();
+    let ys: Vec<f64> = measured.iter().filter_map(|r| same_top(r).map(|(v, _)| v)).chain([100.0]).collect();
     let mut c = Chart::categories("same top token, percent", measured.len(), &ys, false, "same top p (%)");
     for (i, r) in measured.iter().enumerate() {
-        let k = &r.a["kld"];
-        let v = k["same_top_p"].as_f64().unwrap_or(0.0);
-        let u = k["same_top_p_unc"].as_f64().unwrap_or(0.0);
+        let (v, u) = same_top(r).unwrap_or_default();
+        let u = if u.is_finite() { u } else { 0.0 };
         c.bar(i, 0.0, 0.6, v, &format!("{}: {v:.3} ± {u:.3} %", r.name), "bar");
         c.category(i, r.file_type);
     }
     figure(h, c.finish(), "How often each level's most likely next token is the reference's.");
 }
 
-fn greedy_chart(h: &mut String, report: &Value) {
+fn greedy_chart(h: &mut String, report: &Report) {
     let mut bars: Vec<(String, f64, String, &str)> = Vec::new();
-    if let Some(g) = report["merge_check"].get("greedy") {
-        let (k, n) = (g["identical"].as_u64().unwrap_or(0), g["n"].as_u64().unwrap_or(0));
+    if let Some(g) = report.merge_check.as_ref().and_then(|m| m.greedy()) {
+        let (k, n) = (g.identical, g.n);
         bars.push(("merge".into(), ratio(k, n), format!("merge check (link 1): {k}/{n} identical"), "bar merge"));
     }
     for r in rows(report) {
@@ -225,7 +232,7 @@ fn ratio(k: u64, n: u64) -> f64 {
     }
 }
 
-fn probe_chart(h: &mut String, report: &Value) {
+fn probe_chart(h: &mut String, report: &Report) {
     // The reference (GGUF BF16) is drawn first; a level whose every answer was truncated has no bar, and says so.
     let measured: Vec<_> =
         rows(report).into_iter().filter(|r| r.truncated.is_some() && r.file_type != "BF16").collect();
@@ -264,11 +271,13 @@ fn probe_chart(h: &mut String, report: &Value) {
     figure(h, c.finish(), "Probe pass rates (truncated answers are never scored: a level whose every answer hit the token cap has no score); the shaded band is the reference's rate ± the noise band.");
 }
 
-fn ladder_table(h: &mut String, report: &Value) {
+fn ladder_table(h: &mut String, report: &Report) {
     h.push_str("<h2>Artifacts</h2><table><tr><th>Artifact</th><th>Size</th><th>Bits/weight</th><th>Mean KLD</th><th>Median KLD</th><th>99% KLD</th><th>Same top p</th><th>RMS Δp</th><th>PPL(Q)</th><th>Greedy</th><th>Probes</th><th>Reproduced</th></tr>");
     for r in rows(report) {
-        let k = &r.a["kld"];
-        let num = |key: &str, d: usize| or_dash(k[key].as_f64().map(|v| format!("{v:.d$}")));
+        let k = r.a.kld_figures();
+        // A figure, or a dash when it was not measured (or is not finite: written as null).
+        let fig = |f: Figure| super::fig(k, f);
+        let num = |f: Figure, d: usize| or_dash(fig(f).map(|v| format!("{v:.d$}")));
         let _ = write!(
             h,
             "<tr><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{:.2}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td>{}</td></tr>",
@@ -276,14 +285,14 @@ fn ladder_table(h: &mut String, report: &Value) {
             esc(&size(r.bytes)),
             r.bpw,
             esc(&or_dash(r.kld.map(|(m, u)| format!("{m:.6} ± {u:.6}")))),
-            num("median_kld", 6),
-            num("kld_p99", 4),
-            esc(&or_dash(k["same_top_p"].as_f64().map(|v| format!("{v:.3} %")))),
-            esc(&or_dash(k["rms_dp"].as_f64().map(|v| format!("{v:.3} %")))),
-            num("mean_ppl_q", 4),
+            num(|k| k.median_kld, 6),
+            num(|k| k.kld_p99, 4),
+            esc(&or_dash(fig(|k| k.same_top_p).map(|v| format!("{v:.3} %")))),
+            esc(&or_dash(fig(|k| k.rms_dp).map(|v| format!("{v:.3} %")))),
+            num(|k| k.mean_ppl_q, 4),
             esc(&or_dash(r.greedy.map(|(k, n)| format!("{k}/{n}")))),
             esc(&super::probe_cell(&r)),
-            if r.a["verified"] == true { "<span class=\"pass\">yes</span>" } else { "<span class=\"fail-mark\">no</span>" },
+            if r.a.verified { "<span class=\"pass\">yes</span>" } else { "<span class=\"fail-mark\">no</span>" },
         );
     }
     h.push_str("</table>");
@@ -298,18 +307,20 @@ fn excerpt(s: &str, n: usize) -> String {
     out
 }
 
-fn divergences(h: &mut String, report: &Value) {
-    let mut subjects: Vec<(String, &Value)> = Vec::new();
-    if let Some(g) = report["merge_check"].get("greedy") {
+fn divergences(h: &mut String, report: &Report) {
+    let mut subjects: Vec<(String, &GreedySummary)> = Vec::new();
+    if let Some(g) = report.merge_check.as_ref().and_then(|m| m.greedy()) {
         subjects.push(("merge check".to_string(), g));
     }
     for r in rows(report) {
-        subjects.push((r.name.to_string(), &r.a["greedy"]));
+        if let Some(g) = &r.a.greedy {
+            subjects.push((r.name.to_string(), g));
+        }
     }
     h.push_str("<h2>Greedy divergences</h2>");
     let mut any = false;
     for (who, g) in subjects {
-        let list: Vec<&Value> = g["disagreements"].as_array().into_iter().flatten().collect();
+        let list = &g.disagreements;
         if list.is_empty() {
             continue;
         }
@@ -325,17 +336,17 @@ fn divergences(h: &mut String, report: &Value) {
             "<details><summary>{}: {} of {} prompts differ</summary><table><tr><th>Prompt</th><th>First differing token</th><th>Reference margin</th><th>Reference</th><th>Model</th></tr>",
             esc(&who),
             list.len(),
-            g["n"]
+            g.n
         );
         for d in list {
             let _ = write!(
                 h,
                 "<tr><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td>{}</td><td>{}</td></tr>",
-                d["index"],
-                d["first_difference"],
-                esc(&or_dash(d["reference_margin"].as_f64().map(|v| format!("{v:.4}")))),
-                esc(&excerpt(d["reference_text"].as_str().unwrap_or(""), 120)),
-                esc(&excerpt(d["model_text"].as_str().unwrap_or(""), 120)),
+                d.index,
+                d.first_difference,
+                esc(&or_dash(Some(d.reference_margin).filter(|m| m.is_finite()).map(|v| format!("{v:.4}")))),
+                esc(&excerpt(&d.reference_text, 120)),
+                esc(&excerpt(&d.model_text, 120)),
             );
         }
         h.push_str("</table></details>");
@@ -345,7 +356,7 @@ fn divergences(h: &mut String, report: &Value) {
     }
 }
 
-fn chain(h: &mut String, report: &Value) {
+fn chain(h: &mut String, report: &Report) {
     h.push_str("<h2>Identity chain</h2><table><tr><th>Step</th><th>Object</th><th>sha256</th><th>Size</th></tr>");
     for (step, files) in identity_chain(report) {
         for (url, sha, bytes) in files {
@@ -385,12 +396,12 @@ mod tests {
     #[test]
     fn an_unmeasured_release_says_so_instead_of_plotting() {
         let mut r = crate::views::sample::report();
-        for a in r["artifacts"].as_array_mut().unwrap() {
-            a["kld"] = Value::Null;
-            a["probes"] = Value::Null;
-            a["greedy"] = Value::Null;
+        for a in &mut r.artifacts {
+            a.kld = None;
+            a.probes = None;
+            a.greedy = None;
         }
-        r["merge_check"] = Value::Null;
+        r.merge_check = None;
         let html = render(&r);
         assert_eq!(html.matches("<svg").count(), 0);
         assert!(html.contains("No level has a KL-divergence figure"));

@@ -3,9 +3,8 @@
 
 use std::fmt::Write as _;
 
-use serde_json::Value;
-
-use super::{identity_chain, or_dash, rows, size, verdict};
+use super::{fig, identity_chain, or_dash, or_null, rows, signer, size, verdict};
+use crate::report::model::{MergeCheck, Report};
 
 /// Escapes what would break a table cell or start Markdown markup.
 pub(crate) fn cell(s: &str) -> String {
@@ -23,20 +22,20 @@ pub(crate) fn cell(s: &str) -> String {
     out
 }
 
-pub fn render(report: &Value) -> String {
+pub fn render(report: &Report) -> String {
     let mut md = String::new();
-    let rel = &report["release"];
-    let name = rel["name"].as_str().unwrap_or("release");
+    let rel = &report.release;
+    let name = rel.name.as_str();
     let _ = writeln!(md, "# Parity report: {} — {}\n", cell(name), verdict(report).to_uppercase());
     let _ = writeln!(
         md,
         "Release `{}` from `{}` (sha256 `{}`), quantfarm {}. Signed by `{}`: check it with \
          `quantfarm report verify report.json --pubkey FARM.pub`.\n",
-        rel["id"].as_str().unwrap_or("?"),
-        rel["spec_file"].as_str().unwrap_or("?"),
-        &rel["spec_sha256"].as_str().unwrap_or("?").chars().take(16).collect::<String>(),
-        report["quantfarm_version"].as_str().unwrap_or("?"),
-        report["signature"]["fingerprint"].as_str().unwrap_or("unsigned"),
+        rel.id,
+        rel.spec_file,
+        &rel.spec_sha256.chars().take(16).collect::<String>(),
+        report.quantfarm_version,
+        signer(report),
     );
 
     let _ = writeln!(md, "## Ladder\n");
@@ -46,7 +45,7 @@ pub fn render(report: &Value) -> String {
     );
     let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|---:|:---:|");
     for r in rows(report) {
-        let k = &r.a["kld"];
+        let k = r.a.kld_figures();
         let _ = writeln!(
             md,
             "| {} | {} | {:.2} | {} | {} | {} | {} | {} | {} | {} |",
@@ -54,38 +53,35 @@ pub fn render(report: &Value) -> String {
             size(r.bytes),
             r.bpw,
             or_dash(r.kld.map(|(m, u)| format!("{m:.6} ± {u:.6}"))),
-            or_dash(k["kld_p99"].as_f64().map(|v| format!("{v:.4}"))),
+            or_dash(fig(k, |k| k.kld_p99).map(|v| format!("{v:.4}"))),
             or_dash(
-                k["same_top_p"]
-                    .as_f64()
-                    .map(|v| format!("{v:.2} ± {:.2} %", k["same_top_p_unc"].as_f64().unwrap_or(0.0)))
+                fig(k, |k| k.same_top_p)
+                    .map(|v| format!("{v:.2} ± {:.2} %", fig(k, |k| k.same_top_p_unc).unwrap_or(0.0)))
             ),
-            or_dash(k["mean_ppl_ratio"].as_f64().map(|v| format!("{v:.4}"))),
+            or_dash(fig(k, |k| k.mean_ppl_ratio).map(|v| format!("{v:.4}"))),
             or_dash(r.greedy.map(|(k, n)| format!("{k}/{n}"))),
             super::probe_cell(&r),
-            if r.a["verified"] == true { "yes" } else { "**no**" },
+            if r.a.verified { "yes" } else { "**no**" },
         );
     }
     if let Some((m, s)) = super::reference_probe(report) {
         let _ = writeln!(md, "\nReference (GGUF BF16) probes: {:.1} ± {:.1} % passed.", 100.0 * m, 100.0 * s);
     }
-    if let Some(e) = report["evaluation"].as_object() {
-        if let Some(text) = e.get("text").and_then(Value::as_str) {
+    if let Some(e) = &report.evaluation {
+        let _ = writeln!(
+            md,
+            "\nKL divergence against the GGUF BF16 on `{}` (sha256 `{}`), {} chunks of {} tokens, by \
+             llama-perplexity's procedure.",
+            cell(&e.text),
+            e.text_sha256.as_deref().unwrap_or("—").chars().take(16).collect::<String>(),
+            or_null(e.n_chunks),
+            e.ctx,
+        );
+        if e.n_prompts > 0 {
             let _ = writeln!(
                 md,
-                "\nKL divergence against the GGUF BF16 on `{}` (sha256 `{}`), {} chunks of {} tokens, by \
-                 llama-perplexity's procedure.",
-                cell(text),
-                e.get("text_sha256").and_then(Value::as_str).unwrap_or("—").chars().take(16).collect::<String>(),
-                e.get("n_chunks").map_or("—".into(), |v| v.to_string()),
-                e.get("ctx").map_or("—".into(), |v| v.to_string()),
-            );
-        }
-        if let Some(n) = e.get("n_prompts").and_then(Value::as_u64).filter(|n| *n > 0) {
-            let _ = writeln!(
-                md,
-                "\nGreedy agreement on {n} prompts at temperature 0, up to {} tokens each.",
-                e.get("max_tokens").map_or("—".into(), |v| v.to_string()),
+                "\nGreedy agreement on {} prompts at temperature 0, up to {} tokens each.",
+                e.n_prompts, e.max_tokens,
             );
         }
     }
@@ -93,8 +89,8 @@ pub fn render(report: &Value) -> String {
     let _ = writeln!(md, "\n## Gates\n");
     let _ = writeln!(md, "| | Gate | Level | Check | Inputs | Threshold | Detail |");
     let _ = writeln!(md, "|:---:|---|---|---|---|---:|---|");
-    for g in report["gates"].as_array().into_iter().flatten() {
-        let ok = g["passed"] == true;
+    for g in &report.gates {
+        let ok = g.passed;
         let inputs: Vec<String> = super::gate_inputs(g)
             .into_iter()
             .map(|(k, v)| match v {
@@ -106,39 +102,42 @@ pub fn render(report: &Value) -> String {
             md,
             "| {} | {} | {} | `{}` | {} | {} | {} |",
             if ok { "✅" } else { "❌" },
-            cell(g["name"].as_str().unwrap_or("")),
-            cell(g["level"].as_str().unwrap_or("—")),
-            g["check"].as_str().unwrap_or("").replace('`', "'").replace('|', "\\|"),
+            cell(&g.name),
+            cell(g.level.as_deref().unwrap_or("—")),
+            g.check.replace('`', "'").replace('|', "\\|"),
             cell(&inputs.join("; ")),
-            or_dash(g["threshold"].as_f64().map(crate::gates::expr::fmt_num)),
-            cell(g["detail"].as_str().unwrap_or("")),
+            or_dash(g.threshold.map(crate::gates::expr::fmt_num)),
+            cell(&g.detail),
         );
     }
 
-    let m = &report["merge_check"];
-    if let Some(g) = m.get("greedy") {
-        let _ = writeln!(
+    match &report.merge_check {
+        Some(MergeCheck::Measured(m)) => {
+            let _ = writeln!(
             md,
             "\n## Merge check (link 1)\n\nThe merge (rounded to f32) against the base with the adapter applied at run time: \
              {}/{} prompts byte-identical, mean common prefix {:.3}.",
-            g["identical"],
-            g["n"],
-            g["mean_prefix_fraction"].as_f64().unwrap_or(f64::NAN)
+            m.greedy.identical,
+            m.greedy.n,
+            m.greedy.mean_prefix_fraction
         );
-    } else if let Some(e) = m["error"].as_str() {
-        let _ = writeln!(md, "\n## Merge check (link 1)\n\n{}", cell(e));
+        }
+        Some(MergeCheck::Unmeasured { error }) => {
+            let _ = writeln!(md, "\n## Merge check (link 1)\n\n{}", cell(error));
+        }
+        None => {}
     }
 
     let mut diverged = String::new();
     for r in rows(report) {
-        for d in r.a["greedy"]["disagreements"].as_array().into_iter().flatten() {
+        for d in r.a.greedy.iter().flat_map(|g| &g.disagreements) {
             let _ = writeln!(
                 diverged,
                 "| {} | {} | {} | {} |",
                 cell(r.name),
-                d["index"],
-                d["first_difference"],
-                or_dash(d["reference_margin"].as_f64().map(|v| format!("{v:.4}")))
+                d.index,
+                d.first_difference,
+                or_dash(Some(d.reference_margin).filter(|m| m.is_finite()).map(|v| format!("{v:.4}")))
             );
         }
     }
@@ -177,11 +176,15 @@ mod tests {
         assert!(md.contains("| SmolLM2-Q4\\_K\\_M | 105.0 MB | 5.30 | 0.063500 ± 0.001270 |"), "{md}");
         assert!(md.contains("| SmolLM2-Q6\\_K | 138.0 MB | 6.60 | — |"), "{md}");
         assert!(md.contains("| ❌ | measured | Q6\\_K |"), "{md}");
-        assert!(md.contains("| ✅ | kld | Q4\\_K\\_M | `kld.mean <= default.kld.mean` | kld.mean = 0.0635; default.kld.mean = 0.1 | 0.1 |"), "{md}");
+        assert!(md.contains("| ✅ | kld | Q4\\_K\\_M | `kld.mean <= default.kld.mean` | default.kld.mean = 0.1; kld.mean = 0.0635 | 0.1 |"), "{md}");
         assert!(md.contains("20/20 prompts byte-identical"), "{md}");
         assert!(md.contains("Reference (GGUF BF16) probes: 75.0 ± 4.0 % passed."), "{md}");
         assert!(md.contains("| SmolLM2-Q8\\_0 | 3 | 17 | 0.0120 |"), "{md}");
-        assert_eq!(md.matches(&"0f".repeat(32)).count(), 4, "every artifact file's sha256: {md}");
+        assert_eq!(
+            md.matches(&"0f".repeat(32)).count(),
+            5,
+            "the adapter file's and every artifact file's sha256: {md}"
+        );
     }
 
     #[test]

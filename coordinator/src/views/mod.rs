@@ -9,10 +9,10 @@ pub mod html;
 pub mod markdown;
 mod svg;
 
-use serde_json::Value;
+use crate::report::model::{Artifact, GateInput, GateRecord, KldFigures, Report};
 
 /// A view's files, by name (`report.md`, `report.html`, `README.md`).
-pub fn render_all(report: &Value) -> Vec<(&'static str, String)> {
+pub fn render_all(report: &Report) -> Vec<(&'static str, String)> {
     vec![
         ("report.md", markdown::render(report)),
         ("report.html", html::render(report)),
@@ -22,7 +22,7 @@ pub fn render_all(report: &Value) -> Vec<(&'static str, String)> {
 
 /// The report's artifacts, each with the figures the views show.
 pub(crate) struct Row<'a> {
-    pub a: &'a Value,
+    pub a: &'a Artifact,
     pub name: &'a str,
     pub file_type: &'a str,
     pub bytes: u64,
@@ -33,30 +33,36 @@ pub(crate) struct Row<'a> {
     /// Probe pass rate and spread, when some answer could be scored.
     pub probe: Option<(f64, f64)>,
     /// Probe answers cut off by their token cap, when the probes ran.
-    pub truncated: Option<u64>,
+    pub truncated: Option<u32>,
 }
 
-pub(crate) fn rows(report: &Value) -> Vec<Row<'_>> {
-    report["artifacts"]
-        .as_array()
-        .into_iter()
-        .flatten()
+pub(crate) fn rows(report: &Report) -> Vec<Row<'_>> {
+    report
+        .artifacts
+        .iter()
         .map(|a| Row {
             a,
-            name: a["name"].as_str().unwrap_or(""),
-            file_type: a["file_type"].as_str().unwrap_or(""),
-            bytes: a["bytes"].as_u64().unwrap_or(0),
-            bpw: a["bits_per_weight"].as_f64().unwrap_or(0.0),
-            kld: a["kld"]["mean_kld"].as_f64().map(|m| (m, a["kld"]["mean_kld_unc"].as_f64().unwrap_or(0.0))),
-            greedy: a["greedy"]["n"].as_u64().map(|n| (a["greedy"]["identical"].as_u64().unwrap_or(0), n)),
-            probe: crate::report::scored_probes(&a["probes"]),
-            truncated: a["probes"]["truncated"].as_u64(),
+            name: &a.name,
+            file_type: &a.file_type,
+            bytes: a.bytes,
+            bpw: a.bits_per_weight,
+            kld: fig(a.kld_figures(), |k| k.mean_kld)
+                .map(|m| (m, fig(a.kld_figures(), |k| k.mean_kld_unc).unwrap_or(0.0))),
+            greedy: a.greedy.as_ref().map(|g| (g.identical, g.n)),
+            probe: a.probes.as_ref().and_then(|p| p.scored()),
+            truncated: a.probes.as_ref().map(|p| p.truncated),
         })
         .collect()
 }
 
+/// A KL-divergence figure, when the level was measured and the figure is finite (a non-finite one is written as
+/// `null`, and shown as not measured).
+pub(crate) fn fig(k: Option<&KldFigures>, f: fn(&KldFigures) -> f64) -> Option<f64> {
+    k.map(f).filter(|v| v.is_finite())
+}
+
 /// The reference's probe pass rate and spread (the GGUF BF16 row carries its own results), when scored.
-pub(crate) fn reference_probe(report: &Value) -> Option<(f64, f64)> {
+pub(crate) fn reference_probe(report: &Report) -> Option<(f64, f64)> {
     rows(report).iter().find(|r| r.file_type == "BF16").and_then(|r| r.probe)
 }
 
@@ -67,16 +73,16 @@ pub(crate) enum Input {
 }
 
 /// A gate's inputs, in the report's order.
-pub(crate) fn gate_inputs(g: &Value) -> Vec<(&str, Input)> {
-    g["inputs"]
-        .as_object()
-        .into_iter()
-        .flatten()
+pub(crate) fn gate_inputs(g: &GateRecord) -> Vec<(&str, Input)> {
+    g.inputs
+        .iter()
         .map(|(k, v)| {
             let input = match v {
-                Value::Object(o) => Input::Missing(o.get("missing").and_then(Value::as_str).unwrap_or("").to_string()),
-                Value::Number(n) => Input::Value(n.as_f64().map_or(n.to_string(), crate::gates::expr::fmt_num)),
-                v => Input::Value(v.to_string()),
+                GateInput::Missing { missing } => Input::Missing(missing.clone()),
+                GateInput::Number(n) => Input::Value(crate::gates::expr::fmt_num(*n)),
+                GateInput::Flag(b) => Input::Value(b.to_string()),
+                // As JSON shows a string: quoted.
+                GateInput::Text(t) => Input::Value(serde_json::Value::from(t.as_str()).to_string()),
             };
             (k.as_str(), input)
         })
@@ -92,12 +98,18 @@ pub(crate) fn probe_cell(r: &Row<'_>) -> String {
     }
 }
 
-pub(crate) fn verdict(report: &Value) -> &str {
-    match report["verdict"].as_str() {
-        Some("released") => "released",
-        Some("gate_failed") => "gate failed",
-        _ => "unknown",
-    }
+pub(crate) fn verdict(report: &Report) -> &'static str {
+    report.verdict.words()
+}
+
+/// The signer's fingerprint, or `unsigned`.
+pub(crate) fn signer(report: &Report) -> &str {
+    report.signature.as_ref().map_or("unsigned", |s| s.fingerprint.as_str())
+}
+
+/// A figure that may be unknown, as the report's JSON shows it (`null` when unknown).
+pub(crate) fn or_null<T: std::fmt::Display>(v: Option<T>) -> String {
+    v.map_or_else(|| "null".to_string(), |v| v.to_string())
 }
 
 /// Bytes as people read them: 1.23 GB, 456.7 MB, 12.3 kB (decimal units, as model hubs list files).
@@ -119,36 +131,29 @@ pub(crate) fn or_dash(v: Option<String>) -> String {
     v.unwrap_or_else(|| "—".to_string())
 }
 
+/// A file of an identity-chain step: url, sha256, bytes.
+pub(crate) type ChainFile = (String, String, u64);
+
 /// Each identity-chain step: what it is, then its files (url, sha256, bytes).
-pub(crate) fn identity_chain(report: &Value) -> Vec<(String, Vec<(String, String, u64)>)> {
+pub(crate) fn identity_chain(report: &Report) -> Vec<(String, Vec<ChainFile>)> {
     let mut out = Vec::new();
-    let src = &report["source"];
-    if let Some(url) = src["url"].as_str() {
-        out.push((
-            format!(
-                "source ({}, {})",
-                src["format"].as_str().unwrap_or("?"),
-                src["architecture"].as_str().unwrap_or("?")
-            ),
-            vec![(
-                url.to_string(),
-                src["identity"].as_str().unwrap_or("").to_string(),
-                src["bytes"].as_u64().unwrap_or(0),
-            )],
-        ));
-    }
-    let adapter = &report["adapter"];
-    if let Some(files) = adapter["files"].as_array().filter(|f| !f.is_empty()) {
-        let files = files
-            .iter()
-            .map(|f| {
-                let url = f["url"].as_str().unwrap_or("").to_string();
-                (url, f["sha256"].as_str().unwrap_or("").to_string(), f["bytes"].as_u64().unwrap_or(0))
-            })
-            .collect();
-        out.push((format!("adapter ({})", adapter["format"].as_str().unwrap_or("?")), files));
-    } else if let Some(a) = adapter["url"].as_str().or_else(|| report["release"]["spec"]["adapter"].as_str()) {
-        out.push(("adapter".to_string(), vec![(a.to_string(), String::new(), 0)]));
+    let src = &report.source;
+    out.push((
+        format!("source ({}, {})", src.format.as_deref().unwrap_or("?"), src.architecture.as_deref().unwrap_or("?")),
+        vec![(src.url.clone(), src.identity.clone().unwrap_or_default(), src.bytes.unwrap_or(0))],
+    ));
+    let adapter = report.adapter.as_ref();
+    match adapter.and_then(|a| a.files.as_ref()).filter(|f| !f.is_empty()) {
+        Some(files) => {
+            let files = files.iter().map(|f| (f.url.clone(), f.sha256.clone(), f.bytes)).collect();
+            let format = adapter.and_then(|a| a.format.as_deref()).unwrap_or("?");
+            out.push((format!("adapter ({format})"), files));
+        }
+        None => {
+            if let Some(a) = adapter.map(|a| a.url.as_str()).or_else(|| report.release.spec_str("adapter")) {
+                out.push(("adapter".to_string(), vec![(a.to_string(), String::new(), 0)]));
+            }
+        }
     }
     for r in rows(report) {
         let step = match r.file_type {
@@ -157,18 +162,7 @@ pub(crate) fn identity_chain(report: &Value) -> Vec<(String, Vec<(String, String
             t if t.starts_with("MLX-") => format!("quantized ({t})"),
             t => format!("quantized (GGUF {t})"),
         };
-        let files = r.a["files"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|f| {
-                (
-                    f["url"].as_str().unwrap_or("").to_string(),
-                    f["sha256"].as_str().unwrap_or("").to_string(),
-                    f["bytes"].as_u64().unwrap_or(0),
-                )
-            })
-            .collect();
+        let files = r.a.files.iter().map(|f| (f.url.clone(), f.sha256.clone(), f.bytes)).collect();
         out.push((step, files));
     }
     out
@@ -178,43 +172,131 @@ pub(crate) fn identity_chain(report: &Value) -> Vec<(String, Vec<(String, String
 pub(crate) mod sample {
     use serde_json::{json, Value};
 
-    /// A report shaped like the coordinator's, with two measured levels and one unmeasured, for the views' tests.
-    pub fn report() -> Value {
-        let kld = |m: f64| {
-            json!({"mean_kld": m, "mean_kld_unc": m / 50.0, "median_kld": m / 2.0, "max_kld": m * 40.0,
-                   "kld_p99": m * 8.0, "kld_p95": m * 4.0, "kld_p90": m * 3.0, "kld_p10": m / 10.0,
-                   "kld_p5": m / 20.0, "kld_p1": m / 100.0, "kld_p99_9": m * 20.0, "same_top_p": 100.0 - m * 200.0,
-                   "same_top_p_unc": 0.3, "mean_ppl_q": 18.3 * (1.0 + m), "mean_ppl_base": 18.29,
-                   "mean_ppl_ratio": 1.0 + m, "rms_dp": m * 60.0, "n_chunks": 14, "n_tokens": 3570})
-        };
-        let probes = |s: f64| {
-            json!({"mean_score": s, "score_spread": 0.05, "passed": 5, "failed": 2, "truncated": 1,
-                   "reference_mean_score": 0.75, "reference_score_spread": 0.04})
-        };
-        let greedy = |k: u64| {
-            json!({"n": 20, "identical": k, "agree": k as f64 / 20.0, "mean_prefix_fraction": 0.9, "complete": true,
-                   "disagreements": [{"index": 3, "first_difference": 17, "reference_margin": 0.012}]})
-        };
-        let file = |n: &str, b: u64| json!({"url": format!("s3://farm/r1/{n}"), "sha256": "0f".repeat(32), "bytes": b});
+    use crate::report::model::Report;
+
+    /// Every KL-divergence figure, scaled from a mean.
+    fn kld(m: f64) -> Value {
+        let figures = [
+            ("mean_kld", m),
+            ("mean_kld_unc", m / 50.0),
+            ("median_kld", m / 2.0),
+            ("min_kld", -m / 1000.0),
+            ("max_kld", m * 40.0),
+            ("kld_p0_1", m / 500.0),
+            ("kld_p1", m / 100.0),
+            ("kld_p5", m / 20.0),
+            ("kld_p10", m / 10.0),
+            ("kld_p90", m * 3.0),
+            ("kld_p95", m * 4.0),
+            ("kld_p99", m * 8.0),
+            ("kld_p99_9", m * 20.0),
+            ("same_top_p", 100.0 - m * 200.0),
+            ("same_top_p_unc", 0.3),
+            ("mean_ppl_q", 18.3 * (1.0 + m)),
+            ("mean_ppl_q_unc", 0.2),
+            ("mean_ppl_base", 18.29),
+            ("mean_ppl_base_unc", 0.2),
+            ("cor_ln_ppl", 99.9),
+            ("mean_ln_ppl_ratio", m),
+            ("mean_ln_ppl_ratio_unc", m),
+            ("mean_ppl_ratio", 1.0 + m),
+            ("mean_ppl_ratio_unc", m / 10.0),
+            ("mean_ppl_diff", m * 18.0),
+            ("mean_ppl_diff_unc", m),
+            ("mean_dp", -m),
+            ("mean_dp_unc", m / 10.0),
+            ("median_dp", 0.0),
+            ("min_dp", -m * 100.0),
+            ("max_dp", m * 100.0),
+            ("rms_dp", m * 60.0),
+            ("rms_dp_unc", m),
+            ("dp_p0_1", -m * 90.0),
+            ("dp_p1", -m * 50.0),
+            ("dp_p5", -m * 20.0),
+            ("dp_p10", -m * 10.0),
+            ("dp_p25", -m),
+            ("dp_p75", m),
+            ("dp_p90", m * 10.0),
+            ("dp_p95", m * 20.0),
+            ("dp_p99", m * 50.0),
+            ("dp_p99_9", m * 90.0),
+        ];
+        let mut k: serde_json::Map<String, Value> = figures.iter().map(|(n, v)| (n.to_string(), json!(v))).collect();
+        k.insert("n_chunks".into(), json!(14));
+        k.insert("n_tokens".into(), json!(3570));
+        Value::Object(k)
+    }
+
+    fn probes(s: f64) -> Value {
+        json!({"suite": "basics", "mean_score": s, "score_spread": 0.05, "pass_scores": [s], "passed": 5, "failed": 2,
+               "truncated": 1, "reference_mean_score": 0.75, "reference_score_spread": 0.04,
+               "delta_vs_reference": s - 0.75})
+    }
+
+    fn greedy(k: u64) -> Value {
+        json!({"n": 20, "identical": k, "agree": k as f64 / 20.0, "mean_prefix_fraction": 0.9, "complete": true,
+               "disagreements": [{"index": 3, "first_difference": 17, "reference_margin": 0.012, "common_prefix": 17,
+                                  "reference_tokens": 64, "model_tokens": 64, "reference_text": "the cat",
+                                  "model_text": "the dog"}]})
+    }
+
+    fn file(n: &str, b: u64) -> Value {
+        json!({"url": format!("s3://farm/r1/{n}"), "sha256": "0f".repeat(32), "bytes": b})
+    }
+
+    fn artifact(ty: &str, bytes: u64, bpw: f64, kld: Value, greedy: Value, probes: Value) -> Value {
+        let name = format!("SmolLM2-{ty}");
+        json!({"name": name, "file_type": ty, "container": "gguf", "bytes": bytes, "bits_per_weight": bpw,
+               "files": [file(&format!("{name}.gguf"), bytes)], "verified": true,
+               "type_mix": [{"type": "q8_0", "tensors": 210, "elements": 134515008u64, "bytes": bytes}],
+               "imatrix": null, "peers": null, "kld": kld, "greedy": greedy, "probes": probes})
+    }
+
+    /// The sample as JSON: every member a report can have, two measured levels and one unmeasured
+    /// (`docs/report.example.json`).
+    pub fn json() -> Value {
+        let mut q8 = artifact("Q8_0", 145000000, 8.5, kld(0.0045), greedy(19), probes(0.75));
+        q8["imatrix"] = json!({"from": "file", "url": "s3://models/imatrix.gguf", "sha256": "ee".repeat(32)});
+        q8["peers"] = json!({"llama-perplexity": {
+            "version": "b6000", "command": "llama-perplexity -m SmolLM2-Q8_0.gguf --kl-divergence",
+            "figures": {"Mean KLD": 0.0045, "Same top p": 99.1},
+            "same_as_quantfarm": {"Mean KLD": true, "Same top p": true}}});
+        let mut q4 = artifact("Q4_K_M", 105000000, 5.3, kld(0.0635), greedy(9), probes(0.5));
+        q4["imatrix"] = json!({"from": "computed", "url": "s3://farm/r1/imatrix.gguf", "sha256": "ee".repeat(32),
+                               "text": "texts/calibration.txt", "text_sha256": "cc".repeat(32),
+                               "tokens_sha256": "dd".repeat(32), "chunks": 8, "ctx": 512, "batch": 512,
+                               "method": "llama-imatrix's collection"});
+        let reference_probes = json!({"suite": "basics", "mean_score": 0.75, "score_spread": 0.04,
+                                      "pass_scores": [0.75], "passed": 6, "failed": 2, "truncated": 0});
         json!({
             "format": "quantfarm-report/1",
             "quantfarm_version": "0.1.0",
             "release": {"id": "r1", "name": "smollm2-<tuned>", "spec_file": "release.yaml", "spec_sha256": "aa".repeat(32),
-                        "spec": {"name": "smollm2", "card": {"license": "apache-2.0", "base_model": "HuggingFaceTB/SmolLM2-135M-Instruct"}}},
-            "source": {"url": "s3://models/smollm2", "format": "hf", "architecture": "llama", "identity": "bb".repeat(32), "bytes": 269060000},
-            "merge_check": {"greedy": {"n": 20, "identical": 20, "agree": 1.0, "mean_prefix_fraction": 1.0, "complete": true, "disagreements": []}},
-            "evaluation": {"text": "texts/gpl3.txt", "text_sha256": "cc".repeat(32), "ctx": 512, "n_chunks": 14, "n_prompts": 20, "max_tokens": 64},
+                        "spec": {"name": "smollm2", "adapter": "s3://models/lora",
+                                 "card": {"license": "apache-2.0", "base_model": "HuggingFaceTB/SmolLM2-135M-Instruct"}}},
+            "source": {"url": "s3://models/smollm2", "format": "hf", "architecture": "llama", "identity": "bb".repeat(32),
+                       "bytes": 269060000, "tensors": 272},
+            "links": {"merge": "merged", "conversion": "converted", "quantization": "quantized", "probes": "probed"},
+            "adapter": {"url": "s3://models/lora", "format": "peft", "files": [file("adapter_model.safetensors", 1000)],
+                        "changed_tensors": 60, "untied_embeddings": false},
+            "merge_check": {"method": "greedy", "base": file("check/base.gguf", 540000000),
+                            "lora": file("check/lora.gguf", 2000000), "merged": file("check/merged.gguf", 540000000),
+                            "greedy": {"n": 20, "identical": 20, "agree": 1.0, "mean_prefix_fraction": 1.0,
+                                       "complete": true, "disagreements": []}},
+            "evaluation": {"text": "texts/gpl3.txt", "text_sha256": "cc".repeat(32), "tokens_sha256": "dd".repeat(32),
+                           "ctx": 512, "batch": 2048, "n_chunks": 14, "chunks_per_task": 4,
+                           "reference": "s3://farm/r1/SmolLM2-BF16.gguf",
+                           "runtime": "llama.cpp", "prompts": "prompts.json", "n_prompts": 20, "max_tokens": 64,
+                           "probes": "probes.yaml", "context": 512},
             "artifacts": [
-                {"name": "SmolLM2-BF16", "file_type": "BF16", "container": "gguf", "bytes": 270000000, "bits_per_weight": 16.0,
-                 "files": [file("SmolLM2-BF16.gguf", 270000000)], "verified": true, "kld": null, "greedy": null,
-                 "probes": {"mean_score": 0.75, "score_spread": 0.04, "pass_scores": [0.75], "passed": 6, "failed": 2, "truncated": 0}},
-                {"name": "SmolLM2-Q8_0", "file_type": "Q8_0", "container": "gguf", "bytes": 145000000, "bits_per_weight": 8.5,
-                 "files": [file("SmolLM2-Q8_0.gguf", 145000000)], "verified": true, "kld": kld(0.0045), "greedy": greedy(19), "probes": probes(0.75)},
-                {"name": "SmolLM2-Q4_K_M", "file_type": "Q4_K_M", "container": "gguf", "bytes": 105000000, "bits_per_weight": 5.3,
-                 "files": [file("SmolLM2-Q4_K_M.gguf", 105000000)], "verified": true, "kld": kld(0.0635), "greedy": greedy(9), "probes": probes(0.5)},
-                {"name": "SmolLM2-Q6_K", "file_type": "Q6_K", "container": "gguf", "bytes": 138000000, "bits_per_weight": 6.6,
-                 "files": [file("SmolLM2-Q6_K.gguf", 138000000)], "verified": true, "kld": null, "greedy": null, "probes": null},
+                artifact("BF16", 270000000, 16.0, Value::Null, Value::Null, reference_probes),
+                q8,
+                q4,
+                artifact("Q6_K", 138000000, 6.6, json!({"error": "9 of the text's 14 chunks were measured"}),
+                         Value::Null, Value::Null),
             ],
+            "tasks": [{"id": "plan", "worker": "w1", "attempts": 1, "duration_ms": 9, "inputs": {"source": "s3://models/smollm2"},
+                       "outputs": {"architecture": "llama"}}],
             "gates": [
                 {"name": "measured", "level": "Q6_K", "check": "kld.mean and probe results measured", "source": "built-in",
                  "inputs": {"kld.mean": {"missing": "not measured: evaluation.skip lists it"}}, "passed": false,
@@ -223,8 +305,39 @@ pub(crate) mod sample {
                  "inputs": {"kld.mean": 0.0635, "default.kld.mean": 0.1}, "threshold": 0.1, "passed": true,
                  "detail": "Q4_K_M: kld.mean = 0.0635 <= default.kld.mean = 0.1"},
             ],
+            "tools": {"quantfarm": "0.1.0", "peers": {"llama-perplexity": "b6000"},
+                      "workers": [{"id": "w1", "name": "w", "version": "0.1.0", "os": "linux", "arch": "x86_64",
+                                   "cores": 2, "runtimes": ["llama.cpp"]}, {"id": "w0"}]},
+            "timings": {"created_ms": 1, "reported_ms": 2, "wall_ms": 1, "task_ms": 9,
+                        "by_kind": {"plan": {"tasks": 1, "total_ms": 9, "max_ms": 9}}},
             "verdict": "gate_failed",
-            "signature": {"fingerprint": "SHA256:0123456789abcdef0123456789abcdef"},
+            "signature": {"algorithm": "ed25519", "canonicalization": "RFC8785",
+                          "public_key": format!("quantfarm-ed25519-public:{}=", "A".repeat(43)),
+                          "fingerprint": "SHA256:0123456789abcdef0123456789abcdef",
+                          "value": format!("{}==", "B".repeat(86))},
         })
+    }
+
+    #[test]
+    fn the_sample_is_the_documented_example_and_fits_the_types_both_ways() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/report.example.json");
+        let ours = format!("{}\n", serde_json::to_string_pretty(&json()).expect("JSON"));
+        if std::env::var_os("QUANTFARM_WRITE_EXAMPLE").is_some() {
+            std::fs::write(&path, &ours).expect("docs/report.example.json");
+        }
+        let documented = std::fs::read_to_string(&path).expect("docs/report.example.json");
+        assert!(
+            documented == ours,
+            "docs/report.example.json is not the views' sample report: write it again with \
+             QUANTFARM_WRITE_EXAMPLE=1 cargo test -p quantfarm-coordinator the_sample_is"
+        );
+        let back = serde_json::to_value(report()).expect("serializes");
+        let canonical = |v: &Value| crate::canonical::canonical_json(v).expect("canonical");
+        assert_eq!(canonical(&back), canonical(&json()), "the types keep every member of the sample");
+    }
+
+    /// The sample as the views read it.
+    pub fn report() -> Report {
+        crate::report::parse(&json().to_string()).expect("the sample fits the report's types")
     }
 }

@@ -1,0 +1,665 @@
+//! Builds a release's [`Report`] from its finished tasks: merges each level's KL-divergence chunk groups and greedy
+//! shares, joins probe results with the reference's, gathers artifacts into slots in report order, and evaluates the
+//! gates over the figures measured.
+
+use std::collections::{BTreeMap, HashMap};
+
+use quantfarm_proto as pb;
+
+use super::model::*;
+use super::tasks;
+use crate::gates;
+use crate::graph::{CheckPart, Subject, TaskKey};
+use crate::sched::{Release, WorkerRec};
+use quantfarm_parity::{ChunkStats, KldSummary};
+
+/// One published artifact while it is gathered: every file of one output (all split files of one GGUF).
+#[derive(Default)]
+struct ArtifactAcc {
+    files: Vec<FileRef>,
+    bytes: u64,
+    types: BTreeMap<String, (u64, u64, u64)>,
+    verified: Vec<bool>,
+}
+
+fn artifact_result(r: Option<&pb::TaskResult>) -> Option<&pb::Artifact> {
+    r?.artifact()
+}
+
+fn verify_result(r: Option<&pb::TaskResult>) -> Option<&pb::VerifyResult> {
+    r?.verify()
+}
+
+fn file_ref(a: &pb::Artifact) -> FileRef {
+    FileRef { url: a.url.clone(), sha256: a.sha256.clone(), bytes: a.bytes }
+}
+
+fn kld_plan_result(rel: &Release) -> Option<&pb::KldPlanResult> {
+    rel.result(&TaskKey::KldPlan)?.kld_plan()
+}
+
+/// Each measured model's KL-divergence figures (keyed by its artifact `file_type`), merged from its chunk groups'
+/// statistics, or why they cannot be: a chunk missing or given twice.
+fn kld_summaries(rel: &Release) -> BTreeMap<String, Result<KldSummary, String>> {
+    let mut chunks: BTreeMap<String, Vec<ChunkStats>> = BTreeMap::new();
+    for t in &rel.tasks {
+        let TaskKey::Kld { target, .. } = &t.key else { continue };
+        let list = chunks.entry(target.to_string()).or_default();
+        if let Some(k) = t.result.as_ref().and_then(|r| r.kld()) {
+            list.extend(k.chunks.iter().map(ChunkStats::from));
+        }
+    }
+    let expected = kld_plan_result(rel).map_or(0, |k| k.n_chunks as u64);
+    chunks
+        .into_iter()
+        .map(|(target, list)| {
+            let merged = KldSummary::merge(&list).map_err(|e| e.to_string()).and_then(|s| {
+                if s.n_chunks == expected {
+                    Ok(s)
+                } else {
+                    Err(format!("{} of the text's {expected} chunks were measured", s.n_chunks))
+                }
+            });
+            (target, merged)
+        })
+        .collect()
+}
+
+/// The key of the merge check's greedy summary in [`greedy_summaries`].
+const MERGE_CHECK: &str = "merge-check";
+
+/// Each model's greedy agreement with its reference (keyed by its artifact `file_type`, the merge check's as
+/// [`MERGE_CHECK`]), its shares joined in prompt order: k of N byte-identical, the mean common-prefix fraction, and
+/// every disagreement with where it starts and the reference's top-2 margin there.
+fn greedy_summaries(rel: &Release) -> BTreeMap<String, GreedySummary> {
+    let mut agreements: BTreeMap<String, (Subject, Vec<&pb::PromptAgreement>)> = BTreeMap::new();
+    // Continuations per reference subject: a comparison is complete when it covers every one.
+    let mut n_reference: BTreeMap<String, usize> = BTreeMap::new();
+    for t in &rel.tasks {
+        let TaskKey::Greedy { subject, .. } = &t.key else { continue };
+        let Some(g) = t.result.as_ref().and_then(|r| r.greedy()) else { continue };
+        let key = match subject {
+            Subject::Reference | Subject::Adapter => {
+                *n_reference.entry(subject.to_string()).or_default() += g.continuations.len();
+                continue;
+            }
+            Subject::Model(target) => target.to_string(),
+            Subject::MergedF32 => MERGE_CHECK.to_string(),
+        };
+        agreements.entry(key).or_insert_with(|| (*subject, Vec::new())).1.extend(&g.agreements);
+    }
+    agreements
+        .into_iter()
+        .map(|(target, (subject, mut list))| {
+            let n_reference =
+                subject.compared_with().and_then(|r| n_reference.get(&r.to_string()).copied()).unwrap_or(0);
+            list.sort_by_key(|a| a.index);
+            let n = list.len();
+            let identical = list.iter().filter(|a| a.identical).count();
+            let mean_prefix = if n == 0 { 0.0 } else { list.iter().map(|a| a.prefix_fraction).sum::<f64>() / n as f64 };
+            let disagreements = list
+                .iter()
+                .filter(|a| !a.identical)
+                .map(|a| Disagreement {
+                    index: a.index,
+                    first_difference: a.first_difference,
+                    reference_margin: f64::from(a.reference_margin),
+                    common_prefix: a.common_prefix,
+                    reference_tokens: a.reference_tokens,
+                    model_tokens: a.model_tokens,
+                    reference_text: a.reference_text.clone(),
+                    model_text: a.model_text.clone(),
+                })
+                .collect();
+            let summary = GreedySummary {
+                n: n as u64,
+                identical: identical as u64,
+                agree: if n == 0 { 0.0 } else { identical as f64 / n as f64 },
+                mean_prefix_fraction: mean_prefix,
+                complete: n == n_reference,
+                disagreements,
+            };
+            (target, summary)
+        })
+        .collect()
+}
+
+/// Each subject's probe results (keyed by artifact `file_type`, the reference as "BF16"), with the models' pass
+/// rate against the reference's and its noise band.
+fn probe_summaries(rel: &Release) -> BTreeMap<String, ProbeSummary> {
+    let mut out = BTreeMap::new();
+    let reference = rel.result(&TaskKey::Probe { subject: Subject::Reference }).and_then(pb::TaskResult::probe);
+    for t in &rel.tasks {
+        let TaskKey::Probe { subject } = &t.key else { continue };
+        let Some(p) = t.result.as_ref().and_then(|r| r.probe()) else { continue };
+        let mut v = ProbeSummary {
+            suite: p.suite.clone(),
+            passed: p.passed,
+            failed: p.failed,
+            truncated: p.truncated,
+            mean_score: p.mean_score,
+            score_spread: p.score_spread,
+            pass_scores: p.pass_scores.clone(),
+            reference_mean_score: None,
+            reference_score_spread: None,
+            delta_vs_reference: None,
+        };
+        let key = match subject {
+            // The merge check's subjects run no probes.
+            Subject::Adapter | Subject::MergedF32 => continue,
+            Subject::Reference => "BF16".to_string(),
+            Subject::Model(target) => {
+                if let Some(r) = reference {
+                    v.reference_mean_score = Some(r.mean_score);
+                    v.reference_score_spread = Some(r.score_spread);
+                    v.delta_vs_reference = Some(p.mean_score - r.mean_score);
+                }
+                target.to_string()
+            }
+        };
+        out.insert(key, v);
+    }
+    out
+}
+
+/// Each quant level's figures as a peer tool printed them (keyed by artifact `file_type`, then tool), with whether
+/// quantfarm's own figures print the same to every digit the tool prints.
+fn peer_summaries(
+    rel: &Release,
+    klds: &BTreeMap<String, Result<KldSummary, String>>,
+) -> BTreeMap<String, BTreeMap<String, PeerFigures>> {
+    let mut out: BTreeMap<String, BTreeMap<String, PeerFigures>> = BTreeMap::new();
+    for t in &rel.tasks {
+        let TaskKey::PeerKld { level, .. } = &t.key else { continue };
+        let Some(p) = t.result.as_ref().and_then(|r| r.peer_kld()) else { continue };
+        let ours = klds.get(level.name()).and_then(|r| r.as_ref().ok());
+        // (label as printed, our figure, decimals printed)
+        let compared: Vec<(&str, Option<f64>, usize)> = vec![
+            ("Mean KLD", ours.map(|s| s.mean_kld.value), 6),
+            ("Same top p", ours.map(|s| 100.0 * s.same_top_p.value), 3),
+            ("Mean PPL(Q)", ours.map(|s| s.mean_ppl_q.value), 6),
+            ("Mean PPL(base)", ours.map(|s| s.mean_ppl_base.value), 6),
+        ];
+        let mut same = BTreeMap::new();
+        for (label, mine, digits) in compared {
+            let theirs = p.figures.get(label);
+            let equal = match (mine, theirs) {
+                (Some(m), Some(t)) => format!("{m:.digits$}") == format!("{t:.digits$}"),
+                _ => false,
+            };
+            same.insert(label.to_string(), equal);
+        }
+        out.entry(level.name().to_string()).or_default().insert(
+            p.tool.clone(),
+            PeerFigures {
+                version: p.version.clone(),
+                command: p.command.clone(),
+                figures: p.figures.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+                same_as_quantfarm: same,
+            },
+        );
+    }
+    out
+}
+
+/// The adapter merged into the source: its location, format, every file with its content's sha256, and what the
+/// merge changes (null without one).
+fn adapter(rel: &Release) -> Option<Adapter> {
+    if rel.adapter.is_empty() {
+        return None;
+    }
+    let plan = rel.result(&TaskKey::MergePlan).and_then(pb::TaskResult::merge_plan);
+    Some(Adapter {
+        url: rel.adapter.clone(),
+        format: plan.map(|p| p.format.clone()),
+        files: plan.map(|p| {
+            p.adapter_files
+                .iter()
+                .map(|f| FileRef { url: f.url.clone(), sha256: f.sha256.clone(), bytes: f.bytes })
+                .collect()
+        }),
+        changed_tensors: plan.map(|p| p.changed.len() as u64),
+        untied_embeddings: plan.map(|p| p.untied),
+    })
+}
+
+/// Link 1: the merge check's inputs and greedy agreement, or why it was not measured (null without an adapter).
+fn merge_check(rel: &Release, greedy: &BTreeMap<String, GreedySummary>) -> Option<MergeCheck> {
+    if rel.adapter.is_empty() {
+        return None;
+    }
+    let Some(g) = greedy.get(MERGE_CHECK) else {
+        return Some(MergeCheck::Unmeasured { error: merge_unmeasured(rel) });
+    };
+    let part = |part| artifact_result(rel.result(&TaskKey::MergeCheck { part })).map(file_ref);
+    Some(MergeCheck::Measured(Box::new(MergeCheckFigures {
+        method: "greedy continuations of evaluation.prompts at temperature 0 in llama.cpp, all in F32: the merge \
+                 (computed as the published one, rounded to f32) against the base with the adapter applied at run \
+                 time, unmerged (a GGUF LoRA)"
+            .into(),
+        base: part(CheckPart::Base),
+        lora: part(CheckPart::Lora),
+        merged: part(CheckPart::Merged),
+        greedy: g.clone(),
+    })))
+}
+
+/// Why the merge check has no figures (with an adapter).
+fn merge_unmeasured(rel: &Release) -> String {
+    let untied = rel.result(&TaskKey::MergePlan).and_then(pb::TaskResult::merge_plan).is_some_and(|m| m.untied);
+    if rel.eval.prompts.is_empty() {
+        "not measured: the merge check runs on evaluation.prompts, and the release has none".into()
+    } else if untied {
+        "not measured: the adapter changes the embeddings of a base with tied embeddings, and llama.cpp cannot apply \
+         such a LoRA at run time (it would apply it to the output layer too), so the merge has no run-time reference \
+         to be compared with; its bytes are still recomputed and compared (verify/merge)"
+            .into()
+    } else {
+        "not measured: no merge-check greedy task ran".into()
+    }
+}
+
+/// A greedy summary's figures, or why it has none.
+fn greedy_figures(s: Option<&GreedySummary>, why_none: &str) -> (Result<f64, String>, Result<f64, String>) {
+    match s {
+        Some(s) if s.complete => (Ok(s.agree), Ok(s.mean_prefix_fraction)),
+        Some(s) => {
+            let e = format!("incomplete: {} prompts compared", s.n);
+            (Err(e.clone()), Err(e))
+        }
+        None => (Err(why_none.to_string()), Err(why_none.to_string())),
+    }
+}
+
+/// A probe summary's pass rate for the gates, or why it has none (`whose` names the subject).
+fn probe_pass_rate(p: &ProbeSummary, whose: &str) -> Result<f64, String> {
+    p.scored().map(|(m, _)| m).ok_or_else(|| {
+        format!(
+            "{whose} probe answers were all cut off by their token cap ({} truncated): no score; raise the probes' max_tokens",
+            p.truncated
+        )
+    })
+}
+
+/// Every figure the gates read, per level and release-wide, each with why it is missing where it is.
+fn measured(
+    rel: &Release,
+    klds: &BTreeMap<String, Result<KldSummary, String>>,
+    greedy: &BTreeMap<String, GreedySummary>,
+    probes: &BTreeMap<String, ProbeSummary>,
+    artifacts: &[Artifact],
+    all_verified: bool,
+) -> gates::Measured {
+    let spec = &rel.spec;
+    let eval = spec.evaluation.as_ref();
+    let reference_probe = probes.get("BF16");
+    let mut levels = Vec::new();
+    for level in spec.levels() {
+        let mut f = gates::LevelFigures::default();
+        let unmeasured = |what: &str, input: Option<&String>| -> String {
+            if eval.is_some() && !spec.measures(&level) {
+                "not measured: evaluation.skip lists it".to_string()
+            } else if input.is_none() {
+                format!("not measured: the release has no evaluation.{what}")
+            } else {
+                format!("not measured: no {what} task ran for it")
+            }
+        };
+        match klds.get(&level) {
+            Some(Ok(k)) => {
+                let pct = |p: f64| k.kld_percentiles.iter().find(|(q, _)| (q - p).abs() < 1e-9).map(|(_, v)| *v);
+                for (name, v) in [
+                    ("kld.mean", Some(k.mean_kld.value)),
+                    ("kld.mean_unc", Some(k.mean_kld.unc)),
+                    ("kld.median", Some(k.median_kld)),
+                    ("kld.max", Some(k.max_kld)),
+                    ("kld.p90", pct(0.90)),
+                    ("kld.p95", pct(0.95)),
+                    ("kld.p99", pct(0.99)),
+                    ("kld.p99_9", pct(0.999)),
+                    // Percent, as the report's kld figures and llama-perplexity print them.
+                    ("kld.same_top_p", Some(100.0 * k.same_top_p.value)),
+                    ("kld.rms_dp", Some(100.0 * k.rms_dp.value)),
+                    ("kld.ppl", Some(k.mean_ppl_q.value)),
+                    ("kld.ppl_ratio", Some(k.mean_ppl_ratio.value)),
+                    ("kld.ln_ppl_ratio", Some(k.mean_ln_ppl_ratio.value)),
+                ] {
+                    f.set(name, v.ok_or_else(|| "no such percentile".to_string()));
+                }
+            }
+            other => {
+                let why = match other {
+                    Some(Err(e)) => format!("not measured: {e}"),
+                    _ => unmeasured("text", eval.and_then(|e| e.text.as_ref())),
+                };
+                for name in gates::LEVEL_FIGURES.iter().map(|(n, _)| *n).filter(|n| n.starts_with("kld.")) {
+                    f.set(name, Err(why.clone()));
+                }
+            }
+        }
+        let (agree, prefix) =
+            greedy_figures(greedy.get(&level), &unmeasured("prompts", eval.and_then(|e| e.prompts.as_ref())));
+        f.set("greedy.agree", agree);
+        f.set("greedy.prefix", prefix);
+        match probes.get(&level) {
+            Some(p) => {
+                f.set("probe.pass_rate", probe_pass_rate(p, "the level's"));
+                f.set("probe.spread", Ok(p.score_spread));
+                f.set("probe.truncated", Ok(f64::from(p.truncated)));
+                match reference_probe {
+                    Some(r) => {
+                        f.set("baseline", probe_pass_rate(r, "the reference's"));
+                        f.set("noise", Ok(r.score_spread.max(p.score_spread)));
+                    }
+                    None => {
+                        f.set("baseline", Err("the reference's probes did not run".into()));
+                        f.set("noise", Err("the reference's probes did not run".into()));
+                    }
+                }
+            }
+            None => {
+                let why = unmeasured("probes", eval.and_then(|e| e.probes.as_ref()));
+                for name in ["probe.pass_rate", "probe.spread", "probe.truncated", "baseline", "noise"] {
+                    f.set(name, Err(why.clone()));
+                }
+            }
+        }
+        match artifacts.iter().find(|a| a.file_type == level) {
+            Some(a) => {
+                f.set("bits_per_weight", Ok(a.bits_per_weight));
+                f.set("bytes", Ok(a.bytes as f64));
+                f.verified = Some(a.verified);
+            }
+            None => {
+                f.set("bits_per_weight", Err("the artifact was not made".into()));
+                f.set("bytes", Err("the artifact was not made".into()));
+            }
+        }
+        f.set(
+            "default.kld.mean",
+            gates::default_kld_max(&level).ok_or_else(|| format!("no default limit for {level}")),
+        );
+        levels.push((level, f));
+    }
+    let mut global = BTreeMap::new();
+    let merge_why =
+        if rel.adapter.is_empty() { "no adapter: nothing was merged".to_string() } else { merge_unmeasured(rel) };
+    let (agree, prefix) = greedy_figures(greedy.get(MERGE_CHECK), &merge_why);
+    global.insert("merge.greedy.agree", agree);
+    global.insert("merge.greedy.prefix", prefix);
+    let base_ppl = klds.values().find_map(|k| k.as_ref().ok()).map(|k| k.mean_ppl_base.value);
+    global.insert("reference.kld.ppl", base_ppl.ok_or_else(|| "no KL-divergence pass ran".to_string()));
+    global.insert(
+        "reference.probe.pass_rate",
+        reference_probe.map_or_else(
+            || Err("the reference's probes did not run".into()),
+            |r| probe_pass_rate(r, "the reference's"),
+        ),
+    );
+    gates::Measured { levels, global, all_verified, has_adapter: !rel.adapter.is_empty() }
+}
+
+/// The tools that made the release: this coordinator, every worker that ran one of its tasks (version, platform,
+/// the runtimes it found), and each peer tool's version as it reported it.
+fn tools(rel: &Release, workers: &HashMap<String, WorkerRec>) -> Tools {
+    let ran: std::collections::BTreeSet<&str> = rel.tasks.iter().filter_map(|t| t.worker.as_deref()).collect();
+    let workers = ran
+        .iter()
+        .map(|id| WorkerRecord {
+            id: id.to_string(),
+            info: workers.get(*id).map(|w| WorkerDetails {
+                name: w.info.name.clone(),
+                version: w.info.version.clone(),
+                os: w.info.os.clone(),
+                arch: w.info.arch.clone(),
+                cores: w.info.cores,
+                runtimes: w.info.runtimes.clone(),
+            }),
+        })
+        .collect();
+    let mut peers = BTreeMap::new();
+    for t in &rel.tasks {
+        if let Some(p) = t.result.as_ref().and_then(|r| r.peer_kld()) {
+            peers.insert(p.tool.clone(), p.version.clone());
+        }
+    }
+    Tools { quantfarm: env!("CARGO_PKG_VERSION").to_string(), workers, peers }
+}
+
+/// Builds the unsigned report of a release whose tasks (but the report) are all done. `workers` are the
+/// coordinator's known workers, `now_ms` the report's time.
+pub fn build(rel: &Release, workers: &HashMap<String, WorkerRec>, now_ms: i64) -> Report {
+    let klds = kld_summaries(rel);
+    let greedy = greedy_summaries(rel);
+    let probes = probe_summaries(rel);
+    let mut peers = peer_summaries(rel, &klds);
+    let (artifacts, all_verified) = artifacts(rel, &klds, &greedy, &probes, &mut peers);
+    let measured = measured(rel, &klds, &greedy, &probes, &artifacts, all_verified);
+    let results = gates::evaluate(&rel.spec.gates, &measured);
+    let passed = results.iter().all(|g| g.outcome.passed);
+    let plan = rel.result(&TaskKey::Plan).and_then(pb::TaskResult::plan);
+    Report {
+        format: FORMAT.to_string(),
+        quantfarm_version: env!("CARGO_PKG_VERSION").to_string(),
+        release: ReleaseInfo {
+            id: rel.id.clone(),
+            name: rel.spec.name.clone(),
+            spec_file: rel.file_name.clone(),
+            spec_sha256: quantfarm_store::hex(&<sha2::Sha256 as sha2::Digest>::digest(rel.yaml.as_bytes())),
+            spec: serde_json::to_value(&rel.spec).unwrap_or(serde_json::Value::Null),
+        },
+        source: Source {
+            url: rel.source.clone(),
+            format: plan.map(|p| p.format.clone()),
+            architecture: plan.map(|p| p.architecture.clone()),
+            identity: plan.map(|p| p.source_identity.clone()),
+            bytes: plan.map(|p| p.source_bytes),
+            tensors: plan.map(|p| p.tensors.len() as u64),
+        },
+        links: links(rel),
+        adapter: adapter(rel),
+        merge_check: merge_check(rel, &greedy),
+        evaluation: evaluation(rel),
+        artifacts,
+        tasks: tasks::records(rel),
+        gates: results.iter().map(gates::GateResult::record).collect(),
+        tools: tools(rel, workers),
+        timings: tasks::timings(rel, now_ms),
+        verdict: if passed { Verdict::Released } else { Verdict::GateFailed },
+        signature: None,
+    }
+}
+
+/// The artifacts in report order (the merged checkpoint, GGUF BF16, the GGUF quants, the MLX checkpoints), each
+/// with its figures; and whether every one was verified.
+fn artifacts(
+    rel: &Release,
+    klds: &BTreeMap<String, Result<KldSummary, String>>,
+    greedy: &BTreeMap<String, GreedySummary>,
+    probes: &BTreeMap<String, ProbeSummary>,
+    peers: &mut BTreeMap<String, BTreeMap<String, PeerFigures>>,
+) -> (Vec<Artifact>, bool) {
+    /// Where an artifact task's result goes: its slot (order, file type), and whether it made the files or
+    /// verified them.
+    enum Role {
+        Makes,
+        Verifies,
+    }
+    let level_order =
+        |l: &str| rel.spec.quants().iter().position(|q| q.0.name() == l).map_or(u32::MAX - 1, |p| p as u32 + 2);
+    let merged = || (0, "merged".to_string());
+    let bf16 = || (1, "BF16".to_string());
+    let mlx = |bits: u32| (u32::MAX - 16 + bits, format!("MLX-{bits}bit"));
+    let quant = |name: &str| (level_order(name), name.to_string());
+    let mut slots: BTreeMap<(u32, String), ArtifactAcc> = BTreeMap::new();
+    for t in &rel.tasks {
+        let (slot, role) = match &t.key {
+            TaskKey::Merge { .. } | TaskKey::MergeSide => (merged(), Role::Makes),
+            TaskKey::VerifyMerge { .. } | TaskKey::VerifyMergeSide => (merged(), Role::Verifies),
+            TaskKey::Gguf { .. } => (bf16(), Role::Makes),
+            TaskKey::VerifyGguf { .. } => (bf16(), Role::Verifies),
+            TaskKey::Quantize { level, .. } => (quant(level.name()), Role::Makes),
+            TaskKey::VerifyQuantize { level, .. } => (quant(level.name()), Role::Verifies),
+            TaskKey::Mlx { bits } => (mlx(*bits), Role::Makes),
+            TaskKey::VerifyMlx { bits } => (mlx(*bits), Role::Verifies),
+            // Tasks whose outputs are not published artifacts.
+            TaskKey::Plan
+            | TaskKey::MergePlan
+            | TaskKey::MergeCheck { .. }
+            | TaskKey::Noop { .. }
+            | TaskKey::KldPlan
+            | TaskKey::KldBase { .. }
+            | TaskKey::Kld { .. }
+            | TaskKey::Greedy { .. }
+            | TaskKey::Probe { .. }
+            | TaskKey::PeerKld { .. }
+            | TaskKey::PeerBase { .. }
+            | TaskKey::ImatrixPlan
+            | TaskKey::Imatrix { .. }
+            | TaskKey::ImatrixMerge
+            | TaskKey::Report => continue,
+        };
+        let acc = slots.entry(slot).or_default();
+        match role {
+            Role::Makes => {
+                let Some(a) = artifact_result(t.result.as_ref()) else { continue };
+                acc.files.push(file_ref(a));
+                acc.bytes += a.bytes;
+                for tc in &a.types {
+                    let e = acc.types.entry(tc.ggml_type.clone()).or_default();
+                    e.0 += tc.tensors;
+                    e.1 += tc.elements;
+                    e.2 += tc.bytes;
+                }
+            }
+            Role::Verifies => acc.verified.push(verify_result(t.result.as_ref()).is_some_and(|v| v.identical)),
+        }
+    }
+    let imatrix = imatrix(rel);
+    let mut list = Vec::new();
+    let mut all_verified = !slots.is_empty() || rel.spec.outputs.noop.is_some();
+    for ((_, ty), acc) in slots {
+        let elements: u64 = acc.types.values().map(|t| t.1).sum();
+        let tensor_bytes: u64 = acc.types.values().map(|t| t.2).sum();
+        let verified =
+            !acc.verified.is_empty() && acc.verified.iter().all(|&v| v) && acc.verified.len() == acc.files.len();
+        all_verified &= verified;
+        let bits_per_weight =
+            if elements > 0 { (tensor_bytes as f64 * 8.0 / elements as f64 * 10000.0).round() / 10000.0 } else { 0.0 };
+        let container = match ty.as_str() {
+            "merged" => Container::Hf,
+            t if t.starts_with("MLX-") => Container::Mlx,
+            _ => Container::Gguf,
+        };
+        let kld = klds.get(&ty).map(|k| match k {
+            Ok(s) => match serde_json::from_value::<KldFigures>(s.to_json()) {
+                Ok(f) => Kld::Measured(Box::new(f)),
+                Err(e) => Kld::Unmeasured { error: format!("the figures do not fit the report: {e}") },
+            },
+            Err(e) => Kld::Unmeasured { error: e.clone() },
+        });
+        let is_quant = container == Container::Gguf && ty != "BF16";
+        list.push(Artifact {
+            name: format!("{}-{ty}", rel.spec.prefix()),
+            container,
+            files: acc.files,
+            bytes: acc.bytes,
+            bits_per_weight,
+            type_mix: acc
+                .types
+                .into_iter()
+                .map(|(ggml_type, (tensors, elements, bytes))| TypeCount { ggml_type, tensors, elements, bytes })
+                .collect(),
+            verified,
+            imatrix: if is_quant { imatrix.clone() } else { None },
+            kld,
+            greedy: greedy.get(&ty).cloned(),
+            probes: probes.get(&ty).cloned(),
+            peers: peers.remove(&ty),
+            file_type: ty,
+        });
+    }
+    (list, all_verified)
+}
+
+/// What each link of the parity method did, in words.
+fn links(rel: &Release) -> Links {
+    Links {
+        merge: if rel.adapter.is_empty() {
+            "not applicable: no adapter".to_string()
+        } else if rel.eval.prompts.is_empty() {
+            format!("adapter {} merged exactly (f64, rounded once); each file recomputed and compared byte for byte; greedy agreement not measured (no evaluation.prompts)", rel.adapter)
+        } else {
+            format!("adapter {} merged exactly (f64, rounded once); each file recomputed and compared byte for byte; the merge's greedy agreement with the base plus the adapter at run time in merge_check", rel.adapter)
+        },
+        conversion: "GGUF BF16 written from the source by the mapping; each file recomputed and compared byte for byte"
+            .to_string(),
+        quantization: if rel.spec.evaluation.is_some() {
+            "llama-quantize's algorithms; each file recomputed and compared byte for byte; information loss measured as KL divergence against the GGUF BF16 in llama.cpp, by llama-perplexity's procedure, per chunk group on the workers, merged here (artifacts[].kld)"
+        } else {
+            "llama-quantize's algorithms; each file recomputed and compared byte for byte; information loss not measured (no evaluation section)"
+        }
+        .to_string(),
+        probes: if rel.eval.probes.is_empty() {
+            "not measured (no evaluation.probes)"
+        } else {
+            "the probe suite run on the reference and every model in llama.cpp (artifacts[].probes)"
+        }
+        .to_string(),
+    }
+}
+
+/// The importance matrix the quants were made with: the file's identity, and, when the farm computed it, the
+/// calibration text's identity and chunking.
+fn imatrix(rel: &Release) -> Option<Imatrix> {
+    use crate::spec::ImatrixSource;
+    match rel.spec.imatrix()? {
+        ImatrixSource::File(_) => {
+            let sha256 = rel.result(&TaskKey::Plan).and_then(pb::TaskResult::plan).map(|p| p.imatrix_sha256.clone());
+            Some(Imatrix::File { url: rel.imatrix.clone(), sha256 })
+        }
+        ImatrixSource::Text { ctx, batch, .. } => {
+            let merged = artifact_result(rel.result(&TaskKey::ImatrixMerge));
+            let plan = rel.result(&TaskKey::ImatrixPlan).and_then(pb::TaskResult::kld_plan);
+            Some(Imatrix::Computed {
+                url: merged.map(|a| a.url.clone()),
+                sha256: merged.map(|a| a.sha256.clone()),
+                text: rel.imatrix.clone(),
+                text_sha256: plan.map(|p| p.text_sha256.clone()),
+                tokens_sha256: plan.map(|p| p.tokens_sha256.clone()),
+                chunks: plan.map(|p| p.n_chunks),
+                ctx: *ctx,
+                batch: *batch,
+                method: "llama-imatrix's collection in llama.cpp (Σx² per input column and token counts of every blk.* matrix), f64 sums per chunk group on the workers, added in chunk order".to_string(),
+            })
+        }
+    }
+}
+
+/// What the KL divergence was measured on: the text, its tokenization and chunking, and the reference.
+fn evaluation(rel: &Release) -> Option<Evaluation> {
+    let e = rel.spec.evaluation.as_ref()?;
+    let n_prompts: usize = rel
+        .tasks
+        .iter()
+        .filter(|t| matches!(t.key, TaskKey::Greedy { subject: Subject::Reference, .. }))
+        .filter_map(|t| t.result.as_ref()?.greedy().map(|g| g.continuations.len()))
+        .sum();
+    let plan = kld_plan_result(rel);
+    Some(Evaluation {
+        text: rel.eval.text.clone(),
+        text_sha256: plan.map(|k| k.text_sha256.clone()),
+        tokens_sha256: plan.map(|k| k.tokens_sha256.clone()),
+        ctx: e.ctx,
+        batch: e.batch,
+        n_chunks: plan.map(|k| k.n_chunks),
+        chunks_per_task: plan.map(|k| k.n_seq),
+        reference: artifact_result(rel.result(&TaskKey::Gguf { shard: 0 })).map(|a| a.url.clone()),
+        runtime: "llama.cpp (llama-cpp-2), llama-perplexity --kl-divergence's procedure".to_string(),
+        prompts: rel.eval.prompts.clone(),
+        n_prompts: n_prompts as u64,
+        max_tokens: e.max_tokens,
+        probes: rel.eval.probes.clone(),
+        context: e.context,
+    })
+}

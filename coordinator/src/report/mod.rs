@@ -1,0 +1,17 @@
+//! The release's record: `report.json` with the spec, every artifact's identity (URL, sha256, bytes, type mix,
+//! bits per weight), every task's inputs, outputs, worker and duration, the gates with their inputs and results,
+//! and the verdict.
+//!
+//! - [`model`]: the report as types ([`Report`]), which the views read;
+//! - [`build()`]: a finished release's report, with the gates evaluated;
+//! - [`publish()`]: signed by [`crate::signing`] over its RFC 8785 canonical form, staged with its views and DSSE
+//!   envelope, committed last.
+
+mod build;
+pub mod model;
+mod publish;
+mod tasks;
+
+pub use build::build;
+pub use model::{Report, FORMAT};
+pub use publish::{parse, publish};

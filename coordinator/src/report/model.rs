@@ -1,0 +1,433 @@
+//! `report.json` as types: what [`super::build`] makes, what the gates' figures are read from and what the views
+//! render. The JSON is these structs serialized, member for member; `docs/report.schema.json` describes the same
+//! shape (a test checks a fully populated report against it).
+//!
+//! Conventions, kept so that a report signed before these types existed still parses and renders the same:
+//! - a member the report always has but that may be unknown is an `Option` serialized as `null`;
+//! - a member present only in some cases (a known worker's details, a level's comparison with the reference) is an
+//!   `Option` left out when `None`;
+//! - figures are `f64`; a non-finite figure is written as `null` (JSON has no NaN) and read back as NaN;
+//! - each task's inputs and outputs stay JSON: they mirror the task's protocol message, which the report's readers
+//!   show but never interpret.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::Value;
+
+/// The report's `format` member.
+pub const FORMAT: &str = "quantfarm-report/1";
+
+/// `null` read as NaN: a non-finite figure was written as `null`.
+fn nan_if_null<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Report {
+    /// [`FORMAT`].
+    pub format: String,
+    pub quantfarm_version: String,
+    pub release: ReleaseInfo,
+    pub source: Source,
+    pub links: Links,
+    /// The adapter merged into the source; `null` without one.
+    pub adapter: Option<Adapter>,
+    /// Link 1, the merge check; `null` without an adapter.
+    pub merge_check: Option<MergeCheck>,
+    /// What the KL divergence was measured on; `null` without an `evaluation` section.
+    pub evaluation: Option<Evaluation>,
+    /// In report order: the merged checkpoint, GGUF BF16, the GGUF quants in ladder order, the MLX checkpoints.
+    pub artifacts: Vec<Artifact>,
+    pub tasks: Vec<TaskRecord>,
+    pub gates: Vec<GateRecord>,
+    pub tools: Tools,
+    pub timings: Timings,
+    pub verdict: Verdict,
+    /// Added last by [`crate::signing::sign_report`]; absent before signing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signature: Option<Signature>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ReleaseInfo {
+    pub id: String,
+    pub name: String,
+    pub spec_file: String,
+    pub spec_sha256: String,
+    /// The release's spec as the coordinator resolved it (`crate::spec::Spec` serialized).
+    pub spec: Value,
+}
+
+impl ReleaseInfo {
+    /// A string member of the spec (`adapter`, `base_name`).
+    pub fn spec_str(&self, key: &str) -> Option<&str> {
+        self.spec.get(key).and_then(Value::as_str)
+    }
+}
+
+/// The source checkpoint; all but its URL come from the plan task, `null` when it did not run.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Source {
+    pub url: String,
+    pub format: Option<String>,
+    pub architecture: Option<String>,
+    pub identity: Option<String>,
+    pub bytes: Option<u64>,
+    pub tensors: Option<u64>,
+}
+
+/// What each link of the parity method did, in words.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Links {
+    pub merge: String,
+    pub conversion: String,
+    pub quantization: String,
+    pub probes: String,
+}
+
+/// A stored file: where, its content's sha256, its size.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct FileRef {
+    pub url: String,
+    pub sha256: String,
+    pub bytes: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Adapter {
+    pub url: String,
+    /// The rest comes from the merge plan, `null` when it did not run.
+    pub format: Option<String>,
+    pub files: Option<Vec<FileRef>>,
+    pub changed_tensors: Option<u64>,
+    pub untied_embeddings: Option<bool>,
+}
+
+/// Link 1: the merge's greedy agreement with the base plus the adapter at run time, or why it has none.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum MergeCheck {
+    Measured(Box<MergeCheckFigures>),
+    Unmeasured { error: String },
+}
+
+/// The merge check's inputs (the GGUF files llama.cpp compared, all F32) and its greedy agreement.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct MergeCheckFigures {
+    pub method: String,
+    pub base: Option<FileRef>,
+    pub lora: Option<FileRef>,
+    pub merged: Option<FileRef>,
+    pub greedy: GreedySummary,
+}
+
+impl MergeCheck {
+    pub fn greedy(&self) -> Option<&GreedySummary> {
+        match self {
+            MergeCheck::Measured(m) => Some(&m.greedy),
+            MergeCheck::Unmeasured { .. } => None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Evaluation {
+    pub text: String,
+    pub text_sha256: Option<String>,
+    pub tokens_sha256: Option<String>,
+    pub ctx: u32,
+    pub batch: u32,
+    pub n_chunks: Option<u32>,
+    pub chunks_per_task: Option<u32>,
+    /// The GGUF BF16's first file, which the KL divergence is measured against.
+    pub reference: Option<String>,
+    pub runtime: String,
+    pub prompts: String,
+    pub n_prompts: u64,
+    pub max_tokens: u32,
+    pub probes: String,
+    pub context: u32,
+}
+
+/// One published artifact: every file of one output, its identity and every figure measured on it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Artifact {
+    /// `{prefix}-{file_type}`.
+    pub name: String,
+    pub container: Container,
+    /// `merged`, `BF16`, a GGUF file type (`Q4_K_M`) or `MLX-{bits}bit`.
+    pub file_type: String,
+    pub files: Vec<FileRef>,
+    pub bytes: u64,
+    /// Tensor bits per tensor element, as the files really hold them (4 decimals).
+    pub bits_per_weight: f64,
+    pub type_mix: Vec<TypeCount>,
+    /// Every file was recomputed on another worker and compared byte for byte.
+    pub verified: bool,
+    /// The importance matrix a GGUF quant was made with; `null` for others or without one.
+    pub imatrix: Option<Imatrix>,
+    pub kld: Option<Kld>,
+    pub greedy: Option<GreedySummary>,
+    pub probes: Option<ProbeSummary>,
+    /// Peer tools' own figures, by tool.
+    pub peers: Option<BTreeMap<String, PeerFigures>>,
+}
+
+impl Artifact {
+    /// The KL-divergence figures, when measured.
+    pub fn kld_figures(&self) -> Option<&KldFigures> {
+        match self.kld.as_ref()? {
+            Kld::Measured(k) => Some(k),
+            Kld::Unmeasured { .. } => None,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Container {
+    /// Hugging Face safetensors (the merged checkpoint).
+    Hf,
+    Gguf,
+    Mlx,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct TypeCount {
+    #[serde(rename = "type")]
+    pub ggml_type: String,
+    pub tensors: u64,
+    pub elements: u64,
+    pub bytes: u64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "from", rename_all = "snake_case")]
+pub enum Imatrix {
+    /// Given as a file (`imatrix: URL`).
+    File { url: String, sha256: Option<String> },
+    /// Computed by the farm from a calibration text.
+    Computed {
+        url: Option<String>,
+        sha256: Option<String>,
+        text: String,
+        text_sha256: Option<String>,
+        tokens_sha256: Option<String>,
+        chunks: Option<u32>,
+        ctx: u32,
+        batch: u32,
+        method: String,
+    },
+}
+
+/// A level's KL divergence against the GGUF BF16, or why its chunk groups do not make one.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum Kld {
+    Measured(Box<KldFigures>),
+    Unmeasured { error: String },
+}
+
+macro_rules! kld_figures {
+    ($($(#[doc = $doc:literal])* $field:ident),* $(,)?) => {
+        /// `llama-perplexity --kl-divergence`'s figures under its names (Δp and same-top-p in percent), with the
+        /// percentiles quantfarm adds (`kld_p99`, `dp_p0_1` = the 0.1th); defined by
+        /// `quantfarm_parity::KldSummary::to_json`.
+        #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+        pub struct KldFigures {
+            pub n_tokens: u64,
+            pub n_chunks: u64,
+            $($(#[doc = $doc])* #[serde(deserialize_with = "nan_if_null")] pub $field: f64,)*
+        }
+    };
+}
+
+kld_figures!(
+    mean_kld, mean_kld_unc, median_kld, min_kld, max_kld,
+    kld_p0_1, kld_p1, kld_p5, kld_p10, kld_p90, kld_p95, kld_p99, kld_p99_9,
+    mean_ppl_q, mean_ppl_q_unc, mean_ppl_base, mean_ppl_base_unc,
+    /// Percent.
+    cor_ln_ppl,
+    mean_ln_ppl_ratio, mean_ln_ppl_ratio_unc, mean_ppl_ratio, mean_ppl_ratio_unc, mean_ppl_diff, mean_ppl_diff_unc,
+    mean_dp, mean_dp_unc, median_dp, min_dp, max_dp, rms_dp, rms_dp_unc,
+    dp_p0_1, dp_p1, dp_p5, dp_p10, dp_p25, dp_p75, dp_p90, dp_p95, dp_p99, dp_p99_9,
+    same_top_p, same_top_p_unc,
+);
+
+/// Greedy agreement with a reference, every share joined in prompt order.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct GreedySummary {
+    /// Prompts compared, and how many continuations are byte-identical.
+    pub n: u64,
+    pub identical: u64,
+    #[serde(deserialize_with = "nan_if_null")]
+    pub agree: f64,
+    #[serde(deserialize_with = "nan_if_null")]
+    pub mean_prefix_fraction: f64,
+    /// Every reference continuation was compared.
+    pub complete: bool,
+    pub disagreements: Vec<Disagreement>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Disagreement {
+    pub index: u32,
+    pub first_difference: i32,
+    /// The reference's top-2 logit margin where the continuations first differ.
+    #[serde(deserialize_with = "nan_if_null")]
+    pub reference_margin: f64,
+    pub common_prefix: u32,
+    pub reference_tokens: u32,
+    pub model_tokens: u32,
+    pub reference_text: String,
+    pub model_text: String,
+}
+
+/// A subject's probe results; a level's carry the reference's for comparison.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ProbeSummary {
+    pub suite: String,
+    pub passed: u32,
+    pub failed: u32,
+    pub truncated: u32,
+    #[serde(deserialize_with = "nan_if_null")]
+    pub mean_score: f64,
+    #[serde(deserialize_with = "nan_if_null")]
+    pub score_spread: f64,
+    /// Each repeat's pass rate; empty when no answer could be scored.
+    pub pass_scores: Vec<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference_mean_score: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference_score_spread: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delta_vs_reference: Option<f64>,
+}
+
+impl ProbeSummary {
+    /// The pass rate and spread, or `None` when no pass was scored: a pass whose every answer was cut off by its
+    /// token cap has no score, and a suite with no scored pass says nothing (its rate is missing, not 0).
+    pub fn scored(&self) -> Option<(f64, f64)> {
+        (!self.pass_scores.is_empty()).then_some((self.mean_score, self.score_spread))
+    }
+}
+
+/// A peer tool's figures as it printed them, and whether quantfarm's print the same to every digit it prints.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct PeerFigures {
+    pub version: String,
+    pub command: String,
+    pub figures: BTreeMap<String, f64>,
+    pub same_as_quantfarm: BTreeMap<String, bool>,
+}
+
+/// One task: who ran it, how often, how long, and its inputs and outputs as the protocol gave them.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct TaskRecord {
+    pub id: String,
+    pub worker: Option<String>,
+    pub attempts: u32,
+    pub duration_ms: u64,
+    pub inputs: Value,
+    pub outputs: Value,
+}
+
+/// One gate's result on one level (or the release).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct GateRecord {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub level: Option<String>,
+    pub check: String,
+    /// `default`, `release` or `built-in`.
+    pub source: String,
+    /// Every figure the check read, by name.
+    pub inputs: BTreeMap<String, GateInput>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub threshold: Option<f64>,
+    pub passed: bool,
+    pub detail: String,
+}
+
+/// A figure a gate read: a number, a yes/no, a non-finite number in words (`inf`, `NaN`), or why it is missing.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum GateInput {
+    Number(f64),
+    Flag(bool),
+    Text(String),
+    Missing { missing: String },
+}
+
+/// What made the release.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Tools {
+    pub quantfarm: String,
+    /// Every worker that ran one of its tasks.
+    pub workers: Vec<WorkerRecord>,
+    /// Each peer tool's version as it reported it.
+    pub peers: BTreeMap<String, String>,
+}
+
+/// A worker; a worker of an earlier coordinator run (before a restart) has its id only.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct WorkerRecord {
+    pub id: String,
+    #[serde(flatten, default, skip_serializing_if = "Option::is_none")]
+    pub info: Option<WorkerDetails>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct WorkerDetails {
+    pub name: String,
+    pub version: String,
+    pub os: String,
+    pub arch: String,
+    pub cores: u32,
+    pub runtimes: Vec<String>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Timings {
+    pub created_ms: i64,
+    pub reported_ms: i64,
+    pub wall_ms: i64,
+    /// Time the tasks ran, in all and by kind (`quantize`, `kld`, ...).
+    pub task_ms: u64,
+    pub by_kind: BTreeMap<String, KindTiming>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct KindTiming {
+    pub tasks: u64,
+    pub total_ms: u64,
+    pub max_ms: u64,
+}
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    Released,
+    GateFailed,
+}
+
+impl Verdict {
+    /// As the views print it.
+    pub fn words(self) -> &'static str {
+        match self {
+            Verdict::Released => "released",
+            Verdict::GateFailed => "gate failed",
+        }
+    }
+}
+
+/// The signature block [`crate::signing::sign_report`] appends.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Signature {
+    pub algorithm: String,
+    pub canonicalization: String,
+    pub public_key: String,
+    pub fingerprint: String,
+    pub value: String,
+}

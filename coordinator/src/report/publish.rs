@@ -1,0 +1,55 @@
+//! Publishing a report: signed, rendered, staged and committed, report.json last; and reading one back.
+
+use quantfarm_store::{Location, StagedSink};
+
+use super::model::Report;
+use crate::canonical::canonical_json;
+
+/// Reads a report (`report.json`, signed or not) into its types; an error names the member that does not fit
+/// (`artifacts[2].kld.mean_kld: invalid type: string "x", expected f64`).
+pub fn parse(text: &str) -> Result<Report, String> {
+    let mut de = serde_json::Deserializer::from_str(text);
+    serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if path == "." {
+            inner.to_string()
+        } else {
+            format!("{path}: {inner}")
+        }
+    })
+}
+
+/// Signs `report` with `key` and publishes it at `target` (`…/report.json`) with its views (`report.html`, the
+/// model card, …) and its DSSE envelope beside it. Every file is staged before any is committed, and report.json is
+/// committed last: its presence says the release's files are all there.
+pub async fn publish(
+    report: Report,
+    key: &crate::signing::SigningKey,
+    target: &Location,
+) -> Result<crate::sched::Published, String> {
+    let passed = report.verdict == super::model::Verdict::Released;
+    let unsigned = serde_json::to_value(&report).map_err(|e| e.to_string())?;
+    let signed = crate::signing::sign_report(unsigned, key).map_err(|e| e.to_string())?;
+    let text = canonical_json(&signed).map_err(|e| e.to_string())?;
+    let envelope = crate::attestation::envelope(&signed, key).map_err(|e| e.to_string())?;
+    // The views are rendered from the report as published, so that `quantfarm report render` of report.json gives
+    // the same files byte for byte.
+    let published = parse(&text)?;
+    let mut files: Vec<(&str, String)> = crate::views::render_all(&published);
+    files.push(("report.intoto.json", format!("{}\n", canonical_json(&envelope).map_err(|e| e.to_string())?)));
+    let mut sinks = Vec::new();
+    for (name, body) in &files {
+        let loc = target.sibling(name).map_err(|e| e.to_string())?;
+        let mut sink = StagedSink::create(&loc, true).await.map_err(|e| format!("{loc}: {e}"))?;
+        sink.write(body.as_bytes()).await.map_err(|e| format!("{loc}: {e}"))?;
+        sinks.push(sink);
+    }
+    let mut sink = StagedSink::create(target, true).await.map_err(|e| e.to_string())?;
+    sink.write(text.as_bytes()).await.map_err(|e| e.to_string())?;
+    for s in sinks {
+        s.commit().await.map_err(|e| e.to_string())?;
+    }
+    sink.commit().await.map_err(|e| e.to_string())?;
+    Ok(crate::sched::Published { json: text, url: target.to_string(), passed })
+}
