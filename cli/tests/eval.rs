@@ -94,6 +94,7 @@ fn assert_bands(what: &str, kld: f64, same_top: f64, ppl: f64, want: (f64, f64, 
 /// checked against llama-quantize's in tests/tests/quantize_files.rs.
 #[test]
 fn kld_ladder_matches_llama_perplexity() {
+    let _cpu = quantfarm_e2e::cpu_bound();
     let dir = tempfile::tempdir().unwrap();
     let ours = dir.path().join("ours.logits");
     // The base pass: the bf16 reference against itself.
@@ -255,6 +256,7 @@ fn greedy_json(prompts: &Path, reference: &Path, lora: &Path, model: &Path) -> (
 /// of 0.01–0.04 logits, 6 of 20 prompts here) and is measured like any other lossy step, by KL divergence.
 #[test]
 fn merge_check_passes_an_exact_merge_and_fails_a_wrong_one() {
+    let _cpu = quantfarm_e2e::cpu_bound();
     let dir = tempfile::tempdir().unwrap();
     let hf = dir.path().join("base-f32");
     ok(
@@ -463,6 +465,7 @@ fn workers_advertise_the_peer_runtimes_they_find() {
 /// process.
 #[test]
 fn farm_measures_kld_greedy_and_probes_on_three_workers() {
+    let _cpu = quantfarm_e2e::cpu_bound();
     let dir = tempfile::tempdir().unwrap();
     let hf = smollm2_derived().join("smollm2-hf");
     // Greedy agreement on 8 prompts (two shares of 4 per model), compared prompt by prompt with one process.
@@ -670,6 +673,7 @@ fn probes() -> PathBuf {
 /// not agree, so the check sees the adapter (the CLI test above shows it failing a wrong merge).
 #[test]
 fn farm_checks_the_merge_against_the_adapter_at_run_time() {
+    let _cpu = quantfarm_e2e::cpu_bound();
     let dir = tempfile::tempdir().unwrap();
     let hf = smollm2_derived().join("smollm2-hf");
     let adapter = quantfarm_e2e::lora_adapter("peft-attn", &hf, dir.path());

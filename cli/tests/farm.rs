@@ -30,6 +30,7 @@ outputs:
 
 #[test]
 fn farm_release_of_smollm2_over_s3_survives_a_killed_worker_and_a_coordinator_restart() {
+    let _cpu = quantfarm_e2e::cpu_bound();
     let hf = quantfarm_e2e::smollm2_derived().join("smollm2-hf");
     let tmp = tempfile::tempdir().unwrap();
     let s3 = S3Server::start();
@@ -320,6 +321,7 @@ fn quantfarm_run_makes_the_readme_example_offline() {
 
 #[test]
 fn a_release_with_an_importance_matrix_matches_llama_quantize() {
+    let _cpu = quantfarm_e2e::cpu_bound();
     let tmp = tempfile::tempdir().unwrap();
     let hf = quantfarm_e2e::smollm2_derived().join("smollm2-hf");
     let imatrix = quantfarm_e2e::fixtures_dir().join("smollm2/imatrix-gpl3.gguf");
@@ -359,6 +361,7 @@ fn a_release_with_an_importance_matrix_matches_llama_quantize() {
 /// whole text is checked against llama-imatrix in cli/tests/imatrix.rs.
 #[test]
 fn a_release_computes_its_importance_matrix_the_same_on_1_and_3_workers() {
+    let _cpu = quantfarm_e2e::cpu_bound();
     let tmp = tempfile::tempdir().unwrap();
     let hf = quantfarm_e2e::smollm2_derived().join("smollm2-hf");
     std::fs::copy(quantfarm_e2e::fixtures_dir().join("texts/gpl3.txt"), tmp.path().join("gpl3.txt")).unwrap();
@@ -434,6 +437,7 @@ fn a_release_computes_its_importance_matrix_the_same_on_1_and_3_workers() {
 /// file is the bytes `quantfarm merge` writes, and `verify` finds every output identical to its recomputation.
 #[test]
 fn a_release_with_an_adapter_merges_then_makes_gguf_and_mlx() {
+    let _cpu = quantfarm_e2e::cpu_bound();
     let tmp = tempfile::tempdir().unwrap();
     let hf = quantfarm_e2e::smollm2_derived().join("smollm2-hf");
     let adapter = quantfarm_e2e::lora_adapter("peft", &hf, tmp.path());

@@ -57,6 +57,7 @@ fn mean_kld(base: &Path, model: &Path, text: &Path) -> f64 {
 
 #[test]
 fn imatrix_matches_llama_imatrix_and_makes_an_equally_good_q4_k_m() {
+    let _cpu = quantfarm_e2e::cpu_bound();
     let dir = tempfile::tempdir().expect("tempdir");
     let bf16 = smollm2_derived().join("smollm2-bf16.gguf");
     // Beside the text, so each file records the name `gpl3.txt`, as the fixture does.
@@ -155,6 +156,7 @@ fn imatrix_refuses_a_text_too_short_and_leaves_nothing() {
 /// `--f32-running-sums` gives llama-imatrix's bytes, and the default the same entries and per-expert counts.
 #[test]
 fn moe_experts_are_counted_per_expert_as_llama_imatrix_counts_them() {
+    let _cpu = quantfarm_e2e::cpu_bound();
     use quantfarm_e2e::{convert_python, llama_src, run_py_with};
     use std::ffi::OsStr;
     let dir = tempfile::tempdir().expect("tempdir");

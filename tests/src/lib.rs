@@ -20,6 +20,15 @@ pub fn shared_dir() -> PathBuf {
     dir
 }
 
+/// Held by a test that keeps every core busy (llama.cpp, torch or mlx with as many threads as there are cores), so
+/// that such tests of one test binary run one after another while the light ones still run beside them. Side by side
+/// on 2 cores they take longer than in turn, because llama.cpp's threads spin while they wait for each other:
+/// cli/tests/eval.rs took 501 s with its tests in parallel and 303 s one at a time (AMD EPYC, 2 cores).
+pub fn cpu_bound() -> std::sync::MutexGuard<'static, ()> {
+    static CPU: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    CPU.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 pub fn fixtures_dir() -> PathBuf {
     shared_dir().join("fixtures")
 }

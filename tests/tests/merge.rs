@@ -163,6 +163,7 @@ fn mlx_fuse(a: &Path, out: &Path) {
 /// only the tensors both sides write are compared.)
 #[test]
 fn peft_adapter_agrees_with_peft_merge_and_unload() {
+    let _cpu = quantfarm_e2e::cpu_bound();
     let dir = tempfile::tempdir().unwrap();
     let (a, _) = adapter("peft", dir.path(), None);
     let ours = dir.path().join("ours");
@@ -178,6 +179,7 @@ fn peft_adapter_agrees_with_peft_merge_and_unload() {
 /// cannot even load).
 #[test]
 fn mlx_lora_adapter_agrees_with_mlx_lm_fuse() {
+    let _cpu = quantfarm_e2e::cpu_bound();
     let dir = tempfile::tempdir().unwrap();
     let (a, _) = adapter("mlx-lora", dir.path(), None);
     let ours = dir.path().join("ours");
@@ -283,6 +285,7 @@ fn flawed_adapters_are_refused_before_anything_is_written() {
 /// aborts on it (it applies it to the tied output layer too).
 #[test]
 fn peft_adapter_converts_to_the_gguf_lora_llama_cpp_reads() {
+    let _cpu = quantfarm_e2e::cpu_bound();
     let dir = tempfile::tempdir().unwrap();
     let (with_embedding, _) = adapter("peft", &dir.path().join("emb"), None);
     let opts = MergeOptions { budget: 0, overwrite: false, base_name: Some(RECORDED_BASE.into()), widen: false };
@@ -378,6 +381,7 @@ fn convert_adapter(a: &Path, to: quantfarm_tensors::merge::AdapterFormat, out: &
 /// reads it: `mlx_lm fuse` with the converted adapter agrees with our merge.
 #[test]
 fn peft_adapter_converted_to_mlx_lm_merges_the_same_and_mlx_lm_fuses_it() {
+    let _cpu = quantfarm_e2e::cpu_bound();
     let dir = tempfile::tempdir().unwrap();
     let (a, _) = adapter("peft-attn", dir.path(), None);
     let converted = dir.path().join("as-mlx-lm");
@@ -400,6 +404,7 @@ fn peft_adapter_converted_to_mlx_lm_merges_the_same_and_mlx_lm_fuses_it() {
 /// itself reads it (`PeftModel.from_pretrained(...).merge_and_unload()` agrees with our merge).
 #[test]
 fn mlx_dora_adapter_converted_to_peft_merges_the_same_and_peft_merges_it() {
+    let _cpu = quantfarm_e2e::cpu_bound();
     let dir = tempfile::tempdir().unwrap();
     let (a, _) = adapter("mlx", dir.path(), None);
     let converted = dir.path().join("as-peft");
