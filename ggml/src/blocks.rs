@@ -28,6 +28,16 @@ pub trait Field: Sized + Copy {
     fn put(&self, out: &mut [u8]);
 }
 
+impl Field for u8 {
+    const SIZE: usize = 1;
+    fn get(b: &[u8]) -> u8 {
+        b[0]
+    }
+    fn put(&self, out: &mut [u8]) {
+        out[0] = *self;
+    }
+}
+
 impl Field for u16 {
     const SIZE: usize = 2;
     fn get(b: &[u8]) -> u16 {
@@ -246,6 +256,64 @@ blocks! {
         qs: [i8; QK_K],
         bsums: [i16; QK_K / 16],
     }
+
+    /// `block_iq4_nl`: `x = d · KVALUES_IQ4NL[q]` ([`crate::tables`]); element `j` in the low nibble of `qs[j]`,
+    /// element `j + 16` in its high one.
+    BlockIQ4NL = IQ4_NL {
+        d: u16,
+        qs: [u8; QK / 2],
+    }
+
+    /// `block_iq4_xs`: 8 sub-blocks of 32, each with a 6-bit level `ls` (low nibble in `scales_l[ib / 2]`, low
+    /// half for even `ib`; high 2 bits at bits `2·ib` of `scales_h`) and IQ4_NL's nibbles in `qs[16·ib..]`;
+    /// `x = d · (ls − 32) · KVALUES_IQ4NL[q]`.
+    BlockIQ4XS = IQ4_XS {
+        d: u16,
+        scales_h: u16,
+        scales_l: [u8; QK_K / 64],
+        qs: [u8; QK_K / 2],
+    }
+
+    /// `block_tq1_0`: ternary digits `t ∈ {0, 1, 2}` (`x = (t − 1) · d`), five per byte of `qs` and four per byte
+    /// of `qh`, stored as `⌈q · 256 / 243⌉` of the base-3 number `q` whose most significant trit comes first (see
+    /// [`trits`]).
+    BlockTQ1_0 = TQ1_0 {
+        qs: [u8; (QK_K - 4 * QK_K / 64) / 5],
+        qh: [u8; QK_K / 64],
+        d: u16,
+    }
+
+    /// `block_tq2_0`: 2-bit `t` (`x = (t − 1) · d`); byte `32c + m` holds element `128c + 32n + m` at bits `2n`.
+    BlockTQ2_0 = TQ2_0 {
+        qs: [u8; QK_K / 4],
+        d: u16,
+    }
+
+    /// `block_mxfp4`: an E8M0 exponent `e` and E2M1 codes; `x = KVALUES_MXFP4[q] · 2^(e − 128)`; nibbles as
+    /// IQ4_NL's.
+    BlockMXFP4 = MXFP4 {
+        e: u8,
+        qs: [u8; QK / 2],
+    }
+
+    /// `block_nvfp4`: 4 sub-blocks of 16 with a UE4M3 scale each; `qs[8s + j]` holds element `16s + j` (low
+    /// nibble) and `16s + j + 8` (high); `x = KVALUES_MXFP4[q] · ue4m3_half(d[s])`.
+    BlockNVFP4 = NVFP4 {
+        d: [u8; 4],
+        qs: [u8; 32],
+    }
+
+    /// `block_q1_0`: one sign bit per element (bit `j % 8` of `qs[j / 8]` set: `+d`, clear: `−d`).
+    BlockQ1_0 = Q1_0 {
+        d: u16,
+        qs: [u8; 16],
+    }
+
+    /// `block_q2_0`: 2-bit `q` at bits `2·(j % 4)` of `qs[j / 4]`; `x = (q − 1) · d`.
+    BlockQ2_0 = Q2_0 {
+        d: u16,
+        qs: [u8; 16],
+    }
 }
 
 /// The 128-half packing of 2-bit codes (Q2_K's `qs`, Q3_K's low bits): element `128h + 32s + l` (h < 2, s < 4,
@@ -270,6 +338,33 @@ pub mod two_bit {
             }
         }
         qs
+    }
+}
+
+/// TQ1_0's base-3 packing (`quantize_row_tq1_0_ref` and `dequantize_row_tq1_0`, `ggml/src/ggml-quants.c`).
+///
+/// A byte holds 5 trits as `⌈q · 256 / 243⌉`, `q = Σ t_n · 3^(4 − n)`; trit `n` is read back as
+/// `((byte · 3^n mod 256) · 3) >> 8`. `qs[m]` for `m < 32` holds elements `32n + m`, `qs[32 + m]` (`m < 16`) holds
+/// `160 + 16n + m`, and `qh[m]` holds `240 + 4n + m` in its first 4 trits.
+pub mod trits {
+    const POW3: [u8; 5] = [1, 3, 9, 27, 81];
+
+    /// Packs 5 trits (each `< 3`), the first the most significant.
+    pub fn pack5(t: [u8; 5]) -> u8 {
+        let q = t.iter().fold(0u16, |q, &t| q * 3 + u16::from(t));
+        // The ceiling of q · 256 / 243, as ggml writes `(q * 256 + (243 - 1)) / 243`.
+        (q * 256).div_ceil(243) as u8
+    }
+
+    /// Packs 4 trits into the top 4 of a byte's 5 (`qh`).
+    pub fn pack4(t: [u8; 4]) -> u8 {
+        pack5([t[0], t[1], t[2], t[3], 0])
+    }
+
+    /// Trit `n` (`< 5`) of a packed byte.
+    #[inline]
+    pub fn get(byte: u8, n: usize) -> u8 {
+        ((u16::from(byte.wrapping_mul(POW3[n])) * 3) >> 8) as u8
     }
 }
 
@@ -376,6 +471,25 @@ mod tests {
         round_trip::<BlockQ5K>();
         round_trip::<BlockQ6K>();
         round_trip::<BlockQ8K>();
+        round_trip::<BlockIQ4NL>();
+        round_trip::<BlockIQ4XS>();
+        round_trip::<BlockTQ1_0>();
+        round_trip::<BlockTQ2_0>();
+        round_trip::<BlockMXFP4>();
+        round_trip::<BlockNVFP4>();
+        round_trip::<BlockQ1_0>();
+        round_trip::<BlockQ2_0>();
+    }
+
+    #[test]
+    fn trits_round_trip() {
+        for q in 0..243u16 {
+            let t: [u8; 5] = std::array::from_fn(|n| ((q / 3u16.pow(4 - n as u32)) % 3) as u8);
+            let b = trits::pack5(t);
+            for (n, &want) in t.iter().enumerate() {
+                assert_eq!(trits::get(b, n), want, "q {q} trit {n}");
+            }
+        }
     }
 
     #[test]

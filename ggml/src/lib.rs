@@ -4,6 +4,7 @@
 //! - [`GgmlType`]: a tensor's element type as GGUF stores it (id, name, block size and bytes);
 //! - [`FileType`]: llama-quantize's recipes (`general.file_type`) and their default tensor type;
 //! - [`split`]: the names and keys of GGUF split files;
+//! - [`tables`]: the value tables and small-float scale codes several formats decode with;
 //! - [`blocks`]: the byte layout of every quantized block quantfarm reads or writes, one `#[repr(C)]` struct per
 //!   format whose size is checked against [`GgmlType::type_size`] at compile time.
 
@@ -12,6 +13,7 @@
 pub mod blocks;
 pub mod ftype;
 pub mod split;
+pub mod tables;
 pub mod types;
 
 pub use ftype::FileType;
@@ -33,4 +35,12 @@ pub const QUANTIZED_BY_QUANTFARM: &[GgmlType] = &[
     GgmlType::Q4_K,
     GgmlType::Q5_K,
     GgmlType::Q6_K,
+    GgmlType::IQ4_NL,
+    GgmlType::IQ4_XS,
+    GgmlType::MXFP4,
+    GgmlType::NVFP4,
+    GgmlType::TQ1_0,
+    GgmlType::TQ2_0,
+    GgmlType::Q1_0,
+    GgmlType::Q2_0,
 ];

@@ -7,25 +7,32 @@
 //! from `ggml/src/ggml-quants.c` (llama.cpp 0c1e570), and nothing fuses multiply-adds (ggml-base is built without
 //! FMA on x86-64; see `docs/formats.md` §1).
 //!
-//! Supported: F32, F16, BF16, Q8_0, and Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K with or without an
-//! importance matrix. The IQ formats are not here yet.
+//! Supported: F32, F16, BF16, Q8_0, and Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS with or
+//! without an importance matrix; MXFP4, NVFP4, TQ1_0, TQ2_0, Q1_0 and Q2_0 (which ignore one). The grid i-quants
+//! (IQ1_*, IQ2_*, IQ3_*) are not here yet.
 //!
 //! Rows are quantized in parallel on the current rayon pool. Every row is quantized on its own, exactly as before,
 //! so the bytes do not depend on the number of threads.
 //!
 //! Modules: `float` (fp16/bf16 conversion), `helpers` (`nearest_int` and the scale searches), `legacy` (the
-//! 32-element block formats), `kquants` (the 256-element super-block formats).
+//! 32-element block formats), `kquants` (the 256-element super-block formats), `iq4` (IQ4_NL, IQ4_XS), `fp4`
+//! (MXFP4, NVFP4), `ternary` (TQ1_0, TQ2_0), `low_bit` (Q1_0, Q2_0), `blockwise` (rows walked block by block).
 
+mod blockwise;
 pub mod file;
 mod float;
+mod fp4;
 mod helpers;
 pub mod imatrix;
+mod iq4;
 mod kquants;
 mod lanes;
 mod legacy;
+mod low_bit;
 pub mod mixture;
 pub mod mlx;
 pub mod mlx_file;
+mod ternary;
 pub mod verify;
 
 pub use float::{f32_to_bf16_bits, f32_to_f16_bits};
@@ -296,8 +303,30 @@ fn quantize_chunk_portable(c: Chunk, dst: &mut [u8], scratch: &mut Vec<f32>) -> 
         GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
             kquants::quantize_rows(ty, src, n_per_row, imatrix, dst)
         }
-        // `quantize` checked `supported` first; keep the two lists in step (the test below does).
-        _ => {}
+        GgmlType::IQ4_NL => blockwise::rows(src, n_per_row, imatrix, dst, iq4::iq4_nl),
+        GgmlType::IQ4_XS => blockwise::rows(src, n_per_row, imatrix, dst, iq4::iq4_xs),
+        // These ignore an importance matrix, as ggml does.
+        GgmlType::MXFP4 => blockwise::rows(src, n_per_row, None, dst, |x, _| fp4::mxfp4(x)),
+        GgmlType::NVFP4 => blockwise::rows(src, n_per_row, None, dst, |x, _| fp4::nvfp4(x)),
+        GgmlType::TQ1_0 => blockwise::rows(src, n_per_row, None, dst, |x, _| ternary::tq1_0(x)),
+        GgmlType::TQ2_0 => blockwise::rows(src, n_per_row, None, dst, |x, _| ternary::tq2_0(x)),
+        GgmlType::Q1_0 => blockwise::rows(src, n_per_row, None, dst, |x, _| low_bit::q1_0(x)),
+        GgmlType::Q2_0 => blockwise::rows(src, n_per_row, None, dst, |x, _| low_bit::q2_0(x)),
+        // Not made here: `quantize` refused them (`supported`; the test below keeps the two lists in step).
+        GgmlType::Q8_1
+        | GgmlType::Q8_K
+        | GgmlType::IQ2_XXS
+        | GgmlType::IQ2_XS
+        | GgmlType::IQ3_XXS
+        | GgmlType::IQ1_S
+        | GgmlType::IQ3_S
+        | GgmlType::IQ2_S
+        | GgmlType::IQ1_M
+        | GgmlType::I8
+        | GgmlType::I16
+        | GgmlType::I32
+        | GgmlType::I64
+        | GgmlType::F64 => {}
     }
     Ok(())
 }

@@ -25,6 +25,28 @@ const GOLDEN: &[(GgmlType, &str)] = &[
     (GgmlType::Q6_K, "q6_K"),
 ];
 
+/// How a type treats an importance matrix, which decides its golden files.
+#[derive(Clone, Copy, PartialEq)]
+enum Imatrix {
+    /// `<t>.bin` and `<t>_imat.bin` differ (ties: `ties_<t>.bin` and `ties_<t>_imat.bin`).
+    Optional,
+    /// Ignored: `<t>.bin` and `<t>_imat.bin` are identical (ties: `ties_<t>.bin` only).
+    Ignored,
+}
+
+/// The types added with the rest of llama-quantize's ladder (`ggml-golden/README.md`): their `.bin` files (plain,
+/// `_imat`, `ties_`), and ggml's own `to_float` of the plain and `_imat` ones (`.deq.f32`).
+const NEW_GOLDEN: &[(GgmlType, &str, Imatrix)] = &[
+    (GgmlType::IQ4_NL, "iq4_nl", Imatrix::Optional),
+    (GgmlType::IQ4_XS, "iq4_xs", Imatrix::Optional),
+    (GgmlType::MXFP4, "mxfp4", Imatrix::Ignored),
+    (GgmlType::NVFP4, "nvfp4", Imatrix::Ignored),
+    (GgmlType::TQ1_0, "tq1_0", Imatrix::Ignored),
+    (GgmlType::TQ2_0, "tq2_0", Imatrix::Ignored),
+    (GgmlType::Q1_0, "q1_0", Imatrix::Ignored),
+    (GgmlType::Q2_0, "q2_0", Imatrix::Ignored),
+];
+
 fn golden_dir() -> PathBuf {
     let shared = match std::env::var_os("QUANTFARM_SHARED") {
         Some(dir) => PathBuf::from(dir),
@@ -175,6 +197,57 @@ fn round_trip_error_is_bounded() {
                     );
                 }
             }
+        }
+    }
+}
+
+/// Every golden file of the new types, byte for byte: from `input.f32` with and without the imatrix, and from
+/// `ties_input.f32` (exact ties, MXFP4 midpoints, all-zero sub-blocks).
+#[test]
+fn new_types_match_ggml() {
+    let input = read_f32("input.f32");
+    let ties = read_f32("ties_input.f32");
+    let imatrix = read_f32("imatrix.f32");
+    for &(ty, stem, mode) in NEW_GOLDEN {
+        assert!(supported(ty), "{ty}");
+        for (prefix, src) in [("", &input), ("ties_", &ties)] {
+            let file = format!("{prefix}{stem}.bin");
+            assert_same_bytes(ty, &file, &quantized(ty, src, None), &read(&file));
+            let with = quantized(ty, src, Some(&imatrix));
+            match mode {
+                Imatrix::Optional => {
+                    let file = format!("{prefix}{stem}_imat.bin");
+                    assert_same_bytes(ty, &file, &with, &read(&file));
+                    assert_ne!(
+                        read(&file),
+                        read(&format!("{prefix}{stem}.bin")),
+                        "{file} should differ from the plain one"
+                    );
+                }
+                Imatrix::Ignored => assert_same_bytes(ty, &format!("{file} (imatrix ignored)"), &with, &read(&file)),
+            }
+        }
+    }
+}
+
+/// ggml's own dequantization of every new golden file (`<t>.deq.f32`, `<t>_imat.deq.f32`), bit for bit.
+#[test]
+fn new_types_dequantize_as_ggml() {
+    for &(ty, stem, _) in NEW_GOLDEN {
+        for suffix in ["", "_imat"] {
+            let bytes = read(&format!("{stem}{suffix}.bin"));
+            let want = read_f32(&format!("{stem}{suffix}.deq.f32"));
+            let mut got = vec![f32::NAN; want.len()];
+            dequantize_ggml(ty, &bytes, &mut got).unwrap_or_else(|e| panic!("{ty}: {e}"));
+            let differ: Vec<usize> = (0..want.len()).filter(|&i| got[i].to_bits() != want[i].to_bits()).collect();
+            assert!(
+                differ.is_empty(),
+                "{stem}{suffix}.deq.f32: {} values differ, first at {}: {} against ggml's {}",
+                differ.len(),
+                differ[0],
+                got[differ[0]],
+                want[differ[0]]
+            );
         }
     }
 }

@@ -6,15 +6,21 @@
 //! * MLX affine follows `mx.dequantize` (`scale·q + bias` in f32), see [`dequantize_mlx_affine`].
 //!
 //! Everything works block by block straight into the caller's `out`, so whole models can be streamed through a
-//! fixed buffer. IQ*, TQ*, MXFP4, NVFP4 and Q1_0/Q2_0 are not supported (quantfarm never produces them).
+//! fixed buffer.
 //!
 //! Files: `float.rs` (F32, F16, BF16, F64, integers), `legacy.rs` (the 32-element formats), `kquants.rs`
-//! (Q2_K…Q8_K), `mlx.rs` (MLX affine). The block layouts are `quantfarm_ggml::blocks`, shared with the quantizer.
+//! (Q2_K…Q8_K), `iq4.rs` (IQ4_NL, IQ4_XS), `fp4.rs` (MXFP4, NVFP4), `ternary.rs` (TQ1_0, TQ2_0), `low_bit.rs`
+//! (Q1_0, Q2_0), `mlx.rs` (MLX affine). The block layouts are `quantfarm_ggml::blocks`, shared with the quantizer.
+//! The grid i-quants (IQ1_*, IQ2_*, IQ3_*) are not read yet.
 
 mod float;
+mod fp4;
+mod iq4;
 mod kquants;
 mod legacy;
+mod low_bit;
 mod mlx;
+mod ternary;
 
 pub use float::{bf16_bits_to_f32, bf16_to_f32, f16_bits_to_f32, f16_to_f32, float_values};
 pub use mlx::{dequantize_mlx_affine, dequantize_mlx_affine_as};
@@ -67,7 +73,15 @@ fn decoder(ty: GgmlType) -> Option<Decoder> {
         Q5_K => kquants::q5_k,
         Q6_K => kquants::q6_k,
         Q8_K => kquants::q8_k,
-        _ => return None,
+        IQ4_NL => iq4::iq4_nl,
+        IQ4_XS => iq4::iq4_xs,
+        MXFP4 => fp4::mxfp4,
+        NVFP4 => fp4::nvfp4,
+        TQ1_0 => ternary::tq1_0,
+        TQ2_0 => ternary::tq2_0,
+        Q1_0 => low_bit::q1_0,
+        Q2_0 => low_bit::q2_0,
+        IQ2_XXS | IQ2_XS | IQ3_XXS | IQ1_S | IQ3_S | IQ2_S | IQ1_M => return None,
     })
 }
 
@@ -133,6 +147,14 @@ mod tests {
         GgmlType::Q5_K,
         GgmlType::Q6_K,
         GgmlType::Q8_K,
+        GgmlType::IQ4_NL,
+        GgmlType::IQ4_XS,
+        GgmlType::MXFP4,
+        GgmlType::NVFP4,
+        GgmlType::TQ1_0,
+        GgmlType::TQ2_0,
+        GgmlType::Q1_0,
+        GgmlType::Q2_0,
     ];
 
     #[test]
