@@ -46,7 +46,15 @@ file_types! {
     Q5_K_S = 16, "Q5_K_S", Q5_K;
     Q5_K_M = 17, "Q5_K_M", Q5_K;
     Q6_K = 18, "Q6_K", Q6_K;
+    Q2_K_S = 21, "Q2_K_S", Q2_K;
+    IQ4_NL = 25, "IQ4_NL", IQ4_NL;
+    IQ4_XS = 30, "IQ4_XS", IQ4_XS;
     BF16 = 32, "BF16", BF16;
+    TQ1_0 = 36, "TQ1_0", TQ1_0;
+    TQ2_0 = 37, "TQ2_0", TQ2_0;
+    MXFP4_MOE = 38, "MXFP4_MOE", MXFP4;
+    Q1_0 = 40, "Q1_0", Q1_0;
+    Q2_0 = 41, "Q2_0", Q2_0;
 }
 
 impl FileType {

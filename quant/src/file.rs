@@ -40,6 +40,17 @@ pub enum FileError {
         "tensor {tensor:?}: type {ty} needs rows that are whole blocks of {block}, but its rows have {ne0} values"
     )]
     BlockSize { tensor: String, ty: GgmlType, block: usize, ne0: u64 },
+    #[error(transparent)]
+    Mixture(#[from] mixture::MixtureError),
+    /// llama-quantize: "this quantization requires an imatrix!".
+    #[error(
+        "tensor {tensor:?}: {ftype} gives it type {ty}, which llama-quantize makes only with an importance matrix: \
+         pass one (--imatrix FILE, made by `quantfarm imatrix` or llama-imatrix)"
+    )]
+    ImatrixRequired { tensor: String, ftype: FileType, ty: GgmlType },
+    /// llama-quantize: "Missing importance matrix for tensor … in a very low-bit quantization".
+    #[error("tensor {tensor:?}: imatrix {file} has no entry for it, and its type {ty} needs one")]
+    ImatrixMissing { tensor: String, ty: GgmlType, file: String },
     #[error("cannot start {threads} quantization threads: {msg}")]
     Threads { threads: usize, msg: String },
     #[error("tensor {tensor:?}: {source}")]
@@ -228,7 +239,7 @@ async fn quantize_part(
         token_embedding_type: opts.token_embedding_type,
         leave_output_tensor: opts.leave_output_tensor,
     };
-    let choices: Vec<Choice> = mixture::choose_types_with(opts.ftype, &facts, &list, &params)
+    let choices: Vec<Choice> = mixture::choose_types_with(opts.ftype, &facts, &list, &params)?
         .into_iter()
         .filter(|c| in_part.contains(c.name.as_str()))
         .collect();
@@ -248,10 +259,16 @@ async fn quantize_part(
                 return Err(FileError::BlockSize { tensor: c.name.clone(), ty: c.ty, block: c.ty.block_size(), ne0 });
             }
             // Checked up front, as in llama-quantize, so a wrong imatrix fails before anything is written.
-            imatrix_for(imatrix, &c.name, &info.dims)?;
-            // `tensor_requires_imatrix` (IQ1/IQ2/IQ3_XXS types, and Q2_K under Q2_K_S) refuses to run without an
-            // imatrix. No file type quantfarm offers yet (no Q2_K_S, no IQ types) produces those, so there is
-            // nothing to refuse here; add the check together with the first such file type.
+            let weights = imatrix_for(imatrix, &c.name, &info.dims)?;
+            // `tensor_requires_imatrix`: without an imatrix llama-quantize refuses at the first such tensor, before
+            // the file is made; with one lacking this tensor's entry, when it reaches the tensor (its file then
+            // partial). Both are refused here before anything is written.
+            if mixture::requires_imatrix(&c.name, c.ty, opts.ftype) && weights.is_none() {
+                return Err(match imatrix {
+                    None => FileError::ImatrixRequired { tensor: c.name.clone(), ftype: opts.ftype, ty: c.ty },
+                    Some(im) => FileError::ImatrixMissing { tensor: c.name.clone(), ty: c.ty, file: im.file.clone() },
+                });
+            }
         }
         // The C writer stores `ggml_n_dims` dimensions: trailing 1s are dropped.
         let dims = info.dims[..mixture::n_dims(&info.dims).min(info.dims.len())].to_vec();

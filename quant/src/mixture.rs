@@ -117,10 +117,12 @@ fn use_more_bits(i: i64, n: i64) -> bool {
     i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2
 }
 
-/// `tensor_type_fallback`: a type whose block does not divide the row length falls back, then to F16.
-pub fn fallback(ty: GgmlType, ne0: u64) -> GgmlType {
+/// `tensor_type_fallback`: a type whose block does not divide the row length falls back, then to F16. `None` where
+/// llama-quantize defines no fallback (a type with blocks of more than 32 outside its table: Q1_0, NVFP4), which it
+/// reports as an error ("no tensor type fallback is defined for type …").
+pub fn fallback(ty: GgmlType, ne0: u64) -> Option<GgmlType> {
     if ne0.is_multiple_of(ty.block_size() as u64) {
-        return ty;
+        return Some(ty);
     }
     let next = match ty {
         GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q2_0 | GgmlType::TQ1_0 | GgmlType::TQ2_0 => GgmlType::Q4_0,
@@ -135,13 +137,39 @@ pub fn fallback(ty: GgmlType, ne0: u64) -> GgmlType {
         | GgmlType::IQ3_XXS
         | GgmlType::IQ3_S
         | GgmlType::IQ4_XS => GgmlType::IQ4_NL,
-        other => other,
+        // Already a block of 32 or less: nothing smaller to demote to, so F16 below.
+        other if other.block_size() <= 32 => other,
+        _ => return None,
     };
-    if ne0.is_multiple_of(next.block_size() as u64) {
-        next
-    } else {
-        GgmlType::F16
-    }
+    Some(if ne0.is_multiple_of(next.block_size() as u64) { next } else { GgmlType::F16 })
+}
+
+/// Why no type could be chosen for a tensor.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum MixtureError {
+    /// llama-quantize: "no tensor type fallback is defined for type …".
+    #[error(
+        "tensor {tensor:?}: {ftype} gives it type {ty}, whose blocks of {block} do not divide its rows of {ne0} \
+         values, and llama-quantize defines no fallback for {ty}"
+    )]
+    NoFallback { tensor: String, ftype: FileType, ty: GgmlType, block: usize, ne0: u64 },
+}
+
+/// `tensor_requires_imatrix`: whether llama-quantize refuses to make `ty` for this tensor without an importance
+/// matrix (the IQ1/IQ2 types and IQ3_XXS, and Q2_K under Q2_K_S; never the token embeddings or the output).
+pub fn requires_imatrix(name: &str, ty: GgmlType, ftype: FileType) -> bool {
+    let exempt = matches!(name, "token_embd.weight" | "per_layer_token_embd.weight" | "output.weight");
+    let needs = match ty {
+        GgmlType::IQ3_XXS
+        | GgmlType::IQ2_XXS
+        | GgmlType::IQ2_XS
+        | GgmlType::IQ2_S
+        | GgmlType::IQ1_M
+        | GgmlType::IQ1_S => true,
+        GgmlType::Q2_K => ftype == FileType::Q2_K_S,
+        _ => false,
+    };
+    needs && !exempt
 }
 
 /// Model facts the rules read (`llama_hparams`, `init_quantize_state_counters`).
@@ -191,7 +219,7 @@ pub fn choose_types(
     facts: &ModelFacts,
     tensors: &[(String, Vec<u64>, GgmlType)],
     has_imatrix: bool,
-) -> Vec<Choice> {
+) -> Result<Vec<Choice>, MixtureError> {
     choose_types_with(ftype, facts, tensors, &Params { has_imatrix, ..Params::default() })
 }
 
@@ -201,7 +229,7 @@ pub fn choose_types_with(
     facts: &ModelFacts,
     tensors: &[(String, Vec<u64>, GgmlType)],
     params: &Params,
-) -> Vec<Choice> {
+) -> Result<Vec<Choice>, MixtureError> {
     let mut order: Vec<usize> = (0..tensors.len()).collect();
     order.sort_by(|&a, &b| tensor_order(&tensors[a].0, &tensors[b].0));
     let (mut i_attention_wv, mut i_ffn_down) = (0i64, 0i64);
@@ -233,21 +261,27 @@ pub fn choose_types_with(
         let ruled = if params.pure {
             default
         } else {
-            rule(ftype, cat, facts, params, ne0, &mut i_attention_wv, &mut i_ffn_down)
+            rule(ftype, cat, facts, params, ne, &mut i_attention_wv, &mut i_ffn_down)
         };
-        let ty = fallback(ruled, ne0);
+        let ty = fallback(ruled, ne0).ok_or_else(|| MixtureError::NoFallback {
+            tensor: name.clone(),
+            ftype,
+            ty: ruled,
+            block: ruled.block_size(),
+            ne0,
+        })?;
         out.push(Choice { name: name.clone(), ty, fell_back: ty != ruled });
     }
-    out
+    Ok(out)
 }
 
-/// `llama_tensor_get_type_impl` for dense (non-MoE, non-Falcon) models.
+/// `llama_tensor_get_type_impl` for dense (non-MoE, non-Falcon) models; MXFP4_MOE's expert tensors (3-D) too.
 fn rule(
     ftype: FileType,
     cat: Category,
     m: &ModelFacts,
     params: &Params,
-    ne0: u64,
+    ne: &[u64],
     i_v: &mut i64,
     i_down: &mut i64,
 ) -> GgmlType {
@@ -255,6 +289,12 @@ fn rule(
     use GgmlType as T;
     let default = ftype.default_type();
     let has_imatrix = params.has_imatrix;
+    let ne0 = ne.first().copied().unwrap_or(1);
+    let is_output = cat == Category::Output || (cat == Category::TokenEmbd && m.tied_embeddings);
+    // MXFP4_MOE: 3-D expert tensors MXFP4, every other tensor (an untied token_embd too) Q8_0.
+    if ftype == F::MXFP4_MOE && !is_output {
+        return if ne.get(2).is_some_and(|&n| n > 1) { T::MXFP4 } else { T::Q8_0 };
+    }
     match cat {
         // Reached by `output.weight` only without `--output-tensor-type` (which returned earlier), but by a tied
         // token_embd with it: that one takes the output type here, and then the fallback.
@@ -262,12 +302,17 @@ fn rule(
             if let Some(t) = params.output_tensor_type {
                 return t;
             }
-            if !ne0.is_multiple_of(default.block_size() as u64) || default == T::Q8_0 {
+            if ftype == F::MXFP4_MOE || !ne0.is_multiple_of(default.block_size() as u64) || default == T::Q8_0 {
                 T::Q8_0
             } else {
                 T::Q6_K
             }
         }
+        // Untied token embeddings.
+        Category::TokenEmbd => match ftype {
+            F::TQ1_0 | F::TQ2_0 | F::Q2_0 => T::Q4_K,
+            _ => default,
+        },
         Category::AttnV => {
             let i = *i_v;
             *i_v += 1;
@@ -287,7 +332,9 @@ fn rule(
                         T::Q4_K
                     }
                 }
+                F::Q2_K_S if m.gqa >= 4 => T::Q4_K,
                 F::Q3_K_L => T::Q5_K,
+                F::IQ4_NL | F::IQ4_XS if m.gqa >= 4 => T::Q5_K,
                 F::Q4_K_S if i < 4 => T::Q5_K,
                 F::Q4_K_M | F::Q5_K_M if use_more_bits(i, n) => T::Q6_K,
                 _ => default,
@@ -310,11 +357,13 @@ fn rule(
             let n = m.n_layer;
             match ftype {
                 F::Q2_K => T::Q3_K,
+                F::Q2_K_S if i < n / 8 => T::Q4_K,
                 F::Q3_K_M if i < n / 16 => T::Q5_K,
                 F::Q3_K_M => T::Q4_K,
                 F::Q3_K_L => T::Q5_K,
                 F::Q4_K_S if i < n / 8 => T::Q5_K,
                 F::Q4_K_M | F::Q5_K_M if use_more_bits(i, n) => T::Q6_K,
+                F::IQ4_NL | F::IQ4_XS if !has_imatrix && i < n / 8 => T::Q5_K,
                 // Only with an imatrix (so that a plain Q4_0/Q5_0 stays what it always was): "guard against
                 // craziness in the first few ffn_down layers".
                 F::Q4_0 if has_imatrix && i < n / 8 => T::Q4_1,
@@ -354,21 +403,46 @@ mod tests {
         let tensors: Vec<_> =
             (0..16).map(|i| (format!("blk.{i}.ffn_down.weight"), vec![64, 64], GgmlType::F16)).collect();
         for (ftype, more) in [(FileType::Q4_0, GgmlType::Q4_1), (FileType::Q5_0, GgmlType::Q5_1)] {
-            let with: Vec<_> = choose_types(ftype, &facts, &tensors, true).into_iter().map(|c| c.ty).collect();
+            let with: Vec<_> =
+                choose_types(ftype, &facts, &tensors, true).expect("types").into_iter().map(|c| c.ty).collect();
             let default = ftype.default_type();
             assert_eq!(with[..2], [more, more], "{ftype}: i < n/8");
             assert!(with[2..].iter().all(|&t| t == default), "{ftype}: {with:?}");
-            let without = choose_types(ftype, &facts, &tensors, false);
+            let without = choose_types(ftype, &facts, &tensors, false).expect("types");
             assert!(without.iter().all(|c| c.ty == default), "{ftype}");
         }
     }
 
     #[test]
     fn fallbacks() {
-        assert_eq!(fallback(GgmlType::Q4_K, 896), GgmlType::Q5_0);
-        assert_eq!(fallback(GgmlType::Q6_K, 896), GgmlType::Q8_0);
-        assert_eq!(fallback(GgmlType::Q4_K, 4096), GgmlType::Q4_K);
-        assert_eq!(fallback(GgmlType::Q2_K, 100), GgmlType::F16);
+        assert_eq!(fallback(GgmlType::Q4_K, 896), Some(GgmlType::Q5_0));
+        assert_eq!(fallback(GgmlType::Q6_K, 896), Some(GgmlType::Q8_0));
+        assert_eq!(fallback(GgmlType::Q4_K, 4096), Some(GgmlType::Q4_K));
+        assert_eq!(fallback(GgmlType::Q2_K, 100), Some(GgmlType::F16));
+        assert_eq!(fallback(GgmlType::IQ4_XS, 576), Some(GgmlType::IQ4_NL));
+        assert_eq!(fallback(GgmlType::TQ2_0, 576), Some(GgmlType::Q4_0));
+        assert_eq!(fallback(GgmlType::MXFP4, 48), Some(GgmlType::F16));
+        // No fallback is defined for Q1_0 (blocks of 128) or NVFP4 (64): llama-quantize fails on SmolLM2's 576.
+        assert_eq!(fallback(GgmlType::Q1_0, 576), None);
+        assert_eq!(fallback(GgmlType::NVFP4, 96), None);
+        assert_eq!(fallback(GgmlType::Q1_0, 1024), Some(GgmlType::Q1_0));
+    }
+
+    #[test]
+    fn q1_0_on_rows_it_does_not_divide_is_refused_naming_the_tensor() {
+        let (facts, t) = model(false, 576);
+        let e = choose_types(FileType::Q1_0, &facts, &t, false).expect_err("576 is not a multiple of 128");
+        assert_eq!(
+            e,
+            MixtureError::NoFallback {
+                tensor: "token_embd.weight".into(),
+                ftype: FileType::Q1_0,
+                ty: GgmlType::Q1_0,
+                block: 128,
+                ne0: 576
+            }
+        );
+        assert!(e.to_string().contains("no fallback for Q1_0"), "{e}");
     }
 
     /// A 4-layer model with rows of 256 (no fallback) unless `ne0` says otherwise; untied unless `tied`.
@@ -389,7 +463,7 @@ mod tests {
 
     fn types(ftype: FileType, tied: bool, ne0: u64, p: &Params) -> Vec<(String, GgmlType)> {
         let (facts, t) = model(tied, ne0);
-        choose_types_with(ftype, &facts, &t, p).into_iter().map(|c| (c.name, c.ty)).collect()
+        choose_types_with(ftype, &facts, &t, p).expect("types").into_iter().map(|c| (c.name, c.ty)).collect()
     }
 
     fn ty_of(v: &[(String, GgmlType)], name: &str) -> GgmlType {

@@ -53,6 +53,7 @@ fn mixture_rules_choose_llama_quantizes_types_for_every_rung() {
             .map(|t| (t["name"].as_str().unwrap().to_string(), t["type"].as_str().unwrap().to_string()))
             .collect();
         let ours: Vec<(String, String)> = mixture::choose_types(ftype, &facts, &infos, has_imatrix)
+            .unwrap_or_else(|e| panic!("{ftype}: {e}"))
             .into_iter()
             .map(|c| (c.name, c.ty.name().to_string()))
             .collect();

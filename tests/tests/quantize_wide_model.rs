@@ -19,8 +19,8 @@ use quantfarm_tensors::convert::{convert_hf_to_gguf, OutType};
 use quantfarm_tensors::synthetic::{write_wide_llama, write_wide_tied_llama};
 use quantfarm_tensors::TensorSource;
 
-/// Every file type whose tensors are quantized.
-const QUANTIZED: [FileType; 14] = [
+/// Every file type whose tensors are quantized and that needs no importance matrix.
+const QUANTIZED: [FileType; 21] = [
     FileType::Q8_0,
     FileType::Q6_K,
     FileType::Q5_K_M,
@@ -35,7 +35,17 @@ const QUANTIZED: [FileType; 14] = [
     FileType::Q4_1,
     FileType::Q5_0,
     FileType::Q5_1,
+    FileType::IQ4_NL,
+    FileType::IQ4_XS,
+    FileType::TQ1_0,
+    FileType::TQ2_0,
+    FileType::Q1_0,
+    FileType::Q2_0,
+    FileType::MXFP4_MOE,
 ];
+
+/// The file types llama-quantize makes only with an importance matrix (`tensor_requires_imatrix`).
+const NEED_IMATRIX: [FileType; 1] = [FileType::Q2_K_S];
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
@@ -260,6 +270,27 @@ fn assert_rules_were_exercised(cases: &[Case], choices: &[Vec<Choice>]) {
                 assert_eq!(at("blk.0.ffn_down.weight"), GgmlType::Q3_K);
                 assert_eq!(at("blk.0.attn_q.weight"), GgmlType::Q2_K);
             }
+            FileType::IQ4_NL | FileType::IQ4_XS => {
+                // ffn_down of the first eighth gets Q5_K, only without an imatrix; gqa 2 leaves attn_v alone.
+                let first = if case.imatrix.is_some() { case.ftype.default_type() } else { GgmlType::Q5_K };
+                assert_eq!(at("blk.0.ffn_down.weight"), first, "{}", case.label);
+                assert_eq!(at("blk.1.ffn_down.weight"), case.ftype.default_type(), "{}", case.label);
+                assert_eq!(at("blk.0.attn_v.weight"), case.ftype.default_type(), "{}", case.label);
+                assert_eq!(at("output.weight"), GgmlType::Q6_K, "{}", case.label);
+            }
+            FileType::TQ1_0 | FileType::TQ2_0 | FileType::Q2_0 => {
+                assert_eq!(at("token_embd.weight"), GgmlType::Q4_K, "{}: untied token_embd", case.label);
+                assert_eq!(at("blk.0.ffn_down.weight"), case.ftype.default_type(), "{}", case.label);
+            }
+            FileType::MXFP4_MOE => {
+                // A dense model has no 3-D expert tensor: everything quantized is Q8_0.
+                assert!(c.iter().all(|c| matches!(c.ty, GgmlType::Q8_0 | GgmlType::F32)), "{}", case.label);
+            }
+            FileType::Q2_K_S => {
+                assert_eq!(at("blk.0.ffn_down.weight"), GgmlType::Q4_K, "{}", case.label);
+                assert_eq!(at("blk.1.ffn_down.weight"), GgmlType::Q2_K, "{}", case.label);
+                assert_eq!(at("blk.0.attn_v.weight"), GgmlType::Q2_K, "{}: gqa 2", case.label);
+            }
             FileType::Q4_0 | FileType::Q5_0 if case.imatrix.is_some() => {
                 let more = if case.ftype == FileType::Q4_0 { GgmlType::Q4_1 } else { GgmlType::Q5_1 };
                 assert_eq!(at("blk.0.ffn_down.weight"), more, "{}", case.label);
@@ -284,9 +315,37 @@ fn every_file_type_with_a_real_imatrix_equals_llama_quantize_byte_for_byte() {
     let dir = tempfile::tempdir().unwrap();
     let src = wide_bf16(dir.path());
     let im = make_imatrix(&src, dir.path());
-    let cases: Vec<Case> = QUANTIZED.iter().map(|&f| Case::plain(f, Some(&im))).collect();
+    let cases: Vec<Case> = QUANTIZED.iter().chain(&NEED_IMATRIX).map(|&f| Case::plain(f, Some(&im))).collect();
     let choices = check_all(&src, dir.path(), &cases);
     assert_rules_were_exercised(&cases, &choices);
+}
+
+/// Q2_K_S without an importance matrix: llama-quantize refuses ("this quantization requires an imatrix!") and
+/// writes nothing; so does quantfarm, naming the first tensor and its type.
+#[test]
+fn a_file_type_that_needs_an_imatrix_is_refused_without_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = wide_bf16(dir.path());
+    let bin = llama_bin();
+    let theirs = dir.path().join("theirs.gguf");
+    let r = Command::new(bin.join("llama-quantize"))
+        .env("LD_LIBRARY_PATH", &bin)
+        .arg(&src)
+        .arg(&theirs)
+        .args(["Q2_K_S", "2"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&r.stderr).into_owned() + &String::from_utf8_lossy(&r.stdout);
+    assert!(!r.status.success() && said.contains("requires an imatrix"), "llama-quantize:\n{said}");
+    assert!(!theirs.exists(), "llama-quantize left {}", theirs.display());
+    let ours = dir.path().join("ours.gguf");
+    let e = rt().block_on(async {
+        let source = TensorSource::open(&Location::local(&src)).await.unwrap();
+        quantize_gguf(&source, &Location::local(&ours), &Options::new(FileType::Q2_K_S)).await.map(|_| ()).unwrap_err()
+    });
+    let msg = e.to_string();
+    assert!(msg.contains("blk.0.") && msg.contains("Q2_K_S gives it type Q2_K") && msg.contains("importance matrix"), "{msg}");
+    assert!(!ours.exists(), "quantfarm left {}", ours.display());
 }
 
 #[test]
