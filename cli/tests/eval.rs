@@ -478,7 +478,8 @@ fn farm_measures_kld_greedy_and_probes_on_three_workers() {
              evaluation:\n  text: {}\n  ctx: 512\n  batch: 1024\n  chunks: 6\n  prompts: {}\n  max_tokens: 24\n\
              \x20 probes: {}\n  peers: [llama-perplexity]\n\
              gates:\n  - {{name: q8-close, check: 'q8_0.kld.mean <= 0.01'}}\n\
-             \x20 - {{name: q4-close, check: 'q4_k_m.kld.mean <= 0.01'}}\n",
+             \x20 - {{name: q4-close, check: 'q4_k_m.kld.mean <= 0.01'}}\n\
+             \x20 - {{name: q4-tail, check: 'q4_k_m.kld.p99 <= 10'}}\n",
             hf.display(),
             text().display(),
             prompts.display(),
@@ -531,6 +532,10 @@ fn farm_measures_kld_greedy_and_probes_on_three_workers() {
     assert_eq!(q4["detail"], want.as_str(), "{q4:#}");
     assert_eq!(q4["inputs"]["q4_k_m.kld.mean"].as_f64(), Some(q4_kld), "{q4:#}");
     assert_eq!(q4["threshold"], 0.01, "{q4:#}");
+    // A percentile figure is measured too (the 99th, as llama-perplexity prints it).
+    let tail = gate("q4-tail");
+    assert_eq!(tail["passed"], true, "{tail:#}");
+    assert!(tail["inputs"]["q4_k_m.kld.p99"].as_f64().is_some_and(|v| v > q4_kld), "{tail:#}");
     // Every level was measured (KLD and probes); the defaults' per-level KLD limits hold for all three.
     for g in sum["gates"].as_array().unwrap().iter().filter(|g| g["name"] == "measured" || g["name"] == "kld") {
         assert_eq!(g["passed"], true, "{g:#}");

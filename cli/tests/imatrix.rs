@@ -209,4 +209,26 @@ fn moe_experts_are_counted_per_expert_as_llama_imatrix_counts_them() {
     let (max, median, _, n) = rel_diff(&ours, &llama, 1e-5);
     println!("MoE vs llama-imatrix: max rel {max:.3e}, median {median:.3e} over {n} values");
     assert!(max < 2e-4, "{max}");
+
+    // MXFP4_MOE on the same model: the 3-D expert tensors MXFP4, the rest Q8_0; with and without the imatrix (which
+    // MXFP4 ignores, but its keys are written), byte for byte llama-quantize's file.
+    for imatrix in [None, Some("llama.gguf")] {
+        let tag = if imatrix.is_some() { "imat" } else { "plain" };
+        let (theirs, mine) = (format!("theirs-mxfp4-{tag}.gguf"), format!("ours-mxfp4-{tag}.gguf"));
+        let mut q = Command::new(llama_bin().join("llama-quantize"));
+        q.env("LD_LIBRARY_PATH", llama_bin()).current_dir(dir.path());
+        if let Some(im) = imatrix {
+            q.args(["--imatrix", im]);
+        }
+        ok(q.args([m, theirs.as_str(), "MXFP4_MOE", "2"]).output().expect("run llama-quantize"), "llama-quantize");
+        let mut args = vec!["quantize", m, mine.as_str(), "MXFP4_MOE", "--threads", "2"];
+        if let Some(im) = imatrix {
+            args.extend(["--imatrix", im]);
+        }
+        let o =
+            Command::new(env!("CARGO_BIN_EXE_quantfarm")).args(&args).current_dir(dir.path()).output().expect("run");
+        ok(o, "quantfarm quantize MXFP4_MOE");
+        let (a, b) = (std::fs::read(p(&mine)).expect("ours"), std::fs::read(p(&theirs)).expect("theirs"));
+        assert!(a == b, "MXFP4_MOE ({tag}): {} bytes against llama-quantize's {}", a.len(), b.len());
+    }
 }

@@ -256,8 +256,15 @@ impl KldSummary {
         })
     }
 
+    /// The KL divergence at `fraction` (0.99 for the 99th percentile), one of llama-perplexity's percentiles
+    /// (0.999, 0.99, 0.95, 0.9, 0.1, 0.05, 0.01, 0.001); `None` for another. Fractions are the f32 values
+    /// llama-perplexity uses, so 0.99 here is `0.99f32`, not the f64 0.99.
+    pub fn kld_percentile(&self, fraction: f32) -> Option<f64> {
+        self.kld_percentiles.iter().find(|p| p.0 == f64::from(fraction)).map(|p| p.1)
+    }
+
     fn kld_at(&self, fraction: f32) -> f64 {
-        self.kld_percentiles.iter().find(|p| p.0 == f64::from(fraction)).map_or(f64::NAN, |p| p.1)
+        self.kld_percentile(fraction).unwrap_or(f64::NAN)
     }
 
     fn dp_at(&self, fraction: f32) -> f64 {
@@ -422,6 +429,11 @@ mod tests {
         ] {
             assert!(t.contains(label), "{label} missing from\n{t}");
         }
+        // Every percentile llama-perplexity prints is there by its f32 fraction.
+        for f in KLD_FRACTIONS {
+            assert!(s.kld_percentile(f).is_some_and(f64::is_finite), "{f}");
+        }
+        assert_eq!(s.kld_percentile(0.5), None);
         let j = s.to_json();
         for key in [
             "mean_kld",

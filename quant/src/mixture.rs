@@ -2,7 +2,8 @@
 //! per-tensor mixture rules (with their layer counters) and the fallback for rows that are not whole blocks.
 //! Same decisions as `src/llama-quant.cpp` (`tensor_allows_quantization`, `llama_tensor_get_type`,
 //! `llama_tensor_get_type_impl`, `tensor_type_fallback`) and `src/llama-model-loader.h` (`weight_name_comparer`)
-//! at llama.cpp 0c1e570, for dense models.
+//! at llama.cpp 0c1e570, for dense models and for MXFP4_MOE's expert tensors. The file types of the grid i-quants
+//! (IQ1_*, IQ2_*, IQ3_*) and the other MoE rules are not here yet.
 
 use std::cmp::Ordering;
 

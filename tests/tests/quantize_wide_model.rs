@@ -344,7 +344,10 @@ fn a_file_type_that_needs_an_imatrix_is_refused_without_one() {
         quantize_gguf(&source, &Location::local(&ours), &Options::new(FileType::Q2_K_S)).await.map(|_| ()).unwrap_err()
     });
     let msg = e.to_string();
-    assert!(msg.contains("blk.0.") && msg.contains("Q2_K_S gives it type Q2_K") && msg.contains("importance matrix"), "{msg}");
+    assert!(
+        msg.contains("blk.0.") && msg.contains("Q2_K_S gives it type Q2_K") && msg.contains("importance matrix"),
+        "{msg}"
+    );
     assert!(!ours.exists(), "quantfarm left {}", ours.display());
 }
 

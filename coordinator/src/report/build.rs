@@ -307,7 +307,7 @@ fn measured(
         };
         match klds.get(&level) {
             Some(Ok(k)) => {
-                let pct = |p: f64| k.kld_percentiles.iter().find(|(q, _)| (q - p).abs() < 1e-9).map(|(_, v)| *v);
+                let pct = |p: f32| k.kld_percentile(p);
                 for (name, v) in [
                     ("kld.mean", Some(k.mean_kld.value)),
                     ("kld.mean_unc", Some(k.mean_kld.unc)),
