@@ -193,9 +193,11 @@ pub async fn quantize_gguf(src: &TensorSource, dst: &Location, opts: &Options) -
 }
 
 /// Quantizes the tensors of split file `shard` of `src` into `dst`, as split file `shard` of the quantized split
-/// model (llama-quantize `--keep-split`): the types are chosen over the whole model — the mixture rules count
-/// layers and attention tensors across every file — and the first file carries all metadata followed by the split
-/// keys, the others only the split keys. A one-file model is quantized whole. This is the farm's per-shard task.
+/// model: the types and bytes of every tensor are those of llama-quantize on the whole model (the mixture rules
+/// count layers and attention tensors across every file, in the loader's name order), and the first file carries
+/// all metadata followed by the split keys, the others only the split keys. A one-file model is quantized whole.
+/// This is the farm's per-shard task. It is not llama-quantize `--keep-split`'s output: that tool counts layers in
+/// input-file order and writes its split keys in another order (bench/results/smollm2-release.md).
 pub async fn quantize_gguf_shard(
     src: &TensorSource,
     shard: usize,
