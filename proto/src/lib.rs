@@ -225,7 +225,8 @@ impl TaskResult {
     }
 }
 
-/// `TaskResult::plan()` and the like: the result's message when it is of that kind.
+/// `TaskResult::plan()` and the like: the result's message when it is of that kind (`TaskResult::artifact()`,
+/// above, reads through an artifact result to its artifact).
 macro_rules! result_accessors {
     ($($name:ident: $variant:ident($ty:ty)),* $(,)?) => {
         impl TaskResult {
@@ -244,7 +245,6 @@ macro_rules! result_accessors {
 
 result_accessors!(
     plan: Plan(PlanResult),
-    artifact_result: Artifact(ArtifactResult),
     verify: Verify(VerifyResult),
     merge_plan: MergePlan(MergePlanResult),
     kld_plan: KldPlan(KldPlanResult),

@@ -1,5 +1,6 @@
 //! Walking whole rows block by block, for the formats whose blocks depend on nothing but their own values and
-//! their columns' importance (all but the legacy formats' imatrix path, which takes σ² over the row).
+//! their columns' importance: the K-quants, IQ4_*, FP4, ternary and low-bit formats (not the legacy formats'
+//! imatrix path, which takes σ² over the row).
 
 use quantfarm_ggml::blocks::Block;
 

@@ -7,6 +7,12 @@
 /// Scales whose magnitude stays below this are treated as an all-zero group (`GROUP_MAX_EPS`).
 pub(crate) const GROUP_MAX_EPS: f32 = 1e-15;
 
+/// `N` consecutive values of `s` from `at`.
+#[inline(always)]
+pub(crate) fn sub<const N: usize>(s: &[f32], at: usize) -> [f32; N] {
+    std::array::from_fn(|i| s[at + i])
+}
+
 /// Round to nearest, ties to **even** (`ggml-quants.c::nearest_int`).
 ///
 /// Uses the same trick as the C (add 1.5·2^23 so the FPU rounds, then read the mantissa bits) rather than

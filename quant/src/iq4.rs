@@ -13,7 +13,7 @@ use quantfarm_ggml::tables::KVALUES_IQ4NL as KV;
 use quantfarm_ggml::QK_K;
 
 use crate::float::f32_to_f16_bits;
-use crate::helpers::{nearest_int, GROUP_MAX_EPS};
+use crate::helpers::{nearest_int, sub, GROUP_MAX_EPS};
 
 /// `best_index_int8(16, kvalues_iq4nl, x)`: the nearest grid level, ties to the upper one; below the first level
 /// 0, above the last 15.
@@ -112,12 +112,6 @@ fn pack(l: &[u8], out: &mut [u8]) {
     }
 }
 
-/// `QK` values of `x` from `at`.
-#[inline(always)]
-fn sub<const N: usize>(x: &[f32; N], ib: usize) -> [f32; QK] {
-    std::array::from_fn(|j| x[QK * ib + j])
-}
-
 /// `quantize_iq4_nl` on one block.
 #[inline(always)]
 pub(crate) fn iq4_nl(x: &[f32; QK], qw: Option<&[f32; QK]>) -> BlockIQ4NL {
@@ -137,7 +131,7 @@ pub(crate) fn iq4_xs(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>) -> BlockIQ4XS {
     let mut scales = [0.0f32; QK_K / QK];
     let (mut max_scale, mut amax_scale) = (0.0f32, 0.0f32);
     for (ib, scale) in scales.iter_mut().enumerate() {
-        *scale = sub_block_scale(&sub(x, ib), &weights(x, qw, s2, ib));
+        *scale = sub_block_scale(&sub(x, QK * ib), &weights(x, qw, s2, ib));
         if scale.abs() > amax_scale {
             amax_scale = scale.abs();
             max_scale = *scale;
@@ -151,7 +145,7 @@ pub(crate) fn iq4_xs(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>) -> BlockIQ4XS {
         let l = nearest_int(id * scale).clamp(-32, 31);
         let dl = d * l as f32;
         let idl = if dl != 0.0 { 1.0 / dl } else { 0.0 };
-        let xb = sub(x, ib);
+        let xb: [f32; QK] = sub(x, QK * ib);
         let codes: [u8; QK] = std::array::from_fn(|j| best_index(idl * xb[j]));
         pack(&codes, &mut b.qs[16 * ib..16 * (ib + 1)]);
         let ls = (l + 32) as u8;

@@ -10,10 +10,11 @@
 //!
 //! Each returns its block as the struct of `quantfarm_ggml::blocks`, whose layout the dequantizer reads too.
 
+use crate::blockwise;
 use crate::float::f32_to_f16_bits;
-use crate::helpers::{make_qp_quants, make_qx_quants, nearest_int, GROUP_MAX_EPS};
+use crate::helpers::{make_qp_quants, make_qx_quants, nearest_int, sub, GROUP_MAX_EPS};
 use crate::lanes;
-use quantfarm_ggml::blocks::{k4_scales, q3_scales, two_bit, Block, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K};
+use quantfarm_ggml::blocks::{k4_scales, q3_scales, two_bit, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K};
 pub(crate) use quantfarm_ggml::QK_K;
 use quantfarm_tensors::dequant::f16_bits_to_f32;
 use quantfarm_tensors::GgmlType;
@@ -27,38 +28,13 @@ use quantfarm_tensors::GgmlType;
 pub(crate) fn quantize_rows(ty: GgmlType, src: &[f32], n_per_row: usize, imatrix: Option<&[f32]>, dst: &mut [u8]) {
     // Direct calls, not a table of function pointers: each body is inlined into both compilations.
     match ty {
-        GgmlType::Q2_K => rows(src, n_per_row, imatrix, dst, q2_k),
-        GgmlType::Q3_K => rows(src, n_per_row, imatrix, dst, q3_k),
-        GgmlType::Q4_K => rows(src, n_per_row, imatrix, dst, q4_k),
-        GgmlType::Q5_K => rows(src, n_per_row, imatrix, dst, q5_k),
-        GgmlType::Q6_K => rows(src, n_per_row, imatrix, dst, q6_k),
+        GgmlType::Q2_K => blockwise::rows(src, n_per_row, imatrix, dst, q2_k),
+        GgmlType::Q3_K => blockwise::rows(src, n_per_row, imatrix, dst, q3_k),
+        GgmlType::Q4_K => blockwise::rows(src, n_per_row, imatrix, dst, q4_k),
+        GgmlType::Q5_K => blockwise::rows(src, n_per_row, imatrix, dst, q5_k),
+        GgmlType::Q6_K => blockwise::rows(src, n_per_row, imatrix, dst, q6_k),
         _ => {}
     }
-}
-
-/// Quantizes each super-block of whole rows with `f` and writes its block.
-#[inline(always)]
-fn rows<B: Block>(
-    src: &[f32],
-    n_per_row: usize,
-    imatrix: Option<&[f32]>,
-    dst: &mut [u8],
-    f: impl Fn(&[f32; QK_K], Option<&[f32; QK_K]>) -> B,
-) {
-    let row_bytes = n_per_row / QK_K * B::SIZE;
-    for (row, out_row) in src.chunks_exact(n_per_row).zip(dst.chunks_exact_mut(row_bytes)) {
-        for (i, (x, out)) in row.chunks_exact(QK_K).zip(out_row.chunks_exact_mut(B::SIZE)).enumerate() {
-            let x: [f32; QK_K] = std::array::from_fn(|j| x[j]);
-            let qw: Option<[f32; QK_K]> = imatrix.map(|m| std::array::from_fn(|j| m[QK_K * i + j]));
-            f(&x, qw.as_ref()).write(out);
-        }
-    }
-}
-
-/// `N` consecutive values of `s` from `at`.
-#[inline(always)]
-fn sub<const N: usize>(s: &[f32], at: usize) -> [f32; N] {
-    std::array::from_fn(|i| s[at + i])
 }
 
 // ====================== Q2_K
@@ -441,6 +417,7 @@ fn q5_k(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>) -> BlockQ5K {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use quantfarm_ggml::blocks::Block;
 
     #[test]
     fn all_zero_super_blocks_encode_zero_in_q2_k_and_q3_k() {
