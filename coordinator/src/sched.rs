@@ -151,7 +151,7 @@ impl Release {
         self.tasks
             .iter()
             .filter(|t| t.attempts > 1)
-            .filter_map(|t| t.task.as_ref().and_then(graph::output_url))
+            .filter_map(|t| t.task.as_ref().and_then(graph::written_url))
             .map(|url| Sweep { url: url.to_string(), died: now })
             .collect()
     }
@@ -1111,7 +1111,7 @@ impl Sched {
         for (ri, ti, worker) in expired {
             self.end_lease(ri, ti);
             // Its worker may have been killed mid-write.
-            if let Some(url) = self.releases[ri].tasks[ti].task.as_ref().and_then(graph::output_url) {
+            if let Some(url) = self.releases[ri].tasks[ti].task.as_ref().and_then(graph::written_url) {
                 self.sweeps.push(Sweep { url: url.to_string(), died: now });
             }
             self.releases[ri].tasks[ti].failed_on.push(worker.clone());

@@ -296,6 +296,37 @@ fn a_dead_lease_has_the_staging_of_its_output_swept_then_again_before_the_report
 }
 
 #[test]
+fn a_dead_plan_that_writes_the_synthetic_model_has_that_folder_swept() {
+    // The plan of a `synthetic:` release writes the built-in model into the store (shared by every release that
+    // names it): a worker killed mid-write leaves staging there, as it would beside an artifact.
+    let dir = tempfile::tempdir().unwrap();
+    let mut clock = Clock::new();
+    let mut s = open(dir.path(), &clock);
+    let w = worker(&mut s, &["plan"], &clock);
+    let id = s.submit("name: t\nsource: synthetic:tiny-llama\noutputs:\n  gguf: {quants: [Q8_0]}\n", "r.yaml", "/tmp");
+    let id = id.unwrap();
+    let plan = lease(&mut s, &w, 1, &clock);
+    let folder = match plan[0].task.as_ref().and_then(|t| t.kind.as_ref()) {
+        Some(pb::task::Kind::Plan(p)) => {
+            assert_eq!(p.synthetic, "tiny-llama");
+            p.source.clone()
+        }
+        other => panic!("not a plan task: {other:?}"),
+    };
+    assert!(folder.contains("sources/synthetic/"), "{folder}");
+    clock.advance(cfg().lease.as_millis() as u64 + 1);
+    let died = clock.now();
+    s.expire(died).unwrap();
+    let sweeps = std::mem::take(&mut s.sweeps);
+    assert_eq!(sweeps.iter().map(|w| (w.url.clone(), w.died)).collect::<Vec<_>>(), vec![(folder.clone(), died)]);
+    clock.advance(cfg().backoff.as_millis() as u64);
+    assert_eq!(lease(&mut s, &w, 1, &clock)[0].task_id, "plan");
+    let later = clock.now();
+    let retried = s.release(&id).unwrap().retried_outputs(later);
+    assert_eq!(retried.iter().map(|w| w.url.clone()).collect::<Vec<_>>(), vec![folder]);
+}
+
+#[test]
 fn a_corrupt_input_has_its_producer_make_it_again_then_its_reader_runs_again() {
     let dir = tempfile::tempdir().unwrap();
     let mut clock = Clock::new();

@@ -140,6 +140,15 @@ impl task::Kind {
         }
     }
 
+    /// Where a writer of this task stages files, so where a killed one may leave staging to sweep: its
+    /// content-addressed output, or for a plan that writes the built-in synthetic model, that model's folder.
+    pub fn writes(&self) -> Option<&str> {
+        match self {
+            task::Kind::Plan(p) if !p.synthetic.is_empty() => Some(&p.source),
+            k => k.output(),
+        }
+    }
+
     /// The output this task makes at a content-addressed URL, for the kinds that make one.
     pub fn output(&self) -> Option<&str> {
         use task::Kind as K;

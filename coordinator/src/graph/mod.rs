@@ -19,7 +19,7 @@ mod naming;
 pub use expand::{eval_targets, grows, initial, priorities, Growth};
 pub use keys::{CheckPart, EvalTarget, Subject, TaskKey};
 pub use messages::build;
-pub use naming::{output_url, synthetic_name};
+pub use naming::{output_url, synthetic_name, written_url};
 
 use quantfarm_proto as pb;
 use quantfarm_store::Location;

@@ -13,6 +13,12 @@ pub fn output_url(t: &pb::Task) -> Option<&str> {
     t.kind.as_ref()?.output()
 }
 
+/// Where a writer of `t` stages files (its output, or the synthetic model a plan writes): what to sweep when its
+/// lease dies.
+pub fn written_url(t: &pb::Task) -> Option<&str> {
+    t.kind.as_ref()?.writes()
+}
+
 /// For `synthetic:NAME` sources: the versioned name of the built-in model, or why NAME is unknown.
 pub fn synthetic_name(source: &str) -> Option<Result<&'static str, String>> {
     let name = source.strip_prefix("synthetic:")?;
