@@ -102,6 +102,22 @@ impl<const N: usize> Field for [i16; N] {
     }
 }
 
+impl<const N: usize> Field for [u16; N] {
+    const SIZE: usize = 2 * N;
+    fn get(b: &[u8]) -> [u16; N] {
+        let mut a = [0u16; N];
+        for (x, y) in a.iter_mut().zip(b.chunks_exact(2)) {
+            *x = u16::from_le_bytes([y[0], y[1]]);
+        }
+        a
+    }
+    fn put(&self, out: &mut [u8]) {
+        for (o, &x) in out.chunks_exact_mut(2).zip(self) {
+            o.copy_from_slice(&x.to_le_bytes());
+        }
+    }
+}
+
 /// A quantized block: [`Block::TYPE`]'s bytes as named fields.
 pub trait Block: Sized + Copy {
     /// The ggml type whose blocks these are.
@@ -301,6 +317,71 @@ blocks! {
     BlockNVFP4 = NVFP4 {
         d: [u8; 4],
         qs: [u8; 32],
+    }
+
+    /// `block_iq2_xxs`: 8 sub-blocks of 32, each two u32 words (`qs[4ib..4ib+2]` and `qs[4ib+2..4ib+4]` as
+    /// little-endian u16 pairs): byte `l` of the first is group `l`'s index into [`crate::grids::Grid8::Iq2xxs`];
+    /// bits `7l..7l+7` of the second are its 7 sign bits ([`crate::grids::parity_signs`]) and bits 28..32 the
+    /// scale `s`; `x = ((d · (0.5 + s)) · 0.25) · grid · ±1`.
+    BlockIQ2XXS = IQ2_XXS {
+        d: u16,
+        qs: [u16; QK_K / 8],
+    }
+
+    /// `block_iq2_xs`: `qs[g]` holds group `g`'s index into [`crate::grids::Grid8::Iq2xs`] (bits 0..9) and its 7
+    /// sign bits (9..16); `scales[ib / 2]` holds 16-element sub-block `ib`'s 4-bit scale (low nibble for even
+    /// `ib`); `x = ((d · (0.5 + s)) · 0.25) · grid · ±1`.
+    BlockIQ2XS = IQ2_XS {
+        d: u16,
+        qs: [u16; QK_K / 8],
+        scales: [u8; QK_K / 32],
+    }
+
+    /// `block_iq2_s`: group `g`'s index into [`crate::grids::Grid8::Iq2s`] is `qs[g]` plus bits `2(g % 4)..+2` of
+    /// `qh[g / 4]` as bits 8..10; `qs[32 + g]` is its full 8-bit sign mask; scales as IQ2_XS's.
+    BlockIQ2S = IQ2_S {
+        d: u16,
+        qs: [u8; QK_K / 4],
+        qh: [u8; QK_K / 32],
+        scales: [u8; QK_K / 32],
+    }
+
+    /// `block_iq3_xxs`: `qs[0..64]` are the indices into [`crate::grids::Grid4::Iq3xxs`] of the 4-element groups;
+    /// `qs[64..96]` are 8 little-endian u32 words, word `ib` holding the 7 sign bits of 8-element group `l` at
+    /// `7l..7l+7` and the scale `s` at 28..32; `x = ((d · (0.5 + s)) · 0.5) · grid · ±1`.
+    BlockIQ3XXS = IQ3_XXS {
+        d: u16,
+        qs: [u8; 3 * QK_K / 8],
+    }
+
+    /// `block_iq3_s`: the index of 4-element group `8ib + k` into [`crate::grids::Grid4::Iq3s`] is `qs[8ib + k]`
+    /// plus bit `k` of `qh[ib]` as bit 8; `signs[e / 8]` has a full sign mask per 8 elements; `scales[ib / 2]`
+    /// holds sub-block `ib`'s 4-bit `s` (low nibble for even `ib`); `x = (d · (1 + 2s)) · grid · ±1`.
+    BlockIQ3S = IQ3_S {
+        d: u16,
+        qs: [u8; QK_K / 4],
+        qh: [u8; QK_K / 32],
+        signs: [u8; QK_K / 8],
+        scales: [u8; QK_K / 64],
+    }
+
+    /// `block_iq1_s`: group `g`'s index into [`crate::grids::Grid8::Iq1s`] is `qs[g]` plus bits `3(g % 4)..+3` of
+    /// `qh[g / 4]` as bits 8..11; bits 12..15 of `qh[ib]` are sub-block `ib`'s scale `s` and bit 15 its shift's
+    /// sign; `x = (d · (2s + 1)) · (grid ± 0.125)`.
+    BlockIQ1S = IQ1_S {
+        d: u16,
+        qs: [u8; QK_K / 8],
+        qh: [u16; QK_K / 32],
+    }
+
+    /// `block_iq1_m`: group `g`'s index into [`crate::grids::Grid8::Iq1s`] is `qs[g]` plus bits `4(g % 2)..+3` of
+    /// `qh[g / 2]` as bits 8..11, bit `4(g % 2) + 3` its shift's sign; `scales` (4 little-endian u16) holds
+    /// 16-element sub-block `ib`'s 3-bit scale at bits `3(ib % 4)` of word `ib / 4`, and the fp16 `d` in the four
+    /// words' top nibbles; `x = (d · (2s + 1)) · (grid ± 0.125)`.
+    BlockIQ1M = IQ1_M {
+        qs: [u8; QK_K / 8],
+        qh: [u8; QK_K / 16],
+        scales: [u8; QK_K / 32],
     }
 
     /// `block_q1_0`: one sign bit per element (bit `j % 8` of `qs[j / 8]` set: `+d`, clear: `−d`).

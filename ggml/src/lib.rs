@@ -5,6 +5,7 @@
 //! - [`FileType`]: llama-quantize's recipes (`general.file_type`) and their default tensor type;
 //! - [`split`]: the names and keys of GGUF split files;
 //! - [`tables`]: the value tables and small-float scale codes several formats decode with;
+//! - [`grids`]: the i-quants' grids of 8- and 4-element points, as level patterns and as values;
 //! - [`blocks`]: the byte layout of every quantized block quantfarm reads or writes, one `#[repr(C)]` struct per
 //!   format whose size is checked against [`GgmlType::type_size`] at compile time.
 
@@ -12,6 +13,7 @@
 
 pub mod blocks;
 pub mod ftype;
+pub mod grids;
 pub mod split;
 pub mod tables;
 pub mod types;

@@ -25,6 +25,7 @@ mod fp4;
 mod helpers;
 pub mod imatrix;
 mod iq4;
+mod iq_grid;
 mod kquants;
 mod lanes;
 mod legacy;

@@ -1,0 +1,269 @@
+//! The i-quants' grid search structures, built once per process from the grids' level patterns
+//! (`quantfarm_ggml::grids`), by the construction of `iq2xs_init_impl` and `iq3xs_init_impl` in llama.cpp
+//! 0c1e570's `ggml/src/ggml-quants.c`:
+//!
+//! - each grid point as bytes `2L + 1` ([`Search::point`]): the quantizers measure distances on these, never on
+//!   the dequantization values;
+//! - a map from every level pattern's code (`Σ L_i << bits·i`) to its grid index, or for a pattern off the grid,
+//!   to its neighbour list: every grid point `j` whose squared distance `Σ (point_j,i − (2L_i + 1))²` is among
+//!   the `nwant` smallest distinct distances, ordered by (distance, j);
+//! - the neighbour searches that pick the best listed point for given values, weights and scale
+//!   (`iq2_find_best_neighbour`, `iq3_find_best_neighbour`, `iq1_find_best_neighbour2`).
+//!
+//! The tables are integers and the same on every machine; the tests check them against the sha256 of their text
+//! dump (`G <u> <k>` or `N <u> <count> <j…>` per code).
+
+use std::sync::LazyLock;
+
+use quantfarm_ggml::grids::{Grid4, Grid8};
+use rayon::prelude::*;
+
+/// A grid's search structures, for groups of `N` elements.
+pub(crate) struct Search<const N: usize> {
+    /// Grid point k as the bytes `2L + 1`.
+    points: Vec<[i8; N]>,
+    /// Level bits per element.
+    bits: u32,
+    /// Per code: the grid index (`>= 0`), or `−(offset + 1)` into `neighbours` of a list `[len, j…]`.
+    map: Vec<i32>,
+    neighbours: Vec<u16>,
+}
+
+/// Where a level pattern lies: on the grid (its index), or off it (the candidates to search instead).
+pub(crate) enum Lookup<'a> {
+    On(u16),
+    Off(&'a [u16]),
+}
+
+impl<const N: usize> Search<N> {
+    /// Builds the structures of the grid `levels` (`bits` per element), keeping `nwant` distinct distances per
+    /// neighbour list, over the codes `0..map_size`.
+    fn build(levels: &[u16], bits: u32, nwant: usize, map_size: usize) -> Search<N> {
+        let field = (1usize << bits) - 1;
+        let points: Vec<[i8; N]> = levels
+            .iter()
+            .map(|&p| std::array::from_fn(|i| (2 * ((usize::from(p) >> (bits as usize * i)) & field) + 1) as i8))
+            .collect();
+        let mut map = vec![-1i32; map_size];
+        for (k, &p) in levels.iter().enumerate() {
+            map[usize::from(p)] = k as i32;
+        }
+        let lists: Vec<Option<Vec<u16>>> = (0..map_size)
+            .into_par_iter()
+            .map(|u| {
+                if map[u] >= 0 {
+                    return None;
+                }
+                let pos: [i32; N] = std::array::from_fn(|i| 2 * ((u >> (bits as usize * i)) & field) as i32 + 1);
+                let d2: Vec<i32> = points
+                    .iter()
+                    .map(|q| q.iter().zip(&pos).map(|(&q, &p)| (i32::from(q) - p) * (i32::from(q) - p)).sum())
+                    .collect();
+                // The nwant smallest distinct distances, then every point at each, by (distance, index): the order
+                // ggml's sort of (d2, j) pairs gives.
+                let mut list = Vec::new();
+                let mut floor = i32::MIN;
+                for _ in 0..nwant {
+                    let Some(next) = d2.iter().copied().filter(|&d| d > floor).min() else { break };
+                    list.extend(d2.iter().enumerate().filter(|&(_, &d)| d == next).map(|(j, _)| j as u16));
+                    floor = next;
+                }
+                Some(list)
+            })
+            .collect();
+        let mut neighbours = Vec::new();
+        for (u, list) in lists.into_iter().enumerate() {
+            if let Some(list) = list {
+                map[u] = -(neighbours.len() as i32 + 1);
+                neighbours.push(list.len() as u16);
+                neighbours.extend(list);
+            }
+        }
+        Search { points, bits, map, neighbours }
+    }
+
+    /// Grid point `k` as bytes `2L + 1`.
+    #[inline]
+    pub(crate) fn point(&self, k: u16) -> &[i8; N] {
+        &self.points[usize::from(k)]
+    }
+
+    /// The code of a level pattern (`Σ L_i << bits·i`).
+    #[inline]
+    pub(crate) fn code(&self, l: &[u8; N]) -> usize {
+        l.iter().enumerate().fold(0, |c, (i, &l)| c | (usize::from(l) << (self.bits as usize * i)))
+    }
+
+    /// Where the level pattern `l` (each level below the grid's count) lies.
+    #[inline]
+    pub(crate) fn lookup(&self, l: &[u8; N]) -> Lookup<'_> {
+        let m = self.map[self.code(l)];
+        if m >= 0 {
+            Lookup::On(m as u16)
+        } else {
+            let at = (-m - 1) as usize;
+            let len = usize::from(self.neighbours[at]);
+            Lookup::Off(&self.neighbours[at + 1..at + 1 + len])
+        }
+    }
+
+    /// The listed point nearest `xval` at `scale` under the weights `w` (`Σ (w·diff)·diff`, `diff = scale·q − x`,
+    /// the first strict minimum; `iq2_find_best_neighbour`/`iq3_find_best_neighbour`); writes its levels into `l`.
+    /// With no finite distance (ggml aborts there) the first listed point is taken.
+    pub(crate) fn best_neighbour(
+        &self,
+        list: &[u16],
+        xval: &[f32; N],
+        w: &[f32; N],
+        scale: f32,
+        l: &mut [u8; N],
+    ) -> u16 {
+        let mut best_d2 = f32::MAX;
+        let mut best = list[0];
+        for &j in list {
+            let q = self.point(j);
+            let mut d2 = 0.0f32;
+            for i in 0..N {
+                let diff = scale * f32::from(q[i]) - xval[i];
+                d2 += w[i] * diff * diff;
+            }
+            if d2 < best_d2 {
+                best_d2 = d2;
+                best = j;
+            }
+        }
+        self.levels_of(best, l);
+        best
+    }
+
+    /// IQ1's search (`iq1_find_best_neighbour2`): level `L` stands for `values[L]`, `diff = scale·values[L] − x`.
+    pub(crate) fn best_neighbour_valued(
+        &self,
+        list: &[u16],
+        x: &[f32; N],
+        w: &[f32; N],
+        scale: f32,
+        values: &[f32; 3],
+        l: &mut [u8; N],
+    ) -> u16 {
+        let mut best_d2 = f32::MAX;
+        let mut best = list[0];
+        for &j in list {
+            let q = self.point(j);
+            let mut d2 = 0.0f32;
+            for i in 0..N {
+                let diff = scale * values[usize::from((q[i] - 1) as u8 / 2)] - x[i];
+                d2 += w[i] * diff * diff;
+            }
+            if d2 < best_d2 {
+                best_d2 = d2;
+                best = j;
+            }
+        }
+        self.levels_of(best, l);
+        best
+    }
+
+    /// Writes grid point `k`'s levels into `l`.
+    #[inline]
+    pub(crate) fn levels_of(&self, k: u16, l: &mut [u8; N]) {
+        for (l, &q) in l.iter_mut().zip(self.point(k)) {
+            *l = ((q - 1) / 2) as u8;
+        }
+    }
+
+    /// The text dump the tests hash: per code ascending, `G <u> <k>` or `N <u> <count> <j…>`.
+    #[cfg(test)]
+    fn dump(&self) -> String {
+        use std::fmt::Write;
+        let mut s = String::new();
+        for (u, &m) in self.map.iter().enumerate() {
+            if m >= 0 {
+                let _ = writeln!(s, "G {u} {m}");
+            } else {
+                let at = (-m - 1) as usize;
+                let len = usize::from(self.neighbours[at]);
+                let _ = write!(s, "N {u} {len}");
+                for j in &self.neighbours[at + 1..at + 1 + len] {
+                    let _ = write!(s, " {j}");
+                }
+                s.push('\n');
+            }
+        }
+        s
+    }
+}
+
+/// Codes of 2-bit patterns whose fields are 0..=2 are below this (the largest is 0xAAAA); ggml's `kmap_size`.
+const MAP_2BIT: usize = 43692;
+/// Every 3-bit pattern of 4 elements.
+const MAP_3BIT: usize = 4096;
+
+static IQ2XXS: LazyLock<Search<8>> = LazyLock::new(|| Search::build(Grid8::Iq2xxs.levels(), 2, 2, MAP_2BIT));
+static IQ2XS: LazyLock<Search<8>> = LazyLock::new(|| Search::build(Grid8::Iq2xs.levels(), 2, 2, MAP_2BIT));
+static IQ2S: LazyLock<Search<8>> = LazyLock::new(|| Search::build(Grid8::Iq2s.levels(), 2, 1, MAP_2BIT));
+static IQ1S: LazyLock<Search<8>> = LazyLock::new(|| Search::build(Grid8::Iq1s.levels(), 2, 3, MAP_2BIT));
+static IQ3XXS: LazyLock<Search<4>> = LazyLock::new(|| Search::build(Grid4::Iq3xxs.levels(), 3, 2, MAP_3BIT));
+static IQ3S: LazyLock<Search<4>> = LazyLock::new(|| Search::build(Grid4::Iq3s.levels(), 3, 3, MAP_3BIT));
+
+/// The search structures of an 8-element grid (built on first use, shared by every thread).
+pub(crate) fn search8(grid: Grid8) -> &'static Search<8> {
+    match grid {
+        Grid8::Iq2xxs => &IQ2XXS,
+        Grid8::Iq2xs => &IQ2XS,
+        Grid8::Iq2s => &IQ2S,
+        Grid8::Iq1s => &IQ1S,
+    }
+}
+
+/// The search structures of a 4-element grid.
+pub(crate) fn search4(grid: Grid4) -> &'static Search<4> {
+    match grid {
+        Grid4::Iq3xxs => &IQ3XXS,
+        Grid4::Iq3s => &IQ3S,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sha256(s: &str) -> String {
+        use sha2::Digest;
+        sha2::Sha256::digest(s.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Off-grid codes, listed neighbours in all, and the dump's sha256, as ggml's tables give them (measured by
+    /// dumping ggml's own `kmap_q2xs`/`kneighbors_q2xs` and `kmap_q3xs`/`kneighbors_q3xs`).
+    fn check<const N: usize>(s: &Search<N>, off: usize, total: usize, digest: &str) {
+        let lists = s.map.iter().filter(|&&m| m < 0).count();
+        assert_eq!(lists, off);
+        assert_eq!(s.neighbours.len() - lists, total);
+        assert_eq!(sha256(&s.dump()), digest);
+    }
+
+    #[test]
+    fn the_tables_are_ggmls() {
+        check(
+            search8(Grid8::Iq2xxs),
+            43436,
+            373964,
+            "d5a3eb12142b1f9e7edcba54b669dbb0975f6cef9d8915252bcb56a567e309b2",
+        );
+        check(search8(Grid8::Iq2xs), 43180, 508542, "2292b29c0bd824fbdb6ccdc1c2d7b010d24d3cab6b4dd1c61b4f766a67d7cb3e");
+        check(search8(Grid8::Iq2s), 42668, 166432, "bbb7daa4f93004a6eaefc6e6cda3855c503cc3ac2db410fb53cff1ff613056c9");
+        check(search8(Grid8::Iq1s), 41644, 1333695, "60c2f906f7c74d4313b817d206b944856fa26b7752c8fc0d7561af5d63f8c15e");
+        check(search4(Grid4::Iq3xxs), 3840, 18985, "63f58ab913ffcb479b0fc13f4f5ecbd583aec6d6591e2fd4f9f9c03a082f14d8");
+        check(search4(Grid4::Iq3s), 3584, 24733, "9150ac1bed5c5b77ab0ec815a54c9bcf691c8fe7503bad340cf707c9141e1575");
+    }
+
+    #[test]
+    fn every_grid_point_maps_to_itself() {
+        let s = search8(Grid8::Iq2xs);
+        for k in 0..512u16 {
+            let mut l = [0u8; 8];
+            s.levels_of(k, &mut l);
+            assert!(matches!(s.lookup(&l), Lookup::On(i) if i == k), "{k}");
+        }
+    }
+}
