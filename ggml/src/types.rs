@@ -104,6 +104,13 @@ impl GgmlType {
         (n / block).checked_mul(self.type_size() as u64)
     }
 
+    /// Whether ggml cannot quantize to this type without an importance matrix (`ggml_quantize_requires_imatrix`:
+    /// IQ2_XXS, IQ2_XS and IQ1_S; `ggml_quantize_chunk` aborts without one). llama-quantize refuses more
+    /// (`quantfarm_quant::mixture::requires_imatrix`).
+    pub const fn quantize_requires_imatrix(self) -> bool {
+        matches!(self, GgmlType::IQ2_XXS | GgmlType::IQ2_XS | GgmlType::IQ1_S)
+    }
+
     /// Parses a gguf-py style name, case-insensitively (`q4_k`, `Q4_K`, `bf16`).
     pub fn from_name(name: &str) -> Option<GgmlType> {
         GgmlType::ALL.iter().copied().find(|t| t.name().eq_ignore_ascii_case(name))

@@ -57,6 +57,8 @@ pub enum QuantError {
     DstLen { ty: GgmlType, rows: usize, expected: usize, got: usize },
     #[error("importance matrix has {got} entries, expected one per column ({expected})")]
     ImatrixLen { expected: usize, got: usize },
+    #[error("quantizing to {0} needs an importance matrix (ggml's search for it is weighted by one)")]
+    ImatrixRequired(GgmlType),
     #[error("input value {value} at row {row}, column {col} is not finite")]
     NonFinite { row: usize, col: usize, value: f32 },
     #[error("{0} input cannot be read as numbers")]
@@ -153,6 +155,9 @@ fn check_request(
     })?;
     if dst.len() != expected {
         return Err(QuantError::DstLen { ty, rows, expected, got: dst.len() });
+    }
+    if imatrix.is_none() && ty.quantize_requires_imatrix() {
+        return Err(QuantError::ImatrixRequired(ty));
     }
     if let Some(imatrix) = imatrix {
         if imatrix.len() != n_per_row {

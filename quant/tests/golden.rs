@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use quantfarm_quant::{quantize, supported, GgmlType};
+use quantfarm_quant::{quantize, supported, GgmlType, QuantError};
 use quantfarm_tensors::dequant::dequantize_ggml;
 
 const N_PER_ROW: usize = 512;
@@ -32,6 +32,9 @@ enum Imatrix {
     Optional,
     /// Ignored: `<t>.bin` and `<t>_imat.bin` are identical (ties: `ties_<t>.bin` only).
     Ignored,
+    /// Required (ggml aborts without one): only `<t>_imat.bin` and `ties_<t>_imat.bin` exist, and quantizing
+    /// without an imatrix is refused.
+    Required,
 }
 
 /// The types added with the rest of llama-quantize's ladder (`ggml-golden/README.md`): their `.bin` files (plain,
@@ -212,9 +215,19 @@ fn new_types_match_ggml() {
         assert!(supported(ty), "{ty}");
         for (prefix, src) in [("", &input), ("ties_", &ties)] {
             let file = format!("{prefix}{stem}.bin");
-            assert_same_bytes(ty, &file, &quantized(ty, src, None), &read(&file));
             let with = quantized(ty, src, Some(&imatrix));
+            if mode == Imatrix::Required {
+                let mut dst = vec![0u8; with.len()];
+                let refused = quantize(ty, src, N_PER_ROW, None, &mut dst);
+                assert!(matches!(refused, Err(QuantError::ImatrixRequired(t)) if t == ty), "{ty}: {refused:?}");
+                assert!(!golden_dir().join(&file).exists(), "{file}: ggml made one without an imatrix?");
+                let file = format!("{prefix}{stem}_imat.bin");
+                assert_same_bytes(ty, &file, &with, &read(&file));
+                continue;
+            }
+            assert_same_bytes(ty, &file, &quantized(ty, src, None), &read(&file));
             match mode {
+                Imatrix::Required => unreachable!("handled above"),
                 Imatrix::Optional => {
                     let file = format!("{prefix}{stem}_imat.bin");
                     assert_same_bytes(ty, &file, &with, &read(&file));
@@ -233,8 +246,9 @@ fn new_types_match_ggml() {
 /// ggml's own dequantization of every new golden file (`<t>.deq.f32`, `<t>_imat.deq.f32`), bit for bit.
 #[test]
 fn new_types_dequantize_as_ggml() {
-    for &(ty, stem, _) in NEW_GOLDEN {
-        for suffix in ["", "_imat"] {
+    for &(ty, stem, mode) in NEW_GOLDEN {
+        let suffixes: &[&str] = if mode == Imatrix::Required { &["_imat"] } else { &["", "_imat"] };
+        for suffix in suffixes {
             let bytes = read(&format!("{stem}{suffix}.bin"));
             let want = read_f32(&format!("{stem}{suffix}.deq.f32"));
             let mut got = vec![f32::NAN; want.len()];
