@@ -334,8 +334,8 @@ pub(crate) fn make_qp_quants<const N: usize>(nmax: i32, x: &[f32; N], l_out: &mu
     for &v in x {
         max = if max > v { max } else { v }; // MAX(max, x[i])
     }
-    // `if (!max)`: exactly zero.
-    if max == 0.0 {
+    // All zero below `GROUP_MAX_EPS` (an exact-zero test in older llama.cpp; 0c1e570 compares with the epsilon).
+    if max < GROUP_MAX_EPS {
         l_out.fill(0);
         return 0.0;
     }
@@ -402,7 +402,11 @@ pub(crate) fn make_qp_quants<const N: usize>(nmax: i32, x: &[f32; N], l_out: &mu
             break;
         }
     }
-    sumlx / suml2
+    if suml2 > 0.0 {
+        sumlx / suml2
+    } else {
+        0.0
+    }
 }
 
 #[cfg(test)]
