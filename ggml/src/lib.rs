@@ -39,6 +39,8 @@ pub const QUANTIZED_BY_QUANTFARM: &[GgmlType] = &[
     GgmlType::Q6_K,
     GgmlType::IQ4_NL,
     GgmlType::IQ4_XS,
+    GgmlType::IQ3_XXS,
+    GgmlType::IQ3_S,
     GgmlType::MXFP4,
     GgmlType::NVFP4,
     GgmlType::TQ1_0,

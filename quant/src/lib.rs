@@ -7,16 +7,17 @@
 //! from `ggml/src/ggml-quants.c` (llama.cpp 0c1e570), and nothing fuses multiply-adds (ggml-base is built without
 //! FMA on x86-64; see `docs/formats.md` §1).
 //!
-//! Supported: F32, F16, BF16, Q8_0, and Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS with or
-//! without an importance matrix; MXFP4, NVFP4, TQ1_0, TQ2_0, Q1_0 and Q2_0 (which ignore one). The grid i-quants
-//! (IQ1_*, IQ2_*, IQ3_*) are not here yet.
+//! Supported: F32, F16, BF16, Q8_0, and Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS,
+//! IQ3_XXS, IQ3_S with or without an importance matrix; MXFP4, NVFP4, TQ1_0, TQ2_0, Q1_0 and Q2_0 (which ignore
+//! one).
 //!
 //! Rows are quantized in parallel on the current rayon pool. Every row is quantized on its own, exactly as before,
 //! so the bytes do not depend on the number of threads.
 //!
 //! Modules: `float` (fp16/bf16 conversion), `helpers` (`nearest_int` and the scale searches), `legacy` (the
-//! 32-element block formats), `kquants` (the 256-element super-block formats), `iq4` (IQ4_NL, IQ4_XS), `fp4`
-//! (MXFP4, NVFP4), `ternary` (TQ1_0, TQ2_0), `low_bit` (Q1_0, Q2_0), `blockwise` (rows walked block by block).
+//! 32-element block formats), `kquants` (the 256-element super-block formats), `iq_grid` (the i-quants' grid
+//! searches), `iq3` (IQ3_XXS, IQ3_S), `iq4` (IQ4_NL, IQ4_XS), `fp4` (MXFP4, NVFP4), `ternary` (TQ1_0, TQ2_0),
+//! `low_bit` (Q1_0, Q2_0), `blockwise` (rows walked block by block).
 
 mod blockwise;
 pub mod file;
@@ -24,6 +25,7 @@ mod float;
 mod fp4;
 mod helpers;
 pub mod imatrix;
+mod iq3;
 mod iq4;
 mod iq_grid;
 mod kquants;
@@ -311,6 +313,8 @@ fn quantize_chunk_portable(c: Chunk, dst: &mut [u8], scratch: &mut Vec<f32>) -> 
         }
         GgmlType::IQ4_NL => blockwise::rows(src, n_per_row, imatrix, dst, iq4::iq4_nl),
         GgmlType::IQ4_XS => blockwise::rows(src, n_per_row, imatrix, dst, iq4::iq4_xs),
+        GgmlType::IQ3_XXS => blockwise::rows(src, n_per_row, imatrix, dst, iq3::iq3_xxs),
+        GgmlType::IQ3_S => blockwise::rows(src, n_per_row, imatrix, dst, iq3::iq3_s),
         // These ignore an importance matrix, as ggml does.
         GgmlType::MXFP4 => blockwise::rows(src, n_per_row, None, dst, |x, _| fp4::mxfp4(x)),
         GgmlType::NVFP4 => blockwise::rows(src, n_per_row, None, dst, |x, _| fp4::nvfp4(x)),
@@ -323,9 +327,7 @@ fn quantize_chunk_portable(c: Chunk, dst: &mut [u8], scratch: &mut Vec<f32>) -> 
         | GgmlType::Q8_K
         | GgmlType::IQ2_XXS
         | GgmlType::IQ2_XS
-        | GgmlType::IQ3_XXS
         | GgmlType::IQ1_S
-        | GgmlType::IQ3_S
         | GgmlType::IQ2_S
         | GgmlType::IQ1_M
         | GgmlType::I8

@@ -9,12 +9,13 @@
 //! fixed buffer.
 //!
 //! Files: `float.rs` (F32, F16, BF16, F64, integers), `legacy.rs` (the 32-element formats), `kquants.rs`
-//! (Q2_K…Q8_K), `iq4.rs` (IQ4_NL, IQ4_XS), `fp4.rs` (MXFP4, NVFP4), `ternary.rs` (TQ1_0, TQ2_0), `low_bit.rs`
+//! (Q2_K…Q8_K), `iq3.rs` (IQ3_XXS, IQ3_S), `iq4.rs` (IQ4_NL, IQ4_XS), `fp4.rs` (MXFP4, NVFP4), `ternary.rs` (TQ1_0, TQ2_0), `low_bit.rs`
 //! (Q1_0, Q2_0), `mlx.rs` (MLX affine). The block layouts are `quantfarm_ggml::blocks`, shared with the quantizer.
-//! The grid i-quants (IQ1_*, IQ2_*, IQ3_*) are not read yet.
+//! The grids of the i-quants are `quantfarm_ggml::grids`.
 
 mod float;
 mod fp4;
+mod iq3;
 mod iq4;
 mod kquants;
 mod legacy;
@@ -75,13 +76,15 @@ fn decoder(ty: GgmlType) -> Option<Decoder> {
         Q8_K => kquants::q8_k,
         IQ4_NL => iq4::iq4_nl,
         IQ4_XS => iq4::iq4_xs,
+        IQ3_XXS => iq3::iq3_xxs,
+        IQ3_S => iq3::iq3_s,
         MXFP4 => fp4::mxfp4,
         NVFP4 => fp4::nvfp4,
         TQ1_0 => ternary::tq1_0,
         TQ2_0 => ternary::tq2_0,
         Q1_0 => low_bit::q1_0,
         Q2_0 => low_bit::q2_0,
-        IQ2_XXS | IQ2_XS | IQ3_XXS | IQ1_S | IQ3_S | IQ2_S | IQ1_M => return None,
+        IQ2_XXS | IQ2_XS | IQ1_S | IQ2_S | IQ1_M => return None,
     })
 }
 
@@ -149,6 +152,8 @@ mod tests {
         GgmlType::Q8_K,
         GgmlType::IQ4_NL,
         GgmlType::IQ4_XS,
+        GgmlType::IQ3_XXS,
+        GgmlType::IQ3_S,
         GgmlType::MXFP4,
         GgmlType::NVFP4,
         GgmlType::TQ1_0,
