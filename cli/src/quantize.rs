@@ -3,8 +3,9 @@
 use anyhow::{Context, Result};
 use std::sync::Arc;
 
-use quantfarm_quant::file::{quantize_gguf, Options};
+use quantfarm_quant::file::{plan_gguf, quantize_gguf, Options, Plan};
 use quantfarm_quant::imatrix::Imatrix;
+use quantfarm_quant::mixture::TensorType;
 use quantfarm_quant::FileType;
 use quantfarm_store::Location;
 use quantfarm_tensors::{GgmlType, TensorSource};
@@ -51,6 +52,52 @@ pub struct Args {
     /// As llama-quantize's `--leave-output-tensor`: output.weight keeps its input type.
     #[arg(long)]
     leave_output_tensor: bool,
+    /// As llama-quantize's `--tensor-type PATTERN=TYPE` (repeatable): tensors whose name contains a match of the
+    /// regex PATTERN (lower-cased; unanchored, so `attn_q` also matches `attn_qkv`) get TYPE instead of the mixture
+    /// rules' choice (then the fallback for rows that are not whole blocks); the first matching entry wins.
+    #[arg(long = "tensor-type", value_name = "PATTERN=TYPE")]
+    tensor_type: Vec<String>,
+    /// As llama-quantize's `--tensor-type-file`: a file of whitespace-separated PATTERN=TYPE entries (no comments),
+    /// taken at this option's place among the --tensor-type entries.
+    #[arg(long = "tensor-type-file", value_name = "FILE")]
+    tensor_type_file: Vec<String>,
+    /// As llama-quantize's `--dry-run`: print each tensor's type and size and the totals, write nothing (a type
+    /// that needs an importance matrix none was given for is a warning, not an error). OUTPUT is not touched.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+/// The `--tensor-type` and `--tensor-type-file` entries in command-line order (each file read where it appears), as
+/// llama-quantize appends them while it walks its arguments.
+fn tensor_types(args: &Args) -> Result<Vec<TensorType>> {
+    // clap keeps each option's values in order but not their interleaving: recover it from the raw arguments.
+    let mut kinds = Vec::new();
+    for a in std::env::args_os() {
+        let a = a.to_string_lossy();
+        if a == "--tensor-type-file" || a.starts_with("--tensor-type-file=") {
+            kinds.push(true);
+        } else if a == "--tensor-type" || a.starts_with("--tensor-type=") {
+            kinds.push(false);
+        }
+    }
+    if kinds.len() != args.tensor_type.len() + args.tensor_type_file.len() {
+        // Not called from this process's command line (or an abbreviation): patterns first, then files.
+        kinds = vec![false; args.tensor_type.len()];
+        kinds.extend(vec![true; args.tensor_type_file.len()]);
+    }
+    let (mut specs, mut files) = (args.tensor_type.iter(), args.tensor_type_file.iter());
+    let mut out = Vec::new();
+    for is_file in kinds {
+        if is_file {
+            if let Some(f) = files.next() {
+                let text = std::fs::read_to_string(f).with_context(|| format!("cannot read --tensor-type-file {f}"))?;
+                out.extend(TensorType::parse_file(&text).with_context(|| format!("in --tensor-type-file {f}"))?);
+            }
+        } else if let Some(spec) = specs.next() {
+            out.push(TensorType::parse(spec)?);
+        }
+    }
+    Ok(out)
 }
 
 /// llama-quantize's `parse_ggml_type`: a `ggml_type_name`, case-insensitively.
@@ -92,8 +139,15 @@ pub async fn run(args: Args) -> Result<()> {
         output_tensor_type: args.output_tensor_type,
         token_embedding_type: args.token_embedding_type,
         leave_output_tensor: args.leave_output_tensor,
+        tensor_types: tensor_types(&args)?,
     };
+    if args.dry_run {
+        let plan = plan_gguf(&src, &opts)?;
+        print_dry_run(&plan, &opts);
+        return Ok(());
+    }
     let q = quantize_gguf(&src, &Location::parse(&args.output)?, &opts).await?;
+    warn_unmatched(&opts, &q.choices);
     let mut counts = std::collections::BTreeMap::new();
     for c in &q.choices {
         *counts.entry(c.ty.name()).or_insert(0) += 1;
@@ -108,4 +162,75 @@ pub async fn run(args: Args) -> Result<()> {
         types.join(", ")
     );
     Ok(())
+}
+
+/// llama-quantize says nothing about a `--tensor-type` pattern that names no tensor (a typo, a tensor that the
+/// float file types or the never-quantized list keep, an earlier pattern that always wins); quantfarm warns.
+fn warn_unmatched(opts: &Options, choices: &[quantfarm_quant::mixture::Choice]) {
+    for (i, t) in opts.tensor_types.iter().enumerate() {
+        if !choices.iter().any(|c| c.pattern == Some(i)) {
+            eprintln!(
+                "warning: --tensor-type {}={} decided no tensor (no quantized tensor's name matches it before an \
+                 earlier entry does)",
+                t.pattern,
+                t.ty.name()
+            );
+        }
+    }
+}
+
+/// `--dry-run`: every tensor as llama-quantize lists it (name, shape, input type, and size in → size out with the
+/// new type), then the totals as llama-quantize prints them (MiB and bits per weight).
+fn print_dry_run(plan: &Plan, opts: &Options) {
+    let mib = |b: u64| b as f64 / 1024.0 / 1024.0;
+    let n = plan.choices.len();
+    let (mut total_in, mut total_out, mut elements) = (0u64, 0u64, 0u64);
+    for (i, ((c, d), (&bytes, &el))) in
+        plan.choices.iter().zip(&plan.descs).zip(plan.input_bytes.iter().zip(&plan.elements)).enumerate()
+    {
+        let ne0 = d.dims.first().copied().unwrap_or(1).max(1);
+        let out = c.ty.row_bytes(ne0).unwrap_or(0) * (el / ne0);
+        let shape: Vec<String> = d.dims.iter().map(|x| x.to_string()).collect();
+        let from = plan.input_types[i];
+        if from == c.ty {
+            println!(
+                "[{:4}/{n:4}] {:<36} - [{}], type = {:>6}, size = {:8.3} MiB",
+                i + 1,
+                c.name,
+                shape.join(", "),
+                from.name(),
+                mib(out)
+            );
+        } else {
+            println!(
+                "[{:4}/{n:4}] {:<36} - [{}], type = {:>6}, size = {:8.2} MiB -> {:8.2} MiB ({})",
+                i + 1,
+                c.name,
+                shape.join(", "),
+                from.name(),
+                mib(bytes),
+                mib(out),
+                c.ty.name()
+            );
+        }
+        total_in += bytes;
+        total_out += out;
+        elements += el;
+    }
+    let bpw = |b: u64| b as f64 * 8.0 / elements.max(1) as f64;
+    println!("model size  = {:8.2} MiB ({:.2} BPW)", mib(total_in), bpw(total_in));
+    println!("quant size  = {:8.2} MiB ({:.2} BPW)", mib(total_out), bpw(total_out));
+    let fell_back = plan.choices.iter().filter(|c| c.fell_back).count();
+    if fell_back > 0 {
+        println!("{fell_back} of {n} tensor(s) required fallback quantization");
+    }
+    if !plan.need_imatrix.is_empty() {
+        eprintln!(
+            "warning: dry run completed, but making this file needs an importance matrix (--imatrix) for {} \
+             tensor(s), the first {}",
+            plan.need_imatrix.len(),
+            plan.need_imatrix[0]
+        );
+    }
+    warn_unmatched(opts, &plan.choices);
 }

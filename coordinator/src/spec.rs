@@ -406,6 +406,14 @@ impl ReleaseSpec {
             if !q.0.is_quantized() {
                 return Err(format!("outputs.gguf.quants: {} is not a quantized type (BF16 is always made)", q.0));
             }
+            if q.0.needs_imatrix() && gguf.imatrix.is_none() {
+                return Err(format!(
+                    "outputs.gguf.quants: {} is made only with an importance matrix; add `imatrix: {{file: PATH}}` \
+                     (llama-imatrix's or `quantfarm imatrix`'s) or `imatrix: {{text: PATH}}` (computed by the farm) \
+                     under outputs.gguf",
+                    q.0
+                ));
+            }
         }
         if let Some(e) = &self.evaluation {
             for (key, v) in [("text", &e.text), ("prompts", &e.prompts), ("probes", &e.probes)] {
@@ -621,6 +629,14 @@ mod tests {
         assert!(ReleaseSpec::parse(&unmeasured, "r").unwrap_err().to_string().contains("needs evaluation.text"));
         let old = format!("{GOOD}gates:\n  - {{name: g, rule: kld_mean, level: Q8_0, max: 0.1}}\n");
         assert!(ReleaseSpec::parse(&old, "r").unwrap_err().to_string().contains("unknown field `rule`"));
+        // A level llama-quantize makes only with an importance matrix, without one: named, with both forms.
+        let e = ReleaseSpec::parse(&GOOD.replace("[Q8_0]", "[Q8_0, IQ3_XXS]"), "r").unwrap_err().to_string();
+        assert!(
+            e.contains("IQ3_XXS") && e.contains("imatrix: {file: PATH}") && e.contains("imatrix: {text: PATH}"),
+            "{e}"
+        );
+        let with = GOOD.replace("[Q8_0]", "[Q8_0, IQ3_XXS]\n    imatrix: {file: im.gguf}");
+        assert!(ReleaseSpec::parse(&with, "r").is_ok());
     }
 
     #[test]

@@ -46,9 +46,19 @@ file_types! {
     Q5_K_S = 16, "Q5_K_S", Q5_K;
     Q5_K_M = 17, "Q5_K_M", Q5_K;
     Q6_K = 18, "Q6_K", Q6_K;
+    IQ2_XXS = 19, "IQ2_XXS", IQ2_XXS;
+    IQ2_XS = 20, "IQ2_XS", IQ2_XS;
     Q2_K_S = 21, "Q2_K_S", Q2_K;
+    IQ3_XS = 22, "IQ3_XS", IQ3_S;
+    IQ3_XXS = 23, "IQ3_XXS", IQ3_XXS;
+    IQ1_S = 24, "IQ1_S", IQ1_S;
     IQ4_NL = 25, "IQ4_NL", IQ4_NL;
+    IQ3_S = 26, "IQ3_S", IQ3_S;
+    IQ3_M = 27, "IQ3_M", IQ3_S;
+    IQ2_S = 28, "IQ2_S", IQ2_XS;
+    IQ2_M = 29, "IQ2_M", IQ2_S;
     IQ4_XS = 30, "IQ4_XS", IQ4_XS;
+    IQ1_M = 31, "IQ1_M", IQ1_M;
     BF16 = 32, "BF16", BF16;
     TQ1_0 = 36, "TQ1_0", TQ1_0;
     TQ2_0 = 37, "TQ2_0", TQ2_0;
@@ -74,6 +84,24 @@ impl FileType {
             other => other,
         };
         FileType::ALL.iter().copied().find(|f| f.name() == s)
+    }
+
+    /// Whether llama-quantize makes this file type only with an importance matrix, whatever the model's widths
+    /// (its default type, or the rules' choice for attention and ffn_down, is one `tensor_requires_imatrix` refuses
+    /// without one: the IQ1/IQ2 families, IQ3_XXS, and Q2_K under Q2_K_S). IQ3_XS needs one too when a tensor keeps
+    /// IQ3_XXS (widths that are multiples of 256), which only the model can tell.
+    pub fn needs_imatrix(self) -> bool {
+        matches!(
+            self,
+            FileType::IQ2_XXS
+                | FileType::IQ2_XS
+                | FileType::IQ2_S
+                | FileType::IQ2_M
+                | FileType::IQ1_S
+                | FileType::IQ1_M
+                | FileType::IQ3_XXS
+                | FileType::Q2_K_S
+        )
     }
 
     /// Whether the type rules apply at all (they do not for the float file types).

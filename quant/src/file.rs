@@ -90,6 +90,8 @@ pub struct Options {
     pub token_embedding_type: Option<GgmlType>,
     /// llama-quantize's `--leave-output-tensor`: `output.weight` keeps its input type.
     pub leave_output_tensor: bool,
+    /// llama-quantize's `--tensor-type` and `--tensor-type-file` entries, in command-line order.
+    pub tensor_types: Vec<mixture::TensorType>,
 }
 
 impl Options {
@@ -106,6 +108,7 @@ impl Options {
             output_tensor_type: None,
             token_embedding_type: None,
             leave_output_tensor: false,
+            tensor_types: Vec::new(),
         }
     }
 }
@@ -142,6 +145,7 @@ pub fn model_facts(src: &TensorSource) -> Result<ModelFacts, FileError> {
         gqa: n_head / n_head_kv,
         tied_embeddings: !names.contains(&"output.weight"),
         n_attention_wv: names.iter().filter(|n| mixture::is_attn_v(n)).count() as i64,
+        n_expert: int(format!("{arch}.expert_count"))?.unwrap_or(0),
     })
 }
 
@@ -186,6 +190,115 @@ fn is_float(t: GgmlType) -> bool {
     matches!(t, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
 }
 
+/// The types chosen for a model's tensors and what the output file will hold: what `--dry-run` shows, and what
+/// [`quantize_gguf`] checks before it writes anything.
+pub struct Plan {
+    /// Every tensor of the part planned, in llama-quantize's order.
+    pub choices: Vec<Choice>,
+    /// The output tensors (name, stored dimensions, type), in the same order.
+    pub descs: Vec<TensorDesc>,
+    /// Input bytes of each planned tensor, in the same order.
+    pub input_bytes: Vec<u64>,
+    /// Elements of each planned tensor.
+    pub elements: Vec<u64>,
+    /// Input type of each planned tensor.
+    pub input_types: Vec<GgmlType>,
+    /// Tensors llama-quantize would make only with an importance matrix that none was given for (only when the
+    /// plan was made for a dry run: quantizing refuses the first).
+    pub need_imatrix: Vec<String>,
+}
+
+/// Plans the output of `llama-quantize SRC DST FTYPE --dry-run`: every tensor's type (rules, `--tensor-type`
+/// patterns, overrides, fallbacks) and size, with every check quantizing makes before writing, except that a
+/// missing importance matrix is listed in [`Plan::need_imatrix`] (llama-quantize's dry run only warns about it).
+pub fn plan_gguf(src: &TensorSource, opts: &Options) -> Result<Plan, FileError> {
+    let facts = model_facts(src)?;
+    plan_tensors(src, &facts, None, opts, false)
+}
+
+fn plan_tensors(
+    src: &TensorSource,
+    facts: &ModelFacts,
+    shard: Option<usize>,
+    opts: &Options,
+    strict_imatrix: bool,
+) -> Result<Plan, FileError> {
+    let gguf = src
+        .gguf()
+        .ok_or_else(|| FileError::NotGguf { file: src.location().to_string(), format: src.format().name() })?;
+    let infos: Vec<_> = gguf.tensors().map(|t| t.info.clone()).collect();
+    let in_part: std::collections::HashSet<&str> =
+        gguf.tensors().filter(|t| shard.is_none_or(|s| t.shard == s)).map(|t| t.info.name.as_str()).collect();
+    let list: Vec<(String, Vec<u64>, GgmlType)> =
+        infos.iter().map(|t| (t.name.clone(), t.dims.clone(), t.ty)).collect();
+    let imatrix = opts.imatrix.as_deref();
+    // `qs.has_imatrix`: set when llama-quantize is given a non-empty imatrix (a loaded one always has entries).
+    let has_imatrix = imatrix.is_some_and(|im| !im.entries.is_empty());
+    let params = mixture::Params {
+        has_imatrix,
+        pure: opts.pure,
+        output_tensor_type: opts.output_tensor_type,
+        token_embedding_type: opts.token_embedding_type,
+        leave_output_tensor: opts.leave_output_tensor,
+        tensor_types: opts.tensor_types.clone(),
+    };
+    let choices: Vec<Choice> = mixture::choose_types_with(opts.ftype, facts, &list, &params)?
+        .into_iter()
+        .filter(|c| in_part.contains(c.name.as_str()))
+        .collect();
+
+    let mut plan = Plan {
+        descs: Vec::with_capacity(choices.len()),
+        input_bytes: Vec::with_capacity(choices.len()),
+        elements: Vec::with_capacity(choices.len()),
+        input_types: Vec::with_capacity(choices.len()),
+        need_imatrix: Vec::new(),
+        choices: Vec::new(),
+    };
+    for c in &choices {
+        let info = infos.iter().find(|t| t.name == c.name).expect("choices name input tensors");
+        if c.ty != info.ty {
+            if !is_float(info.ty) && !opts.allow_requantize {
+                return Err(FileError::Requantize { tensor: c.name.clone(), from: info.ty, to: c.ty });
+            }
+            if !crate::supported(c.ty) {
+                return Err(FileError::Unsupported { tensor: c.name.clone(), ftype: opts.ftype, ty: c.ty });
+            }
+            let ne0 = info.dims.first().copied().unwrap_or(1);
+            if c.ty.row_bytes(ne0).is_none() {
+                return Err(FileError::BlockSize { tensor: c.name.clone(), ty: c.ty, block: c.ty.block_size(), ne0 });
+            }
+            // Checked up front, as in llama-quantize, so a wrong imatrix fails before anything is written.
+            let weights = imatrix_for(imatrix, &c.name, &info.dims)?;
+            // `tensor_requires_imatrix`: without an imatrix llama-quantize refuses at the first such tensor, before
+            // the file is made; with one lacking this tensor's entry, when it reaches the tensor (its file then
+            // partial). Both are refused here before anything is written.
+            if mixture::requires_imatrix(&c.name, c.ty, opts.ftype) && weights.is_none() {
+                if !strict_imatrix {
+                    plan.need_imatrix.push(c.name.clone());
+                } else {
+                    return Err(match imatrix {
+                        None => FileError::ImatrixRequired { tensor: c.name.clone(), ftype: opts.ftype, ty: c.ty },
+                        Some(im) => {
+                            FileError::ImatrixMissing { tensor: c.name.clone(), ty: c.ty, file: im.file.clone() }
+                        }
+                    });
+                }
+            }
+        }
+        // The C writer stores `ggml_n_dims` dimensions: trailing 1s are dropped.
+        let dims = info.dims[..mixture::n_dims(&info.dims).min(info.dims.len())].to_vec();
+        plan.descs.push(TensorDesc { name: c.name.clone(), dims, ty: c.ty });
+        let elements: u64 = info.dims.iter().product();
+        plan.elements.push(elements);
+        plan.input_types.push(info.ty);
+        let ne0 = info.dims.first().copied().unwrap_or(1).max(1);
+        plan.input_bytes.push(info.ty.row_bytes(ne0).unwrap_or(0) * (elements / ne0));
+    }
+    plan.choices = choices;
+    Ok(plan)
+}
+
 /// Quantizes the GGUF model `src` (one file or a split) to `dst` as `llama-quantize SRC DST FTYPE` does.
 /// Every decision is checked before anything is written; the file appears only when complete.
 pub async fn quantize_gguf(src: &TensorSource, dst: &Location, opts: &Options) -> Result<Quantized, FileError> {
@@ -227,55 +340,9 @@ async fn quantize_part(
     }
     let shard = shard.filter(|_| n_shards > 1);
     let infos: Vec<_> = gguf.tensors().map(|t| t.info.clone()).collect();
-    let in_part: std::collections::HashSet<&str> =
-        gguf.tensors().filter(|t| shard.is_none_or(|s| t.shard == s)).map(|t| t.info.name.as_str()).collect();
-    let list: Vec<(String, Vec<u64>, GgmlType)> =
-        infos.iter().map(|t| (t.name.clone(), t.dims.clone(), t.ty)).collect();
     let imatrix = opts.imatrix.as_deref();
-    // `qs.has_imatrix`: set when llama-quantize is given a non-empty imatrix (a loaded one always has entries).
-    let has_imatrix = imatrix.is_some_and(|im| !im.entries.is_empty());
-    let params = mixture::Params {
-        has_imatrix,
-        pure: opts.pure,
-        output_tensor_type: opts.output_tensor_type,
-        token_embedding_type: opts.token_embedding_type,
-        leave_output_tensor: opts.leave_output_tensor,
-    };
-    let choices: Vec<Choice> = mixture::choose_types_with(opts.ftype, &facts, &list, &params)?
-        .into_iter()
-        .filter(|c| in_part.contains(c.name.as_str()))
-        .collect();
-
-    let mut descs = Vec::with_capacity(choices.len());
-    for c in &choices {
-        let info = infos.iter().find(|t| t.name == c.name).expect("choices name input tensors");
-        if c.ty != info.ty {
-            if !is_float(info.ty) && !opts.allow_requantize {
-                return Err(FileError::Requantize { tensor: c.name.clone(), from: info.ty, to: c.ty });
-            }
-            if !crate::supported(c.ty) {
-                return Err(FileError::Unsupported { tensor: c.name.clone(), ftype: opts.ftype, ty: c.ty });
-            }
-            let ne0 = info.dims.first().copied().unwrap_or(1);
-            if c.ty.row_bytes(ne0).is_none() {
-                return Err(FileError::BlockSize { tensor: c.name.clone(), ty: c.ty, block: c.ty.block_size(), ne0 });
-            }
-            // Checked up front, as in llama-quantize, so a wrong imatrix fails before anything is written.
-            let weights = imatrix_for(imatrix, &c.name, &info.dims)?;
-            // `tensor_requires_imatrix`: without an imatrix llama-quantize refuses at the first such tensor, before
-            // the file is made; with one lacking this tensor's entry, when it reaches the tensor (its file then
-            // partial). Both are refused here before anything is written.
-            if mixture::requires_imatrix(&c.name, c.ty, opts.ftype) && weights.is_none() {
-                return Err(match imatrix {
-                    None => FileError::ImatrixRequired { tensor: c.name.clone(), ftype: opts.ftype, ty: c.ty },
-                    Some(im) => FileError::ImatrixMissing { tensor: c.name.clone(), ty: c.ty, file: im.file.clone() },
-                });
-            }
-        }
-        // The C writer stores `ggml_n_dims` dimensions: trailing 1s are dropped.
-        let dims = info.dims[..mixture::n_dims(&info.dims).min(info.dims.len())].to_vec();
-        descs.push(TensorDesc { name: c.name.clone(), dims, ty: c.ty });
-    }
+    let planned = plan_tensors(src, &facts, shard, opts, true)?;
+    let (choices, descs) = (planned.choices, planned.descs);
 
     let pool = match opts.threads {
         None => None,

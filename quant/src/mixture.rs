@@ -2,8 +2,7 @@
 //! per-tensor mixture rules (with their layer counters) and the fallback for rows that are not whole blocks.
 //! Same decisions as `src/llama-quant.cpp` (`tensor_allows_quantization`, `llama_tensor_get_type`,
 //! `llama_tensor_get_type_impl`, `tensor_type_fallback`) and `src/llama-model-loader.h` (`weight_name_comparer`)
-//! at llama.cpp 0c1e570, for dense models and for MXFP4_MOE's expert tensors. The file types of the grid i-quants
-//! (IQ1_*, IQ2_*, IQ3_*) and the other MoE rules are not here yet.
+//! at llama.cpp 0c1e570, for every file type, dense models and models with experts.
 
 use std::cmp::Ordering;
 
@@ -154,6 +153,9 @@ pub enum MixtureError {
          values, and llama-quantize defines no fallback for {ty}"
     )]
     NoFallback { tensor: String, ftype: FileType, ty: GgmlType, block: usize, ne0: u64 },
+    /// llama-quantize: "Failed to determine layer for tensor …" / "Bad layer …" (models with experts).
+    #[error("tensor {tensor:?}: cannot tell its layer for the type rules of a model with experts: {why}")]
+    Layer { tensor: String, why: String },
 }
 
 /// `tensor_requires_imatrix`: whether llama-quantize refuses to make `ty` for this tensor without an importance
@@ -184,6 +186,8 @@ pub struct ModelFacts {
     pub tied_embeddings: bool,
     /// Tensors in the attn_v category.
     pub n_attention_wv: i64,
+    /// `{arch}.expert_count` (0 without one).
+    pub n_expert: i64,
 }
 
 /// One tensor's decision.
@@ -193,6 +197,78 @@ pub struct Choice {
     pub ty: GgmlType,
     /// Whether the fallback (`tensor_type_fallback`) replaced the rule's type.
     pub fell_back: bool,
+    /// The `--tensor-type` pattern that decided it (its index in [`Params::tensor_types`]), if one did.
+    pub pattern: Option<usize>,
+}
+
+/// One `--tensor-type PATTERN=TYPE` (llama-quantize's `tensor_type_option`): tensors whose name contains a match of
+/// PATTERN (a regex, searched anywhere in the name; lower-cased as llama-quantize lower-cases it) get TYPE instead of
+/// the mixture rules' choice, then the fallback. The first matching pattern wins.
+///
+/// llama-quantize compiles the pattern as a C++ `std::regex` (ECMAScript); here it is the `regex` crate's syntax,
+/// which is the same for what tensor patterns use (literals, `.`, classes, `\d`, `|`, groups, repetition, anchors);
+/// the ECMAScript-only lookarounds and backreferences are refused as invalid.
+#[derive(Clone, Debug)]
+pub struct TensorType {
+    /// The pattern as given, lower-cased.
+    pub pattern: String,
+    regex: regex::Regex,
+    pub ty: GgmlType,
+}
+
+impl PartialEq for TensorType {
+    fn eq(&self, other: &Self) -> bool {
+        (&self.pattern, self.ty) == (&other.pattern, other.ty)
+    }
+}
+
+impl Eq for TensorType {}
+
+/// Why a `--tensor-type` entry was refused.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum TensorTypeError {
+    #[error("tensor type `{spec}`: expected PATTERN=TYPE, e.g. attn_v=q8_0 or \"blk\\.[0-3]\\.ffn_down=q6_K\"")]
+    Syntax { spec: String },
+    #[error("tensor type `{spec}`: unknown ggml type {ty:?} (one of {known})")]
+    UnknownType { spec: String, ty: String, known: String },
+    #[error("tensor type `{spec}`: {ty} is not a type llama-quantize can write (it quantizes to none of Q8_1, Q8_K or the integer types)")]
+    NotWritable { spec: String, ty: GgmlType },
+    #[error("tensor type `{spec}`: the pattern is not a valid regex: {msg}")]
+    Regex { spec: String, msg: String },
+}
+
+impl TensorType {
+    /// Parses `PATTERN=TYPE` as llama-quantize's `parse_tensor_type` does: the pattern is what comes before the first
+    /// `=` (non-empty, lower-cased), the type a ggml type name in any case.
+    pub fn parse(spec: &str) -> Result<TensorType, TensorTypeError> {
+        let (pattern, ty) = spec.split_once('=').ok_or_else(|| TensorTypeError::Syntax { spec: spec.into() })?;
+        if pattern.is_empty() || ty.is_empty() {
+            return Err(TensorTypeError::Syntax { spec: spec.into() });
+        }
+        let pattern = pattern.to_ascii_lowercase();
+        let ty = GgmlType::from_name(ty).ok_or_else(|| TensorTypeError::UnknownType {
+            spec: spec.into(),
+            ty: ty.into(),
+            known: GgmlType::ALL.iter().map(|t| t.name()).collect::<Vec<_>>().join(", "),
+        })?;
+        if matches!(ty, GgmlType::Q8_1 | GgmlType::Q8_K | GgmlType::I8 | GgmlType::I16 | GgmlType::I32 | GgmlType::I64)
+        {
+            return Err(TensorTypeError::NotWritable { spec: spec.into(), ty });
+        }
+        let regex = regex::Regex::new(&pattern)
+            .map_err(|e| TensorTypeError::Regex { spec: spec.into(), msg: e.to_string() })?;
+        Ok(TensorType { pattern, regex, ty })
+    }
+
+    /// The entries of a `--tensor-type-file`: whitespace-separated `PATTERN=TYPE` tokens (no comments), in order.
+    pub fn parse_file(text: &str) -> Result<Vec<TensorType>, TensorTypeError> {
+        text.split_whitespace().map(TensorType::parse).collect()
+    }
+
+    /// Whether the pattern matches anywhere in `name`.
+    pub fn matches(&self, name: &str) -> bool {
+        self.regex.is_match(name)
+    }
 }
 
 /// llama-quantize's flags that change the types chosen (`llama_model_quantize_params` in `include/llama.h`).
@@ -210,6 +286,8 @@ pub struct Params {
     pub token_embedding_type: Option<GgmlType>,
     /// `--leave-output-tensor` (`quantize_output_tensor = false`): `output.weight` keeps its input type.
     pub leave_output_tensor: bool,
+    /// `--tensor-type` and `--tensor-type-file` entries, in command-line order.
+    pub tensor_types: Vec<TensorType>,
 }
 
 /// Decides the type of every tensor, in llama-quantize's tensor order. `tensors` are (name, ne, current type).
@@ -233,11 +311,12 @@ pub fn choose_types_with(
 ) -> Result<Vec<Choice>, MixtureError> {
     let mut order: Vec<usize> = (0..tensors.len()).collect();
     order.sort_by(|&a, &b| tensor_order(&tensors[a].0, &tensors[b].0));
-    let (mut i_attention_wv, mut i_ffn_down) = (0i64, 0i64);
+    let mut counters = Counters::default();
     let mut out = Vec::with_capacity(tensors.len());
     for idx in order {
         let (name, ne, current) = &tensors[idx];
-        let keep = |ty| Choice { name: name.clone(), ty, fell_back: false };
+        let keep = |ty| Choice { name: name.clone(), ty, fell_back: false, pattern: None };
+        let pattern = params.tensor_types.iter().position(|t| t.matches(name));
         // `tensor_allows_quantization`, with `quantize_output_tensor`.
         if !allows_quantization(name, ne) || (params.leave_output_tensor && name == "output.weight") {
             out.push(keep(*current));
@@ -246,8 +325,14 @@ pub fn choose_types_with(
         let cat = category(name);
         // The two overrides come before everything else in `llama_tensor_get_type`, even for float file types, and
         // skip the fallback: a type that does not divide the rows is the caller's error.
+        // `per_layer_token_embd.weight` follows `--token-embedding-type` only when no pattern names it.
+        let named = name == "per_layer_token_embd.weight" && pattern.is_some();
         match (cat, params.token_embedding_type, params.output_tensor_type) {
-            (Category::TokenEmbd, Some(t), _) | (Category::Output, _, Some(t)) => {
+            (Category::TokenEmbd, Some(t), _) if !named => {
+                out.push(keep(t));
+                continue;
+            }
+            (Category::Output, _, Some(t)) => {
                 out.push(keep(t));
                 continue;
             }
@@ -259,10 +344,13 @@ pub fn choose_types_with(
             continue;
         }
         let ne0 = ne.first().copied().unwrap_or(1);
-        let ruled = if params.pure {
+        // A matching pattern decides (the rules, and their layer counters, are skipped); then the fallback.
+        let ruled = if let Some(p) = pattern {
+            params.tensor_types[p].ty
+        } else if params.pure {
             default
         } else {
-            rule(ftype, cat, facts, params, ne, &mut i_attention_wv, &mut i_ffn_down)
+            rule(ftype, cat, name, facts, params, ne, &mut counters)?
         };
         let ty = fallback(ruled, ne0).ok_or_else(|| MixtureError::NoFallback {
             tensor: name.clone(),
@@ -271,100 +359,183 @@ pub fn choose_types_with(
             block: ruled.block_size(),
             ne0,
         })?;
-        out.push(Choice { name: name.clone(), ty, fell_back: ty != ruled });
+        out.push(Choice { name: name.clone(), ty, fell_back: ty != ruled, pattern });
     }
     Ok(out)
 }
 
-/// `llama_tensor_get_type_impl` for dense (non-MoE, non-Falcon) models; MXFP4_MOE's expert tensors (3-D) too.
+/// The layer counters of `quantize_state_impl`: tensors of each category the rules have seen so far.
+#[derive(Default)]
+struct Counters {
+    attn_v: i64,
+    ffn_down: i64,
+    ffn_gate: i64,
+    ffn_up: i64,
+}
+
+/// `layer_info`: the layer a ffn tensor belongs to, `counter` for a dense model and parsed from `blk.N.` for one with
+/// experts (whose expert tensors need not come in layer order), which must then be in `0..n`.
+fn layer_of(name: &str, counter: i64, n: i64, m: &ModelFacts) -> Result<i64, MixtureError> {
+    if m.n_expert.max(1) <= 1 {
+        return Ok(counter);
+    }
+    let bad = |why: String| MixtureError::Layer { tensor: name.to_string(), why };
+    // `sscanf(name, "blk.%d.", &i) == 1`: spaces skipped, an optionally signed decimal (what follows it is not
+    // checked, the conversion count being 1 either way).
+    let rest = name.strip_prefix("blk.").map(str::trim_start).unwrap_or("");
+    let sign = usize::from(rest.starts_with(['+', '-']));
+    let len = sign + rest[sign..].bytes().take_while(u8::is_ascii_digit).count();
+    let i: i64 = rest[..len].parse().map_err(|_| bad("its name does not start with blk.N.".into()))?;
+    if i < 0 || i >= n {
+        return Err(bad(format!("layer {i} is not in [0, {n})")));
+    }
+    Ok(i)
+}
+
+/// `llama_tensor_get_type_impl` (llama.cpp 0c1e570 `src/llama-quant.cpp`), branch for branch, for every file type
+/// and category. Not modelled: the arch-specific cases (Falcon's output and ffn_down/attn_output choices, GLM5-next's
+/// Q8_0 floor, BailingMoE3's expert test under MXFP4_MOE); "70B" is read as 80 layers with grouped-query attention.
 fn rule(
     ftype: FileType,
     cat: Category,
+    name: &str,
     m: &ModelFacts,
     params: &Params,
     ne: &[u64],
-    i_v: &mut i64,
-    i_down: &mut i64,
-) -> GgmlType {
+    c: &mut Counters,
+) -> Result<GgmlType, MixtureError> {
     use FileType as F;
     use GgmlType as T;
     let default = ftype.default_type();
     let has_imatrix = params.has_imatrix;
     let ne0 = ne.first().copied().unwrap_or(1);
+    let n_expert = m.n_expert;
+    let iq2_family = matches!(ftype, F::IQ2_XXS | F::IQ2_XS | F::IQ2_S | F::IQ2_M | F::IQ1_S | F::IQ1_M);
+    let iq2_s_or_m = matches!(ftype, F::IQ2_S | F::IQ2_M);
     let is_output = cat == Category::Output || (cat == Category::TokenEmbd && m.tied_embeddings);
-    // MXFP4_MOE: 3-D expert tensors MXFP4, every other tensor (an untied token_embd too) Q8_0.
-    if ftype == F::MXFP4_MOE && !is_output {
-        return if ne.get(2).is_some_and(|&n| n > 1) { T::MXFP4 } else { T::Q8_0 };
-    }
-    match cat {
+    if is_output {
         // Reached by `output.weight` only without `--output-tensor-type` (which returned earlier), but by a tied
         // token_embd with it: that one takes the output type here, and then the fallback.
-        Category::Output | Category::TokenEmbd if cat == Category::Output || m.tied_embeddings => {
-            if let Some(t) = params.output_tensor_type {
-                return t;
-            }
-            if ftype == F::MXFP4_MOE || !ne0.is_multiple_of(default.block_size() as u64) || default == T::Q8_0 {
-                T::Q8_0
-            } else {
-                T::Q6_K
-            }
+        if let Some(t) = params.output_tensor_type {
+            return Ok(t);
         }
-        // Untied token embeddings.
-        Category::TokenEmbd => match ftype {
+        return Ok(if ftype == F::MXFP4_MOE || !ne0.is_multiple_of(default.block_size() as u64) {
+            T::Q8_0
+        } else if matches!(ftype, F::IQ2_XXS | F::IQ2_XS | F::IQ3_XXS | F::IQ1_S | F::IQ2_S | F::IQ2_M | F::IQ1_M) {
+            T::Q5_K
+        } else if default != T::Q8_0 {
+            T::Q6_K
+        } else {
+            default
+        });
+    }
+    // MXFP4_MOE: 3-D expert tensors MXFP4, every other tensor (an untied token_embd too) Q8_0.
+    if ftype == F::MXFP4_MOE {
+        return Ok(if ne.get(2).is_some_and(|&n| n > 1) { T::MXFP4 } else { T::Q8_0 });
+    }
+    if cat == Category::TokenEmbd {
+        // Untied (a `--token-embedding-type` returned earlier).
+        return Ok(match ftype {
+            F::IQ2_XXS | F::IQ2_XS | F::IQ1_S | F::IQ1_M => T::Q2_K,
+            F::IQ2_S | F::IQ2_M | F::IQ3_XXS => T::IQ3_S,
             F::TQ1_0 | F::TQ2_0 | F::Q2_0 => T::Q4_K,
             _ => default,
-        },
+        });
+    }
+    if iq2_family {
+        return Ok(match cat {
+            Category::AttnV => {
+                c.attn_v += 1;
+                if m.gqa >= 4 || n_expert >= 4 {
+                    T::Q4_K
+                } else if iq2_s_or_m {
+                    T::IQ3_S
+                } else {
+                    T::Q2_K
+                }
+            }
+            Category::AttnK if n_expert == 8 => T::Q4_K,
+            Category::FfnDown => {
+                // The counter, even with experts (no layer parsing in this branch).
+                let low = c.ffn_down < m.n_layer / 8;
+                c.ffn_down += 1;
+                match (low, iq2_s_or_m) {
+                    (true, true) => T::IQ3_S,
+                    (true, false) => T::Q2_K,
+                    (false, _) => default,
+                }
+            }
+            Category::AttnOutput => match ftype {
+                _ if n_expert == 8 => T::Q5_K,
+                F::IQ1_S | F::IQ1_M => T::IQ2_XXS,
+                F::IQ2_S | F::IQ2_M => T::IQ3_S,
+                _ => default,
+            },
+            // The ffn_gate/up counters are not advanced in this branch.
+            _ => default,
+        });
+    }
+    Ok(match cat {
+        Category::Output | Category::TokenEmbd => default,
         Category::AttnV => {
-            let i = *i_v;
-            *i_v += 1;
-            let n = m.n_attention_wv;
+            let i = c.attn_v;
+            c.attn_v += 1;
             let mut t = match ftype {
-                F::Q2_K => {
-                    if m.gqa >= 4 {
-                        T::Q4_K
-                    } else {
-                        T::Q3_K
-                    }
-                }
-                F::Q3_K_M => {
-                    if i < 2 {
-                        T::Q5_K
-                    } else {
-                        T::Q4_K
-                    }
-                }
+                F::Q2_K if m.gqa >= 4 => T::Q4_K,
+                F::Q2_K => T::Q3_K,
                 F::Q2_K_S if m.gqa >= 4 => T::Q4_K,
+                F::IQ3_XXS if m.gqa >= 4 => T::Q4_K,
+                F::IQ3_XXS if !has_imatrix => T::IQ3_S,
+                F::IQ3_XXS => T::IQ3_XXS,
+                F::IQ3_XS | F::IQ3_S if m.gqa >= 4 => T::Q4_K,
+                F::IQ3_M => T::Q4_K,
+                F::Q3_K_M if i < 2 => T::Q5_K,
+                F::Q3_K_M => T::Q4_K,
                 F::Q3_K_L => T::Q5_K,
                 F::IQ4_NL | F::IQ4_XS if m.gqa >= 4 => T::Q5_K,
+                F::Q4_K_M | F::Q5_K_M if use_more_bits(i, m.n_attention_wv) => T::Q6_K,
                 F::Q4_K_S if i < 4 => T::Q5_K,
-                F::Q4_K_M | F::Q5_K_M if use_more_bits(i, n) => T::Q6_K,
                 _ => default,
             };
             // "70B" (LLaMA with 80 layers and grouped-query attention): more bits for V.
             if m.n_layer == 80 && m.gqa > 1 && matches!(t, T::Q3_K | T::Q4_K) {
                 t = T::Q5_K;
             }
+            if n_expert == 8 {
+                t = T::Q8_0;
+            }
             t
         }
-        Category::AttnOutput => match ftype {
-            F::Q2_K => T::Q3_K,
-            F::Q3_K_M => T::Q4_K,
-            F::Q3_K_L => T::Q5_K,
+        Category::AttnK => match ftype {
+            _ if n_expert == 8 => T::Q8_0,
+            F::IQ3_XS => T::IQ3_XXS,
+            F::IQ3_XXS => T::IQ2_S,
+            _ => default,
+        },
+        Category::AttnQ => match ftype {
+            F::IQ3_XS => T::IQ3_XXS,
+            F::IQ3_XXS => T::IQ2_S,
             _ => default,
         },
         Category::FfnDown => {
-            let i = *i_down;
-            *i_down += 1;
             let n = m.n_layer;
+            let i = layer_of(name, c.ffn_down, n, m)?;
+            c.ffn_down += 1;
             match ftype {
                 F::Q2_K => T::Q3_K,
                 F::Q2_K_S if i < n / 8 => T::Q4_K,
+                F::Q2_K_S => default,
+                F::IQ3_XXS if !has_imatrix && i < n / 8 => T::Q4_K,
+                F::IQ3_XXS if !has_imatrix => T::Q3_K,
                 F::Q3_K_M if i < n / 16 => T::Q5_K,
                 F::Q3_K_M => T::Q4_K,
+                F::IQ3_M if i < n / 8 || (n_expert == 8 && use_more_bits(i, n)) => T::Q4_K,
                 F::Q3_K_L => T::Q5_K,
+                F::Q4_K_M if use_more_bits(i, n) => T::Q6_K,
+                F::Q4_K_M => default,
+                F::IQ4_NL | F::IQ4_XS if i < n / 8 && !has_imatrix => T::Q5_K,
+                F::Q5_K_M if use_more_bits(i, n) => T::Q6_K,
                 F::Q4_K_S if i < n / 8 => T::Q5_K,
-                F::Q4_K_M | F::Q5_K_M if use_more_bits(i, n) => T::Q6_K,
-                F::IQ4_NL | F::IQ4_XS if !has_imatrix && i < n / 8 => T::Q5_K,
                 // Only with an imatrix (so that a plain Q4_0/Q5_0 stays what it always was): "guard against
                 // craziness in the first few ffn_down layers".
                 F::Q4_0 if has_imatrix && i < n / 8 => T::Q4_1,
@@ -372,8 +543,40 @@ fn rule(
                 _ => default,
             }
         }
-        _ => default,
-    }
+        Category::AttnOutput if n_expert == 8 => match ftype {
+            F::Q2_K
+            | F::IQ3_XS
+            | F::IQ3_XXS
+            | F::Q3_K_S
+            | F::Q3_K_M
+            | F::IQ4_NL
+            | F::Q4_K_S
+            | F::Q4_K_M
+            | F::IQ3_S
+            | F::IQ3_M
+            | F::IQ4_XS => T::Q5_K,
+            _ => default,
+        },
+        Category::AttnOutput => match ftype {
+            F::Q2_K => T::Q3_K,
+            F::IQ3_XXS => T::IQ3_S,
+            F::Q3_K_M | F::IQ3_M => T::Q4_K,
+            F::Q3_K_L => T::Q5_K,
+            _ => default,
+        },
+        Category::FfnGate | Category::FfnUp => {
+            let counter = if cat == Category::FfnGate { &mut c.ffn_gate } else { &mut c.ffn_up };
+            let n = m.n_layer;
+            let i = layer_of(name, *counter, n, m)?;
+            *counter += 1;
+            if ftype == F::IQ3_XS && i >= n / 8 && i < 7 * n / 8 {
+                T::IQ3_XXS
+            } else {
+                default
+            }
+        }
+        Category::Other => default,
+    })
 }
 
 #[cfg(test)]
@@ -400,7 +603,7 @@ mod tests {
 
     #[test]
     fn q4_0_and_q5_0_ffn_down_rule_needs_an_imatrix() {
-        let facts = ModelFacts { n_layer: 16, gqa: 1, tied_embeddings: true, n_attention_wv: 16 };
+        let facts = ModelFacts { n_layer: 16, gqa: 1, tied_embeddings: true, n_attention_wv: 16, n_expert: 0 };
         let tensors: Vec<_> =
             (0..16).map(|i| (format!("blk.{i}.ffn_down.weight"), vec![64, 64], GgmlType::F16)).collect();
         for (ftype, more) in [(FileType::Q4_0, GgmlType::Q4_1), (FileType::Q5_0, GgmlType::Q5_1)] {
@@ -412,6 +615,56 @@ mod tests {
             let without = choose_types(ftype, &facts, &tensors, false).expect("types");
             assert!(without.iter().all(|c| c.ty == default), "{ftype}");
         }
+    }
+
+    #[test]
+    fn tensor_type_entries_parse_as_llama_quantize_reads_them() {
+        let t = TensorType::parse("BLK\\.[0-2]\\.FFN_DOWN=q6_k").expect("valid");
+        assert_eq!((t.pattern.as_str(), t.ty), ("blk\\.[0-2]\\.ffn_down", GgmlType::Q6_K));
+        assert!(t.matches("blk.1.ffn_down.weight") && !t.matches("blk.3.ffn_down.weight"));
+        // Unanchored: `attn_q` also matches `attn_qkv`; the pattern ends at the first `=`.
+        assert!(TensorType::parse("attn_q=q8_0").expect("valid").matches("blk.0.attn_qkv.weight"));
+        let f = TensorType::parse_file(" a=q8_0\n\tb=IQ4_NL  c=f16 ").expect("valid");
+        assert_eq!(
+            f.iter().map(|t| (t.pattern.as_str(), t.ty)).collect::<Vec<_>>(),
+            [("a", GgmlType::Q8_0), ("b", GgmlType::IQ4_NL), ("c", GgmlType::F16)]
+        );
+        assert!(matches!(TensorType::parse("=q8_0"), Err(TensorTypeError::Syntax { .. })));
+        assert!(matches!(TensorType::parse("x"), Err(TensorTypeError::Syntax { .. })));
+        assert!(matches!(TensorType::parse("x=q9"), Err(TensorTypeError::UnknownType { .. })));
+        assert!(matches!(TensorType::parse("x=i8"), Err(TensorTypeError::NotWritable { .. })));
+        assert!(matches!(TensorType::parse("(x=q8_0"), Err(TensorTypeError::Regex { .. })));
+        assert!(matches!(TensorType::parse_file("a=q8_0 # comment"), Err(TensorTypeError::Syntax { .. })));
+    }
+
+    #[test]
+    fn models_with_experts_read_the_layer_from_the_name() {
+        let moe = ModelFacts { n_layer: 4, gqa: 1, tied_embeddings: true, n_attention_wv: 4, n_expert: 8 };
+        let dense = ModelFacts { n_expert: 0, ..moe.clone() };
+        assert_eq!(layer_of("blk.3.ffn_down_exps.weight", 0, 4, &moe), Ok(3));
+        assert_eq!(layer_of("blk.3.ffn_down_exps.weight", 1, 4, &dense), Ok(1));
+        assert!(matches!(layer_of("blk.4.ffn_down.weight", 0, 4, &moe), Err(MixtureError::Layer { .. })));
+        assert!(matches!(layer_of("ffn_down.weight", 0, 4, &moe), Err(MixtureError::Layer { .. })));
+        // n_expert == 8 under IQ3_M: attn_k and attn_v Q8_0, attn_output Q5_K; ffn_down by the parsed layer 3 (the
+        // counter would say 0): use_more_bits(3, 4) → Q4_K. In llama-quantize's order (layer, then name).
+        let t: Vec<(String, Vec<u64>, GgmlType)> = [
+            ("blk.3.ffn_down_exps.weight", vec![256, 256, 8]),
+            ("blk.0.attn_v.weight", vec![256, 256]),
+            ("blk.0.attn_output.weight", vec![256, 256]),
+            ("blk.0.attn_k.weight", vec![256, 256]),
+        ]
+        .into_iter()
+        .map(|(n, ne)| (n.to_string(), ne, GgmlType::F16))
+        .collect();
+        let got: Vec<(String, GgmlType)> =
+            choose_types(FileType::IQ3_M, &moe, &t, true).expect("types").into_iter().map(|c| (c.name, c.ty)).collect();
+        let want = [
+            ("blk.0.attn_k.weight", GgmlType::Q8_0),
+            ("blk.0.attn_output.weight", GgmlType::Q5_K),
+            ("blk.0.attn_v.weight", GgmlType::Q8_0),
+            ("blk.3.ffn_down_exps.weight", GgmlType::Q4_K),
+        ];
+        assert_eq!(got, want.map(|(n, t)| (n.to_string(), t)));
     }
 
     #[test]
@@ -458,7 +711,7 @@ mod tests {
                 t.push((format!("blk.{i}.{n}.weight"), vec![ne0, ne0], GgmlType::BF16));
             }
         }
-        let facts = ModelFacts { n_layer: 4, gqa: 2, tied_embeddings: tied, n_attention_wv: 4 };
+        let facts = ModelFacts { n_layer: 4, gqa: 2, tied_embeddings: tied, n_attention_wv: 4, n_expert: 0 };
         (facts, t)
     }
 

@@ -20,7 +20,7 @@ use quantfarm_tensors::synthetic::{write_wide_llama, write_wide_tied_llama};
 use quantfarm_tensors::TensorSource;
 
 /// Every file type whose tensors are quantized and that needs no importance matrix.
-const QUANTIZED: [FileType; 21] = [
+const QUANTIZED: [FileType; 23] = [
     FileType::Q8_0,
     FileType::Q6_K,
     FileType::Q5_K_M,
@@ -37,6 +37,8 @@ const QUANTIZED: [FileType; 21] = [
     FileType::Q5_1,
     FileType::IQ4_NL,
     FileType::IQ4_XS,
+    FileType::IQ3_S,
+    FileType::IQ3_M,
     FileType::TQ1_0,
     FileType::TQ2_0,
     FileType::Q1_0,
@@ -44,8 +46,9 @@ const QUANTIZED: [FileType; 21] = [
     FileType::MXFP4_MOE,
 ];
 
-/// The file types llama-quantize makes only with an importance matrix (`tensor_requires_imatrix`).
-const NEED_IMATRIX: [FileType; 1] = [FileType::Q2_K_S];
+/// The file types llama-quantize makes only with an importance matrix (`tensor_requires_imatrix`; IQ3_XS because
+/// its attn_q/attn_k and middle ffn_gate/ffn_up are IQ3_XXS).
+const NEED_IMATRIX: [FileType; 2] = [FileType::Q2_K_S, FileType::IQ3_XS];
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
@@ -291,6 +294,28 @@ fn assert_rules_were_exercised(cases: &[Case], choices: &[Vec<Choice>]) {
                 assert_eq!(at("blk.1.ffn_down.weight"), GgmlType::Q2_K, "{}", case.label);
                 assert_eq!(at("blk.0.attn_v.weight"), GgmlType::Q2_K, "{}: gqa 2", case.label);
             }
+            FileType::IQ3_S | FileType::IQ3_M => {
+                // gqa 2: IQ3_S keeps attn_v at its default, IQ3_M gives it Q4_K; IQ3_M also raises attn_output and
+                // the first eighth of ffn_down to Q4_K.
+                let m = case.ftype == FileType::IQ3_M;
+                let (v, o) = if m { (GgmlType::Q4_K, GgmlType::Q4_K) } else { (GgmlType::IQ3_S, GgmlType::IQ3_S) };
+                assert_eq!(at("blk.0.attn_v.weight"), v, "{}", case.label);
+                assert_eq!(at("blk.0.attn_output.weight"), o, "{}", case.label);
+                assert_eq!(at("blk.0.ffn_down.weight"), if m { GgmlType::Q4_K } else { GgmlType::IQ3_S });
+                assert_eq!(at("blk.1.ffn_down.weight"), GgmlType::IQ3_S, "{}", case.label);
+                assert_eq!(at("output.weight"), GgmlType::Q6_K, "{}", case.label);
+            }
+            FileType::IQ3_XS => {
+                // attn_q/attn_k IQ3_XXS; ffn_gate/ffn_up IQ3_XXS for n/8 ≤ i < 7n/8 (layers 1..6 of 8).
+                assert_eq!(at("blk.0.attn_q.weight"), GgmlType::IQ3_XXS, "{}", case.label);
+                assert_eq!(at("blk.0.attn_k.weight"), GgmlType::IQ3_XXS, "{}", case.label);
+                for i in 0..8 {
+                    let want = if (1..7).contains(&i) { GgmlType::IQ3_XXS } else { GgmlType::IQ3_S };
+                    assert_eq!(at(&format!("blk.{i}.ffn_gate.weight")), want, "{} layer {i}", case.label);
+                    assert_eq!(at(&format!("blk.{i}.ffn_up.weight")), want, "{} layer {i}", case.label);
+                }
+                assert_eq!(at("token_embd.weight"), GgmlType::IQ3_S, "{}", case.label);
+            }
             FileType::Q4_0 | FileType::Q5_0 if case.imatrix.is_some() => {
                 let more = if case.ftype == FileType::Q4_0 { GgmlType::Q4_1 } else { GgmlType::Q5_1 };
                 assert_eq!(at("blk.0.ffn_down.weight"), more, "{}", case.label);
@@ -504,4 +529,68 @@ fn tied_embeddings_and_their_flags_equal_llama_quantize_byte_for_byte() {
     use GgmlType as T;
     assert_eq!(embd, [T::Q8_0, T::Q6_K, T::Q6_K, T::Q6_K, T::Q5_K, T::Q4_K, T::Q4_1]);
     assert!(choices.iter().all(|c| c.iter().all(|c| c.name != "output.weight")));
+}
+
+/// Three `--tensor-type` recipes, byte for byte against llama-quantize: a regex over layers (with a dot that
+/// matches anything and a pattern that also hits `attn_qkv`-like names), an override of `output`/`token_embd` by
+/// pattern (the unanchored `output` also catches every `attn_output`), and a file of patterns interleaved with a
+/// command-line entry (first match wins across both). A pattern-decided tensor does not advance the layer counters,
+/// so the Q4_K_M rules for later ffn_down layers shift exactly as llama-quantize's do.
+#[test]
+fn tensor_type_recipes_equal_llama_quantize_byte_for_byte() {
+    use quantfarm_quant::mixture::TensorType;
+    let dir = tempfile::tempdir().unwrap();
+    let src = wide_bf16(dir.path());
+    let file = dir.path().join("recipe.txt");
+    std::fs::write(&file, "ffn_up=q8_0\n  blk\\.7\\..*=IQ4_NL\tattn_k=Q5_0\n").unwrap();
+    let parsed =
+        |specs: Vec<&str>| -> Vec<TensorType> { specs.into_iter().map(|s| TensorType::parse(s).unwrap()).collect() };
+    let layers = parsed(vec!["blk\\.[0-2]\\.ffn_down=Q6_K", "blk\\.1.\\.attn_v=q8_0"]);
+    let ends = parsed(vec!["output=q8_0", "token_embd=Q5_K"]);
+    let mut file_entries = parsed(vec!["attn_k=q4_0"]);
+    file_entries.extend(TensorType::parse_file(&std::fs::read_to_string(&file).unwrap()).unwrap());
+    let case = |label: &str, flags: Vec<String>, ftype, tt: Vec<TensorType>| Case {
+        label: label.into(),
+        flags,
+        ftype,
+        imatrix: None,
+        opts: Box::new(move |o| Options { tensor_types: tt.clone(), ..o }),
+    };
+    let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    let cases = vec![
+        case(
+            "layer regex Q4_K_M",
+            s(&["--tensor-type", "blk\\.[0-2]\\.ffn_down=Q6_K", "--tensor-type", "blk\\.1.\\.attn_v=q8_0"]),
+            FileType::Q4_K_M,
+            layers,
+        ),
+        case(
+            "output and token_embd Q3_K_M",
+            s(&["--tensor-type", "output=q8_0", "--tensor-type", "token_embd=Q5_K"]),
+            FileType::Q3_K_M,
+            ends,
+        ),
+        case(
+            "a file after an entry Q5_K_S",
+            vec![
+                "--tensor-type".into(),
+                "attn_k=q4_0".into(),
+                "--tensor-type-file".into(),
+                file.to_string_lossy().into_owned(),
+            ],
+            FileType::Q5_K_S,
+            file_entries,
+        ),
+    ];
+    let choices = check_all(&src, dir.path(), &cases);
+    let c = &choices[0];
+    assert_eq!(type_of(c, "blk.2.ffn_down.weight"), GgmlType::Q6_K);
+    // ffn_down of layers 0–2 went by pattern, so the rules' counter starts at layer 3: use_more_bits(0, 8) → Q6_K.
+    assert_eq!(type_of(c, "blk.3.ffn_down.weight"), GgmlType::Q6_K);
+    assert_eq!(type_of(c, "blk.4.ffn_down.weight"), GgmlType::Q4_K);
+    assert_eq!(type_of(&choices[1], "blk.0.attn_output.weight"), GgmlType::Q8_0);
+    assert_eq!(type_of(&choices[1], "token_embd.weight"), GgmlType::Q5_K);
+    assert_eq!(type_of(&choices[2], "blk.0.attn_k.weight"), GgmlType::Q4_0, "the command-line entry comes first");
+    assert_eq!(type_of(&choices[2], "blk.7.ffn_up.weight"), GgmlType::Q8_0, "ffn_up=q8_0 precedes blk.7");
+    assert_eq!(type_of(&choices[2], "blk.7.ffn_down.weight"), GgmlType::IQ4_NL);
 }
