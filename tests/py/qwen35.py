@@ -36,9 +36,17 @@ def make(kind, out, tok):
                   max_position_embeddings=4096, tie_word_embeddings=False,
                   rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
                                    "mrope_section": [2, 1, 1], "mrope_interleaved": True})
+    if kind == "moe8":
+        # Rows that are whole 256-element super-blocks, and 8 experts: llama-quantize's n_expert == 8 rules and its
+        # per-layer parsing of expert tensor names apply, and the i-quants keep their types.
+        common.update(hidden_size=256, head_dim=128, linear_key_head_dim=128, linear_value_head_dim=128)
     if kind == "dense":
         cfg = Qwen3_5TextConfig(intermediate_size=128, **common)
         model = Qwen3_5ForCausalLM(cfg)
+    elif kind == "moe8":
+        cfg = Qwen3_5MoeTextConfig(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256,
+                                   shared_expert_intermediate_size=256, **common)
+        model = Qwen3_5MoeForCausalLM(cfg)
     else:
         cfg = Qwen3_5MoeTextConfig(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
                                    shared_expert_intermediate_size=64, **common)
@@ -51,9 +59,10 @@ def make(kind, out, tok):
     # A multi-token-prediction block (a copy of full-attention layer 3 plus its fc and norms), as Qwen3.5 ships.
     for k in [k for k in sd if k.startswith("model.layers.3.")]:
         sd["mtp.layers.0." + k[len("model.layers.3."):]] = sd[k].clone()
-    sd["mtp.fc.weight"] = (torch.randn(64, 128) * 0.02).to(torch.bfloat16)
+    h = common["hidden_size"]
+    sd["mtp.fc.weight"] = (torch.randn(h, 2 * h) * 0.02).to(torch.bfloat16)
     for n in ["pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"]:
-        sd[f"mtp.{n}.weight"] = (torch.randn(64) * 0.02).to(torch.bfloat16)
+        sd[f"mtp.{n}.weight"] = (torch.randn(h) * 0.02).to(torch.bfloat16)
     out = Path(out)
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
@@ -68,13 +77,13 @@ def make(kind, out, tok):
         shutil.copy(Path(tok) / f, out)
 
 
-def gguf(hf, out, outtype, src, pre):
+def gguf(hf, out, outtype, src, pre, *flags):
     import runpy
     sys.path.insert(0, src)
     import conversion.base as base
     # SmolLM2's tokenizer stands in for Qwen's (49k tokens, not 248k); the converter knows tokenizers by hash only.
     base.TextModel.get_vocab_base_pre = lambda self, tokenizer: pre
-    sys.argv = ["convert_hf_to_gguf.py", hf, "--outtype", outtype, "--outfile", out]
+    sys.argv = ["convert_hf_to_gguf.py", hf, "--outtype", outtype, "--outfile", out, *flags]
     runpy.run_path(str(Path(src) / "convert_hf_to_gguf.py"), run_name="__main__")
 
 
@@ -166,5 +175,5 @@ def compare_hf(ours, hf):
     print(json.dumps({"tensors": len(a)}))
 
 
-{"make": lambda: make(*sys.argv[2:5]), "gguf": lambda: gguf(*sys.argv[2:7]), "golden": lambda: golden(*sys.argv[2:5]),
+{"make": lambda: make(*sys.argv[2:5]), "gguf": lambda: gguf(*sys.argv[2:]), "golden": lambda: golden(*sys.argv[2:5]),
  "compare": lambda: compare(*sys.argv[2:4]), "compare_hf": lambda: compare_hf(*sys.argv[2:4])}[CMD]()
