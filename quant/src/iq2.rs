@@ -91,8 +91,8 @@ fn prepare<const G: usize>(
     let mut b = SubBlock { xval: [[0.0; 8]; G], w: [[0.0; 8]; G], waux: [[0.0; 8]; G] };
     let mut masks = [0u8; G];
     for (k, x) in xb.chunks_exact(8).take(G).enumerate() {
-        for i in 0..8 {
-            b.w[k][i] = weight(8 * k + i, x[i]);
+        for (i, &v) in x.iter().enumerate() {
+            b.w[k][i] = weight(8 * k + i, v);
             b.waux[k][i] = b.w[k][i].sqrt();
         }
         (b.xval[k], masks[k]) = fold_signs(x, &b.w[k], signs);
@@ -189,20 +189,23 @@ pub(crate) fn iq2_xxs(x: &[f32; QK_K], qw: &[f32; QK_K]) -> BlockIQ2XXS {
     BlockIQ2XXS { d: f32_to_f16_bits(d), qs }
 }
 
-/// The 16-element sub-block search IQ2_XS and IQ2_S share: each sub-block's scale and its two groups' grid indices
-/// and sign masks, and the largest scale.
+/// What IQ2_XS's and IQ2_S's search gives per super-block.
+struct Searched16 {
+    /// Each 16-element sub-block's scale (0 for a skipped one).
+    scales: [f32; QK_K / 16],
+    /// Each group's grid index and sign mask (0 and 0 in a skipped sub-block).
+    groups: [(u16, u8); QK_K / 8],
+    /// The largest scale.
+    max_scale: f32,
+}
+
+/// The 16-element sub-block search IQ2_XS and IQ2_S share.
 #[inline(always)]
-fn search16(
-    grid: Grid8,
-    x: &[f32; QK_K],
-    weight: impl Fn(usize, f32) -> f32,
-    signs: Signs,
-    eps: f32,
-) -> ([f32; QK_K / 16], [[(u16, u8); 2]; QK_K / 16], f32) {
+fn search16(grid: Grid8, x: &[f32; QK_K], weight: impl Fn(usize, f32) -> f32, signs: Signs, eps: f32) -> Searched16 {
     let grid = search8(grid);
     let scan = Scan { kmaxq: KMAXQ, n: 9, refine_all: false };
     let mut scales = [0.0f32; QK_K / 16];
-    let mut groups = [[(0u16, 0u8); 2]; QK_K / 16];
+    let mut groups = [(0u16, 0u8); QK_K / 8];
     let mut max_scale = 0.0f32;
     for ib in 0..QK_K / 16 {
         let xb = &x[16 * ib..16 * (ib + 1)];
@@ -212,11 +215,12 @@ fn search16(
         }
         let (mut scale, index) = search(grid, &b, &scan, max, max / (2 * KMAXQ - 1) as f32);
         flip(&mut scale, &mut masks, signs);
-        groups[ib] = [(index[0], masks[0]), (index[1], masks[1])];
+        groups[2 * ib] = (index[0], masks[0]);
+        groups[2 * ib + 1] = (index[1], masks[1]);
         scales[ib] = scale;
         max_scale = if max_scale > scale { max_scale } else { scale };
     }
-    (scales, groups, max_scale)
+    Searched16 { scales, groups, max_scale }
 }
 
 /// `quantize_row_iq2_xs_impl` on one super-block with its columns' importance `qw`.
@@ -224,13 +228,13 @@ fn search16(
 pub(crate) fn iq2_xs(x: &[f32; QK_K], qw: &[f32; QK_K]) -> BlockIQ2XS {
     let sigma2 = sum_x2(x) / QK_K as f32;
     let weight = |i: usize, v: f32| qw[i] * (sigma2 + v * v).sqrt();
-    let (scales, groups, max_scale) = search16(Grid8::Iq2xs, x, weight, Signs::Parity, GROUP_MAX_EPS);
-    if max_scale == 0.0 {
+    let found = search16(Grid8::Iq2xs, x, weight, Signs::Parity, GROUP_MAX_EPS);
+    if found.max_scale == 0.0 {
         return ZERO_XS;
     }
-    let (d, l) = scale_nibbles(&scales, max_scale);
+    let (d, l) = scale_nibbles(&found.scales, found.max_scale);
     let qs = std::array::from_fn(|g| {
-        let (index, mask) = groups[g / 2][g % 2];
+        let (index, mask) = found.groups[g];
         index | (u16::from(mask) << 9)
     });
     BlockIQ2XS { d: f32_to_f16_bits(d), qs, scales: pack_nibbles(&l) }
@@ -244,18 +248,18 @@ pub(crate) fn iq2_s(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>) -> BlockIQ2S {
         Some(qw) => qw[i] * (sigma2 + v * v).sqrt(),
         None => 0.25 * sigma2 + v * v,
     };
-    let (scales, groups, max_scale) = search16(Grid8::Iq2s, x, weight, Signs::Full, GROUP_MAX_EPS_IQ2_S);
+    let found = search16(Grid8::Iq2s, x, weight, Signs::Full, GROUP_MAX_EPS_IQ2_S);
     let mut b = BlockIQ2S { d: 0, qs: [0; QK_K / 4], qh: [0; QK_K / 32], scales: [0; QK_K / 32] };
     // Written whatever the scales (the C zeroes the block first and returns early only after these).
-    for (g, &(index, mask)) in groups.iter().flatten().enumerate() {
+    for (g, &(index, mask)) in found.groups.iter().enumerate() {
         b.qs[g] = (index & 255) as u8;
         b.qh[g / 4] |= ((index >> 8) as u8) << (2 * (g % 4));
         b.qs[QK_K / 8 + g] = mask;
     }
-    if max_scale == 0.0 {
+    if found.max_scale == 0.0 {
         return b;
     }
-    let (d, l) = scale_nibbles(&scales, max_scale);
+    let (d, l) = scale_nibbles(&found.scales, found.max_scale);
     b.d = f32_to_f16_bits(d * IQ2_S_FUDGE);
     b.scales = pack_nibbles(&l);
     b

@@ -52,13 +52,10 @@ fn snap<const N: usize>(s: &Search<N>, l: &mut [u8; N], x: &[f32; N], waux: &[f3
 #[inline(always)]
 fn sums<const N: usize, const G: usize>(b: &SubBlock<N, G>, l: &[[u8; N]; G]) -> (f32, f32) {
     let (mut sumqx, mut sumq2) = (0.0f32, 0.0f32);
-    for k in 0..G {
-        for i in 0..N {
-            let w = b.w[k][i];
-            let q = f32::from(2 * l[k][i] + 1);
-            sumqx += w * b.xval[k][i] * q;
-            sumq2 += w * q * q;
-        }
+    for ((w, x), l) in b.w.iter().flatten().zip(b.xval.iter().flatten()).zip(l.iter().flatten()) {
+        let q = f32::from(2 * l + 1);
+        sumqx += w * x * q;
+        sumq2 += w * q * q;
     }
     (sumqx, sumq2)
 }
