@@ -162,6 +162,7 @@ pub(crate) fn iq2_xxs(x: &[f32; QK_K], qw: &[f32; QK_K]) -> BlockIQ2XXS {
         }
         let xflat: [f32; 32] = std::array::from_fn(|i| b.xval[i / 8][i % 8]);
         let wflat: [f32; 32] = std::array::from_fn(|i| b.w[i / 8][i % 8]);
+        // Only the scale is used: the search below replaces every level (`scale > 0` here refines every group).
         let mut lq = [0u8; 32];
         let scale = make_qp_quants(KMAXQ + 1, &xflat, &mut lq, &wflat);
         let eff_max = scale * KMAXQ as f32;
