@@ -325,10 +325,13 @@ pub(crate) fn make_qkx3_quants<const N: usize>(
 }
 
 /// `make_qp_quants(n, nmax, x, L, quant_weights)`: quantizes the non-negative sub-block scales (or mins) of the
-/// K-quant `_impl` functions to `0..=nmax` and returns the super-block scale.
+/// K-quant `_impl` functions to `0..=nmax` and returns the super-block scale; IQ2_XXS quantizes its sub-block values
+/// with it.
 ///
 /// A scale search over `(nmax + 0.1·is)/max` for `is` in −4..4, then up to 5 rounds of single-level refinement. The
 /// levels live in a `uint8_t` array in the C, so the first pass (no clamp) and every comparison go through `u8`.
+/// IQ2_XXS's values may be negative (its parity-flipped elements): a level below 0 is then stored wrapped (−1 as
+/// 255) and read back so, while the sums of the final pass use the signed level, as in the C.
 pub(crate) fn make_qp_quants<const N: usize>(nmax: i32, x: &[f32; N], l_out: &mut [u8; N], qw: &[f32; N]) -> f32 {
     let mut max = 0.0f32;
     for &v in x {
@@ -402,6 +405,7 @@ pub(crate) fn make_qp_quants<const N: usize>(nmax: i32, x: &[f32; N], l_out: &mu
             break;
         }
     }
+    // All-zero weights leave `suml2` at 0: the scale is then 0, not 0/0.
     if suml2 > 0.0 {
         sumlx / suml2
     } else {
@@ -499,6 +503,25 @@ mod tests {
         let mut l = [7i8; 4];
         assert_eq!(make_qx_quants(8, &[0.0; 4], &mut l, &[1.0; 4]), 0.0);
         assert_eq!(l, [0; 4]);
+    }
+
+    #[test]
+    fn make_qp_quants_tiny_group_and_zero_weights_give_scale_0() {
+        // Below GROUP_MAX_EPS the group counts as zero, as in the C.
+        let mut l = [9u8; 4];
+        assert_eq!(make_qp_quants(4, &[1e-16, 0.0, 5e-16, 0.0], &mut l, &[1.0; 4]), 0.0);
+        assert_eq!(l, [0; 4]);
+        // All weights 0 (an imatrix that is 0 on these columns): 0, not 0/0.
+        assert_eq!(make_qp_quants(4, &[1.0, 0.5, 0.25, 2.0], &mut l, &[0.0; 4]), 0.0);
+    }
+
+    #[test]
+    fn make_qp_quants_stores_negative_levels_wrapped() {
+        // IQ2_XXS's parity flip can hand in a negative value; its level −1 is kept as the C's uint8_t keeps it.
+        let mut l = [0u8; 4];
+        let scale = make_qp_quants(4, &[4.0, 2.0, -1.0, 3.0], &mut l, &[1.0; 4]);
+        assert!(scale > 0.0);
+        assert_eq!(l[2], 255, "{l:?}");
     }
 
     #[test]

@@ -7,17 +7,18 @@
 //! from `ggml/src/ggml-quants.c` (llama.cpp 0c1e570), and nothing fuses multiply-adds (ggml-base is built without
 //! FMA on x86-64; see `docs/formats.md` §1).
 //!
-//! Supported: F32, F16, BF16, Q8_0, and Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS,
-//! IQ3_XXS, IQ3_S with or without an importance matrix; MXFP4, NVFP4, TQ1_0, TQ2_0, Q1_0 and Q2_0 (which ignore
-//! one).
+//! Supported: F32, F16, BF16, Q8_0, and Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ2_S, IQ3_XXS, IQ3_S,
+//! IQ4_NL, IQ4_XS with or without an importance matrix; IQ2_XXS and IQ2_XS with one only (ggml aborts without);
+//! MXFP4, NVFP4, TQ1_0, TQ2_0, Q1_0 and Q2_0 (which ignore one).
 //!
 //! Rows are quantized in parallel on the current rayon pool. Every row is quantized on its own, exactly as before,
 //! so the bytes do not depend on the number of threads.
 //!
 //! Modules: `float` (fp16/bf16 conversion), `helpers` (`nearest_int` and the scale searches), `legacy` (the
-//! 32-element block formats), `kquants` (the 256-element super-block formats), `iq_grid` (the i-quants' grid
-//! searches), `iq3` (IQ3_XXS, IQ3_S), `iq4` (IQ4_NL, IQ4_XS), `fp4` (MXFP4, NVFP4), `ternary` (TQ1_0, TQ2_0),
-//! `low_bit` (Q1_0, Q2_0), `blockwise` (rows walked block by block).
+//! 32-element block formats), `kquants` (the 256-element super-block formats), `iq_grid` (the i-quants' grid search
+//! structures), `iq_search` (their shared sub-block scale search), `iq2` (IQ2_XXS, IQ2_XS, IQ2_S), `iq3` (IQ3_XXS,
+//! IQ3_S), `iq4` (IQ4_NL, IQ4_XS), `fp4` (MXFP4, NVFP4), `ternary` (TQ1_0, TQ2_0), `low_bit` (Q1_0, Q2_0), `blockwise`
+//! (rows walked block by block).
 
 mod blockwise;
 pub mod file;
@@ -25,9 +26,11 @@ mod float;
 mod fp4;
 mod helpers;
 pub mod imatrix;
+mod iq2;
 mod iq3;
 mod iq4;
 mod iq_grid;
+mod iq_search;
 mod kquants;
 mod lanes;
 mod legacy;
@@ -315,6 +318,17 @@ fn quantize_chunk_portable(c: Chunk, dst: &mut [u8], scratch: &mut Vec<f32>) -> 
         GgmlType::IQ4_XS => blockwise::rows(src, n_per_row, imatrix, dst, iq4::iq4_xs),
         GgmlType::IQ3_XXS => blockwise::rows(src, n_per_row, imatrix, dst, iq3::iq3_xxs),
         GgmlType::IQ3_S => blockwise::rows(src, n_per_row, imatrix, dst, iq3::iq3_s),
+        // `check_request` refused IQ2_XXS and IQ2_XS without an imatrix (ggml aborts there), so `None` does not occur;
+        // it would give all-zero blocks.
+        GgmlType::IQ2_XXS => blockwise::rows(src, n_per_row, imatrix, dst, |x, qw| match qw {
+            Some(qw) => iq2::iq2_xxs(x, qw),
+            None => iq2::ZERO_XXS,
+        }),
+        GgmlType::IQ2_XS => blockwise::rows(src, n_per_row, imatrix, dst, |x, qw| match qw {
+            Some(qw) => iq2::iq2_xs(x, qw),
+            None => iq2::ZERO_XS,
+        }),
+        GgmlType::IQ2_S => blockwise::rows(src, n_per_row, imatrix, dst, iq2::iq2_s),
         // These ignore an importance matrix, as ggml does.
         GgmlType::MXFP4 => blockwise::rows(src, n_per_row, None, dst, |x, _| fp4::mxfp4(x)),
         GgmlType::NVFP4 => blockwise::rows(src, n_per_row, None, dst, |x, _| fp4::nvfp4(x)),
@@ -325,10 +339,7 @@ fn quantize_chunk_portable(c: Chunk, dst: &mut [u8], scratch: &mut Vec<f32>) -> 
         // Not made here: `quantize` refused them (`supported`; the test below keeps the two lists in step).
         GgmlType::Q8_1
         | GgmlType::Q8_K
-        | GgmlType::IQ2_XXS
-        | GgmlType::IQ2_XS
         | GgmlType::IQ1_S
-        | GgmlType::IQ2_S
         | GgmlType::IQ1_M
         | GgmlType::I8
         | GgmlType::I16
@@ -371,10 +382,7 @@ mod tests {
     fn rejects_bad_requests() {
         let src = vec![0.5f32; 64];
         let mut dst = dst_for(GgmlType::Q4_0, 32, 2);
-        assert_eq!(
-            quantize(GgmlType::IQ2_XXS, &src, 256, None, &mut dst),
-            Err(QuantError::Unsupported(GgmlType::IQ2_XXS))
-        );
+        assert_eq!(quantize(GgmlType::Q8_K, &src, 256, None, &mut dst), Err(QuantError::Unsupported(GgmlType::Q8_K)));
         assert!(matches!(quantize(GgmlType::Q4_0, &src, 48, None, &mut dst), Err(QuantError::PartialBlock { .. })));
         assert!(matches!(quantize(GgmlType::Q4_0, &src, 0, None, &mut dst), Err(QuantError::PartialBlock { .. })));
         assert!(matches!(quantize(GgmlType::Q4_0, &src[..48], 32, None, &mut dst), Err(QuantError::PartialRow { .. })));
@@ -437,8 +445,8 @@ mod tests {
             Err(QuantError::PartialRawRow { ty: GgmlType::BF16, len: 1000, row_bytes: 4096 })
         );
         assert_eq!(
-            quantize_raw(GgmlType::Q4_0, GgmlType::IQ2_XXS, &bf16, n, None, &mut dst),
-            Err(QuantError::UnsupportedInput(GgmlType::IQ2_XXS))
+            quantize_raw(GgmlType::Q4_0, GgmlType::IQ1_M, &bf16, n, None, &mut dst),
+            Err(QuantError::UnsupportedInput(GgmlType::IQ1_M))
         );
     }
 
@@ -466,6 +474,9 @@ mod tests {
             let n = n_per_row / ty.block_size() * ty.block_size();
             let src: Vec<f32> = src.chunks(n_per_row).flat_map(|row| &row[..n]).copied().collect();
             for imat in [None, Some(&imatrix[..n])] {
+                if imat.is_none() && ty.quantize_requires_imatrix() {
+                    continue; // refused before quantize_chunk
+                }
                 let (mut fast, mut portable) = (dst_for(ty, n, rows), dst_for(ty, n, rows));
                 let mut scratch = Vec::new();
                 let chunk = Chunk { ty, rows: Input::F32(&src), n_per_row: n, imatrix: imat };
@@ -482,7 +493,9 @@ mod tests {
             let n = ty.block_size().max(32) * 2;
             let src: Vec<f32> = (0..n).map(|i| i as f32 / 7.0 - 3.0).collect();
             let mut dst = dst_for(ty, n, 1);
-            let result = quantize(ty, &src, n, None, &mut dst);
+            let imatrix = vec![1.0; n];
+            let imatrix = ty.quantize_requires_imatrix().then_some(&imatrix[..]);
+            let result = quantize(ty, &src, n, imatrix, &mut dst);
             assert_eq!(result.is_ok(), supported(ty), "{ty}: {result:?}");
         }
     }
@@ -501,7 +514,14 @@ mod tests {
             for &ty in GgmlType::ALL.iter().filter(|&&ty| supported(ty)) {
                 for imat in [None, Some(imatrix)] {
                     let mut dst = dst_for(ty, n_per_row, src.len() / n_per_row);
-                    quantize(ty, src, n_per_row, imat, &mut dst).unwrap_or_else(|e| panic!("{ty}: {e}"));
+                    if imat.is_none() && ty.quantize_requires_imatrix() {
+                        // Refused, as ggml aborts: an empty output keeps two per type.
+                        let refused = quantize(ty, src, n_per_row, None, &mut dst);
+                        assert_eq!(refused, Err(QuantError::ImatrixRequired(ty)));
+                        dst.clear();
+                    } else {
+                        quantize(ty, src, n_per_row, imat, &mut dst).unwrap_or_else(|e| panic!("{ty}: {e}"));
+                    }
                     outs.push(dst);
                 }
             }

@@ -40,6 +40,9 @@ enum Imatrix {
 /// The types added with the rest of llama-quantize's ladder (`ggml-golden/README.md`): their `.bin` files (plain,
 /// `_imat`, `ties_`), and ggml's own `to_float` of the plain and `_imat` ones (`.deq.f32`).
 const NEW_GOLDEN: &[(GgmlType, &str, Imatrix)] = &[
+    (GgmlType::IQ2_XXS, "iq2_xxs", Imatrix::Required),
+    (GgmlType::IQ2_XS, "iq2_xs", Imatrix::Required),
+    (GgmlType::IQ2_S, "iq2_s", Imatrix::Optional),
     (GgmlType::IQ4_NL, "iq4_nl", Imatrix::Optional),
     (GgmlType::IQ4_XS, "iq4_xs", Imatrix::Optional),
     (GgmlType::IQ3_XXS, "iq3_xxs", Imatrix::Optional),

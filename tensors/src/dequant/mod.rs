@@ -9,12 +9,13 @@
 //! fixed buffer.
 //!
 //! Files: `float.rs` (F32, F16, BF16, F64, integers), `legacy.rs` (the 32-element formats), `kquants.rs`
-//! (Q2_K…Q8_K), `iq3.rs` (IQ3_XXS, IQ3_S), `iq4.rs` (IQ4_NL, IQ4_XS), `fp4.rs` (MXFP4, NVFP4), `ternary.rs` (TQ1_0, TQ2_0), `low_bit.rs`
-//! (Q1_0, Q2_0), `mlx.rs` (MLX affine). The block layouts are `quantfarm_ggml::blocks`, shared with the quantizer.
-//! The grids of the i-quants are `quantfarm_ggml::grids`.
+//! (Q2_K…Q8_K), `iq2.rs` (IQ2_XXS, IQ2_XS, IQ2_S), `iq3.rs` (IQ3_XXS, IQ3_S), `iq4.rs` (IQ4_NL, IQ4_XS), `fp4.rs`
+//! (MXFP4, NVFP4), `ternary.rs` (TQ1_0, TQ2_0), `low_bit.rs` (Q1_0, Q2_0), `mlx.rs` (MLX affine). The block layouts
+//! are `quantfarm_ggml::blocks`, shared with the quantizer; the grids of the i-quants are `quantfarm_ggml::grids`.
 
 mod float;
 mod fp4;
+mod iq2;
 mod iq3;
 mod iq4;
 mod kquants;
@@ -74,6 +75,9 @@ fn decoder(ty: GgmlType) -> Option<Decoder> {
         Q5_K => kquants::q5_k,
         Q6_K => kquants::q6_k,
         Q8_K => kquants::q8_k,
+        IQ2_XXS => iq2::iq2_xxs,
+        IQ2_XS => iq2::iq2_xs,
+        IQ2_S => iq2::iq2_s,
         IQ4_NL => iq4::iq4_nl,
         IQ4_XS => iq4::iq4_xs,
         IQ3_XXS => iq3::iq3_xxs,
@@ -84,7 +88,7 @@ fn decoder(ty: GgmlType) -> Option<Decoder> {
         TQ2_0 => ternary::tq2_0,
         Q1_0 => low_bit::q1_0,
         Q2_0 => low_bit::q2_0,
-        IQ2_XXS | IQ2_XS | IQ1_S | IQ2_S | IQ1_M => return None,
+        IQ1_S | IQ1_M => return None,
     })
 }
 
@@ -150,6 +154,9 @@ mod tests {
         GgmlType::Q5_K,
         GgmlType::Q6_K,
         GgmlType::Q8_K,
+        GgmlType::IQ2_XXS,
+        GgmlType::IQ2_XS,
+        GgmlType::IQ2_S,
         GgmlType::IQ4_NL,
         GgmlType::IQ4_XS,
         GgmlType::IQ3_XXS,
@@ -183,9 +190,9 @@ mod tests {
 
     #[test]
     fn unsupported_type_is_named() {
-        let err = dequantize_ggml(GgmlType::IQ2_XXS, &[0; 66], &mut [0.0; 256]).unwrap_err();
-        assert!(matches!(err, DequantError::Unsupported(GgmlType::IQ2_XXS)));
-        assert!(err.to_string().contains("IQ2_XXS"), "{err}");
+        let err = dequantize_ggml(GgmlType::IQ1_M, &[0; 56], &mut [0.0; 256]).unwrap_err();
+        assert!(matches!(err, DequantError::Unsupported(GgmlType::IQ1_M)));
+        assert!(err.to_string().contains("IQ1_M"), "{err}");
     }
 
     #[test]
