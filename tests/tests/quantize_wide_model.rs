@@ -48,7 +48,15 @@ const QUANTIZED: [FileType; 23] = [
 
 /// The file types llama-quantize makes only with an importance matrix (`tensor_requires_imatrix`; IQ3_XS because
 /// its attn_q/attn_k and middle ffn_gate/ffn_up are IQ3_XXS).
-const NEED_IMATRIX: [FileType; 2] = [FileType::Q2_K_S, FileType::IQ3_XS];
+const NEED_IMATRIX: [FileType; 7] = [
+    FileType::Q2_K_S,
+    FileType::IQ3_XS,
+    FileType::IQ3_XXS,
+    FileType::IQ2_M,
+    FileType::IQ2_S,
+    FileType::IQ2_XS,
+    FileType::IQ2_XXS,
+];
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
