@@ -117,7 +117,7 @@ fn random_bytes(n: usize, mut state: u64) -> Vec<u8> {
 fn random_blocks_match_gguf_py() {
     use GgmlType::*;
     let tmp = tempfile::tempdir().unwrap();
-    let types = [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, F32, F64, I8, I16, I32, I64];
+    let types = [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, F32, F64, I8, I16, I32, I64, IQ1_S, IQ1_M];
     for (seed, ty) in types.into_iter().enumerate() {
         let blocks = 16384 / ty.block_size();
         let mut data = random_bytes(blocks * ty.type_size(), seed as u64 + 1);

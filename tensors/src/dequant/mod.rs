@@ -9,12 +9,13 @@
 //! fixed buffer.
 //!
 //! Files: `float.rs` (F32, F16, BF16, F64, integers), `legacy.rs` (the 32-element formats), `kquants.rs`
-//! (Q2_K…Q8_K), `iq4.rs` (IQ4_NL, IQ4_XS), `fp4.rs` (MXFP4, NVFP4), `ternary.rs` (TQ1_0, TQ2_0), `low_bit.rs`
-//! (Q1_0, Q2_0), `mlx.rs` (MLX affine). The block layouts are `quantfarm_ggml::blocks`, shared with the quantizer.
-//! The grid i-quants (IQ1_*, IQ2_*, IQ3_*) are not read yet.
+//! (Q2_K…Q8_K), `iq1.rs` (IQ1_S, IQ1_M), `iq4.rs` (IQ4_NL, IQ4_XS), `fp4.rs` (MXFP4, NVFP4), `ternary.rs` (TQ1_0,
+//! TQ2_0), `low_bit.rs` (Q1_0, Q2_0), `mlx.rs` (MLX affine). The block layouts are `quantfarm_ggml::blocks`, shared
+//! with the quantizer. The other grid i-quants (IQ2_*, IQ3_*) are not read yet.
 
 mod float;
 mod fp4;
+mod iq1;
 mod iq4;
 mod kquants;
 mod legacy;
@@ -75,13 +76,15 @@ fn decoder(ty: GgmlType) -> Option<Decoder> {
         Q8_K => kquants::q8_k,
         IQ4_NL => iq4::iq4_nl,
         IQ4_XS => iq4::iq4_xs,
+        IQ1_S => iq1::iq1_s,
+        IQ1_M => iq1::iq1_m,
         MXFP4 => fp4::mxfp4,
         NVFP4 => fp4::nvfp4,
         TQ1_0 => ternary::tq1_0,
         TQ2_0 => ternary::tq2_0,
         Q1_0 => low_bit::q1_0,
         Q2_0 => low_bit::q2_0,
-        IQ2_XXS | IQ2_XS | IQ3_XXS | IQ1_S | IQ3_S | IQ2_S | IQ1_M => return None,
+        IQ2_XXS | IQ2_XS | IQ3_XXS | IQ3_S | IQ2_S => return None,
     })
 }
 
@@ -149,6 +152,8 @@ mod tests {
         GgmlType::Q8_K,
         GgmlType::IQ4_NL,
         GgmlType::IQ4_XS,
+        GgmlType::IQ1_S,
+        GgmlType::IQ1_M,
         GgmlType::MXFP4,
         GgmlType::NVFP4,
         GgmlType::TQ1_0,
