@@ -39,6 +39,8 @@ pub const QUANTIZED_BY_QUANTFARM: &[GgmlType] = &[
     GgmlType::Q6_K,
     GgmlType::IQ4_NL,
     GgmlType::IQ4_XS,
+    GgmlType::IQ1_S,
+    GgmlType::IQ1_M,
     GgmlType::MXFP4,
     GgmlType::NVFP4,
     GgmlType::TQ1_0,

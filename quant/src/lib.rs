@@ -7,16 +7,17 @@
 //! from `ggml/src/ggml-quants.c` (llama.cpp 0c1e570), and nothing fuses multiply-adds (ggml-base is built without
 //! FMA on x86-64; see `docs/formats.md` §1).
 //!
-//! Supported: F32, F16, BF16, Q8_0, and Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS with or
-//! without an importance matrix; MXFP4, NVFP4, TQ1_0, TQ2_0, Q1_0 and Q2_0 (which ignore one). The grid i-quants
-//! (IQ1_*, IQ2_*, IQ3_*) are not here yet.
+//! Supported: F32, F16, BF16, Q8_0, and Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, IQ1_M
+//! with or without an importance matrix; IQ1_S with one only (as ggml); MXFP4, NVFP4, TQ1_0, TQ2_0, Q1_0 and Q2_0
+//! (which ignore one). The other grid i-quants (IQ2_*, IQ3_*) are not here yet.
 //!
 //! Rows are quantized in parallel on the current rayon pool. Every row is quantized on its own, exactly as before,
 //! so the bytes do not depend on the number of threads.
 //!
 //! Modules: `float` (fp16/bf16 conversion), `helpers` (`nearest_int` and the scale searches), `legacy` (the
-//! 32-element block formats), `kquants` (the 256-element super-block formats), `iq4` (IQ4_NL, IQ4_XS), `fp4`
-//! (MXFP4, NVFP4), `ternary` (TQ1_0, TQ2_0), `low_bit` (Q1_0, Q2_0), `blockwise` (rows walked block by block).
+//! 32-element block formats), `kquants` (the 256-element super-block formats), `iq1` (IQ1_S, IQ1_M), `iq4` (IQ4_NL,
+//! IQ4_XS), `iq_grid` (the i-quants' grid searches), `fp4` (MXFP4, NVFP4), `ternary` (TQ1_0, TQ2_0), `low_bit` (Q1_0,
+//! Q2_0), `blockwise` (rows walked block by block).
 
 mod blockwise;
 pub mod file;
@@ -24,6 +25,7 @@ mod float;
 mod fp4;
 mod helpers;
 pub mod imatrix;
+mod iq1;
 mod iq4;
 mod iq_grid;
 mod kquants;
@@ -311,6 +313,15 @@ fn quantize_chunk_portable(c: Chunk, dst: &mut [u8], scratch: &mut Vec<f32>) -> 
         }
         GgmlType::IQ4_NL => blockwise::rows(src, n_per_row, imatrix, dst, iq4::iq4_nl),
         GgmlType::IQ4_XS => blockwise::rows(src, n_per_row, imatrix, dst, iq4::iq4_xs),
+        GgmlType::IQ1_S => blockwise::rows(src, n_per_row, imatrix, dst, |x, qw| match qw {
+            Some(qw) => iq1::iq1_s(x, qw),
+            // `check_request` refused IQ1_S without an importance matrix (ggml aborts there), so this is not reached.
+            None => {
+                debug_assert!(false, "IQ1_S without an importance matrix");
+                iq1::EMPTY_S
+            }
+        }),
+        GgmlType::IQ1_M => blockwise::rows(src, n_per_row, imatrix, dst, iq1::iq1_m),
         // These ignore an importance matrix, as ggml does.
         GgmlType::MXFP4 => blockwise::rows(src, n_per_row, None, dst, |x, _| fp4::mxfp4(x)),
         GgmlType::NVFP4 => blockwise::rows(src, n_per_row, None, dst, |x, _| fp4::nvfp4(x)),
@@ -324,10 +335,8 @@ fn quantize_chunk_portable(c: Chunk, dst: &mut [u8], scratch: &mut Vec<f32>) -> 
         | GgmlType::IQ2_XXS
         | GgmlType::IQ2_XS
         | GgmlType::IQ3_XXS
-        | GgmlType::IQ1_S
         | GgmlType::IQ3_S
         | GgmlType::IQ2_S
-        | GgmlType::IQ1_M
         | GgmlType::I8
         | GgmlType::I16
         | GgmlType::I32
@@ -464,6 +473,9 @@ mod tests {
             let n = n_per_row / ty.block_size() * ty.block_size();
             let src: Vec<f32> = src.chunks(n_per_row).flat_map(|row| &row[..n]).copied().collect();
             for imat in [None, Some(&imatrix[..n])] {
+                if imat.is_none() && ty.quantize_requires_imatrix() {
+                    continue;
+                }
                 let (mut fast, mut portable) = (dst_for(ty, n, rows), dst_for(ty, n, rows));
                 let mut scratch = Vec::new();
                 let chunk = Chunk { ty, rows: Input::F32(&src), n_per_row: n, imatrix: imat };
@@ -480,7 +492,9 @@ mod tests {
             let n = ty.block_size().max(32) * 2;
             let src: Vec<f32> = (0..n).map(|i| i as f32 / 7.0 - 3.0).collect();
             let mut dst = dst_for(ty, n, 1);
-            let result = quantize(ty, &src, n, None, &mut dst);
+            // The types ggml quantizes only with an importance matrix are given one.
+            let imatrix = vec![1.0f32; n];
+            let result = quantize(ty, &src, n, ty.quantize_requires_imatrix().then_some(&imatrix[..]), &mut dst);
             assert_eq!(result.is_ok(), supported(ty), "{ty}: {result:?}");
         }
     }
@@ -491,16 +505,24 @@ mod tests {
     }
 
     /// Quantizes `rows × n_per_row` pseudo-random values (with outliers) to every supported type, with and without
-    /// an imatrix, on a pool of `threads` threads.
-    fn quantize_all_on(threads: usize, src: &[f32], n_per_row: usize, imatrix: &[f32]) -> Vec<Vec<u8>> {
+    /// an imatrix (with one only where ggml needs it), on a pool of `threads` threads: (type, imatrix?, bytes).
+    fn quantize_all_on(
+        threads: usize,
+        src: &[f32],
+        n_per_row: usize,
+        imatrix: &[f32],
+    ) -> Vec<(GgmlType, bool, Vec<u8>)> {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("thread pool");
         pool.install(|| {
             let mut outs = Vec::new();
             for &ty in GgmlType::ALL.iter().filter(|&&ty| supported(ty)) {
                 for imat in [None, Some(imatrix)] {
+                    if imat.is_none() && ty.quantize_requires_imatrix() {
+                        continue;
+                    }
                     let mut dst = dst_for(ty, n_per_row, src.len() / n_per_row);
                     quantize(ty, src, n_per_row, imat, &mut dst).unwrap_or_else(|e| panic!("{ty}: {e}"));
-                    outs.push(dst);
+                    outs.push((ty, imat.is_some(), dst));
                 }
             }
             outs
@@ -525,14 +547,13 @@ mod tests {
         let one = quantize_all_on(1, &src, n_per_row, &imatrix);
         let four = quantize_all_on(4, &src, n_per_row, &imatrix);
         assert_eq!(one.len(), four.len());
-        for (i, (a, b)) in one.iter().zip(&four).enumerate() {
-            assert!(a == b, "output {i} differs between 1 and 4 threads");
+        for (a, b) in one.iter().zip(&four) {
+            assert!(a == b, "{} imatrix {}: the output differs between 1 and 4 threads", a.0, a.1);
         }
         // Also against a row-at-a-time reference: each row alone gives the same bytes as within the whole tensor.
         let ty = GgmlType::Q3_K;
         let row_bytes = dst_for(ty, n_per_row, 1).len();
-        let index = GgmlType::ALL.iter().filter(|&&t| supported(t)).position(|&t| t == ty).expect("Q3_K is supported");
-        let whole = &one[2 * index];
+        let (_, _, whole) = one.iter().find(|(t, imat, _)| *t == ty && !imat).expect("Q3_K is supported");
         for (r, x) in src.chunks(n_per_row).enumerate().step_by(37) {
             let mut dst = dst_for(ty, n_per_row, 1);
             quantize(ty, x, n_per_row, None, &mut dst).expect("one row");

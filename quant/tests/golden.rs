@@ -42,6 +42,8 @@ enum Imatrix {
 const NEW_GOLDEN: &[(GgmlType, &str, Imatrix)] = &[
     (GgmlType::IQ4_NL, "iq4_nl", Imatrix::Optional),
     (GgmlType::IQ4_XS, "iq4_xs", Imatrix::Optional),
+    (GgmlType::IQ1_S, "iq1_s", Imatrix::Required),
+    (GgmlType::IQ1_M, "iq1_m", Imatrix::Optional),
     (GgmlType::MXFP4, "mxfp4", Imatrix::Ignored),
     (GgmlType::NVFP4, "nvfp4", Imatrix::Ignored),
     (GgmlType::TQ1_0, "tq1_0", Imatrix::Ignored),
