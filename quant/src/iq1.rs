@@ -171,7 +171,51 @@ struct Coded<const G: usize> {
     index: [u16; G],
 }
 
-/// The best split of one IQ1_S sub-block: (scale, i1, i2, shift negative), or `None` when no split scores.
+/// The running best of a split search: its score and (scale, i1, i2, k).
+struct Best {
+    score: f32,
+    found: Option<(f32, usize, usize, u8)>,
+}
+
+/// Tests the candidates `(i2, k)` of row `i1` in the C's order (`i2` ascending from `i1`, `k` ascending) against
+/// the running best with its acceptance rule, `sumq2 > 0 && sumqx·sumqx > best·sumq2`, keeping the first strict
+/// improvement. Eight values of `i2` at a time: when none of their candidates passes against the current best, the
+/// best cannot change among them, so they are skipped whole (this test vectorizes); otherwise they are walked one
+/// by one. Rows are padded with `sumq2 = 0` past the last `i2`, which never passes; `R` is at least the last
+/// `i2` + 8.
+#[inline(always)]
+fn scan<const K: usize, const R: usize>(qx: &[[f32; R]; K], q2: &[[f32; R]; K], i1: usize, best: &mut Best) {
+    let mut i2 = i1;
+    while i2 + 8 <= R {
+        let mut any = false;
+        for k in 0..K {
+            for l in 0..8 {
+                let (x, q) = (qx[k][i2 + l], q2[k][i2 + l]);
+                any |= (q > 0.0) & (x * x > best.score * q);
+            }
+        }
+        if any {
+            for j in i2..i2 + 8 {
+                for k in 0..K {
+                    let (x, q) = (qx[k][j], q2[k][j]);
+                    if q > 0.0 && x * x > best.score * q {
+                        let scale = x / q;
+                        best.score = scale * x;
+                        best.found = Some((scale, i1, j, k as u8));
+                    }
+                }
+            }
+        }
+        i2 += 8;
+    }
+}
+
+/// IQ1_S's candidate rows: `i2` up to 32, padded to 8 past it.
+const ROW_S: usize = BS_S + 8;
+
+/// The best split of one IQ1_S sub-block: (scale, i1, i2, shift negative), or `None` when no split scores. The
+/// candidates are scored exactly as `quantize_row_iq1_s_impl` scores them, from prefix sums in sorted order, for
+/// each `i1` all `i2` at once, then tested in the C's order (`scan`).
 #[inline(always)]
 fn split_s(xb: &[f32; BS_S], w: &[f32; BS_S], order: &[u8; BS_S]) -> Option<(f32, usize, usize, bool)> {
     let mut sumx = [0.0f32; BS_S + 1];
@@ -181,24 +225,23 @@ fn split_s(xb: &[f32; BS_S], w: &[f32; BS_S], order: &[u8; BS_S]) -> Option<(f32
         sumx[j + 1] = sumx[j] + w[i] * xb[i];
         sumw[j + 1] = sumw[j] + w[i];
     }
-    let mut best_score = -f32::MAX;
-    let mut best = None;
-    for i1 in 0..=BS_S {
-        for i2 in i1..=BS_S {
-            for (v, negative) in [(&X_P, false), (&X_M, true)] {
-                let sumqx = (sumx[i1] - sumx[0]) * v[0] + (sumx[i2] - sumx[i1]) * v[1] + (sumx[BS_S] - sumx[i2]) * v[2];
-                let sumq2 = (sumw[i1] - sumw[0]) * v[0] * v[0]
-                    + (sumw[i2] - sumw[i1]) * v[1] * v[1]
-                    + (sumw[BS_S] - sumw[i2]) * v[2] * v[2];
-                if sumq2 > 0.0 && sumqx * sumqx > best_score * sumq2 {
-                    let scale = sumqx / sumq2;
-                    best_score = scale * sumqx;
-                    best = Some((scale, i1, i2, negative));
-                }
+    let mut best = Best { score: -f32::MAX, found: None };
+    // Per shift (0: x_p, 1: x_m) and i2: sumqx and sumq2.
+    let mut qx = [[0.0f32; ROW_S]; 2];
+    let mut q2 = [[0.0f32; ROW_S]; 2];
+    // Exclusive ranges: LLVM vectorizes `a..b + 1` where it leaves `a..=b` scalar.
+    for i1 in 0..BS_S + 1 {
+        for (s, v) in [&X_P, &X_M].into_iter().enumerate() {
+            let (x0, w0) = (sumx[i1] - sumx[0], sumw[i1] - sumw[0]);
+            for i2 in i1..BS_S + 1 {
+                qx[s][i2] = x0 * v[0] + (sumx[i2] - sumx[i1]) * v[1] + (sumx[BS_S] - sumx[i2]) * v[2];
+                q2[s][i2] =
+                    w0 * v[0] * v[0] + (sumw[i2] - sumw[i1]) * v[1] * v[1] + (sumw[BS_S] - sumw[i2]) * v[2] * v[2];
             }
         }
+        scan(&qx, &q2, i1, &mut best);
     }
-    best
+    best.found.map(|(scale, i1, i2, s)| (scale, i1, i2, s == 1))
 }
 
 /// One IQ1_S sub-block (`quantize_row_iq1_s_impl`'s loop body); `None` for one left empty (scale 0, shift +).
@@ -271,7 +314,11 @@ fn values_m(k: u8, g: usize) -> &'static [f32; 3] {
     }
 }
 
-/// The best split of one IQ1_M sub-block with the per-half prefix sums: (scale, i1, i2, k), or `None`.
+/// IQ1_M's candidate rows: `i2` up to 16, padded to 8 past it.
+const ROW_M: usize = BS_M + 8;
+
+/// The best split of one IQ1_M sub-block with the per-half prefix sums: (scale, i1, i2, k), or `None`. Scored
+/// exactly as `quantize_row_iq1_m_impl` scores them, for each `i1` all `i2` at once, then tested in the C's order.
 #[inline(always)]
 fn split_m(xb: &[f32; BS_M], w: &[f32; BS_M], order: &[u8; BS_M]) -> Option<(f32, usize, usize, u8)> {
     let mut px = [[0.0f32; BS_M + 1]; 2];
@@ -291,30 +338,36 @@ fn split_m(xb: &[f32; BS_M], w: &[f32; BS_M], order: &[u8; BS_M]) -> Option<(f32
     let cp2 = X_P[1] * X_P[1] - X_P[2] * X_P[2];
     let cm1 = X_M[0] * X_M[0] - X_M[1] * X_M[1];
     let cm2 = X_M[1] * X_M[1] - X_M[2] * X_M[2];
-    let mut best_score = -f32::MAX;
-    let mut best = None;
-    for i1 in 0..=BS_M {
-        for i2 in i1..=BS_M {
+    // `tws·p2·p2` and `tws·m2·m2` per half: the first terms of q2, the same for every split.
+    let tp = [tws[0] * p2 * p2, tws[1] * p2 * p2];
+    let tm = [tws[0] * m2 * m2, tws[1] * m2 * m2];
+    let mut best = Best { score: -f32::MAX, found: None };
+    // Per sign combination k (0: ++, 1: +−, 2: −+, 3: −−) and i2: sumqx and sumq2.
+    let mut qx = [[0.0f32; ROW_M]; 4];
+    let mut q2 = [[0.0f32; ROW_M]; 4];
+    // Exclusive ranges, as in `split_s`.
+    for i1 in 0..BS_M + 1 {
+        for i2 in i1..BS_M + 1 {
             let (mut qx_p, mut qx_m, mut q2_p, mut q2_m) = ([0.0f32; 2], [0.0f32; 2], [0.0f32; 2], [0.0f32; 2]);
             for h in 0..2 {
                 let sx = px[h][i1] + px[h][i2];
                 qx_p[h] = txs[h] * p2 - sx;
                 qx_m[h] = txs[h] * m2 - sx;
-                q2_p[h] = tws[h] * p2 * p2 + pw[h][i1] * cp1 + pw[h][i2] * cp2;
-                q2_m[h] = tws[h] * m2 * m2 + pw[h][i1] * cm1 + pw[h][i2] * cm2;
+                q2_p[h] = tp[h] + pw[h][i1] * cp1 + pw[h][i2] * cp2;
+                q2_m[h] = tm[h] + pw[h][i1] * cm1 + pw[h][i2] * cm2;
             }
-            let sumqx = [qx_p[0] + qx_p[1], qx_p[0] + qx_m[1], qx_m[0] + qx_p[1], qx_m[0] + qx_m[1]];
-            let sumq2 = [q2_p[0] + q2_p[1], q2_p[0] + q2_m[1], q2_m[0] + q2_p[1], q2_m[0] + q2_m[1]];
-            for k in 0..4 {
-                if sumq2[k] > 0.0 && sumqx[k] * sumqx[k] > best_score * sumq2[k] {
-                    let scale = sumqx[k] / sumq2[k];
-                    best_score = scale * sumqx[k];
-                    best = Some((scale, i1, i2, k as u8));
-                }
-            }
+            qx[0][i2] = qx_p[0] + qx_p[1];
+            qx[1][i2] = qx_p[0] + qx_m[1];
+            qx[2][i2] = qx_m[0] + qx_p[1];
+            qx[3][i2] = qx_m[0] + qx_m[1];
+            q2[0][i2] = q2_p[0] + q2_p[1];
+            q2[1][i2] = q2_p[0] + q2_m[1];
+            q2[2][i2] = q2_m[0] + q2_p[1];
+            q2[3][i2] = q2_m[0] + q2_m[1];
         }
+        scan(&qx, &q2, i1, &mut best);
     }
-    best
+    best.found
 }
 
 /// One IQ1_M sub-block (`quantize_row_iq1_m_impl`'s loop body); `None` for one left empty (scale 0, k 0).
@@ -396,4 +449,125 @@ pub(crate) fn iq1_m(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>) -> BlockIQ1M {
         o.copy_from_slice(&s.to_le_bytes());
     }
     b
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // The C's split searches as written (one candidate at a time), to check the batched ones against.
+
+    /// The best split of one IQ1_S sub-block: (scale, i1, i2, shift negative), or `None` when no split scores.
+    fn split_s_c(xb: &[f32; BS_S], w: &[f32; BS_S], order: &[u8; BS_S]) -> Option<(f32, usize, usize, bool)> {
+        let mut sumx = [0.0f32; BS_S + 1];
+        let mut sumw = [0.0f32; BS_S + 1];
+        for (j, &i) in order.iter().enumerate() {
+            let i = usize::from(i);
+            sumx[j + 1] = sumx[j] + w[i] * xb[i];
+            sumw[j + 1] = sumw[j] + w[i];
+        }
+        let mut best_score = -f32::MAX;
+        let mut best = None;
+        for i1 in 0..=BS_S {
+            for i2 in i1..=BS_S {
+                for (v, negative) in [(&X_P, false), (&X_M, true)] {
+                    let sumqx =
+                        (sumx[i1] - sumx[0]) * v[0] + (sumx[i2] - sumx[i1]) * v[1] + (sumx[BS_S] - sumx[i2]) * v[2];
+                    let sumq2 = (sumw[i1] - sumw[0]) * v[0] * v[0]
+                        + (sumw[i2] - sumw[i1]) * v[1] * v[1]
+                        + (sumw[BS_S] - sumw[i2]) * v[2] * v[2];
+                    if sumq2 > 0.0 && sumqx * sumqx > best_score * sumq2 {
+                        let scale = sumqx / sumq2;
+                        best_score = scale * sumqx;
+                        best = Some((scale, i1, i2, negative));
+                    }
+                }
+            }
+        }
+        best
+    }
+
+    /// The best split of one IQ1_M sub-block with the per-half prefix sums: (scale, i1, i2, k), or `None`.
+    fn split_m_c(xb: &[f32; BS_M], w: &[f32; BS_M], order: &[u8; BS_M]) -> Option<(f32, usize, usize, u8)> {
+        let mut px = [[0.0f32; BS_M + 1]; 2];
+        let mut pw = [[0.0f32; BS_M + 1]; 2];
+        for (j, &i) in order.iter().enumerate() {
+            let i = usize::from(i);
+            let h = if i < BS_M / 2 { 0 } else { 1 };
+            px[h][j + 1] = px[h][j] + w[i] * xb[i];
+            px[1 - h][j + 1] = px[1 - h][j];
+            pw[h][j + 1] = pw[h][j] + w[i];
+            pw[1 - h][j + 1] = pw[1 - h][j];
+        }
+        let txs = [px[0][BS_M], px[1][BS_M]];
+        let tws = [pw[0][BS_M], pw[1][BS_M]];
+        let (p2, m2) = (X_P[2], X_M[2]);
+        let cp1 = X_P[0] * X_P[0] - X_P[1] * X_P[1];
+        let cp2 = X_P[1] * X_P[1] - X_P[2] * X_P[2];
+        let cm1 = X_M[0] * X_M[0] - X_M[1] * X_M[1];
+        let cm2 = X_M[1] * X_M[1] - X_M[2] * X_M[2];
+        let mut best_score = -f32::MAX;
+        let mut best = None;
+        for i1 in 0..=BS_M {
+            for i2 in i1..=BS_M {
+                let (mut qx_p, mut qx_m, mut q2_p, mut q2_m) = ([0.0f32; 2], [0.0f32; 2], [0.0f32; 2], [0.0f32; 2]);
+                for h in 0..2 {
+                    let sx = px[h][i1] + px[h][i2];
+                    qx_p[h] = txs[h] * p2 - sx;
+                    qx_m[h] = txs[h] * m2 - sx;
+                    q2_p[h] = tws[h] * p2 * p2 + pw[h][i1] * cp1 + pw[h][i2] * cp2;
+                    q2_m[h] = tws[h] * m2 * m2 + pw[h][i1] * cm1 + pw[h][i2] * cm2;
+                }
+                let sumqx = [qx_p[0] + qx_p[1], qx_p[0] + qx_m[1], qx_m[0] + qx_p[1], qx_m[0] + qx_m[1]];
+                let sumq2 = [q2_p[0] + q2_p[1], q2_p[0] + q2_m[1], q2_m[0] + q2_p[1], q2_m[0] + q2_m[1]];
+                for k in 0..4 {
+                    if sumq2[k] > 0.0 && sumqx[k] * sumqx[k] > best_score * sumq2[k] {
+                        let scale = sumqx[k] / sumq2[k];
+                        best_score = scale * sumqx[k];
+                        best = Some((scale, i1, i2, k as u8));
+                    }
+                }
+            }
+        }
+        best
+    }
+
+    /// Sub-blocks of values with few mantissa bits (so many exact ties, in values and in scores), some zero
+    /// weights and some all-equal blocks: every split search must pick the C's split, scale bits included.
+    fn cases<const B: usize>(seed: u64, mut check: impl FnMut(&[f32; B], &[f32; B], &[u8; B])) {
+        let mut next = crate::test_uniform(seed);
+        for case in 0..4000 {
+            let bits = [2u32, 3, 8, 23][case % 4];
+            let round = |v: f32| {
+                let drop = 23 - bits;
+                f32::from_bits((v.to_bits() >> drop) << drop)
+            };
+            let xb: [f32; B] = std::array::from_fn(|_| if case % 17 == 5 { 0.25 } else { round(next()) });
+            let w: [f32; B] = std::array::from_fn(|i| {
+                let v = round(next().abs() + 0.01);
+                if case % 5 == 0 && i % 3 == 0 {
+                    0.0
+                } else {
+                    v
+                }
+            });
+            check(&xb, &w, &ascending(&xb));
+        }
+    }
+
+    fn bits<T>(r: Option<(f32, usize, usize, T)>) -> Option<(u32, usize, usize, T)> {
+        r.map(|(s, i1, i2, k)| (s.to_bits(), i1, i2, k))
+    }
+
+    #[test]
+    fn batched_split_searches_choose_as_the_c_loops() {
+        cases::<BS_S>(1, |xb, w, order| assert_eq!(bits(split_s(xb, w, order)), bits(split_s_c(xb, w, order))));
+        cases::<BS_M>(2, |xb, w, order| assert_eq!(bits(split_m(xb, w, order)), bits(split_m_c(xb, w, order))));
+    }
+
+    #[test]
+    fn the_sort_is_stable() {
+        let xb = [1.0f32, -0.0, 0.5, 0.0, 1.0, -2.0, 0.5, 0.0];
+        assert_eq!(ascending(&xb), [5, 1, 3, 7, 2, 6, 0, 4]);
+    }
 }

@@ -146,14 +146,21 @@ impl<const N: usize> Search<N> {
         values: &[f32; 3],
         l: &mut [u8; N],
     ) -> u16 {
+        // Each element's term `(w·diff)·diff` for each of the 3 levels, computed once: every listed point's d2 is
+        // then the same sum of the same terms, in the same order.
+        let terms: [[f32; 3]; N] = std::array::from_fn(|i| {
+            std::array::from_fn(|level| {
+                let diff = scale * values[level] - x[i];
+                w[i] * diff * diff
+            })
+        });
         let mut best_d2 = f32::MAX;
         let mut best = list[0];
         for &j in list {
             let q = self.point(j);
             let mut d2 = 0.0f32;
             for i in 0..N {
-                let diff = scale * values[usize::from((q[i] - 1) as u8 / 2)] - x[i];
-                d2 += w[i] * diff * diff;
+                d2 += terms[i][usize::from((q[i] - 1) as u8 / 2) % 3];
             }
             if d2 < best_d2 {
                 best_d2 = d2;
