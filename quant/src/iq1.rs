@@ -81,19 +81,18 @@ fn c_max(a: f32, b: f32) -> f32 {
 }
 
 /// The element indices in ascending order of value, equal values in index order: what glibc's (merge-sorting, so
-/// stable) `qsort` with `iq1_sort_helper` gives. An insertion sort, which is stable and allocates nothing.
+/// stable) `qsort` with `iq1_sort_helper` gives. Each element's place is its rank under the total order (value,
+/// index), counted without branches: the same permutation as a stable sort, and faster than one on 16 or 32 values.
+/// (The values are finite: `quantize` refuses NaN, under which ranks could collide.)
 #[inline(always)]
 fn ascending<const B: usize>(xb: &[f32; B]) -> [u8; B] {
-    let mut idx: [u8; B] = std::array::from_fn(|i| i as u8);
-    for j in 1..B {
-        let cur = idx[j];
-        let v = xb[usize::from(cur)];
-        let mut k = j;
-        while k > 0 && xb[usize::from(idx[k - 1])] > v {
-            idx[k] = idx[k - 1];
-            k -= 1;
+    let mut idx = [0u8; B];
+    for (i, &v) in xb.iter().enumerate() {
+        let mut rank = 0u8;
+        for (j, &u) in xb.iter().enumerate() {
+            rank += u8::from(u < v) + u8::from((u == v) & (j < i));
         }
-        idx[k] = cur;
+        idx[usize::from(rank) % B] = i as u8;
     }
     idx
 }
@@ -569,5 +568,15 @@ mod tests {
     fn the_sort_is_stable() {
         let xb = [1.0f32, -0.0, 0.5, 0.0, 1.0, -2.0, 0.5, 0.0];
         assert_eq!(ascending(&xb), [5, 1, 3, 7, 2, 6, 0, 4]);
+        // Against std's stable sort, on values with many ties.
+        let mut next = crate::test_uniform(3);
+        for _ in 0..1000 {
+            let xb: [f32; 32] = std::array::from_fn(|_| (next() * 4.0).round() / 2.0);
+            // total_cmp orders −0 before +0, which the C's comparison ties: sort with ±0 folded.
+            let folded: [f32; 32] = std::array::from_fn(|i| if xb[i] == 0.0 { 0.0 } else { xb[i] });
+            let mut want: Vec<u8> = (0..32).collect();
+            want.sort_by(|&a, &b| folded[usize::from(a)].total_cmp(&folded[usize::from(b)]));
+            assert_eq!(ascending(&xb).to_vec(), want, "{xb:?}");
+        }
     }
 }
