@@ -44,6 +44,8 @@ pub const QUANTIZED_BY_QUANTFARM: &[GgmlType] = &[
     GgmlType::IQ4_XS,
     GgmlType::IQ3_XXS,
     GgmlType::IQ3_S,
+    GgmlType::IQ1_S,
+    GgmlType::IQ1_M,
     GgmlType::MXFP4,
     GgmlType::NVFP4,
     GgmlType::TQ1_0,

@@ -50,8 +50,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut dst = vec![0u8; ROWS * row_bytes];
         let mut rates = Vec::new();
         for imat in [None, Some(imatrix.as_slice())] {
+            // ggml quantizes IQ2_XXS, IQ2_XS and IQ1_S only with an importance matrix, and so does `quantize`.
             if imat.is_none() && ty.quantize_requires_imatrix() {
-                rates.push(None); // refused, as ggml aborts
+                rates.push(None);
                 continue;
             }
             let (passes, elapsed) = pool.install(|| -> Result<(u32, Duration), quantfarm_quant::QuantError> {
@@ -67,8 +68,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             })?;
             rates.push(Some(mb * f64::from(passes) / elapsed.as_secs_f64()));
         }
-        let cell = |r: Option<f64>| r.map_or_else(|| "-".to_string(), |r| format!("{r:.1}"));
-        println!("{:<6} {:>14} {:>14}", ty.name(), cell(rates[0]), cell(rates[1]));
+        let rate = |r: Option<f64>| r.map_or_else(|| "-".to_string(), |r| format!("{r:.1}"));
+        println!("{:<6} {:>14} {:>14}", ty.name(), rate(rates[0]), rate(rates[1]));
     }
     Ok(())
 }

@@ -7,18 +7,19 @@
 //! from `ggml/src/ggml-quants.c` (llama.cpp 0c1e570), and nothing fuses multiply-adds (ggml-base is built without
 //! FMA on x86-64; see `docs/formats.md` §1).
 //!
-//! Supported: F32, F16, BF16, Q8_0, and Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ2_S, IQ3_XXS, IQ3_S,
-//! IQ4_NL, IQ4_XS with or without an importance matrix; IQ2_XXS and IQ2_XS with one only (ggml aborts without);
-//! MXFP4, NVFP4, TQ1_0, TQ2_0, Q1_0 and Q2_0 (which ignore one).
+//! Supported: F32, F16, BF16, Q8_0, and Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ1_M, IQ2_S,
+//! IQ3_XXS, IQ3_S, IQ4_NL, IQ4_XS with or without an importance matrix; IQ1_S, IQ2_XXS and IQ2_XS with one only
+//! (ggml aborts without); MXFP4, NVFP4, TQ1_0, TQ2_0, Q1_0 and Q2_0 (which ignore one): every type llama-quantize
+//! writes.
 //!
 //! Rows are quantized in parallel on the current rayon pool. Every row is quantized on its own, exactly as before,
 //! so the bytes do not depend on the number of threads.
 //!
 //! Modules: `float` (fp16/bf16 conversion), `helpers` (`nearest_int` and the scale searches), `legacy` (the
 //! 32-element block formats), `kquants` (the 256-element super-block formats), `iq_grid` (the i-quants' grid search
-//! structures), `iq_search` (their shared sub-block scale search), `iq2` (IQ2_XXS, IQ2_XS, IQ2_S), `iq3` (IQ3_XXS,
-//! IQ3_S), `iq4` (IQ4_NL, IQ4_XS), `fp4` (MXFP4, NVFP4), `ternary` (TQ1_0, TQ2_0), `low_bit` (Q1_0, Q2_0), `blockwise`
-//! (rows walked block by block).
+//! structures), `iq_search` (their shared sub-block scale search), `iq1` (IQ1_S, IQ1_M), `iq2` (IQ2_XXS, IQ2_XS,
+//! IQ2_S), `iq3` (IQ3_XXS, IQ3_S), `iq4` (IQ4_NL, IQ4_XS), `fp4` (MXFP4, NVFP4), `ternary` (TQ1_0, TQ2_0), `low_bit`
+//! (Q1_0, Q2_0), `blockwise` (rows walked block by block).
 
 mod blockwise;
 pub mod file;
@@ -26,6 +27,7 @@ mod float;
 mod fp4;
 mod helpers;
 pub mod imatrix;
+mod iq1;
 mod iq2;
 mod iq3;
 mod iq4;
@@ -66,8 +68,6 @@ pub enum QuantError {
     ImatrixRequired(GgmlType),
     #[error("input value {value} at row {row}, column {col} is not finite")]
     NonFinite { row: usize, col: usize, value: f32 },
-    #[error("{0} input cannot be read as numbers")]
-    UnsupportedInput(GgmlType),
     #[error("input of {len} {ty} bytes is not a whole number of {row_bytes}-byte rows")]
     PartialRawRow { ty: GgmlType, len: usize, row_bytes: usize },
     /// A quantizing thread panicked (a bug in quantfarm, not in the input).
@@ -122,9 +122,6 @@ pub fn quantize_raw(
     imatrix: Option<&[f32]>,
     dst: &mut [u8],
 ) -> Result<(), QuantError> {
-    if !quantfarm_tensors::dequant::ggml_supported(src_ty) {
-        return Err(QuantError::UnsupportedInput(src_ty));
-    }
     let src_row = src_ty.row_bytes(n_per_row as u64).unwrap_or(0) as usize;
     let rows = || match src_row > 0 && raw.len().is_multiple_of(src_row) {
         true => Ok(raw.len() / src_row),
@@ -293,8 +290,8 @@ fn quantize_chunk_portable(c: Chunk, dst: &mut [u8], scratch: &mut Vec<f32>) -> 
                     *o = f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16);
                 }
             } else if quantfarm_tensors::dequant::dequantize_ggml(src_ty, data, scratch).is_err() {
-                // `quantize_raw` checked the type and that `data` is whole rows, so this cannot happen.
-                return Err(QuantError::UnsupportedInput(src_ty));
+                // `quantize_raw` checked that `data` is whole rows, so this cannot happen.
+                return Err(QuantError::Lost);
             }
             scratch
         }
@@ -329,6 +326,15 @@ fn quantize_chunk_portable(c: Chunk, dst: &mut [u8], scratch: &mut Vec<f32>) -> 
             None => iq2::ZERO_XS,
         }),
         GgmlType::IQ2_S => blockwise::rows(src, n_per_row, imatrix, dst, iq2::iq2_s),
+        GgmlType::IQ1_S => blockwise::rows(src, n_per_row, imatrix, dst, |x, qw| match qw {
+            Some(qw) => iq1::iq1_s(x, qw),
+            // `check_request` refused IQ1_S without an importance matrix (ggml aborts there), so this is not reached.
+            None => {
+                debug_assert!(false, "IQ1_S without an importance matrix");
+                iq1::EMPTY_S
+            }
+        }),
+        GgmlType::IQ1_M => blockwise::rows(src, n_per_row, imatrix, dst, iq1::iq1_m),
         // These ignore an importance matrix, as ggml does.
         GgmlType::MXFP4 => blockwise::rows(src, n_per_row, None, dst, |x, _| fp4::mxfp4(x)),
         GgmlType::NVFP4 => blockwise::rows(src, n_per_row, None, dst, |x, _| fp4::nvfp4(x)),
@@ -339,8 +345,6 @@ fn quantize_chunk_portable(c: Chunk, dst: &mut [u8], scratch: &mut Vec<f32>) -> 
         // Not made here: `quantize` refused them (`supported`; the test below keeps the two lists in step).
         GgmlType::Q8_1
         | GgmlType::Q8_K
-        | GgmlType::IQ1_S
-        | GgmlType::IQ1_M
         | GgmlType::I8
         | GgmlType::I16
         | GgmlType::I32
@@ -444,10 +448,6 @@ mod tests {
             quantize_raw(GgmlType::Q4_0, GgmlType::BF16, &bf16[..1000], n, None, &mut dst),
             Err(QuantError::PartialRawRow { ty: GgmlType::BF16, len: 1000, row_bytes: 4096 })
         );
-        assert_eq!(
-            quantize_raw(GgmlType::Q4_0, GgmlType::IQ1_M, &bf16, n, None, &mut dst),
-            Err(QuantError::UnsupportedInput(GgmlType::IQ1_M))
-        );
     }
 
     #[test]
@@ -506,23 +506,24 @@ mod tests {
     }
 
     /// Quantizes `rows × n_per_row` pseudo-random values (with outliers) to every supported type, with and without
-    /// an imatrix, on a pool of `threads` threads.
-    fn quantize_all_on(threads: usize, src: &[f32], n_per_row: usize, imatrix: &[f32]) -> Vec<Vec<u8>> {
+    /// an imatrix (with one only where ggml needs it), on a pool of `threads` threads: (type, imatrix?, bytes).
+    fn quantize_all_on(
+        threads: usize,
+        src: &[f32],
+        n_per_row: usize,
+        imatrix: &[f32],
+    ) -> Vec<(GgmlType, bool, Vec<u8>)> {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("thread pool");
         pool.install(|| {
             let mut outs = Vec::new();
             for &ty in GgmlType::ALL.iter().filter(|&&ty| supported(ty)) {
                 for imat in [None, Some(imatrix)] {
-                    let mut dst = dst_for(ty, n_per_row, src.len() / n_per_row);
                     if imat.is_none() && ty.quantize_requires_imatrix() {
-                        // Refused, as ggml aborts: an empty output keeps two per type.
-                        let refused = quantize(ty, src, n_per_row, None, &mut dst);
-                        assert_eq!(refused, Err(QuantError::ImatrixRequired(ty)));
-                        dst.clear();
-                    } else {
-                        quantize(ty, src, n_per_row, imat, &mut dst).unwrap_or_else(|e| panic!("{ty}: {e}"));
+                        continue;
                     }
-                    outs.push(dst);
+                    let mut dst = dst_for(ty, n_per_row, src.len() / n_per_row);
+                    quantize(ty, src, n_per_row, imat, &mut dst).unwrap_or_else(|e| panic!("{ty}: {e}"));
+                    outs.push((ty, imat.is_some(), dst));
                 }
             }
             outs
@@ -547,14 +548,13 @@ mod tests {
         let one = quantize_all_on(1, &src, n_per_row, &imatrix);
         let four = quantize_all_on(4, &src, n_per_row, &imatrix);
         assert_eq!(one.len(), four.len());
-        for (i, (a, b)) in one.iter().zip(&four).enumerate() {
-            assert!(a == b, "output {i} differs between 1 and 4 threads");
+        for (a, b) in one.iter().zip(&four) {
+            assert!(a == b, "{} imatrix {}: the output differs between 1 and 4 threads", a.0, a.1);
         }
         // Also against a row-at-a-time reference: each row alone gives the same bytes as within the whole tensor.
         let ty = GgmlType::Q3_K;
         let row_bytes = dst_for(ty, n_per_row, 1).len();
-        let index = GgmlType::ALL.iter().filter(|&&t| supported(t)).position(|&t| t == ty).expect("Q3_K is supported");
-        let whole = &one[2 * index];
+        let (_, _, whole) = one.iter().find(|(t, imat, _)| *t == ty && !imat).expect("Q3_K is supported");
         for (r, x) in src.chunks(n_per_row).enumerate().step_by(37) {
             let mut dst = dst_for(ty, n_per_row, 1);
             quantize(ty, x, n_per_row, None, &mut dst).expect("one row");

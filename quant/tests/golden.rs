@@ -47,6 +47,8 @@ const NEW_GOLDEN: &[(GgmlType, &str, Imatrix)] = &[
     (GgmlType::IQ4_XS, "iq4_xs", Imatrix::Optional),
     (GgmlType::IQ3_XXS, "iq3_xxs", Imatrix::Optional),
     (GgmlType::IQ3_S, "iq3_s", Imatrix::Optional),
+    (GgmlType::IQ1_S, "iq1_s", Imatrix::Required),
+    (GgmlType::IQ1_M, "iq1_m", Imatrix::Optional),
     (GgmlType::MXFP4, "mxfp4", Imatrix::Ignored),
     (GgmlType::NVFP4, "nvfp4", Imatrix::Ignored),
     (GgmlType::TQ1_0, "tq1_0", Imatrix::Ignored),

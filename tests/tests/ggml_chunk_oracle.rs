@@ -9,7 +9,7 @@ use std::ffi::OsStr;
 use std::path::Path;
 
 use quantfarm_e2e::{llama_bin, run_py};
-use quantfarm_quant::{quantize, GgmlType};
+use quantfarm_quant::quantize;
 
 const N_PER_ROW: usize = 1024;
 

@@ -9,12 +9,14 @@
 //! fixed buffer.
 //!
 //! Files: `float.rs` (F32, F16, BF16, F64, integers), `legacy.rs` (the 32-element formats), `kquants.rs`
-//! (Q2_K…Q8_K), `iq2.rs` (IQ2_XXS, IQ2_XS, IQ2_S), `iq3.rs` (IQ3_XXS, IQ3_S), `iq4.rs` (IQ4_NL, IQ4_XS), `fp4.rs`
-//! (MXFP4, NVFP4), `ternary.rs` (TQ1_0, TQ2_0), `low_bit.rs` (Q1_0, Q2_0), `mlx.rs` (MLX affine). The block layouts
-//! are `quantfarm_ggml::blocks`, shared with the quantizer; the grids of the i-quants are `quantfarm_ggml::grids`.
+//! (Q2_K…Q8_K), `iq1.rs` (IQ1_S, IQ1_M), `iq2.rs` (IQ2_XXS, IQ2_XS, IQ2_S), `iq3.rs` (IQ3_XXS, IQ3_S), `iq4.rs`
+//! (IQ4_NL, IQ4_XS), `fp4.rs` (MXFP4, NVFP4), `ternary.rs` (TQ1_0, TQ2_0), `low_bit.rs` (Q1_0, Q2_0), `mlx.rs` (MLX
+//! affine). The block layouts are `quantfarm_ggml::blocks`, shared with the quantizer; the grids of the i-quants are
+//! `quantfarm_ggml::grids`.
 
 mod float;
 mod fp4;
+mod iq1;
 mod iq2;
 mod iq3;
 mod iq4;
@@ -34,8 +36,6 @@ use crate::GgmlType;
 /// Why a buffer could not be dequantized. Nothing is partially trusted: on error `out` may hold partial output.
 #[derive(Debug, thiserror::Error)]
 pub enum DequantError {
-    #[error("dequantization of {0} is not supported")]
-    Unsupported(GgmlType),
     #[error("{ty} data is {len} bytes, not a whole number of {type_size}-byte blocks")]
     PartialBlock { ty: GgmlType, len: usize, type_size: usize },
     #[error("output has room for {got} elements but the input holds {expected}")]
@@ -51,10 +51,10 @@ pub enum DequantError {
 /// One decoder over a whole, already length-checked buffer of blocks.
 type Decoder = fn(&[u8], &mut [f32]);
 
-/// The decoder for `ty`, or `None` when unsupported. The single place that lists supported types.
-fn decoder(ty: GgmlType) -> Option<Decoder> {
+/// The decoder for `ty`: every ggml type has one (the match is exhaustive, so a new type must add its own).
+fn decoder(ty: GgmlType) -> Decoder {
     use GgmlType::*;
-    Some(match ty {
+    match ty {
         F32 => float::f32_le,
         F16 => f16_to_f32,
         BF16 => bf16_to_f32,
@@ -82,26 +82,22 @@ fn decoder(ty: GgmlType) -> Option<Decoder> {
         IQ4_XS => iq4::iq4_xs,
         IQ3_XXS => iq3::iq3_xxs,
         IQ3_S => iq3::iq3_s,
+        IQ1_S => iq1::iq1_s,
+        IQ1_M => iq1::iq1_m,
         MXFP4 => fp4::mxfp4,
         NVFP4 => fp4::nvfp4,
         TQ1_0 => ternary::tq1_0,
         TQ2_0 => ternary::tq2_0,
         Q1_0 => low_bit::q1_0,
         Q2_0 => low_bit::q2_0,
-        IQ1_S | IQ1_M => return None,
-    })
-}
-
-/// Whether [`dequantize_ggml`] supports `ty`.
-pub fn ggml_supported(ty: GgmlType) -> bool {
-    decoder(ty).is_some()
+    }
 }
 
 /// Dequantizes whole blocks of `ty` in `data` into `out`; `out.len()` must equal the number of elements in `data`.
 ///
 /// Rows need not be known: blocks never straddle rows, so any run of whole blocks decodes the same way.
 pub fn dequantize_ggml(ty: GgmlType, data: &[u8], out: &mut [f32]) -> Result<(), DequantError> {
-    let decode = decoder(ty).ok_or(DequantError::Unsupported(ty))?;
+    let decode = decoder(ty);
     let type_size = ty.type_size();
     if !data.len().is_multiple_of(type_size) {
         return Err(DequantError::PartialBlock { ty, len: data.len(), type_size });
@@ -133,66 +129,16 @@ fn each<B: Block, const BS: usize>(data: &[u8], out: &mut [f32], f: impl Fn(&B, 
 mod tests {
     use super::*;
 
-    const SUPPORTED: &[GgmlType] = &[
-        GgmlType::F32,
-        GgmlType::F16,
-        GgmlType::BF16,
-        GgmlType::F64,
-        GgmlType::I8,
-        GgmlType::I16,
-        GgmlType::I32,
-        GgmlType::I64,
-        GgmlType::Q4_0,
-        GgmlType::Q4_1,
-        GgmlType::Q5_0,
-        GgmlType::Q5_1,
-        GgmlType::Q8_0,
-        GgmlType::Q8_1,
-        GgmlType::Q2_K,
-        GgmlType::Q3_K,
-        GgmlType::Q4_K,
-        GgmlType::Q5_K,
-        GgmlType::Q6_K,
-        GgmlType::Q8_K,
-        GgmlType::IQ2_XXS,
-        GgmlType::IQ2_XS,
-        GgmlType::IQ2_S,
-        GgmlType::IQ4_NL,
-        GgmlType::IQ4_XS,
-        GgmlType::IQ3_XXS,
-        GgmlType::IQ3_S,
-        GgmlType::MXFP4,
-        GgmlType::NVFP4,
-        GgmlType::TQ1_0,
-        GgmlType::TQ2_0,
-        GgmlType::Q1_0,
-        GgmlType::Q2_0,
-    ];
-
-    #[test]
-    fn supported_set_is_exactly_the_listed_types() {
-        for &ty in GgmlType::ALL {
-            assert_eq!(ggml_supported(ty), SUPPORTED.contains(&ty), "{ty}");
-        }
-    }
-
     /// Each decoder's compile-time block geometry must match ggml's, or blocks would be misaligned: decoding two
     /// blocks of zeros must fill exactly the expected elements (a wrong TS/BS leaves some untouched or panics).
     #[test]
     fn decoder_geometry_matches_ggml_type() {
-        for &ty in SUPPORTED {
+        for &ty in GgmlType::ALL {
             let data = vec![0u8; 2 * ty.type_size()];
             let mut out = vec![f32::NAN; 2 * ty.block_size()];
             dequantize_ggml(ty, &data, &mut out).unwrap();
             assert!(out.iter().all(|x| *x == 0.0), "{ty}: {out:?}");
         }
-    }
-
-    #[test]
-    fn unsupported_type_is_named() {
-        let err = dequantize_ggml(GgmlType::IQ1_M, &[0; 56], &mut [0.0; 256]).unwrap_err();
-        assert!(matches!(err, DequantError::Unsupported(GgmlType::IQ1_M)));
-        assert!(err.to_string().contains("IQ1_M"), "{err}");
     }
 
     #[test]
