@@ -48,7 +48,7 @@ const QUANTIZED: [FileType; 23] = [
 
 /// The file types llama-quantize makes only with an importance matrix (`tensor_requires_imatrix`; IQ3_XS because
 /// its attn_q/attn_k and middle ffn_gate/ffn_up are IQ3_XXS).
-const NEED_IMATRIX: [FileType; 7] = [
+const NEED_IMATRIX: [FileType; 9] = [
     FileType::Q2_K_S,
     FileType::IQ3_XS,
     FileType::IQ3_XXS,
@@ -56,6 +56,8 @@ const NEED_IMATRIX: [FileType; 7] = [
     FileType::IQ2_S,
     FileType::IQ2_XS,
     FileType::IQ2_XXS,
+    FileType::IQ1_M,
+    FileType::IQ1_S,
 ];
 
 fn rt() -> tokio::runtime::Runtime {

@@ -13,13 +13,15 @@ use quantfarm_ggml::QK_K;
 use super::each;
 use super::float::f16_bits_to_f32 as f16;
 
-/// 8 elements from two grid points, `db · grid · ±1` (sign bit `j` set: negative).
+/// 8 elements from two grid points, `db · grid · ±1` (sign bit `j` set: negative). The reference multiplies by
+/// −1.0, which on x86 keeps a NaN's sign (the NaN operand is returned); LLVM would turn that product into a sign
+/// flip, so the negation skips NaN.
 #[inline(always)]
 fn eight(db: f32, g1: &[i8; 4], g2: &[i8; 4], signs: u8, o: &mut [f32]) {
+    let signed = |v: f32, j: usize| if signs & (1 << j) != 0 && !v.is_nan() { -v } else { v };
     for j in 0..4 {
-        let sign = |j: usize| if signs & (1 << j) != 0 { -1.0f32 } else { 1.0 };
-        o[j] = db * f32::from(g1[j]) * sign(j);
-        o[j + 4] = db * f32::from(g2[j]) * sign(j + 4);
+        o[j] = signed(db * f32::from(g1[j]), j);
+        o[j + 4] = signed(db * f32::from(g2[j]), j + 4);
     }
 }
 
