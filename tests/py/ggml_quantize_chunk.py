@@ -1,20 +1,21 @@
 """Quantizes an f32 matrix with the peer build's own ggml (`ggml_quantize_chunk` in libggml-base, through ctypes):
 the oracle for quantfarm's quantizers on inputs made on the spot.
 
-    ggml_quantize_chunk.py LIBGGML_BASE TYPE_ID N_PER_ROW INPUT.f32 IMATRIX.f32|- OUTPUT
+    ggml_quantize_chunk.py LIBGGML_BASE N_PER_ROW INPUT.f32 IMATRIX.f32 OUT_DIR JOB...
 
-The whole input is quantized in one call (start 0, every row), as llama-quantize does per chunk; the imatrix, when
-given, has one weight per column.
+Each JOB is `TYPE_ID` (no imatrix) or `TYPE_ID+i` (with the imatrix, one weight per column) and writes
+`OUT_DIR/JOB.bin`. The whole input is quantized in one call (start 0, every row), as llama-quantize does per chunk.
 """
 import ctypes
 import sys
+from pathlib import Path
 
 import numpy as np
 
 
 def main():
-    lib_path, type_id, n_per_row, src_path, imatrix_path, out_path = sys.argv[1:]
-    type_id, n_per_row = int(type_id), int(n_per_row)
+    lib_path, n_per_row, src_path, imatrix_path, out_dir, *jobs = sys.argv[1:]
+    n_per_row = int(n_per_row)
     lib = ctypes.CDLL(lib_path)
     lib.ggml_quantize_chunk.restype = ctypes.c_size_t
     lib.ggml_quantize_chunk.argtypes = [
@@ -26,19 +27,19 @@ def main():
     if src.size % n_per_row:
         sys.exit(f"{src_path}: {src.size} values are not whole rows of {n_per_row}")
     rows = src.size // n_per_row
-    imatrix = None
-    if imatrix_path != "-":
-        imatrix = np.fromfile(imatrix_path, dtype="<f4")
-        if imatrix.size != n_per_row:
-            sys.exit(f"{imatrix_path}: {imatrix.size} weights, expected {n_per_row}")
-    out = np.zeros(rows * lib.ggml_row_size(type_id, n_per_row), dtype=np.uint8)
-    written = lib.ggml_quantize_chunk(
-        type_id, src.ctypes.data, out.ctypes.data, 0, rows, n_per_row,
-        None if imatrix is None else imatrix.ctypes.data,
-    )
-    if written != out.size:
-        sys.exit(f"ggml wrote {written} bytes, expected {out.size}")
-    out.tofile(out_path)
+    imatrix = np.fromfile(imatrix_path, dtype="<f4")
+    if imatrix.size != n_per_row:
+        sys.exit(f"{imatrix_path}: {imatrix.size} weights, expected {n_per_row}")
+    for job in jobs:
+        type_id, with_imatrix = int(job.removesuffix("+i")), job.endswith("+i")
+        out = np.zeros(rows * lib.ggml_row_size(type_id, n_per_row), dtype=np.uint8)
+        written = lib.ggml_quantize_chunk(
+            type_id, src.ctypes.data, out.ctypes.data, 0, rows, n_per_row,
+            imatrix.ctypes.data if with_imatrix else None,
+        )
+        if written != out.size:
+            sys.exit(f"type {type_id}: ggml wrote {written} bytes, expected {out.size}")
+        out.tofile(Path(out_dir) / f"{job}.bin")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ use std::ffi::OsStr;
 use std::path::Path;
 
 use quantfarm_e2e::{llama_bin, run_py};
-use quantfarm_quant::quantize;
+use quantfarm_quant::{quantize, GgmlType};
 
 const N_PER_ROW: usize = 1024;
 
@@ -66,43 +66,41 @@ fn every_quantized_type_equals_ggml_on_corner_cases() {
     let (src_path, imat_path) = (tmp.path().join("in.f32"), tmp.path().join("imatrix.f32"));
     write_f32(&src_path, &src);
     write_f32(&imat_path, &imat);
-    let mut checked = Vec::new();
+    let n_str = N_PER_ROW.to_string();
+    // One ggml run for every (type, imatrix) job.
+    let mut jobs: Vec<(GgmlType, bool)> = Vec::new();
     for &ty in quantfarm_ggml::QUANTIZED_BY_QUANTFARM {
-        let row_bytes = ty.row_bytes(N_PER_ROW as u64).expect("whole blocks") as usize;
         for with in [false, true] {
-            if !with && ty.quantize_requires_imatrix() {
-                continue;
+            if with || !ty.quantize_requires_imatrix() {
+                jobs.push((ty, with));
             }
-            let what = format!("{ty}{}", if with { " with an imatrix" } else { "" });
-            let out = tmp.path().join("ggml.bin");
-            let imat_arg: &OsStr = if with { imat_path.as_os_str() } else { OsStr::new("-") };
-            run_py(
-                "ggml_quantize_chunk.py",
-                &[
-                    lib.as_os_str(),
-                    OsStr::new(&ty.id().to_string()),
-                    OsStr::new(&N_PER_ROW.to_string()),
-                    src_path.as_os_str(),
-                    imat_arg,
-                    out.as_os_str(),
-                ],
-            );
-            let want = std::fs::read(&out).unwrap();
-            let mut ours = vec![0u8; want.len()];
-            quantize(ty, &src, N_PER_ROW, with.then_some(imat.as_slice()), &mut ours)
-                .unwrap_or_else(|e| panic!("{what}: {e}"));
-            if let Some(i) = ours.iter().zip(&want).position(|(a, b)| a != b) {
-                let (row, block) = (i / row_bytes, i % row_bytes / ty.type_size());
-                let at = row * row_bytes + block * ty.type_size();
-                panic!(
-                    "{what}: {} bytes differ; first in row {row}, block {block}\n ours {:02x?}\n ggml {:02x?}",
-                    ours.iter().zip(&want).filter(|(a, b)| a != b).count(),
-                    &ours[at..at + ty.type_size()],
-                    &want[at..at + ty.type_size()]
-                );
-            }
-            checked.push(what);
         }
+    }
+    let job_name = |ty: GgmlType, with: bool| format!("{}{}", ty.id(), if with { "+i" } else { "" });
+    let names: Vec<String> = jobs.iter().map(|&(t, w)| job_name(t, w)).collect();
+    let mut args: Vec<&OsStr> =
+        vec![lib.as_os_str(), OsStr::new(&n_str), src_path.as_os_str(), imat_path.as_os_str(), tmp.path().as_os_str()];
+    args.extend(names.iter().map(OsStr::new));
+    run_py("ggml_quantize_chunk.py", &args);
+    let mut checked = Vec::new();
+    for &(ty, with) in &jobs {
+        let row_bytes = ty.row_bytes(N_PER_ROW as u64).expect("whole blocks") as usize;
+        let what = format!("{ty}{}", if with { " with an imatrix" } else { "" });
+        let want = std::fs::read(tmp.path().join(format!("{}.bin", job_name(ty, with)))).unwrap();
+        let mut ours = vec![0u8; want.len()];
+        quantize(ty, &src, N_PER_ROW, with.then_some(imat.as_slice()), &mut ours)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        if let Some(i) = ours.iter().zip(&want).position(|(a, b)| a != b) {
+            let (row, block) = (i / row_bytes, i % row_bytes / ty.type_size());
+            let at = row * row_bytes + block * ty.type_size();
+            panic!(
+                "{what}: {} bytes differ; first in row {row}, block {block}\n ours {:02x?}\n ggml {:02x?}",
+                ours.iter().zip(&want).filter(|(a, b)| a != b).count(),
+                &ours[at..at + ty.type_size()],
+                &want[at..at + ty.type_size()]
+            );
+        }
+        checked.push(what);
     }
     eprintln!("identical to ggml_quantize_chunk: {checked:?}");
 }
