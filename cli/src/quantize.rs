@@ -3,7 +3,8 @@
 use anyhow::{Context, Result};
 use std::sync::Arc;
 
-use quantfarm_quant::file::{plan_gguf, quantize_gguf, Options, Plan};
+use quantfarm_quant::edits::{KvOverride, Prune};
+use quantfarm_quant::file::{plan_gguf, quantize_gguf, quantize_gguf_keep_split, Options, Plan};
 use quantfarm_quant::imatrix::Imatrix;
 use quantfarm_quant::mixture::TensorType;
 use quantfarm_quant::FileType;
@@ -61,6 +62,20 @@ pub struct Args {
     /// taken at this option's place among the --tensor-type entries.
     #[arg(long = "tensor-type-file", value_name = "FILE")]
     tensor_type_file: Vec<String>,
+    /// As llama-quantize's `--override-kv KEY=TYPE:VALUE` (repeatable; TYPE int, float, bool or str): set KEY in
+    /// the output's metadata (an int as u32 of its absolute value, a float as f32, as llama-quantize writes them);
+    /// the mixture rules read an overridden hyperparameter (e.g. `llama.block_count`) as the model loader does.
+    #[arg(long = "override-kv", value_name = "KEY=TYPE:VALUE", value_parser = parse_override)]
+    override_kv: Vec<KvOverride>,
+    /// As llama-quantize's `--prune-layers L0,L1,...`: drop those blocks (`blk.N.*`), renumber the later ones and
+    /// set the block count; the importance matrix is read by the tensors' old names.
+    #[arg(long, value_name = "L0,L1,...", value_parser = parse_prune)]
+    prune_layers: Option<Prune>,
+    /// As llama-quantize's `--keep-split`: one output file per input split file, the tensors in input-file order
+    /// (which the mixture rules' layer counters follow), named OUTPUT-00001-of-0000N.gguf after OUTPUT less its
+    /// `.gguf`, even for a one-file input.
+    #[arg(long)]
+    keep_split: bool,
     /// As llama-quantize's `--dry-run`: print each tensor's type and size and the totals, write nothing (a type
     /// that needs an importance matrix none was given for is a warning, not an error). OUTPUT is not touched.
     #[arg(long)]
@@ -108,6 +123,14 @@ fn parse_ggml_type(s: &str) -> Result<GgmlType, String> {
     })
 }
 
+fn parse_override(s: &str) -> Result<KvOverride, String> {
+    KvOverride::parse(s).map_err(|e| e.to_string())
+}
+
+fn parse_prune(s: &str) -> Result<Prune, String> {
+    Prune::parse(s).map_err(|e| e.to_string())
+}
+
 fn parse_ftype(s: &str) -> Result<FileType, String> {
     FileType::from_name(s).ok_or_else(|| {
         let names: Vec<_> = FileType::ALL.iter().map(|f| f.name()).collect();
@@ -140,21 +163,34 @@ pub async fn run(args: Args) -> Result<()> {
         token_embedding_type: args.token_embedding_type,
         leave_output_tensor: args.leave_output_tensor,
         tensor_types: tensor_types(&args)?,
+        kv_overrides: args.override_kv.clone(),
+        prune: args.prune_layers.clone().unwrap_or_default(),
+        keep_split: args.keep_split,
     };
     if args.dry_run {
         let plan = plan_gguf(&src, &opts)?;
-        print_dry_run(&plan, &opts);
+        // llama-quantize numbers the lines out of the input's tensor count (pruned ones included).
+        let n_input = src.gguf().map_or(plan.choices.len(), |g| g.tensors().count());
+        print_dry_run(&plan, &opts, n_input);
         return Ok(());
     }
-    let q = quantize_gguf(&src, &Location::parse(&args.output)?, &opts).await?;
-    warn_unmatched(&opts, &q.choices);
+    let dst = Location::parse(&args.output)?;
+    let files = if args.keep_split {
+        quantize_gguf_keep_split(&src, &dst, &opts).await?
+    } else {
+        vec![quantize_gguf(&src, &dst, &opts).await?]
+    };
+    let choices: Vec<_> = files.iter().flat_map(|q| q.choices.iter().cloned()).collect();
+    warn_unmatched(&opts, &choices);
     let mut counts = std::collections::BTreeMap::new();
-    for c in &q.choices {
+    for c in &choices {
         *counts.entry(c.ty.name()).or_insert(0) += 1;
     }
-    let fallbacks = q.choices.iter().filter(|c| c.fell_back).count();
+    let fallbacks = choices.iter().filter(|c| c.fell_back).count();
     let types: Vec<String> = counts.iter().map(|(t, n)| format!("{t}: {n}")).collect();
-    println!("{}  {}  {}", q.committed.sha256, human(q.committed.bytes), q.committed.location);
+    for q in &files {
+        println!("{}  {}  {}", q.committed.sha256, human(q.committed.bytes), q.committed.location);
+    }
     println!(
         "{} as {}: {} ({fallbacks} tensors fell back: rows not whole blocks)",
         args.input,
@@ -181,9 +217,8 @@ fn warn_unmatched(opts: &Options, choices: &[quantfarm_quant::mixture::Choice]) 
 
 /// `--dry-run`: every tensor as llama-quantize lists it (name, shape, input type, and size in → size out with the
 /// new type), then the totals as llama-quantize prints them (MiB and bits per weight).
-fn print_dry_run(plan: &Plan, opts: &Options) {
+fn print_dry_run(plan: &Plan, opts: &Options, n: usize) {
     let mib = |b: u64| b as f64 / 1024.0 / 1024.0;
-    let n = plan.choices.len();
     let (mut total_in, mut total_out, mut elements) = (0u64, 0u64, 0u64);
     for (i, ((c, d), (&bytes, &el))) in
         plan.choices.iter().zip(&plan.descs).zip(plan.input_bytes.iter().zip(&plan.elements)).enumerate()

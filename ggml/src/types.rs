@@ -111,6 +111,12 @@ impl GgmlType {
         matches!(self, GgmlType::IQ2_XXS | GgmlType::IQ2_XS | GgmlType::IQ1_S)
     }
 
+    /// Whether llama-quantize can write a tensor of this type (`--tensor-type`, `--output-tensor-type`): every type
+    /// but the integer ones and the dot-product helpers Q8_1 and Q8_K, which ggml has no quantizer for.
+    pub const fn llama_quantize_writes(self) -> bool {
+        !matches!(self, GgmlType::Q8_1 | GgmlType::Q8_K | GgmlType::I8 | GgmlType::I16 | GgmlType::I32 | GgmlType::I64)
+    }
+
     /// Parses a gguf-py style name, case-insensitively (`q4_k`, `Q4_K`, `bf16`).
     pub fn from_name(name: &str) -> Option<GgmlType> {
         GgmlType::ALL.iter().copied().find(|t| t.name().eq_ignore_ascii_case(name))

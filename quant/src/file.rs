@@ -10,6 +10,7 @@ use quantfarm_tensors::gguf::{split, TensorDesc, Value};
 use quantfarm_tensors::write::{copy_tensor, GgufWriter};
 use quantfarm_tensors::{GgmlType, TensorSource};
 
+use crate::edits::{KvOverride, Prune};
 use crate::imatrix::Imatrix;
 use crate::mixture::{self, Choice, ModelFacts};
 use crate::FileType;
@@ -68,6 +69,7 @@ impl From<quantfarm_store::Error> for FileError {
     }
 }
 
+#[derive(Clone)]
 pub struct Options {
     pub ftype: FileType,
     /// Allow changing the type of tensors that are already quantized (llama-quantize's `--allow-requantize`).
@@ -92,6 +94,14 @@ pub struct Options {
     pub leave_output_tensor: bool,
     /// llama-quantize's `--tensor-type` and `--tensor-type-file` entries, in command-line order.
     pub tensor_types: Vec<mixture::TensorType>,
+    /// llama-quantize's `--override-kv` entries, in command-line order: set in the output's metadata (before the
+    /// `quantize.imatrix.*` keys), and read by the mixture rules where they read the model's hyperparameters.
+    pub kv_overrides: Vec<KvOverride>,
+    /// llama-quantize's `--prune-layers`: those blocks dropped, the later ones renumbered, the block count set.
+    pub prune: Prune,
+    /// llama-quantize's `--keep-split` ([`quantize_gguf_keep_split`]): the mixture rules visit the tensors in
+    /// input-file order instead of the loader's name order.
+    pub keep_split: bool,
 }
 
 impl Options {
@@ -109,6 +119,9 @@ impl Options {
             token_embedding_type: None,
             leave_output_tensor: false,
             tensor_types: Vec::new(),
+            kv_overrides: Vec::new(),
+            prune: Prune::default(),
+            keep_split: false,
         }
     }
 }
@@ -121,12 +134,20 @@ pub struct Quantized {
 
 /// The model facts the type rules read, from the first file's metadata and the tensor names.
 pub fn model_facts(src: &TensorSource) -> Result<ModelFacts, FileError> {
+    model_facts_with(src, &[])
+}
+
+/// [`model_facts`] with `--override-kv` entries, which the model loader reads in place of the file's values.
+fn model_facts_with(src: &TensorSource, overrides: &[KvOverride]) -> Result<ModelFacts, FileError> {
     let file = src.location().to_string();
     let gguf = src.gguf().ok_or_else(|| FileError::NotGguf { file: file.clone(), format: src.format().name() })?;
     let h = gguf.header();
     let meta_err = |key: &str, msg: &str| FileError::Metadata { file: file.clone(), key: key.into(), msg: msg.into() };
     let arch = h.architecture().ok_or_else(|| meta_err("general.architecture", "missing"))?;
     let int = |key: String| -> Result<Option<i64>, FileError> {
+        if let Some(i) = overrides.iter().rev().find(|o| o.key == key).and_then(|o| o.int) {
+            return Ok(Some(i));
+        }
         match h.get(&key) {
             None => Ok(None),
             Some(Value::Array(a)) => Ok(a.to_json().get(0).and_then(|v| v.as_i64())),
@@ -150,22 +171,36 @@ pub fn model_facts(src: &TensorSource) -> Result<ModelFacts, FileError> {
 }
 
 /// The output metadata: the input's, without split keys, then `general.quantization_version` and
-/// `general.file_type`, then the `quantize.imatrix.*` keys when an imatrix is used — each set with the C writer's
-/// remove-and-append (`gguf_set_val_*` in `ggml/src/gguf.cpp`), so a key already in the input moves to the end
-/// (`llama_model_quantize_impl`; the imatrix keys are `tools/quantize/quantize.cpp::llama_quantize`'s overrides).
-fn output_metadata(input: &[(String, Value)], ftype: FileType, imatrix: Option<&Imatrix>) -> Vec<(String, Value)> {
-    let mut set: Vec<(String, Value)> = vec![
-        ("general.quantization_version".into(), Value::U32(2)),
-        ("general.file_type".into(), Value::U32(ftype.id())),
-    ];
-    set.extend(imatrix.map(Imatrix::quantize_metadata).unwrap_or_default());
+/// `general.file_type`, the `--override-kv` entries, the `quantize.imatrix.*` keys when an imatrix is used, and the
+/// block count when layers were pruned — each set with the C writer's remove-and-append (`gguf_set_val_*` in
+/// `ggml/src/gguf.cpp`), so a key already there moves to the end (`llama_model_quantize_impl`; the imatrix keys are
+/// `tools/quantize/quantize.cpp::llama_quantize`'s overrides, after the user's).
+fn output_metadata(
+    input: &[(String, Value)],
+    opts: &Options,
+    arch: Option<&str>,
+    block_count: Option<u32>,
+) -> Vec<(String, Value)> {
     let mut out: Vec<(String, Value)> = input
         .iter()
         .filter(|(k, _)| ![split::SPLIT_NO, split::SPLIT_COUNT, split::SPLIT_TENSORS_COUNT].contains(&k.as_str()))
-        .filter(|(k, _)| !set.iter().any(|(s, _)| s == k))
         .cloned()
         .collect();
-    out.extend(set);
+    let mut set = |k: String, v: Value| {
+        out.retain(|(x, _)| *x != k);
+        out.push((k, v));
+    };
+    set("general.quantization_version".into(), Value::U32(2));
+    set("general.file_type".into(), Value::U32(opts.ftype.id()));
+    for o in &opts.kv_overrides {
+        set(o.key.clone(), o.value.clone());
+    }
+    for (k, v) in opts.imatrix.as_deref().map(Imatrix::quantize_metadata).unwrap_or_default() {
+        set(k, v);
+    }
+    if let (Some(n), Some(arch)) = (block_count, arch) {
+        set(format!("{arch}.block_count"), Value::U32(n));
+    }
     out
 }
 
@@ -193,26 +228,36 @@ fn is_float(t: GgmlType) -> bool {
 /// The types chosen for a model's tensors and what the output file will hold: what `--dry-run` shows, and what
 /// [`quantize_gguf`] checks before it writes anything.
 pub struct Plan {
-    /// Every tensor of the part planned, in llama-quantize's order.
+    /// Every tensor of the part planned, in llama-quantize's order, by its output name.
     pub choices: Vec<Choice>,
     /// The output tensors (name, stored dimensions, type), in the same order.
     pub descs: Vec<TensorDesc>,
+    /// Each planned tensor's name in the input (its output name but for `--prune-layers`' renumbering).
+    pub sources: Vec<String>,
+    /// The input split file of each planned tensor.
+    pub shards: Vec<usize>,
     /// Input bytes of each planned tensor, in the same order.
     pub input_bytes: Vec<u64>,
     /// Elements of each planned tensor.
     pub elements: Vec<u64>,
     /// Input type of each planned tensor.
     pub input_types: Vec<GgmlType>,
+    /// Input dimensions (`ne`) of each planned tensor.
+    pub input_dims: Vec<Vec<u64>>,
     /// Tensors llama-quantize would make only with an importance matrix that none was given for (only when the
     /// plan was made for a dry run: quantizing refuses the first).
     pub need_imatrix: Vec<String>,
+    /// The block count after `--prune-layers` (`None` without), which the output's metadata then holds.
+    pub block_count: Option<u32>,
+    /// Tensors in the whole output (after pruning): the split files' `split.tensors.count`.
+    pub total_tensors: usize,
 }
 
 /// Plans the output of `llama-quantize SRC DST FTYPE --dry-run`: every tensor's type (rules, `--tensor-type`
 /// patterns, overrides, fallbacks) and size, with every check quantizing makes before writing, except that a
 /// missing importance matrix is listed in [`Plan::need_imatrix`] (llama-quantize's dry run only warns about it).
 pub fn plan_gguf(src: &TensorSource, opts: &Options) -> Result<Plan, FileError> {
-    let facts = model_facts(src)?;
+    let facts = model_facts_with(src, &opts.kv_overrides)?;
     plan_tensors(src, &facts, None, opts, false)
 }
 
@@ -226,11 +271,25 @@ fn plan_tensors(
     let gguf = src
         .gguf()
         .ok_or_else(|| FileError::NotGguf { file: src.location().to_string(), format: src.format().name() })?;
-    let infos: Vec<_> = gguf.tensors().map(|t| t.info.clone()).collect();
-    let in_part: std::collections::HashSet<&str> =
-        gguf.tensors().filter(|t| shard.is_none_or(|s| t.shard == s)).map(|t| t.info.name.as_str()).collect();
-    let list: Vec<(String, Vec<u64>, GgmlType)> =
-        infos.iter().map(|t| (t.name.clone(), t.dims.clone(), t.ty)).collect();
+    // (input shard, info) in input-file order: by file, then by offset (`--keep-split`'s sort).
+    let mut inputs: Vec<(usize, &quantfarm_tensors::gguf::TensorInfo)> =
+        gguf.tensors().map(|t| (t.shard, t.info)).collect();
+    inputs.sort_by_key(|(shard, info)| (*shard, info.offset));
+    // `--prune-layers`: new names, decided visiting the tensors in the loader's order.
+    let mut by_loader: Vec<&str> = inputs.iter().map(|(_, i)| i.name.as_str()).collect();
+    by_loader.sort_by(|a, b| mixture::tensor_order(a, b));
+    let (renamed, block_count) = opts.prune.remap(by_loader.into_iter());
+    // The kept tensors, by output name: (input shard, info).
+    let mut kept: std::collections::HashMap<String, (usize, &quantfarm_tensors::gguf::TensorInfo)> =
+        std::collections::HashMap::new();
+    let mut list: Vec<(String, Vec<u64>, GgmlType)> = Vec::with_capacity(inputs.len());
+    for &(shard, info) in &inputs {
+        if let Some(Some(new)) = renamed.get(&info.name) {
+            kept.insert(new.clone(), (shard, info));
+            list.push((new.clone(), info.dims.clone(), info.ty));
+        }
+    }
+    let total_tensors = list.len();
     let imatrix = opts.imatrix.as_deref();
     // `qs.has_imatrix`: set when llama-quantize is given a non-empty imatrix (a loaded one always has entries).
     let has_imatrix = imatrix.is_some_and(|im| !im.entries.is_empty());
@@ -241,22 +300,31 @@ fn plan_tensors(
         token_embedding_type: opts.token_embedding_type,
         leave_output_tensor: opts.leave_output_tensor,
         tensor_types: opts.tensor_types.clone(),
+        file_order: opts.keep_split,
     };
-    let choices: Vec<Choice> = mixture::choose_types_with(opts.ftype, facts, &list, &params)?
+    let mut facts = facts.clone();
+    // `init_quantize_state_counters` counts the tensors as renamed (the pruned ones gone).
+    facts.n_attention_wv = list.iter().filter(|(n, _, _)| mixture::is_attn_v(n)).count() as i64;
+    let choices: Vec<Choice> = mixture::choose_types_with(opts.ftype, &facts, &list, &params)?
         .into_iter()
-        .filter(|c| in_part.contains(c.name.as_str()))
+        .filter(|c| shard.is_none_or(|s| kept[&c.name].0 == s))
         .collect();
 
     let mut plan = Plan {
         descs: Vec::with_capacity(choices.len()),
+        sources: Vec::with_capacity(choices.len()),
+        shards: Vec::with_capacity(choices.len()),
         input_bytes: Vec::with_capacity(choices.len()),
         elements: Vec::with_capacity(choices.len()),
         input_types: Vec::with_capacity(choices.len()),
+        input_dims: Vec::with_capacity(choices.len()),
         need_imatrix: Vec::new(),
         choices: Vec::new(),
+        block_count,
+        total_tensors,
     };
     for c in &choices {
-        let info = infos.iter().find(|t| t.name == c.name).expect("choices name input tensors");
+        let (in_shard, info) = kept[&c.name];
         if c.ty != info.ty {
             if !is_float(info.ty) && !opts.allow_requantize {
                 return Err(FileError::Requantize { tensor: c.name.clone(), from: info.ty, to: c.ty });
@@ -268,8 +336,9 @@ fn plan_tensors(
             if c.ty.row_bytes(ne0).is_none() {
                 return Err(FileError::BlockSize { tensor: c.name.clone(), ty: c.ty, block: c.ty.block_size(), ne0 });
             }
-            // Checked up front, as in llama-quantize, so a wrong imatrix fails before anything is written.
-            let weights = imatrix_for(imatrix, &c.name, &info.dims)?;
+            // Checked up front, as in llama-quantize, so a wrong imatrix fails before anything is written. The
+            // imatrix is looked up by the tensor's input name (`remap_imatrix`).
+            let weights = imatrix_for(imatrix, &info.name, &info.dims)?;
             // `tensor_requires_imatrix`: without an imatrix llama-quantize refuses at the first such tensor, before
             // the file is made; with one lacking this tensor's entry, when it reaches the tensor (its file then
             // partial). Both are refused here before anything is written.
@@ -289,9 +358,12 @@ fn plan_tensors(
         // The C writer stores `ggml_n_dims` dimensions: trailing 1s are dropped.
         let dims = info.dims[..mixture::n_dims(&info.dims).min(info.dims.len())].to_vec();
         plan.descs.push(TensorDesc { name: c.name.clone(), dims, ty: c.ty });
+        plan.sources.push(info.name.clone());
+        plan.shards.push(in_shard);
         let elements: u64 = info.dims.iter().product();
         plan.elements.push(elements);
         plan.input_types.push(info.ty);
+        plan.input_dims.push(info.dims.clone());
         let ne0 = info.dims.first().copied().unwrap_or(1).max(1);
         plan.input_bytes.push(info.ty.row_bytes(ne0).unwrap_or(0) * (elements / ne0));
     }
@@ -326,7 +398,7 @@ async fn quantize_part(
     dst: &Location,
     opts: &Options,
 ) -> Result<Quantized, FileError> {
-    let facts = model_facts(src)?;
+    let facts = model_facts_with(src, &opts.kv_overrides)?;
     let gguf = src.gguf().expect("model_facts checked the format");
     let n_shards = gguf.shards.len();
     if let Some(s) = shard {
@@ -339,11 +411,86 @@ async fn quantize_part(
         }
     }
     let shard = shard.filter(|_| n_shards > 1);
-    let infos: Vec<_> = gguf.tensors().map(|t| t.info.clone()).collect();
-    let imatrix = opts.imatrix.as_deref();
     let planned = plan_tensors(src, &facts, shard, opts, true)?;
-    let (choices, descs) = (planned.choices, planned.descs);
+    let header = gguf.header();
+    let all = || output_metadata(&header.metadata, opts, header.architecture(), planned.block_count);
+    let metadata = match shard {
+        None => all(),
+        Some(s) => {
+            let split_keys = split::split_metadata(s as u16, n_shards as u16, planned.total_tensors as i32);
+            if s == 0 {
+                let mut m = all();
+                m.extend(split_keys);
+                m
+            } else {
+                split_keys
+            }
+        }
+    };
+    let every: Vec<usize> = (0..planned.choices.len()).collect();
+    let committed = write_planned(src, &planned, &every, dst, &metadata, opts).await?;
+    Ok(Quantized { committed, choices: planned.choices })
+}
 
+/// Quantizes a model as `llama-quantize --keep-split SRC DST FTYPE`: one output file per input split file, holding
+/// the same tensors in input-file order (the mixture rules visit them in that order), named
+/// `DST-00001-of-0000N.gguf` after DST less its `.gguf` (also for a one-file input, as llama-quantize names it). The
+/// first file has the metadata, each file of a split the keys `split.no`, `split.count`, `split.tensors.count`
+/// (in that order, at the end). Each file appears when complete; the committed files, in order.
+pub async fn quantize_gguf_keep_split(
+    src: &TensorSource,
+    dst: &Location,
+    opts: &Options,
+) -> Result<Vec<Quantized>, FileError> {
+    let opts = Options { keep_split: true, ..opts.clone() };
+    let facts = model_facts_with(src, &opts.kv_overrides)?;
+    let gguf = src.gguf().expect("model_facts checked the format");
+    let planned = plan_tensors(src, &facts, None, &opts, true)?;
+    let n_split = planned.shards.iter().max().map_or(1, |m| m + 1);
+    // `llama_quantize`: an output name holding ".gguf" loses its last five characters.
+    let name = dst.to_string();
+    let prefix = if name.contains(".gguf") { &name[..name.len().saturating_sub(5)] } else { &name[..] };
+    let header = gguf.header();
+    let mut done = Vec::with_capacity(n_split);
+    for s in 0..n_split {
+        let part: Vec<usize> = (0..planned.shards.len()).filter(|&i| planned.shards[i] == s).collect();
+        if part.is_empty() {
+            return Err(FileError::Metadata {
+                file: src.location().to_string(),
+                key: split::SPLIT_COUNT.into(),
+                msg: format!("--keep-split: split file {} keeps no tensor (all pruned)", s + 1),
+            });
+        }
+        let mut metadata = if s == 0 {
+            output_metadata(&header.metadata, &opts, header.architecture(), planned.block_count)
+        } else {
+            Vec::new()
+        };
+        if n_split > 1 {
+            metadata.extend([
+                (split::SPLIT_NO.to_string(), Value::U16(s as u16)),
+                (split::SPLIT_COUNT.to_string(), Value::U16(n_split as u16)),
+                (split::SPLIT_TENSORS_COUNT.to_string(), Value::I32(planned.total_tensors as i32)),
+            ]);
+        }
+        let file = Location::parse(&format!("{prefix}-{:05}-of-{n_split:05}.gguf", s + 1))?;
+        let committed = write_planned(src, &planned, &part, &file, &metadata, &opts).await?;
+        let choices = part.iter().map(|&i| planned.choices[i].clone()).collect();
+        done.push(Quantized { committed, choices });
+    }
+    Ok(done)
+}
+
+/// Writes the planned tensors `which` (indices into `planned`, in order) with `metadata` to `dst`.
+async fn write_planned(
+    src: &TensorSource,
+    planned: &Plan,
+    which: &[usize],
+    dst: &Location,
+    metadata: &[(String, Value)],
+    opts: &Options,
+) -> Result<Committed, FileError> {
+    let imatrix = opts.imatrix.as_deref();
     let pool = match opts.threads {
         None => None,
         Some(n) => Some(Arc::new(
@@ -353,30 +500,19 @@ async fn quantize_part(
                 .map_err(|e| FileError::Threads { threads: n, msg: e.to_string() })?,
         )),
     };
-    let metadata = match shard {
-        None => output_metadata(&gguf.header().metadata, opts.ftype, imatrix),
-        Some(s) => {
-            let split_keys = split::split_metadata(s as u16, n_shards as u16, infos.len() as i32);
-            if s == 0 {
-                let mut m = output_metadata(&gguf.header().metadata, opts.ftype, imatrix);
-                m.extend(split_keys);
-                m
-            } else {
-                split_keys
-            }
-        }
-    };
-    let mut w = GgufWriter::create(dst, 3, &metadata, &descs, opts.overwrite).await?;
+    let descs: Vec<TensorDesc> = which.iter().map(|&i| planned.descs[i].clone()).collect();
+    let mut w = GgufWriter::create(dst, 3, metadata, &descs, opts.overwrite).await?;
     // Reading step k overlaps quantizing step k−1 on the pool (the two meet in `Pipeline::finish`), so neither
     // the reads (pages from the cache, or ranged GETs from a store) nor the writes wait for the quantizers.
     let mut pipe = Pipeline { pool, in_flight: None, raws: Vec::new(), outs: Vec::new() };
-    for (c, d) in choices.iter().zip(&descs) {
-        let info = infos.iter().find(|t| t.name == c.name).expect("choices name input tensors");
-        let e = src.entry(&c.name)?;
-        if c.ty == info.ty {
+    for &i in which {
+        let (c, d, input) = (&planned.choices[i], &planned.descs[i], planned.sources[i].as_str());
+        let e = src.entry(input)?;
+        let info_ty = planned.input_types[i];
+        if c.ty == info_ty {
             pipe.finish(&mut w).await?;
             let mut raw = pipe.raws.pop().unwrap_or_default();
-            copy_tensor(src, &c.name, opts.budget, &mut raw, &mut w).await?;
+            copy_tensor(src, input, opts.budget, &mut raw, &mut w).await?;
             pipe.raws.push(raw);
             continue;
         }
@@ -389,16 +525,17 @@ async fn quantize_part(
         // widens its rows to f32 itself, in pieces of `quant::MIN_CHUNK_ELEMS` values, which the budget does not
         // need to count.
         let rows_per_step = (opts.budget / (2 * (e.row_bytes() + out_row as u64)).max(1)).max(1);
-        let weights = imatrix_for(imatrix, &c.name, &info.dims)?;
+        let dims = &planned.input_dims[i];
+        let weights = imatrix_for(imatrix, input, dims)?;
         // Rows of one expert (`ne[1]`): a step never crosses an expert, whose imatrix slice is its own
         // (`llama_tensor_quantize_impl`'s `imatrix_for_row`).
-        let rows_per_expert = info.dims.get(1).copied().unwrap_or(1).max(1);
+        let rows_per_expert = dims.get(1).copied().unwrap_or(1).max(1);
         let mut row = 0;
         while row < e.rows() {
             let n = rows_per_step.min(e.rows() - row).min(rows_per_expert - row % rows_per_expert);
             let mut raw = pipe.raws.pop().unwrap_or_default();
             raw.resize((n * e.row_bytes()) as usize, 0);
-            src.read_range(&c.name, row * e.row_bytes(), &mut raw).await?;
+            src.read_range(input, row * e.row_bytes(), &mut raw).await?;
             let expert = (row / rows_per_expert) as usize;
             let slice = match weights {
                 None => None,
@@ -423,8 +560,7 @@ async fn quantize_part(
         }
     }
     pipe.finish(&mut w).await?;
-    let committed = w.finish().await?;
-    Ok(Quantized { committed, choices })
+    Ok(w.finish().await?)
 }
 
 /// One step for the quantizing pool: owned buffers, so it can run while the caller reads the next step.

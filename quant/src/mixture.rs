@@ -251,8 +251,7 @@ impl TensorType {
             ty: ty.into(),
             known: GgmlType::ALL.iter().map(|t| t.name()).collect::<Vec<_>>().join(", "),
         })?;
-        if matches!(ty, GgmlType::Q8_1 | GgmlType::Q8_K | GgmlType::I8 | GgmlType::I16 | GgmlType::I32 | GgmlType::I64)
-        {
+        if !ty.llama_quantize_writes() {
             return Err(TensorTypeError::NotWritable { spec: spec.into(), ty });
         }
         let regex = regex::Regex::new(&pattern)
@@ -288,6 +287,9 @@ pub struct Params {
     pub leave_output_tensor: bool,
     /// `--tensor-type` and `--tensor-type-file` entries, in command-line order.
     pub tensor_types: Vec<TensorType>,
+    /// `--keep-split`: the tensors are visited in the order given (input-file order), not the loader's name order,
+    /// so the layer counters of the rules advance in that order.
+    pub file_order: bool,
 }
 
 /// Decides the type of every tensor, in llama-quantize's tensor order. `tensors` are (name, ne, current type).
@@ -310,7 +312,9 @@ pub fn choose_types_with(
     params: &Params,
 ) -> Result<Vec<Choice>, MixtureError> {
     let mut order: Vec<usize> = (0..tensors.len()).collect();
-    order.sort_by(|&a, &b| tensor_order(&tensors[a].0, &tensors[b].0));
+    if !params.file_order {
+        order.sort_by(|&a, &b| tensor_order(&tensors[a].0, &tensors[b].0));
+    }
     let mut counters = Counters::default();
     let mut out = Vec::with_capacity(tensors.len());
     for idx in order {
