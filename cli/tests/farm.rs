@@ -319,6 +319,10 @@ fn quantfarm_run_makes_the_readme_example_offline() {
     assert_eq!(shas(&String::from_utf8_lossy(&again.stdout)), shas(&stdout));
 }
 
+/// A release with an importance matrix file and a named recipe (a base file type with llama-quantize's
+/// `--tensor-type`, `--token-embedding-type` flags): the Q4_K_M's tensors are llama-quantize's (the fixture's
+/// manifest), and the recipe's file is, byte for byte, the one the real llama-quantize makes from the farm's BF16
+/// with the same flags and imatrix.
 #[test]
 fn a_release_with_an_importance_matrix_matches_llama_quantize() {
     let _cpu = quantfarm_e2e::cpu_bound();
@@ -326,10 +330,11 @@ fn a_release_with_an_importance_matrix_matches_llama_quantize() {
     let hf = quantfarm_e2e::smollm2_derived().join("smollm2-hf");
     let imatrix = quantfarm_e2e::fixtures_dir().join("smollm2/imatrix-gpl3.gguf");
     let release = tmp.path().join("release.yaml");
+    let recipe = r#"{name: Q4_K_R, base: Q4_K_M, tensor_types: ['blk\.[0-9]\.ffn_down=q8_0', 'attn_(q|k)=iq4_nl'], token_embedding_type: q8_0}"#;
     std::fs::write(
         &release,
         format!(
-            "name: smollm2-imat\nsource: {}\noutputs:\n  gguf:\n    quants: [Q4_K_M]\n    imatrix: {{file: {}}}\n",
+            "name: smollm2-imat\nsource: {}\noutputs:\n  gguf:\n    quants: [Q4_K_M, {recipe}]\n    imatrix: {{file: {}}}\n",
             hf.display(),
             imatrix.display()
         ),
@@ -351,6 +356,41 @@ fn a_release_with_an_importance_matrix_matches_llama_quantize() {
     let meta = rt.block_on(async { TensorSource::open(&Location::local(url)).await.unwrap().metadata() });
     assert_eq!(meta["quantize.imatrix.file"], "imatrix-gpl3.gguf");
     assert_eq!(meta["quantize.imatrix.dataset"], "gpl3.txt");
+
+    // The recipe: the real llama-quantize, run where the imatrix is so that it records the same name.
+    let recipe = sum["artifacts"].as_array().unwrap().iter().find(|a| a["file_type"] == "Q4_K_R").unwrap();
+    assert_eq!(recipe["verified"], true, "{recipe:#}");
+    let args = recipe["recipe"]["llama_quantize_args"].as_array().unwrap_or_else(|| panic!("{recipe:#}"));
+    let args: Vec<&str> = args.iter().map(|a| a.as_str().unwrap()).collect();
+    assert_eq!(
+        args,
+        [
+            "--tensor-type",
+            r"blk\.[0-9]\.ffn_down=Q8_0",
+            "--tensor-type",
+            "attn_(q|k)=IQ4_NL",
+            "--token-embedding-type",
+            "Q8_0",
+            "Q4_K_M"
+        ]
+    );
+    let bf16 = sum["artifacts"].as_array().unwrap().iter().find(|a| a["file_type"] == "BF16").unwrap();
+    let theirs = tmp.path().join("theirs.gguf");
+    let bin = quantfarm_e2e::llama_bin();
+    let (flags, ftype) = args.split_at(args.len() - 1);
+    let q = Command::new(bin.join("llama-quantize"))
+        .env("LD_LIBRARY_PATH", &bin)
+        .current_dir(imatrix.parent().unwrap())
+        .args(["--imatrix", "imatrix-gpl3.gguf"])
+        .args(flags)
+        .arg(bf16["files"][0]["url"].as_str().unwrap())
+        .arg(&theirs)
+        .args([ftype[0], "2"])
+        .output()
+        .unwrap();
+    assert!(q.status.success(), "llama-quantize: {}", String::from_utf8_lossy(&q.stderr));
+    let sha = hex(&Sha256::digest(std::fs::read(&theirs).unwrap()));
+    assert_eq!(recipe["files"][0]["sha256"].as_str(), Some(sha.as_str()), "the recipe's file is not llama-quantize's");
 }
 
 /// A release that computes its importance matrix (`imatrix: {text: ...}`): one `imatrix/G` task per chunk group

@@ -281,3 +281,133 @@ fn a_tuned_smollm2_ladder_is_gated_signed_and_shown() {
 fn sum_report(path: &Path) -> Value {
     serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
 }
+
+/// The i-quant ladder through the farm (issue 25): SmolLM2 with an importance matrix the farm computes, the rungs
+/// Q4_K_M, IQ4_XS, IQ3_M, IQ3_XXS, IQ2_M and a named recipe, each verified, measured (KL divergence, probes) and
+/// byte for byte the file `llama-quantize` makes from the farm's GGUF BF16 with the farm's imatrix (and, for the
+/// recipe, its flags); the recipe is in the report and the model card; the ladder chart joins the GGUF rungs in order
+/// of size. Minutes on 2 cores, so only with QUANTFARM_LONG (`scripts/test --long`); the default run makes a recipe
+/// through the farm in cli/tests/farm.rs.
+#[test]
+fn an_i_quant_ladder_with_a_recipe_and_a_farm_imatrix_is_measured_and_equals_llama_quantize() {
+    if std::env::var_os("QUANTFARM_LONG").is_none() {
+        eprintln!(
+            "SKIPPED: the i-quant farm ladder takes minutes; set QUANTFARM_LONG=1 (scripts/test --long) to run it"
+        );
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let hf = quantfarm_e2e::smollm2_derived().join("smollm2-hf");
+    let key = tmp.path().join("farm.key");
+    assert!(Command::new(bin()).arg("keygen").arg(&key).output().unwrap().status.success());
+    let probes = tmp.path().join("probes.yaml");
+    std::fs::write(&probes, PROBES).unwrap();
+    let release = tmp.path().join("release.yaml");
+    let recipe = r#"{name: Q3_K_XL, base: IQ3_XXS, tensor_types: {'blk\.(0|1|2)\.ffn_down': q6_k, attn_v: q8_0}, token_embedding_type: q8_0}"#;
+    std::fs::write(
+        &release,
+        format!(
+            "name: smollm2-iq\nsource: {}\noutputs:\n  gguf:\n    prefix: SmolLM2-135M\n\
+             quants: [Q4_K_M, IQ4_XS, IQ3_M, IQ3_XXS, IQ2_M, {recipe}]\n\
+             imatrix: {{text: {}, chunks: 16}}\n\
+             evaluation:\n  text: {}\n  chunks: 4\n  probes: {}\n  max_tokens: 16\n\
+             card: {{license: apache-2.0}}\n",
+            hf.display(),
+            text().display(),
+            text().display(),
+            probes.display(),
+        ),
+    )
+    .unwrap();
+    let out = run(&release, &tmp.path().join("data"), &key);
+    let sum = summary(&out);
+    let artifacts = sum["artifacts"].as_array().unwrap_or_else(|| panic!("{sum:#}"));
+    let find = |ty: &str| artifacts.iter().find(|a| a["file_type"] == ty).unwrap_or_else(|| panic!("no {ty}: {sum:#}"));
+    let bf16 = find("BF16")["files"][0]["url"].as_str().unwrap().to_string();
+    let gates = sum["gates"].as_array().unwrap();
+    let im = &find("Q4_K_M")["imatrix"];
+    assert_eq!(im["from"], "computed", "{im}");
+    let im_path = PathBuf::from(im["url"].as_str().unwrap());
+    let bin_dir = quantfarm_e2e::llama_bin();
+    let rungs: [(&str, Vec<&str>); 6] = [
+        ("Q4_K_M", vec!["Q4_K_M"]),
+        ("IQ4_XS", vec!["IQ4_XS"]),
+        ("IQ3_M", vec!["IQ3_M"]),
+        ("IQ3_XXS", vec!["IQ3_XXS"]),
+        ("IQ2_M", vec!["IQ2_M"]),
+        (
+            "Q3_K_XL",
+            vec![
+                "--tensor-type",
+                r"blk\.(0|1|2)\.ffn_down=Q6_K",
+                "--tensor-type",
+                "attn_v=Q8_0",
+                "--token-embedding-type",
+                "Q8_0",
+                "IQ3_XXS",
+            ],
+        ),
+    ];
+    for (level, args) in &rungs {
+        let a = find(level);
+        let k = &a["kld"];
+        assert!(k["mean_kld"].as_f64().is_some_and(|m| m > 0.0), "{level}: {k:#}");
+        assert_eq!(a["verified"], true, "{level}");
+        let measured = gates.iter().find(|g| g["name"] == "measured" && g["level"] == *level).unwrap();
+        assert_eq!(measured["passed"], true, "{measured:#}");
+        assert!(gates.iter().any(|g| g["name"] == "kld" && g["level"] == *level), "no kld gate for {level}");
+        // llama-quantize on the farm's BF16 with the farm's imatrix, named as the farm records it (its file name).
+        let theirs = tmp.path().join(format!("theirs-{level}.gguf"));
+        let (flags, ftype) = args.split_at(args.len() - 1);
+        let q = Command::new(bin_dir.join("llama-quantize"))
+            .env("LD_LIBRARY_PATH", &bin_dir)
+            .current_dir(im_path.parent().unwrap())
+            .arg("--imatrix")
+            .arg(im_path.file_name().unwrap())
+            .args(flags)
+            .arg(&bf16)
+            .arg(&theirs)
+            .args([ftype[0], "2"])
+            .output()
+            .unwrap();
+        assert!(q.status.success(), "llama-quantize {level}: {}", String::from_utf8_lossy(&q.stderr));
+        let ours = &a["files"][0];
+        let sha = quantfarm_store::hex(&<sha2::Sha256 as sha2::Digest>::digest(std::fs::read(&theirs).unwrap()));
+        assert_eq!(
+            ours["sha256"].as_str(),
+            Some(sha.as_str()),
+            "{level}: the farm's file differs from llama-quantize's"
+        );
+        eprintln!(
+            "{level}: {} bytes, {} bits/weight, mean KLD {:.4} ± {:.4}, sha256 {sha}",
+            a["bytes"],
+            a["bits_per_weight"],
+            k["mean_kld"].as_f64().unwrap(),
+            k["mean_kld_unc"].as_f64().unwrap()
+        );
+    }
+    // The recipe is recorded with its definition; a plain file type has none; its KLD limit is its base's.
+    let r = &find("Q3_K_XL")["recipe"];
+    assert_eq!(r["base"], "IQ3_XXS", "{r:#}");
+    assert_eq!(r["tensor_types"], serde_json::json!([r"blk\.(0|1|2)\.ffn_down=Q6_K", "attn_v=Q8_0"]), "{r:#}");
+    assert!(find("IQ2_M").get("recipe").is_none());
+    let g = gates.iter().find(|g| g["name"] == "kld" && g["level"] == "Q3_K_XL").unwrap();
+    let base = gates.iter().find(|g| g["name"] == "kld" && g["level"] == "IQ3_XXS").unwrap();
+    assert_eq!(g["threshold"], base["threshold"], "{g:#}");
+    let report_path = PathBuf::from(sum["report_url"].as_str().unwrap());
+    let dir = report_path.parent().unwrap().to_path_buf();
+    let schema = quantfarm_e2e::repo_root().join("docs/report.schema.json");
+    let (rc, msg) = python("check_schema.py", &[schema.as_os_str(), report_path.as_os_str()]);
+    assert_eq!(rc, 0, "report.json against docs/report.schema.json:\n{msg}");
+    let card = std::fs::read_to_string(dir.join("README.md")).unwrap();
+    assert!(card.contains("`Q3_K_XL` is a recipe, made as `llama-quantize --tensor-type"), "{card}");
+    // The ladder chart: one line through the six GGUF rungs, left to right by size.
+    let html = std::fs::read_to_string(dir.join("report.html")).unwrap();
+    let at = html.find("<g class=\"ladder\">").expect("the ladder line");
+    let points = &html[at..];
+    let points = &points[points.find("points=\"").unwrap() + 8..];
+    let xs: Vec<f64> =
+        points[..points.find('"').unwrap()].split(' ').map(|p| p.split(',').next().unwrap().parse().unwrap()).collect();
+    assert_eq!(xs.len(), rungs.len(), "{xs:?}");
+    assert!(xs.windows(2).all(|w| w[0] <= w[1]), "in order of size: {xs:?}");
+}

@@ -5,7 +5,8 @@
 use quantfarm_proto as pb;
 use quantfarm_quant::file::{quantize_gguf_shard, Options};
 use quantfarm_quant::imatrix::Imatrix;
-use quantfarm_quant::FileType;
+use quantfarm_quant::mixture::TensorType;
+use quantfarm_quant::{FileType, GgmlType};
 use quantfarm_store::{Location, StagedSink};
 use quantfarm_tensors::convert::{self, GgufPlan, SplitRule};
 use quantfarm_tensors::merge::MergeOptions;
@@ -80,7 +81,28 @@ pub async fn write_quantized(q: &pb::QuantizeTask, out: &Location, env: &Env) ->
         im.file = loc.file_name().to_string();
         Some(std::sync::Arc::new(im))
     };
-    let opts = Options { budget: env.budget, threads: Some(env.threads), imatrix, ..Options::new(ftype) };
+    // A recipe's flags, as llama-quantize parses them (mixture::TensorType); the coordinator checked them at
+    // submission, so a failure here is a task made by another version.
+    let tensor_types = q
+        .tensor_types
+        .iter()
+        .map(|t| TensorType::parse(t).map_err(|e| Failure::input(e.to_string())))
+        .collect::<Result<Vec<_>, _>>()?;
+    let flag = |key: &str, name: &str| -> Result<Option<GgmlType>, Failure> {
+        if name.is_empty() {
+            return Ok(None);
+        }
+        GgmlType::from_name(name).map(Some).ok_or_else(|| Failure::input(format!("{key}: unknown ggml type {name:?}")))
+    };
+    let opts = Options {
+        budget: env.budget,
+        threads: Some(env.threads),
+        imatrix,
+        tensor_types,
+        output_tensor_type: flag("output_tensor_type", &q.output_tensor_type)?,
+        token_embedding_type: flag("token_embedding_type", &q.token_embedding_type)?,
+        ..Options::new(ftype)
+    };
     let done = quantize_gguf_shard(&src, q.shard as usize, out, &opts).await?;
     Ok((done.committed.sha256, done.committed.bytes))
 }

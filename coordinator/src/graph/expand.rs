@@ -126,9 +126,9 @@ fn expand(ctx: &Ctx, plan: &pb::PlanResult, results: &Results) -> Vec<TaskDef> {
     for level in ctx.spec.quants() {
         for shard in 0..n {
             let bytes = shard_bytes[shard as usize] * 2;
-            let q = TaskKey::Quantize { level: level.0, shard };
+            let q = TaskKey::Quantize { level: level.level(), shard };
             out.push(TaskDef { key: q.clone(), deps: quant_deps.clone(), cost: bytes });
-            let v = TaskKey::VerifyQuantize { level: level.0, shard };
+            let v = TaskKey::VerifyQuantize { level: level.level(), shard };
             out.push(TaskDef { key: v.clone(), deps: vec![q], cost: bytes });
             verifies.push(v);
         }
@@ -159,10 +159,10 @@ fn expand(ctx: &Ctx, plan: &pb::PlanResult, results: &Results) -> Vec<TaskDef> {
             // After the KL-divergence plan: its text checksum names the peer's base file.
             let base = TaskKey::PeerBase { peer };
             out.push(TaskDef { key: base.clone(), deps: vec![TaskKey::KldPlan], cost });
-            for level in ctx.spec.quants().iter().filter(|l| ctx.spec.measures(l.0.name())) {
-                let key = TaskKey::PeerKld { peer, level: level.0 };
+            for level in ctx.spec.quants().iter().map(|l| l.level()).filter(|l| ctx.spec.measures(&l.to_string())) {
+                let key = TaskKey::PeerKld { peer, level };
                 let mut deps = vec![base.clone()];
-                deps.extend(model_tasks(EvalTarget::Quant(level.0), n));
+                deps.extend(model_tasks(EvalTarget::Quant(level), n));
                 out.push(TaskDef { key: key.clone(), deps, cost });
                 verifies.push(key);
             }
@@ -196,7 +196,7 @@ fn model_tasks(target: EvalTarget, n_shards: u32) -> Vec<TaskKey> {
 /// The models measured against the reference: every GGUF quant level, then every MLX checkpoint, less those the
 /// release skips (`evaluation.skip`).
 pub fn eval_targets(ctx: &Ctx) -> Vec<EvalTarget> {
-    let quants = ctx.spec.quants().iter().map(|q| EvalTarget::Quant(q.0));
+    let quants = ctx.spec.quants().iter().map(|q| EvalTarget::Quant(q.level()));
     quants
         .chain(ctx.spec.mlx_bits().iter().map(|&bits| EvalTarget::Mlx { bits }))
         .filter(|t| ctx.spec.measures(&t.to_string()))
@@ -378,10 +378,10 @@ mod tests {
         let tasks = vec![
             t(TaskKey::Gguf { shard: 0 }, vec![], 10),
             t(TaskKey::Gguf { shard: 1 }, vec![], 10),
-            t(TaskKey::Quantize { level: FileType::Q8_0, shard: 0 }, vec![TaskKey::Gguf { shard: 0 }], 100),
+            t(TaskKey::Quantize { level: FileType::Q8_0.into(), shard: 0 }, vec![TaskKey::Gguf { shard: 0 }], 100),
             t(
                 TaskKey::Report,
-                vec![TaskKey::Quantize { level: FileType::Q8_0, shard: 0 }, TaskKey::Gguf { shard: 1 }],
+                vec![TaskKey::Quantize { level: FileType::Q8_0.into(), shard: 0 }, TaskKey::Gguf { shard: 1 }],
                 1,
             ),
         ];

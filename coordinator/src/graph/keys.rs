@@ -4,10 +4,9 @@
 
 use std::fmt;
 
-use quantfarm_ggml::FileType;
 use quantfarm_proto as pb;
 
-use crate::spec::Peer;
+use crate::spec::{Level, Peer};
 
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum TaskKey {
@@ -16,14 +15,14 @@ pub enum TaskKey {
         shard: u32,
     },
     Quantize {
-        level: FileType,
+        level: Level,
         shard: u32,
     },
     VerifyGguf {
         shard: u32,
     },
     VerifyQuantize {
-        level: FileType,
+        level: Level,
         shard: u32,
     },
     Noop {
@@ -87,7 +86,7 @@ pub enum TaskKey {
     /// A peer tool's own KL-divergence run on one quant level.
     PeerKld {
         peer: Peer,
-        level: FileType,
+        level: Level,
     },
     /// Gathers every result, applies the gates and signs: run by the coordinator itself.
     Report,
@@ -96,7 +95,7 @@ pub enum TaskKey {
 /// A model measured against the reference: a GGUF quant level or an MLX checkpoint.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum EvalTarget {
-    Quant(FileType),
+    Quant(Level),
     Mlx { bits: u32 },
 }
 
@@ -202,7 +201,7 @@ impl EvalTarget {
         if let Some(b) = s.strip_prefix("MLX-").and_then(|r| r.strip_suffix("bit")) {
             return Some(EvalTarget::Mlx { bits: b.parse().ok()? });
         }
-        FileType::from_name(s).filter(|f| f.name() == s).map(EvalTarget::Quant)
+        Level::parse(s).map(EvalTarget::Quant)
     }
 }
 
@@ -242,7 +241,7 @@ impl TaskKey {
     pub fn parse(id: &str) -> Option<TaskKey> {
         let parts: Vec<&str> = id.split('/').collect();
         let num = |s: &str| s.parse::<u32>().ok();
-        let level = |s: &str| FileType::from_name(s).filter(|f| f.name() == s);
+        let level = Level::parse;
         Some(match parts.as_slice() {
             ["plan"] => TaskKey::Plan,
             ["report"] => TaskKey::Report,
@@ -359,7 +358,14 @@ impl TaskKey {
 
 #[cfg(test)]
 mod tests {
+    use quantfarm_ggml::FileType;
+
     use super::*;
+    use crate::spec::RecipeName;
+
+    fn q(f: FileType) -> Level {
+        Level::File(f)
+    }
 
     #[test]
     fn keys_round_trip() {
@@ -368,9 +374,9 @@ mod tests {
             TaskKey::Report,
             TaskKey::Gguf { shard: 3 },
             TaskKey::Noop { n: 7 },
-            TaskKey::Quantize { level: FileType::Q4_K_M, shard: 0 },
+            TaskKey::Quantize { level: q(FileType::Q4_K_M), shard: 0 },
             TaskKey::VerifyGguf { shard: 1 },
-            TaskKey::VerifyQuantize { level: FileType::Q8_0, shard: 2 },
+            TaskKey::VerifyQuantize { level: q(FileType::Q8_0), shard: 2 },
             TaskKey::MergePlan,
             TaskKey::Merge { file: 1 },
             TaskKey::MergeSide,
@@ -384,14 +390,16 @@ mod tests {
             TaskKey::VerifyMlx { bits: 8 },
             TaskKey::KldPlan,
             TaskKey::KldBase { group: 2 },
-            TaskKey::Kld { target: EvalTarget::Quant(FileType::Q4_K_M), group: 3 },
+            TaskKey::Kld { target: EvalTarget::Quant(q(FileType::Q4_K_M)), group: 3 },
             TaskKey::Kld { target: EvalTarget::Mlx { bits: 4 }, group: 0 },
             TaskKey::Greedy { subject: Subject::Reference, share: 1 },
-            TaskKey::Greedy { subject: Subject::Model(EvalTarget::Quant(FileType::Q8_0)), share: 0 },
+            TaskKey::Greedy { subject: Subject::Model(EvalTarget::Quant(q(FileType::Q8_0))), share: 0 },
             TaskKey::Probe { subject: Subject::Model(EvalTarget::Mlx { bits: 8 }) },
             TaskKey::Probe { subject: Subject::Reference },
             TaskKey::PeerBase { peer: Peer::LlamaPerplexity },
-            TaskKey::PeerKld { peer: Peer::LlamaPerplexity, level: FileType::Q6_K },
+            TaskKey::Quantize { level: Level::Recipe(RecipeName::new("Q4_K_XL").unwrap()), shard: 1 },
+            TaskKey::Kld { target: EvalTarget::Quant(Level::Recipe(RecipeName::new("UD-IQ2").unwrap())), group: 0 },
+            TaskKey::PeerKld { peer: Peer::LlamaPerplexity, level: q(FileType::Q6_K) },
         ] {
             assert_eq!(TaskKey::parse(&k.to_string()), Some(k.clone()), "{k}");
         }

@@ -1,7 +1,6 @@
 //! The concrete task message a worker receives once the task's dependencies have results: built from the release's
 //! spec and those results alone, so it is rebuilt the same way after a restart.
 
-use quantfarm_ggml::FileType;
 use quantfarm_proto::{self as pb, task, task_result, verify_task};
 use quantfarm_store::Location;
 
@@ -9,7 +8,7 @@ use super::expand::computes_imatrix;
 use super::keys::{CheckPart, EvalTarget, Subject, TaskKey};
 use super::naming::{artifact, file_name, split_text, synthetic_name};
 use super::{Ctx, Results};
-use crate::spec::{ImatrixSource, Peer};
+use crate::spec::{ImatrixSource, Level, Peer};
 
 pub(super) fn plan_of<'a>(results: &Results<'a>) -> Result<&'a pb::PlanResult, String> {
     match results(&TaskKey::Plan).and_then(|r| r.kind.as_ref()) {
@@ -96,9 +95,10 @@ fn gguf_task(ctx: &Ctx, results: &Results, shard: u32) -> Result<pb::GgufShardTa
     })
 }
 
-fn quantize_task(ctx: &Ctx, results: &Results, level: FileType, shard: u32) -> Result<pb::QuantizeTask, String> {
+fn quantize_task(ctx: &Ctx, results: &Results, level: Level, shard: u32) -> Result<pb::QuantizeTask, String> {
     let plan = plan_of(results)?;
     let n = plan.shards.len() as u32;
+    let rung = ctx.spec.rung(level).ok_or_else(|| format!("{level} is not a rung of this release"))?;
     let inputs: Vec<&pb::Artifact> =
         (0..n).map(|s| artifact_of(results, &TaskKey::Gguf { shard: s })).collect::<Result<_, _>>()?;
     let (imatrix, imatrix_sha256) = match ctx.spec.imatrix() {
@@ -109,22 +109,36 @@ fn quantize_task(ctx: &Ctx, results: &Results, level: FileType, shard: u32) -> R
             (a.url.clone(), a.sha256.clone())
         }
     };
-    let mut parts = vec!["quantfarm quantize v1", level.name()];
+    let recipe = rung.recipe();
+    let tensor_types: Vec<String> = recipe.map_or(vec![], |r| r.tensor_types.iter().map(|t| t.arg()).collect());
+    let type_name = |t: Option<quantfarm_ggml::GgmlType>| t.map_or(String::new(), |t| t.name().to_string());
+    let output_tensor_type = type_name(recipe.and_then(|r| r.output_tensor_type));
+    let token_embedding_type = type_name(recipe.and_then(|r| r.token_embedding_type));
+    // A plain file type's identity is as it always was; a recipe's adds its flags (its name changes no byte).
+    let mut parts = vec!["quantfarm quantize v1", rung.base().name()];
+    if recipe.is_some() {
+        parts.push("recipe");
+        parts.extend(tensor_types.iter().map(|t| t.as_str()));
+        parts.extend(["output", &output_tensor_type, "token_embd", &token_embedding_type]);
+    }
     parts.extend(inputs.iter().map(|a| a.sha256.as_str()));
     if !imatrix.is_empty() {
         parts.push("imatrix");
         parts.push(&imatrix_sha256);
     }
-    let name = file_name(&format!("{}-{}", ctx.spec.prefix(), level.name()), shard, n);
+    let name = file_name(&format!("{}-{level}", ctx.spec.prefix()), shard, n);
     let output = artifact(ctx, &parts, &name)?;
     Ok(pb::QuantizeTask {
         input: inputs[0].url.clone(),
         shard,
         n_shards: n,
-        file_type: level.name().to_string(),
+        file_type: rung.base().name().to_string(),
         output: output.to_string(),
         imatrix,
         imatrix_sha256,
+        tensor_types,
+        output_tensor_type,
+        token_embedding_type,
     })
 }
 
@@ -310,7 +324,7 @@ fn merge_check_task(ctx: &Ctx, results: &Results, part: CheckPart) -> Result<pb:
     })
 }
 
-fn peer_task(ctx: &Ctx, results: &Results, peer: Peer, level: Option<FileType>) -> Result<pb::PeerKldTask, String> {
+fn peer_task(ctx: &Ctx, results: &Results, peer: Peer, level: Option<Level>) -> Result<pb::PeerKldTask, String> {
     let settings = kld_settings(ctx)?;
     let Some(level) = level else {
         let kp = kld_plan_of(results)?;

@@ -11,6 +11,7 @@ use super::tasks;
 use crate::gates;
 use crate::graph::{CheckPart, Subject, TaskKey};
 use crate::sched::{Release, WorkerRec};
+use crate::spec::Level;
 use quantfarm_parity::{ChunkStats, KldSummary};
 
 /// One published artifact while it is gathered: every file of one output (all split files of one GGUF).
@@ -172,7 +173,7 @@ fn peer_summaries(
     for t in &rel.tasks {
         let TaskKey::PeerKld { level, .. } = &t.key else { continue };
         let Some(p) = t.result.as_ref().and_then(|r| r.peer_kld()) else { continue };
-        let ours = klds.get(level.name()).and_then(|r| r.as_ref().ok());
+        let ours = klds.get(&level.to_string()).and_then(|r| r.as_ref().ok());
         // (label as printed, our figure, decimals printed)
         let compared: Vec<(&str, Option<f64>, usize)> = vec![
             ("Mean KLD", ours.map(|s| s.mean_kld.value), 6),
@@ -189,7 +190,7 @@ fn peer_summaries(
             };
             same.insert(label.to_string(), equal);
         }
-        out.entry(level.name().to_string()).or_default().insert(
+        out.entry(level.to_string()).or_default().insert(
             p.tool.clone(),
             PeerFigures {
                 version: p.version.clone(),
@@ -375,9 +376,14 @@ fn measured(
                 f.set("bytes", Err("the artifact was not made".into()));
             }
         }
+        // A recipe is held to its base file type's limit.
+        let limit_of = match Level::parse(&level).and_then(|l| rel.spec.rung(l)) {
+            Some(r) => r.base().to_string(),
+            None => level.clone(),
+        };
         f.set(
             "default.kld.mean",
-            gates::default_kld_max(&level).ok_or_else(|| format!("no default limit for {level}")),
+            gates::default_kld_max(&limit_of).ok_or_else(|| format!("no default limit for {limit_of}")),
         );
         levels.push((level, f));
     }
@@ -485,8 +491,9 @@ fn artifacts(
         Makes,
         Verifies,
     }
-    let level_order =
-        |l: &str| rel.spec.quants().iter().position(|q| q.0.name() == l).map_or(u32::MAX - 1, |p| p as u32 + 2);
+    let level_order = |l: &str| {
+        rel.spec.quants().iter().position(|q| q.level().to_string() == l).map_or(u32::MAX - 1, |p| p as u32 + 2)
+    };
     let merged = || (0, "merged".to_string());
     let bf16 = || (1, "BF16".to_string());
     let mlx = |bits: u32| (u32::MAX - 16 + bits, format!("MLX-{bits}bit"));
@@ -498,8 +505,8 @@ fn artifacts(
             TaskKey::VerifyMerge { .. } | TaskKey::VerifyMergeSide => (merged(), Role::Verifies),
             TaskKey::Gguf { .. } => (bf16(), Role::Makes),
             TaskKey::VerifyGguf { .. } => (bf16(), Role::Verifies),
-            TaskKey::Quantize { level, .. } => (quant(level.name()), Role::Makes),
-            TaskKey::VerifyQuantize { level, .. } => (quant(level.name()), Role::Verifies),
+            TaskKey::Quantize { level, .. } => (quant(&level.to_string()), Role::Makes),
+            TaskKey::VerifyQuantize { level, .. } => (quant(&level.to_string()), Role::Verifies),
             TaskKey::Mlx { bits } => (mlx(*bits), Role::Makes),
             TaskKey::VerifyMlx { bits } => (mlx(*bits), Role::Verifies),
             // Tasks whose outputs are not published artifacts.
@@ -572,6 +579,7 @@ fn artifacts(
                 .collect(),
             verified,
             imatrix: if is_quant { imatrix.clone() } else { None },
+            recipe: Level::parse(&ty).and_then(|l| rel.spec.rung(l)).and_then(|r| r.recipe()).map(RecipeDoc::from),
             kld,
             greedy: greedy.get(&ty).cloned(),
             probes: probes.get(&ty).cloned(),

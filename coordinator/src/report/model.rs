@@ -167,6 +167,9 @@ pub struct Artifact {
     pub verified: bool,
     /// The importance matrix a GGUF quant was made with; `null` for others or without one.
     pub imatrix: Option<Imatrix>,
+    /// A named recipe's definition (its rung in `release.yaml`); left out for a plain file type and other outputs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recipe: Option<RecipeDoc>,
     pub kld: Option<Kld>,
     pub greedy: Option<GreedySummary>,
     pub probes: Option<ProbeSummary>,
@@ -219,6 +222,30 @@ pub enum Imatrix {
         batch: u32,
         method: String,
     },
+}
+
+/// A named recipe as the report records it: the base file type and llama-quantize's flags on top of it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RecipeDoc {
+    pub base: String,
+    /// `--tensor-type` entries, `PATTERN=TYPE`, in order (the first match wins).
+    pub tensor_types: Vec<String>,
+    pub output_tensor_type: Option<String>,
+    pub token_embedding_type: Option<String>,
+    /// The llama-quantize command line's flags that make the same bytes (less files and `--imatrix`).
+    pub llama_quantize_args: Vec<String>,
+}
+
+impl From<&crate::spec::Recipe> for RecipeDoc {
+    fn from(r: &crate::spec::Recipe) -> RecipeDoc {
+        RecipeDoc {
+            base: r.base.name().to_string(),
+            tensor_types: r.tensor_types.iter().map(|t| t.arg()).collect(),
+            output_tensor_type: r.output_tensor_type.map(|t| t.name().to_string()),
+            token_embedding_type: r.token_embedding_type.map(|t| t.name().to_string()),
+            llama_quantize_args: r.args(),
+        }
+    }
 }
 
 /// A level's KL divergence against the GGUF BF16, or why its chunk groups do not make one.

@@ -68,8 +68,20 @@ fn inputs_json(t: Option<&pb::Task>) -> Value {
             "split": split_json(&g.split)
         }),
         task::Kind::Quantize(q) => {
-            json!({"input": q.input, "file_type": q.file_type, "shard": q.shard, "n_shards": q.n_shards,
-                   "imatrix": q.imatrix, "imatrix_sha256": q.imatrix_sha256})
+            let mut v = json!({"input": q.input, "file_type": q.file_type, "shard": q.shard, "n_shards": q.n_shards,
+                   "imatrix": q.imatrix, "imatrix_sha256": q.imatrix_sha256});
+            // A recipe's flags, only where there are some (a plain file type's inputs read as before).
+            if !q.tensor_types.is_empty() {
+                v["tensor_types"] = json!(q.tensor_types);
+            }
+            for (key, t) in
+                [("output_tensor_type", &q.output_tensor_type), ("token_embedding_type", &q.token_embedding_type)]
+            {
+                if !t.is_empty() {
+                    v[key] = json!(t);
+                }
+            }
+            v
         }
         task::Kind::Verify(v) => {
             let (artifact, what) = match &v.what {

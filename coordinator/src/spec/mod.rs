@@ -11,7 +11,11 @@
 //!   gguf:
 //!     prefix: SmolLM2-135M      # artifact file prefix (default: name)
 //!     split: {max_tensors: 100} # or {max_size: 2GB}: llama.cpp split files (gguf-split's rules); default one file
-//!     quants: [Q8_0]            # llama-quantize file types
+//!     quants:                   # llama-quantize file types, and named recipes (made, verified, measured alike):
+//!       - Q8_0                  #   a base file type with llama-quantize's --tensor-type entries (a mapping in
+//!       - {name: Q4_K_XL, base: Q4_K_M, tensor_types: {ffn_down: Q6_K, "blk\\.[0-3]\\.attn_v": Q8_0},
+//!          output_tensor_type: Q8_0, token_embedding_type: Q6_K}   # order, first match wins, or a list of
+//!                               #   PATTERN=TYPE), --output-tensor-type and --token-embedding-type (spec/recipe.rs)
 //!     imatrix: {file: imatrix.gguf}   # optional importance matrix: llama.cpp's GGUF or legacy .dat (path relative
 //!                                     # to this file, file:// or s3://), or computed by the farm from a text:
 //!     # imatrix: {text: calibration.txt, chunks: 100, ctx: 512, batch: 2048}  (chunks default all; ctx 512;
@@ -40,8 +44,10 @@
 //!   - {name: merge, check: "merge.greedy.agree >= 1"}  # with an adapter and prompts: the merge check (link 1)
 //! ```
 
-use quantfarm_ggml::FileType;
-use serde::{Deserialize, Deserializer, Serialize};
+mod recipe;
+
+pub use recipe::{Level, Recipe, RecipeName, Rung, TensorTypeRule};
+use serde::{Deserialize, Serialize};
 
 #[derive(Debug, thiserror::Error)]
 #[error("{file}: {msg}")]
@@ -101,8 +107,9 @@ pub struct GgufOutputs {
     pub prefix: Option<String>,
     #[serde(default)]
     pub split: Option<Split>,
+    /// The ladder: file types and named recipes, in the order given.
     #[serde(default)]
-    pub quants: Vec<QuantLevel>,
+    pub quants: Vec<Rung>,
     /// An importance matrix for the quants: a file, or computed by the farm.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub imatrix: Option<ImatrixSource>,
@@ -283,33 +290,6 @@ pub struct Split {
     pub max_size: Option<String>,
 }
 
-/// A rung of the quant ladder: a llama-quantize file type that quantfarm can produce.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct QuantLevel(pub FileType);
-
-impl<'de> Deserialize<'de> for QuantLevel {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        let ft = FileType::from_name(&s).ok_or_else(|| {
-            let names: Vec<&str> = FileType::ALL.iter().map(|f| f.name()).collect();
-            serde::de::Error::custom(format!("unknown quant type {s:?}, expected one of {}", names.join(", ")))
-        })?;
-        if !quantfarm_ggml::QUANTIZED_BY_QUANTFARM.contains(&ft.default_type()) {
-            return Err(serde::de::Error::custom(format!(
-                "quant type {s}: its {} blocks are not implemented yet",
-                ft.default_type()
-            )));
-        }
-        Ok(QuantLevel(ft))
-    }
-}
-
-impl Serialize for QuantLevel {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(self.0.name())
-    }
-}
-
 pub use crate::gates::Gate;
 
 /// The model card's front matter and introduction (`README.md` beside the report).
@@ -398,20 +378,35 @@ impl ReleaseSpec {
         if let Some(split) = &gguf.split {
             split.rule()?;
         }
-        let mut seen = std::collections::HashSet::new();
+        let mut seen = std::collections::HashMap::new();
         for q in &gguf.quants {
-            if !seen.insert(q.0) {
-                return Err(format!("outputs.gguf.quants: {} is listed twice", q.0));
+            let level = q.level();
+            // Gates name a level's figures by its lower-cased name with '-' as '_' (crate::gates::level_prefix).
+            if let Some(other) = seen.insert(crate::gates::level_prefix(&level.to_string()), level) {
+                return Err(if other == level {
+                    format!("outputs.gguf.quants: {level} is listed twice")
+                } else {
+                    format!("outputs.gguf.quants: {level} and {other} have the same name in gates; rename one")
+                });
             }
-            if !q.0.is_quantized() {
-                return Err(format!("outputs.gguf.quants: {} is not a quantized type (BF16 is always made)", q.0));
+            if let Rung::File(f) = q {
+                if !f.is_quantized() {
+                    return Err(format!("outputs.gguf.quants: {f} is not a quantized type (BF16 is always made)"));
+                }
             }
-            if q.0.needs_imatrix() && gguf.imatrix.is_none() {
+            if q.needs_imatrix() && gguf.imatrix.is_none() {
+                let why = match q {
+                    Rung::File(_) => "is made only with an importance matrix".to_string(),
+                    Rung::Recipe(r) => {
+                        let base = r.base.needs_imatrix().then(|| r.base.to_string());
+                        let types = r.named_types().filter(|t| t.quantize_requires_imatrix()).map(|t| t.to_string());
+                        let what: Vec<String> = base.into_iter().chain(types).collect();
+                        format!("(a recipe) names {}, made only with an importance matrix", what.join(", "))
+                    }
+                };
                 return Err(format!(
-                    "outputs.gguf.quants: {} is made only with an importance matrix; add `imatrix: {{file: PATH}}` \
-                     (llama-imatrix's or `quantfarm imatrix`'s) or `imatrix: {{text: PATH}}` (computed by the farm) \
-                     under outputs.gguf",
-                    q.0
+                    "outputs.gguf.quants: {level} {why}; add `imatrix: {{file: PATH}}` (llama-imatrix's or \
+                     `quantfarm imatrix`'s) or `imatrix: {{text: PATH}}` (computed by the farm) under outputs.gguf"
                 ));
             }
         }
@@ -490,7 +485,7 @@ impl ReleaseSpec {
 
     /// Every measured output's name, in report order: the GGUF quant levels, then the MLX checkpoints (`MLX-4bit`).
     pub fn levels(&self) -> Vec<String> {
-        let quants = self.quants().iter().map(|q| q.0.name().to_string());
+        let quants = self.quants().iter().map(|q| q.level().to_string());
         quants.chain(self.mlx_bits().iter().map(|b| format!("MLX-{b}bit"))).collect()
     }
 
@@ -513,8 +508,13 @@ impl ReleaseSpec {
         self.outputs.gguf.is_some() || self.outputs.mlx.is_some()
     }
 
-    pub fn quants(&self) -> &[QuantLevel] {
+    pub fn quants(&self) -> &[Rung] {
         self.outputs.gguf.as_ref().map_or(&[], |g| &g.quants)
+    }
+
+    /// The rung a GGUF level is made by.
+    pub fn rung(&self, level: Level) -> Option<&Rung> {
+        self.quants().iter().find(|q| q.level() == level)
     }
 
     pub fn split_rule(&self) -> Option<quantfarm_proto::SplitRule> {
@@ -598,7 +598,7 @@ mod tests {
     #[test]
     fn parses_without_gates_of_its_own() {
         let s = ReleaseSpec::parse(GOOD, "release.yaml").unwrap();
-        assert_eq!(s.quants(), &[QuantLevel(FileType::Q8_0)]);
+        assert_eq!(s.quants(), &[Rung::File(quantfarm_ggml::FileType::Q8_0)]);
         assert!(s.gates.is_empty(), "the defaults are added when the gates are evaluated");
         assert_eq!(s.prefix(), "smollm2");
         assert_eq!(s.levels(), ["Q8_0"]);
@@ -637,6 +637,30 @@ mod tests {
         );
         let with = GOOD.replace("[Q8_0]", "[Q8_0, IQ3_XXS]\n    imatrix: {file: im.gguf}");
         assert!(ReleaseSpec::parse(&with, "r").is_ok());
+    }
+
+    #[test]
+    fn recipes_are_rungs_named_apart_and_refused_without_the_imatrix_they_need() {
+        let recipe = "{name: Q4_K_XL, base: Q4_K_M, tensor_types: {ffn_down: q6_k}}";
+        let s = ReleaseSpec::parse(&GOOD.replace("[Q8_0]", &format!("[Q8_0, {recipe}]")), "r").unwrap();
+        assert_eq!(s.levels(), ["Q8_0", "Q4_K_XL"]);
+        let xl = s.rung(Level::parse("Q4_K_XL").unwrap()).unwrap();
+        assert_eq!(xl.base(), quantfarm_ggml::FileType::Q4_K_M);
+        // Written back and read again (the journal keeps the spec so), the same rungs.
+        let again = ReleaseSpec::parse(&serde_norway::to_string(&s).unwrap(), "again").unwrap();
+        assert_eq!(again.quants(), s.quants());
+        for (quants, says) in [
+            (format!("[{recipe}, {recipe}]"), "Q4_K_XL is listed twice"),
+            (format!("[{recipe}, {}]", recipe.replace("Q4_K_XL", "q4-k-xl")), "have the same name in gates"),
+            ("[{name: R, base: Q4_K_M, tensor_types: {ffn_down: iq1_s}}]".into(), "R (a recipe) names IQ1_S"),
+            ("[{name: R, base: IQ2_M}]".into(), "R (a recipe) names IQ2_M"),
+        ] {
+            let e = ReleaseSpec::parse(&GOOD.replace("[Q8_0]", &quants), "r").unwrap_err().to_string();
+            assert!(e.contains(says), "{quants}: {e}");
+            if says.contains("names") {
+                assert!(e.contains("imatrix: {file: PATH}") && e.contains("imatrix: {text: PATH}"), "{e}");
+            }
+        }
     }
 
     #[test]

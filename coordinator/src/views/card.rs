@@ -102,6 +102,11 @@ pub fn render(report: &Report) -> String {
     md.push_str("- Converted to GGUF BF16 by the architecture's mapping; every artifact recomputed from its input on another worker and compared byte for byte.\n");
     if has_gguf {
         md.push_str("- GGUF quants made with llama-quantize's algorithms and mixtures (the same bytes llama-quantize writes).\n");
+        for r in artifacts.iter().filter_map(|r| Some((r.a.file_type.as_str(), r.a.recipe.as_ref()?))) {
+            // A code span: no escapes, so no backtick or line break (a recipe's name is letters, digits, _ and -).
+            let args = r.1.llama_quantize_args.join(" ").replace('`', "'").replace(['\n', '\r'], " ");
+            let _ = writeln!(md, "- `{}` is a recipe, made as `llama-quantize {args}` makes it.", r.0);
+        }
     }
     if has_mlx {
         let _ = writeln!(
@@ -172,5 +177,9 @@ mod tests {
         assert!(md.contains(&format!("sha256 `{}`", "cc".repeat(32))), "the dataset's checksum");
         assert!(md.contains("Release `r1`"));
         assert!(md.contains(&format!("| `SmolLM2-Q8_0.gguf` | `{}` |", "0f".repeat(32))));
+        assert!(
+            md.contains("- `Q4_K_XL` is a recipe, made as `llama-quantize --tensor-type ffn_down=Q6_K --token-embedding-type Q8_0 Q4_K_M` makes it."),
+            "{md}"
+        );
     }
 }

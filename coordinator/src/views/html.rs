@@ -29,7 +29,7 @@ svg .plot { fill: #fbfcfd; stroke: var(--line); } svg .grid { stroke: #eaeef2; }
 svg .axis { font-size: 12px; fill: var(--ink); } svg .label { font-size: 11px; fill: var(--ink); }
 svg .err { stroke: #0969da; stroke-width: 1.5; } svg .pt circle { fill: #0969da; } svg .pt.mlx circle { fill: #8250df; }
 svg .bar { fill: #0969da; } svg .bar.ref { fill: #8c959f; } svg .bar.merge { fill: #1a7f37; } svg .band { fill: #fbbc0544; stroke: #bf8700; }
-svg .series polyline { fill: none; stroke-width: 1.8; } svg .series circle { r: 2.5; }
+svg .ladder polyline { fill: none; stroke: #0969da55; stroke-width: 1.2; } svg .series polyline { fill: none; stroke-width: 1.8; } svg .series circle { r: 2.5; }
 svg .s0 polyline { stroke: #0969da; } svg .s0 circle, svg .s0 rect { fill: #0969da; }
 svg .s1 polyline { stroke: #cf222e; } svg .s1 circle, svg .s1 rect { fill: #cf222e; }
 svg .s2 polyline { stroke: #1a7f37; } svg .s2 circle, svg .s2 rect { fill: #1a7f37; }
@@ -141,6 +141,17 @@ fn ladder_chart(h: &mut String, report: &Report) {
     let ys: Vec<f64> = measured.iter().flat_map(|r| r.kld.map(|(m, u)| [m, m + u])).flatten().collect();
     let mut c =
         Chart::new("size against mean KL divergence", &xs, false, "size (MB)", &ys, true, "mean KLD (nats/token)");
+    // The GGUF ladder joined in order of size (a recipe among its file types where its bytes put it), under the points.
+    let mut gguf: Vec<(f64, f64)> = measured
+        .iter()
+        .filter(|r| r.a.container == crate::report::model::Container::Gguf)
+        .filter_map(|r| r.kld.map(|(m, _)| (r.bytes as f64 / 1e6, m)))
+        .filter(|&(_, m)| m > 0.0)
+        .collect();
+    gguf.sort_by(|a, b| a.0.total_cmp(&b.0));
+    if gguf.len() > 1 {
+        c.line(&gguf, "the GGUF ladder, in order of size", "ladder");
+    }
     for r in &measured {
         let (m, u) = r.kld.unwrap_or_default();
         let class = if r.file_type.starts_with("MLX-") { "pt mlx" } else { "pt" };
@@ -388,6 +399,14 @@ mod tests {
         }
         assert_eq!(html.matches("<svg").count(), 5, "ladder, percentiles, same-top-p, greedy, probes");
         assert!(html.contains("SmolLM2-Q4_K_M: 105.0 MB · 5.30 bits/weight · mean KLD 0.063500 ± 0.001270"));
+        // The measured GGUF rungs joined by size: Q4_K_M (105 MB), the Q4_K_XL recipe (112 MB), Q8_0 (145 MB).
+        let line = &html[html.find("<g class=\"ladder\">").expect("the ladder line")..];
+        let points = &line[line.find("points=\"").unwrap() + 8..];
+        let xs: Vec<f64> = points[..points.find('"').unwrap()]
+            .split(' ')
+            .map(|p| p.split(',').next().unwrap().parse().unwrap())
+            .collect();
+        assert!(xs.len() == 3 && xs.windows(2).all(|w| w[0] < w[1]), "{xs:?}");
         assert!(html.contains(
             "<tr class=\"fail\"><td><span class=\"fail-mark\">FAIL</span></td><td>measured</td><td>Q6_K</td>"
         ));

@@ -182,7 +182,7 @@ mod tests {
         assert!(md.contains("| SmolLM2-Q8\\_0 | 3 | 17 | 0.0120 |"), "{md}");
         assert_eq!(
             md.matches(&"0f".repeat(32)).count(),
-            5,
+            6,
             "the adapter file's and every artifact file's sha256: {md}"
         );
     }

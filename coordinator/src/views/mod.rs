@@ -266,6 +266,10 @@ pub(crate) mod sample {
                                "text": "texts/calibration.txt", "text_sha256": "cc".repeat(32),
                                "tokens_sha256": "dd".repeat(32), "chunks": 8, "ctx": 512, "batch": 512,
                                "method": "llama-imatrix's collection"});
+        let mut xl = artifact("Q4_K_XL", 112000000, 5.7, kld(0.0412), greedy(12), probes(0.625));
+        xl["recipe"] = json!({"base": "Q4_K_M", "tensor_types": ["ffn_down=Q6_K"], "output_tensor_type": null,
+                              "token_embedding_type": "Q8_0",
+                              "llama_quantize_args": ["--tensor-type", "ffn_down=Q6_K", "--token-embedding-type", "Q8_0", "Q4_K_M"]});
         let reference_probes = json!({"suite": "basics", "mean_score": 0.75, "score_spread": 0.04,
                                       "pass_scores": [0.75], "passed": 6, "failed": 2, "truncated": 0});
         json!({
@@ -292,6 +296,7 @@ pub(crate) mod sample {
                 artifact("BF16", 270000000, 16.0, Value::Null, Value::Null, reference_probes),
                 q8,
                 q4,
+                xl,
                 artifact("Q6_K", 138000000, 6.6, json!({"error": "9 of the text's 14 chunks were measured"}),
                          Value::Null, Value::Null),
             ],
