@@ -1,8 +1,12 @@
 //! The staged sink: every output is written to a staging place and made visible at its final name only by
 //! [`StagedSink::commit`]. Locally that is a temp file in the destination's folder, fsynced and renamed; in an
-//! object store a multipart upload (with a marker object naming it, see [`crate::staging`]), completed on commit
-//! and aborted otherwise. A failed or dropped write therefore never leaves a partial artifact, nor replaces an
-//! existing one; a killed writer's staging is swept by [`crate::staging::sweep`].
+//! object store an output smaller than a multipart part is held in memory and written with one PUT at commit (no
+//! staging at all), a larger one goes through a multipart upload (with a marker object naming it, see
+//! [`crate::staging`]), completed on commit and aborted otherwise. A failed or dropped write therefore never leaves
+//! a partial artifact, nor replaces an existing one; a killed writer's staging is swept by
+//! [`crate::staging::sweep`]. (An upload whose writer is killed between creating it and writing its marker, a few
+//! milliseconds, has no marker to find it by; a server that lists incomplete uploads, or a bucket lifecycle rule
+//! that aborts them, removes it.)
 
 mod write_behind;
 
@@ -44,15 +48,20 @@ impl std::fmt::Debug for StagedSink {
 enum Stage {
     /// Written and hashed on a thread of its own. `out` is declared first so that, on drop, its thread is stopped
     /// before `tmp` removes the file.
-    Local {
-        out: WriteBehind,
-        tmp: tempfile::NamedTempFile,
-        overwrite: bool,
-    },
+    Local { out: WriteBehind, tmp: tempfile::NamedTempFile, overwrite: bool },
     Object {
+        /// The bytes written so far, while they are fewer than a part: an output that stays this small is put
+        /// whole at commit.
+        head: Vec<u8>,
+        /// The multipart upload, started when the output outgrows one part.
         upload: Option<Upload>,
         hasher: Sha256,
+        objects: Arc<dyn ObjectStore>,
+        multipart: Arc<dyn MultipartStore>,
+        key: ObjPath,
     },
+    /// Committed (the stage moved out).
+    Done,
 }
 
 /// A multipart upload in flight: parts of [`PART_SIZE`] bytes, at most [`PARTS_IN_FLIGHT`] of them sent at once.
@@ -199,10 +208,14 @@ impl StagedSink {
                 }
             }
             let (stores, _) = target.stores().expect("an object location has its stores");
-            let upload = Upload::start(stores.multipart.clone(), stores.objects.clone(), key)
-                .await
-                .map_err(|e| Error::from_store(&name, e))?;
-            Stage::Object { upload: Some(upload), hasher: Sha256::new() }
+            Stage::Object {
+                head: Vec::new(),
+                upload: None,
+                hasher: Sha256::new(),
+                objects: stores.objects.clone(),
+                multipart: stores.multipart.clone(),
+                key: key.clone(),
+            }
         };
         Ok(StagedSink { target: target.clone(), stage, bytes: 0 })
     }
@@ -216,10 +229,20 @@ impl StagedSink {
         crate::io_counters::add_written(data.len());
         match &mut self.stage {
             Stage::Local { out, .. } => out.write(data).map_err(|e| Error::from_io(self.target.to_string(), e)),
-            Stage::Object { upload, hasher } => {
+            Stage::Done => unreachable!("commit takes the sink"),
+            Stage::Object { head, upload, hasher, objects, multipart, key } => {
                 hasher.update(data);
-                let up = upload.as_mut().expect("upload present until commit");
-                up.write(data).await.map_err(|e| Error::from_store(self.target.to_string(), e))
+                let err = |e| Error::from_store(self.target.to_string(), e);
+                if let Some(up) = upload {
+                    return up.write(data).await.map_err(err);
+                }
+                head.extend_from_slice(data);
+                if head.len() >= PART_SIZE {
+                    let mut up = Upload::start(multipart.clone(), objects.clone(), key).await.map_err(err)?;
+                    up.write(&std::mem::take(head)).await.map_err(err)?;
+                    *upload = Some(up);
+                }
+                Ok(())
             }
         }
     }
@@ -239,7 +262,7 @@ impl StagedSink {
     /// Makes the output visible at its final name, all at once.
     pub async fn commit(mut self) -> Result<Committed> {
         let name = self.target.to_string();
-        let stage = std::mem::replace(&mut self.stage, Stage::Object { upload: None, hasher: Sha256::new() });
+        let stage = std::mem::replace(&mut self.stage, Stage::Done);
         let hasher = match stage {
             Stage::Local { tmp, out, overwrite } => {
                 let io = |e| Error::from_io(&name, e);
@@ -260,11 +283,17 @@ impl StagedSink {
                 }
                 hasher
             }
-            Stage::Object { upload, hasher } => {
-                let up = upload.expect("upload present until commit");
-                up.complete().await.map_err(|e| Error::from_store(&name, e))?;
+            Stage::Object { head, upload, hasher, objects, key, .. } => {
+                match upload {
+                    Some(up) => up.complete().await.map_err(|e| Error::from_store(&name, e))?,
+                    // One PUT: the object appears whole or not at all.
+                    None => {
+                        objects.put(&key, PutPayload::from(head)).await.map_err(|e| Error::from_store(&name, e))?;
+                    }
+                }
                 hasher
             }
+            Stage::Done => unreachable!("a sink is committed once"),
         };
         let sha256 = crate::hex(&hasher.finalize());
         tracing::debug!(location = %name, bytes = self.bytes, %sha256, "committed");

@@ -46,6 +46,31 @@ fn gguf_over_s3_reads_the_same_bytes_as_locally_within_the_budget() {
     });
 }
 
+/// An output smaller than a multipart part is held in memory and put whole at commit: before it nothing of it is on
+/// the server (no upload, no marker), after it the object; one dropped uncommitted leaves nothing to sweep.
+#[test]
+fn a_small_output_is_put_whole_at_commit_with_no_staging() {
+    let server = S3Server::start();
+    let data = pattern(3 << 20);
+    rt().block_on(async {
+        let loc = server.location("out", "s/small.gguf");
+        let mut sink = StagedSink::create(&loc, false).await.unwrap();
+        sink.write(&data).await.unwrap();
+        let before = server.files();
+        assert!(before.iter().all(|f| !f.contains("small") && !f.starts_with(".upload")), "{before:?}");
+        let committed = sink.commit().await.unwrap();
+        assert_eq!(committed.sha256, quantfarm_store::hex(&Sha256::digest(&data)));
+        assert_eq!(std::fs::read(server.root.join("out/s/small.gguf")).unwrap(), data);
+        {
+            let mut dropped = StagedSink::create(&server.location("out", "s/dropped.gguf"), false).await.unwrap();
+            dropped.write(&data).await.unwrap();
+        }
+        let left: Vec<String> =
+            server.files().into_iter().filter(|f| f.contains("dropped") || f.starts_with(".upload")).collect();
+        assert!(left.is_empty(), "{left:?}");
+    });
+}
+
 #[test]
 fn a_staged_upload_is_invisible_until_commit_and_leaves_nothing_when_aborted() {
     let server = S3Server::start();

@@ -127,6 +127,11 @@ fn uploads_on_server(s3: &S3Server) -> Vec<String> {
     s3.files().into_iter().filter(|f| f.starts_with(".upload-") || f.starts_with(".upload_id-")).collect()
 }
 
+/// What the live writer writes: more than one 8 MiB part.
+fn live_bytes() -> Vec<u8> {
+    (0..9usize << 20).map(|i| (i % 251) as u8).collect()
+}
+
 #[test]
 fn a_killed_s3_writers_upload_is_aborted_and_a_live_ones_kept() {
     let s3 = S3Server::start();
@@ -139,15 +144,16 @@ fn a_killed_s3_writers_upload_is_aborted_and_a_live_ones_kept() {
     rt().block_on(async {
         let target = s3.location("out", "a/model.gguf");
         assert!(s3.location("out", "a").list().await.unwrap().is_empty(), "a listing shows staging");
+        // A live writer past its first part (a smaller output is put whole at commit, with no staging).
         let mut live = StagedSink::create(&target, false).await.unwrap();
-        live.write(b"live").await.unwrap();
+        live.write(&live_bytes()).await.unwrap();
         assert_eq!(sweep(&target, died).await.unwrap(), Swept { files: 0, uploads: 1 });
         let kept = staging_files(&s3.root.join("out/a"));
         assert_eq!(kept.len(), 1, "the live writer's marker is kept: {kept:?}");
         assert_ne!(kept, markers);
         live.commit().await.unwrap();
     });
-    assert_eq!(std::fs::read(s3.root.join("out/a/model.gguf")).unwrap(), b"live");
+    assert!(std::fs::read(s3.root.join("out/a/model.gguf")).unwrap() == live_bytes(), "not the live writer's bytes");
     assert!(staging_files(&s3.root.join("out/a")).is_empty(), "{:?}", s3.files());
     assert!(uploads_on_server(&s3).is_empty(), "incomplete uploads left on the server: {:?}", uploads_on_server(&s3));
 }
