@@ -263,6 +263,20 @@ fn sub_block_s(search: &Search<8>, xb: &[f32; BS_S], w: &[f32; BS_S]) -> Option<
 }
 
 /// `quantize_iq1_s` on one super-block, with its columns' importance.
+/// [`iq1_s`] where there is an importance matrix; `quantize` refuses IQ1_S without one (ggml aborts there), so the
+/// empty block is never written. A function rather than a closure at the dispatch, so that it is inlined into the
+/// AVX2 build of `crate::quantize_chunk`.
+#[inline(always)]
+pub(crate) fn iq1_s_or_empty(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>) -> BlockIQ1S {
+    match qw {
+        Some(qw) => iq1_s(x, qw),
+        None => {
+            debug_assert!(false, "IQ1_S without an importance matrix");
+            EMPTY_S
+        }
+    }
+}
+
 #[inline(always)]
 pub(crate) fn iq1_s(x: &[f32; QK_K], qw: &[f32; QK_K]) -> BlockIQ1S {
     let search = search8(Grid8::Iq1s);

@@ -145,6 +145,27 @@ fn pack_nibbles(l: &[u8; QK_K / 16]) -> [u8; QK_K / 32] {
 }
 
 /// `quantize_row_iq2_xxs_impl` on one super-block with its columns' importance `qw`.
+/// [`iq2_xxs`] where there is an importance matrix, all-zero blocks where there is none (`quantize` refuses
+/// IQ2_XXS without one, as ggml aborts there, so that case does not occur). A function rather than a closure at the
+/// dispatch, so that it is inlined into the AVX2 build of `crate::quantize_chunk` (a closure is compiled on its own,
+/// for the baseline CPU).
+#[inline(always)]
+pub(crate) fn iq2_xxs_or_zero(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>) -> BlockIQ2XXS {
+    match qw {
+        Some(qw) => iq2_xxs(x, qw),
+        None => ZERO_XXS,
+    }
+}
+
+/// [`iq2_xs`], or all-zero blocks without an importance matrix (as [`iq2_xxs_or_zero`]).
+#[inline(always)]
+pub(crate) fn iq2_xs_or_zero(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>) -> BlockIQ2XS {
+    match qw {
+        Some(qw) => iq2_xs(x, qw),
+        None => ZERO_XS,
+    }
+}
+
 #[inline(always)]
 pub(crate) fn iq2_xxs(x: &[f32; QK_K], qw: &[f32; QK_K]) -> BlockIQ2XXS {
     let grid = search8(Grid8::Iq2xxs);

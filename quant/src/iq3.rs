@@ -77,6 +77,7 @@ fn on_grid(s: &Search<4>, l: &mut [u8; 4], x: &[f32; 4], waux: &[f32; 4], scale:
 }
 
 /// One sub-block, or `None` when it is all zero (ggml then writes nothing for it).
+#[inline(always)]
 fn sub_block(v: &Variant, xb: &[f32; 32], qw: Option<&[f32; 32]>, sigma2: f32) -> Option<SubBlock> {
     let s = search4(v.grid);
     let weight: [f32; 32] = match qw {
@@ -172,13 +173,14 @@ fn sub_block(v: &Variant, xb: &[f32; 32], qw: Option<&[f32; 32]>, sigma2: f32) -
         Lookup::On(i) => i,
         Lookup::Off(list) => {
             debug_assert!(false, "group {k} of a sub-block is off the grid");
-            list[0]
+            list.points[0]
         }
     });
     Some(SubBlock { scale, index, signs })
 }
 
 /// The 8 sub-blocks of a super-block, σ² taken over all 256 values.
+#[inline(always)]
 fn sub_blocks(v: &Variant, x: &[f32; QK_K], qw: Option<&[f32; QK_K]>) -> [Option<SubBlock>; 8] {
     let mut sumx2 = 0.0f32;
     for &x in x {
@@ -193,6 +195,7 @@ fn sub_blocks(v: &Variant, x: &[f32; QK_K], qw: Option<&[f32; QK_K]>) -> [Option
 
 /// The super-block scale `d = max/31` (fp16 of `d · fudge` stored) and each sub-block's 4-bit level
 /// `clamp(nearest_int(0.5·(scale/d − 1)), 0, 15)`; `None` when every sub-block is zero.
+#[inline(always)]
 fn scale_levels(subs: &[Option<SubBlock>; 8], fudge: f32) -> Option<(u16, [u8; 8])> {
     let scale = |ib: usize| subs[ib].as_ref().map_or(0.0, |s| s.scale);
     let max_scale = (0..8).fold(0.0f32, |m, ib| if m > scale(ib) { m } else { scale(ib) });
@@ -206,6 +209,7 @@ fn scale_levels(subs: &[Option<SubBlock>; 8], fudge: f32) -> Option<(u16, [u8; 8
 }
 
 /// IQ3_XXS (`quantize_row_iq3_xxs_impl(256, …)`; fudge 1.0125 on the stored scale).
+#[inline(always)]
 pub(crate) fn iq3_xxs(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>) -> BlockIQ3XXS {
     let subs = sub_blocks(&IQ3_XXS, x, qw);
     let mut out = BlockIQ3XXS { d: 0, qs: [0; 3 * QK_K / 8] };
@@ -231,6 +235,7 @@ pub(crate) fn iq3_xxs(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>) -> BlockIQ3XXS 
 /// ggml advances its `qs` and `signs` write positions only past sub-blocks it quantized, so the groups and signs of
 /// the sub-blocks after an all-zero one land one slot early, and the last slots stay zero (`qh` is indexed by
 /// sub-block and is not shifted). Reproduced, since the files must be ggml's.
+#[inline(always)]
 pub(crate) fn iq3_s(x: &[f32; QK_K], qw: Option<&[f32; QK_K]>) -> BlockIQ3S {
     let subs = sub_blocks(&IQ3_S, x, qw);
     let mut out =

@@ -27,12 +27,49 @@ pub(crate) struct Search<const N: usize> {
     /// Per code: the grid index (`>= 0`), or `−(offset + 1)` into `neighbours` of a list `[len, j…]`.
     map: Vec<i32>,
     neighbours: Vec<u16>,
+    /// Beside `neighbours`, each listed point's level pattern (its code), so that a search reads the levels of 8
+    /// listed points with one load.
+    codes: Vec<u32>,
 }
 
 /// Where a level pattern lies: on the grid (its index), or off it (the candidates to search instead).
 pub(crate) enum Lookup<'a> {
     On(u16),
-    Off(&'a [u16]),
+    Off(Neighbours<'a>),
+}
+
+/// A neighbour list: the grid indices and, beside them, their level patterns.
+#[derive(Clone, Copy)]
+pub(crate) struct Neighbours<'a> {
+    pub(crate) points: &'a [u16],
+    codes: &'a [u32],
+}
+
+/// All ones where `c` holds: a per-lane select mask, the form vector compares produce.
+#[inline(always)]
+fn mask(c: bool) -> u32 {
+    (c as u32).wrapping_neg()
+}
+
+/// `m ? a : b` on the bits.
+#[inline(always)]
+fn pick(m: u32, a: u32, b: u32) -> u32 {
+    (a & m) | (b & !m)
+}
+
+/// `t[level]` for a level of `BITS` bits, as selects on the bits of `level` (no table lookup, so a loop over 8
+/// lanes of levels compiles to vector blends).
+#[inline(always)]
+fn select<const BITS: u32>(t: &[u32; 8], level: u32) -> u32 {
+    let m0 = mask(level & 1 != 0);
+    let m1 = mask(level & 2 != 0);
+    let lo = pick(m1, pick(m0, t[3], t[2]), pick(m0, t[1], t[0]));
+    if BITS == 2 {
+        return lo;
+    }
+    let m2 = mask(level & 4 != 0);
+    let hi = pick(m1, pick(m0, t[7], t[6]), pick(m0, t[5], t[4]));
+    pick(m2, hi, lo)
 }
 
 impl<const N: usize> Search<N> {
@@ -72,14 +109,17 @@ impl<const N: usize> Search<N> {
             })
             .collect();
         let mut neighbours = Vec::new();
+        let mut codes = Vec::new();
         for (u, list) in lists.into_iter().enumerate() {
             if let Some(list) = list {
                 map[u] = -(neighbours.len() as i32 + 1);
                 neighbours.push(list.len() as u16);
+                codes.push(0);
+                codes.extend(list.iter().map(|&j| u32::from(levels[usize::from(j)])));
                 neighbours.extend(list);
             }
         }
-        Search { points, bits, map, neighbours }
+        Search { points, bits, map, neighbours, codes }
     }
 
     /// Grid point `k` as bytes `2L + 1`.
@@ -89,13 +129,13 @@ impl<const N: usize> Search<N> {
     }
 
     /// The code of a level pattern (`Σ L_i << bits·i`).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn code(&self, l: &[u8; N]) -> usize {
         l.iter().enumerate().fold(0, |c, (i, &l)| c | (usize::from(l) << (self.bits as usize * i)))
     }
 
     /// Where the level pattern `l` (each level below the grid's count) lies.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn lookup(&self, l: &[u8; N]) -> Lookup<'_> {
         let m = self.map[self.code(l)];
         if m >= 0 {
@@ -103,81 +143,91 @@ impl<const N: usize> Search<N> {
         } else {
             let at = (-m - 1) as usize;
             let len = usize::from(self.neighbours[at]);
-            Lookup::Off(&self.neighbours[at + 1..at + 1 + len])
+            let range = at + 1..at + 1 + len;
+            Lookup::Off(Neighbours { points: &self.neighbours[range.clone()], codes: &self.codes[range] })
         }
     }
 
     /// The listed point nearest `xval` at `scale` under the weights `w` (`Σ (w·diff)·diff`, `diff = scale·q − x`,
     /// the first strict minimum; `iq2_find_best_neighbour`/`iq3_find_best_neighbour`); writes its levels into `l`.
     /// With no finite distance (ggml aborts there) the first listed point is taken.
+    #[inline(always)]
     pub(crate) fn best_neighbour(
         &self,
-        list: &[u16],
+        list: Neighbours<'_>,
         xval: &[f32; N],
         w: &[f32; N],
         scale: f32,
         l: &mut [u8; N],
     ) -> u16 {
-        let mut best_d2 = f32::MAX;
-        let mut best = list[0];
-        for &j in list {
-            let q = self.point(j);
-            let mut d2 = 0.0f32;
-            for i in 0..N {
-                let diff = scale * f32::from(q[i]) - xval[i];
-                d2 += w[i] * diff * diff;
-            }
-            if d2 < best_d2 {
-                best_d2 = d2;
-                best = j;
-            }
-        }
-        self.levels_of(best, l);
-        best
+        // Each element's term for each level, as the C computes it per point: `q = 2L + 1`.
+        let terms: [[f32; 8]; N] = std::array::from_fn(|i| {
+            std::array::from_fn(|level| {
+                let diff = scale * (2 * level + 1) as f32 - xval[i];
+                w[i] * diff * diff
+            })
+        });
+        self.nearest(list, &terms, l)
     }
 
     /// IQ1's search (`iq1_find_best_neighbour2`): level `L` stands for `values[L]`, `diff = scale·values[L] − x`.
+    #[inline(always)]
     pub(crate) fn best_neighbour_valued(
         &self,
-        list: &[u16],
+        list: Neighbours<'_>,
         x: &[f32; N],
         w: &[f32; N],
         scale: f32,
         values: &[f32; 3],
         l: &mut [u8; N],
     ) -> u16 {
-        // Each element's term `(w·diff)·diff` for each of the 3 levels, computed once: every listed point's d2 is
-        // then the same sum of the same terms, in the same order.
-        // (A fourth, unused slot per element lets a byte 2L + 1 index its level's term as `(byte >> 1) & 3`.)
-        let terms: [[f32; 4]; N] = std::array::from_fn(|i| {
+        let terms: [[f32; 8]; N] = std::array::from_fn(|i| {
             std::array::from_fn(|level| {
                 let diff = scale * values[level.min(2)] - x[i];
                 w[i] * diff * diff
             })
         });
-        let d2_of = |j: u16| {
-            let q = self.point(j);
-            let mut d2 = 0.0f32;
-            for i in 0..N {
-                d2 += terms[i][usize::from(q[i] as u8 >> 1) & 3];
-            }
-            d2
-        };
+        self.nearest(list, &terms, l)
+    }
+
+    /// The listed point with the smallest `Σ_i terms[i][L_i]` (summed from 0 in element order, as the C sums each
+    /// point's distance; the first strict minimum in list order), its levels written into `l`.
+    ///
+    /// Eight listed points are summed at once, one per lane: lane `k` adds exactly the terms, in exactly the order,
+    /// that the one-point loop adds for point `k`, so the distances are the same bits; the levels come from the
+    /// codes stored beside the list, and each term is picked by selects on the level's bits.
+    #[inline(always)]
+    fn nearest(&self, list: Neighbours<'_>, terms: &[[f32; 8]; N], l: &mut [u8; N]) -> u16 {
+        let bits = self.bits;
+        let field = (1u32 << bits) - 1;
+        let t: [[u32; 8]; N] = std::array::from_fn(|i| terms[i].map(f32::to_bits));
         let mut best_d2 = f32::MAX;
-        let mut best = list[0];
-        // Four points' sums at a time (independent chains, compared in list order afterwards).
-        let mut fours = list.chunks_exact(4);
-        for c in &mut fours {
-            let d2: [f32; 4] = std::array::from_fn(|k| d2_of(c[k]));
-            for k in 0..4 {
+        let mut best = list.points[0];
+        let mut points = list.points.chunks_exact(8);
+        let mut codes = list.codes.chunks_exact(8);
+        for (p, c) in (&mut points).zip(&mut codes) {
+            let c: [u32; 8] = std::array::from_fn(|k| c[k]);
+            let mut d2 = [0.0f32; 8];
+            for (i, t) in t.iter().enumerate() {
+                let shift = bits * i as u32;
+                for k in 0..8 {
+                    let level = c[k] >> shift;
+                    let term = if bits == 2 { select::<2>(t, level) } else { select::<3>(t, level) };
+                    d2[k] += f32::from_bits(term);
+                }
+            }
+            for k in 0..8 {
                 if d2[k] < best_d2 {
                     best_d2 = d2[k];
-                    best = c[k];
+                    best = p[k];
                 }
             }
         }
-        for &j in fours.remainder() {
-            let d2 = d2_of(j);
+        for (&j, &c) in points.remainder().iter().zip(codes.remainder()) {
+            let mut d2 = 0.0f32;
+            for (i, t) in terms.iter().enumerate() {
+                d2 += t[((c >> (bits * i as u32)) & field) as usize];
+            }
             if d2 < best_d2 {
                 best_d2 = d2;
                 best = j;

@@ -28,11 +28,11 @@ use quantfarm_tensors::GgmlType;
 pub(crate) fn quantize_rows(ty: GgmlType, src: &[f32], n_per_row: usize, imatrix: Option<&[f32]>, dst: &mut [u8]) {
     // Direct calls, not a table of function pointers: each body is inlined into both compilations.
     match ty {
-        GgmlType::Q2_K => blockwise::rows(src, n_per_row, imatrix, dst, q2_k),
-        GgmlType::Q3_K => blockwise::rows(src, n_per_row, imatrix, dst, q3_k),
-        GgmlType::Q4_K => blockwise::rows(src, n_per_row, imatrix, dst, q4_k),
-        GgmlType::Q5_K => blockwise::rows(src, n_per_row, imatrix, dst, q5_k),
-        GgmlType::Q6_K => blockwise::rows(src, n_per_row, imatrix, dst, q6_k),
+        GgmlType::Q2_K => blockwise::rows!(src, n_per_row, imatrix, dst, q2_k),
+        GgmlType::Q3_K => blockwise::rows!(src, n_per_row, imatrix, dst, q3_k),
+        GgmlType::Q4_K => blockwise::rows!(src, n_per_row, imatrix, dst, q4_k),
+        GgmlType::Q5_K => blockwise::rows!(src, n_per_row, imatrix, dst, q5_k),
+        GgmlType::Q6_K => blockwise::rows!(src, n_per_row, imatrix, dst, q6_k),
         _ => {}
     }
 }

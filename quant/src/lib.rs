@@ -312,37 +312,24 @@ fn quantize_chunk_portable(c: Chunk, dst: &mut [u8], scratch: &mut Vec<f32>) -> 
         GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K => {
             kquants::quantize_rows(ty, src, n_per_row, imatrix, dst)
         }
-        GgmlType::IQ4_NL => blockwise::rows(src, n_per_row, imatrix, dst, iq4::iq4_nl),
-        GgmlType::IQ4_XS => blockwise::rows(src, n_per_row, imatrix, dst, iq4::iq4_xs),
-        GgmlType::IQ3_XXS => blockwise::rows(src, n_per_row, imatrix, dst, iq3::iq3_xxs),
-        GgmlType::IQ3_S => blockwise::rows(src, n_per_row, imatrix, dst, iq3::iq3_s),
+        GgmlType::IQ4_NL => blockwise::rows!(src, n_per_row, imatrix, dst, iq4::iq4_nl),
+        GgmlType::IQ4_XS => blockwise::rows!(src, n_per_row, imatrix, dst, iq4::iq4_xs),
+        GgmlType::IQ3_XXS => blockwise::rows!(src, n_per_row, imatrix, dst, iq3::iq3_xxs),
+        GgmlType::IQ3_S => blockwise::rows!(src, n_per_row, imatrix, dst, iq3::iq3_s),
         // `check_request` refused IQ2_XXS and IQ2_XS without an imatrix (ggml aborts there), so `None` does not occur;
         // it would give all-zero blocks.
-        GgmlType::IQ2_XXS => blockwise::rows(src, n_per_row, imatrix, dst, |x, qw| match qw {
-            Some(qw) => iq2::iq2_xxs(x, qw),
-            None => iq2::ZERO_XXS,
-        }),
-        GgmlType::IQ2_XS => blockwise::rows(src, n_per_row, imatrix, dst, |x, qw| match qw {
-            Some(qw) => iq2::iq2_xs(x, qw),
-            None => iq2::ZERO_XS,
-        }),
-        GgmlType::IQ2_S => blockwise::rows(src, n_per_row, imatrix, dst, iq2::iq2_s),
-        GgmlType::IQ1_S => blockwise::rows(src, n_per_row, imatrix, dst, |x, qw| match qw {
-            Some(qw) => iq1::iq1_s(x, qw),
-            // `check_request` refused IQ1_S without an importance matrix (ggml aborts there), so this is not reached.
-            None => {
-                debug_assert!(false, "IQ1_S without an importance matrix");
-                iq1::EMPTY_S
-            }
-        }),
-        GgmlType::IQ1_M => blockwise::rows(src, n_per_row, imatrix, dst, iq1::iq1_m),
+        GgmlType::IQ2_XXS => blockwise::rows!(src, n_per_row, imatrix, dst, iq2::iq2_xxs_or_zero),
+        GgmlType::IQ2_XS => blockwise::rows!(src, n_per_row, imatrix, dst, iq2::iq2_xs_or_zero),
+        GgmlType::IQ2_S => blockwise::rows!(src, n_per_row, imatrix, dst, iq2::iq2_s),
+        GgmlType::IQ1_S => blockwise::rows!(src, n_per_row, imatrix, dst, iq1::iq1_s_or_empty),
+        GgmlType::IQ1_M => blockwise::rows!(src, n_per_row, imatrix, dst, iq1::iq1_m),
         // These ignore an importance matrix, as ggml does.
-        GgmlType::MXFP4 => blockwise::rows(src, n_per_row, None, dst, |x, _| fp4::mxfp4(x)),
-        GgmlType::NVFP4 => blockwise::rows(src, n_per_row, None, dst, |x, _| fp4::nvfp4(x)),
-        GgmlType::TQ1_0 => blockwise::rows(src, n_per_row, None, dst, |x, _| ternary::tq1_0(x)),
-        GgmlType::TQ2_0 => blockwise::rows(src, n_per_row, None, dst, |x, _| ternary::tq2_0(x)),
-        GgmlType::Q1_0 => blockwise::rows(src, n_per_row, None, dst, |x, _| low_bit::q1_0(x)),
-        GgmlType::Q2_0 => blockwise::rows(src, n_per_row, None, dst, |x, _| low_bit::q2_0(x)),
+        GgmlType::MXFP4 => blockwise::rows!(src, n_per_row, None, dst, no_imatrix::mxfp4),
+        GgmlType::NVFP4 => blockwise::rows!(src, n_per_row, None, dst, no_imatrix::nvfp4),
+        GgmlType::TQ1_0 => blockwise::rows!(src, n_per_row, None, dst, no_imatrix::tq1_0),
+        GgmlType::TQ2_0 => blockwise::rows!(src, n_per_row, None, dst, no_imatrix::tq2_0),
+        GgmlType::Q1_0 => blockwise::rows!(src, n_per_row, None, dst, no_imatrix::q1_0),
+        GgmlType::Q2_0 => blockwise::rows!(src, n_per_row, None, dst, no_imatrix::q2_0),
         // Not made here: `quantize` refused them (`supported`; the test below keeps the two lists in step).
         GgmlType::Q8_1
         | GgmlType::Q8_K
@@ -353,6 +340,45 @@ fn quantize_chunk_portable(c: Chunk, dst: &mut [u8], scratch: &mut Vec<f32>) -> 
         | GgmlType::F64 => {}
     }
     Ok(())
+}
+
+/// The block quantizers that take no importance matrix, in the shape `blockwise::rows!` calls. Functions, not
+/// closures at the dispatch: a closure is compiled on its own for the baseline CPU, where these are inlined into
+/// the AVX2 build of [`quantize_chunk`].
+mod no_imatrix {
+    use quantfarm_ggml::blocks::*;
+
+    use crate::{fp4, low_bit, ternary};
+
+    #[inline(always)]
+    pub(crate) fn mxfp4(x: &[f32; 32], _: Option<&[f32; 32]>) -> BlockMXFP4 {
+        fp4::mxfp4(x)
+    }
+
+    #[inline(always)]
+    pub(crate) fn nvfp4(x: &[f32; 64], _: Option<&[f32; 64]>) -> BlockNVFP4 {
+        fp4::nvfp4(x)
+    }
+
+    #[inline(always)]
+    pub(crate) fn tq1_0(x: &[f32; 256], _: Option<&[f32; 256]>) -> BlockTQ1_0 {
+        ternary::tq1_0(x)
+    }
+
+    #[inline(always)]
+    pub(crate) fn tq2_0(x: &[f32; 256], _: Option<&[f32; 256]>) -> BlockTQ2_0 {
+        ternary::tq2_0(x)
+    }
+
+    #[inline(always)]
+    pub(crate) fn q1_0(x: &[f32; 128], _: Option<&[f32; 128]>) -> BlockQ1_0 {
+        low_bit::q1_0(x)
+    }
+
+    #[inline(always)]
+    pub(crate) fn q2_0(x: &[f32; 64], _: Option<&[f32; 64]>) -> BlockQ2_0 {
+        low_bit::q2_0(x)
+    }
 }
 
 /// Pseudo-random values uniform in [−1, 1) from a 64-bit LCG seeded with `seed`: a fixed, dependency-free stream
