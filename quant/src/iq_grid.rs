@@ -24,7 +24,9 @@ pub(crate) struct Search<const N: usize> {
     points: Vec<[i8; N]>,
     /// Level bits per element.
     bits: u32,
-    /// Per code: the grid index (`>= 0`), or `−(offset + 1)` into `neighbours` of a list `[len, j…]`.
+    /// Per code: the grid index (`>= 0`), or `−(offset + 1)` into `neighbours` of a list `[len, j…]`, the `len`
+    /// points followed by copies of the first up to a multiple of 8 (a copy never beats the first: the search takes
+    /// strict improvements only, in list order).
     map: Vec<i32>,
     neighbours: Vec<u16>,
     /// Beside `neighbours`, each listed point's level pattern (its code), so that a search reads the levels of 8
@@ -42,6 +44,8 @@ pub(crate) enum Lookup<'a> {
 #[derive(Clone, Copy)]
 pub(crate) struct Neighbours<'a> {
     pub(crate) points: &'a [u16],
+    /// `points` padded with copies of its first to a multiple of 8, and the codes of those.
+    padded: &'a [u16],
     codes: &'a [u32],
 }
 
@@ -111,10 +115,11 @@ impl<const N: usize> Search<N> {
         let mut neighbours = Vec::new();
         let mut codes = Vec::new();
         for (u, list) in lists.into_iter().enumerate() {
-            if let Some(list) = list {
+            if let Some(mut list) = list {
                 map[u] = -(neighbours.len() as i32 + 1);
                 neighbours.push(list.len() as u16);
                 codes.push(0);
+                list.resize(list.len().next_multiple_of(8), list[0]);
                 codes.extend(list.iter().map(|&j| u32::from(levels[usize::from(j)])));
                 neighbours.extend(list);
             }
@@ -143,8 +148,12 @@ impl<const N: usize> Search<N> {
         } else {
             let at = (-m - 1) as usize;
             let len = usize::from(self.neighbours[at]);
-            let range = at + 1..at + 1 + len;
-            Lookup::Off(Neighbours { points: &self.neighbours[range.clone()], codes: &self.codes[range] })
+            let padded = at + 1..at + 1 + len.next_multiple_of(8);
+            Lookup::Off(Neighbours {
+                points: &self.neighbours[at + 1..at + 1 + len],
+                padded: &self.neighbours[padded.clone()],
+                codes: &self.codes[padded],
+            })
         }
     }
 
@@ -199,13 +208,11 @@ impl<const N: usize> Search<N> {
     #[inline(always)]
     fn nearest(&self, list: Neighbours<'_>, terms: &[[f32; 8]; N], l: &mut [u8; N]) -> u16 {
         let bits = self.bits;
-        let field = (1u32 << bits) - 1;
         let t: [[u32; 8]; N] = std::array::from_fn(|i| terms[i].map(f32::to_bits));
         let mut best_d2 = f32::MAX;
         let mut best = list.points[0];
-        let mut points = list.points.chunks_exact(8);
-        let mut codes = list.codes.chunks_exact(8);
-        for (p, c) in (&mut points).zip(&mut codes) {
+        // Whole chunks of 8: the lists are padded (see `map`).
+        for (p, c) in list.padded.chunks_exact(8).zip(list.codes.chunks_exact(8)) {
             let c: [u32; 8] = std::array::from_fn(|k| c[k]);
             let mut d2 = [0.0f32; 8];
             for (i, t) in t.iter().enumerate() {
@@ -221,16 +228,6 @@ impl<const N: usize> Search<N> {
                     best_d2 = d2[k];
                     best = p[k];
                 }
-            }
-        }
-        for (&j, &c) in points.remainder().iter().zip(codes.remainder()) {
-            let mut d2 = 0.0f32;
-            for (i, t) in terms.iter().enumerate() {
-                d2 += t[((c >> (bits * i as u32)) & field) as usize];
-            }
-            if d2 < best_d2 {
-                best_d2 = d2;
-                best = j;
             }
         }
         self.levels_of(best, l);
@@ -309,10 +306,15 @@ mod tests {
     /// Off-grid codes, listed neighbours in all, and the dump's sha256, as ggml's tables give them (measured by
     /// dumping ggml's own `kmap_q2xs`/`kneighbors_q2xs` and `kmap_q3xs`/`kneighbors_q3xs`).
     fn check<const N: usize>(s: &Search<N>, off: usize, total: usize, digest: &str) {
-        let lists = s.map.iter().filter(|&&m| m < 0).count();
-        assert_eq!(lists, off);
-        assert_eq!(s.neighbours.len() - lists, total);
+        let lists: Vec<usize> =
+            s.map.iter().filter(|&&m| m < 0).map(|&m| usize::from(s.neighbours[(-m - 1) as usize])).collect();
+        assert_eq!(lists.len(), off);
+        assert_eq!(lists.iter().sum::<usize>(), total);
         assert_eq!(sha256(&s.dump()), digest);
+        // Each list is padded with its first point to a whole number of 8.
+        let padded: usize = lists.iter().map(|n| 1 + n.next_multiple_of(8)).sum();
+        assert_eq!(s.neighbours.len(), padded);
+        assert_eq!(s.codes.len(), padded);
     }
 
     #[test]
