@@ -42,8 +42,9 @@ fn best_index(x: f32) -> u8 {
     }
 }
 
-/// `Σ (w·q)·x` and `Σ (w·q)·q` over a sub-block with the codes `id · x` would get.
-#[inline(always)]
+/// `Σ (w·q)·x` and `Σ (w·q)·q` over a sub-block with the codes `id · x` would get: the C loop, which [`sums16`]
+/// computes for 16 scales at once (the tests hold the two to the same bits).
+#[cfg(test)]
 fn sums(id: f32, x: &[f32; QK], w: &[f32; QK]) -> (f32, f32) {
     let (mut sumqx, mut sumq2) = (0.0f32, 0.0f32);
     for j in 0..QK {
@@ -55,6 +56,9 @@ fn sums(id: f32, x: &[f32; QK], w: &[f32; QK]) -> (f32, f32) {
 }
 
 /// The searched scale of one 32-element sub-block (0 for one whose largest magnitude is below `GROUP_MAX_EPS`).
+///
+/// The 16 candidates' sums (the first guess and the 15 tries) are computed at once, one candidate per lane
+/// ([`sums16`]); the choice among them is then made in candidate order, as the C loop makes it.
 #[inline(always)]
 fn sub_block_scale(x: &[f32; QK], w: &[f32; QK]) -> f32 {
     let (mut amax, mut max) = (0.0f32, 0.0f32);
@@ -68,18 +72,49 @@ fn sub_block_scale(x: &[f32; QK], w: &[f32; QK]) -> f32 {
         return 0.0;
     }
     let kv0 = f32::from(KV[0]);
-    let (sumqx, sumq2) = sums(1.0 / (-max / kv0), x, w);
+    let ids: [f32; 16] = std::array::from_fn(|c| match c {
+        0 => 1.0 / (-max / kv0),
+        c => (c as i32 - 8 + i32::from(KV[0])) as f32 / max,
+    });
+    let (sqx, sq2) = sums16(&ids, x, w);
+    let (sumqx, sumq2) = (sqx[0], sq2[0]);
     let mut d = if sumq2 > 0.0 { sumqx / sumq2 } else { 0.0 };
     let mut best = d * sumqx;
-    for itry in -7..=7 {
-        let id = (itry + i32::from(KV[0])) as f32 / max;
-        let (sumqx, sumq2) = sums(id, x, w);
+    for c in 1..16 {
+        let (sumqx, sumq2) = (sqx[c], sq2[c]);
         if sumq2 > 0.0 && sumqx * sumqx > best * sumq2 {
             d = sumqx / sumq2;
             best = d * sumqx;
         }
     }
     d
+}
+
+/// [`sums`] for 16 inverse scales at once, lane `c` for `ids[c]`: each lane adds the same terms in the same element
+/// order as [`sums`] does, so the sums are the same bits. The level is found without branches: scanning the grid
+/// upwards, level `i` replaces level `i − 1` unless `v − KV[i−1] < KV[i] − v` — the comparison `best_index` makes
+/// between the two levels around `v`, and true for every pair above them, false for every pair below (the grid
+/// ascends) — so the last replacement is `best_index`'s choice, also at and beyond the ends. Exact for finite `v`,
+/// which these are (`|id·x| ≤ 127·|x|/|max|` and the first guess's `|id| = 127/|max|`).
+#[inline(always)]
+fn sums16(ids: &[f32; 16], x: &[f32; QK], w: &[f32; QK]) -> ([f32; 16], [f32; 16]) {
+    let kv: [f32; 16] = std::array::from_fn(|i| f32::from(KV[i]));
+    let mut sumqx = [0.0f32; 16];
+    let mut sumq2 = [0.0f32; 16];
+    for j in 0..QK {
+        let (xj, wj) = (x[j], w[j]);
+        for c in 0..16 {
+            let v = ids[c] * xj;
+            let mut q = kv[0];
+            for i in 1..16 {
+                let up = !(v - kv[i - 1] < kv[i] - v);
+                q = if up { kv[i] } else { q };
+            }
+            sumqx[c] += wj * q * xj;
+            sumq2[c] += wj * q * q;
+        }
+    }
+    (sumqx, sumq2)
 }
 
 /// The weights of sub-block `ib` of `x` (`N` values): `qw · √(σ² + x²)` with an imatrix, `x²` without.
@@ -168,6 +203,36 @@ mod tests {
         assert_eq!(best_index(6.9), 8);
         for (i, &v) in KV.iter().enumerate() {
             assert_eq!(usize::from(best_index(f32::from(v))), i);
+        }
+    }
+
+    /// The 16-lane sums equal the C loop's bit for bit: random sub-blocks (outliers, zero weights), values on and
+    /// halfway between the grid's levels (the ties), and values beyond its ends.
+    #[test]
+    fn sums16_equals_the_scalar_sums_bit_for_bit() {
+        let mut r = crate::test_uniform(7);
+        let mut cases: Vec<([f32; QK], [f32; QK])> = (0..400)
+            .map(|k| {
+                let x: [f32; QK] = std::array::from_fn(|j| r() * if j % 7 == k % 7 { 40.0 } else { 1.0 });
+                let w: [f32; QK] = std::array::from_fn(|j| if (j + k) % 11 == 0 { 0.0 } else { r().abs() });
+                (x, w)
+            })
+            .collect();
+        // id = 1 below: the values themselves are the grid's levels, their midpoints, and beyond the ends.
+        let ties: [f32; QK] = std::array::from_fn(|j| match j {
+            0..16 => f32::from(KV[j]),
+            16..31 => (f32::from(KV[j - 16]) + f32::from(KV[j - 15])) / 2.0,
+            _ => 500.0,
+        });
+        cases.push((ties, [1.0; QK]));
+        for (x, w) in cases {
+            let max = x.iter().fold(0.0f32, |m, v| if v.abs() > m { v.abs() } else { m });
+            let ids: [f32; 16] = std::array::from_fn(|c| if c == 15 { 1.0 } else { (c as f32 - 130.0) / max });
+            let (qx, q2) = sums16(&ids, &x, &w);
+            for c in 0..16 {
+                let (sx, s2) = sums(ids[c], &x, &w);
+                assert_eq!((qx[c].to_bits(), q2[c].to_bits()), (sx.to_bits(), s2.to_bits()), "candidate {c}");
+            }
         }
     }
 }
