@@ -307,8 +307,8 @@ fn an_i_quant_ladder_with_a_recipe_and_a_farm_imatrix_is_measured_and_equals_lla
     std::fs::write(
         &release,
         format!(
-            "name: smollm2-iq\nsource: {}\noutputs:\n  gguf:\n    prefix: SmolLM2-135M\n\
-             quants: [Q4_K_M, IQ4_XS, IQ3_M, IQ3_XXS, IQ2_M, {recipe}]\n\
+            "name: smollm2-iq\nsource: {}\noutputs:\n  gguf:\n    prefix: SmolLM2-135M\n    \
+             quants: [Q4_K_M, IQ4_XS, IQ3_M, IQ3_XXS, IQ2_M, {recipe}]\n    \
              imatrix: {{text: {}, chunks: 16}}\n\
              evaluation:\n  text: {}\n  chunks: 4\n  probes: {}\n  max_tokens: 16\n\
              card: {{license: apache-2.0}}\n",
