@@ -369,6 +369,37 @@ mod tests {
 
     #[test]
     fn keys_round_trip() {
+        const VARIANTS: usize = 25;
+        fn variant(k: &TaskKey) -> usize {
+            match k {
+                TaskKey::Plan => 0,
+                TaskKey::Report => 1,
+                TaskKey::Gguf { .. } => 2,
+                TaskKey::Noop { .. } => 3,
+                TaskKey::Quantize { .. } => 4,
+                TaskKey::VerifyGguf { .. } => 5,
+                TaskKey::VerifyQuantize { .. } => 6,
+                TaskKey::MergePlan => 7,
+                TaskKey::Merge { .. } => 8,
+                TaskKey::MergeSide => 9,
+                TaskKey::VerifyMerge { .. } => 10,
+                TaskKey::VerifyMergeSide => 11,
+                TaskKey::MergeCheck { .. } => 12,
+                TaskKey::Mlx { .. } => 13,
+                TaskKey::VerifyMlx { .. } => 14,
+                TaskKey::ImatrixPlan => 15,
+                TaskKey::Imatrix { .. } => 16,
+                TaskKey::ImatrixMerge => 17,
+                TaskKey::KldPlan => 18,
+                TaskKey::KldBase { .. } => 19,
+                TaskKey::Kld { .. } => 20,
+                TaskKey::Greedy { .. } => 21,
+                TaskKey::Probe { .. } => 22,
+                TaskKey::PeerBase { .. } => 23,
+                TaskKey::PeerKld { .. } => 24,
+            }
+        }
+        let mut covered = std::collections::BTreeSet::new();
         for k in [
             TaskKey::Plan,
             TaskKey::Report,
@@ -400,9 +431,16 @@ mod tests {
             TaskKey::Quantize { level: Level::Recipe(RecipeName::new("Q4_K_XL").unwrap()), shard: 1 },
             TaskKey::Kld { target: EvalTarget::Quant(Level::Recipe(RecipeName::new("UD-IQ2").unwrap())), group: 0 },
             TaskKey::PeerKld { peer: Peer::LlamaPerplexity, level: q(FileType::Q6_K) },
+            TaskKey::ImatrixPlan,
+            TaskKey::Imatrix { group: 4 },
+            TaskKey::ImatrixMerge,
         ] {
             assert_eq!(TaskKey::parse(&k.to_string()), Some(k.clone()), "{k}");
+            covered.insert(variant(&k));
         }
+        // `parse` is a match on strings, which the compiler cannot check against the keys: `variant` is, so a new
+        // kind stops this test compiling until it has a number there, and fails it until it has an example above.
+        assert_eq!(covered, (0..VARIANTS).collect(), "every kind of key has an example");
         assert_eq!(TaskKey::parse("quantize/q8_0/1"), None);
         assert_eq!(TaskKey::parse("gguf/x"), None);
     }
