@@ -173,7 +173,7 @@ fn sub_block(v: &Variant, xb: &[f32; 32], qw: Option<&[f32; 32]>, sigma2: f32) -
         Lookup::On(i) => i,
         Lookup::Off(list) => {
             debug_assert!(false, "group {k} of a sub-block is off the grid");
-            list.points[0]
+            s.first(list)
         }
     });
     Some(SubBlock { scale, index, signs })
