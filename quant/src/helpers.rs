@@ -332,6 +332,7 @@ pub(crate) fn make_qkx3_quants<const N: usize>(
 /// levels live in a `uint8_t` array in the C, so the first pass (no clamp) and every comparison go through `u8`.
 /// IQ2_XXS's values may be negative (its parity-flipped elements): a level below 0 is then stored wrapped (−1 as
 /// 255) and read back so, while the sums of the final pass use the signed level, as in the C.
+#[inline(always)]
 pub(crate) fn make_qp_quants<const N: usize>(nmax: i32, x: &[f32; N], l_out: &mut [u8; N], qw: &[f32; N]) -> f32 {
     let mut max = 0.0f32;
     for &v in x {
@@ -352,21 +353,25 @@ pub(crate) fn make_qp_quants<const N: usize>(nmax: i32, x: &[f32; N], l_out: &mu
         let diff = x[i] - scale * l_out[i] as f32;
         best_mse += qw[i] * diff * diff;
     }
-    for is in -4i32..=4 {
-        if is == 0 {
-            continue;
+    // The 8 candidates `is = −4..−1, 1..4`, one per lane: each lane sums its own errors in element order, as the
+    // C's loop per candidate does; then the first strict improvement in candidate order wins, as there.
+    let iscale_is: [f32; 8] = std::array::from_fn(|c| {
+        let is = if c < 4 { c as i32 - 4 } else { c as i32 - 3 };
+        (0.1f32 * is as f32 + nmax as f32) / max
+    });
+    let scale_is = iscale_is.map(|v| 1.0 / v);
+    let mut mse = [0.0f32; 8];
+    for i in 0..N {
+        for c in 0..8 {
+            let l = nearest_int(iscale_is[c] * x[i]).min(nmax);
+            let diff = x[i] - scale_is[c] * l as f32;
+            mse[c] += qw[i] * diff * diff;
         }
-        let iscale_is = (0.1f32 * is as f32 + nmax as f32) / max;
-        let scale_is = 1.0 / iscale_is;
-        let mut mse = 0.0f32;
-        for i in 0..N {
-            let l = nearest_int(iscale_is * x[i]).min(nmax);
-            let diff = x[i] - scale_is * l as f32;
-            mse += qw[i] * diff * diff;
-        }
-        if mse < best_mse {
-            best_mse = mse;
-            iscale = iscale_is;
+    }
+    for c in 0..8 {
+        if mse[c] < best_mse {
+            best_mse = mse[c];
+            iscale = iscale_is[c];
         }
     }
     let mut sumlx = 0.0f32;

@@ -63,7 +63,12 @@ fn sums(w: &[f32; 32], xval: &[f32; 32], l: &[[u8; 4]; 8]) -> (f32, f32) {
 /// The levels `clamp(nearest_int(0.5·(id·x − 1)), 0, 7)` of one group.
 #[inline(always)]
 fn levels(id: f32, x: &[f32; 4]) -> [u8; 4] {
-    x.map(|x| nearest_int(0.5 * (id * x - 1.0)).clamp(0, K_MAX_Q - 1) as u8)
+    // A loop, not `map`: that generic is compiled out of line, for the baseline CPU.
+    let mut l = [0u8; 4];
+    for i in 0..4 {
+        l[i] = nearest_int(0.5 * (id * x[i] - 1.0)).clamp(0, K_MAX_Q - 1) as u8;
+    }
+    l
 }
 
 /// Puts group `l` on the grid: itself if it is a grid point, else the listed neighbour nearest `x` at `scale`
@@ -133,10 +138,17 @@ fn sub_block(v: &Variant, xb: &[f32; 32], qw: Option<&[f32; 32]>, sigma2: f32) -
         let id = ((2 * K_MAX_Q - 1) as f32 + is as f32 * 0.2) / max;
         let this_scale = 1.0 / id;
         let mut laux = [[0u8; 4]; 8];
-        let mut off = [false; 8];
         for k in 0..8 {
             laux[k] = levels(id, &group(&xval, k));
-            off[k] = !on_grid(s, &mut laux[k], &group(&xval, k), &group(&waux, k), this_scale).1;
+        }
+        // Every group's map entry first: independent loads, in flight together.
+        let found = s.lookup_all(&laux);
+        let mut off = [false; 8];
+        for (k, found) in found.into_iter().enumerate() {
+            if let Lookup::Off(list) = found {
+                s.best_neighbour(list, &group(&xval, k), &group(&waux, k), this_scale, &mut laux[k]);
+                off[k] = true;
+            }
         }
         let (sumqx, sumq2) = sums(&weight, &xval, &laux);
         if sumq2 > 0.0 && sumqx * sumqx > best * sumq2 {
@@ -187,10 +199,16 @@ fn sub_blocks(v: &Variant, x: &[f32; QK_K], qw: Option<&[f32; QK_K]>) -> [Option
         sumx2 += x * x;
     }
     let sigma2 = 2.0 * sumx2 / QK_K as f32;
-    std::array::from_fn(|ib| {
-        let qw: Option<[f32; 32]> = qw.map(|qw| sub(qw, 32 * ib));
-        sub_block(v, &sub(x, 32 * ib), qw.as_ref(), sigma2)
-    })
+    // A loop, not `array::from_fn`: its closure would be compiled out of line, for the baseline CPU.
+    let mut subs = [const { None }; 8];
+    for (ib, out) in subs.iter_mut().enumerate() {
+        let qw: Option<[f32; 32]> = match qw {
+            Some(qw) => Some(sub(qw, 32 * ib)),
+            None => None,
+        };
+        *out = sub_block(v, &sub(x, 32 * ib), qw.as_ref(), sigma2);
+    }
+    subs
 }
 
 /// The super-block scale `d = max/31` (fp16 of `d · fudge` stored) and each sub-block's 4-bit level

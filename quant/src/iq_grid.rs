@@ -24,7 +24,8 @@ pub(crate) struct Search<const N: usize> {
     points: Vec<[i8; N]>,
     /// Level bits per element.
     bits: u32,
-    /// Per code: the grid index (`>= 0`), or `−(offset + 1)` into `lists` of a neighbour list.
+    /// Per code: the grid index (`>= 0`), or for a pattern off the grid `−(at << 8 | chunks) − 1`: its neighbour
+    /// list's codes are `lists[at..at + 8·chunks]`, found with the map's one load.
     map: Vec<i32>,
     /// The neighbour lists, each `[len, code…]`: the level patterns (codes) of its `len` points, followed by
     /// copies of the first up to a multiple of 8 (a copy never beats the first: the search takes strict
@@ -114,7 +115,10 @@ fn nearest_portable<const N: usize>(padded: &[u16], bits: u32, terms: &[[f32; 8]
 unsafe fn nearest_avx2<const N: usize>(padded: &[u16], bits: u32, terms: &[[f32; 8]; N]) -> u16 {
     use std::arch::x86_64::*;
     // SAFETY (loads): `terms[i]` is 8 f32s and each chunk 8 u16s, both read unaligned.
-    let t: [__m256; N] = std::array::from_fn(|i| unsafe { _mm256_loadu_ps(terms[i].as_ptr()) });
+    let mut t = [_mm256_setzero_ps(); N];
+    for i in 0..N {
+        t[i] = unsafe { _mm256_loadu_ps(terms[i].as_ptr()) };
+    }
     let mut best_d2 = f32::MAX;
     let mut best = padded[0];
     for chunk in padded.chunks_exact(8) {
@@ -178,7 +182,10 @@ impl<const N: usize> Search<N> {
         let mut packed = Vec::new();
         for (u, list) in lists.into_iter().enumerate() {
             if let Some(list) = list {
-                map[u] = -(packed.len() as i32 + 1);
+                let chunks = list.len().div_ceil(8);
+                let at = packed.len() + 1;
+                assert!(chunks < 256 && at < 1 << 23, "neighbour lists too long for the map's encoding");
+                map[u] = -((at << 8 | chunks) as i32) - 1;
                 packed.push(list.len() as u16);
                 let mut codes: Vec<u16> = list.iter().map(|&j| levels[usize::from(j)]).collect();
                 codes.resize(list.len().next_multiple_of(8), codes[0]);
@@ -203,14 +210,39 @@ impl<const N: usize> Search<N> {
     /// Where the level pattern `l` (each level below the grid's count) lies.
     #[inline(always)]
     pub(crate) fn lookup(&self, l: &[u8; N]) -> Lookup<'_> {
-        let m = self.map[self.code(l)];
+        self.entry(self.map[self.code(l)])
+    }
+
+    /// What a map entry says.
+    #[inline(always)]
+    fn entry(&self, m: i32) -> Lookup<'_> {
         if m >= 0 {
             Lookup::On(m as u16)
         } else {
-            let at = (-m - 1) as usize;
-            let len = usize::from(self.lists[at]);
-            Lookup::Off(Neighbours { padded: &self.lists[at + 1..at + 1 + len.next_multiple_of(8)] })
+            let (at, chunks) = Self::list_at(m);
+            Lookup::Off(Neighbours { padded: &self.lists[at..at + 8 * chunks] })
         }
+    }
+
+    /// [`Search::lookup`] of each pattern, all map entries loaded before any is used.
+    #[inline(always)]
+    pub(crate) fn lookup_all<const G: usize>(&self, l: &[[u8; N]; G]) -> [Lookup<'_>; G] {
+        let mut m = [0i32; G];
+        for k in 0..G {
+            m[k] = self.map[self.code(&l[k])];
+        }
+        let mut found = [const { Lookup::On(0) }; G];
+        for k in 0..G {
+            found[k] = self.entry(m[k]);
+        }
+        found
+    }
+
+    /// Where an off-grid map entry's list starts in `lists`, and its chunks of 8.
+    #[inline(always)]
+    fn list_at(m: i32) -> (usize, usize) {
+        let m = (-(m + 1)) as usize;
+        (m >> 8, m & 255)
     }
 
     /// The grid index of a grid point's code.
@@ -238,12 +270,13 @@ impl<const N: usize> Search<N> {
     ) -> u16 {
         // Each element's term for each level, as the C computes it per point: `q = 2L + 1`.
         let field = (1 << self.bits) - 1;
-        let terms: [[f32; 8]; N] = std::array::from_fn(|i| {
-            std::array::from_fn(|level| {
+        let mut terms = [[0.0f32; 8]; N];
+        for i in 0..N {
+            for level in 0..8 {
                 let diff = scale * (2 * (level & field) + 1) as f32 - xval[i];
-                w[i] * diff * diff
-            })
-        });
+                terms[i][level] = w[i] * diff * diff;
+            }
+        }
         self.nearest(list, &terms, l)
     }
 
@@ -258,12 +291,13 @@ impl<const N: usize> Search<N> {
         values: &[f32; 3],
         l: &mut [u8; N],
     ) -> u16 {
-        let terms: [[f32; 8]; N] = std::array::from_fn(|i| {
-            std::array::from_fn(|level| {
+        let mut terms = [[0.0f32; 8]; N];
+        for i in 0..N {
+            for level in 0..8 {
                 let diff = scale * values[(level & 3).min(2)] - x[i];
-                w[i] * diff * diff
-            })
-        });
+                terms[i][level] = w[i] * diff * diff;
+            }
+        }
         self.nearest(list, &terms, l)
     }
 
@@ -308,10 +342,10 @@ impl<const N: usize> Search<N> {
             if m >= 0 {
                 let _ = writeln!(s, "G {u} {m}");
             } else {
-                let at = (-m - 1) as usize;
-                let len = usize::from(self.lists[at]);
+                let at = Self::list_at(m).0;
+                let len = usize::from(self.lists[at - 1]);
                 let _ = write!(s, "N {u} {len}");
-                for &c in &self.lists[at + 1..at + 1 + len] {
+                for &c in &self.lists[at..at + len] {
                     let _ = write!(s, " {}", self.index(c));
                 }
                 s.push('\n');
@@ -364,7 +398,7 @@ mod tests {
     /// dumping ggml's own `kmap_q2xs`/`kneighbors_q2xs` and `kmap_q3xs`/`kneighbors_q3xs`).
     fn check<const N: usize>(s: &Search<N>, off: usize, total: usize, digest: &str) {
         let lists: Vec<usize> =
-            s.map.iter().filter(|&&m| m < 0).map(|&m| usize::from(s.lists[(-m - 1) as usize])).collect();
+            s.map.iter().filter(|&&m| m < 0).map(|&m| usize::from(s.lists[Search::<N>::list_at(m).0 - 1])).collect();
         assert_eq!(lists.len(), off);
         assert_eq!(lists.iter().sum::<usize>(), total);
         assert_eq!(sha256(&s.dump()), digest);
@@ -406,8 +440,8 @@ mod tests {
                 if m >= 0 {
                     continue;
                 }
-                let at = (-m - 1) as usize;
-                let padded = &s.lists[at + 1..at + 1 + usize::from(s.lists[at]).next_multiple_of(8)];
+                let (at, chunks) = Search::<N>::list_at(m);
+                let padded = &s.lists[at..at + 8 * chunks];
                 let ties = u % 5 == 0;
                 let terms: [[f32; 8]; N] = std::array::from_fn(|_| {
                     let t: [f32; 8] = std::array::from_fn(|_| if ties { 1.0 } else { r().abs() * 10.0 });

@@ -35,7 +35,12 @@ pub(crate) struct Scan {
 /// The levels of `x` at the inverse scale `id`: `clamp(nearest_int(0.5·(id·x − 1)), 0, kMaxQ − 1)`.
 #[inline(always)]
 fn round_levels<const N: usize>(x: &[f32; N], id: f32, kmaxq: i32) -> [u8; N] {
-    std::array::from_fn(|i| nearest_int(0.5 * (id * x[i] - 1.0)).clamp(0, kmaxq - 1) as u8)
+    // A loop, not `array::from_fn`: that generic is compiled out of line, for the baseline CPU.
+    let mut l = [0u8; N];
+    for i in 0..N {
+        l[i] = nearest_int(0.5 * (id * x[i] - 1.0)).clamp(0, kmaxq - 1) as u8;
+    }
+    l
 }
 
 /// Puts `l` on the grid: its index if it is a grid point, else the best listed neighbour at `scale` (whose levels
@@ -82,11 +87,18 @@ pub(crate) fn search<const N: usize, const G: usize>(
         let id = id / denominator;
         let this_scale = 1.0 / id;
         let mut laux = [[0u8; N]; G];
-        let mut index_aux = [0u16; G];
-        let mut on_grid_aux = [true; G];
         for k in 0..G {
             laux[k] = round_levels(&b.xval[k], id, scan.kmaxq);
-            (index_aux[k], on_grid_aux[k]) = snap(s, &mut laux[k], &b.xval[k], &b.waux[k], this_scale);
+        }
+        // Every group's map entry first: independent loads, in flight together.
+        let found = s.lookup_all(&laux);
+        let mut index_aux = [0u16; G];
+        let mut on_grid_aux = [true; G];
+        for (k, found) in found.into_iter().enumerate() {
+            (index_aux[k], on_grid_aux[k]) = match found {
+                Lookup::On(i) => (i, true),
+                Lookup::Off(list) => (s.best_neighbour(list, &b.xval[k], &b.waux[k], this_scale, &mut laux[k]), false),
+            };
         }
         let (sumqx, sumq2) = sums(b, &laux);
         if sumq2 > 0.0 && sumqx * sumqx > best * sumq2 {
