@@ -138,8 +138,8 @@ fn sub_block(v: &Variant, xb: &[f32; 32], qw: Option<&[f32; 32]>, sigma2: f32) -
         let id = ((2 * K_MAX_Q - 1) as f32 + is as f32 * 0.2) / max;
         let this_scale = 1.0 / id;
         let mut laux = [[0u8; 4]; 8];
-        for k in 0..8 {
-            laux[k] = levels(id, &group(&xval, k));
+        for (k, l) in laux.iter_mut().enumerate() {
+            *l = levels(id, &group(&xval, k));
         }
         // Every group's map entry first: independent loads, in flight together.
         let found = s.lookup_all(&laux);
@@ -202,10 +202,7 @@ fn sub_blocks(v: &Variant, x: &[f32; QK_K], qw: Option<&[f32; QK_K]>) -> [Option
     // A loop, not `array::from_fn`: its closure would be compiled out of line, for the baseline CPU.
     let mut subs = [const { None }; 8];
     for (ib, out) in subs.iter_mut().enumerate() {
-        let qw: Option<[f32; 32]> = match qw {
-            Some(qw) => Some(sub(qw, 32 * ib)),
-            None => None,
-        };
+        let qw: Option<[f32; 32]> = qw.map(|qw| sub(qw, 32 * ib));
         *out = sub_block(v, &sub(x, 32 * ib), qw.as_ref(), sigma2);
     }
     subs

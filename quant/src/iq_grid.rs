@@ -271,10 +271,10 @@ impl<const N: usize> Search<N> {
         // Each element's term for each level, as the C computes it per point: `q = 2L + 1`.
         let field = (1 << self.bits) - 1;
         let mut terms = [[0.0f32; 8]; N];
-        for i in 0..N {
-            for level in 0..8 {
-                let diff = scale * (2 * (level & field) + 1) as f32 - xval[i];
-                terms[i][level] = w[i] * diff * diff;
+        for (t, (&x, &w)) in terms.iter_mut().zip(xval.iter().zip(w)) {
+            for (level, t) in t.iter_mut().enumerate() {
+                let diff = scale * (2 * (level & field) + 1) as f32 - x;
+                *t = w * diff * diff;
             }
         }
         self.nearest(list, &terms, l)
@@ -292,10 +292,10 @@ impl<const N: usize> Search<N> {
         l: &mut [u8; N],
     ) -> u16 {
         let mut terms = [[0.0f32; 8]; N];
-        for i in 0..N {
-            for level in 0..8 {
-                let diff = scale * values[(level & 3).min(2)] - x[i];
-                terms[i][level] = w[i] * diff * diff;
+        for (t, (&x, &w)) in terms.iter_mut().zip(x.iter().zip(w)) {
+            for (level, t) in t.iter_mut().enumerate() {
+                let diff = scale * values[(level & 3).min(2)] - x;
+                *t = w * diff * diff;
             }
         }
         self.nearest(list, &terms, l)

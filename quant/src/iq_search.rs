@@ -87,8 +87,8 @@ pub(crate) fn search<const N: usize, const G: usize>(
         let id = id / denominator;
         let this_scale = 1.0 / id;
         let mut laux = [[0u8; N]; G];
-        for k in 0..G {
-            laux[k] = round_levels(&b.xval[k], id, scan.kmaxq);
+        for (l, x) in laux.iter_mut().zip(&b.xval) {
+            *l = round_levels(x, id, scan.kmaxq);
         }
         // Every group's map entry first: independent loads, in flight together.
         let found = s.lookup_all(&laux);
