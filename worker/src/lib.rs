@@ -6,13 +6,15 @@
 //! Modules by role, each importing only those listed after it: the lease loop (this file) → [`exec`] (one
 //! executor per task kind, and the table that maps kinds to them) → `writers` (how each deterministic output is
 //! made) → `outputs` (content-addressed outputs: cache hits, staging, digests) → `fetch` (inputs) and `llama`
-//! (the evaluation runtime) → `failure` and `env`. `runtimes` finds the peer tools a worker advertises.
+//! (the evaluation runtime) → `failure` and `env`. `runtimes` finds the peer tools a worker advertises; [`mlx_lm`]
+//! runs models in mlx-lm through a helper process (it imports nothing from the worker).
 
 mod env;
 pub mod exec;
 mod failure;
 mod fetch;
 mod llama;
+pub mod mlx_lm;
 mod outputs;
 mod runtimes;
 mod scratch;

@@ -18,15 +18,15 @@ pub fn find_tool(name: &str) -> Option<PathBuf> {
 }
 
 /// The external runtimes this machine has, so a release can ask for a peer tool's own figures beside quantfarm's
-/// (link 2 across real runtimes): llama.cpp's tools on PATH or in `$QUANTFARM_LLAMA_BIN`, and mlx-lm importable by
-/// `python3` (or `$QUANTFARM_PYTHON`).
+/// (link 2 across real runtimes): llama.cpp's tools on PATH or in `$QUANTFARM_LLAMA_BIN`, and mlx-lm run by
+/// `python3` (or `$QUANTFARM_PYTHON`, e.g. the environment `scripts/install-mlx-runtime` makes).
 pub fn runtimes() -> Vec<String> {
     let python = std::env::var_os("QUANTFARM_PYTHON").map_or_else(|| PathBuf::from("python3"), PathBuf::from);
     runtimes_in(&tool_dirs(), &python)
 }
 
 /// Names a worker advertises: `llama-perplexity`, `llama-server`, `llama-completion` (each when found in `dirs`),
-/// `mlx_lm` (when `python -m mlx_lm` would run).
+/// `mlx_lm` (when the mlx-lm helper, run by `python`, answers the version handshake: `crate::mlx_lm::handshake`).
 pub fn runtimes_in(dirs: &[PathBuf], python: &Path) -> Vec<String> {
     let mut out = Vec::new();
     for tool in ["llama-perplexity", "llama-server", "llama-completion"] {
@@ -34,13 +34,12 @@ pub fn runtimes_in(dirs: &[PathBuf], python: &Path) -> Vec<String> {
             out.push(tool.to_string());
         }
     }
-    let mlx = std::process::Command::new(python)
-        .args(["-c", "import mlx_lm"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status();
-    if mlx.is_ok_and(|s| s.success()) {
-        out.push("mlx_lm".to_string());
+    match crate::mlx_lm::handshake(python, &std::env::temp_dir().join("quantfarm-mlx")) {
+        Ok(v) => {
+            tracing::debug!(mlx = %v.mlx, mlx_lm = %v.mlx_lm, device = %v.device, "mlx-lm runtime found");
+            out.push("mlx_lm".to_string());
+        }
+        Err(e) => tracing::debug!("no mlx-lm runtime: {e}"),
     }
     out
 }

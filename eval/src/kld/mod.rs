@@ -223,6 +223,49 @@ pub fn kld_chunks(
     })
 }
 
+/// What another runtime (mlx-lm) is fed for `chunk` so that its logits line up with the base file's records: the
+/// chunk's token ids as tokenized (never re-tokenized), the first one overwritten with `bos` when the model adds
+/// one (as llama-perplexity decodes it), and the first scored position (`n_ctx/2`). Positions `first..=n_ctx−2`
+/// are scored, each predicting the next token.
+pub fn chunk_input(header: &BaseHeader, chunk: usize, bos: Option<Token>) -> Result<(Vec<Token>, usize)> {
+    if chunk >= header.n_chunk() {
+        return Err(Error::mismatch("chunks", format!("chunk {chunk} asked for, the text has {}", header.n_chunk())));
+    }
+    let mut t = header.chunk_tokens(chunk).to_vec();
+    if let Some(bos) = bos {
+        t[0] = bos;
+    }
+    Ok((t, (header.n_ctx / 2) as usize))
+}
+
+/// Scores `chunk` from another runtime's logits against the reference's records, as [`kld_chunks`] scores
+/// llama.cpp's: `rows` holds the logits of positions `first..` of [`chunk_input`] (`n_vocab` f32 each, row after
+/// row), at least the scored ones; a row for the last position (which predicts nothing) is ignored.
+pub fn score_rows(header: &BaseHeader, chunk: usize, rows: &[f32], base: &ChunkRecords) -> Result<ChunkStats> {
+    let (first, n_vocab, scored) = ((header.n_ctx / 2) as usize, header.n_vocab as usize, header.scored_per_chunk());
+    if chunk >= header.n_chunk() {
+        return Err(Error::mismatch("chunks", format!("chunk {chunk} asked for, the text has {}", header.n_chunk())));
+    }
+    if rows.len() < scored * n_vocab {
+        return Err(Error::mismatch(
+            format!("logits of chunk {chunk}"),
+            format!("{} values, expected {scored} rows of {n_vocab}", rows.len()),
+        ));
+    }
+    if base.positions() != scored {
+        return Err(Error::mismatch(
+            format!("base records of chunk {chunk}"),
+            format!("{} positions, expected {scored}", base.positions()),
+        ));
+    }
+    let targets = &header.chunk_tokens(chunk)[first + 1..];
+    let scores: Vec<PositionScore> = (0..scored)
+        .into_par_iter()
+        .map(|i| score_position(&rows[i * n_vocab..(i + 1) * n_vocab], &base.record(i), targets[i] as usize))
+        .collect();
+    Ok(ChunkStats::from_scores(chunk as u32, &scores))
+}
+
 /// The reference's perplexity sums over the chunks a base pass wrote.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct BasePass {

@@ -1,0 +1,176 @@
+//! mlx-lm as a worker runtime (issue 26): the worker's client (`quantfarm_worker::mlx_lm`) driving the helper
+//! `worker/mlx/quantfarm_mlx.py` in the peers' Python (mlx 0.32.4 CPU build, mlx-lm 0.32.2), checked against mlx-lm
+//! run directly (`tests/py/mlx_lm_oracle.py`) on the synthesized tiny Llama: the handshake's versions, the logits
+//! of a forward pass bit for bit, greedy continuations token for token, a checkpoint mlx-lm cannot load refused as an
+//! input failure with mlx-lm's own message, a dead helper reported as such.
+
+use std::path::{Path, PathBuf};
+
+use quantfarm_e2e::{peers_python, run_py};
+use quantfarm_store::Location;
+use quantfarm_worker::mlx_lm::{self, MlxLm};
+use serde_json::Value;
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+/// The tiny Llama as an HF checkpoint (bf16), which mlx-lm loads.
+fn tiny_hf(dir: &Path) -> PathBuf {
+    let hf = dir.join("tiny-hf");
+    rt().block_on(quantfarm_tensors::synthetic::write_tiny_llama(&Location::local(&hf))).unwrap();
+    hf
+}
+
+/// Token ids of the tiny vocabulary (267 ids), a BOS first.
+const TOKENS: [u32; 24] = [1, 5, 9, 33, 70, 100, 2, 8, 150, 151, 152, 3, 260, 266, 40, 41, 42, 7, 7, 7, 99, 120, 200, 4];
+
+#[test]
+fn the_helper_shakes_hands_with_the_installed_versions() {
+    let tmp = tempfile::tempdir().unwrap();
+    let oracle: Value = serde_json::from_str(&run_py("mlx_lm_oracle.py", &["versions".as_ref()])).unwrap();
+    let blocking = mlx_lm::handshake(&peers_python(), tmp.path()).unwrap();
+    assert_eq!(blocking.mlx, oracle["mlx"].as_str().unwrap());
+    assert_eq!(blocking.mlx_lm, oracle["mlx_lm"].as_str().unwrap());
+    // The peers' build is mlx's CPU wheel.
+    assert_eq!(blocking.device, "cpu");
+    let helper = rt().block_on(MlxLm::start(&peers_python(), tmp.path())).unwrap();
+    assert_eq!(helper.versions, blocking);
+    rt().block_on(helper.stop());
+    // A Python without mlx: no handshake, said as a start failure.
+    let e = mlx_lm::handshake(Path::new("/usr/bin/python3"), tmp.path()).unwrap_err();
+    assert!(matches!(e, mlx_lm::Error::Start { .. }), "{e}");
+}
+
+#[test]
+fn the_helpers_logits_and_greedy_continuations_are_mlx_lms() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hf = tiny_hf(tmp.path());
+    let (ours, first) = (tmp.path().join("ours.f32"), 8);
+    let rt = rt();
+    let mut helper = rt.block_on(MlxLm::start(&peers_python(), tmp.path())).unwrap();
+    let loaded = rt.block_on(helper.load(&hf, true)).unwrap();
+    assert_eq!(loaded, mlx_lm::Loaded { quantized: false, upcast: false, vocab: Some(267) });
+    let rows = rt.block_on(helper.logits(&TOKENS, first, &ours)).unwrap();
+    assert_eq!(rows, mlx_lm::LogitRows { rows: (TOKENS.len() - first) as u32, vocab: 267 });
+
+    // The oracle: mlx_lm.load and one forward pass, in another process.
+    let theirs = tmp.path().join("theirs.f32");
+    let mut args: Vec<String> = vec!["logits".into(), hf.display().to_string(), theirs.display().to_string()];
+    args.push(first.to_string());
+    args.extend(TOKENS.iter().map(u32::to_string));
+    let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_ref()).collect();
+    run_py("mlx_lm_oracle.py", &args);
+    let (a, b) = (std::fs::read(&ours).unwrap(), std::fs::read(&theirs).unwrap());
+    assert_eq!(a.len(), (TOKENS.len() - first) * 267 * 4);
+    assert!(a == b, "the helper's logits differ from mlx-lm's own forward pass");
+
+    // Greedy: the same ids as mlx_lm.stream_generate (greedy sampler) up to its end-of-sequence id.
+    for prompt in [&TOKENS[..4], &TOKENS[..11], &TOKENS[..]] {
+        let got = rt.block_on(helper.greedy(prompt, 24, &[2])).unwrap();
+        let mut args: Vec<String> = vec!["generate".into(), hf.display().to_string(), "24".into()];
+        args.extend(prompt.iter().map(u32::to_string));
+        let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_ref()).collect();
+        let want: Value = serde_json::from_str(&run_py("mlx_lm_oracle.py", &args)).unwrap();
+        let want: Vec<u32> = want["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect();
+        assert_eq!(got.tokens, want, "prompt {prompt:?}");
+        assert_eq!(got.margins.len(), got.tokens.len());
+        assert!(got.margins.iter().all(|m| *m >= 0.0), "{:?}", got.margins);
+    }
+    rt.block_on(helper.stop());
+}
+
+#[test]
+fn a_checkpoint_mlx_lm_cannot_load_is_an_input_failure_with_mlx_lms_message() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hf = tiny_hf(tmp.path());
+    let broken = tmp.path().join("broken-mlx-4bit");
+    run_py("mlx_lm_oracle.py", &["break-lm-head".as_ref(), hf.as_os_str(), broken.as_os_str()]);
+    let rt = rt();
+    let mut helper = rt.block_on(MlxLm::start(&peers_python(), tmp.path())).unwrap();
+    let e = rt.block_on(helper.load(&broken, true)).unwrap_err();
+    let msg = e.to_string();
+    assert!(matches!(e, mlx_lm::Error::Input { .. }), "{e}");
+    assert!(msg.contains(&broken.display().to_string()) && msg.contains("lm_head"), "{msg}");
+    // The helper is still there for the next request: a missing model is refused the same way.
+    let e = rt.block_on(helper.load(&tmp.path().join("nowhere"), false)).unwrap_err();
+    assert!(matches!(e, mlx_lm::Error::Input { .. }) && e.to_string().contains("nowhere"), "{e}");
+    // Nothing loaded: asking for logits is refused, not crashed.
+    let e = rt.block_on(helper.logits(&TOKENS, 0, &tmp.path().join("x.f32"))).unwrap_err();
+    assert!(matches!(e, mlx_lm::Error::Input { .. }), "{e}");
+    rt.block_on(helper.stop());
+}
+
+#[test]
+fn a_helper_killed_under_a_task_is_reported_dead() {
+    let tmp = tempfile::tempdir().unwrap();
+    let hf = tiny_hf(tmp.path());
+    let rt = rt();
+    let mut helper = rt.block_on(MlxLm::start(&peers_python(), tmp.path())).unwrap();
+    rt.block_on(helper.load(&hf, false)).unwrap();
+    let pid = helper.pid().unwrap();
+    let killed = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
+    assert!(killed.success());
+    let e = rt.block_on(helper.greedy(&TOKENS[..4], 8, &[2])).unwrap_err();
+    assert!(matches!(e, mlx_lm::Error::Died { .. }), "{e}");
+}
+
+/// The cross-runtime KLD's pieces, on SmolLM2-135M (the tiny Llama's outputs are nearly uniform, so its KLD is too
+/// small to check anything): llama.cpp's base logits of the GGUF bf16 (`quantfarm kld --save-base`, one chunk of 64
+/// tokens of the GPL-3 text), mlx-lm's logits of the same weights (the HF checkpoint) on the same token ids
+/// (`kld::chunk_input`: the ids as tokenized, BOS as llama-perplexity decodes them), scored by `kld::score_rows`;
+/// NumPy computes the same chunk statistics in float64 from the base file and the helper's rows. quantfarm scores as
+/// llama-perplexity does (f32 terms around an f32 log-normalizer, summed in f64), so the sums agree within what f32
+/// rounding allows (a relative 1e-5 plus 2e-6 per position), not to the bit; a misaligned position or token would be
+/// off by orders more. The counts and the same-top-token count agree exactly.
+#[test]
+fn mlx_lm_logits_are_scored_against_llama_cpps_base_as_numpy_scores_them() {
+    use quantfarm_eval::kld::{base_file::BaseFile, chunk_input, score_rows};
+    let tmp = tempfile::tempdir().unwrap();
+    let models = quantfarm_e2e::smollm2_derived();
+    let (hf, gguf) = (models.join("smollm2-hf"), models.join("smollm2-bf16.gguf"));
+    let base = tmp.path().join("base.logits");
+    let text = quantfarm_e2e::fixtures_dir().join("texts/gpl3.txt");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_quantfarm"))
+        .args(["kld", "--threads", "2", "--ctx", "64", "--chunks", "1", "--reference"])
+        .args([&gguf, Path::new("--text"), &text, Path::new("--save-base"), &base])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "quantfarm kld --save-base: {}", String::from_utf8_lossy(&out.stderr));
+    let model = quantfarm_eval::Model::load(&gguf, &quantfarm_eval::LoadOptions { threads: 2, ..Default::default() })
+        .unwrap();
+    let bos = model.add_bos().then(|| model.bos());
+    let mut file = BaseFile::open(&base).unwrap();
+    let rt = rt();
+    let mut helper = rt.block_on(MlxLm::start(&peers_python(), tmp.path())).unwrap();
+    rt.block_on(helper.load(&hf, true)).unwrap();
+    for chunk in 0..file.header.n_chunk() {
+        let (tokens, first) = chunk_input(&file.header, chunk, bos).unwrap();
+        let ids: Vec<u32> = tokens.iter().map(|&t| t as u32).collect();
+        let rows_file = tmp.path().join(format!("mlx-{chunk}.f32"));
+        rt.block_on(helper.logits(&ids, first, &rows_file)).unwrap();
+        let rows: Vec<f32> = std::fs::read(&rows_file)
+            .unwrap()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        let records = file.records(chunk).unwrap();
+        let ours = score_rows(&file.header, chunk, &rows, &records).unwrap();
+        let numpy: Value = serde_json::from_str(&run_py(
+            "kld_numpy.py",
+            &[base.as_os_str(), chunk.to_string().as_ref(), rows_file.as_os_str()],
+        ))
+        .unwrap();
+        eprintln!("chunk {chunk}: quantfarm {ours:?}\nnumpy {numpy}");
+        assert_eq!(ours.count, numpy["count"].as_u64().unwrap());
+        assert_eq!(ours.n_same_top, numpy["n_same_top"].as_u64().unwrap());
+        for (name, value) in [("sum_kld", ours.sum_kld), ("sum_nll", ours.sum_nll), ("sum_nll_base", ours.sum_nll_base)]
+        {
+            let want = numpy[name].as_f64().unwrap();
+            // Per position, llama-perplexity's f32 log-normalizer and f32 terms differ from f64 by < 5e-7.
+            let tolerance = 1e-5 * want.abs() + 2e-6 * ours.count as f64;
+            assert!((value - want).abs() <= tolerance, "chunk {chunk} {name}: {value} vs {want}");
+        }
+    }
+    rt.block_on(helper.stop());
+}
