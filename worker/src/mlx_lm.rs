@@ -40,7 +40,7 @@ pub enum Error {
 }
 
 /// What the handshake tells: the versions and the device, recorded in the report.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 pub struct Versions {
     pub mlx: String,
     pub mlx_lm: String,
@@ -84,25 +84,12 @@ impl MlxLm {
     /// Writes the helper into `dir`, starts it with `python` and shakes hands.
     pub async fn start(python: &Path, dir: &Path) -> Result<MlxLm, Error> {
         let start = |msg: String| Error::Start { python: python.display().to_string(), msg };
-        let script = helper_file(dir).map_err(|e| start(format!("writing the helper into {}: {e}", dir.display())))?;
-        let mut child = Command::new(python)
-            .arg(&script)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .env("MLX_DISABLE_COMPILE", "1")
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| start(e.to_string()))?;
+        let mut cmd = Command::from(command(python, dir)?);
+        let mut child = cmd.stderr(Stdio::null()).kill_on_drop(true).spawn().map_err(|e| start(e.to_string()))?;
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
             return Err(start("no pipes to the helper".into()));
         };
-        let mut helper = MlxLm {
-            child,
-            stdin,
-            stdout: BufReader::new(stdout).lines(),
-            versions: Versions { mlx: String::new(), mlx_lm: String::new(), device: String::new(), device_name: String::new() },
-        };
+        let mut helper = MlxLm { child, stdin, stdout: BufReader::new(stdout).lines(), versions: Versions::default() };
         let hello = match helper.call("hello", json!({ "protocol": PROTOCOL })).await {
             Ok(v) => v,
             // A Python without mlx-lm dies at import: say so as a start failure.
@@ -157,17 +144,32 @@ impl MlxLm {
             let status = self.child.wait().await.map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
             return Err(Error::Died { msg: format!("{op}: {status}") });
         };
-        let answer: Value =
-            serde_json::from_str(&answer).map_err(|e| Error::Protocol { op, msg: format!("{e}: {answer}") })?;
-        if answer["ok"] == json!(true) {
-            return Ok(answer);
-        }
-        let msg = answer["error"].as_str().unwrap_or("(no message)").to_string();
-        Err(match answer["kind"].as_str() {
-            Some("input") => Error::Input { msg },
-            _ => Error::Runtime { msg },
-        })
+        read_answer(op, &answer)
     }
+}
+
+/// The helper run by `python`, with pipes to its input and output (written into `dir` first).
+fn command(python: &Path, dir: &Path) -> Result<std::process::Command, Error> {
+    let script = helper_file(dir).map_err(|e| Error::Start {
+        python: python.display().to_string(),
+        msg: format!("writing the helper into {}: {e}", dir.display()),
+    })?;
+    let mut cmd = std::process::Command::new(python);
+    cmd.arg(&script).stdin(Stdio::piped()).stdout(Stdio::piped()).env("MLX_DISABLE_COMPILE", "1");
+    Ok(cmd)
+}
+
+/// One answer line: its fields when `ok`, else the failure by the meaning the helper gives it.
+fn read_answer(op: &'static str, line: &str) -> Result<Value, Error> {
+    let answer: Value = serde_json::from_str(line).map_err(|e| Error::Protocol { op, msg: format!("{e}: {line}") })?;
+    if answer["ok"] == json!(true) {
+        return Ok(answer);
+    }
+    let msg = answer["error"].as_str().unwrap_or("(no message)").to_string();
+    Err(match answer["kind"].as_str() {
+        Some("input") => Error::Input { msg },
+        _ => Error::Runtime { msg },
+    })
 }
 
 /// The handshake alone, blocking: writes the helper into `dir`, runs it with `python` on one `hello` line and
@@ -176,15 +178,7 @@ impl MlxLm {
 pub fn handshake(python: &Path, dir: &Path) -> Result<Versions, Error> {
     use std::io::Write;
     let start = |msg: String| Error::Start { python: python.display().to_string(), msg };
-    let script = helper_file(dir).map_err(|e| start(format!("writing the helper into {}: {e}", dir.display())))?;
-    let mut child = std::process::Command::new(python)
-        .arg(&script)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .env("MLX_DISABLE_COMPILE", "1")
-        .spawn()
-        .map_err(|e| start(e.to_string()))?;
+    let mut child = command(python, dir)?.stderr(Stdio::piped()).spawn().map_err(|e| start(e.to_string()))?;
     if let Some(mut stdin) = child.stdin.take() {
         let hello = json!({ "op": "hello", "protocol": PROTOCOL }).to_string() + "\n";
         stdin.write_all(hello.as_bytes()).map_err(|e| start(e.to_string()))?;
@@ -196,11 +190,7 @@ pub fn handshake(python: &Path, dir: &Path) -> Result<Versions, Error> {
         let last = stderr.lines().last().unwrap_or("no output").to_string();
         return Err(start(format!("{}: {last}", out.status)));
     };
-    let v: Value = serde_json::from_str(line).map_err(|e| Error::Protocol { op: "hello", msg: format!("{e}: {line}") })?;
-    if v["ok"] != json!(true) {
-        return Err(Error::Runtime { msg: v["error"].as_str().unwrap_or("(no message)").to_string() });
-    }
-    parse("hello", v)
+    parse("hello", read_answer("hello", line)?)
 }
 
 fn parse<T: serde::de::DeserializeOwned>(op: &'static str, v: Value) -> Result<T, Error> {

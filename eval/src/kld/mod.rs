@@ -121,25 +121,15 @@ fn for_each_chunk(
     n_seq: usize,
     mut f: impl FnMut(usize, Scored<'_>) -> Result<()>,
 ) -> Result<()> {
-    if let Some(&c) = chunks.iter().find(|&&c| c >= header.n_chunk()) {
-        return Err(Error::mismatch("chunks", format!("chunk {c} asked for, the text has {}", header.n_chunk())));
+    for &c in chunks {
+        check_chunk(header, c)?;
     }
     let first = (header.n_ctx / 2) as usize;
-    let add_bos = session.model().add_bos();
-    let bos = session.model().bos();
+    let bos = session.model().add_bos().then(|| session.model().bos());
     let (mut decoding, mut scoring) = (std::time::Duration::ZERO, std::time::Duration::ZERO);
     for group in chunks.chunks(n_seq.max(1)) {
-        let seqs: Vec<Vec<Token>> = group
-            .iter()
-            .map(|&c| {
-                let mut t = header.chunk_tokens(c).to_vec();
-                // llama-perplexity overwrites (does not insert) each chunk's first token with BOS for the decode.
-                if add_bos {
-                    t[0] = bos;
-                }
-                t
-            })
-            .collect();
+        let seqs: Vec<Vec<Token>> =
+            group.iter().map(|&c| chunk_input(header, c, bos).map(|(t, _)| t)).collect::<Result<_>>()?;
         let refs: Vec<&[Token]> = seqs.iter().map(Vec::as_slice).collect();
         let t0 = std::time::Instant::now();
         let logits = session.decode_sequences(&refs, first)?;
@@ -204,34 +194,43 @@ pub fn kld_chunks(
     mut records: impl FnMut(usize) -> Result<ChunkRecords>,
     mut emit: impl FnMut(ChunkStats) -> Result<()>,
 ) -> Result<()> {
-    for_each_chunk(session, header, chunks, n_seq, |chunk, scored| {
-        let base = records(chunk)?;
-        if base.positions() != scored.len() {
-            return Err(Error::mismatch(
-                format!("base records of chunk {chunk}"),
-                format!("{} positions, expected {}", base.positions(), scored.len()),
-            ));
-        }
-        let scores: Vec<PositionScore> = (0..scored.len())
-            .into_par_iter()
-            .map(|i| {
-                let (logits, next) = scored.at(i);
-                score_position(logits, &base.record(i), next)
-            })
-            .collect();
-        emit(ChunkStats::from_scores(chunk as u32, &scores))
-    })
+    for_each_chunk(session, header, chunks, n_seq, |chunk, scored| emit(score(chunk, &scored, &records(chunk)?)?))
 }
 
-/// What another runtime (mlx-lm) is fed for `chunk` so that its logits line up with the base file's records: the
-/// chunk's token ids as tokenized (never re-tokenized), the first one overwritten with `bos` when the model adds
-/// one (as llama-perplexity decodes it), and the first scored position (`n_ctx/2`). Positions `first..=n_ctx−2`
-/// are scored, each predicting the next token.
-pub fn chunk_input(header: &BaseHeader, chunk: usize, bos: Option<Token>) -> Result<(Vec<Token>, usize)> {
+/// One chunk's statistics: its scored positions against the reference's records of the chunk.
+fn score(chunk: usize, scored: &Scored<'_>, base: &ChunkRecords) -> Result<ChunkStats> {
+    if base.positions() != scored.len() {
+        return Err(Error::mismatch(
+            format!("base records of chunk {chunk}"),
+            format!("{} positions, expected {}", base.positions(), scored.len()),
+        ));
+    }
+    let scores: Vec<PositionScore> = (0..scored.len())
+        .into_par_iter()
+        .map(|i| {
+            let (logits, next) = scored.at(i);
+            score_position(logits, &base.record(i), next)
+        })
+        .collect();
+    Ok(ChunkStats::from_scores(chunk as u32, &scores))
+}
+
+/// A chunk of the evaluation text, or the error naming it.
+fn check_chunk(header: &BaseHeader, chunk: usize) -> Result<()> {
     if chunk >= header.n_chunk() {
         return Err(Error::mismatch("chunks", format!("chunk {chunk} asked for, the text has {}", header.n_chunk())));
     }
+    Ok(())
+}
+
+/// What a runtime is fed for `chunk` so that its logits line up with the base file's records (llama.cpp's decode
+/// here, and another runtime such as mlx-lm): the chunk's token ids as tokenized (never re-tokenized), the first one overwritten with `bos` when the model adds
+/// one (as llama-perplexity decodes it), and the first scored position (`n_ctx/2`). Positions `first..=n_ctx−2`
+/// are scored, each predicting the next token.
+pub fn chunk_input(header: &BaseHeader, chunk: usize, bos: Option<Token>) -> Result<(Vec<Token>, usize)> {
+    check_chunk(header, chunk)?;
     let mut t = header.chunk_tokens(chunk).to_vec();
+    // llama-perplexity overwrites (does not insert) each chunk's first token with BOS for the decode.
     if let Some(bos) = bos {
         t[0] = bos;
     }
@@ -243,27 +242,15 @@ pub fn chunk_input(header: &BaseHeader, chunk: usize, bos: Option<Token>) -> Res
 /// row), at least the scored ones; a row for the last position (which predicts nothing) is ignored.
 pub fn score_rows(header: &BaseHeader, chunk: usize, rows: &[f32], base: &ChunkRecords) -> Result<ChunkStats> {
     let (first, n_vocab, scored) = ((header.n_ctx / 2) as usize, header.n_vocab as usize, header.scored_per_chunk());
-    if chunk >= header.n_chunk() {
-        return Err(Error::mismatch("chunks", format!("chunk {chunk} asked for, the text has {}", header.n_chunk())));
-    }
+    check_chunk(header, chunk)?;
     if rows.len() < scored * n_vocab {
         return Err(Error::mismatch(
             format!("logits of chunk {chunk}"),
             format!("{} values, expected {scored} rows of {n_vocab}", rows.len()),
         ));
     }
-    if base.positions() != scored {
-        return Err(Error::mismatch(
-            format!("base records of chunk {chunk}"),
-            format!("{} positions, expected {scored}", base.positions()),
-        ));
-    }
     let targets = &header.chunk_tokens(chunk)[first + 1..];
-    let scores: Vec<PositionScore> = (0..scored)
-        .into_par_iter()
-        .map(|i| score_position(&rows[i * n_vocab..(i + 1) * n_vocab], &base.record(i), targets[i] as usize))
-        .collect();
-    Ok(ChunkStats::from_scores(chunk as u32, &scores))
+    score(chunk, &Scored { logits: &rows[..scored * n_vocab], n_vocab, targets }, base)
 }
 
 /// The reference's perplexity sums over the chunks a base pass wrote.
