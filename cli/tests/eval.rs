@@ -475,7 +475,7 @@ fn farm_measures_kld_greedy_and_probes_on_three_workers() {
         &release,
         format!(
             "name: smollm2-kld\nsource: {}\noutputs:\n  gguf:\n    quants: [Q8_0, Q4_K_M]\n  mlx: {{bits: [8]}}\n\
-             evaluation:\n  text: {}\n  ctx: 512\n  batch: 1024\n  chunks: 6\n  prompts: {}\n  max_tokens: 24\n\
+             evaluation:\n  text: {}\n  ctx: 512\n  batch: 1024\n  chunks: 6\n  prompts: {}\n  max_tokens: 24\n  mlx_lm: false\n\
              \x20 probes: {}\n  peers: [llama-perplexity]\n\
              gates:\n  - {{name: q8-close, check: 'q8_0.kld.mean <= 0.01'}}\n\
              \x20 - {{name: q4-close, check: 'q4_k_m.kld.mean <= 0.01'}}\n\

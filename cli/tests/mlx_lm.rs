@@ -23,7 +23,8 @@ fn tiny_hf(dir: &Path) -> PathBuf {
 }
 
 /// Token ids of the tiny vocabulary (267 ids), a BOS first.
-const TOKENS: [u32; 24] = [1, 5, 9, 33, 70, 100, 2, 8, 150, 151, 152, 3, 260, 266, 40, 41, 42, 7, 7, 7, 99, 120, 200, 4];
+const TOKENS: [u32; 24] =
+    [1, 5, 9, 33, 70, 100, 2, 8, 150, 151, 152, 3, 260, 266, 40, 41, 42, 7, 7, 7, 99, 120, 200, 4];
 
 #[test]
 fn the_helper_shakes_hands_with_the_installed_versions() {
@@ -73,13 +74,17 @@ fn the_helpers_logits_and_greedy_continuations_are_mlx_lms() {
 
     // Greedy: the same ids as mlx_lm.stream_generate (greedy sampler) up to its end-of-sequence id.
     for prompt in [&TOKENS[..4], &TOKENS[..11], &TOKENS[..]] {
-        let got = rt.block_on(helper.greedy(prompt, 24, &[2])).unwrap();
+        // No stop list: the tokenizer's end-of-sequence ids, as mlx_lm.generate stops.
+        let got = rt.block_on(helper.greedy(prompt, 24, None)).unwrap();
         let mut args: Vec<String> = vec!["generate".into(), hf.display().to_string(), "24".into()];
         args.extend(prompt.iter().map(u32::to_string));
         let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_ref()).collect();
-        let want: Value = serde_json::from_str(&run_py("mlx_lm_oracle.py", &args)).unwrap();
-        let want: Vec<u32> = want["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect();
+        let want_text: Value = serde_json::from_str(&run_py("mlx_lm_oracle.py", &args)).unwrap();
+        let want: Vec<u32> =
+            want_text["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect();
         assert_eq!(got.tokens, want, "prompt {prompt:?}");
+        let text = rt.block_on(helper.decode(&[&got.tokens])).unwrap();
+        assert_eq!(text, [want_text["text"].as_str().unwrap()], "prompt {prompt:?}");
         assert_eq!(got.margins.len(), got.tokens.len());
         assert!(got.margins.iter().all(|m| *m >= 0.0), "{:?}", got.margins);
     }
@@ -117,7 +122,7 @@ fn a_helper_killed_under_a_task_is_reported_dead() {
     let pid = helper.pid().unwrap();
     let killed = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
     assert!(killed.success());
-    let e = rt.block_on(helper.greedy(&TOKENS[..4], 8, &[2])).unwrap_err();
+    let e = rt.block_on(helper.greedy(&TOKENS[..4], 8, Some(&[2]))).unwrap_err();
     assert!(matches!(e, mlx_lm::Error::Died { .. }), "{e}");
 }
 
@@ -143,8 +148,8 @@ fn mlx_lm_logits_are_scored_against_llama_cpps_base_as_numpy_scores_them() {
         .output()
         .unwrap();
     assert!(out.status.success(), "quantfarm kld --save-base: {}", String::from_utf8_lossy(&out.stderr));
-    let model = quantfarm_eval::Model::load(&gguf, &quantfarm_eval::LoadOptions { threads: 2, ..Default::default() })
-        .unwrap();
+    let model =
+        quantfarm_eval::Model::load(&gguf, &quantfarm_eval::LoadOptions { threads: 2, ..Default::default() }).unwrap();
     let bos = model.add_bos().then(|| model.bos());
     let mut file = BaseFile::open(&base).unwrap();
     let rt = rt();
@@ -179,4 +184,96 @@ fn mlx_lm_logits_are_scored_against_llama_cpps_base_as_numpy_scores_them() {
         }
     }
     rt.block_on(helper.stop());
+}
+
+/// A farm release with an MLX rung runs the source's bf16 weights and the rung in mlx-lm on workers that have it
+/// (the peers' Python): the report's cross-runtime section holds link 2 (mlx-lm bf16 against llama.cpp's GGUF BF16
+/// on every prompt and chunk), the rung's greedy agreement in mlx-lm and its cross-runtime KLD on the same chunks,
+/// the versions the handshake gave, and whether the rung was upcast; the gates read those figures. The tiny Llama's
+/// weights are random, so its near-uniform outputs make greedy continuations part at near-ties: the greedy gate is
+/// relaxed here (SmolLM2's figures are the acceptance run's), while the bf16 weights' KLD across runtimes must be
+/// near zero.
+#[test]
+fn a_release_runs_its_bf16_weights_and_mlx_rung_in_mlx_lm() {
+    let _cpu = quantfarm_e2e::cpu_bound();
+    let tmp = tempfile::tempdir().unwrap();
+    let examples = quantfarm_e2e::repo_root().join("examples");
+    let release = tmp.path().join("release.yaml");
+    std::fs::write(
+        &release,
+        format!(
+            "name: tiny-mlx\nsource: synthetic:tiny-llama\noutputs:\n  gguf: {{quants: [Q8_0]}}\n  mlx: {{bits: [4]}}\n\
+             evaluation:\n  text: {}\n  ctx: 128\n  chunks: 3\n  batch: 256\n  prompts: {}\n  max_tokens: 8\n\
+             \x20 probes: {}\n  context: 256\n\
+             gates:\n  - {{name: probes, levels: all, check: 'probe.truncated <= 4'}}\n\
+             \x20 - {{name: cross-runtime-greedy, check: 'cross_runtime.greedy.agree >= 0'}}\n",
+            examples.join("texts/mill.txt").display(),
+            examples.join("prompts-20.json").display(),
+            examples.join("probes-tiny.yaml").display(),
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_quantfarm"))
+        .arg("run")
+        .arg(&release)
+        .args(["--workers", "2", "--store"])
+        .arg(tmp.path().join("data"))
+        .env("QUANTFARM_KEY_FILE", tmp.path().join("k"))
+        .env("QUANTFARM_PYTHON", peers_python())
+        .env("QUANTFARM_LOG", "warn")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let report = stdout
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("signed report: "))
+        .unwrap_or_else(|| panic!("no report:\n{stdout}\n{stderr}"));
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(report).unwrap()).unwrap();
+    let c = &r["cross_runtime"];
+    eprintln!("{c:#}");
+    let oracle: Value = serde_json::from_str(&run_py("mlx_lm_oracle.py", &["versions".as_ref()])).unwrap();
+    assert_eq!(c["runtimes"][0]["mlx"], oracle["mlx"], "{c:#}");
+    assert_eq!(c["runtimes"][0]["mlx_lm"], oracle["mlx_lm"], "{c:#}");
+    assert_eq!(c["runtimes"][0]["device"], "cpu");
+    let n_chunks = r["evaluation"]["n_chunks"].as_u64().unwrap();
+    assert_eq!(n_chunks, 3);
+    // Link 2: every prompt and chunk, the bf16 weights as stored.
+    let bf16 = &c["bf16"];
+    assert_eq!(bf16["file_type"], "BF16");
+    assert_eq!((bf16["quantized"].as_bool(), bf16["upcast"].as_bool()), (Some(false), Some(false)));
+    assert_eq!(bf16["greedy"]["n"], 20, "{bf16:#}");
+    assert_eq!(bf16["greedy"]["complete"], true, "{bf16:#}");
+    assert_eq!(bf16["kld"]["n_chunks"], n_chunks, "{bf16:#}");
+    let bf16_kld = bf16["kld"]["mean_kld"].as_f64().unwrap();
+    // The rung: quantized, upcast on the CPU build, on the same prompts and chunks.
+    let rung = &c["rungs"][0];
+    assert_eq!(rung["file_type"], "MLX-4bit");
+    assert_eq!((rung["quantized"].as_bool(), rung["upcast"].as_bool()), (Some(true), Some(true)));
+    assert_eq!(rung["greedy"]["n"], 20, "{rung:#}");
+    assert_eq!(rung["kld"]["n_chunks"], n_chunks, "{rung:#}");
+    let rung_kld = rung["kld"]["mean_kld"].as_f64().unwrap();
+    assert!(bf16_kld.abs() < 1e-4 && rung_kld > bf16_kld, "bf16 {bf16_kld}, MLX-4bit {rung_kld}");
+    // The rung in mlx-lm and through its exact conversion in llama.cpp lose about the same.
+    let artifact = r["artifacts"].as_array().unwrap().iter().find(|a| a["file_type"] == "MLX-4bit").unwrap();
+    let llama_kld = artifact["kld"]["mean_kld"].as_f64().unwrap();
+    assert!((rung_kld - llama_kld).abs() <= 0.2 * llama_kld, "mlx-lm {rung_kld}, llama.cpp {llama_kld}");
+    let gate = |name: &str, level: Option<&str>| {
+        r["gates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|g| g["name"] == name && g["level"].as_str() == level)
+            .unwrap_or_else(|| panic!("no gate {name} {level:?}: {:#}", r["gates"]))
+            .clone()
+    };
+    let kld_gate = gate("cross-runtime-kld", None);
+    assert_eq!(kld_gate["passed"], true, "{kld_gate:#}");
+    assert_eq!(kld_gate["inputs"]["cross_runtime.kld.mean"], bf16["kld"]["mean_kld"]);
+    let measured = gate("measured", Some("MLX-4bit"));
+    assert_eq!(measured["inputs"]["mlx_lm.kld.mean"], rung["kld"]["mean_kld"], "{measured:#}");
+    assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+    for view in ["report.html", "report.md"] {
+        let text = std::fs::read_to_string(Path::new(report).with_file_name(view)).unwrap();
+        assert!(text.contains("Cross-runtime check (link 2)") && text.contains("MLX-4bit"), "{view}");
+    }
 }

@@ -58,7 +58,7 @@ fn release_yaml(hf: &Path, adapter: &Path, prompts: &Path, probes: &Path) -> Str
     format!(
         "name: smollm2-tuned\nsource: {}\nadapter: {}\nbase_name: HuggingFaceTB/SmolLM2-135M-Instruct\n\
          outputs:\n  gguf:\n    prefix: SmolLM2-135M-tuned\n    quants: [Q8_0, Q6_K, Q4_K_M, Q2_K]\n  mlx: {{bits: [4]}}\n\
-         evaluation:\n  text: {}\n  ctx: 512\n  chunks: 4\n  prompts: {}\n  max_tokens: 16\n  probes: {}\n\
+         evaluation:\n  text: {}\n  ctx: 512\n  chunks: 4\n  prompts: {}\n  max_tokens: 16\n  probes: {}\n  mlx_lm: false\n\
          card: {{license: apache-2.0}}\n\
          gates:\n  - {{name: q8-close, check: 'q8_0.kld.mean <= 0.01'}}\n",
         hf.display(),

@@ -6,7 +6,7 @@
 //! of its own and its tests move time forward instead of sleeping.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 use prost::Message;
@@ -293,6 +293,8 @@ pub struct Sched {
     /// Outputs are content-addressed, so a URL has one right content: a task that makes it again must give the
     /// same digest, and a worker that finds it stored with another digest knows the stored copy is corrupt.
     outputs: HashMap<String, String>,
+    /// Per running release whose ready tasks no live worker can take: since when, and what was last said about it.
+    unserved: HashMap<String, (Instant, String)>,
 }
 
 fn now_ms() -> i64 {
@@ -367,6 +369,7 @@ impl Sched {
             reports: Vec::new(),
             sweeps: Vec::new(),
             ready_changed: false,
+            unserved: HashMap::new(),
         };
         for (rel, tasks) in rows {
             s.restore(rel, tasks, now)?;
@@ -763,6 +766,63 @@ impl Sched {
                 && w.kinds.contains(&kind)
                 && t.key.runtime().is_none_or(|rt| w.info.runtimes.iter().any(|r| r == rt))
         })
+    }
+
+    /// Says which ready tasks of each running release no live worker can take — their kind, and the runtime they
+    /// need (an mlx-lm task on a farm without mlx-lm) — once they have waited a lease period, and again whenever that
+    /// changes; and that the wait is over. Called periodically (the server's expiry loop).
+    pub fn note_unserved(&mut self, now: Instant) {
+        let mut waiting: BTreeMap<usize, BTreeMap<(pb::WorkerKind, Option<&'static str>), usize>> = BTreeMap::new();
+        for &(_, ri, ti) in &self.ready {
+            let t = &self.releases[ri].tasks[ti];
+            let Some(kind) = t.key.worker_kind() else { continue };
+            let runtime = t.key.runtime();
+            let served = self.workers.values().any(|w| {
+                now.duration_since(w.last_seen) < self.cfg.lease * 2
+                    && w.kinds.contains(&kind)
+                    && runtime.is_none_or(|rt| w.info.runtimes.iter().any(|r| r == rt))
+            });
+            if !served {
+                *waiting.entry(ri).or_default().entry((kind, runtime)).or_default() += 1;
+            }
+        }
+        for ri in 0..self.releases.len() {
+            let id = self.releases[ri].id.clone();
+            let Some(needs) = waiting.get(&ri).filter(|_| !self.releases[ri].finished()) else {
+                if let Some((_, said)) = self.unserved.remove(&id) {
+                    if !said.is_empty() && !self.releases[ri].finished() {
+                        let ev = self.releases[ri].event("a worker for the waiting tasks joined".into());
+                        self.events.push(ev);
+                    }
+                }
+                continue;
+            };
+            let what: Vec<String> = needs
+                .iter()
+                .map(|((kind, runtime), n)| match runtime {
+                    Some(rt) => format!("{n} of kind {kind} need the {rt} runtime"),
+                    None => format!("{n} of kind {kind}"),
+                })
+                .collect();
+            let msg = format!(
+                "waiting: no live worker can take {} ready task(s): {}{}",
+                needs.values().sum::<usize>(),
+                what.join("; "),
+                if needs.keys().any(|(_, rt)| *rt == Some(crate::graph::MLX_LM_RUNTIME)) {
+                    " (start a worker with QUANTFARM_PYTHON set to a Python with mlx-lm, e.g. \
+                     scripts/install-mlx-runtime's; or set evaluation.mlx_lm: false)"
+                } else {
+                    ""
+                }
+            );
+            let entry = self.unserved.entry(id).or_insert((now, String::new()));
+            if now.duration_since(entry.0) >= self.cfg.lease && entry.1 != msg {
+                entry.1 = msg.clone();
+                tracing::warn!(release = %self.releases[ri].id, "{msg}");
+                let ev = self.releases[ri].event(msg);
+                self.events.push(ev);
+            }
+        }
     }
 
     /// Records a worker's byte counts (they only grow: a late, reordered request cannot lower them).

@@ -163,9 +163,11 @@ impl Coordinator {
         loop {
             tokio::time::sleep(period).await;
             let mut s = self.lock();
-            if let Err(e) = s.expire(Instant::now()) {
+            let now = Instant::now();
+            if let Err(e) = s.expire(now) {
                 tracing::error!("lease expiry: {e}");
             }
+            s.note_unserved(now);
             self.after(s);
         }
     }

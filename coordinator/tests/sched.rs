@@ -429,3 +429,30 @@ fn bad_specs_are_refused_with_the_line() {
     let msg = e.unwrap_err().to_string();
     assert!(msg.contains("rel.yaml") && msg.contains("onnx") && msg.contains("line 6"), "{msg}");
 }
+
+/// Ready tasks that no live worker can take are said once they have waited a lease period (not before: workers
+/// register a moment after a local run starts), said again only when that changes, and the end of the wait is said
+/// when a worker that can take them joins.
+#[test]
+fn a_release_whose_tasks_no_worker_can_take_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut clock = Clock::new();
+    let mut s = open(dir.path(), &clock);
+    let _plan_only = worker(&mut s, &["plan"], &clock);
+    s.submit(&noop_yaml(2), "release.yaml", dir.path().to_str().unwrap()).unwrap();
+    s.events.clear();
+    s.note_unserved(clock.now());
+    assert!(s.events.is_empty(), "said before a lease period passed: {:?}", s.events);
+    clock.advance(250);
+    s.note_unserved(clock.now());
+    let said: Vec<String> = s.events.drain(..).map(|e| e.message).collect();
+    assert_eq!(said, ["waiting: no live worker can take 2 ready task(s): 2 of kind noop"]);
+    clock.advance(100);
+    s.note_unserved(clock.now());
+    assert!(s.events.is_empty(), "said twice: {:?}", s.events);
+    let w = worker(&mut s, &["noop"], &clock);
+    s.note_unserved(clock.now());
+    let said: Vec<String> = s.events.drain(..).map(|e| e.message).collect();
+    assert_eq!(said, ["a worker for the waiting tasks joined"]);
+    assert_eq!(lease(&mut s, &w, 4, &clock).len(), 2);
+}

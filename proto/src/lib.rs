@@ -57,10 +57,12 @@ pub enum WorkerKind {
     Probe,
     /// A peer tool's own KL-divergence run (llama-perplexity).
     Peer,
+    /// Greedy continuations and logits in mlx-lm (the runtime `mlx_lm`): the cross-runtime link.
+    MlxLm,
 }
 
 impl WorkerKind {
-    pub const ALL: [WorkerKind; 12] = [
+    pub const ALL: [WorkerKind; 13] = [
         WorkerKind::Plan,
         WorkerKind::Gguf,
         WorkerKind::Quantize,
@@ -73,6 +75,7 @@ impl WorkerKind {
         WorkerKind::Greedy,
         WorkerKind::Probe,
         WorkerKind::Peer,
+        WorkerKind::MlxLm,
     ];
 
     /// The name workers advertise (`WorkerInfo.task_kinds`).
@@ -90,6 +93,7 @@ impl WorkerKind {
             WorkerKind::Greedy => "greedy",
             WorkerKind::Probe => "probe",
             WorkerKind::Peer => "peer",
+            WorkerKind::MlxLm => "mlx-lm",
         }
     }
 
@@ -137,6 +141,7 @@ impl task::Kind {
             K::Greedy(_) => WorkerKind::Greedy,
             K::Probe(_) => WorkerKind::Probe,
             K::PeerKld(_) => WorkerKind::Peer,
+            K::MlxLmGreedy(_) | K::MlxLmKld(_) => WorkerKind::MlxLm,
         }
     }
 
@@ -169,7 +174,9 @@ impl task::Kind {
             | K::Kld(_)
             | K::Greedy(_)
             | K::Probe(_)
-            | K::PeerKld(_) => None,
+            | K::PeerKld(_)
+            | K::MlxLmGreedy(_)
+            | K::MlxLmKld(_) => None,
         }
     }
 
@@ -190,8 +197,8 @@ impl task::Kind {
             K::Noop(_) => ResultShape::Noop,
             K::MergePlan(_) => ResultShape::MergePlan,
             K::KldPlan(_) => ResultShape::KldPlan,
-            K::Kld(_) => ResultShape::Kld,
-            K::Greedy(_) => ResultShape::Greedy,
+            K::Kld(_) | K::MlxLmKld(_) => ResultShape::Kld,
+            K::Greedy(_) | K::MlxLmGreedy(_) => ResultShape::Greedy,
             K::Probe(_) => ResultShape::Probe,
             K::PeerKld(_) => ResultShape::PeerKld,
         }

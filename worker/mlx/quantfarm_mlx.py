@@ -19,11 +19,15 @@ stdin/stdout, one JSON object per line each way, one answer per request, in orde
       One forward pass over the token ids as given (never re-tokenized: the ids come from the KLD plan), batch 1, no
       cache; writes the logits of positions K .. len-1 to PATH as little-endian float32, row after row (rows =
       len - K). The worker computes the KL divergence against the llama.cpp base logits itself.
-  {"op": "greedy", "tokens": [ID, ...], "max_tokens": N, "stop": [ID, ...]}
+  {"op": "greedy", "tokens": [ID, ...], "max_tokens": N, "stop": [ID, ...] | null}
       -> {"ok": true, "tokens": [ID, ...], "margins": [F, ...]}
       `mlx_lm.generate.generate_step` with its default (greedy, temperature 0) sampler, as `mlx_lm.generate` runs it:
-      up to N tokens, ending after the first stop id (which is not returned). `margins[i]` is the top-1 minus top-2
-      log-probability of step i (generate_step's log-probabilities; equal to the logit margin up to rounding).
+      up to N tokens, ending after the first stop id (which is not returned); without `stop`, the tokenizer's
+      `eos_token_ids`, as `mlx_lm.generate` stops. `margins[i]` is the top-1 minus top-2 log-probability of step i
+      (generate_step's log-probabilities; equal to the logit margin up to rounding).
+  {"op": "decode", "sequences": [[ID, ...], ...]}
+      -> {"ok": true, "texts": [TEXT, ...]}
+      The loaded model's tokenizer's `decode` of each sequence (continuations are compared as text too).
 
 A failure answers {"ok": false, "error": TEXT, "kind": "input" | "runtime"}: "input" when the request or the model
 is at fault (a missing file, a checkpoint mlx-lm cannot load: TEXT is mlx-lm's own message), "runtime" otherwise.
@@ -122,7 +126,10 @@ class Helper:
         max_tokens = req.get("max_tokens")
         if not isinstance(max_tokens, int) or max_tokens < 1:
             raise InputError(f"max_tokens: {max_tokens!r} is not a positive count")
-        stop = set(_ids(req, "stop", allow_empty=True))
+        if req.get("stop") is None:
+            stop = set(self.tokenizer.eos_token_ids)
+        else:
+            stop = set(_ids(req, "stop", allow_empty=True))
         out, margins = [], []
         for token, logprobs in generate_step(mx.array(tokens), model, max_tokens=max_tokens):
             token = int(token.item() if hasattr(token, "item") else token)
@@ -134,6 +141,16 @@ class Helper:
             out.append(token)
             margins.append(a - b)
         return {"tokens": out, "margins": margins}
+
+    def decode(self, req):
+        self._need_model()
+        seqs = req.get("sequences")
+        if not isinstance(seqs, list):
+            raise InputError("sequences: expected a list of token id lists")
+        texts = []
+        for i, ids in enumerate(seqs):
+            texts.append(self.tokenizer.decode(_ids({"s": ids}, "s", allow_empty=True)))
+        return {"texts": texts}
 
 
 def _flat(params, prefix=""):
@@ -163,7 +180,13 @@ def _ids(req, key, allow_empty=False):
 
 def main():
     helper = Helper()
-    ops = {"hello": helper.hello, "load": helper.load, "logits": helper.logits, "greedy": helper.greedy}
+    ops = {
+        "hello": helper.hello,
+        "load": helper.load,
+        "logits": helper.logits,
+        "greedy": helper.greedy,
+        "decode": helper.decode,
+    }
     for line in sys.stdin:
         if not line.strip():
             continue

@@ -15,6 +15,7 @@ mod failure;
 mod fetch;
 mod llama;
 pub mod mlx_lm;
+mod mlx_run;
 mod outputs;
 mod runtimes;
 mod scratch;

@@ -114,10 +114,32 @@ impl MlxLm {
     }
 
     /// A greedy continuation of `tokens` (temperature 0, as `mlx_lm.generate`), at most `max_tokens`, ending
-    /// before the first of `stop`.
-    pub async fn greedy(&mut self, tokens: &[u32], max_tokens: u32, stop: &[u32]) -> Result<Continuation, Error> {
+    /// before the first of `stop` (`None`: the tokenizer's end-of-sequence ids, as `mlx_lm.generate` ends).
+    pub async fn greedy(
+        &mut self,
+        tokens: &[u32],
+        max_tokens: u32,
+        stop: Option<&[u32]>,
+    ) -> Result<Continuation, Error> {
         let v = self.call("greedy", json!({ "tokens": tokens, "max_tokens": max_tokens, "stop": stop })).await?;
         parse("greedy", v)
+    }
+
+    /// The loaded model's tokenizer's text of each sequence.
+    pub async fn decode(&mut self, sequences: &[&[u32]]) -> Result<Vec<String>, Error> {
+        #[derive(Deserialize)]
+        struct Texts {
+            texts: Vec<String>,
+        }
+        let v = self.call("decode", json!({ "sequences": sequences })).await?;
+        let t: Texts = parse("decode", v)?;
+        if t.texts.len() != sequences.len() {
+            return Err(Error::Protocol {
+                op: "decode",
+                msg: format!("{} texts for {} sequences", t.texts.len(), sequences.len()),
+            });
+        }
+        Ok(t.texts)
     }
 
     /// Stops the helper.

@@ -21,8 +21,12 @@ pub fn find_tool(name: &str) -> Option<PathBuf> {
 /// (link 2 across real runtimes): llama.cpp's tools on PATH or in `$QUANTFARM_LLAMA_BIN`, and mlx-lm run by
 /// `python3` (or `$QUANTFARM_PYTHON`, e.g. the environment `scripts/install-mlx-runtime` makes).
 pub fn runtimes() -> Vec<String> {
-    let python = std::env::var_os("QUANTFARM_PYTHON").map_or_else(|| PathBuf::from("python3"), PathBuf::from);
-    runtimes_in(&tool_dirs(), &python)
+    runtimes_in(&tool_dirs(), &python())
+}
+
+/// The Python that runs the mlx-lm helper: `$QUANTFARM_PYTHON`, else `python3`.
+pub fn python() -> PathBuf {
+    std::env::var_os("QUANTFARM_PYTHON").map_or_else(|| PathBuf::from("python3"), PathBuf::from)
 }
 
 /// Names a worker advertises: `llama-perplexity`, `llama-server`, `llama-completion` (each when found in `dirs`),

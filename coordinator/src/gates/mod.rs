@@ -45,6 +45,8 @@ pub enum LevelSel {
 #[serde(rename_all = "snake_case")]
 pub enum When {
     Adapter,
+    /// The release runs models in mlx-lm (`ReleaseSpec::runs_mlx_lm`).
+    MlxLm,
 }
 
 /// Figures every level has (a level's GGUF quant or MLX checkpoint against the GGUF BF16 reference).
@@ -73,6 +75,10 @@ pub const LEVEL_FIGURES: &[(&str, &str)] = &[
     ("bytes", "the artifact's bytes, every file"),
     ("verified", "yes/no: every file of the artifact was recomputed from its input with identical bytes"),
     ("default.kld.mean", "the level's default limit on kld.mean (defaults.yaml)"),
+    ("mlx_lm.kld.mean", "an MLX rung in mlx-lm: mean KL divergence against the GGUF BF16's logits in llama.cpp"),
+    ("mlx_lm.kld.same_top_p", "an MLX rung in mlx-lm: percent of tokens with the GGUF BF16's most likely token"),
+    ("mlx_lm.greedy.agree", "an MLX rung in mlx-lm: fraction of prompts identical to mlx-lm's bf16 continuation"),
+    ("mlx_lm.greedy.prefix", "an MLX rung in mlx-lm: mean common-prefix fraction against mlx-lm's bf16"),
 ];
 
 /// Figures of the release as a whole; besides these, `<level>.<figure>` names any level's figure, the level written
@@ -83,6 +89,19 @@ pub const GLOBAL_FIGURES: &[(&str, &str)] = &[
     ("merge.greedy.prefix", "merge check: mean common-prefix fraction"),
     ("reference.kld.ppl", "the reference's perplexity, Mean PPL(base)"),
     ("reference.probe.pass_rate", "the reference's probe pass rate"),
+    (
+        "cross_runtime.greedy.agree",
+        "link 2: fraction of prompts identical, the bf16 weights in mlx-lm vs the GGUF BF16 in llama.cpp",
+    ),
+    ("cross_runtime.greedy.prefix", "link 2: mean common-prefix fraction of those continuations"),
+    (
+        "cross_runtime.kld.mean",
+        "link 2: mean KL divergence of the bf16 weights in mlx-lm against the GGUF BF16 in llama.cpp",
+    ),
+    (
+        "cross_runtime.kld.same_top_p",
+        "link 2: percent of tokens whose most likely next token is the same in both runtimes",
+    ),
 ];
 
 const FLAGS: &[&str] = &["verified"];
@@ -196,6 +215,9 @@ pub const MEASURED: &str = "measured";
 pub struct LevelFigures {
     pub numbers: BTreeMap<&'static str, Result<f64, String>>,
     pub verified: Option<bool>,
+    /// The level is an MLX rung the release also runs in mlx-lm: `measured` requires its `mlx_lm.kld.mean` too
+    /// (a checkpoint mlx-lm cannot load is not measured, whatever llama.cpp measured on its conversion).
+    pub in_mlx_lm: bool,
 }
 
 impl LevelFigures {
@@ -213,6 +235,8 @@ pub struct Measured {
     pub global: BTreeMap<&'static str, Result<f64, String>>,
     pub all_verified: bool,
     pub has_adapter: bool,
+    /// The release ran models in mlx-lm (the gates `when: mlx_lm` apply).
+    pub has_mlx_lm: bool,
 }
 
 impl Measured {
@@ -315,7 +339,11 @@ fn measured_gate(level: &str, f: &LevelFigures) -> GateResult {
     let mut why = Vec::new();
     // The probe task ran when its truncation count is there; whether its answers could be scored is the `probes`
     // gate's question (an all-truncated suite has no pass rate, and fails that gate saying so).
-    for (name, what) in [("kld.mean", "no KL-divergence figure"), ("probe.truncated", "no probe results")] {
+    let mut required = vec![("kld.mean", "no KL-divergence figure"), ("probe.truncated", "no probe results")];
+    if f.in_mlx_lm {
+        required.push(("mlx_lm.kld.mean", "no KL-divergence figure in mlx-lm"));
+    }
+    for (name, what) in required {
         match f.numbers.get(name) {
             Some(Ok(v)) => inputs.push((name.to_string(), FigureValue::Number(*v))),
             Some(Err(e)) => {
@@ -330,7 +358,12 @@ fn measured_gate(level: &str, f: &LevelFigures) -> GateResult {
     }
     let passed = why.is_empty();
     let detail = if passed {
-        "KL divergence and probes measured".to_string()
+        if f.in_mlx_lm {
+            "KL divergence (in llama.cpp and mlx-lm) and probes measured"
+        } else {
+            "KL divergence and probes measured"
+        }
+        .to_string()
     } else {
         format!("not measured: {}; a level that was not measured never passes", why.join("; "))
     };
@@ -357,6 +390,7 @@ pub fn evaluate(release_gates: &[Gate], m: &Measured) -> Vec<GateResult> {
         .filter(|g| match g.when {
             None => true,
             Some(When::Adapter) => m.has_adapter,
+            Some(When::MlxLm) => m.has_mlx_lm,
         })
         .map(|g| (g, "default"));
     for (g, source) in defaults.chain(release_gates.iter().map(|g| (g, "release"))) {
@@ -432,6 +466,7 @@ mod tests {
             global: BTreeMap::new(),
             all_verified: true,
             has_adapter: false,
+            has_mlx_lm: false,
         }
     }
 

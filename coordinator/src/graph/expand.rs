@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use quantfarm_proto::{self as pb, task_result};
 
-use super::keys::{CheckPart, EvalTarget, Subject, TaskKey};
+use super::keys::{CheckPart, EvalTarget, MlxSubject, Subject, TaskKey};
 use super::messages::{merge_plan_of, plan_of};
 use super::{Ctx, Results, TaskDef};
 use crate::spec::ImatrixSource;
@@ -141,8 +141,9 @@ fn expand(ctx: &Ctx, plan: &pb::PlanResult, results: &Results) -> Vec<TaskDef> {
             verifies.push(TaskKey::KldPlan);
         }
         let targets = eval_targets(ctx);
+        let mlx_lm = mlx_lm_subjects(ctx);
         // The reference's continuations are only run for models to compare with them.
-        if e.prompts.is_some() && !targets.is_empty() {
+        if e.prompts.is_some() && !(targets.is_empty() && mlx_lm.is_empty()) {
             for share in 0..e.prompt_shares {
                 let reference = TaskKey::Greedy { subject: Subject::Reference, share };
                 out.push(TaskDef { key: reference.clone(), deps: ggufs.clone(), cost });
@@ -150,6 +151,18 @@ fn expand(ctx: &Ctx, plan: &pb::PlanResult, results: &Results) -> Vec<TaskDef> {
                     let key = TaskKey::Greedy { subject: Subject::Model(t), share };
                     let mut deps = vec![reference.clone()];
                     deps.extend(model_tasks(t, n));
+                    out.push(TaskDef { key: key.clone(), deps, cost });
+                    verifies.push(key);
+                }
+                // In mlx-lm: the bf16 weights against llama.cpp's reference, each MLX rung against mlx-lm's bf16.
+                for &subject in &mlx_lm {
+                    let key = TaskKey::MlxLmGreedy { subject, share };
+                    let deps = match subject {
+                        MlxSubject::Bf16 => vec![reference.clone()],
+                        MlxSubject::Rung { bits } => {
+                            vec![TaskKey::MlxLmGreedy { subject: MlxSubject::Bf16, share }, TaskKey::Mlx { bits }]
+                        }
+                    };
                     out.push(TaskDef { key: key.clone(), deps, cost });
                     verifies.push(key);
                 }
@@ -203,6 +216,17 @@ pub fn eval_targets(ctx: &Ctx) -> Vec<EvalTarget> {
         .collect()
 }
 
+/// What the release runs in mlx-lm: the bf16 weights, then every measured MLX rung (none when it runs nothing
+/// there, `ReleaseSpec::runs_mlx_lm`).
+pub fn mlx_lm_subjects(ctx: &Ctx) -> Vec<MlxSubject> {
+    if !ctx.spec.runs_mlx_lm() {
+        return Vec::new();
+    }
+    let rungs =
+        ctx.spec.mlx_bits().iter().copied().filter(|&bits| ctx.spec.measures(&EvalTarget::Mlx { bits }.to_string()));
+    std::iter::once(MlxSubject::Bf16).chain(rungs.map(|bits| MlxSubject::Rung { bits })).collect()
+}
+
 /// Whether the farm computes the quants' importance matrix from a text.
 pub(super) fn computes_imatrix(ctx: &Ctx) -> bool {
     matches!(ctx.spec.imatrix(), Some(ImatrixSource::Text { .. }))
@@ -235,6 +259,17 @@ fn expand_kld(ctx: &Ctx, kp: &pb::KldPlanResult, results: &Results) -> (Vec<Task
             let key = TaskKey::Kld { target, group };
             let mut deps = vec![TaskKey::KldBase { group }];
             deps.extend(model.iter().cloned());
+            out.push(TaskDef { key: key.clone(), deps, cost });
+            measured.push(key);
+        }
+    }
+    for subject in mlx_lm_subjects(ctx) {
+        for group in 0..groups {
+            let key = TaskKey::MlxLmKld { subject, group };
+            let mut deps = vec![TaskKey::KldBase { group }];
+            if let MlxSubject::Rung { bits } = subject {
+                deps.push(TaskKey::Mlx { bits });
+            }
             out.push(TaskDef { key: key.clone(), deps, cost });
             measured.push(key);
         }

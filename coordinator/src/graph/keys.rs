@@ -88,9 +88,52 @@ pub enum TaskKey {
         peer: Peer,
         level: Level,
     },
+    /// Greedy continuations of one share of the prompts in mlx-lm, compared with llama.cpp's reference (for the
+    /// bf16 weights) or with mlx-lm's bf16 run (for an MLX rung).
+    MlxLmGreedy {
+        subject: MlxSubject,
+        share: u32,
+    },
+    /// mlx-lm's logits of one chunk group, scored against llama.cpp's base logits of the same group.
+    MlxLmKld {
+        subject: MlxSubject,
+        group: u32,
+    },
     /// Gathers every result, applies the gates and signs: run by the coordinator itself.
     Report,
 }
+
+/// What mlx-lm runs: the source's bf16 weights as an HF checkpoint (the GGUF BF16's twin: the same weights, another
+/// runtime), or an MLX rung.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MlxSubject {
+    Bf16,
+    Rung { bits: u32 },
+}
+
+impl fmt::Display for MlxSubject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MlxSubject::Bf16 => write!(f, "BF16"),
+            MlxSubject::Rung { bits } => write!(f, "{}", EvalTarget::Mlx { bits: *bits }),
+        }
+    }
+}
+
+impl MlxSubject {
+    pub fn parse(s: &str) -> Option<MlxSubject> {
+        match s {
+            "BF16" => Some(MlxSubject::Bf16),
+            _ => match EvalTarget::parse(s)? {
+                EvalTarget::Mlx { bits } => Some(MlxSubject::Rung { bits }),
+                EvalTarget::Quant(_) => None,
+            },
+        }
+    }
+}
+
+/// The runtime name workers advertise when the mlx-lm helper answers its handshake.
+pub const MLX_LM_RUNTIME: &str = "mlx_lm";
 
 /// A model measured against the reference: a GGUF quant level or an MLX checkpoint.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -232,6 +275,8 @@ impl fmt::Display for TaskKey {
             TaskKey::Probe { subject } => write!(f, "probe/{subject}"),
             TaskKey::PeerBase { peer } => write!(f, "peer/{}/base", peer.tool()),
             TaskKey::PeerKld { peer, level } => write!(f, "peer/{}/{level}", peer.tool()),
+            TaskKey::MlxLmGreedy { subject, share } => write!(f, "mlx-lm/greedy/{subject}/{share}"),
+            TaskKey::MlxLmKld { subject, group } => write!(f, "mlx-lm/kld/{subject}/{group}"),
             TaskKey::Report => write!(f, "report"),
         }
     }
@@ -268,6 +313,8 @@ impl TaskKey {
             ["probe", t] => TaskKey::Probe { subject: Subject::parse(t)? },
             ["peer", p, "base"] => TaskKey::PeerBase { peer: Peer::parse(p)? },
             ["peer", p, l] => TaskKey::PeerKld { peer: Peer::parse(p)?, level: level(l)? },
+            ["mlx-lm", "greedy", t, n] => TaskKey::MlxLmGreedy { subject: MlxSubject::parse(t)?, share: num(n)? },
+            ["mlx-lm", "kld", t, g] => TaskKey::MlxLmKld { subject: MlxSubject::parse(t)?, group: num(g)? },
             _ => return None,
         })
     }
@@ -296,14 +343,16 @@ impl TaskKey {
             TaskKey::Greedy { .. } => Some(W::Greedy),
             TaskKey::Probe { .. } => Some(W::Probe),
             TaskKey::PeerBase { .. } | TaskKey::PeerKld { .. } => Some(W::Peer),
+            TaskKey::MlxLmGreedy { .. } | TaskKey::MlxLmKld { .. } => Some(W::MlxLm),
             TaskKey::Report => None,
         }
     }
 
-    /// The runtime a worker must advertise to run the task (a peer tool), besides its kind.
+    /// The runtime a worker must advertise to run the task (a peer tool, mlx-lm), besides its kind.
     pub fn runtime(&self) -> Option<&'static str> {
         match self {
             TaskKey::PeerBase { peer } | TaskKey::PeerKld { peer, .. } => Some(peer.tool()),
+            TaskKey::MlxLmGreedy { .. } | TaskKey::MlxLmKld { .. } => Some(MLX_LM_RUNTIME),
             TaskKey::Plan
             | TaskKey::Gguf { .. }
             | TaskKey::Quantize { .. }
@@ -351,6 +400,8 @@ impl TaskKey {
             TaskKey::Greedy { subject, .. } => format!("greedy {subject}"),
             TaskKey::Probe { subject } => format!("probe {subject}"),
             TaskKey::PeerBase { peer } | TaskKey::PeerKld { peer, .. } => peer.tool().to_string(),
+            TaskKey::MlxLmGreedy { subject, .. } => format!("mlx-lm greedy {subject}"),
+            TaskKey::MlxLmKld { subject, .. } => format!("mlx-lm kld {subject}"),
             TaskKey::Report => "report".into(),
         }
     }
@@ -369,7 +420,7 @@ mod tests {
 
     #[test]
     fn keys_round_trip() {
-        const VARIANTS: usize = 25;
+        const VARIANTS: usize = 27;
         fn variant(k: &TaskKey) -> usize {
             match k {
                 TaskKey::Plan => 0,
@@ -397,6 +448,8 @@ mod tests {
                 TaskKey::Probe { .. } => 22,
                 TaskKey::PeerBase { .. } => 23,
                 TaskKey::PeerKld { .. } => 24,
+                TaskKey::MlxLmGreedy { .. } => 25,
+                TaskKey::MlxLmKld { .. } => 26,
             }
         }
         let mut covered = std::collections::BTreeSet::new();
@@ -434,6 +487,10 @@ mod tests {
             TaskKey::ImatrixPlan,
             TaskKey::Imatrix { group: 4 },
             TaskKey::ImatrixMerge,
+            TaskKey::MlxLmGreedy { subject: MlxSubject::Bf16, share: 1 },
+            TaskKey::MlxLmGreedy { subject: MlxSubject::Rung { bits: 4 }, share: 0 },
+            TaskKey::MlxLmKld { subject: MlxSubject::Rung { bits: 8 }, group: 2 },
+            TaskKey::MlxLmKld { subject: MlxSubject::Bf16, group: 0 },
         ] {
             assert_eq!(TaskKey::parse(&k.to_string()), Some(k.clone()), "{k}");
             covered.insert(variant(&k));
@@ -443,5 +500,6 @@ mod tests {
         assert_eq!(covered, (0..VARIANTS).collect(), "every kind of key has an example");
         assert_eq!(TaskKey::parse("quantize/q8_0/1"), None);
         assert_eq!(TaskKey::parse("gguf/x"), None);
+        assert_eq!(TaskKey::parse("mlx-lm/kld/Q8_0/0"), None, "mlx-lm runs BF16 and MLX rungs only");
     }
 }

@@ -5,7 +5,7 @@ use quantfarm_proto::{self as pb, task, task_result, verify_task};
 use quantfarm_store::Location;
 
 use super::expand::computes_imatrix;
-use super::keys::{CheckPart, EvalTarget, Subject, TaskKey};
+use super::keys::{CheckPart, EvalTarget, MlxSubject, Subject, TaskKey};
 use super::naming::{artifact, file_name, split_text, synthetic_name};
 use super::{Ctx, Results};
 use crate::spec::{ImatrixSource, Level, Peer};
@@ -286,13 +286,7 @@ fn greedy_task(ctx: &Ctx, results: &Results, subject: Subject, share: u32) -> Re
     let e = ctx.spec.evaluation.as_ref().ok_or("the release has no evaluation section")?;
     let reference = match subject.compared_with() {
         None => vec![],
-        Some(reference) => {
-            let key = TaskKey::Greedy { subject: reference, share };
-            match results(&key).and_then(|r| r.kind.as_ref()) {
-                Some(task_result::Kind::Greedy(g)) => g.continuations.clone(),
-                _ => return Err(format!("{key} has no greedy result")),
-            }
-        }
+        Some(reference) => greedy_continuations(results, &TaskKey::Greedy { subject: reference, share })?,
     };
     let lora = match subject {
         Subject::Adapter => artifact_of(results, &TaskKey::MergeCheck { part: CheckPart::Lora })?.url.clone(),
@@ -372,6 +366,56 @@ fn kld_task(ctx: &Ctx, results: &Results, target: EvalTarget, group: u32) -> Res
     })
 }
 
+/// What mlx-lm loads for a subject: the HF checkpoint the GGUF BF16 was converted from (the source, or the merge),
+/// or an MLX rung's folder.
+fn mlx_lm_model(ctx: &Ctx, results: &Results, subject: MlxSubject) -> Result<String, String> {
+    match subject {
+        MlxSubject::Bf16 => model_source(ctx, results),
+        MlxSubject::Rung { bits } => Ok(artifact_of(results, &TaskKey::Mlx { bits })?.url.clone()),
+    }
+}
+
+fn greedy_continuations(results: &Results, key: &TaskKey) -> Result<Vec<pb::GreedyContinuation>, String> {
+    match results(key).and_then(|r| r.kind.as_ref()) {
+        Some(task_result::Kind::Greedy(g)) => Ok(g.continuations.clone()),
+        _ => Err(format!("{key} has no greedy result")),
+    }
+}
+
+fn mlx_lm_greedy_task(
+    ctx: &Ctx,
+    results: &Results,
+    subject: MlxSubject,
+    share: u32,
+) -> Result<pb::MlxLmGreedyTask, String> {
+    let e = ctx.spec.evaluation.as_ref().ok_or("the release has no evaluation section")?;
+    let compared_with = match subject {
+        MlxSubject::Bf16 => TaskKey::Greedy { subject: Subject::Reference, share },
+        MlxSubject::Rung { .. } => TaskKey::MlxLmGreedy { subject: MlxSubject::Bf16, share },
+    };
+    Ok(pb::MlxLmGreedyTask {
+        model: mlx_lm_model(ctx, results, subject)?,
+        reference: greedy_continuations(results, &compared_with)?,
+        max_tokens: e.max_tokens,
+        keep_continuations: subject == MlxSubject::Bf16,
+    })
+}
+
+fn mlx_lm_kld_task(ctx: &Ctx, results: &Results, subject: MlxSubject, group: u32) -> Result<pb::MlxLmKldTask, String> {
+    let kp = kld_plan_of(results)?;
+    let bos = kp.bos.ok_or(
+        "the kld/plan result predates the token id of the chunks' BOS (made by an older worker): run the release again",
+    )?;
+    let base = artifact_of(results, &TaskKey::KldBase { group })?;
+    Ok(pb::MlxLmKldTask {
+        model: mlx_lm_model(ctx, results, subject)?,
+        base: base.url.clone(),
+        base_sha256: base.sha256.clone(),
+        first_chunk: group * kp.n_seq,
+        bos,
+    })
+}
+
 /// A verify task for the output `producer` made: `what` is the producer's message, aimed at the stored output's URL
 /// (the verifier recomputes it into scratch and compares the two).
 fn verify(
@@ -448,6 +492,10 @@ pub fn build(ctx: &Ctx, key: &TaskKey, results: &Results) -> Result<pb::Task, St
             suite: ctx.eval.probes.clone(),
             ctx: ctx.spec.evaluation.as_ref().map_or(4096, |e| e.context),
         }),
+        TaskKey::MlxLmGreedy { subject, share } => {
+            task::Kind::MlxLmGreedy(mlx_lm_greedy_task(ctx, results, *subject, *share)?)
+        }
+        TaskKey::MlxLmKld { subject, group } => task::Kind::MlxLmKld(mlx_lm_kld_task(ctx, results, *subject, *group)?),
         TaskKey::Report => return Err("the report is the coordinator's own task".into()),
     };
     Ok(pb::Task { kind: Some(kind), known_output_sha256: String::new() })

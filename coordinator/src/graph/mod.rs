@@ -17,7 +17,7 @@ mod messages;
 mod naming;
 
 pub use expand::{eval_targets, grows, initial, priorities, Growth};
-pub use keys::{CheckPart, EvalTarget, Subject, TaskKey};
+pub use keys::{CheckPart, EvalTarget, MlxSubject, Subject, TaskKey, MLX_LM_RUNTIME};
 pub use messages::build;
 pub use naming::{output_url, synthetic_name, written_url};
 

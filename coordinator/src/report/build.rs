@@ -9,7 +9,7 @@ use quantfarm_proto as pb;
 use super::model::*;
 use super::tasks;
 use crate::gates;
-use crate::graph::{CheckPart, Subject, TaskKey};
+use crate::graph::{CheckPart, MlxSubject, Subject, TaskKey};
 use crate::sched::{Release, WorkerRec};
 use crate::spec::Level;
 use quantfarm_parity::{ChunkStats, KldSummary};
@@ -42,10 +42,21 @@ fn kld_plan_result(rel: &Release) -> Option<&pb::KldPlanResult> {
 /// Each measured model's KL-divergence figures (keyed by its artifact `file_type`), merged from its chunk groups'
 /// statistics, or why they cannot be: a chunk missing or given twice.
 fn kld_summaries(rel: &Release) -> BTreeMap<String, Result<KldSummary, String>> {
+    merge_chunks(rel, |k| match k {
+        TaskKey::Kld { target, .. } => Some(target.to_string()),
+        _ => None,
+    })
+}
+
+/// The chunk statistics of the tasks `subject` names (by the subject's name), each subject's merged.
+fn merge_chunks(
+    rel: &Release,
+    subject: impl Fn(&TaskKey) -> Option<String>,
+) -> BTreeMap<String, Result<KldSummary, String>> {
     let mut chunks: BTreeMap<String, Vec<ChunkStats>> = BTreeMap::new();
     for t in &rel.tasks {
-        let TaskKey::Kld { target, .. } = &t.key else { continue };
-        let list = chunks.entry(target.to_string()).or_default();
+        let Some(name) = subject(&t.key) else { continue };
+        let list = chunks.entry(name).or_default();
         if let Some(k) = t.result.as_ref().and_then(|r| r.kld()) {
             list.extend(k.chunks.iter().map(ChunkStats::from));
         }
@@ -91,38 +102,207 @@ fn greedy_summaries(rel: &Release) -> BTreeMap<String, GreedySummary> {
     }
     agreements
         .into_iter()
-        .map(|(target, (subject, mut list))| {
+        .map(|(target, (subject, list))| {
             let n_reference =
                 subject.compared_with().and_then(|r| n_reference.get(&r.to_string()).copied()).unwrap_or(0);
-            list.sort_by_key(|a| a.index);
-            let n = list.len();
-            let identical = list.iter().filter(|a| a.identical).count();
-            let mean_prefix = if n == 0 { 0.0 } else { list.iter().map(|a| a.prefix_fraction).sum::<f64>() / n as f64 };
-            let disagreements = list
-                .iter()
-                .filter(|a| !a.identical)
-                .map(|a| Disagreement {
-                    index: a.index,
-                    first_difference: a.first_difference,
-                    reference_margin: f64::from(a.reference_margin),
-                    common_prefix: a.common_prefix,
-                    reference_tokens: a.reference_tokens,
-                    model_tokens: a.model_tokens,
-                    reference_text: a.reference_text.clone(),
-                    model_text: a.model_text.clone(),
-                })
-                .collect();
-            let summary = GreedySummary {
-                n: n as u64,
-                identical: identical as u64,
-                agree: if n == 0 { 0.0 } else { identical as f64 / n as f64 },
-                mean_prefix_fraction: mean_prefix,
-                complete: n == n_reference,
-                disagreements,
-            };
-            (target, summary)
+            (target, greedy_summary(list, n_reference))
         })
         .collect()
+}
+
+/// One model's greedy summary from its prompts' agreements (any order) and the count of reference continuations
+/// they should cover.
+fn greedy_summary(mut list: Vec<&pb::PromptAgreement>, n_reference: usize) -> GreedySummary {
+    list.sort_by_key(|a| a.index);
+    let n = list.len();
+    let identical = list.iter().filter(|a| a.identical).count();
+    let mean_prefix = if n == 0 { 0.0 } else { list.iter().map(|a| a.prefix_fraction).sum::<f64>() / n as f64 };
+    let disagreements = list
+        .iter()
+        .filter(|a| !a.identical)
+        .map(|a| Disagreement {
+            index: a.index,
+            first_difference: a.first_difference,
+            reference_margin: f64::from(a.reference_margin),
+            common_prefix: a.common_prefix,
+            reference_tokens: a.reference_tokens,
+            model_tokens: a.model_tokens,
+            reference_text: a.reference_text.clone(),
+            model_text: a.model_text.clone(),
+        })
+        .collect();
+    GreedySummary {
+        n: n as u64,
+        identical: identical as u64,
+        agree: if n == 0 { 0.0 } else { identical as f64 / n as f64 },
+        mean_prefix_fraction: mean_prefix,
+        complete: n == n_reference,
+        disagreements,
+    }
+}
+
+/// Link 2 across runtimes, from the mlx-lm tasks (`None` for a release that runs none and has no MLX output or no
+/// evaluation; why not, when it turned them off).
+fn cross_runtime(rel: &Release) -> Option<CrossRuntime> {
+    let spec = &rel.spec;
+    let e = spec.evaluation.as_ref()?;
+    if spec.outputs.mlx.is_none() || spec.outputs.gguf.is_none() {
+        return None;
+    }
+    if !e.mlx_lm {
+        return Some(CrossRuntime::Unmeasured {
+            error: "not measured: evaluation.mlx_lm is false, so no model ran in mlx-lm".into(),
+        });
+    }
+    let mut klds = merge_chunks(rel, |k| match k {
+        TaskKey::MlxLmKld { subject, .. } => Some(subject.to_string()),
+        _ => None,
+    });
+    // Per subject: its prompts' agreements, how it was loaded; and every runtime seen.
+    #[derive(Default)]
+    struct Acc<'a> {
+        agreements: Vec<&'a pb::PromptAgreement>,
+        continuations: usize,
+        run: Option<&'a pb::MlxLmRun>,
+        ran_greedy: bool,
+    }
+    let mut subjects: BTreeMap<MlxSubjectOrder, Acc> = BTreeMap::new();
+    let mut runtimes = std::collections::BTreeSet::new();
+    let n_llama_reference: usize = rel
+        .tasks
+        .iter()
+        .filter(|t| matches!(t.key, TaskKey::Greedy { subject: Subject::Reference, .. }))
+        .filter_map(|t| t.result.as_ref()?.greedy().map(|g| g.continuations.len()))
+        .sum();
+    for t in &rel.tasks {
+        let (subject, run, greedy) = match &t.key {
+            TaskKey::MlxLmGreedy { subject, .. } => {
+                let g = t.result.as_ref().and_then(|r| r.greedy());
+                (*subject, g.and_then(|g| g.mlx_lm.as_ref()), g)
+            }
+            TaskKey::MlxLmKld { subject, .. } => {
+                (*subject, t.result.as_ref().and_then(|r| r.kld()).and_then(|k| k.mlx_lm.as_ref()), None)
+            }
+            _ => continue,
+        };
+        let acc = subjects.entry(MlxSubjectOrder(subject)).or_default();
+        if let Some(g) = greedy {
+            acc.agreements.extend(&g.agreements);
+            acc.continuations += g.continuations.len();
+            acc.ran_greedy = true;
+        }
+        if let Some(r) = run {
+            if r.load_error.is_empty() {
+                runtimes.insert(MlxLmRuntime {
+                    mlx: r.mlx.clone(),
+                    mlx_lm: r.mlx_lm.clone(),
+                    device: r.device.clone(),
+                    device_name: r.device_name.clone(),
+                });
+            }
+            // A load error is what the subject's record says, whichever task met it.
+            if acc.run.is_none_or(|a| a.load_error.is_empty()) {
+                acc.run = Some(r);
+            }
+        }
+    }
+    let n_mlx_bf16 = subjects.get(&MlxSubjectOrder(MlxSubject::Bf16)).map_or(0, |a| a.continuations);
+    let mut bf16 = None;
+    let mut rungs = Vec::new();
+    for (MlxSubjectOrder(subject), acc) in subjects {
+        let name = subject.to_string();
+        let load_error = acc.run.map(|r| r.load_error.clone()).filter(|e| !e.is_empty());
+        let n_reference = match subject {
+            MlxSubject::Bf16 => n_llama_reference,
+            MlxSubject::Rung { .. } => n_mlx_bf16,
+        };
+        let kld = klds.remove(&name).map(|k| match (&load_error, k) {
+            (Some(e), _) => Kld::Unmeasured { error: format!("not measured: {e}") },
+            (None, k) => kld_record(k),
+        });
+        let record = MlxLmSubject {
+            file_type: name,
+            quantized: acc.run.filter(|_| load_error.is_none()).map(|r| r.quantized),
+            upcast: acc.run.filter(|_| load_error.is_none()).map(|r| r.upcast),
+            greedy: (acc.ran_greedy && load_error.is_none()).then(|| greedy_summary(acc.agreements, n_reference)),
+            kld,
+            load_error,
+        };
+        match subject {
+            MlxSubject::Bf16 => bf16 = Some(record),
+            MlxSubject::Rung { .. } => rungs.push(record),
+        }
+    }
+    let bf16 = bf16.unwrap_or(MlxLmSubject {
+        file_type: MlxSubject::Bf16.to_string(),
+        quantized: None,
+        upcast: None,
+        load_error: None,
+        greedy: None,
+        kld: None,
+    });
+    Some(CrossRuntime::Measured(Box::new(CrossRuntimeFigures {
+        method: "the GGUF BF16's source weights (an HF checkpoint) and each MLX rung loaded by mlx_lm.load and run \
+                 in mlx-lm, on the workers' helper (worker/mlx/quantfarm_mlx.py), fed the token ids llama.cpp was fed \
+                 (never re-tokenized): greedy continuations at temperature 0 of the reference's prompt tokens, the \
+                 bf16 weights compared with llama.cpp's GGUF BF16 and each rung with mlx-lm's bf16; logits of every \
+                 chunk of the evaluation text scored against llama.cpp's base logits of the GGUF BF16 by \
+                 llama-perplexity's procedure (a KL divergence across runtimes); on mlx's CPU build a quantized \
+                 model's floating parameters are made f32 (upcast)"
+            .into(),
+        runtimes: runtimes.into_iter().collect(),
+        model: rel
+            .tasks
+            .iter()
+            .find_map(|t| match (&t.key, t.task.as_ref().and_then(|m| m.kind.as_ref())) {
+                (TaskKey::MlxLmKld { subject: MlxSubject::Bf16, .. }, Some(pb::task::Kind::MlxLmKld(k))) => {
+                    Some(k.model.clone())
+                }
+                (TaskKey::MlxLmGreedy { subject: MlxSubject::Bf16, .. }, Some(pb::task::Kind::MlxLmGreedy(g))) => {
+                    Some(g.model.clone())
+                }
+                _ => None,
+            })
+            .unwrap_or_default(),
+        bf16,
+        rungs,
+    })))
+}
+
+/// MLX subjects in report order: the bf16 weights, then the rungs by width.
+#[derive(PartialEq, Eq)]
+struct MlxSubjectOrder(MlxSubject);
+
+impl MlxSubjectOrder {
+    fn rank(&self) -> u32 {
+        match self.0 {
+            MlxSubject::Bf16 => 0,
+            MlxSubject::Rung { bits } => bits + 1,
+        }
+    }
+}
+
+impl PartialOrd for MlxSubjectOrder {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for MlxSubjectOrder {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.rank().cmp(&other.rank())
+    }
+}
+
+/// A merged KL-divergence summary as the report records it.
+fn kld_record(k: Result<KldSummary, String>) -> Kld {
+    match k {
+        Ok(s) => match serde_json::from_value::<KldFigures>(s.to_json()) {
+            Ok(f) => Kld::Measured(Box::new(f)),
+            Err(e) => Kld::Unmeasured { error: format!("the figures do not fit the report: {e}") },
+        },
+        Err(e) => Kld::Unmeasured { error: e },
+    }
 }
 
 /// Each subject's probe results (keyed by artifact `file_type`, the reference as "BF16"), with the models' pass
@@ -402,7 +582,67 @@ fn measured(
             |r| probe_pass_rate(r, "the reference's"),
         ),
     );
-    gates::Measured { levels, global, all_verified, has_adapter: !rel.adapter.is_empty() }
+    gates::Measured { levels, global, all_verified, has_adapter: !rel.adapter.is_empty(), has_mlx_lm: false }
+}
+
+/// The cross-runtime link's figures for the gates: release-wide, the bf16 weights in mlx-lm against llama.cpp
+/// (`cross_runtime.*`); per MLX rung, its own in mlx-lm (`mlx_lm.*`), which its `measured` gate then requires.
+fn cross_runtime_figures(rel: &Release, c: Option<&CrossRuntime>, m: &mut gates::Measured) {
+    let why = match c {
+        None => "not applicable: the release has no MLX output, GGUF output or evaluation".to_string(),
+        Some(CrossRuntime::Unmeasured { error }) => error.clone(),
+        Some(CrossRuntime::Measured(_)) => String::new(),
+    };
+    let figures = c.and_then(CrossRuntime::figures);
+    m.has_mlx_lm = figures.is_some();
+    let subject_figures = |s: Option<&MlxLmSubject>| -> [(&'static str, Result<f64, String>); 4] {
+        let unmeasured = |what: &str| match s.and_then(|s| s.load_error.as_ref()) {
+            Some(e) => format!("not measured: {e}"),
+            None if !why.is_empty() => why.clone(),
+            None => format!("not measured: no mlx-lm {what} task ran for it"),
+        };
+        let kld = match s.and_then(|s| s.kld.as_ref()) {
+            Some(Kld::Measured(k)) => Ok((k.mean_kld, k.same_top_p)),
+            Some(Kld::Unmeasured { error }) => Err(error.clone()),
+            None => Err(unmeasured("kld")),
+        };
+        let (agree, prefix) = greedy_figures(s.and_then(|s| s.greedy.as_ref()), &unmeasured("greedy"));
+        [
+            ("kld.mean", kld.clone().map(|k| k.0)),
+            ("kld.same_top_p", kld.map(|k| k.1)),
+            ("greedy.agree", agree),
+            ("greedy.prefix", prefix),
+        ]
+    };
+    for (name, v) in subject_figures(figures.map(|f| &f.bf16)) {
+        let global = match name {
+            "kld.mean" => "cross_runtime.kld.mean",
+            "kld.same_top_p" => "cross_runtime.kld.same_top_p",
+            "greedy.agree" => "cross_runtime.greedy.agree",
+            _ => "cross_runtime.greedy.prefix",
+        };
+        m.global.insert(global, v);
+    }
+    if figures.is_none() {
+        return;
+    }
+    for (level, f) in m.levels.iter_mut() {
+        let Some(MlxSubject::Rung { bits }) = MlxSubject::parse(level) else { continue };
+        if !rel.spec.measures(level) {
+            continue;
+        }
+        let rung = figures.and_then(|c| c.rungs.iter().find(|r| r.file_type == MlxSubject::Rung { bits }.to_string()));
+        for (name, v) in subject_figures(rung) {
+            let level_name = match name {
+                "kld.mean" => "mlx_lm.kld.mean",
+                "kld.same_top_p" => "mlx_lm.kld.same_top_p",
+                "greedy.agree" => "mlx_lm.greedy.agree",
+                _ => "mlx_lm.greedy.prefix",
+            };
+            f.set(level_name, v);
+        }
+        f.in_mlx_lm = true;
+    }
 }
 
 /// The tools that made the release: this coordinator, every worker that ran one of its tasks (version, platform,
@@ -440,7 +680,9 @@ pub fn build(rel: &Release, workers: &HashMap<String, WorkerRec>, now_ms: i64) -
     let probes = probe_summaries(rel);
     let mut peers = peer_summaries(rel, &klds);
     let (artifacts, all_verified) = artifacts(rel, &klds, &greedy, &probes, &mut peers);
-    let measured = measured(rel, &klds, &greedy, &probes, &artifacts, all_verified);
+    let cross_runtime = cross_runtime(rel);
+    let mut measured = measured(rel, &klds, &greedy, &probes, &artifacts, all_verified);
+    cross_runtime_figures(rel, cross_runtime.as_ref(), &mut measured);
     let results = gates::evaluate(&rel.spec.gates, &measured);
     let passed = results.iter().all(|g| g.outcome.passed);
     let plan = rel.result(&TaskKey::Plan).and_then(pb::TaskResult::plan);
@@ -466,6 +708,7 @@ pub fn build(rel: &Release, workers: &HashMap<String, WorkerRec>, now_ms: i64) -
         adapter: adapter(rel),
         merge_check: merge_check(rel, &greedy),
         evaluation: evaluation(rel),
+        cross_runtime,
         artifacts,
         tasks: tasks::records(rel),
         gates: results.iter().map(gates::GateResult::record).collect(),
@@ -521,6 +764,8 @@ fn artifacts(
             | TaskKey::Probe { .. }
             | TaskKey::PeerKld { .. }
             | TaskKey::PeerBase { .. }
+            | TaskKey::MlxLmGreedy { .. }
+            | TaskKey::MlxLmKld { .. }
             | TaskKey::ImatrixPlan
             | TaskKey::Imatrix { .. }
             | TaskKey::ImatrixMerge
@@ -558,13 +803,7 @@ fn artifacts(
             t if t.starts_with("MLX-") => Container::Mlx,
             _ => Container::Gguf,
         };
-        let kld = klds.get(&ty).map(|k| match k {
-            Ok(s) => match serde_json::from_value::<KldFigures>(s.to_json()) {
-                Ok(f) => Kld::Measured(Box::new(f)),
-                Err(e) => Kld::Unmeasured { error: format!("the figures do not fit the report: {e}") },
-            },
-            Err(e) => Kld::Unmeasured { error: e.clone() },
-        });
+        let kld = klds.get(&ty).map(|k| kld_record(k.clone()));
         let is_quant = container == Container::Gguf && ty != "BF16";
         list.push(Artifact {
             name: format!("{}-{ty}", rel.spec.prefix()),

@@ -37,6 +37,10 @@ pub struct Report {
     pub merge_check: Option<MergeCheck>,
     /// What the KL divergence was measured on; `null` without an `evaluation` section.
     pub evaluation: Option<Evaluation>,
+    /// Link 2 across runtimes: the GGUF BF16 in llama.cpp against the same weights in mlx-lm, and each MLX rung in
+    /// mlx-lm. Left out of a release with no MLX output or no evaluation (and of reports made before it existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cross_runtime: Option<CrossRuntime>,
     /// In report order: the merged checkpoint, GGUF BF16, the GGUF quants in ladder order, the MLX checkpoints.
     pub artifacts: Vec<Artifact>,
     pub tasks: Vec<TaskRecord>,
@@ -129,6 +133,60 @@ impl MergeCheck {
             MergeCheck::Unmeasured { .. } => None,
         }
     }
+}
+
+/// The cross-runtime link's figures, or why there are none (`evaluation.mlx_lm: false`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum CrossRuntime {
+    Measured(Box<CrossRuntimeFigures>),
+    Unmeasured { error: String },
+}
+
+impl CrossRuntime {
+    pub fn figures(&self) -> Option<&CrossRuntimeFigures> {
+        match self {
+            CrossRuntime::Measured(f) => Some(f),
+            CrossRuntime::Unmeasured { .. } => None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct CrossRuntimeFigures {
+    pub method: String,
+    /// Every mlx-lm the workers ran (versions and device), as their helpers reported them.
+    pub runtimes: Vec<MlxLmRuntime>,
+    /// The HF checkpoint mlx-lm loaded as the bf16 weights (the source, or the merge).
+    pub model: String,
+    /// The bf16 weights in mlx-lm against the GGUF BF16 in llama.cpp.
+    pub bf16: MlxLmSubject,
+    /// Each measured MLX rung in mlx-lm: greedy against mlx-lm's bf16, KL divergence against llama.cpp's GGUF BF16.
+    pub rungs: Vec<MlxLmSubject>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+pub struct MlxLmRuntime {
+    pub mlx: String,
+    pub mlx_lm: String,
+    /// `cpu` or `gpu`.
+    pub device: String,
+    pub device_name: String,
+}
+
+/// One model in mlx-lm: how it was loaded and what was measured on it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct MlxLmSubject {
+    /// `BF16` or `MLX-{bits}bit`.
+    pub file_type: String,
+    /// The checkpoint is quantized; its floating parameters were made f32 (the CPU build), `null` when no task
+    /// loaded it.
+    pub quantized: Option<bool>,
+    pub upcast: Option<bool>,
+    /// mlx-lm's own message when it could not load the checkpoint.
+    pub load_error: Option<String>,
+    pub greedy: Option<GreedySummary>,
+    pub kld: Option<Kld>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]

@@ -130,7 +130,27 @@ fn inputs_json(t: Option<&pb::Task>) -> Value {
             "tool": p.tool, "model": p.model, "settings": settings_json(&p.settings), "base": p.base,
             "base_sha256": p.base_sha256
         }),
+        task::Kind::MlxLmGreedy(g) => json!({
+            "runtime": "mlx-lm", "model": g.model, "max_tokens": g.max_tokens,
+            "reference_continuations": g.reference.len()
+        }),
+        task::Kind::MlxLmKld(k) => json!({
+            "runtime": "mlx-lm", "model": k.model, "base": k.base, "base_sha256": k.base_sha256,
+            "first_chunk": k.first_chunk, "bos": k.bos
+        }),
     }
+}
+
+/// `outputs` with how mlx-lm ran the task's model, when it did (a member only then, so the outputs of llama.cpp's
+/// tasks read as they always have).
+fn with_mlx_lm(mut outputs: Value, r: Option<&pb::MlxLmRun>) -> Value {
+    if let Some(r) = r {
+        outputs["mlx_lm"] = json!({
+            "mlx": r.mlx, "mlx_lm": r.mlx_lm, "device": r.device, "device_name": r.device_name,
+            "quantized": r.quantized, "upcast": r.upcast, "load_error": r.load_error
+        });
+    }
+    outputs
 }
 
 fn outputs_json(r: Option<&pb::TaskResult>) -> Value {
@@ -164,19 +184,25 @@ fn outputs_json(r: Option<&pb::TaskResult>) -> Value {
             "tokens_sha256": k.tokens_sha256
         }),
         // Sums only: the per-token values are in the artifact's merged figures.
-        task_result::Kind::Kld(k) => json!({
-            "chunks": k.chunks.iter().map(|c| json!({
-                "chunk": c.chunk, "tokens": c.count, "sum_kld": c.sum_kld, "same_top": c.n_same_top
-            })).collect::<Vec<_>>(),
-            "note": k.note
-        }),
-        task_result::Kind::Greedy(g) => json!({
-            "continuations": g.continuations.iter().map(|c| json!({
-                "index": c.index, "prompt_tokens": c.prompt_tokens.len(), "tokens": c.tokens.len()
-            })).collect::<Vec<_>>(),
-            "agreements": g.agreements.iter().map(|a| json!({"index": a.index, "identical": a.identical})).collect::<Vec<_>>(),
-            "note": g.note
-        }),
+        task_result::Kind::Kld(k) => with_mlx_lm(
+            json!({
+                "chunks": k.chunks.iter().map(|c| json!({
+                    "chunk": c.chunk, "tokens": c.count, "sum_kld": c.sum_kld, "same_top": c.n_same_top
+                })).collect::<Vec<_>>(),
+                "note": k.note
+            }),
+            k.mlx_lm.as_ref(),
+        ),
+        task_result::Kind::Greedy(g) => with_mlx_lm(
+            json!({
+                "continuations": g.continuations.iter().map(|c| json!({
+                    "index": c.index, "prompt_tokens": c.prompt_tokens.len(), "tokens": c.tokens.len()
+                })).collect::<Vec<_>>(),
+                "agreements": g.agreements.iter().map(|a| json!({"index": a.index, "identical": a.identical})).collect::<Vec<_>>(),
+                "note": g.note
+            }),
+            g.mlx_lm.as_ref(),
+        ),
         task_result::Kind::PeerKld(p) => json!({
             "tool": p.tool, "version": p.version, "command": p.command,
             "figures": p.figures.iter().collect::<BTreeMap<_, _>>(),

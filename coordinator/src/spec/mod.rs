@@ -37,6 +37,9 @@
 //!   context: 4096               # context of greedy continuations and probes (default 4096)
 //!   peers: [llama-perplexity]   # also run llama.cpp's own tool on the same files, on workers that have it
 //!   skip: [Q2_K]                # levels made but not measured (they then fail the built-in `measured` gate)
+//!   mlx_lm: true                # with MLX outputs (default true): the source's bf16 weights and each MLX rung
+//!                               # also run in mlx-lm, on workers with the mlx_lm runtime: greedy agreement and KL
+//!                               # divergence against the GGUF BF16 in llama.cpp (the cross-runtime link)
 //! card: {license: apache-2.0, base_model: HuggingFaceTB/SmolLM2-135M-Instruct}  # the model card's front matter
 //! gates:                        # besides `measured` and the defaults (crate::gates); a same-named one replaces
 //!   - {name: q8-close, check: "q8_0.kld.mean <= 0.002"}
@@ -236,6 +239,19 @@ pub struct Evaluation {
     /// Peer tools run beside quantfarm's own measurement, on workers that advertise them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub peers: Vec<Peer>,
+    /// With MLX outputs: run the source's bf16 weights and every measured MLX rung in mlx-lm too, on workers that
+    /// advertise the `mlx_lm` runtime (the cross-runtime link). On by default; `false` leaves it out, and the report
+    /// says so.
+    #[serde(default = "yes", skip_serializing_if = "is_yes")]
+    pub mlx_lm: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_yes(b: &bool) -> bool {
+    *b
 }
 
 /// A peer runtime whose own figures a release can ask for.
@@ -501,6 +517,12 @@ impl ReleaseSpec {
     /// The MLX bit widths to make (none when there is no MLX output).
     pub fn mlx_bits(&self) -> &[u32] {
         self.outputs.mlx.as_ref().map_or(&[], |m| &m.bits)
+    }
+
+    /// Whether the release runs models in mlx-lm (the cross-runtime link): it has MLX outputs, a GGUF BF16 to
+    /// compare with, an evaluation, and does not turn it off (`evaluation.mlx_lm: false`).
+    pub fn runs_mlx_lm(&self) -> bool {
+        self.outputs.mlx.is_some() && self.outputs.gguf.is_some() && self.evaluation.as_ref().is_some_and(|e| e.mlx_lm)
     }
 
     /// Whether the release converts the source at all (a plan, then GGUF and/or MLX outputs).

@@ -89,6 +89,7 @@ pub fn render(report: &Report) -> String {
     probe_chart(&mut h, report);
     h.push_str("</div>");
     ladder_table(&mut h, report);
+    cross_runtime(&mut h, report);
     divergences(&mut h, report);
     chain(&mut h, report);
     h.push_str("</body></html>\n");
@@ -309,6 +310,65 @@ fn ladder_table(h: &mut String, report: &Report) {
     h.push_str("</table>");
 }
 
+/// Link 2 across runtimes: the bf16 weights and each MLX rung in mlx-lm, beside llama.cpp's figures.
+fn cross_runtime(h: &mut String, report: &Report) {
+    use crate::report::model::{CrossRuntime, Kld};
+    let Some(c) = &report.cross_runtime else { return };
+    h.push_str("<h2>Cross-runtime check (link 2): llama.cpp and mlx-lm</h2>");
+    let f = match c {
+        CrossRuntime::Unmeasured { error } => {
+            let _ = write!(h, "<p class=\"empty\">{}</p>", esc(error));
+            return;
+        }
+        CrossRuntime::Measured(f) => f,
+    };
+    let runtimes: Vec<String> = f
+        .runtimes
+        .iter()
+        .map(|r| format!("mlx {} / mlx-lm {} on {} ({})", r.mlx, r.mlx_lm, r.device, r.device_name))
+        .collect();
+    let _ = write!(
+        h,
+        "<p class=\"meta\">The GGUF BF16's weights (<code>{}</code>) and each MLX rung in {}, fed the token ids llama.cpp \
+         was fed; KL divergence against llama.cpp's logits of the GGUF BF16 on the same chunks.</p>",
+        esc(&f.model),
+        esc(&if runtimes.is_empty() { "mlx-lm".to_string() } else { runtimes.join(", ") }),
+    );
+    h.push_str("<table><tr><th>Model in mlx-lm</th><th>Greedy compared with</th><th>Greedy identical</th><th>Mean prefix</th><th>Mean KLD vs llama.cpp BF16</th><th>99% KLD</th><th>Same top p</th><th>Mean KLD in llama.cpp</th><th>Loaded</th></tr>");
+    let in_llama = |ty: &str| {
+        rows(report).into_iter().find(|r| r.name.ends_with(&format!("-{ty}"))).and_then(|r| r.kld.map(|(m, _)| m))
+    };
+    for (s, with) in std::iter::once((&f.bf16, "llama.cpp GGUF BF16")).chain(f.rungs.iter().map(|r| (r, "mlx-lm BF16")))
+    {
+        let k = match &s.kld {
+            Some(Kld::Measured(k)) => Some(k),
+            _ => None,
+        };
+        let failed = s.load_error.is_some();
+        let loaded = match (&s.load_error, s.upcast) {
+            (Some(e), _) => format!("failed: {e}"),
+            (None, Some(true)) => "upcast to f32 (CPU build)".to_string(),
+            (None, Some(false)) => "as stored".to_string(),
+            (None, None) => "—".to_string(),
+        };
+        let _ = write!(
+            h,
+            "<tr{}><td>{}</td><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td>{}</td></tr>",
+            if failed { " class=\"fail\"" } else { "" },
+            esc(&s.file_type),
+            with,
+            esc(&or_dash(s.greedy.as_ref().map(|g| format!("{}/{}", g.identical, g.n)))),
+            esc(&or_dash(s.greedy.as_ref().map(|g| format!("{:.3}", g.mean_prefix_fraction)))),
+            esc(&or_dash(k.map(|k| format!("{:.6} ± {:.6}", k.mean_kld, k.mean_kld_unc)))),
+            esc(&or_dash(k.map(|k| k.kld_p99).filter(|v| v.is_finite()).map(|v| format!("{v:.4}")))),
+            esc(&or_dash(k.map(|k| format!("{:.3} %", k.same_top_p)))),
+            esc(&or_dash(if s.file_type == "BF16" { None } else { in_llama(&s.file_type) }.map(|v| format!("{v:.6}")))),
+            esc(&loaded),
+        );
+    }
+    h.push_str("</table>");
+}
+
 /// Up to `n` characters of `s`, with an ellipsis when cut.
 fn excerpt(s: &str, n: usize) -> String {
     let mut out: String = s.chars().take(n).collect();
@@ -326,6 +386,16 @@ fn divergences(h: &mut String, report: &Report) {
     for r in rows(report) {
         if let Some(g) = &r.a.greedy {
             subjects.push((r.name.to_string(), g));
+        }
+    }
+    if let Some(f) = report.cross_runtime.as_ref().and_then(|c| c.figures()) {
+        if let Some(g) = &f.bf16.greedy {
+            subjects.push(("BF16 in mlx-lm against llama.cpp (link 2)".to_string(), g));
+        }
+        for r in &f.rungs {
+            if let Some(g) = &r.greedy {
+                subjects.push((format!("{} in mlx-lm against mlx-lm's BF16", r.file_type), g));
+            }
         }
     }
     h.push_str("<h2>Greedy divergences</h2>");

@@ -128,6 +128,8 @@ pub fn render(report: &Report) -> String {
         None => {}
     }
 
+    cross_runtime(&mut md, report);
+
     let mut diverged = String::new();
     for r in rows(report) {
         for d in r.a.greedy.iter().flat_map(|g| &g.disagreements) {
@@ -163,6 +165,78 @@ pub fn render(report: &Report) -> String {
         }
     }
     md
+}
+
+/// Link 2 across runtimes: the bf16 weights and each MLX rung in mlx-lm, with each divergence of the bf16 run.
+fn cross_runtime(md: &mut String, report: &Report) {
+    let Some(c) = &report.cross_runtime else { return };
+    let _ = writeln!(md, "\n## Cross-runtime check (link 2): llama.cpp and mlx-lm\n");
+    let Some(f) = c.figures() else {
+        if let crate::report::model::CrossRuntime::Unmeasured { error } = c {
+            let _ = writeln!(md, "{}", cell(error));
+        }
+        return;
+    };
+    let runtimes: Vec<String> = f
+        .runtimes
+        .iter()
+        .map(|r| format!("mlx {} / mlx-lm {} on {} ({})", r.mlx, r.mlx_lm, r.device, r.device_name))
+        .collect();
+    let _ = writeln!(
+        md,
+        "The GGUF BF16's weights (`{}`) and each MLX rung run in {}; fed the token ids llama.cpp was fed.\n",
+        f.model.replace('`', "'"),
+        if runtimes.is_empty() { "mlx-lm".to_string() } else { cell(&runtimes.join(", ")) }
+    );
+    let _ = writeln!(md, "| Model in mlx-lm | Compared with | Greedy identical | Mean prefix | Mean KLD vs llama.cpp BF16 | Same top p | Loaded |");
+    let _ = writeln!(md, "|---|---|---:|---:|---:|---:|---|");
+    for (s, with) in std::iter::once((&f.bf16, "llama.cpp GGUF BF16")).chain(f.rungs.iter().map(|r| (r, "mlx-lm BF16")))
+    {
+        let k = match &s.kld {
+            Some(crate::report::model::Kld::Measured(k)) => Some(k),
+            _ => None,
+        };
+        let loaded = match (&s.load_error, s.upcast) {
+            (Some(e), _) => format!("**failed**: {}", cell(e)),
+            (None, Some(true)) => "upcast to f32 (CPU build)".to_string(),
+            (None, Some(false)) => "as stored".to_string(),
+            (None, None) => "—".to_string(),
+        };
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            cell(&s.file_type),
+            with,
+            or_dash(s.greedy.as_ref().map(|g| format!("{}/{}", g.identical, g.n))),
+            or_dash(s.greedy.as_ref().map(|g| format!("{:.3}", g.mean_prefix_fraction))),
+            or_dash(k.map(|k| format!("{:.6} ± {:.6}", k.mean_kld, k.mean_kld_unc))),
+            or_dash(k.map(|k| format!("{:.2} %", k.same_top_p))),
+            loaded,
+        );
+    }
+    let diverged: Vec<String> = f
+        .bf16
+        .greedy
+        .iter()
+        .flat_map(|g| &g.disagreements)
+        .map(|d| {
+            format!(
+                "| {} | {} | {} | {} |",
+                d.index,
+                d.first_difference,
+                or_dash(Some(d.reference_margin).filter(|m| m.is_finite()).map(|v| format!("{v:.4}"))),
+                cell(&format!("{} ⟶ {}", d.reference_text, d.model_text)),
+            )
+        })
+        .collect();
+    if !diverged.is_empty() {
+        let _ = writeln!(
+            md,
+            "\nWhere mlx-lm's bf16 continuation first differs from llama.cpp's, with llama.cpp's top-2 margin there:\n\n\
+             | Prompt | First differing token | llama.cpp margin | llama.cpp ⟶ mlx-lm |\n|---:|---:|---:|---|\n{}",
+            diverged.join("\n")
+        );
+    }
 }
 
 #[cfg(test)]

@@ -47,7 +47,7 @@ async fn kld(t: &pb::KldTask, env: &Env) -> Result<pb::KldResult, Failure> {
             Ok(())
         })?;
         drop(dir);
-        Ok(pb::KldResult { chunks: out, note: note.unwrap_or_default() })
+        Ok(pb::KldResult { chunks: out, note: note.unwrap_or_default(), mlx_lm: None })
     })
     .await
 }

@@ -40,6 +40,8 @@ async fn kld_plan(t: &pb::KldPlanTask, env: &Env) -> Result<pb::KldPlanResult, F
             n_vocab: header.n_vocab,
             text_sha256,
             tokens_sha256: tokens_sha256(&header.tokens),
+            // What llama-perplexity writes first in each chunk, for the runtimes fed the same chunks (mlx-lm).
+            bos: Some(if model.add_bos() { model.bos() } else { -1 }),
         })
     })
     .await

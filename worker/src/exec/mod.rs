@@ -5,7 +5,7 @@
 //!
 //! Executors are thin calls into `tensors`, `quant` and `eval`, and import only the worker's service modules below
 //! them: [`crate::fetch`] (inputs), [`crate::outputs`] (content-addressed outputs), [`crate::writers`] (how each
-//! deterministic output is made), [`crate::llama`] (the evaluation runtime), [`crate::failure`] and
+//! deterministic output is made), [`crate::llama`] (the evaluation runtime), [`crate::mlx_run`] (mlx-lm, another runtime), [`crate::failure`] and
 //! [`crate::env`]. The lease loop (`lib.rs`) knows none of them: it calls [`run`].
 
 mod gguf;
@@ -19,6 +19,8 @@ mod merge;
 mod merge_check;
 mod merge_plan;
 mod mlx;
+mod mlx_lm_greedy;
+mod mlx_lm_kld;
 mod noop;
 mod peer_kld;
 mod plan;
@@ -85,6 +87,8 @@ executors! {
     Greedy => greedy::Greedy,
     Probe => probe::Probe,
     PeerKld => peer_kld::PeerKld,
+    MlxLmGreedy => mlx_lm_greedy::MlxLmGreedy,
+    MlxLmKld => mlx_lm_kld::MlxLmKld,
 }
 
 /// The worker kinds this build's executors declare, each once: what the worker advertises.
