@@ -271,9 +271,63 @@ fn a_release_runs_its_bf16_weights_and_mlx_rung_in_mlx_lm() {
     assert_eq!(kld_gate["inputs"]["cross_runtime.kld.mean"], bf16["kld"]["mean_kld"]);
     let measured = gate("measured", Some("MLX-4bit"));
     assert_eq!(measured["inputs"]["mlx_lm.kld.mean"], rung["kld"]["mean_kld"], "{measured:#}");
+    // The probe suite (2 probes, 2 repeats) on mlx_lm.server, for the bf16 weights and the rung.
+    for s in [bf16, rung] {
+        let p = &s["probes"];
+        let answered = p["passed"].as_u64().unwrap() + p["failed"].as_u64().unwrap() + p["truncated"].as_u64().unwrap();
+        assert_eq!(answered, 4, "{p:#}");
+    }
+    assert_eq!(measured["inputs"]["mlx_lm.probe.truncated"], rung["probes"]["truncated"], "{measured:#}");
     assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
     for view in ["report.html", "report.md"] {
         let text = std::fs::read_to_string(Path::new(report).with_file_name(view)).unwrap();
         assert!(text.contains("Cross-runtime check (link 2)") && text.contains("MLX-4bit"), "{view}");
+    }
+}
+
+/// A checkpoint mlx-lm cannot load (a 4-bit one whose lm_head lost its scales, the seeds' crash) is not a task
+/// failure: each mlx-lm task answers with mlx-lm's own message naming the folder, so the release goes on and the
+/// report shows the rung as not measured (its `measured` gate fails with the message: the coordinator's unit test
+/// `a_rung_mlx_lm_cannot_load_is_not_measured`).
+#[test]
+fn a_checkpoint_mlx_lm_cannot_load_is_answered_with_mlx_lms_message() {
+    use quantfarm_proto::{self as pb, task, task_result};
+    let tmp = tempfile::tempdir().unwrap();
+    let hf = tiny_hf(tmp.path());
+    let broken = tmp.path().join("broken-mlx-4bit");
+    run_py("mlx_lm_oracle.py", &["break-lm-head".as_ref(), hf.as_os_str(), broken.as_os_str()]);
+    // The worker's tasks find the helper's Python the way a worker does.
+    std::env::set_var("QUANTFARM_PYTHON", peers_python());
+    let env =
+        quantfarm_worker::Env { budget: 64 << 20, scratch: tmp.path().join("scratch"), threads: 2, known_output: None };
+    std::fs::create_dir_all(&env.scratch).unwrap();
+    let model = broken.display().to_string();
+    let probes = quantfarm_e2e::repo_root().join("examples/probes-tiny.yaml").display().to_string();
+    let reference =
+        pb::GreedyContinuation { index: 0, prompt_tokens: vec![1, 5, 9], tokens: vec![7], margins: vec![0.5] };
+    for kind in [
+        task::Kind::MlxLmGreedy(pb::MlxLmGreedyTask {
+            model: model.clone(),
+            reference: vec![reference],
+            max_tokens: 4,
+            keep_continuations: true,
+        }),
+        task::Kind::MlxLmProbe(pb::MlxLmProbeTask { model: model.clone(), suite: probes }),
+    ] {
+        let t = pb::Task { kind: Some(kind), known_output_sha256: String::new() };
+        let r = rt().block_on(quantfarm_worker::exec::run(&t, &env)).unwrap_or_else(|f| panic!("{}", f.message));
+        let run = match r.kind {
+            Some(task_result::Kind::Greedy(g)) => {
+                assert!(g.agreements.is_empty() && g.continuations.is_empty());
+                g.mlx_lm
+            }
+            Some(task_result::Kind::Probe(p)) => {
+                assert_eq!(p.passed + p.failed + p.truncated, 0);
+                p.mlx_lm
+            }
+            other => panic!("{other:?}"),
+        };
+        let e = run.unwrap().load_error;
+        assert!(e.contains(&model) && e.contains("lm_head"), "{e}");
     }
 }

@@ -235,6 +235,7 @@ fn result_for(t: &pb::Task, key: &TaskKey, plan: &pb::PlanResult, bytes: f64) ->
             n_vocab: VOCAB as u32,
             text_sha256: "sim-text".into(),
             tokens_sha256: "sim-tokens".into(),
+            bos: Some(1),
         }),
         (TaskKey::Kld { .. }, _) => task_result::Kind::Kld(pb::KldResult::default()),
         (_, Some(task::Kind::Verify(_))) => {

@@ -141,7 +141,7 @@ impl task::Kind {
             K::Greedy(_) => WorkerKind::Greedy,
             K::Probe(_) => WorkerKind::Probe,
             K::PeerKld(_) => WorkerKind::Peer,
-            K::MlxLmGreedy(_) | K::MlxLmKld(_) => WorkerKind::MlxLm,
+            K::MlxLmGreedy(_) | K::MlxLmKld(_) | K::MlxLmProbe(_) => WorkerKind::MlxLm,
         }
     }
 
@@ -176,7 +176,8 @@ impl task::Kind {
             | K::Probe(_)
             | K::PeerKld(_)
             | K::MlxLmGreedy(_)
-            | K::MlxLmKld(_) => None,
+            | K::MlxLmKld(_)
+            | K::MlxLmProbe(_) => None,
         }
     }
 
@@ -199,7 +200,7 @@ impl task::Kind {
             K::KldPlan(_) => ResultShape::KldPlan,
             K::Kld(_) | K::MlxLmKld(_) => ResultShape::Kld,
             K::Greedy(_) | K::MlxLmGreedy(_) => ResultShape::Greedy,
-            K::Probe(_) => ResultShape::Probe,
+            K::Probe(_) | K::MlxLmProbe(_) => ResultShape::Probe,
             K::PeerKld(_) => ResultShape::PeerKld,
         }
     }

@@ -29,6 +29,11 @@ stdin/stdout, one JSON object per line each way, one answer per request, in orde
       -> {"ok": true, "texts": [TEXT, ...]}
       The loaded model's tokenizer's `decode` of each sequence (continuations are compared as text too).
 
+Run as `quantfarm_mlx.py serve --model PATH --host HOST --port PORT [--upcast]`, it is `mlx_lm.server` itself (its
+own argument parsing, request handling and generation; what users serve MLX checkpoints with), with one change when
+`--upcast` is given: a quantized model's floating parameters are made float32 right after `mlx_lm.load`, as the
+`load` request above does on the CPU build, so the probes see the same model the other tasks measured.
+
 A failure answers {"ok": false, "error": TEXT, "kind": "input" | "runtime"}: "input" when the request or the model
 is at fault (a missing file, a checkpoint mlx-lm cannot load: TEXT is mlx-lm's own message), "runtime" otherwise.
 MLX_DISABLE_COMPILE=1 is set before mlx loads, so no compiler is needed at run time (logits are bitwise repeatable
@@ -178,7 +183,31 @@ def _ids(req, key, allow_empty=False):
     return ids
 
 
+def serve(argv):
+    """`mlx_lm.server` on the given arguments, upcasting quantized models with `--upcast`."""
+    import mlx.core as mx
+    import mlx_lm.server as server
+
+    upcast = "--upcast" in argv
+    args = [a for a in argv if a != "--upcast"]
+    if upcast:
+        load = server.load
+
+        def load_upcast(*a, **kw):
+            out = load(*a, **kw)
+            model = out[0]
+            if any(k.endswith(".scales") for k, _ in _flat(model.parameters())):
+                model.set_dtype(mx.float32)
+            return out
+
+        server.load = load_upcast
+    sys.argv = ["mlx_lm.server", *args]
+    server.main()
+
+
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "serve":
+        return serve(sys.argv[2:])
     helper = Helper()
     ops = {
         "hello": helper.hello,

@@ -194,6 +194,86 @@ fn read_answer(op: &'static str, line: &str) -> Result<Value, Error> {
     })
 }
 
+/// `mlx_lm.server` serving one model on loopback (started by the helper's `serve` mode, so a quantized model can be
+/// upcast as the other tasks' are), killed when dropped. Its log goes to a file, whose last lines say why it stopped.
+pub struct Server {
+    child: Child,
+    pub url: String,
+    log: PathBuf,
+}
+
+impl Server {
+    /// Starts the server on `port` of 127.0.0.1 and waits until `GET /health` answers 200 (the model itself is loaded
+    /// by the first request), at most `timeout`.
+    pub async fn start(
+        python: &Path,
+        dir: &Path,
+        model: &Path,
+        port: u16,
+        upcast: bool,
+        timeout: std::time::Duration,
+    ) -> Result<Server, Error> {
+        let start = |msg: String| Error::Start { python: python.display().to_string(), msg };
+        let mut cmd = Command::from(command(python, dir)?);
+        cmd.arg("serve").arg("--model").arg(model).args(["--host", "127.0.0.1", "--port", &port.to_string()]);
+        if upcast {
+            cmd.arg("--upcast");
+        }
+        let log = dir.join(format!("mlx_lm-server-{port}.log"));
+        let file = std::fs::File::create(&log).map_err(|e| start(format!("{}: {e}", log.display())))?;
+        let err = file.try_clone().map_err(|e| start(e.to_string()))?;
+        cmd.stdin(Stdio::null()).stdout(Stdio::from(file)).stderr(Stdio::from(err)).kill_on_drop(true);
+        let child = cmd.spawn().map_err(|e| start(e.to_string()))?;
+        let mut server = Server { child, url: format!("http://127.0.0.1:{port}"), log };
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if let Ok(Some(status)) = server.child.try_wait() {
+                return Err(Error::Died { msg: format!("mlx_lm.server exited ({status}): {}", server.log_tail()) });
+            }
+            if health(port).await {
+                return Ok(server);
+            }
+            if tokio::time::Instant::now() > deadline {
+                return Err(Error::Died {
+                    msg: format!("mlx_lm.server did not answer /health within {timeout:?}: {}", server.log_tail()),
+                });
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    }
+
+    /// The last lines of the server's log.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().rev().take(5).collect();
+        lines.into_iter().rev().collect::<Vec<_>>().join(" | ")
+    }
+
+    /// Stops the server.
+    pub async fn stop(mut self) {
+        let _ = self.child.kill().await;
+    }
+}
+
+/// Whether `GET /health` on 127.0.0.1:`port` answers 200.
+async fn health(port: u16) -> bool {
+    use tokio::io::AsyncReadExt;
+    let Ok(mut s) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else { return false };
+    let req = "GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    if s.write_all(req.as_bytes()).await.is_err() {
+        return false;
+    }
+    let mut head = [0u8; 32];
+    let n = s.read(&mut head).await.unwrap_or(0);
+    let line = String::from_utf8_lossy(&head[..n]);
+    line.starts_with("HTTP/1.") && line.split_whitespace().nth(1) == Some("200")
+}
+
+/// A loopback port free now (for a server started next).
+pub fn free_port() -> std::io::Result<u16> {
+    Ok(std::net::TcpListener::bind(("127.0.0.1", 0))?.local_addr()?.port())
+}
+
 /// The handshake alone, blocking: writes the helper into `dir`, runs it with `python` on one `hello` line and
 /// reads the answer (the helper exits at the end of its input). What a worker checks before it advertises
 /// `mlx_lm`.

@@ -79,6 +79,8 @@ pub const LEVEL_FIGURES: &[(&str, &str)] = &[
     ("mlx_lm.kld.same_top_p", "an MLX rung in mlx-lm: percent of tokens with the GGUF BF16's most likely token"),
     ("mlx_lm.greedy.agree", "an MLX rung in mlx-lm: fraction of prompts identical to mlx-lm's bf16 continuation"),
     ("mlx_lm.greedy.prefix", "an MLX rung in mlx-lm: mean common-prefix fraction against mlx-lm's bf16"),
+    ("mlx_lm.probe.pass_rate", "an MLX rung on mlx_lm.server: the probe suite's pass rate"),
+    ("mlx_lm.probe.truncated", "an MLX rung on mlx_lm.server: probe answers cut off by their token cap"),
 ];
 
 /// Figures of the release as a whole; besides these, `<level>.<figure>` names any level's figure, the level written
@@ -102,6 +104,7 @@ pub const GLOBAL_FIGURES: &[(&str, &str)] = &[
         "cross_runtime.kld.same_top_p",
         "link 2: percent of tokens whose most likely next token is the same in both runtimes",
     ),
+    ("cross_runtime.probe.pass_rate", "the bf16 weights on mlx_lm.server: the probe suite's pass rate"),
 ];
 
 const FLAGS: &[&str] = &["verified"];
@@ -342,6 +345,7 @@ fn measured_gate(level: &str, f: &LevelFigures) -> GateResult {
     let mut required = vec![("kld.mean", "no KL-divergence figure"), ("probe.truncated", "no probe results")];
     if f.in_mlx_lm {
         required.push(("mlx_lm.kld.mean", "no KL-divergence figure in mlx-lm"));
+        required.push(("mlx_lm.probe.truncated", "no probe results on mlx_lm.server"));
     }
     for (name, what) in required {
         match f.numbers.get(name) {
@@ -359,7 +363,7 @@ fn measured_gate(level: &str, f: &LevelFigures) -> GateResult {
     let passed = why.is_empty();
     let detail = if passed {
         if f.in_mlx_lm {
-            "KL divergence (in llama.cpp and mlx-lm) and probes measured"
+            "KL divergence and probes measured, in llama.cpp and in mlx-lm"
         } else {
             "KL divergence and probes measured"
         }

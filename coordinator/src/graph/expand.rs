@@ -180,6 +180,15 @@ fn expand(ctx: &Ctx, plan: &pb::PlanResult, results: &Results) -> Vec<TaskDef> {
                 verifies.push(key);
             }
         }
+        for &subject in mlx_lm.iter().filter(|_| e.probes.is_some()) {
+            let key = TaskKey::MlxLmProbe { subject };
+            let deps = match subject {
+                MlxSubject::Bf16 => vec![TaskKey::Plan],
+                MlxSubject::Rung { bits } => vec![TaskKey::Mlx { bits }],
+            };
+            out.push(TaskDef { key: key.clone(), deps, cost });
+            verifies.push(key);
+        }
         if e.probes.is_some() {
             let reference = TaskKey::Probe { subject: Subject::Reference };
             out.push(TaskDef { key: reference.clone(), deps: ggufs.clone(), cost });

@@ -99,6 +99,10 @@ pub enum TaskKey {
         subject: MlxSubject,
         group: u32,
     },
+    /// The probe suite on the model served by `mlx_lm.server`.
+    MlxLmProbe {
+        subject: MlxSubject,
+    },
     /// Gathers every result, applies the gates and signs: run by the coordinator itself.
     Report,
 }
@@ -277,6 +281,7 @@ impl fmt::Display for TaskKey {
             TaskKey::PeerKld { peer, level } => write!(f, "peer/{}/{level}", peer.tool()),
             TaskKey::MlxLmGreedy { subject, share } => write!(f, "mlx-lm/greedy/{subject}/{share}"),
             TaskKey::MlxLmKld { subject, group } => write!(f, "mlx-lm/kld/{subject}/{group}"),
+            TaskKey::MlxLmProbe { subject } => write!(f, "mlx-lm/probe/{subject}"),
             TaskKey::Report => write!(f, "report"),
         }
     }
@@ -315,6 +320,7 @@ impl TaskKey {
             ["peer", p, l] => TaskKey::PeerKld { peer: Peer::parse(p)?, level: level(l)? },
             ["mlx-lm", "greedy", t, n] => TaskKey::MlxLmGreedy { subject: MlxSubject::parse(t)?, share: num(n)? },
             ["mlx-lm", "kld", t, g] => TaskKey::MlxLmKld { subject: MlxSubject::parse(t)?, group: num(g)? },
+            ["mlx-lm", "probe", t] => TaskKey::MlxLmProbe { subject: MlxSubject::parse(t)? },
             _ => return None,
         })
     }
@@ -343,7 +349,7 @@ impl TaskKey {
             TaskKey::Greedy { .. } => Some(W::Greedy),
             TaskKey::Probe { .. } => Some(W::Probe),
             TaskKey::PeerBase { .. } | TaskKey::PeerKld { .. } => Some(W::Peer),
-            TaskKey::MlxLmGreedy { .. } | TaskKey::MlxLmKld { .. } => Some(W::MlxLm),
+            TaskKey::MlxLmGreedy { .. } | TaskKey::MlxLmKld { .. } | TaskKey::MlxLmProbe { .. } => Some(W::MlxLm),
             TaskKey::Report => None,
         }
     }
@@ -352,7 +358,7 @@ impl TaskKey {
     pub fn runtime(&self) -> Option<&'static str> {
         match self {
             TaskKey::PeerBase { peer } | TaskKey::PeerKld { peer, .. } => Some(peer.tool()),
-            TaskKey::MlxLmGreedy { .. } | TaskKey::MlxLmKld { .. } => Some(MLX_LM_RUNTIME),
+            TaskKey::MlxLmGreedy { .. } | TaskKey::MlxLmKld { .. } | TaskKey::MlxLmProbe { .. } => Some(MLX_LM_RUNTIME),
             TaskKey::Plan
             | TaskKey::Gguf { .. }
             | TaskKey::Quantize { .. }
@@ -402,6 +408,7 @@ impl TaskKey {
             TaskKey::PeerBase { peer } | TaskKey::PeerKld { peer, .. } => peer.tool().to_string(),
             TaskKey::MlxLmGreedy { subject, .. } => format!("mlx-lm greedy {subject}"),
             TaskKey::MlxLmKld { subject, .. } => format!("mlx-lm kld {subject}"),
+            TaskKey::MlxLmProbe { subject } => format!("mlx-lm probe {subject}"),
             TaskKey::Report => "report".into(),
         }
     }
@@ -420,7 +427,7 @@ mod tests {
 
     #[test]
     fn keys_round_trip() {
-        const VARIANTS: usize = 27;
+        const VARIANTS: usize = 28;
         fn variant(k: &TaskKey) -> usize {
             match k {
                 TaskKey::Plan => 0,
@@ -450,6 +457,7 @@ mod tests {
                 TaskKey::PeerKld { .. } => 24,
                 TaskKey::MlxLmGreedy { .. } => 25,
                 TaskKey::MlxLmKld { .. } => 26,
+                TaskKey::MlxLmProbe { .. } => 27,
             }
         }
         let mut covered = std::collections::BTreeSet::new();
@@ -491,6 +499,8 @@ mod tests {
             TaskKey::MlxLmGreedy { subject: MlxSubject::Rung { bits: 4 }, share: 0 },
             TaskKey::MlxLmKld { subject: MlxSubject::Rung { bits: 8 }, group: 2 },
             TaskKey::MlxLmKld { subject: MlxSubject::Bf16, group: 0 },
+            TaskKey::MlxLmProbe { subject: MlxSubject::Rung { bits: 6 } },
+            TaskKey::MlxLmProbe { subject: MlxSubject::Bf16 },
         ] {
             assert_eq!(TaskKey::parse(&k.to_string()), Some(k.clone()), "{k}");
             covered.insert(variant(&k));

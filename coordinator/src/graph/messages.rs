@@ -496,6 +496,10 @@ pub fn build(ctx: &Ctx, key: &TaskKey, results: &Results) -> Result<pb::Task, St
             task::Kind::MlxLmGreedy(mlx_lm_greedy_task(ctx, results, *subject, *share)?)
         }
         TaskKey::MlxLmKld { subject, group } => task::Kind::MlxLmKld(mlx_lm_kld_task(ctx, results, *subject, *group)?),
+        TaskKey::MlxLmProbe { subject } => task::Kind::MlxLmProbe(pb::MlxLmProbeTask {
+            model: mlx_lm_model(ctx, results, *subject)?,
+            suite: ctx.eval.probes.clone(),
+        }),
         TaskKey::Report => return Err("the report is the coordinator's own task".into()),
     };
     Ok(pb::Task { kind: Some(kind), known_output_sha256: String::new() })

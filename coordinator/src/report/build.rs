@@ -165,6 +165,7 @@ fn cross_runtime(rel: &Release) -> Option<CrossRuntime> {
         continuations: usize,
         run: Option<&'a pb::MlxLmRun>,
         ran_greedy: bool,
+        probe: Option<&'a pb::ProbeResult>,
     }
     let mut subjects: BTreeMap<MlxSubjectOrder, Acc> = BTreeMap::new();
     let mut runtimes = std::collections::BTreeSet::new();
@@ -182,6 +183,12 @@ fn cross_runtime(rel: &Release) -> Option<CrossRuntime> {
             }
             TaskKey::MlxLmKld { subject, .. } => {
                 (*subject, t.result.as_ref().and_then(|r| r.kld()).and_then(|k| k.mlx_lm.as_ref()), None)
+            }
+            TaskKey::MlxLmProbe { subject } => {
+                let p = t.result.as_ref().and_then(|r| r.probe());
+                let acc = subjects.entry(MlxSubjectOrder(*subject)).or_default();
+                acc.probe = p.filter(|p| p.mlx_lm.as_ref().is_none_or(|r| r.load_error.is_empty()));
+                (*subject, p.and_then(|p| p.mlx_lm.as_ref()), None)
             }
             _ => continue,
         };
@@ -207,6 +214,7 @@ fn cross_runtime(rel: &Release) -> Option<CrossRuntime> {
         }
     }
     let n_mlx_bf16 = subjects.get(&MlxSubjectOrder(MlxSubject::Bf16)).map_or(0, |a| a.continuations);
+    let bf16_probe = subjects.get(&MlxSubjectOrder(MlxSubject::Bf16)).and_then(|a| a.probe);
     let mut bf16 = None;
     let mut rungs = Vec::new();
     for (MlxSubjectOrder(subject), acc) in subjects {
@@ -226,6 +234,14 @@ fn cross_runtime(rel: &Release) -> Option<CrossRuntime> {
             upcast: acc.run.filter(|_| load_error.is_none()).map(|r| r.upcast),
             greedy: (acc.ran_greedy && load_error.is_none()).then(|| greedy_summary(acc.agreements, n_reference)),
             kld,
+            probes: acc.probe.map(|p| {
+                // A rung's pass rate beside mlx-lm's bf16 weights' (the same runtime, the same server).
+                let compared = match subject {
+                    MlxSubject::Bf16 => None,
+                    MlxSubject::Rung { .. } => bf16_probe,
+                };
+                probe_summary(p, compared)
+            }),
             load_error,
         };
         match subject {
@@ -240,6 +256,7 @@ fn cross_runtime(rel: &Release) -> Option<CrossRuntime> {
         load_error: None,
         greedy: None,
         kld: None,
+        probes: None,
     });
     Some(CrossRuntime::Measured(Box::new(CrossRuntimeFigures {
         method: "the GGUF BF16's source weights (an HF checkpoint) and each MLX rung loaded by mlx_lm.load and run \
@@ -313,34 +330,31 @@ fn probe_summaries(rel: &Release) -> BTreeMap<String, ProbeSummary> {
     for t in &rel.tasks {
         let TaskKey::Probe { subject } = &t.key else { continue };
         let Some(p) = t.result.as_ref().and_then(|r| r.probe()) else { continue };
-        let mut v = ProbeSummary {
-            suite: p.suite.clone(),
-            passed: p.passed,
-            failed: p.failed,
-            truncated: p.truncated,
-            mean_score: p.mean_score,
-            score_spread: p.score_spread,
-            pass_scores: p.pass_scores.clone(),
-            reference_mean_score: None,
-            reference_score_spread: None,
-            delta_vs_reference: None,
-        };
-        let key = match subject {
+        let (key, compared) = match subject {
             // The merge check's subjects run no probes.
             Subject::Adapter | Subject::MergedF32 => continue,
-            Subject::Reference => "BF16".to_string(),
-            Subject::Model(target) => {
-                if let Some(r) = reference {
-                    v.reference_mean_score = Some(r.mean_score);
-                    v.reference_score_spread = Some(r.score_spread);
-                    v.delta_vs_reference = Some(p.mean_score - r.mean_score);
-                }
-                target.to_string()
-            }
+            Subject::Reference => ("BF16".to_string(), None),
+            Subject::Model(target) => (target.to_string(), reference),
         };
-        out.insert(key, v);
+        out.insert(key, probe_summary(p, compared));
     }
     out
+}
+
+/// A subject's probe results, beside its reference's when it has one.
+fn probe_summary(p: &pb::ProbeResult, reference: Option<&pb::ProbeResult>) -> ProbeSummary {
+    ProbeSummary {
+        suite: p.suite.clone(),
+        passed: p.passed,
+        failed: p.failed,
+        truncated: p.truncated,
+        mean_score: p.mean_score,
+        score_spread: p.score_spread,
+        pass_scores: p.pass_scores.clone(),
+        reference_mean_score: reference.map(|r| r.mean_score),
+        reference_score_spread: reference.map(|r| r.score_spread),
+        delta_vs_reference: reference.map(|r| p.mean_score - r.mean_score),
+    }
 }
 
 /// Each quant level's figures as a peer tool printed them (keyed by artifact `file_type`, then tool), with whether
@@ -587,7 +601,7 @@ fn measured(
 
 /// The cross-runtime link's figures for the gates: release-wide, the bf16 weights in mlx-lm against llama.cpp
 /// (`cross_runtime.*`); per MLX rung, its own in mlx-lm (`mlx_lm.*`), which its `measured` gate then requires.
-fn cross_runtime_figures(rel: &Release, c: Option<&CrossRuntime>, m: &mut gates::Measured) {
+fn cross_runtime_figures(spec: &crate::spec::ReleaseSpec, c: Option<&CrossRuntime>, m: &mut gates::Measured) {
     let why = match c {
         None => "not applicable: the release has no MLX output, GGUF output or evaluation".to_string(),
         Some(CrossRuntime::Unmeasured { error }) => error.clone(),
@@ -595,7 +609,7 @@ fn cross_runtime_figures(rel: &Release, c: Option<&CrossRuntime>, m: &mut gates:
     };
     let figures = c.and_then(CrossRuntime::figures);
     m.has_mlx_lm = figures.is_some();
-    let subject_figures = |s: Option<&MlxLmSubject>| -> [(&'static str, Result<f64, String>); 4] {
+    let subject_figures = |s: Option<&MlxLmSubject>| -> [(&'static str, Result<f64, String>); 6] {
         let unmeasured = |what: &str| match s.and_then(|s| s.load_error.as_ref()) {
             Some(e) => format!("not measured: {e}"),
             None if !why.is_empty() => why.clone(),
@@ -607,11 +621,14 @@ fn cross_runtime_figures(rel: &Release, c: Option<&CrossRuntime>, m: &mut gates:
             None => Err(unmeasured("kld")),
         };
         let (agree, prefix) = greedy_figures(s.and_then(|s| s.greedy.as_ref()), &unmeasured("greedy"));
+        let probes = s.and_then(|s| s.probes.as_ref());
         [
             ("kld.mean", kld.clone().map(|k| k.0)),
             ("kld.same_top_p", kld.map(|k| k.1)),
             ("greedy.agree", agree),
             ("greedy.prefix", prefix),
+            ("probe.pass_rate", probes.map_or_else(|| Err(unmeasured("probe")), |p| probe_pass_rate(p, "the mlx-lm"))),
+            ("probe.truncated", probes.map(|p| f64::from(p.truncated)).ok_or_else(|| unmeasured("probe"))),
         ]
     };
     for (name, v) in subject_figures(figures.map(|f| &f.bf16)) {
@@ -619,7 +636,9 @@ fn cross_runtime_figures(rel: &Release, c: Option<&CrossRuntime>, m: &mut gates:
             "kld.mean" => "cross_runtime.kld.mean",
             "kld.same_top_p" => "cross_runtime.kld.same_top_p",
             "greedy.agree" => "cross_runtime.greedy.agree",
-            _ => "cross_runtime.greedy.prefix",
+            "greedy.prefix" => "cross_runtime.greedy.prefix",
+            "probe.pass_rate" => "cross_runtime.probe.pass_rate",
+            _ => continue,
         };
         m.global.insert(global, v);
     }
@@ -628,7 +647,7 @@ fn cross_runtime_figures(rel: &Release, c: Option<&CrossRuntime>, m: &mut gates:
     }
     for (level, f) in m.levels.iter_mut() {
         let Some(MlxSubject::Rung { bits }) = MlxSubject::parse(level) else { continue };
-        if !rel.spec.measures(level) {
+        if !spec.measures(level) {
             continue;
         }
         let rung = figures.and_then(|c| c.rungs.iter().find(|r| r.file_type == MlxSubject::Rung { bits }.to_string()));
@@ -637,7 +656,9 @@ fn cross_runtime_figures(rel: &Release, c: Option<&CrossRuntime>, m: &mut gates:
                 "kld.mean" => "mlx_lm.kld.mean",
                 "kld.same_top_p" => "mlx_lm.kld.same_top_p",
                 "greedy.agree" => "mlx_lm.greedy.agree",
-                _ => "mlx_lm.greedy.prefix",
+                "greedy.prefix" => "mlx_lm.greedy.prefix",
+                "probe.pass_rate" => "mlx_lm.probe.pass_rate",
+                _ => "mlx_lm.probe.truncated",
             };
             f.set(level_name, v);
         }
@@ -682,7 +703,7 @@ pub fn build(rel: &Release, workers: &HashMap<String, WorkerRec>, now_ms: i64) -
     let (artifacts, all_verified) = artifacts(rel, &klds, &greedy, &probes, &mut peers);
     let cross_runtime = cross_runtime(rel);
     let mut measured = measured(rel, &klds, &greedy, &probes, &artifacts, all_verified);
-    cross_runtime_figures(rel, cross_runtime.as_ref(), &mut measured);
+    cross_runtime_figures(&rel.spec, cross_runtime.as_ref(), &mut measured);
     let results = gates::evaluate(&rel.spec.gates, &measured);
     let passed = results.iter().all(|g| g.outcome.passed);
     let plan = rel.result(&TaskKey::Plan).and_then(pb::TaskResult::plan);
@@ -766,6 +787,7 @@ fn artifacts(
             | TaskKey::PeerBase { .. }
             | TaskKey::MlxLmGreedy { .. }
             | TaskKey::MlxLmKld { .. }
+            | TaskKey::MlxLmProbe { .. }
             | TaskKey::ImatrixPlan
             | TaskKey::Imatrix { .. }
             | TaskKey::ImatrixMerge
@@ -909,4 +931,60 @@ fn evaluation(rel: &Release) -> Option<Evaluation> {
         probes: rel.eval.probes.clone(),
         context: e.context,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An MLX rung mlx-lm could not load fails its `measured` gate with mlx-lm's message, though llama.cpp measured
+    /// its exact conversion; the bf16 weights' link-2 figures still reach the gates.
+    #[test]
+    fn a_rung_mlx_lm_cannot_load_is_not_measured() {
+        let spec: crate::spec::ReleaseSpec = serde_norway::from_str(
+            "name: t\nsource: s\noutputs:\n  gguf: {quants: [Q8_0]}\n  mlx: {bits: [4]}\nevaluation: {text: t.txt, prompts: p.json, probes: p.yaml}\n",
+        )
+        .unwrap();
+        let mut f = gates::LevelFigures::default();
+        f.set("kld.mean", Ok(0.3));
+        f.set("probe.truncated", Ok(0.0));
+        let mut m = gates::Measured { levels: vec![("MLX-4bit".into(), f)], ..Default::default() };
+        let error = "mlx_lm.load(/w/MLX-4bit): ValueError: Received 1 parameters not in model: lm_head.biases";
+        let subject = |file_type: &str, load_error: Option<&str>| MlxLmSubject {
+            file_type: file_type.into(),
+            quantized: None,
+            upcast: None,
+            load_error: load_error.map(str::to_string),
+            greedy: None,
+            kld: None,
+            probes: None,
+        };
+        let mut bf16 = subject("BF16", None);
+        bf16.kld = Some(Kld::Unmeasured { error: "2 of the text's 3 chunks were measured".into() });
+        let c = CrossRuntime::Measured(Box::new(CrossRuntimeFigures {
+            method: String::new(),
+            runtimes: vec![],
+            model: String::new(),
+            bf16,
+            rungs: vec![subject("MLX-4bit", Some(error))],
+        }));
+        cross_runtime_figures(&spec, Some(&c), &mut m);
+        assert!(m.has_mlx_lm);
+        assert_eq!(m.global["cross_runtime.kld.mean"], Err("2 of the text's 3 chunks were measured".into()));
+        let gates = gates::evaluate(&[], &m);
+        let measured = gates.iter().find(|g| g.name == gates::MEASURED).unwrap();
+        assert!(!measured.outcome.passed);
+        assert!(
+            measured.outcome.detail.contains(&format!("no KL-divergence figure in mlx-lm (not measured: {error})")),
+            "{}",
+            measured.outcome.detail
+        );
+        assert!(gates.iter().any(|g| g.name == "cross-runtime-kld" && !g.outcome.passed));
+        // Turned off, the link is said to be unmeasured and its gates do not apply.
+        let mut m = gates::Measured::default();
+        let off = CrossRuntime::Unmeasured { error: "not measured: evaluation.mlx_lm is false".into() };
+        cross_runtime_figures(&spec, Some(&off), &mut m);
+        assert!(!m.has_mlx_lm);
+        assert!(gates::evaluate(&[], &m).iter().all(|g| !g.name.starts_with("cross-runtime")));
+    }
 }

@@ -187,6 +187,8 @@ pub struct MlxLmSubject {
     pub load_error: Option<String>,
     pub greedy: Option<GreedySummary>,
     pub kld: Option<Kld>,
+    /// The probe suite on `mlx_lm.server`; a rung's beside mlx-lm's bf16 weights'.
+    pub probes: Option<ProbeSummary>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]

@@ -134,6 +134,7 @@ fn inputs_json(t: Option<&pb::Task>) -> Value {
             "runtime": "mlx-lm", "model": g.model, "max_tokens": g.max_tokens,
             "reference_continuations": g.reference.len()
         }),
+        task::Kind::MlxLmProbe(p) => json!({"runtime": "mlx_lm.server", "model": p.model, "suite": p.suite}),
         task::Kind::MlxLmKld(k) => json!({
             "runtime": "mlx-lm", "model": k.model, "base": k.base, "base_sha256": k.base_sha256,
             "first_chunk": k.first_chunk, "bos": k.bos
@@ -208,9 +209,12 @@ fn outputs_json(r: Option<&pb::TaskResult>) -> Value {
             "figures": p.figures.iter().collect::<BTreeMap<_, _>>(),
             "base": p.base.as_ref().map(|a| json!({"url": a.url, "sha256": a.sha256, "bytes": a.bytes}))
         }),
-        task_result::Kind::Probe(p) => json!({
-            "suite": p.suite, "passed": p.passed, "failed": p.failed, "truncated": p.truncated,
-            "mean_score": p.mean_score, "score_spread": p.score_spread, "note": p.note
-        }),
+        task_result::Kind::Probe(p) => with_mlx_lm(
+            json!({
+                "suite": p.suite, "passed": p.passed, "failed": p.failed, "truncated": p.truncated,
+                "mean_score": p.mean_score, "score_spread": p.score_spread, "note": p.note
+            }),
+            p.mlx_lm.as_ref(),
+        ),
     }
 }

@@ -334,7 +334,7 @@ fn cross_runtime(h: &mut String, report: &Report) {
         esc(&f.model),
         esc(&if runtimes.is_empty() { "mlx-lm".to_string() } else { runtimes.join(", ") }),
     );
-    h.push_str("<table><tr><th>Model in mlx-lm</th><th>Greedy compared with</th><th>Greedy identical</th><th>Mean prefix</th><th>Mean KLD vs llama.cpp BF16</th><th>99% KLD</th><th>Same top p</th><th>Mean KLD in llama.cpp</th><th>Loaded</th></tr>");
+    h.push_str("<table><tr><th>Model in mlx-lm</th><th>Greedy compared with</th><th>Greedy identical</th><th>Mean prefix</th><th>Mean KLD vs llama.cpp BF16</th><th>99% KLD</th><th>Same top p</th><th>Mean KLD in llama.cpp</th><th>Probes on mlx_lm.server</th><th>Loaded</th></tr>");
     let in_llama = |ty: &str| {
         rows(report).into_iter().find(|r| r.name.ends_with(&format!("-{ty}"))).and_then(|r| r.kld.map(|(m, _)| m))
     };
@@ -353,7 +353,7 @@ fn cross_runtime(h: &mut String, report: &Report) {
         };
         let _ = write!(
             h,
-            "<tr{}><td>{}</td><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td>{}</td></tr>",
+            "<tr{}><td>{}</td><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td>{}</td></tr>",
             if failed { " class=\"fail\"" } else { "" },
             esc(&s.file_type),
             with,
@@ -363,6 +363,7 @@ fn cross_runtime(h: &mut String, report: &Report) {
             esc(&or_dash(k.map(|k| k.kld_p99).filter(|v| v.is_finite()).map(|v| format!("{v:.4}")))),
             esc(&or_dash(k.map(|k| format!("{:.3} %", k.same_top_p)))),
             esc(&or_dash(if s.file_type == "BF16" { None } else { in_llama(&s.file_type) }.map(|v| format!("{v:.6}")))),
+            esc(&super::mlx_lm_probes(s)),
             esc(&loaded),
         );
     }

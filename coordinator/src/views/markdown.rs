@@ -188,8 +188,8 @@ fn cross_runtime(md: &mut String, report: &Report) {
         f.model.replace('`', "'"),
         if runtimes.is_empty() { "mlx-lm".to_string() } else { cell(&runtimes.join(", ")) }
     );
-    let _ = writeln!(md, "| Model in mlx-lm | Compared with | Greedy identical | Mean prefix | Mean KLD vs llama.cpp BF16 | Same top p | Loaded |");
-    let _ = writeln!(md, "|---|---|---:|---:|---:|---:|---|");
+    let _ = writeln!(md, "| Model in mlx-lm | Compared with | Greedy identical | Mean prefix | Mean KLD vs llama.cpp BF16 | Same top p | Probes on mlx_lm.server | Loaded |");
+    let _ = writeln!(md, "|---|---|---:|---:|---:|---:|---:|---|");
     for (s, with) in std::iter::once((&f.bf16, "llama.cpp GGUF BF16")).chain(f.rungs.iter().map(|r| (r, "mlx-lm BF16")))
     {
         let k = match &s.kld {
@@ -204,13 +204,14 @@ fn cross_runtime(md: &mut String, report: &Report) {
         };
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
             cell(&s.file_type),
             with,
             or_dash(s.greedy.as_ref().map(|g| format!("{}/{}", g.identical, g.n))),
             or_dash(s.greedy.as_ref().map(|g| format!("{:.3}", g.mean_prefix_fraction))),
             or_dash(k.map(|k| format!("{:.6} ± {:.6}", k.mean_kld, k.mean_kld_unc))),
             or_dash(k.map(|k| format!("{:.2} %", k.same_top_p))),
+            super::mlx_lm_probes(s),
             loaded,
         );
     }

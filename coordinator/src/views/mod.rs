@@ -98,6 +98,17 @@ pub(crate) fn probe_cell(r: &Row<'_>) -> String {
     }
 }
 
+/// A model's probe results on mlx_lm.server, as [`probe_cell`] shows llama.cpp's.
+pub(crate) fn mlx_lm_probes(s: &crate::report::model::MlxLmSubject) -> String {
+    match &s.probes {
+        Some(p) => match p.scored() {
+            Some((m, sd)) => format!("{:.1} ± {:.1} %", 100.0 * m, 100.0 * sd),
+            None => format!("no score ({} truncated)", p.truncated),
+        },
+        None => "—".to_string(),
+    }
+}
+
 pub(crate) fn verdict(report: &Report) -> &'static str {
     report.verdict.words()
 }

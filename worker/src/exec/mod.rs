@@ -21,6 +21,7 @@ mod merge_plan;
 mod mlx;
 mod mlx_lm_greedy;
 mod mlx_lm_kld;
+mod mlx_lm_probe;
 mod noop;
 mod peer_kld;
 mod plan;
@@ -89,6 +90,7 @@ executors! {
     PeerKld => peer_kld::PeerKld,
     MlxLmGreedy => mlx_lm_greedy::MlxLmGreedy,
     MlxLmKld => mlx_lm_kld::MlxLmKld,
+    MlxLmProbe => mlx_lm_probe::MlxLmProbe,
 }
 
 /// The worker kinds this build's executors declare, each once: what the worker advertises.

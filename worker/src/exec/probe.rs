@@ -31,17 +31,27 @@ async fn probe(t: &pb::ProbeTask, env: &Env) -> Result<pb::ProbeResult, Failure>
         let (model, note) = load_prepared(&model_path, None, dir.path(), &env)?;
         let mut responder = Builtin::new(&model, t.ctx)?;
         let report = run_suite(&suite, &mut responder)?;
-        Ok(pb::ProbeResult {
-            suite: report.suite.clone(),
-            passed: report.passed as u32,
-            failed: report.failed as u32,
-            truncated: report.truncated as u32,
-            mean_score: report.mean_score,
-            score_spread: report.score_spread,
-            pass_scores: report.pass_scores.clone(),
-            report_json: serde_json::to_string(&report).map_err(|e| Failure::internal(format!("probe report: {e}")))?,
-            note: note.unwrap_or_default(),
-        })
+        result(&report, note.unwrap_or_default(), None)
     })
     .await
+}
+
+/// A suite's report as the protocol's result (also the mlx-lm probe task's).
+pub(super) fn result(
+    report: &quantfarm_eval::probe::ProbeReport,
+    note: String,
+    mlx_lm: Option<pb::MlxLmRun>,
+) -> Result<pb::ProbeResult, Failure> {
+    Ok(pb::ProbeResult {
+        suite: report.suite.clone(),
+        passed: report.passed as u32,
+        failed: report.failed as u32,
+        truncated: report.truncated as u32,
+        mean_score: report.mean_score,
+        score_spread: report.score_spread,
+        pass_scores: report.pass_scores.clone(),
+        report_json: serde_json::to_string(report).map_err(|e| Failure::internal(format!("probe report: {e}")))?,
+        note,
+        mlx_lm,
+    })
 }
