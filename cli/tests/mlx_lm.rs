@@ -35,6 +35,17 @@ fn the_helper_shakes_hands_with_the_installed_versions() {
     assert_eq!(blocking.mlx_lm, oracle["mlx_lm"].as_str().unwrap());
     // The peers' build is mlx's CPU wheel.
     assert_eq!(blocking.device, "cpu");
+    // The workers of one `quantfarm run` shake hands at the same moment, writing the helper into the same folder.
+    let fresh = tmp.path().join("fresh");
+    let threads: Vec<_> = (0..4)
+        .map(|_| {
+            let dir = fresh.clone();
+            std::thread::spawn(move || mlx_lm::handshake(&peers_python(), &dir))
+        })
+        .collect();
+    for t in threads {
+        assert_eq!(t.join().unwrap().unwrap(), blocking);
+    }
     let helper = rt().block_on(MlxLm::start(&peers_python(), tmp.path())).unwrap();
     assert_eq!(helper.versions, blocking);
     rt().block_on(helper.stop());
@@ -82,8 +93,17 @@ fn the_helpers_logits_and_greedy_continuations_are_mlx_lms() {
         let want_text: Value = serde_json::from_str(&run_py("mlx_lm_oracle.py", &args)).unwrap();
         let want: Vec<u32> =
             want_text["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect();
-        assert_eq!(got.tokens, want, "prompt {prompt:?}");
-        let text = rt.block_on(helper.decode(&[&got.tokens])).unwrap();
+        // The helper ends a continuation with its end-of-sequence id, as llama.cpp's end with theirs; mlx_lm's
+        // generator stops before it.
+        let eos: Vec<u32> = want_text["eos"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect();
+        let mut got_tokens = got.tokens.clone();
+        if got_tokens.last().is_some_and(|t| eos.contains(t)) {
+            got_tokens.pop();
+        } else {
+            assert_eq!(got_tokens.len(), 24, "prompt {prompt:?}: neither an end id nor the token cap: {got_tokens:?}");
+        }
+        assert_eq!(got_tokens, want, "prompt {prompt:?}");
+        let text = rt.block_on(helper.decode(&[&got_tokens])).unwrap();
         assert_eq!(text, [want_text["text"].as_str().unwrap()], "prompt {prompt:?}");
         assert_eq!(got.margins.len(), got.tokens.len());
         assert!(got.margins.iter().all(|m| *m >= 0.0), "{:?}", got.margins);

@@ -456,3 +456,62 @@ fn a_release_whose_tasks_no_worker_can_take_says_so() {
     assert_eq!(said, ["a worker for the waiting tasks joined"]);
     assert_eq!(lease(&mut s, &w, 4, &clock).len(), 2);
 }
+
+/// mlx-lm tasks go only to workers that advertise the `mlx_lm` runtime (their helper answered its handshake), even
+/// when another worker offers their kind; until one joins they wait, and the release says so.
+#[test]
+fn mlx_lm_tasks_go_only_to_workers_with_the_mlx_lm_runtime() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut clock = Clock::new();
+    let mut s = open(dir.path(), &clock);
+    let all = ["plan", "gguf", "quantize", "verify", "mlx", "kld", "greedy", "probe", "mlx-lm"];
+    let plain = worker(&mut s, &all, &clock);
+    let yaml =
+        "name: t\nsource: model\noutputs:\n  gguf: {quants: []}\n  mlx: {bits: [4]}\nevaluation: {probes: p.yaml}\n";
+    s.submit(yaml, "r.yaml", "/tmp").unwrap();
+    let plan = lease(&mut s, &plain, 1, &clock);
+    let result = pb::PlanResult {
+        architecture: "llama".into(),
+        format: "safetensors".into(),
+        plan_digest: "p".into(),
+        source_identity: "s".into(),
+        source_bytes: 1024,
+        tensors: vec![pb::PlannedTensor {
+            name: "token_embd.weight".into(),
+            source: "model.embed_tokens.weight".into(),
+            ggml_type: "BF16".into(),
+            bytes: 1024,
+            elements: 512,
+        }],
+        shards: vec![pb::ShardRange { start: 0, end: 1 }],
+        imatrix_sha256: String::new(),
+    };
+    let done = pb::CompleteRequest {
+        outcome: Some(Outcome::Result(pb::TaskResult { kind: Some(task_result::Kind::Plan(result)) })),
+        ..ok(&plan[0], &plain)
+    };
+    assert!(s.complete(done, clock.now()).unwrap());
+    // The plain worker takes everything ready but the mlx-lm probe of the bf16 weights.
+    let got: Vec<String> = lease(&mut s, &plain, 16, &clock).into_iter().map(|l| l.task_id).collect();
+    assert!(!got.is_empty() && got.iter().all(|id| !id.starts_with("mlx-lm/")), "{got:?}");
+    s.note_unserved(clock.now());
+    clock.advance(250);
+    s.events.clear();
+    s.note_unserved(clock.now());
+    let said: Vec<String> = s.events.drain(..).map(|e| e.message).collect();
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert!(
+        said[0].contains("1 of kind mlx-lm need the mlx_lm runtime") && said[0].contains("QUANTFARM_PYTHON"),
+        "{said:?}"
+    );
+    let info = pb::WorkerInfo {
+        name: "mac".into(),
+        slots: 4,
+        task_kinds: vec!["mlx-lm".into()],
+        runtimes: vec!["mlx_lm".into()],
+        ..Default::default()
+    };
+    let mlx = s.register(info, clock.now());
+    let got: Vec<String> = lease(&mut s, &mlx, 4, &clock).into_iter().map(|l| l.task_id).collect();
+    assert_eq!(got, ["mlx-lm/probe/BF16"]);
+}

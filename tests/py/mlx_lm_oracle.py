@@ -4,7 +4,7 @@ drive through the worker's client:
   versions                          -> {"mlx": ..., "mlx_lm": ...} (the installed distributions)
   logits MODEL OUT FIRST ID...      -> mlx_lm.load + one forward pass; the logits of positions FIRST.. as
                                        little-endian f32 in OUT
-  generate MODEL MAX ID...          -> {"tokens": [...], "text": ...}: mlx_lm.stream_generate at its default (greedy) sampler,
+  generate MODEL MAX ID...          -> {"tokens": [...], "text": ..., "eos": [...]}: without the end id: mlx_lm.stream_generate at its default (greedy) sampler,
                                        the ids it yields before an end-of-sequence id
   break-lm-head HF OUT              -> mlx_lm.convert -q (4-bit) of HF into OUT, then lm_head.scales removed from
                                        its weights: the checkpoint the parity method's seeds saw crash at load
@@ -42,7 +42,7 @@ def main():
         tokens = [r.token for r in stream_generate(model, tokenizer, ids, max_tokens=int(args[1]))]
         eos = set(tokenizer.eos_token_ids)
         kept = [t for t in tokens if t not in eos]
-        print(json.dumps({"tokens": kept, "text": tokenizer.decode(kept)}))
+        print(json.dumps({"tokens": kept, "text": tokenizer.decode(kept), "eos": sorted(eos)}))
     elif cmd == "break-lm-head":
         import mlx.core as mx
         from mlx_lm import convert

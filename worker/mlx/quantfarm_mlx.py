@@ -22,8 +22,9 @@ stdin/stdout, one JSON object per line each way, one answer per request, in orde
   {"op": "greedy", "tokens": [ID, ...], "max_tokens": N, "stop": [ID, ...] | null}
       -> {"ok": true, "tokens": [ID, ...], "margins": [F, ...]}
       `mlx_lm.generate.generate_step` with its default (greedy, temperature 0) sampler, as `mlx_lm.generate` runs it:
-      up to N tokens, ending after the first stop id (which is not returned); without `stop`, the tokenizer's
-      `eos_token_ids`, as `mlx_lm.generate` stops. `margins[i]` is the top-1 minus top-2 log-probability of step i
+      up to N tokens, ending at the first stop id, which is returned as the last token (as llama.cpp's greedy
+      continuations end with their end-of-generation token, so the two compare token for token); without `stop`,
+      the tokenizer's `eos_token_ids`, where `mlx_lm.generate` stops. `margins[i]` is the top-1 minus top-2 log-probability of step i
       (generate_step's log-probabilities; equal to the logit margin up to rounding).
   {"op": "decode", "sequences": [[ID, ...], ...]}
       -> {"ok": true, "texts": [TEXT, ...]}
@@ -138,13 +139,13 @@ class Helper:
         out, margins = [], []
         for token, logprobs in generate_step(mx.array(tokens), model, max_tokens=max_tokens):
             token = int(token.item() if hasattr(token, "item") else token)
-            if token in stop:
-                break
             top2 = mx.topk(logprobs, 2)
             mx.eval(top2)
             a, b = sorted(top2.tolist(), reverse=True)
             out.append(token)
             margins.append(a - b)
+            if token in stop:
+                break
         return {"tokens": out, "margins": margins}
 
     def decode(self, req):

@@ -64,7 +64,8 @@ pub struct LogitRows {
     pub vocab: u32,
 }
 
-/// A greedy continuation: the generated ids (without the stop id) and each step's top-1 minus top-2
+/// A greedy continuation: the generated ids (ending with the stop id when one ended it, as llama.cpp's end with their
+/// end-of-generation id) and each step's top-1 minus top-2
 /// log-probability.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 pub struct Continuation {
@@ -114,7 +115,7 @@ impl MlxLm {
     }
 
     /// A greedy continuation of `tokens` (temperature 0, as `mlx_lm.generate`), at most `max_tokens`, ending
-    /// before the first of `stop` (`None`: the tokenizer's end-of-sequence ids, as `mlx_lm.generate` ends).
+    /// with the first of `stop` (`None`: the tokenizer's end-of-sequence ids, where `mlx_lm.generate` ends).
     pub async fn greedy(
         &mut self,
         tokens: &[u32],
@@ -309,8 +310,9 @@ fn helper_file(dir: &Path) -> std::io::Result<PathBuf> {
         return Ok(path);
     }
     std::fs::create_dir_all(dir)?;
-    let tmp = dir.join(format!(".quantfarm_mlx-{}.partial", std::process::id()));
-    std::fs::write(&tmp, HELPER)?;
-    std::fs::rename(&tmp, &path)?;
+    // A temporary file of its own: workers of one process (`quantfarm run`) write the helper at the same moment.
+    let mut tmp = tempfile::Builder::new().prefix(".quantfarm_mlx-").suffix(".partial").tempfile_in(dir)?;
+    std::io::Write::write_all(&mut tmp, HELPER.as_bytes())?;
+    tmp.persist(&path).map_err(|e| e.error)?;
     Ok(path)
 }

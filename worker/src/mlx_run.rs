@@ -64,3 +64,28 @@ pub fn ids(tokens: &[i32], what: &str) -> Result<Vec<u32>, Failure> {
         .map(|&t| u32::try_from(t).map_err(|_| Failure::input(format!("{what}: token id {t} is negative"))))
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quantfarm_proto::FailureKind;
+
+    /// A helper killed mid-task is retried (elsewhere: the coordinator prefers another worker than the one a task
+    /// failed on); a request mlx-lm refuses is not.
+    #[test]
+    fn helper_errors_keep_their_meaning_as_failures() {
+        let msg = || "m".to_string();
+        for (e, kind) in [
+            (Error::Died { msg: msg() }, FailureKind::Transient),
+            (Error::Start { python: "p".into(), msg: msg() }, FailureKind::Transient),
+            (Error::Input { msg: msg() }, FailureKind::Input),
+            (Error::Runtime { msg: msg() }, FailureKind::Internal),
+            (Error::Protocol { op: "greedy", msg: msg() }, FailureKind::Internal),
+        ] {
+            let text = e.to_string();
+            let f = failure(e);
+            assert_eq!(f.kind, kind, "{text}");
+            assert!(f.message.contains(&text), "{} / {text}", f.message);
+        }
+    }
+}

@@ -43,6 +43,8 @@ pub fn runtimes_in(dirs: &[PathBuf], python: &Path) -> Vec<String> {
             tracing::debug!(mlx = %v.mlx, mlx_lm = %v.mlx_lm, device = %v.device, "mlx-lm runtime found");
             out.push("mlx_lm".to_string());
         }
+        // Said out loud when a Python was named for it: the user expected mlx-lm.
+        Err(e) if std::env::var_os("QUANTFARM_PYTHON").is_some() => tracing::warn!("no mlx-lm runtime: {e}"),
         Err(e) => tracing::debug!("no mlx-lm runtime: {e}"),
     }
     out
