@@ -351,3 +351,77 @@ fn a_checkpoint_mlx_lm_cannot_load_is_answered_with_mlx_lms_message() {
         assert!(e.contains(&model) && e.contains("lm_head"), "{e}");
     }
 }
+
+/// A helper killed under an mlx-lm task (SIGKILL, as an out-of-memory kill would) fails that try as transient; the
+/// coordinator gives the task to the other worker, and the release ends with every prompt compared. SmolLM2 (a task
+/// of several seconds, so the kill lands inside one); behind QUANTFARM_LONG (`scripts/test --long`).
+#[test]
+fn a_helper_killed_mid_task_is_retried_on_another_worker() {
+    if std::env::var_os("QUANTFARM_LONG").is_none() {
+        eprintln!(
+            "SKIP a_helper_killed_mid_task_is_retried_on_another_worker: set QUANTFARM_LONG (scripts/test --long)"
+        );
+        return;
+    }
+    let _cpu = quantfarm_e2e::cpu_bound();
+    let tmp = tempfile::tempdir().unwrap();
+    let hf = quantfarm_e2e::smollm2_derived().join("smollm2-hf");
+    let prompts = quantfarm_e2e::prompts(4, tmp.path());
+    let release = tmp.path().join("release.yaml");
+    std::fs::write(
+        &release,
+        format!(
+            "name: smollm2-kill\nsource: {}\noutputs:\n  gguf: {{quants: []}}\n  mlx: {{bits: [8]}}\n\
+             evaluation:\n  prompts: {}\n  max_tokens: 32\n  skip: [MLX-8bit]\n",
+            hf.display(),
+            prompts.display()
+        ),
+    )
+    .unwrap();
+    let store = tmp.path().join("data");
+    let mut run = std::process::Command::new(env!("CARGO_BIN_EXE_quantfarm"))
+        .arg("run")
+        .arg(&release)
+        .args(["--workers", "2", "--store"])
+        .arg(&store)
+        .env("QUANTFARM_KEY_FILE", tmp.path().join("k"))
+        .env("QUANTFARM_PYTHON", peers_python())
+        .env("QUANTFARM_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The first helper that has run for a second under this store's scratch (the bf16 weights' greedy tasks are
+    // the only mlx-lm tasks: MLX-8bit is skipped).
+    let scratch = store.join("scratch").display().to_string();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(600);
+    let killed = loop {
+        assert!(std::time::Instant::now() < deadline, "no helper ran");
+        let out =
+            std::process::Command::new("pgrep").args(["-f", &format!("{scratch}.*quantfarm_mlx")]).output().unwrap();
+        if let Some(pid) = String::from_utf8_lossy(&out.stdout).lines().next().map(str::to_string) {
+            std::thread::sleep(std::time::Duration::from_secs(1));
+            if std::process::Command::new("kill").args(["-9", &pid]).status().unwrap().success() {
+                break pid;
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    let out = run.wait_with_output().unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    eprintln!("killed helper {killed}");
+    let report = stdout
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("signed report: "))
+        .unwrap_or_else(|| panic!("no report:\n{stdout}\n{stderr}"));
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(report).unwrap()).unwrap();
+    let retried: Vec<&Value> = r["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["id"].as_str().unwrap().starts_with("mlx-lm/") && t["attempts"].as_u64().unwrap() > 1)
+        .collect();
+    assert_eq!(retried.len(), 1, "one mlx-lm task tried twice: {:#}", r["tasks"]);
+    let greedy = &r["cross_runtime"]["bf16"]["greedy"];
+    assert_eq!((greedy["n"].as_u64(), greedy["complete"].as_bool()), (Some(4), Some(true)), "{greedy:#}");
+}

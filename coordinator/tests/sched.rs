@@ -224,12 +224,9 @@ fn a_task_that_failed_on_a_worker_is_retried_on_another_while_one_is_alive() {
     assert_eq!(lease(&mut s, &w1, 1, &clock).len(), 1);
 }
 
-/// A release `plan → gguf/0 → {quantize/Q8_0/0, verify/gguf/0}` driven by hand: the plan's result is made up
-/// (one tensor, one file), so each task can be completed with a chosen digest.
-fn gguf_release(s: &mut Sched, w: &str, clock: &Clock) -> (String, pb::Lease) {
-    let id = s.submit("name: t\nsource: model\noutputs:\n  gguf: {quants: [Q8_0]}\n", "r.yaml", "/tmp").unwrap();
-    let plan = lease(s, w, 1, clock);
-    let result = pb::PlanResult {
+/// A made-up plan: one tensor, one file.
+fn plan_result() -> pb::PlanResult {
+    pb::PlanResult {
         architecture: "llama".into(),
         format: "safetensors".into(),
         plan_digest: "p".into(),
@@ -244,9 +241,16 @@ fn gguf_release(s: &mut Sched, w: &str, clock: &Clock) -> (String, pb::Lease) {
         }],
         shards: vec![pb::ShardRange { start: 0, end: 1 }],
         imatrix_sha256: String::new(),
-    };
+    }
+}
+
+/// A release `plan → gguf/0 → {quantize/Q8_0/0, verify/gguf/0}` driven by hand: the plan's result is made up
+/// (one tensor, one file), so each task can be completed with a chosen digest.
+fn gguf_release(s: &mut Sched, w: &str, clock: &Clock) -> (String, pb::Lease) {
+    let id = s.submit("name: t\nsource: model\noutputs:\n  gguf: {quants: [Q8_0]}\n", "r.yaml", "/tmp").unwrap();
+    let plan = lease(s, w, 1, clock);
     let done = pb::CompleteRequest {
-        outcome: Some(Outcome::Result(pb::TaskResult { kind: Some(task_result::Kind::Plan(result)) })),
+        outcome: Some(Outcome::Result(pb::TaskResult { kind: Some(task_result::Kind::Plan(plan_result())) })),
         ..ok(&plan[0], w)
     };
     assert!(s.complete(done, clock.now()).unwrap());
@@ -470,24 +474,8 @@ fn mlx_lm_tasks_go_only_to_workers_with_the_mlx_lm_runtime() {
         "name: t\nsource: model\noutputs:\n  gguf: {quants: []}\n  mlx: {bits: [4]}\nevaluation: {probes: p.yaml}\n";
     s.submit(yaml, "r.yaml", "/tmp").unwrap();
     let plan = lease(&mut s, &plain, 1, &clock);
-    let result = pb::PlanResult {
-        architecture: "llama".into(),
-        format: "safetensors".into(),
-        plan_digest: "p".into(),
-        source_identity: "s".into(),
-        source_bytes: 1024,
-        tensors: vec![pb::PlannedTensor {
-            name: "token_embd.weight".into(),
-            source: "model.embed_tokens.weight".into(),
-            ggml_type: "BF16".into(),
-            bytes: 1024,
-            elements: 512,
-        }],
-        shards: vec![pb::ShardRange { start: 0, end: 1 }],
-        imatrix_sha256: String::new(),
-    };
     let done = pb::CompleteRequest {
-        outcome: Some(Outcome::Result(pb::TaskResult { kind: Some(task_result::Kind::Plan(result)) })),
+        outcome: Some(Outcome::Result(pb::TaskResult { kind: Some(task_result::Kind::Plan(plan_result())) })),
         ..ok(&plan[0], &plain)
     };
     assert!(s.complete(done, clock.now()).unwrap());

@@ -68,20 +68,25 @@ async fn greedy(t: &pb::GreedyTask, env: &Env) -> Result<pb::GreedyResult, Failu
                 (&r.tokens, &r.margins, model.detokenize(&r.tokens)),
                 (&tokens, model.detokenize(&tokens)),
             );
-            result.agreements.push(pb::PromptAgreement {
-                index: index as u32,
-                identical: a.identical,
-                reference_tokens: a.reference_tokens as u32,
-                model_tokens: a.model_tokens as u32,
-                common_prefix: a.common_prefix as u32,
-                prefix_fraction: a.prefix_fraction,
-                first_difference: a.first_difference.map_or(-1, |d| d as i32),
-                reference_margin: a.reference_margin.unwrap_or(f32::NAN),
-                reference_text: a.reference_text,
-                model_text: a.model_text,
-            });
+            result.agreements.push(agreement_proto(a));
         }
         Ok(result)
     })
     .await
+}
+
+/// One prompt's agreement as the protocol carries it (also the mlx-lm greedy task's).
+pub(super) fn agreement_proto(a: quantfarm_eval::greedy::PromptAgreement) -> pb::PromptAgreement {
+    pb::PromptAgreement {
+        index: a.index as u32,
+        identical: a.identical,
+        reference_tokens: a.reference_tokens as u32,
+        model_tokens: a.model_tokens as u32,
+        common_prefix: a.common_prefix as u32,
+        prefix_fraction: a.prefix_fraction,
+        first_difference: a.first_difference.map_or(-1, |d| d as i32),
+        reference_margin: a.reference_margin.unwrap_or(f32::NAN),
+        reference_text: a.reference_text,
+        model_text: a.model_text,
+    }
 }

@@ -47,18 +47,7 @@ async fn greedy(t: &pb::MlxLmGreedyTask, env: &Env) -> Result<pb::GreedyResult, 
             (&r.tokens, &r.margins, texts[0].clone().into_bytes()),
             (&tokens, texts[1].clone().into_bytes()),
         );
-        result.agreements.push(pb::PromptAgreement {
-            index: r.index,
-            identical: a.identical,
-            reference_tokens: a.reference_tokens as u32,
-            model_tokens: a.model_tokens as u32,
-            common_prefix: a.common_prefix as u32,
-            prefix_fraction: a.prefix_fraction,
-            first_difference: a.first_difference.map_or(-1, |d| d as i32),
-            reference_margin: a.reference_margin.unwrap_or(f32::NAN),
-            reference_text: a.reference_text,
-            model_text: a.model_text,
-        });
+        result.agreements.push(super::greedy::agreement_proto(a));
         if t.keep_continuations {
             result.continuations.push(pb::GreedyContinuation {
                 index: r.index,
