@@ -760,12 +760,14 @@ impl Sched {
     /// Whether a live worker other than those `t` failed on offers `kind` (and `t`'s runtime), so that `t` can wait
     /// for it. Live: seen within two lease periods.
     fn another_worker_for(&self, t: &TaskRec, kind: pb::WorkerKind, now: Instant) -> bool {
-        self.workers.iter().any(|(id, w)| {
-            !t.failed_on.contains(id)
-                && now.duration_since(w.last_seen) < self.cfg.lease * 2
-                && w.kinds.contains(&kind)
-                && t.key.runtime().is_none_or(|rt| w.info.runtimes.iter().any(|r| r == rt))
-        })
+        self.workers.iter().any(|(id, w)| !t.failed_on.contains(id) && self.can_take(w, kind, t.key.runtime(), now))
+    }
+
+    /// Whether worker `w` is live (seen within two lease periods) and offers `kind` and `runtime`.
+    fn can_take(&self, w: &WorkerRec, kind: pb::WorkerKind, runtime: Option<&str>, now: Instant) -> bool {
+        now.duration_since(w.last_seen) < self.cfg.lease * 2
+            && w.kinds.contains(&kind)
+            && runtime.is_none_or(|rt| w.info.runtimes.iter().any(|r| r == rt))
     }
 
     /// Says which ready tasks of each running release no live worker can take — their kind, and the runtime they
@@ -777,12 +779,7 @@ impl Sched {
             let t = &self.releases[ri].tasks[ti];
             let Some(kind) = t.key.worker_kind() else { continue };
             let runtime = t.key.runtime();
-            let served = self.workers.values().any(|w| {
-                now.duration_since(w.last_seen) < self.cfg.lease * 2
-                    && w.kinds.contains(&kind)
-                    && runtime.is_none_or(|rt| w.info.runtimes.iter().any(|r| r == rt))
-            });
-            if !served {
+            if !self.workers.values().any(|w| self.can_take(w, kind, runtime, now)) {
                 *waiting.entry(ri).or_default().entry((kind, runtime)).or_default() += 1;
             }
         }

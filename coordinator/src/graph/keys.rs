@@ -108,8 +108,8 @@ pub enum TaskKey {
 }
 
 /// What mlx-lm runs: the source's bf16 weights as an HF checkpoint (the GGUF BF16's twin: the same weights, another
-/// runtime), or an MLX rung.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// runtime), or an MLX rung. Ordered as the report lists them: the bf16 weights, then the rungs by width.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum MlxSubject {
     Bf16,
     Rung { bits: u32 },

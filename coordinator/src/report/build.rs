@@ -167,7 +167,7 @@ fn cross_runtime(rel: &Release) -> Option<CrossRuntime> {
         ran_greedy: bool,
         probe: Option<&'a pb::ProbeResult>,
     }
-    let mut subjects: BTreeMap<MlxSubjectOrder, Acc> = BTreeMap::new();
+    let mut subjects: BTreeMap<MlxSubject, Acc> = BTreeMap::new();
     let mut runtimes = std::collections::BTreeSet::new();
     let n_llama_reference: usize = rel
         .tasks
@@ -176,27 +176,27 @@ fn cross_runtime(rel: &Release) -> Option<CrossRuntime> {
         .filter_map(|t| t.result.as_ref()?.greedy().map(|g| g.continuations.len()))
         .sum();
     for t in &rel.tasks {
-        let (subject, run, greedy) = match &t.key {
-            TaskKey::MlxLmGreedy { subject, .. } => {
-                let g = t.result.as_ref().and_then(|r| r.greedy());
-                (*subject, g.and_then(|g| g.mlx_lm.as_ref()), g)
-            }
-            TaskKey::MlxLmKld { subject, .. } => {
-                (*subject, t.result.as_ref().and_then(|r| r.kld()).and_then(|k| k.mlx_lm.as_ref()), None)
-            }
-            TaskKey::MlxLmProbe { subject } => {
-                let p = t.result.as_ref().and_then(|r| r.probe());
-                let acc = subjects.entry(MlxSubjectOrder(*subject)).or_default();
-                acc.probe = p.filter(|p| p.mlx_lm.as_ref().is_none_or(|r| r.load_error.is_empty()));
-                (*subject, p.and_then(|p| p.mlx_lm.as_ref()), None)
-            }
+        let result = t.result.as_ref();
+        let (subject, greedy, probe) = match &t.key {
+            TaskKey::MlxLmGreedy { subject, .. } => (*subject, result.and_then(|r| r.greedy()), None),
+            TaskKey::MlxLmKld { subject, .. } => (*subject, None, None),
+            TaskKey::MlxLmProbe { subject } => (*subject, None, result.and_then(|r| r.probe())),
             _ => continue,
         };
-        let acc = subjects.entry(MlxSubjectOrder(subject)).or_default();
+        let run = match result.and_then(|r| r.kind.as_ref()) {
+            Some(pb::task_result::Kind::Greedy(g)) => g.mlx_lm.as_ref(),
+            Some(pb::task_result::Kind::Kld(k)) => k.mlx_lm.as_ref(),
+            Some(pb::task_result::Kind::Probe(p)) => p.mlx_lm.as_ref(),
+            _ => None,
+        };
+        let acc = subjects.entry(subject).or_default();
         if let Some(g) = greedy {
             acc.agreements.extend(&g.agreements);
             acc.continuations += g.continuations.len();
             acc.ran_greedy = true;
+        }
+        if let Some(p) = probe.filter(|_| run.is_none_or(|r| r.load_error.is_empty())) {
+            acc.probe = Some(p);
         }
         if let Some(r) = run {
             if r.load_error.is_empty() {
@@ -213,11 +213,11 @@ fn cross_runtime(rel: &Release) -> Option<CrossRuntime> {
             }
         }
     }
-    let n_mlx_bf16 = subjects.get(&MlxSubjectOrder(MlxSubject::Bf16)).map_or(0, |a| a.continuations);
-    let bf16_probe = subjects.get(&MlxSubjectOrder(MlxSubject::Bf16)).and_then(|a| a.probe);
+    let n_mlx_bf16 = subjects.get(&MlxSubject::Bf16).map_or(0, |a| a.continuations);
+    let bf16_probe = subjects.get(&MlxSubject::Bf16).and_then(|a| a.probe);
     let mut bf16 = None;
     let mut rungs = Vec::new();
-    for (MlxSubjectOrder(subject), acc) in subjects {
+    for (subject, acc) in subjects {
         let name = subject.to_string();
         let load_error = acc.run.map(|r| r.load_error.clone()).filter(|e| !e.is_empty());
         let n_reference = match subject {
@@ -284,31 +284,6 @@ fn cross_runtime(rel: &Release) -> Option<CrossRuntime> {
         bf16,
         rungs,
     })))
-}
-
-/// MLX subjects in report order: the bf16 weights, then the rungs by width.
-#[derive(PartialEq, Eq)]
-struct MlxSubjectOrder(MlxSubject);
-
-impl MlxSubjectOrder {
-    fn rank(&self) -> u32 {
-        match self.0 {
-            MlxSubject::Bf16 => 0,
-            MlxSubject::Rung { bits } => bits + 1,
-        }
-    }
-}
-
-impl PartialOrd for MlxSubjectOrder {
-    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for MlxSubjectOrder {
-    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-        self.rank().cmp(&other.rank())
-    }
 }
 
 /// A merged KL-divergence summary as the report records it.
