@@ -76,6 +76,11 @@ pub struct CoordinatorArgs {
     /// First retry delay (doubles per attempt).
     #[arg(long, default_value_t = 500)]
     backoff_ms: u64,
+    /// The rate at which a worker fetches from the store, per second: a ready task waits for a worker whose cache
+    /// holds its inputs for at most twice the time another would take to fetch them at this rate (or its slack on
+    /// the critical path, when longer).
+    #[arg(long, default_value = "100MB", value_parser = parse_size)]
+    fetch_rate: u64,
     /// Serve Prometheus metrics (/metrics) and a health check (/healthz) over plain HTTP on this address
     /// (e.g. 127.0.0.1:9464; they carry no secrets, but keep them off public interfaces).
     #[arg(long)]
@@ -107,6 +112,14 @@ pub struct WorkerArgs {
     /// Scratch folder for recomputed outputs.
     #[arg(long)]
     scratch: Option<PathBuf>,
+    /// Size of the local cache of fetched inputs (models, base logits, the files quantize tasks read), kept
+    /// between tasks and content-addressed by their recorded sha256; the coordinator leases tasks to workers that
+    /// hold their inputs. Default: no cache.
+    #[arg(long, value_parser = parse_size)]
+    cache_size: Option<u64>,
+    /// The cache's folder (default: quantfarm-cache-NAME beside the scratch folder); one worker per folder.
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
 }
 
 /// How a client reaches the coordinator's Releases service.
@@ -219,6 +232,7 @@ pub async fn coordinator(args: CoordinatorArgs) -> Result<()> {
             heartbeat: Duration::from_millis((args.lease_ms / 4).max(50)),
             max_attempts: args.max_attempts,
             backoff: Duration::from_millis(args.backoff_ms),
+            fetch_rate: args.fetch_rate.max(1),
         },
         token: args.token.clone(),
         key: signing_key(args.key.as_deref())?,
@@ -266,16 +280,24 @@ pub async fn worker(args: WorkerArgs) -> Result<()> {
         Some(p) => Some(std::fs::read(p).with_context(|| p.display().to_string())?),
         None => None,
     };
+    let name = args.name.unwrap_or_else(host_name);
+    let scratch = args.scratch.unwrap_or_else(|| std::env::temp_dir().join("quantfarm-scratch"));
+    let cache_dir = args.cache_dir.unwrap_or_else(|| {
+        let safe: String = name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect();
+        scratch.with_file_name(format!("quantfarm-cache-{safe}"))
+    });
     let cfg = WorkerConfig {
         coordinator: args.coordinator,
         token: args.token,
-        name: args.name.unwrap_or_else(host_name),
+        name,
         slots: args.slots.max(1),
         cores: args.cores.unwrap_or_else(quantfarm_worker::available_cores).max(1),
         memory_budget: args.memory,
         ca_cert: ca,
-        scratch: args.scratch.unwrap_or_else(|| std::env::temp_dir().join("quantfarm-scratch")),
+        scratch,
         patience: Duration::from_secs(300),
+        cache_dir,
+        cache_size: args.cache_size.unwrap_or(0),
     };
     // First SIGTERM/Ctrl-C: drain (finish running tasks). A second one: hand back and stop.
     let (first_tx, first_rx) = tokio::sync::oneshot::channel::<()>();
@@ -592,6 +614,9 @@ pub async fn run(args: RunArgs) -> Result<u8> {
             ca_cert: None,
             scratch: scratch.clone(),
             patience: Duration::from_secs(30),
+            // The local store is read in place: nothing to cache.
+            cache_dir: scratch.clone(),
+            cache_size: 0,
         };
         let (a, b) = (stopped(stop_rx.clone()), stopped(stop_rx.clone()));
         workers.push(tokio::spawn(quantfarm_worker::run(cfg, a, b)));

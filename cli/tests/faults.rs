@@ -467,6 +467,7 @@ fn a_worker_that_stops_heartbeating_has_its_late_outcome_discarded() {
                 cache_hit: false,
             })),
         })),
+        fetch_ms: 0,
     };
     rt.block_on(client.complete(late)).unwrap();
     let hb = pb::HeartbeatRequest {

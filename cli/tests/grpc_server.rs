@@ -36,6 +36,8 @@ fn worker_cfg(url: &str, token: &str, ca: Option<Vec<u8>>, dir: &std::path::Path
         ca_cert: ca,
         scratch: dir.join("scratch"),
         patience: Duration::from_secs(10),
+        cache_dir: dir.join("cache"),
+        cache_size: 0,
     }
 }
 

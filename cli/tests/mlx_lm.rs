@@ -319,7 +319,7 @@ fn a_checkpoint_mlx_lm_cannot_load_is_answered_with_mlx_lms_message() {
     // The worker's tasks find the helper's Python the way a worker does.
     std::env::set_var("QUANTFARM_PYTHON", peers_python());
     let env =
-        quantfarm_worker::Env { budget: 64 << 20, scratch: tmp.path().join("scratch"), threads: 2, known_output: None };
+        quantfarm_worker::Env { budget: 64 << 20, scratch: tmp.path().join("scratch"), threads: 2, ..Default::default() };
     std::fs::create_dir_all(&env.scratch).unwrap();
     let model = broken.display().to_string();
     let probes = quantfarm_e2e::repo_root().join("examples/probes-tiny.yaml").display().to_string();
@@ -334,7 +334,7 @@ fn a_checkpoint_mlx_lm_cannot_load_is_answered_with_mlx_lms_message() {
         }),
         task::Kind::MlxLmProbe(pb::MlxLmProbeTask { model: model.clone(), suite: probes }),
     ] {
-        let t = pb::Task { kind: Some(kind), known_output_sha256: String::new() };
+        let t = pb::Task { kind: Some(kind), ..Default::default() };
         let r = rt().block_on(quantfarm_worker::exec::run(&t, &env)).unwrap_or_else(|f| panic!("{}", f.message));
         let run = match r.kind {
             Some(task_result::Kind::Greedy(g)) => {
@@ -379,7 +379,7 @@ fn a_helper_killed_mid_task_is_retried_on_another_worker() {
     )
     .unwrap();
     let store = tmp.path().join("data");
-    let mut run = std::process::Command::new(env!("CARGO_BIN_EXE_quantfarm"))
+    let run = std::process::Command::new(env!("CARGO_BIN_EXE_quantfarm"))
         .arg("run")
         .arg(&release)
         .args(["--workers", "2", "--store"])

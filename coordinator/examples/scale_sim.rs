@@ -6,7 +6,7 @@
 //!
 //! ```sh
 //! cargo run --release -p quantfarm-coordinator --example scale_sim -- [--workers 50] [--eval-workers 10]
-//!     [--worker-gbps 1.0] [--eval-tok-s 400] [--cores 16] [--model-cache]
+//!     [--worker-gbps 1.0] [--eval-tok-s 400] [--cores 16] [--cache-gb 0]
 //! ```
 //!
 //! The model of a task (every figure a flag or a constant below, named where it comes from):
@@ -15,12 +15,19 @@
 //! - GGUF conversion moves bytes only; quantization computes at the per-core rates `bench/quantize-vs-llama`
 //!   measured for `quantfarm quantize` on SmolLM2 (single thread), times the worker's cores; a verify task
 //!   recomputes its output and reads the stored copy;
-//! - an evaluation task (kld-base, kld) first fetches its whole model into scratch, as the worker does
-//!   (`worker/src/fetch.rs`: fetched per task, removed with it), unless `--model-cache` models a per-worker cache
-//!   (what affinity would buy), then decodes its chunk group at `--eval-tok-s` for the bf16 reference,
-//!   proportionally faster for smaller models (decode is memory-bound).
+//! - the farm-made files a task reads are the ones the scheduler lists in its lease (`Task.inputs`, with their
+//!   sizes): a quantize task's BF16 file, a verify task's BF16 file and stored copy (unless an evaluation task
+//!   checks that copy, `VerifyTask.stored_checked_by`), an evaluation task's whole model and base logits. Without a
+//!   cache (`--cache-gb 0`) each task fetches them, as the worker does without `--cache-size`
+//!   (`worker/src/fetch.rs`: fetched per task, removed with it). With `--cache-gb N` each worker keeps what it
+//!   fetched in N GB, least recently used first out (`worker/src/cache.rs`), reports its holdings with each lease
+//!   request, and fetches only what it lacks; the scheduler leases by them (`Sched::lease`);
+//! - the KL-divergence plan fetches the whole reference, as the worker does (it needs only the vocabulary, but
+//!   reads the model as llama.cpp loads it);
+//! - an evaluation task decodes its chunk group at `--eval-tok-s` for the bf16 reference, proportionally faster
+//!   for smaller models (decode is memory-bound).
 
-use std::collections::{BTreeMap, BinaryHeap, HashSet};
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::time::{Duration, Instant};
 
 use quantfarm_coordinator::graph::{self, TaskKey};
@@ -57,12 +64,13 @@ struct Cfg {
     worker_bps: f64,
     eval_tok_s: f64,
     cores: f64,
-    model_cache: bool,
+    /// Each worker's cache, in bytes (0: none).
+    cache_bytes: f64,
 }
 
 fn parse_args() -> Cfg {
     let mut c =
-        Cfg { workers: 50, eval_workers: 10, worker_bps: 1e9, eval_tok_s: 400.0, cores: 16.0, model_cache: false };
+        Cfg { workers: 50, eval_workers: 10, worker_bps: 1e9, eval_tok_s: 400.0, cores: 16.0, cache_bytes: 0.0 };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
     while i < args.len() {
@@ -73,11 +81,7 @@ fn parse_args() -> Cfg {
             "--worker-gbps" => c.worker_bps = v().parse::<f64>().expect("--worker-gbps GB/s") * 1e9,
             "--eval-tok-s" => c.eval_tok_s = v().parse().expect("--eval-tok-s N"),
             "--cores" => c.cores = v().parse().expect("--cores N"),
-            "--model-cache" => {
-                c.model_cache = true;
-                i += 1;
-                continue;
-            }
+            "--cache-gb" => c.cache_bytes = v().parse::<f64>().expect("--cache-gb GB") * 1e9,
             other => panic!("unknown argument {other:?}"),
         }
         i += 2;
@@ -145,12 +149,14 @@ fn plan(tensors: &[(String, u64)]) -> (pb::PlanResult, Vec<u64>) {
     (p, shard_bytes)
 }
 
-/// What one task moves and computes, in the model's terms.
+/// What one task moves and computes, in the model's terms: `read` is what it reads that the farm did not make (the
+/// source), `fetched` the farm-made inputs it fetched from the store, `hits` those its cache had.
 #[derive(Default, Clone, Copy)]
 struct Work {
     read: f64,
     written: f64,
     fetched: f64,
+    hits: f64,
     compute_s: f64,
 }
 
@@ -158,7 +164,6 @@ struct Model<'a> {
     cfg: &'a Cfg,
     shard_bytes: &'a [u64],
     bf16_bytes: f64,
-    logits_group_bytes: f64,
 }
 
 impl Model<'_> {
@@ -179,11 +184,12 @@ impl Model<'_> {
         tokens / self.cfg.eval_tok_s * self.model_bytes(target) / self.bf16_bytes
     }
 
-    fn work(&self, key: &TaskKey, cached: bool) -> Work {
+    /// The task's own work; its farm-made inputs are added from its lease.
+    fn work(&self, key: &TaskKey, logits_group_bytes: f64) -> Work {
         let quant = |level: &str, shard: usize| {
             let b = self.shard_bytes[shard] as f64;
             let (bpw, rate) = Model::level(level);
-            Work { read: b, written: b * bpw / 16.0, fetched: 0.0, compute_s: b / (rate * 1e6 * self.cfg.cores) }
+            (b * bpw / 16.0, b / (rate * 1e6 * self.cfg.cores))
         };
         match key {
             TaskKey::Plan => Work { read: 1e6, ..Work::default() },
@@ -191,37 +197,69 @@ impl Model<'_> {
                 let b = self.shard_bytes[*shard as usize] as f64;
                 Work { read: b, written: b, ..Work::default() }
             }
-            TaskKey::Quantize { level, shard } => quant(&level.to_string(), *shard as usize),
-            TaskKey::VerifyGguf { shard } => {
-                let b = self.shard_bytes[*shard as usize] as f64;
-                Work { read: 2.0 * b, ..Work::default() }
+            TaskKey::Quantize { level, shard } => {
+                let (written, compute_s) = quant(&level.to_string(), *shard as usize);
+                Work { written, compute_s, ..Work::default() }
             }
+            TaskKey::VerifyGguf { shard } => Work { read: self.shard_bytes[*shard as usize] as f64, ..Work::default() },
             TaskKey::VerifyQuantize { level, shard } => {
-                let q = quant(&level.to_string(), *shard as usize);
-                Work { read: q.read + q.written, written: 0.0, ..q }
+                Work { compute_s: quant(&level.to_string(), *shard as usize).1, ..Work::default() }
             }
             TaskKey::KldPlan => Work { read: 20e6, compute_s: 5.0, ..Work::default() },
-            TaskKey::KldBase { .. } => Work {
-                fetched: if cached { 0.0 } else { self.bf16_bytes },
-                written: self.logits_group_bytes,
-                compute_s: self.decode_s("reference"),
-                ..Work::default()
-            },
-            TaskKey::Kld { target, .. } => {
-                let t = target.to_string();
-                Work {
-                    fetched: if cached { 0.0 } else { self.model_bytes(&t) },
-                    read: self.logits_group_bytes,
-                    compute_s: self.decode_s(&t),
-                    ..Work::default()
-                }
+            TaskKey::KldBase { .. } => {
+                Work { written: logits_group_bytes, compute_s: self.decode_s("reference"), ..Work::default() }
             }
+            TaskKey::Kld { target, .. } => Work { compute_s: self.decode_s(&target.to_string()), ..Work::default() },
             other => panic!("the simulation has no model of task {other}"),
         }
     }
 
     fn seconds(&self, w: &Work) -> f64 {
         ((w.read + w.written + w.fetched) / self.cfg.worker_bps).max(w.compute_s)
+    }
+}
+
+/// A worker's cache: content-addressed entries, least recently used first out, never past its size.
+#[derive(Default)]
+struct Cache {
+    entries: VecDeque<(String, f64)>,
+    bytes: f64,
+}
+
+impl Cache {
+    /// Serves `inputs` (fetching what is missing): (fetched bytes, bytes served from the cache).
+    fn serve(&mut self, inputs: &[pb::InputFile], size: f64) -> (f64, f64) {
+        let (mut fetched, mut hits) = (0.0, 0.0);
+        for i in inputs {
+            let bytes = i.bytes as f64;
+            if let Some(p) = self.entries.iter().position(|e| e.0 == i.sha256) {
+                let e = self.entries.remove(p).expect("present");
+                self.entries.push_back(e);
+                hits += bytes;
+                continue;
+            }
+            fetched += bytes;
+            if bytes > size {
+                continue;
+            }
+            // Evict the least recently used entries that are not this task's inputs.
+            while self.bytes + bytes > size {
+                let Some(p) = self.entries.iter().position(|e| !inputs.iter().any(|i| i.sha256 == e.0)) else {
+                    break;
+                };
+                let e = self.entries.remove(p).expect("present");
+                self.bytes -= e.1;
+            }
+            if self.bytes + bytes <= size {
+                self.entries.push_back((i.sha256.clone(), bytes));
+                self.bytes += bytes;
+            }
+        }
+        (fetched, hits)
+    }
+
+    fn holdings(&self) -> Vec<String> {
+        self.entries.iter().map(|e| e.0.clone()).collect()
     }
 }
 
@@ -294,10 +332,19 @@ fn main() {
     let journal = Journal::open(&journal_path).expect("journal");
     // The scheduler runs on simulated time (each transition is given its instant); leases never expire in it, as
     // workers that heartbeat would keep them.
-    let sched_cfg = SchedConfig { lease: Duration::from_secs(24 * 3600), ..SchedConfig::default() };
+    // The bounded wait for a worker holding a task's inputs assumes the workers' real fetch rate.
+    let sched_cfg = SchedConfig {
+        lease: Duration::from_secs(24 * 3600),
+        fetch_rate: cfg.worker_bps as u64,
+        ..SchedConfig::default()
+    };
     let t0 = Instant::now();
     let at = |secs: f64| t0 + Duration::from_secs_f64(secs);
-    let mut s = Sched::open(journal, Location::local(dir.path().join("store")), sched_cfg, t0).expect("scheduler");
+    // The store is S3 (nothing is ever read from it here): on a remote store an evaluation task's fetch checks the
+    // stored copies of the GGUF files it reads, so their verify tasks do not read them again.
+    quantfarm_store::s3::install_crypto_provider();
+    let store = Location::parse("s3://sim-bucket/farm").expect("an S3 location (no request is made)");
+    let mut s = Sched::open(journal, store, sched_cfg, t0).expect("scheduler");
     let levels: Vec<&str> = LEVELS.iter().map(|l| l.0).collect();
     let yaml = format!(
         "name: llama-70b\nsource: s3://models/llama-3.1-70b\noutputs:\n  gguf:\n    split: {{max_size: 5GB}}\n    \
@@ -310,7 +357,7 @@ fn main() {
     // llama-perplexity's base logits: per chunk, the second half of its tokens, each n_vocab u16 log-probabilities
     // plus two floats (the part's layout; kld.rs).
     let logits_group_bytes = ((BATCH / CTX) * (CTX / 2) * (VOCAB * 2 + 8)) as f64;
-    let model = Model { cfg: &cfg, shard_bytes: &shard_bytes, bf16_bytes, logits_group_bytes };
+    let model = Model { cfg: &cfg, shard_bytes: &shard_bytes, bf16_bytes };
 
     let kinds = |eval: bool| -> Vec<String> {
         if eval {
@@ -327,6 +374,7 @@ fn main() {
                     name: format!("{}{i}", if eval { "eval" } else { "cpu" }),
                     slots: 1,
                     task_kinds: kinds(eval),
+                    cache_bytes: cfg.cache_bytes as u64,
                     ..Default::default()
                 },
                 t0,
@@ -337,36 +385,52 @@ fn main() {
     let id = s.submit(&yaml, "release.yaml", "/sim").expect("the release parses");
     let mut busy = vec![false; cfg.workers];
     let mut busy_s = vec![0.0f64; cfg.workers];
-    let mut cached: Vec<HashSet<String>> = vec![HashSet::new(); cfg.workers];
+    let mut caches: Vec<Cache> = (0..cfg.workers).map(|_| Cache::default()).collect();
     let mut heap = BinaryHeap::new();
     let mut now = 0.0f64;
     let mut per_kind: BTreeMap<String, (usize, Work, f64)> = BTreeMap::new();
     let mut calls = 0usize;
     let mut first_eval_start: Option<f64> = None;
     loop {
+        let mut wake: Option<f64> = None;
         for w in 0..cfg.workers {
             if busy[w] {
                 continue;
             }
             calls += 1;
+            if cfg.cache_bytes > 0.0 {
+                s.holdings(&workers[w], &caches[w].holdings());
+            }
             let leased = s.lease(&workers[w], 1, at(now)).expect("lease");
+            if let Some(nw) = leased.next_wake {
+                let secs = nw.duration_since(t0).as_secs_f64();
+                wake = Some(wake.map_or(secs, |x: f64| x.min(secs)));
+            }
             let Some(lease) = leased.leases.into_iter().next() else { continue };
             let key = TaskKey::parse(&lease.task_id).expect("a task id");
-            let model_name = match &key {
-                TaskKey::KldBase { .. } => Some("reference".to_string()),
-                TaskKey::Kld { target, .. } => Some(target.to_string()),
-                _ => None,
-            };
-            let hit = cfg.model_cache && model_name.as_ref().is_some_and(|m| cached[w].contains(m));
-            if let Some(m) = model_name {
-                cached[w].insert(m);
+            if matches!(key, TaskKey::KldPlan | TaskKey::KldBase { .. } | TaskKey::Kld { .. }) {
                 first_eval_start.get_or_insert(now);
             }
-            let work = model.work(&key, hit);
+            let inputs = lease.task.as_ref().map(|t| t.inputs.clone()).unwrap_or_default();
+            let mut work = model.work(&key, logits_group_bytes);
+            (work.fetched, work.hits) = if cfg.cache_bytes > 0.0 {
+                caches[w].serve(&inputs, cfg.cache_bytes)
+            } else {
+                (inputs.iter().map(|i| i.bytes as f64).sum(), 0.0)
+            };
             let secs = model.seconds(&work);
+            if std::env::var_os("SIM_TRACE").is_some() && work.fetched > 0.0 {
+                eprintln!("{now:.1} {} {} fetched {:.1} GB, {:.0} s", workers[w], lease.task_id, work.fetched / 1e9, secs);
+            }
             busy[w] = true;
             busy_s[w] += secs;
             heap.push(Finish { at: now + secs, worker: w, lease, key, work });
+        }
+        // The next event: a task finishing, or a waiting task's bound running out.
+        let next_finish = heap.peek().map(|f: &Finish| f.at);
+        if let Some(wk) = wake.filter(|&wk| wk > now && next_finish.is_none_or(|f| wk < f)) {
+            now = wk;
+            continue;
         }
         let Some(f) = heap.pop() else { break };
         now = f.at;
@@ -378,7 +442,8 @@ fn main() {
             lease_id: f.lease.lease_id.clone(),
             release_id: f.lease.release_id.clone(),
             task_id: f.lease.task_id.clone(),
-            duration_ms: 0,
+            duration_ms: (model.seconds(&f.work) * 1000.0) as u64,
+            fetch_ms: (f.work.fetched / cfg.worker_bps * 1000.0) as u64,
             outcome: Some(Outcome::Result(result)),
         };
         calls += 1;
@@ -388,6 +453,7 @@ fn main() {
         e.1.read += f.work.read;
         e.1.written += f.work.written;
         e.1.fetched += f.work.fetched;
+        e.1.hits += f.work.hits;
         e.2 += model.seconds(&f.work);
     }
     let sched_real = real.elapsed();
@@ -407,36 +473,43 @@ fn main() {
     );
     println!(
         "farm: {} workers ({} evaluation workers offering kld, {} CPU workers with {} cores), {:.1} GB/s each to the \
-         store, bf16 decode {} tok/s, model cache: {}",
+         store, bf16 decode {} tok/s, cache: {:.0} GB per worker",
         cfg.workers,
         cfg.eval_workers,
         cfg.workers - cfg.eval_workers,
         cfg.cores,
         cfg.worker_bps / 1e9,
         cfg.eval_tok_s,
-        cfg.model_cache
+        cfg.cache_bytes / 1e9
     );
     println!();
-    println!("| kind | tasks | read GB | written GB | model fetches GB | task-hours |");
-    println!("|---|---:|---:|---:|---:|---:|");
-    let mut tot = (0usize, 0.0, 0.0, 0.0, 0.0);
+    println!("| kind | tasks | source read GB | written GB | inputs fetched GB | cache hits GB | task-hours |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    let mut tot = (0usize, Work::default(), 0.0);
     for (k, (n, w, secs)) in &per_kind {
         println!(
-            "| {k} | {n} | {:.0} | {:.0} | {:.0} | {:.2} |",
+            "| {k} | {n} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} |",
             gb(w.read),
             gb(w.written),
             gb(w.fetched),
+            gb(w.hits),
             secs / 3600.0
         );
-        tot = (tot.0 + n, tot.1 + w.read, tot.2 + w.written, tot.3 + w.fetched, tot.4 + secs);
+        tot.0 += n;
+        tot.1.read += w.read;
+        tot.1.written += w.written;
+        tot.1.fetched += w.fetched;
+        tot.1.hits += w.hits;
+        tot.2 += secs;
     }
     println!(
-        "| **all** | **{}** | **{:.0}** | **{:.0}** | **{:.0}** | **{:.2}** |",
+        "| **all** | **{}** | **{:.0}** | **{:.0}** | **{:.0}** | **{:.0}** | **{:.2}** |",
         tot.0,
-        gb(tot.1),
-        gb(tot.2),
-        gb(tot.3),
-        tot.4 / 3600.0
+        gb(tot.1.read),
+        gb(tot.1.written),
+        gb(tot.1.fetched),
+        gb(tot.1.hits),
+        tot.2 / 3600.0
     );
     assert_eq!(tot.0, n_tasks, "every task ran once");
     let util = |range: std::ops::Range<usize>| {
@@ -453,8 +526,8 @@ fn main() {
     );
     println!(
         "store traffic: {:.2} TB in all, {:.1} GB/s on average over the makespan",
-        (tot.1 + tot.2 + tot.3) / 1e12,
-        (tot.1 + tot.2 + tot.3) / now / 1e9
+        (tot.1.read + tot.1.written + tot.1.fetched) / 1e12,
+        (tot.1.read + tot.1.written + tot.1.fetched) / now / 1e9
     );
     println!(
         "coordinator: {n_tasks} tasks, {calls} lease/complete calls in {:.0} ms of real scheduling ({:.0} µs per call), \

@@ -5,6 +5,7 @@
 //! It never touches tensor bytes: planning, conversion, quantization and verification run on workers; the
 //! coordinator only writes the report.
 
+pub mod affinity;
 pub mod attestation;
 pub mod canonical;
 pub mod gates;

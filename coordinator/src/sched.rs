@@ -13,6 +13,7 @@ use prost::Message;
 use quantfarm_proto::{self as pb, FailureKind, ReleaseState};
 use quantfarm_store::Location;
 
+use crate::affinity::Holdings;
 use crate::graph::{self, Ctx, EvalInputs, TaskDef, TaskKey};
 use crate::journal::{Batch, Journal, JournalError, ReleaseRow, TaskRow};
 use crate::spec::{ImatrixSource, ReleaseSpec};
@@ -25,6 +26,10 @@ pub struct SchedConfig {
     pub max_attempts: u32,
     /// First retry delay; doubled per attempt, capped at a minute.
     pub backoff: Duration,
+    /// The rate (bytes per second) at which a worker is expected to fetch inputs from the store: a ready task waits
+    /// for a worker that holds more of its inputs for at most twice the time the asking worker would take to fetch
+    /// what it lacks at this rate (see [`Sched::lease`]).
+    pub fetch_rate: u64,
 }
 
 impl Default for SchedConfig {
@@ -34,6 +39,7 @@ impl Default for SchedConfig {
             heartbeat: Duration::from_secs(5),
             max_attempts: 4,
             backoff: Duration::from_millis(500),
+            fetch_rate: 100_000_000,
         }
     }
 }
@@ -81,9 +87,15 @@ pub struct TaskRec {
     pub error: Option<String>,
     pub worker: Option<String>,
     pub duration_ms: u64,
+    /// The part of `duration_ms` its worker spent fetching inputs (in memory only: 0 after a restart).
+    pub fetch_ms: u64,
     /// Workers this task failed on (since the coordinator started): a retry goes to another worker that offers its
     /// kind while one is alive, so one bad machine (a full disk, a broken runtime) cannot use up every try.
     pub failed_on: Vec<String>,
+    /// The farm-made files it reads, with their recorded digests (set when it becomes ready; see `graph::inputs`).
+    pub inputs: Vec<pb::InputFile>,
+    /// When a lease call first saw it ready (the start of its bounded wait for a worker holding its inputs).
+    pub ready_since: Option<Instant>,
 }
 
 impl TaskRec {
@@ -154,6 +166,22 @@ impl Release {
             .filter_map(|t| t.task.as_ref().and_then(graph::written_url))
             .map(|url| Sweep { url: url.to_string(), died: now })
             .collect()
+    }
+
+    /// The shortest time a finished task of the same kind as `key` (`TaskKey`'s variant) took in this release, its
+    /// fetching left out, in seconds (none yet: `None`).
+    pub fn fastest(&self, key: &TaskKey) -> Option<f64> {
+        let kind = std::mem::discriminant(key);
+        self.tasks
+            .iter()
+            .filter(|t| t.state == TState::Done && t.result.is_some() && std::mem::discriminant(&t.key) == kind)
+            .map(|t| t.duration_ms.saturating_sub(t.fetch_ms) as f64 / 1000.0)
+            .reduce(f64::min)
+    }
+
+    /// The release's critical path as it stands: the highest priority among its unfinished tasks.
+    pub fn critical(&self) -> u64 {
+        self.tasks.iter().filter(|t| t.state != TState::Done).map(|t| t.priority).max().unwrap_or(0)
     }
 
     pub fn result(&self, key: &TaskKey) -> Option<&pb::TaskResult> {
@@ -292,7 +320,9 @@ pub struct Sched {
     /// The sha256 recorded for every output URL a task made (all releases, rebuilt from the journal on restart).
     /// Outputs are content-addressed, so a URL has one right content: a task that makes it again must give the
     /// same digest, and a worker that finds it stored with another digest knows the stored copy is corrupt.
-    outputs: HashMap<String, String>,
+    outputs: HashMap<String, (String, u64)>,
+    /// What each worker holds in its local cache (and is fetching), for leases that follow the data.
+    holdings: Holdings,
     /// Per running release whose ready tasks no live worker can take: since when, and what was last said about it.
     unserved: HashMap<String, (Instant, String)>,
 }
@@ -364,6 +394,7 @@ impl Sched {
             ready: BTreeSet::new(),
             leases: HashMap::new(),
             outputs: HashMap::new(),
+            holdings: Holdings::default(),
             workers: HashMap::new(),
             events: Vec::new(),
             reports: Vec::new(),
@@ -438,7 +469,10 @@ impl Sched {
                 error: r.error.clone(),
                 worker: r.worker.clone(),
                 duration_ms: r.duration_ms,
+                fetch_ms: 0,
                 failed_on: Vec::new(),
+                inputs: Vec::new(),
+                ready_since: None,
             });
         }
         for (i, r) in rows.iter().enumerate() {
@@ -458,7 +492,7 @@ impl Sched {
         }
         for t in rel.tasks.iter().filter(|t| t.state == TState::Done) {
             if let Some(a) = t.result.as_ref().and_then(pb::TaskResult::artifact) {
-                self.outputs.insert(a.url.clone(), a.sha256.clone());
+                self.outputs.insert(a.url.clone(), (a.sha256.clone(), a.bytes));
             }
         }
         let running = rel.state == ReleaseState::Running;
@@ -577,7 +611,10 @@ impl Sched {
                 error: None,
                 worker: None,
                 duration_ms: 0,
+                fetch_ms: 0,
                 failed_on: Vec::new(),
+                inputs: Vec::new(),
+                ready_since: None,
             });
         }
         for (k, d) in defs.iter().enumerate() {
@@ -660,7 +697,21 @@ impl Sched {
 
     fn make_ready(&mut self, ri: usize, ti: usize) {
         self.ready_changed = true;
+        let inputs = self.inputs_of(self.releases[ri].tasks[ti].task.as_ref());
+        self.releases[ri].tasks[ti].inputs = inputs;
         self.ready.insert((Reverse(self.releases[ri].tasks[ti].priority), ri, ti));
+    }
+
+    /// The farm-made files `task` reads whose digests the farm recorded.
+    fn inputs_of(&self, task: Option<&pb::Task>) -> Vec<pb::InputFile> {
+        let Some(task) = task else { return Vec::new() };
+        graph::input_urls(task)
+            .into_iter()
+            .filter_map(|url| {
+                let (sha256, bytes) = self.outputs.get(&url)?.clone();
+                Some(pb::InputFile { url, sha256, bytes })
+            })
+            .collect()
     }
 
     fn journal_task(&mut self, ri: usize, ti: usize) -> Result<(), SchedError> {
@@ -678,17 +729,44 @@ impl Sched {
         id
     }
 
-    /// Leases up to `slots` ready tasks the worker can run, best critical path first, at `now`: the leases and,
-    /// when none could be given, when a backed-off task becomes ready (for the caller's wait).
+    /// Leases up to `slots` ready tasks the worker can run at `now`: the leases and, when none could be given, when a
+    /// backed-off task becomes ready (for the caller's wait).
+    ///
+    /// Which tasks, in order:
+    /// 1. **Critical path first**: the ready queue's order (a task's cost plus its longest chain of dependents).
+    /// 2. **Then the data**: among tasks of one priority, the one whose inputs the worker holds the most bytes of
+    ///    (its cache's report plus what its leased tasks are fetching, [`Holdings`]).
+    /// 3. **A bounded wait for the data**: a task another live worker holds more of is left for that worker, counted
+    ///    from when the task was first seen ready, for at most the longer of
+    ///    - twice the time this worker would take to fetch what it lacks (`SchedConfig::fetch_rate`): a holder busy
+    ///      with a task that fetched the same inputs frees up within about one fetch, and
+    ///    - the task's slack: how far its priority (its chain of work to the report, in bytes) is below the release's
+    ///      critical path (the highest priority of its unfinished tasks), at the same rate. Waiting within the slack
+    ///      does not lengthen the release; past the bound the critical path wins and the task goes to whoever asks.
+    ///
+    ///    And not at all when the holders' queue takes longer than a fetch and than the slack: the tasks with the
+    ///    same inputs already waiting for them, each taking as long as the fastest finished task of the kind (one
+    ///    that found its inputs), shared among the holders. Slow tasks on the critical path (a large model decoding
+    ///    slowly) spread over more workers; fast ones, and those with slack, queue behind the ones that hold the
+    ///    data.
+    ///
+    ///    Tasks that read nothing the farm made (plans, conversions from the source) never wait.
     pub fn lease(&mut self, worker_id: &str, slots: u32, now: Instant) -> Result<Leases, SchedError> {
         let w = self.workers.get_mut(worker_id).ok_or_else(|| SchedError::UnknownWorker(worker_id.into()))?;
         w.last_seen = now;
         let kinds = w.kinds.clone();
         let runtimes: Vec<String> = w.info.runtimes.clone();
-        let mut picked = Vec::new();
+        let want = slots.max(1) as usize;
+        // (queue position, bytes held): every candidate of the priorities scanned until `want` were found.
+        let mut cands: Vec<((Reverse<u64>, usize, usize), u64)> = Vec::new();
         let mut next_wake: Option<Instant> = None;
+        let mut first_seen = Vec::new();
+        let mut critical: HashMap<usize, u64> = HashMap::new();
+        // Per input set (its first file's digest): tasks left to their holders in this scan so far.
+        let mut queued: HashMap<&str, u32> = HashMap::new();
+        let mut run_s: HashMap<(usize, std::mem::Discriminant<TaskKey>), Option<f64>> = HashMap::new();
         for &(prio, ri, ti) in self.ready.iter() {
-            if picked.len() >= slots.max(1) as usize {
+            if cands.len() >= want && cands.last().is_some_and(|c| c.0 .0 != prio) {
                 break;
             }
             let t = &self.releases[ri].tasks[ti];
@@ -708,8 +786,28 @@ impl Sched {
             if t.failed_on.iter().any(|w| w == worker_id) && self.another_worker_for(t, kind, now) {
                 continue;
             }
-            picked.push((prio, ri, ti));
+            if t.ready_since.is_none() {
+                first_seen.push((ri, ti));
+            }
+            let held = self.holdings.held(worker_id, &t.inputs);
+            let critical = *critical.entry(ri).or_insert_with(|| self.releases[ri].critical());
+            let family = t.inputs.first().map(|i| i.sha256.as_str()).unwrap_or_default();
+            let ahead = queued.get(family).copied().unwrap_or(0);
+            let run_s =
+                *run_s.entry((ri, std::mem::discriminant(&t.key))).or_insert_with(|| self.releases[ri].fastest(&t.key));
+            if let Some(until) = self.waits_for_holder(t, kind, worker_id, held, critical, ahead, run_s, now) {
+                next_wake = Some(next_wake.map_or(until, |w: Instant| w.min(until)));
+                *queued.entry(family).or_default() += 1;
+                continue;
+            }
+            cands.push(((prio, ri, ti), held));
         }
+        for (ri, ti) in first_seen {
+            self.releases[ri].tasks[ti].ready_since = Some(now);
+        }
+        // Within one priority the worker's held bytes decide (stable: otherwise the queue's order).
+        cands.sort_by(|a, b| a.0 .0.cmp(&b.0 .0).then(b.1.cmp(&a.1)));
+        let picked: Vec<(Reverse<u64>, usize, usize)> = cands.into_iter().take(want).map(|c| c.0).collect();
         let mut out = Vec::with_capacity(picked.len());
         let lease_ms = self.cfg.lease.as_millis() as u32;
         let mut rows = Vec::with_capacity(picked.len());
@@ -729,8 +827,12 @@ impl Sched {
             let mut task = t.task.clone();
             if let Some(task) = task.as_mut() {
                 let known = graph::output_url(task).and_then(|u| self.outputs.get(u));
-                task.known_output_sha256 = known.cloned().unwrap_or_default();
+                task.known_output_sha256 = known.map(|k| k.0.clone()).unwrap_or_default();
+                task.inputs = t.inputs.clone();
             }
+            let cache = self.workers.get(worker_id).map_or(0, |w| w.info.cache_bytes);
+            let kept: Vec<pb::InputFile> = t.inputs.iter().filter(|i| i.bytes <= cache).cloned().collect();
+            self.holdings.add(worker_id, &kept, now);
             out.push(pb::Lease {
                 lease_id,
                 release_id: rel.id.clone(),
@@ -755,6 +857,72 @@ impl Sched {
             self.events.push(ev);
         }
         Ok(Leases { leases: out, next_wake })
+    }
+
+    /// Until when `t` waits for a live worker that holds more of its inputs than `worker` (which holds `held` bytes of
+    /// them), or `None` when the asking worker should take it (see [`Sched::lease`]).
+    #[allow(clippy::too_many_arguments)]
+    fn waits_for_holder(
+        &self,
+        t: &TaskRec,
+        kind: pb::WorkerKind,
+        worker: &str,
+        held: u64,
+        critical: u64,
+        ahead: u32,
+        run_s: Option<f64>,
+        now: Instant,
+    ) -> Option<Instant> {
+        if t.inputs.is_empty() || self.holdings.is_empty() {
+            return None;
+        }
+        let missing = t.inputs.iter().map(|i| i.bytes).sum::<u64>().saturating_sub(held);
+        if missing == 0 {
+            return None;
+        }
+        // The better holders (more bytes of the inputs than the asking worker), and since when the best one holds
+        // them: a holder still fetching them is counted from when it began.
+        let better: Vec<(u64, Option<Instant>)> = self
+            .holdings
+            .holders(&t.inputs)
+            .into_iter()
+            .filter(|&h| {
+                h != worker
+                    && !t.failed_on.iter().any(|f| f == h)
+                    && self.workers.get(h).is_some_and(|w| self.can_take(w, kind, t.key.runtime(), now))
+            })
+            .map(|h| (self.holdings.held(h, &t.inputs), self.holdings.fetching_since(h)))
+            .filter(|&(h_held, _)| h_held > held)
+            .collect();
+        let (_, since) = better.iter().copied().max_by_key(|&(h_held, since)| (h_held, Reverse(since)))?;
+        let rate = self.cfg.fetch_rate.max(1) as f64;
+        let fetch_s = missing as f64 / rate;
+        let slack_s = critical.saturating_sub(t.priority) as f64 / rate;
+        // The holders' queue: `ahead` tasks with the same inputs already wait for them, each taking about `run_s`
+        // (the shortest this release's tasks of the kind took: one that found its inputs). When working through
+        // that queue takes longer than fetching and than the task's slack, fetching wins.
+        if let Some(d) = run_s {
+            if f64::from(ahead + 1) * d / better.len() as f64 >= fetch_s.max(slack_s) {
+                return None;
+            }
+        }
+        let start = t.ready_since.unwrap_or(now).max(since.unwrap_or(now).min(now));
+        let until = start + Duration::from_secs_f64((2.0 * fetch_s).max(slack_s));
+        (until > now).then_some(until)
+    }
+
+    /// What a worker's cache holds (the sha256s it reported with a lease request): replaces what was known, keeping
+    /// the inputs of the tasks it is running (it may be fetching them).
+    pub fn holdings(&mut self, worker_id: &str, shas: &[String]) {
+        let Some(cache) = self.workers.get(worker_id).map(|w| w.info.cache_bytes) else { return };
+        let fetching: Vec<String> = self
+            .leases
+            .values()
+            .map(|&(ri, ti)| &self.releases[ri].tasks[ti])
+            .filter(|t| matches!(&t.state, TState::Leased { worker, .. } if worker == worker_id))
+            .flat_map(|t| t.inputs.iter().filter(|i| i.bytes <= cache).map(|i| i.sha256.clone()))
+            .collect();
+        self.holdings.set(worker_id, shas, fetching.iter().map(String::as_str));
     }
 
     /// Whether a live worker other than those `t` failed on offers `kind` (and `t`'s runtime), so that `t` can wait
@@ -896,6 +1064,7 @@ impl Sched {
                     return Ok(true);
                 }
                 self.finish_task(ri, ti, result, worker, req.duration_ms)?;
+                self.releases[ri].tasks[ti].fetch_ms = req.fetch_ms.min(req.duration_ms);
             }
             Some(pb::complete_request::Outcome::Failure(f)) => {
                 let kind = FailureKind::try_from(f.kind).unwrap_or(FailureKind::Internal);
@@ -915,7 +1084,7 @@ impl Sched {
     /// content); another means a task that is not deterministic, or an output changed while the task ran.
     fn check_output(&self, result: &pb::TaskResult) -> Result<(), String> {
         let Some(a) = result.artifact() else { return Ok(()) };
-        match self.outputs.get(&a.url) {
+        match self.outputs.get(&a.url).map(|o| &o.0) {
             Some(known) if *known != a.sha256 => Err(format!(
                 "{} has sha256 {}, but it was made before with sha256 {known}: the output is not reproducible",
                 a.url, a.sha256
@@ -1001,7 +1170,7 @@ impl Sched {
         duration_ms: u64,
     ) -> Result<(), SchedError> {
         if let Some(a) = result.artifact() {
-            self.outputs.insert(a.url.clone(), a.sha256.clone());
+            self.outputs.insert(a.url.clone(), (a.sha256.clone(), a.bytes));
         }
         {
             let t = &mut self.releases[ri].tasks[ti];

@@ -294,7 +294,11 @@ impl Farm for FarmSvc {
 
     async fn lease(&self, req: Request<pb::LeaseRequest>) -> Result<Response<pb::LeaseResponse>, Status> {
         let mut req = req.into_inner();
-        self.0.lock().io_report(&req.worker_id, req.bytes_read, req.bytes_written);
+        {
+            let mut s = self.0.lock();
+            s.io_report(&req.worker_id, req.bytes_read, req.bytes_written);
+            s.holdings(&req.worker_id, &req.holdings);
+        }
         if !req.completed.is_empty() {
             let mut s = self.0.lock();
             for c in std::mem::take(&mut req.completed) {

@@ -23,6 +23,7 @@ fn cfg() -> SchedConfig {
         heartbeat: Duration::from_millis(50),
         max_attempts: 3,
         backoff: Duration::from_millis(20),
+        ..SchedConfig::default()
     }
 }
 
@@ -72,6 +73,7 @@ fn ok(l: &pb::Lease, worker: &str) -> pb::CompleteRequest {
         task_id: l.task_id.clone(),
         duration_ms: 1,
         outcome: Some(Outcome::Result(pb::TaskResult { kind: Some(task_result::Kind::Noop(pb::NoopResult {})) })),
+        fetch_ms: 0,
     }
 }
 
@@ -502,4 +504,82 @@ fn mlx_lm_tasks_go_only_to_workers_with_the_mlx_lm_runtime() {
     let mlx = s.register(info, clock.now());
     let got: Vec<String> = lease(&mut s, &mlx, 4, &clock).into_iter().map(|l| l.task_id).collect();
     assert_eq!(got, ["mlx-lm/probe/BF16"]);
+}
+
+fn cached_worker(s: &mut Sched, name: &str, cache_bytes: u64, clock: &Clock) -> String {
+    let info = pb::WorkerInfo {
+        name: name.into(),
+        slots: 1,
+        task_kinds: ["plan", "gguf", "quantize", "verify"].map(String::from).to_vec(),
+        cache_bytes,
+        ..Default::default()
+    };
+    s.register(info, clock.now())
+}
+
+/// Leases follow the data: a task whose input file a worker's cache holds goes to that worker, and another worker
+/// asking meanwhile is told when the bounded wait ends; past it the task goes to whoever asks. Tasks that read no
+/// farm-made file (the plan, the conversions) never wait, and a worker without a cache is no holder.
+#[test]
+fn leases_follow_the_data_within_a_bounded_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut clock = Clock::new();
+    let journal = Journal::open(&dir.path().join("journal.sqlite")).unwrap();
+    // 1,000 bytes/s: fetching the 2,048-byte file would take about 2 s.
+    let slow = SchedConfig { fetch_rate: 1000, ..cfg() };
+    let mut s = Sched::open(journal, Location::local(dir.path().join("store")), slow.clone(), clock.now()).unwrap();
+    let a = cached_worker(&mut s, "a", 1 << 30, &clock);
+    let b = cached_worker(&mut s, "b", 1 << 30, &clock);
+    s.submit("name: t\nsource: model\noutputs:\n  gguf: {quants: [Q8_0, Q4_0]}\n", "r.yaml", "/tmp").unwrap();
+    // The plan reads only the source: b takes it though it holds nothing.
+    let plan = lease(&mut s, &b, 1, &clock);
+    assert_eq!(plan[0].task_id, "plan");
+    let done = pb::CompleteRequest {
+        outcome: Some(Outcome::Result(pb::TaskResult { kind: Some(task_result::Kind::Plan(plan_result())) })),
+        ..ok(&plan[0], &b)
+    };
+    assert!(s.complete(done, clock.now()).unwrap());
+    let gguf = lease(&mut s, &b, 1, &clock);
+    assert_eq!(gguf[0].task_id, "gguf/0");
+    assert!(gguf[0].task.as_ref().unwrap().inputs.is_empty(), "a conversion reads no farm-made file");
+    assert!(s.complete(made(&gguf[0], &b, "aaaa"), clock.now()).unwrap());
+    // a's cache holds the BF16 file (it fetched it for another release, say); b's holds nothing.
+    s.holdings(&a, &["aaaa".to_string()]);
+    s.holdings(&b, &[]);
+    let wait = s.lease(&b, 1, clock.now()).unwrap();
+    assert!(wait.leases.is_empty(), "b took {:?} while a holds its input", wait.leases[0].task_id);
+    let until = wait.next_wake.expect("b is told when the wait ends");
+    assert!(until > clock.now() && until <= clock.now() + Duration::from_secs(60), "{until:?}");
+    // a gets them, with the input's digest and size.
+    let first = lease(&mut s, &a, 1, &clock);
+    let inputs = &first[0].task.as_ref().unwrap().inputs;
+    assert_eq!(inputs.len(), 1, "{inputs:?}");
+    assert_eq!((inputs[0].sha256.as_str(), inputs[0].bytes), ("aaaa", 2048));
+    assert_eq!(inputs[0].url, output(&gguf[0]));
+    // Past the bound, b takes the next one and fetches.
+    clock.0 = until;
+    let late = lease(&mut s, &b, 1, &clock);
+    assert_eq!(late.len(), 1, "the wait is bounded");
+    assert_ne!(late[0].task_id, first[0].task_id);
+    // b is fetching that file now: it holds it too, and the last task goes to whichever asks first.
+    let last = lease(&mut s, &b, 1, &clock);
+    assert_eq!(last.len(), 1);
+
+    // A worker without a cache is never a holder: nothing waits for it.
+    let dir2 = tempfile::tempdir().unwrap();
+    let journal = Journal::open(&dir2.path().join("journal.sqlite")).unwrap();
+    let mut s = Sched::open(journal, Location::local(dir2.path().join("store")), slow, clock.now()).unwrap();
+    let c = cached_worker(&mut s, "c", 0, &clock);
+    let d = cached_worker(&mut s, "d", 1 << 30, &clock);
+    s.submit("name: t\nsource: model\noutputs:\n  gguf: {quants: [Q8_0, Q4_0]}\n", "r.yaml", "/tmp").unwrap();
+    let plan = lease(&mut s, &c, 1, &clock);
+    let done = pb::CompleteRequest {
+        outcome: Some(Outcome::Result(pb::TaskResult { kind: Some(task_result::Kind::Plan(plan_result())) })),
+        ..ok(&plan[0], &c)
+    };
+    assert!(s.complete(done, clock.now()).unwrap());
+    let gguf = lease(&mut s, &c, 1, &clock);
+    assert!(s.complete(made(&gguf[0], &c, "aaaa"), clock.now()).unwrap());
+    assert_eq!(lease(&mut s, &c, 1, &clock).len(), 1);
+    assert_eq!(lease(&mut s, &d, 1, &clock).len(), 1, "d waited for c, which keeps nothing");
 }

@@ -104,7 +104,6 @@ impl Blob {
             use std::os::unix::fs::FileExt;
             // Page-cache reads: short enough to do on the async thread, and a copy fewer than spawn_blocking.
             file.read_exact_at(buf, offset).map_err(|e| Error::from_io(&self.name, e))?;
-            crate::io_counters::add_read(buf.len());
             return Ok(());
         }
         // Large reads from a store go as several ranged GETs at once, each streaming into its own slice of the

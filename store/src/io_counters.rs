@@ -1,6 +1,7 @@
-//! Process-wide counts of the bytes read through [`crate::blob::Blob`] and written through
-//! [`crate::sink::StagedSink`]: every tensor, header and file quantfarm itself moves (llama.cpp's own model loads
-//! for evaluation are not counted). Workers send them to the coordinator, whose metrics show them per worker.
+//! Process-wide counts of the bytes read from and written to an object store (S3) through [`crate::blob::Blob`]
+//! and [`crate::sink::StagedSink`]: every tensor, header and file quantfarm itself moves over the network. Local
+//! files (a folder store, a worker's cache and scratch) are not counted: they are no store traffic. Workers send
+//! the counts to the coordinator, whose metrics show them per worker.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

@@ -226,7 +226,9 @@ impl StagedSink {
 
     pub async fn write(&mut self, data: &[u8]) -> Result<()> {
         self.bytes += data.len() as u64;
-        crate::io_counters::add_written(data.len());
+        if matches!(self.stage, Stage::Object { .. }) {
+            crate::io_counters::add_written(data.len());
+        }
         match &mut self.stage {
             Stage::Local { out, .. } => out.write(data).map_err(|e| Error::from_io(self.target.to_string(), e)),
             Stage::Done => unreachable!("commit takes the sink"),

@@ -112,6 +112,17 @@ impl TensorSource {
         Ok(TensorSource { location: loc.clone(), inner, entries })
     }
 
+    /// Opens the GGUF model at `loc` (a single file or the first of a split set), reading each file for which
+    /// `resolve` (given its name) returns a location from there: see [`GgufModel::open_resolved`].
+    pub async fn open_gguf_resolved(
+        loc: &Location,
+        resolve: &(dyn Fn(&str) -> Option<Location> + Sync),
+    ) -> Result<TensorSource> {
+        let inner = Inner::Gguf(GgufModel::open_resolved(loc, resolve).await?);
+        let entries = list(&inner);
+        Ok(TensorSource { location: loc.clone(), inner, entries })
+    }
+
     pub fn location(&self) -> &Location {
         &self.location
     }
@@ -230,7 +241,7 @@ impl TensorSource {
     }
 
     /// (file, absolute start, length) of the stored bytes of `name`.
-    fn locate(&self, name: &str) -> Result<(&Blob, u64, u64)> {
+    pub(crate) fn locate(&self, name: &str) -> Result<(&Blob, u64, u64)> {
         let missing = || Error::NoSuchTensor { file: self.location.to_string(), name: name.to_string() };
         match &self.inner {
             Inner::Gguf(m) => {

@@ -9,6 +9,7 @@
 //! (the evaluation runtime) → `failure` and `env`. `runtimes` finds the peer tools a worker advertises; [`mlx_lm`]
 //! runs models in mlx-lm through a helper process (it imports nothing from the worker).
 
+mod cache;
 mod env;
 pub mod exec;
 mod failure;
@@ -60,6 +61,9 @@ pub struct WorkerConfig {
     pub scratch: std::path::PathBuf,
     /// How long to keep trying to reach a coordinator that is down before giving up.
     pub patience: Duration,
+    /// The local cache of fetched inputs: its folder and size in bytes (a size of 0: none).
+    pub cache_dir: std::path::PathBuf,
+    pub cache_size: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -70,6 +74,8 @@ pub enum WorkerError {
     Refused(String),
     #[error("scratch folder {path}: {msg}")]
     Scratch { path: String, msg: String },
+    #[error("cache folder {path}: {msg}")]
+    Cache { path: String, msg: String },
 }
 
 #[derive(Clone)]
@@ -156,6 +162,7 @@ impl Session {
             task_kinds: exec::kinds().iter().map(|k| k.name().to_string()).collect(),
             runtimes: runtimes(),
             version: env!("CARGO_PKG_VERSION").into(),
+            cache_bytes: self.cfg.cache_size,
         }
     }
 
@@ -220,11 +227,19 @@ pub async fn run(
     s.register().await?;
     let scratch = scratch::Scratch::claim(&s.cfg.scratch, &s.cfg.name)
         .map_err(|e| WorkerError::Scratch { path: s.cfg.scratch.display().to_string(), msg: e.to_string() })?;
+    let cache = match s.cfg.cache_size {
+        0 => None,
+        size => Some(cache::Cache::open(&s.cfg.cache_dir, size).map_err(|e| WorkerError::Cache {
+            path: s.cfg.cache_dir.display().to_string(),
+            msg: e.to_string(),
+        })?),
+    };
     let env = Env {
         budget: (s.cfg.memory_budget / s.cfg.slots.max(1) as u64).max(1 << 20),
         scratch: scratch.path().to_path_buf(),
         threads: (s.cfg.cores / s.cfg.slots.max(1)).max(1) as usize,
-        known_output: None,
+        cache: cache.clone(),
+        ..Env::default()
     };
     let running: Arc<Mutex<HashMap<String, Running>>> = Arc::default();
     let outbox: Outbox = Arc::default();
@@ -254,6 +269,7 @@ pub async fn run(
             completed: completed.clone(),
             bytes_read: quantfarm_store::io_counters::bytes_read(),
             bytes_written: quantfarm_store::io_counters::bytes_written(),
+            holdings: cache.as_ref().map(|c| c.holdings()).unwrap_or_default(),
         };
         let mut client = s.client.clone();
         let leased = tokio::select! {
@@ -346,6 +362,18 @@ pub async fn run(
     }
     hb.abort();
     drop(scratch);
+    if let Some(c) = &cache {
+        let st = c.stats();
+        tracing::info!(
+            hits = st.hits,
+            hit_bytes = st.hit_bytes,
+            fetches = st.fetches,
+            fetched_bytes = st.fetched_bytes,
+            corrupt = st.corrupt,
+            evicted = st.evicted,
+            "worker cache"
+        );
+    }
     result
 }
 
@@ -374,8 +402,14 @@ fn start_task(
     let handle = tasks.spawn(async move {
         tracing::info!(task = %lease.task_id, attempt = lease.attempt, "started");
         let start = Instant::now();
+        let mut fetch_ms = 0;
         let outcome = match &lease.task {
-            Some(t) => exec::run(t, &env).await,
+            Some(t) => {
+                let env = env.for_task(t);
+                let r = exec::run_in(t, &env).await;
+                fetch_ms = env.fetch_ms();
+                r
+            }
             None => Err(Failure::input("the lease carries no task")),
         };
         let duration_ms = start.elapsed().as_millis() as u64;
@@ -396,6 +430,7 @@ fn start_task(
             task_id: lease.task_id.clone(),
             duration_ms,
             outcome: Some(outcome),
+            fetch_ms,
         };
         // Delivered by the worker loop with its next request; the lease stays in the heartbeats until then.
         let _held = reg.lock().unwrap_or_else(|p| p.into_inner());

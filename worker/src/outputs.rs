@@ -10,10 +10,10 @@ use quantfarm_proto as pb;
 use quantfarm_store::{Blob, Location, StagedSink};
 use quantfarm_tensors::gguf::GgufHeader;
 use quantfarm_tensors::TensorSource;
-use sha2::{Digest, Sha256};
 
 use crate::env::Env;
 use crate::failure::Failure;
+pub use crate::cache::digest_lines;
 use crate::fetch::{exists, hash_object, location};
 
 /// The artifact at `out`, just written (`cache_hit` false) or found there.
@@ -119,16 +119,6 @@ pub async fn folder_digest(dir: &Location, names: &[String], env: &Env) -> Resul
         files.push((name.clone(), sha, bytes));
     }
     Ok(digest_lines(files))
-}
-
-/// The folder digest of files given as (name, sha256, bytes): sha256 over their `sha256  name` lines sorted by name.
-pub fn digest_lines(mut files: Vec<(String, String, u64)>) -> (String, u64) {
-    files.sort();
-    let mut h = Sha256::new();
-    for (name, sha, _) in &files {
-        h.update(format!("{sha}  {name}\n").as_bytes());
-    }
-    (quantfarm_store::hex(&h.finalize()), files.iter().map(|f| f.2).sum())
 }
 
 /// Copies a local file into the store through the staged sink (nothing is visible there until it is whole);

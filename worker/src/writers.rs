@@ -14,7 +14,7 @@ use quantfarm_tensors::TensorSource;
 
 use crate::env::Env;
 use crate::failure::Failure;
-use crate::fetch::{exists, hash_object, location};
+use crate::fetch::{exists, gguf_source, hash_object, location};
 use crate::outputs::{digest_lines, folder_digest};
 
 pub fn split_rule(r: &Option<pb::SplitRule>) -> Option<SplitRule> {
@@ -60,7 +60,7 @@ pub async fn write_gguf(g: &pb::GgufShardTask, out: &Location, env: &Env) -> Res
 pub async fn write_quantized(q: &pb::QuantizeTask, out: &Location, env: &Env) -> Result<(String, u64), Failure> {
     let ftype = FileType::from_name(&q.file_type)
         .ok_or_else(|| Failure::input(format!("unknown file type {:?}", q.file_type)))?;
-    let src = TensorSource::open(&location(&q.input)?).await?;
+    let src = gguf_source(&q.input, env).await?;
     let n = src.gguf().map_or(0, |g| g.shards.len());
     if n != q.n_shards as usize {
         return Err(Failure::input(format!("{}: has {n} split files, the task expects {}", q.input, q.n_shards)));

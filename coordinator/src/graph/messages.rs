@@ -419,12 +419,46 @@ fn mlx_lm_kld_task(ctx: &Ctx, results: &Results, subject: MlxSubject, group: u32
 /// A verify task for the output `producer` made: `what` is the producer's message, aimed at the stored output's URL
 /// (the verifier recomputes it into scratch and compares the two).
 fn verify(
+    ctx: &Ctx,
     results: &Results,
     producer: &TaskKey,
     what: impl FnOnce(String) -> Result<verify_task::What, String>,
 ) -> Result<task::Kind, String> {
     let a = artifact_of(results, producer)?;
-    Ok(task::Kind::Verify(pb::VerifyTask { what: Some(what(a.url.clone())?), expect_sha256: a.sha256.clone() }))
+    Ok(task::Kind::Verify(pb::VerifyTask {
+        what: Some(what(a.url.clone())?),
+        expect_sha256: a.sha256.clone(),
+        stored_checked_by: stored_checker(ctx, producer).map(|k| k.to_string()).unwrap_or_default(),
+    }))
+}
+
+/// The task of the release that reads `producer`'s stored GGUF file whole and checks it against its recorded digest
+/// as it fetches it, if any: then the file's verify task need not read it again (`VerifyTask.stored_checked_by`).
+/// Only on a remote store (a worker reads a local store's files in place, unfetched), and for a GGUF file of the
+/// reference (read by the KL-divergence plan) or of a level an evaluation task loads.
+fn stored_checker(ctx: &Ctx, producer: &TaskKey) -> Option<TaskKey> {
+    if ctx.store.local_path().is_some() {
+        return None;
+    }
+    let e = ctx.spec.evaluation.as_ref()?;
+    match producer {
+        TaskKey::Gguf { .. } => e.text.is_some().then_some(TaskKey::KldPlan),
+        TaskKey::Quantize { level, .. } => {
+            let target = EvalTarget::Quant(*level);
+            if !ctx.spec.measures(&target.to_string()) {
+                None
+            } else if e.text.is_some() {
+                Some(TaskKey::Kld { target, group: 0 })
+            } else if e.probes.is_some() {
+                Some(TaskKey::Probe { subject: Subject::Model(target) })
+            } else if e.prompts.is_some() {
+                Some(TaskKey::Greedy { subject: Subject::Model(target), share: 0 })
+            } else {
+                None
+            }
+        }
+        _ => None,
+    }
 }
 
 /// The message a worker gets for `key`, built from the results of its dependencies (all present).
@@ -442,11 +476,11 @@ pub fn build(ctx: &Ctx, key: &TaskKey, results: &Results) -> Result<pb::Task, St
         }),
         TaskKey::Gguf { shard } => task::Kind::Gguf(gguf_task(ctx, results, *shard)?),
         TaskKey::Quantize { level, shard } => task::Kind::Quantize(quantize_task(ctx, results, *level, *shard)?),
-        TaskKey::VerifyGguf { shard } => verify(results, &TaskKey::Gguf { shard: *shard }, |output| {
+        TaskKey::VerifyGguf { shard } => verify(ctx, results, &TaskKey::Gguf { shard: *shard }, |output| {
             Ok(verify_task::What::Gguf(pb::GgufShardTask { output, ..gguf_task(ctx, results, *shard)? }))
         })?,
         TaskKey::VerifyQuantize { level, shard } => {
-            verify(results, &TaskKey::Quantize { level: *level, shard: *shard }, |output| {
+            verify(ctx, results, &TaskKey::Quantize { level: *level, shard: *shard }, |output| {
                 let t = quantize_task(ctx, results, *level, *shard)?;
                 Ok(verify_task::What::Quantize(pb::QuantizeTask { output, ..t }))
             })?
@@ -460,13 +494,13 @@ pub fn build(ctx: &Ctx, key: &TaskKey, results: &Results) -> Result<pb::Task, St
         TaskKey::MergeSide => task::Kind::Merge(merge_task(ctx, results, None)?),
         TaskKey::MergeCheck { part } => task::Kind::MergeCheck(merge_check_task(ctx, results, *part)?),
         TaskKey::Mlx { bits } => task::Kind::Mlx(mlx_task(ctx, results, *bits)?),
-        TaskKey::VerifyMerge { file } => verify(results, &TaskKey::Merge { file: *file }, |output| {
+        TaskKey::VerifyMerge { file } => verify(ctx, results, &TaskKey::Merge { file: *file }, |output| {
             Ok(verify_task::What::Merge(pb::MergeTask { output, ..merge_task(ctx, results, Some(*file))? }))
         })?,
-        TaskKey::VerifyMergeSide => verify(results, &TaskKey::MergeSide, |output| {
+        TaskKey::VerifyMergeSide => verify(ctx, results, &TaskKey::MergeSide, |output| {
             Ok(verify_task::What::Merge(pb::MergeTask { output, ..merge_task(ctx, results, None)? }))
         })?,
-        TaskKey::VerifyMlx { bits } => verify(results, &TaskKey::Mlx { bits: *bits }, |output| {
+        TaskKey::VerifyMlx { bits } => verify(ctx, results, &TaskKey::Mlx { bits: *bits }, |output| {
             Ok(verify_task::What::Mlx(pb::MlxTask { output, ..mlx_task(ctx, results, *bits)? }))
         })?,
         TaskKey::Noop { .. } => {
@@ -502,5 +536,5 @@ pub fn build(ctx: &Ctx, key: &TaskKey, results: &Results) -> Result<pb::Task, St
         }),
         TaskKey::Report => return Err("the report is the coordinator's own task".into()),
     };
-    Ok(pb::Task { kind: Some(kind), known_output_sha256: String::new() })
+    Ok(pb::Task { kind: Some(kind), known_output_sha256: String::new(), inputs: Vec::new() })
 }

@@ -9,14 +9,16 @@
 //!
 //! By concern: [`keys`] (task ids), [`expand`] (which tasks a release starts with and what a finished task adds),
 //! [`messages`] (the message a ready task is sent) and [`naming`] (where outputs live: the one function that names
-//! an artifact).
+//! an artifact), [`inputs`] (the farm-made files a task reads).
 
 mod expand;
+mod inputs;
 mod keys;
 mod messages;
 mod naming;
 
 pub use expand::{eval_targets, grows, initial, priorities, Growth};
+pub use inputs::{input_urls, shard_file, stored_output};
 pub use keys::{CheckPart, EvalTarget, MlxSubject, Subject, TaskKey, MLX_LM_RUNTIME};
 pub use messages::build;
 pub use naming::{output_url, synthetic_name, written_url};

@@ -140,9 +140,20 @@ pub struct GgufModel {
 impl GgufModel {
     /// Opens `loc`; if it is the first file of a split (`split.count` > 1) the siblings are opened too.
     pub async fn open(loc: &Location) -> Result<GgufModel> {
-        let blob = Blob::open(loc).await?;
+        GgufModel::open_resolved(loc, &|_| None).await
+    }
+
+    /// Opens `loc` as [`GgufModel::open`] does, but reads each file for which `resolve` (given the file's name, the
+    /// first's included) returns a location from there instead of beside `loc`: a split set some of whose files
+    /// are copies elsewhere (a worker's cache).
+    pub async fn open_resolved(
+        loc: &Location,
+        resolve: &(dyn Fn(&str) -> Option<Location> + Sync),
+    ) -> Result<GgufModel> {
+        let first = resolve(loc.file_name()).unwrap_or_else(|| loc.clone());
+        let blob = Blob::open(&first).await?;
         let header = GgufHeader::read(&blob).await?;
-        split::open_siblings(loc, blob, header).await
+        split::open_siblings(loc, blob, header, resolve).await
     }
 
     /// The metadata of the first shard (the whole model's; other shards hold only the split keys).

@@ -31,7 +31,12 @@ fn split_keys(h: &GgufHeader, file: &str) -> Result<Option<(u16, u16, u64)>> {
 }
 
 /// Completes a model whose first file is already open: opens and checks every other shard.
-pub(super) async fn open_siblings(loc: &Location, blob: Blob, header: GgufHeader) -> Result<GgufModel> {
+pub(super) async fn open_siblings(
+    loc: &Location,
+    blob: Blob,
+    header: GgufHeader,
+    resolve: &(dyn Fn(&str) -> Option<Location> + Sync),
+) -> Result<GgufModel> {
     let file = blob.name().to_string();
     let Some((no, count, total)) = split_keys(&header, &file)? else {
         return Ok(GgufModel { shards: vec![(blob, header)] });
@@ -56,7 +61,11 @@ pub(super) async fn open_siblings(loc: &Location, blob: Blob, header: GgufHeader
     }
     let mut shards = vec![(blob, header)];
     for i in 1..count {
-        let sib = loc.sibling(&split_file_name(prefix, i, count))?;
+        let sib_name = split_file_name(prefix, i, count);
+        let sib = match resolve(&sib_name) {
+            Some(l) => l,
+            None => loc.sibling(&sib_name)?,
+        };
         let b = Blob::open(&sib).await?;
         let h = GgufHeader::read(&b).await?;
         match split_keys(&h, b.name())? {

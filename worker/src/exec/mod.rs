@@ -101,10 +101,13 @@ pub fn kinds() -> Vec<WorkerKind> {
     kinds
 }
 
-/// Runs `t` with the executor of its kind.
+/// Runs `t` with the executor of its kind, in an env of its own (`Env::for_task`).
 pub async fn run(t: &pb::Task, env: &Env) -> Result<pb::TaskResult, Failure> {
-    let known_output = Some(t.known_output_sha256.clone()).filter(|s| !s.is_empty());
-    let env = &Env { known_output, ..env.clone() };
+    run_in(t, &env.for_task(t)).await
+}
+
+/// Runs `t` in `env`, made for it by `Env::for_task` (the caller reads what it counted, e.g. its fetching time).
+pub async fn run_in(t: &pb::Task, env: &Env) -> Result<pb::TaskResult, Failure> {
     let kind = t.kind.as_ref().ok_or_else(|| Failure::input("the task has no kind"))?;
     Ok(pb::TaskResult { kind: Some(dispatch(kind, env).await?) })
 }

@@ -7,7 +7,7 @@ use quantfarm_store::Location;
 use super::Executor;
 use crate::env::Env;
 use crate::failure::Failure;
-use crate::fetch::{hash_object, location};
+use crate::fetch::{location, stored_digest};
 use crate::outputs::folder_digest;
 use crate::writers::{write_gguf, write_merge, write_mlx, write_quantized};
 
@@ -33,14 +33,38 @@ async fn verify(v: &pb::VerifyTask, env: &Env) -> Result<pb::VerifyResult, Failu
         verify_task::What::Merge(m) => (m.output.clone(), write_merge(m, &scratch, env).await?),
         verify_task::What::Mlx(m) => (m.output.clone(), write_mlx(m, &scratch, env).await?),
     };
+    if !v.stored_checked_by.is_empty() {
+        // The stored copy is read whole by an evaluation task of the release, which checks it against the recorded
+        // digest as it fetches it (and reports it corrupt otherwise): the recomputation is compared with that
+        // digest here, and the stored copy is not read twice.
+        let identical = recomputed.0 == v.expect_sha256;
+        let detail = if identical {
+            format!(
+                "{stored_url}: recomputed {} bytes, identical to the digest its producer recorded; the stored copy \
+                 is checked against it by {}",
+                recomputed.1, v.stored_checked_by
+            )
+        } else {
+            format!("{stored_url}: recomputed {}, the producer reported {}", recomputed.0, v.expect_sha256)
+        };
+        return Ok(pb::VerifyResult {
+            identical,
+            expected_sha256: v.expect_sha256.clone(),
+            stored_sha256: String::new(),
+            recomputed_sha256: recomputed.0,
+            detail,
+        });
+    }
     let stored_loc = location(&stored_url)?;
     let stored = match what {
         // A folder: its files, as the recomputation names them.
         verify_task::What::Mlx(_) | verify_task::What::Merge(pb::MergeTask { side_files: true, .. }) => {
             folder_digest(&stored_loc, &scratch.list().await?, env).await?.0
         }
+        // Through the worker's cache when it keeps the file: fetched and checked against the recorded digest (a
+        // stored copy without it is reported corrupt there, as below), or an entry checked again.
         verify_task::What::Gguf(_) | verify_task::What::Quantize(_) | verify_task::What::Merge(_) => {
-            hash_object(&stored_loc, env.budget).await?.0
+            stored_digest(&stored_url, env).await?.0
         }
     };
     if stored != v.expect_sha256 {
