@@ -75,6 +75,25 @@ fn the_kubernetes_manifests_are_valid() {
     assert!(!ok || msg.contains("ERROR"), "a misspelt field passed:\n{msg}");
 }
 
+/// The optional KEDA ScaledObject, against KEDA's own CRD schema (vendored, made strict), which must reject a
+/// misspelt field; its query names the coordinator's ready-task metric (served: see the metrics test below).
+#[test]
+fn the_keda_scaled_object_is_valid() {
+    let dir = deploy().join("k8s");
+    let schema = dir.join("schemas/keda-scaledobject-v1alpha1.json");
+    let so = dir.join("keda-scaledobject.yaml");
+    let (ok, msg) = run(Command::new(tool("check-jsonschema")).arg("--schemafile").arg(&schema).arg(&so));
+    assert!(ok, "against KEDA's ScaledObject schema: {msg}");
+    let text = std::fs::read_to_string(&so).unwrap();
+    assert!(text.contains("query: sum(quantfarm_ready_tasks{kind!=\"mlx-lm\"})"), "{text}");
+    assert!(text.contains("name: worker") && text.contains("type: prometheus"), "{text}");
+    let tmp = tempfile::tempdir().unwrap();
+    let bad = tmp.path().join("bad.yaml");
+    std::fs::write(&bad, text.replace("minReplicaCount", "minReplicas")).unwrap();
+    let (ok, msg) = run(Command::new(tool("check-jsonschema")).arg("--schemafile").arg(&schema).arg(&bad));
+    assert!(!ok && msg.contains("minReplicas"), "a misspelt field passed:\n{msg}");
+}
+
 #[test]
 fn the_systemd_unit_and_the_launchd_plist_are_valid() {
     // systemd-analyze checks that ExecStart is executable: point it at the built binary, in a copy.
@@ -149,15 +168,26 @@ fn the_coordinator_serves_metrics_and_health() {
     let release = tmp.path().join("r.yaml");
     std::fs::write(&release, "name: m\nsource: unused\noutputs:\n  noop: {tasks: 3, sleep_ms: 10}\n").unwrap();
     let url = format!("http://{grpc}");
+    // Submitted before any worker runs: its 3 tasks wait, and the metric an autoscaler reads says so.
+    let submitted = Command::new(env!("CARGO_BIN_EXE_quantfarm"))
+        .arg("submit")
+        .arg(&release)
+        .args(["--coordinator", &url])
+        .output()
+        .unwrap();
+    assert!(submitted.status.success(), "{}", String::from_utf8_lossy(&submitted.stderr));
+    let id = String::from_utf8_lossy(&submitted.stdout).trim().to_string();
+    let waiting = http_get(&metrics, "/metrics");
+    assert!(waiting.lines().any(|l| l == "quantfarm_ready_tasks{kind=\"noop\"} 3"), "{waiting}");
+    assert!(waiting.lines().any(|l| l == "quantfarm_ready_tasks{kind=\"quantize\"} 0"), "{waiting}");
     let mut worker = Command::new(env!("CARGO_BIN_EXE_quantfarm"))
         .args(["worker", "--coordinator", &url, "--name", "w1"])
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_quantfarm"))
-        .args(["submit"])
-        .arg(&release)
-        .args(["--coordinator", &url, "--watch", "--json"])
+        .args(["watch", &id])
+        .args(["--coordinator", &url, "--json"])
         .output()
         .unwrap();
     let page = http_get(&metrics, "/metrics");
@@ -173,6 +203,10 @@ fn the_coordinator_serves_metrics_and_health() {
         "quantfarm_workers_live 1",
         "quantfarm_task_duration_seconds_count{kind=\"noop\"} 3",
         "quantfarm_task_duration_seconds_bucket{kind=\"noop\",le=\"+Inf\"} 3",
+        // Nothing is ready once the release is done; every worker kind is listed, for an autoscaler.
+        "quantfarm_ready_tasks{kind=\"noop\"} 0",
+        "quantfarm_ready_tasks{kind=\"quantize\"} 0",
+        "quantfarm_ready_tasks{kind=\"mlx-lm\"} 0",
     ] {
         assert!(page.lines().any(|l| l == line), "no line {line:?} in:\n{page}");
     }

@@ -43,6 +43,11 @@ pub fn render(s: &Sched, now: Instant) -> String {
     let mut releases = std::collections::BTreeMap::<&str, u64>::new();
     let mut written = 0u64;
     let mut durations = std::collections::BTreeMap::<&str, ([u64; BUCKETS.len()], u64, f64)>::new();
+    // Every worker kind, with 0 when none waits: an autoscaler reads "no work" as well as "work".
+    let mut ready = std::collections::BTreeMap::<&str, u64>::new();
+    for k in quantfarm_proto::WorkerKind::ALL {
+        ready.insert(k.name(), 0);
+    }
     for state in ["blocked", "ready", "leased", "done"] {
         tasks.insert(state, 0);
     }
@@ -50,6 +55,9 @@ pub fn render(s: &Sched, now: Instant) -> String {
         *releases.entry(release_state(r.state)).or_default() += 1;
         for t in &r.tasks {
             *tasks.entry(t.state.name()).or_default() += 1;
+            if let (TState::Ready, Some(k)) = (&t.state, t.key.worker_kind()) {
+                *ready.entry(k.name()).or_default() += 1;
+            }
             if let Some(task_result::Kind::Artifact(a)) = t.result.as_ref().and_then(|r| r.kind.as_ref()) {
                 if !a.cache_hit {
                     written += a.artifact.as_ref().map_or(0, |a| a.bytes);
@@ -74,6 +82,14 @@ pub fn render(s: &Sched, now: Instant) -> String {
     for (state, n) in &tasks {
         let _ = writeln!(out, "quantfarm_tasks{{state=\"{state}\"}} {n}");
     }
+    let _ = writeln!(
+        out,
+        "# HELP quantfarm_ready_tasks Tasks ready to run, by the worker kind that runs them (what an autoscaler \
+         scales workers on: deploy/k8s/keda-scaledobject.yaml).\n# TYPE quantfarm_ready_tasks gauge"
+    );
+    for (kind, n) in &ready {
+        let _ = writeln!(out, "quantfarm_ready_tasks{{kind=\"{kind}\"}} {n}");
+    }
     let _ = writeln!(out, "# HELP quantfarm_releases Releases, by state.\n# TYPE quantfarm_releases gauge");
     for (state, n) in &releases {
         let _ = writeln!(out, "quantfarm_releases{{state=\"{state}\"}} {n}");
@@ -90,8 +106,8 @@ pub fn render(s: &Sched, now: Instant) -> String {
     let mut workers: Vec<_> = s.workers.values().collect();
     workers.sort_by(|a, b| a.info.name.cmp(&b.info.name));
     for (metric, help, get) in [
-        ("quantfarm_worker_bytes_read_total", "Bytes a worker read through quantfarm's reader since it started (tensors, headers, files; not llama.cpp's own model loads).", (|w: &crate::sched::WorkerRec| w.bytes_read) as fn(&crate::sched::WorkerRec) -> u64),
-        ("quantfarm_worker_bytes_written_total", "Bytes a worker wrote through the staged writer since it started.", |w| w.bytes_written),
+        ("quantfarm_worker_bytes_read_total", "Bytes a worker read from the object store since it started (tensors, headers, fetched files; local files, its cache included, are not counted).", (|w: &crate::sched::WorkerRec| w.bytes_read) as fn(&crate::sched::WorkerRec) -> u64),
+        ("quantfarm_worker_bytes_written_total", "Bytes a worker wrote to the object store since it started.", |w| w.bytes_written),
     ] {
         let _ = writeln!(out, "# HELP {metric} {help}\n# TYPE {metric} counter");
         for w in &workers {
