@@ -104,9 +104,25 @@ impl<'a> Farm<'a> {
         self.worker_with(name, token, &self.dir.join("scratch"), &[])
     }
 
+    /// A worker with `extra` options after the farm's own.
+    pub fn worker_args(&self, name: &str, extra: &[&OsStr]) -> (Proc, PathBuf) {
+        self.spawn_worker(name, TOKEN, &self.dir.join("scratch"), &[], extra)
+    }
+
     /// A worker with scratch folder `scratch`, started through `wrap` (a program and its arguments, given the
     /// worker's command line after them; empty: none). Its log is `DIR/NAME.log`.
     pub fn worker_with(&self, name: &str, token: &str, scratch: &Path, wrap: &[&OsStr]) -> (Proc, PathBuf) {
+        self.spawn_worker(name, token, scratch, wrap, &[])
+    }
+
+    fn spawn_worker(
+        &self,
+        name: &str,
+        token: &str,
+        scratch: &Path,
+        wrap: &[&OsStr],
+        extra: &[&OsStr],
+    ) -> (Proc, PathBuf) {
         let log_path = self.dir.join(format!("{name}.log"));
         let log = std::fs::File::create(&log_path).unwrap();
         let mut cmd = match wrap.split_first() {
@@ -121,6 +137,7 @@ impl<'a> Farm<'a> {
             .args(["worker", "--coordinator", &self.url(), "--token", token, "--name", name, "--memory", "256MiB"])
             .arg("--scratch")
             .arg(scratch)
+            .args(extra)
             .envs(self.s3.env())
             .env("QUANTFARM_LOG", "info")
             .stdout(Stdio::null())
