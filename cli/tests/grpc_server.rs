@@ -145,3 +145,71 @@ async fn off_loopback_a_token_is_required() {
     assert!(matches!(e, ServeError::NoToken(_)), "{e}");
     assert!(e.to_string().contains("token"));
 }
+
+/// A coordinator with a long history stays small: 10,000 finished releases in its journal are not loaded (start-up
+/// resumes only unfinished ones), a release that finishes leaves memory, and every one of them is still there for
+/// `watch` (its final state and progress) and `GetReport`, read from the journal; the metrics count them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finished_releases_live_in_the_journal_not_in_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), SigningKey::generate().unwrap());
+    quantfarm_coordinator::history::fill(&cfg.journal, 10_000, 2_000).unwrap();
+    let coord = Coordinator::open(&cfg).unwrap();
+    assert!(coord.with_sched(|s| s.releases.is_empty()), "finished releases were loaded at start-up");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://127.0.0.1:{}", listener.local_addr().unwrap().port());
+    let c2 = coord.clone();
+    tokio::spawn(coord.serve(listener, Some(TOKEN.into()), None, std::future::pending()));
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let w = tokio::spawn(quantfarm_worker::run(
+        worker_cfg(&url, TOKEN, None, dir.path()),
+        async {
+            let _ = stop_rx.await;
+        },
+        std::future::pending(),
+    ));
+    let channel = quantfarm_worker::channel(&url, None).unwrap();
+    let mut client = ReleasesClient::with_interceptor(channel, AddToken::new(Some(TOKEN)).unwrap());
+
+    // A new release runs to its end, then leaves memory.
+    let yaml = "name: new\nsource: unused\noutputs:\n  noop: {tasks: 3, sleep_ms: 10}\n";
+    let req = pb::SubmitRequest {
+        protocol_version: PROTOCOL_VERSION,
+        release_yaml: yaml.into(),
+        base: String::new(),
+        file_name: "release.yaml".into(),
+    };
+    let id = client.submit(req).await.unwrap().into_inner().release_id;
+    let mut events = client.watch(pb::WatchRequest { release_id: id.clone() }).await.unwrap().into_inner();
+    while let Some(ev) = tokio::time::timeout(Duration::from_secs(60), events.message()).await.unwrap().unwrap() {
+        if ev.state != ReleaseState::Running as i32 {
+            assert_eq!(ev.state, ReleaseState::Released as i32, "{ev:?}");
+        }
+    }
+    let _ = stop_tx.send(());
+    tokio::time::timeout(Duration::from_secs(20), w).await.unwrap().unwrap().unwrap();
+    assert!(c2.with_sched(|s| s.releases.is_empty()), "the finished release stayed in memory");
+
+    // The one just finished and the oldest of the history: watch gives the final state and the progress by stage,
+    // GetReport the report.
+    for (rid, tasks) in [(id.clone(), 4), (quantfarm_coordinator::history::release_id(0), 14)] {
+        let mut events = client.watch(pb::WatchRequest { release_id: rid.clone() }).await.unwrap().into_inner();
+        let ev = events.message().await.unwrap().expect("a snapshot");
+        assert_eq!(ev.state, ReleaseState::Released as i32, "{ev:?}");
+        assert_eq!(
+            ev.stages.iter().map(|p| (p.done, p.total)).fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1)),
+            (tasks, tasks)
+        );
+        assert!(events.message().await.unwrap().is_none(), "a finished release's watch ends with its snapshot");
+        let report = client.get_report(pb::GetReportRequest { release_id: rid.clone() }).await.unwrap().into_inner();
+        assert_eq!(report.state, ReleaseState::Released as i32);
+        let json: serde_json::Value = serde_json::from_str(&report.report_json).unwrap();
+        assert_eq!(json["release"]["id"], rid.as_str(), "{json}");
+        assert!(report.report_url.ends_with(&format!("releases/{rid}/report.json")), "{}", report.report_url);
+    }
+    let e = client.get_report(pb::GetReportRequest { release_id: "nope".into() }).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound, "{e:?}");
+    let page = c2.with_sched(|s| quantfarm_coordinator::metrics::render(s, std::time::Instant::now()));
+    assert!(page.lines().any(|l| l == "quantfarm_releases{state=\"released\"} 10001"), "{page}");
+    assert!(page.lines().any(|l| l == "quantfarm_tasks{state=\"done\"} 4"), "{page}");
+}

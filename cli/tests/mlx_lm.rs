@@ -318,8 +318,12 @@ fn a_checkpoint_mlx_lm_cannot_load_is_answered_with_mlx_lms_message() {
     run_py("mlx_lm_oracle.py", &["break-lm-head".as_ref(), hf.as_os_str(), broken.as_os_str()]);
     // The worker's tasks find the helper's Python the way a worker does.
     std::env::set_var("QUANTFARM_PYTHON", peers_python());
-    let env =
-        quantfarm_worker::Env { budget: 64 << 20, scratch: tmp.path().join("scratch"), threads: 2, ..Default::default() };
+    let env = quantfarm_worker::Env {
+        budget: 64 << 20,
+        scratch: tmp.path().join("scratch"),
+        threads: 2,
+        ..Default::default()
+    };
     std::fs::create_dir_all(&env.scratch).unwrap();
     let model = broken.display().to_string();
     let probes = quantfarm_e2e::repo_root().join("examples/probes-tiny.yaml").display().to_string();

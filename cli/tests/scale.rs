@@ -71,8 +71,7 @@ fn run(s3: &S3Server, dir: &Path, bucket: &str, key: &Path, release: &Path, cach
     let page = http_get(&metrics, "/metrics");
     let bytes_read = sum_metric(&page, "quantfarm_worker_bytes_read_total");
     let rt = rt();
-    let report: Value =
-        serde_json::from_slice(&read_object(&rt, summary["report_url"].as_str().unwrap(), s3)).unwrap();
+    let report: Value = serde_json::from_slice(&read_object(&rt, summary["report_url"].as_str().unwrap(), s3)).unwrap();
     // Stop the workers (their caches' summaries are logged as they go), then read their logs.
     let logs: Vec<_> = workers.iter().map(|w| w.1.clone()).collect();
     drop(workers);
@@ -107,7 +106,9 @@ fn figures(report: &Value) -> Vec<Value> {
 #[test]
 fn the_worker_cache_cuts_store_reads_threefold_with_the_same_artifacts_and_figures() {
     if std::env::var_os("QUANTFARM_LONG").is_none() {
-        eprintln!("SKIP the_worker_cache_cuts_store_reads: about 5 minutes; run with QUANTFARM_LONG=1 (scripts/test --long)");
+        eprintln!(
+            "SKIP the_worker_cache_cuts_store_reads: about 5 minutes; run with QUANTFARM_LONG=1 (scripts/test --long)"
+        );
         return;
     }
     let _cpu = quantfarm_e2e::cpu_bound();

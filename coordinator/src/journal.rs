@@ -1,7 +1,12 @@
 //! The coordinator's durable state: a SQLite journal of releases and tasks, written on every state change
-//! (WAL mode, one transaction per change), read back on start so a restarted coordinator resumes every release
-//! where it stopped. Tasks are stored with their typed messages and results (protobuf bytes), so nothing is
+//! (WAL mode, one transaction per change), read back on start so a restarted coordinator resumes every unfinished
+//! release where it stopped. Tasks are stored with their typed messages and results (protobuf bytes), so nothing is
 //! recomputed from memory that is gone.
+//!
+//! Finished releases stay here and only here: the coordinator reads their state, report and progress on demand
+//! ([`Journal::release_row`], [`Journal::task_states`]), so its memory and start-up do not grow with its history.
+//! The digest recorded for every output URL (content addressing's "one URL, one content") is a table of its own,
+//! looked up by URL.
 
 use std::path::Path;
 
@@ -59,7 +64,16 @@ CREATE TABLE IF NOT EXISTS tasks (
     release_id TEXT NOT NULL, id TEXT NOT NULL, seq INTEGER NOT NULL, deps TEXT NOT NULL, priority INTEGER NOT NULL,
     state TEXT NOT NULL, attempts INTEGER NOT NULL, lease_id TEXT, worker TEXT, task BLOB, result BLOB, error TEXT,
     duration_ms INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (release_id, id));
+CREATE INDEX IF NOT EXISTS releases_by_state ON releases (state);
+CREATE TABLE IF NOT EXISTS outputs (url TEXT PRIMARY KEY, sha256 TEXT NOT NULL, bytes INTEGER NOT NULL);
 ";
+
+/// `PRAGMA user_version` once the `outputs` table holds every output the journal's tasks made (journals written
+/// before it existed are filled in once, by the scheduler, on open).
+pub const OUTPUTS_VERSION: i32 = 1;
+
+/// `ReleaseState::Running` as stored.
+const RUNNING: i32 = 1;
 
 impl Journal {
     pub fn open(path: &Path) -> Result<Journal, JournalError> {
@@ -87,30 +101,18 @@ impl Journal {
         Ok(out)
     }
 
+    /// The unfinished releases with their tasks, oldest first: what a starting coordinator resumes.
     pub fn load(&self) -> Result<Vec<(ReleaseRow, Vec<TaskRow>)>, JournalError> {
         let mut out = Vec::new();
         let mut stmt = self
             .conn
             .prepare(
                 "SELECT id, yaml, file_name, base, state, error, report_json, report_url, created_ms, finished_ms
-                 FROM releases ORDER BY created_ms, id",
+                 FROM releases WHERE state = ?1 ORDER BY created_ms, id",
             )
             .map_err(|e| self.err(e))?;
         let releases = stmt
-            .query_map([], |r| {
-                Ok(ReleaseRow {
-                    id: r.get(0)?,
-                    yaml: r.get(1)?,
-                    file_name: r.get(2)?,
-                    base: r.get(3)?,
-                    state: r.get(4)?,
-                    error: r.get(5)?,
-                    report_json: r.get(6)?,
-                    report_url: r.get(7)?,
-                    created_ms: r.get(8)?,
-                    finished_ms: r.get(9)?,
-                })
-            })
+            .query_map([RUNNING], release_row)
             .map_err(|e| self.err(e))?
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| self.err(e))?;
@@ -147,6 +149,62 @@ impl Journal {
         Ok(out)
     }
 
+    /// One release as stored (finished or not).
+    pub fn release_row(&self, id: &str) -> Result<Option<ReleaseRow>, JournalError> {
+        self.conn
+            .prepare_cached(
+                "SELECT id, yaml, file_name, base, state, error, report_json, report_url, created_ms, finished_ms
+                 FROM releases WHERE id = ?1",
+            )
+            .and_then(|mut st| st.query_row([id], release_row).optional())
+            .map_err(|e| self.err(e))
+    }
+
+    /// A release's tasks as (id, state), in creation order: its progress, without messages or results.
+    pub fn task_states(&self, release: &str) -> Result<Vec<(String, String)>, JournalError> {
+        let mut st = self
+            .conn
+            .prepare_cached("SELECT id, state FROM tasks WHERE release_id = ?1 ORDER BY seq")
+            .map_err(|e| self.err(e))?;
+        let rows = st.query_map([release], |r| Ok((r.get(0)?, r.get(1)?))).map_err(|e| self.err(e))?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(|e| self.err(e))
+    }
+
+    /// How many releases there are in each state (the stored `ReleaseState` number).
+    pub fn release_counts(&self) -> Result<Vec<(i32, u64)>, JournalError> {
+        let mut st =
+            self.conn.prepare_cached("SELECT state, COUNT(*) FROM releases GROUP BY state").map_err(|e| self.err(e))?;
+        let rows = st.query_map([], |r| Ok((r.get(0)?, r.get::<_, i64>(1)? as u64))).map_err(|e| self.err(e))?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(|e| self.err(e))
+    }
+
+    /// The digest and size recorded for the output at `url`, if it was ever made.
+    pub fn output(&self, url: &str) -> Result<Option<(String, u64)>, JournalError> {
+        self.conn
+            .prepare_cached("SELECT sha256, bytes FROM outputs WHERE url = ?1")
+            .and_then(|mut st| st.query_row([url], |r| Ok((r.get(0)?, r.get::<_, i64>(1)? as u64))).optional())
+            .map_err(|e| self.err(e))
+    }
+
+    pub fn user_version(&self) -> Result<i32, JournalError> {
+        self.conn.query_row("PRAGMA user_version", [], |r| r.get(0)).map_err(|e| self.err(e))
+    }
+
+    pub fn set_user_version(&self, v: i32) -> Result<(), JournalError> {
+        self.conn.pragma_update(None, "user_version", v).map_err(|e| self.err(e))
+    }
+
+    /// Every stored task result (protobuf bytes), for filling in the outputs table of an older journal.
+    pub fn for_each_result(&self, mut f: impl FnMut(&[u8])) -> Result<(), JournalError> {
+        let mut st = self.conn.prepare("SELECT result FROM tasks WHERE result IS NOT NULL").map_err(|e| self.err(e))?;
+        let mut rows = st.query([]).map_err(|e| self.err(e))?;
+        while let Some(r) = rows.next().map_err(|e| self.err(e))? {
+            let b: Vec<u8> = r.get(0).map_err(|e| self.err(e))?;
+            f(&b);
+        }
+        Ok(())
+    }
+
     /// A trivial read: the database answers.
     pub fn ping(&self) -> Result<(), JournalError> {
         self.conn.query_row("SELECT 1", [], |_| Ok(())).map_err(|e| self.err(e))
@@ -161,12 +219,35 @@ impl Journal {
     }
 }
 
+fn release_row(r: &rusqlite::Row) -> rusqlite::Result<ReleaseRow> {
+    Ok(ReleaseRow {
+        id: r.get(0)?,
+        yaml: r.get(1)?,
+        file_name: r.get(2)?,
+        base: r.get(3)?,
+        state: r.get(4)?,
+        error: r.get(5)?,
+        report_json: r.get(6)?,
+        report_url: r.get(7)?,
+        created_ms: r.get(8)?,
+        finished_ms: r.get(9)?,
+    })
+}
+
 /// The writes of one transaction.
 pub struct Batch<'a> {
     tx: &'a rusqlite::Transaction<'a>,
 }
 
 impl Batch<'_> {
+    /// Records the digest of an output made at `url` (the first record stands: a URL has one content).
+    pub fn record_output(&self, url: &str, sha256: &str, bytes: u64) -> rusqlite::Result<()> {
+        self.tx
+            .prepare_cached("INSERT OR IGNORE INTO outputs (url, sha256, bytes) VALUES (?1, ?2, ?3)")?
+            .execute(params![url, sha256, bytes as i64])?;
+        Ok(())
+    }
+
     pub fn insert_release(&self, r: &ReleaseRow) -> rusqlite::Result<()> {
         self.tx
             .prepare_cached(

@@ -10,6 +10,7 @@ pub mod attestation;
 pub mod canonical;
 pub mod gates;
 pub mod graph;
+pub mod history;
 pub mod journal;
 pub mod metrics;
 pub mod report;

@@ -2,15 +2,16 @@
 //! on their own address (`--metrics 127.0.0.1:9464`): `/metrics` and `/healthz`.
 //!
 //! Everything is computed from the scheduler's state when scraped — tasks by state, releases by state, workers
-//! known and live, bytes of artifacts written, task durations by kind — so there is no second bookkeeping to drift
-//! from the journal's truth.
+//! known and live, bytes of artifacts written, task durations by kind, ready tasks by worker kind — so there is no
+//! second bookkeeping to drift from the journal's truth. Releases by state cover the journal's whole history; the
+//! task figures cover the releases in memory and those finished since the coordinator started ([`History`]).
 
 use std::fmt::Write as _;
 use std::time::Instant;
 
 use quantfarm_proto::{task_result, ReleaseState};
 
-use crate::sched::{Sched, TState};
+use crate::sched::{Release, Sched, TState};
 use crate::Coordinator;
 
 /// Upper bounds of the task-duration histogram, in seconds.
@@ -37,35 +38,28 @@ fn kind(id: &str) -> &str {
     id.split('/').next().unwrap_or(id)
 }
 
-/// The metrics page for the scheduler's current state.
-pub fn render(s: &Sched, now: Instant) -> String {
-    let mut tasks = std::collections::BTreeMap::<&str, u64>::new();
-    let mut releases = std::collections::BTreeMap::<&str, u64>::new();
-    let mut written = 0u64;
-    let mut durations = std::collections::BTreeMap::<&str, ([u64; BUCKETS.len()], u64, f64)>::new();
-    // Every worker kind, with 0 when none waits: an autoscaler reads "no work" as well as "work".
-    let mut ready = std::collections::BTreeMap::<&str, u64>::new();
-    for k in quantfarm_proto::WorkerKind::ALL {
-        ready.insert(k.name(), 0);
-    }
-    for state in ["blocked", "ready", "leased", "done"] {
-        tasks.insert(state, 0);
-    }
-    for r in &s.releases {
-        *releases.entry(release_state(r.state)).or_default() += 1;
+/// Tasks by state, artifact bytes written and run times by kind: over the releases in memory, plus
+/// [`History`] for those evicted since the coordinator started.
+#[derive(Clone, Default)]
+pub struct History {
+    tasks: std::collections::BTreeMap<&'static str, u64>,
+    written: u64,
+    durations: std::collections::BTreeMap<String, ([u64; BUCKETS.len()], u64, f64)>,
+}
+
+impl History {
+    /// Adds a release's tasks.
+    pub fn add(&mut self, r: &Release) {
         for t in &r.tasks {
-            *tasks.entry(t.state.name()).or_default() += 1;
-            if let (TState::Ready, Some(k)) = (&t.state, t.key.worker_kind()) {
-                *ready.entry(k.name()).or_default() += 1;
-            }
+            *self.tasks.entry(t.state.name()).or_default() += 1;
             if let Some(task_result::Kind::Artifact(a)) = t.result.as_ref().and_then(|r| r.kind.as_ref()) {
                 if !a.cache_hit {
-                    written += a.artifact.as_ref().map_or(0, |a| a.bytes);
+                    self.written += a.artifact.as_ref().map_or(0, |a| a.bytes);
                 }
             }
             if matches!(t.state, TState::Done) && t.result.is_some() {
                 let secs = t.duration_ms as f64 / 1000.0;
-                let e = durations.entry(kind(&t.id)).or_insert(([0; BUCKETS.len()], 0, 0.0));
+                let e = self.durations.entry(kind(&t.id).to_string()).or_insert(([0; BUCKETS.len()], 0, 0.0));
                 for (i, b) in BUCKETS.iter().enumerate() {
                     if secs <= *b {
                         e.0[i] += 1;
@@ -74,6 +68,35 @@ pub fn render(s: &Sched, now: Instant) -> String {
                 e.1 += 1;
                 e.2 += secs;
             }
+        }
+    }
+}
+
+/// The metrics page for the scheduler's current state.
+pub fn render(s: &Sched, now: Instant) -> String {
+    let mut all = s.history.clone();
+    for r in s.releases.iter() {
+        all.add(r);
+    }
+    let mut tasks = all.tasks;
+    for state in ["blocked", "ready", "leased", "done"] {
+        tasks.entry(state).or_default();
+    }
+    let (written, durations) = (all.written, all.durations);
+    let mut releases = std::collections::BTreeMap::<&str, u64>::new();
+    for (&state, &n) in s.release_counts() {
+        *releases
+            .entry(release_state(ReleaseState::try_from(state).unwrap_or(ReleaseState::Unspecified)))
+            .or_default() += n;
+    }
+    // Every worker kind, with 0 when none waits: an autoscaler reads "no work" as well as "work".
+    let mut ready = std::collections::BTreeMap::<&str, u64>::new();
+    for k in quantfarm_proto::WorkerKind::ALL {
+        ready.insert(k.name(), 0);
+    }
+    for t in s.releases.iter().flat_map(|r| r.tasks.iter()) {
+        if let (TState::Ready, Some(k)) = (&t.state, t.key.worker_kind()) {
+            *ready.entry(k.name()).or_default() += 1;
         }
     }
     let live = s.workers.values().filter(|w| now.duration_since(w.last_seen) <= s.cfg.lease * 2).count();

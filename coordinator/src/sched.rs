@@ -15,7 +15,8 @@ use quantfarm_store::Location;
 
 use crate::affinity::Holdings;
 use crate::graph::{self, Ctx, EvalInputs, TaskDef, TaskKey};
-use crate::journal::{Batch, Journal, JournalError, ReleaseRow, TaskRow};
+use crate::journal::{Batch, Journal, JournalError, ReleaseRow, TaskRow, OUTPUTS_VERSION};
+use crate::metrics::History;
 use crate::spec::{ImatrixSource, ReleaseSpec};
 
 #[derive(Clone, Debug)]
@@ -232,6 +233,60 @@ impl Release {
     }
 }
 
+/// A ready task in the queue: highest priority first, then by release slot and task index.
+type QueueEntry = (Reverse<u64>, usize, usize);
+
+/// The releases in memory, by a slot number that stays theirs (the ready queue and the leases name them by it); a
+/// finished release's slot is emptied when it is evicted, never reused.
+#[derive(Default)]
+pub struct Slots(Vec<Option<Release>>);
+
+impl Slots {
+    /// The slot the next release gets.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.iter().all(Option::is_none)
+    }
+
+    fn push(&mut self, r: Release) {
+        self.0.push(Some(r));
+    }
+
+    /// The releases in memory.
+    pub fn iter(&self) -> impl Iterator<Item = &Release> {
+        self.0.iter().flatten()
+    }
+
+    fn take(&mut self, ri: usize) -> Option<Release> {
+        self.0.get_mut(ri).and_then(Option::take)
+    }
+}
+
+impl std::ops::Index<usize> for Slots {
+    type Output = Release;
+    fn index(&self, ri: usize) -> &Release {
+        self.0[ri].as_ref().expect("a release slot in use")
+    }
+}
+
+impl std::ops::IndexMut<usize> for Slots {
+    fn index_mut(&mut self, ri: usize) -> &mut Release {
+        self.0[ri].as_mut().expect("a release slot in use")
+    }
+}
+
+/// What is known of a release, in memory or from the journal.
+pub struct Summary {
+    pub state: ReleaseState,
+    pub report_json: Option<String>,
+    pub report_url: Option<String>,
+    /// Its state and progress as an event.
+    pub event: pb::ReleaseEvent,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum SchedError {
     #[error(transparent)]
@@ -304,9 +359,15 @@ pub struct Sched {
     pub cfg: SchedConfig,
     pub store: Location,
     journal: Journal,
-    pub releases: Vec<Release>,
+    /// The releases in memory: those running, and those finished since the server last evicted them
+    /// ([`Sched::evict_finished`]). Finished releases live in the journal ([`Sched::summary`]).
+    pub releases: Slots,
     by_id: HashMap<String, usize>,
-    ready: BTreeSet<(Reverse<u64>, usize, usize)>,
+    /// Releases by state (the stored `ReleaseState` number), all history included.
+    release_counts: BTreeMap<i32, u64>,
+    /// What the evicted releases add to the metrics (since the coordinator started).
+    pub history: History,
+    ready: BTreeSet<QueueEntry>,
     leases: HashMap<String, (usize, usize)>,
     pub workers: HashMap<String, WorkerRec>,
     /// Events produced by the last transitions, for the server to broadcast.
@@ -317,10 +378,10 @@ pub struct Sched {
     pub sweeps: Vec<Sweep>,
     /// A task became ready since the server last looked (it wakes waiting leases).
     pub ready_changed: bool,
-    /// The sha256 recorded for every output URL a task made (all releases, rebuilt from the journal on restart).
-    /// Outputs are content-addressed, so a URL has one right content: a task that makes it again must give the
-    /// same digest, and a worker that finds it stored with another digest knows the stored copy is corrupt.
-    outputs: HashMap<String, (String, u64)>,
+    // The sha256 recorded for every output URL a task made (all releases) is the journal's `outputs` table
+    // ([`Sched::output`]). Outputs are content-addressed, so a URL has one right content: a task that makes it again
+    // must give the same digest, and a worker that finds it stored with another digest knows the stored copy is
+    // corrupt.
     /// What each worker holds in its local cache (and is fetching), for leases that follow the data.
     holdings: Holdings,
     /// Per running release whose ready tasks no live worker can take: since when, and what was last said about it.
@@ -383,17 +444,30 @@ impl Sched {
 
     /// Opens the journal and resumes every release it holds; leases that were held live on until `now` plus a
     /// lease period.
-    pub fn open(journal: Journal, store: Location, cfg: SchedConfig, now: Instant) -> Result<Sched, SchedError> {
+    pub fn open(mut journal: Journal, store: Location, cfg: SchedConfig, now: Instant) -> Result<Sched, SchedError> {
+        if journal.user_version()? < OUTPUTS_VERSION {
+            // A journal from before the outputs table: record what its tasks made, once.
+            let mut made = Vec::new();
+            journal.for_each_result(|b| {
+                if let Some(a) = pb::TaskResult::decode(b).ok().as_ref().and_then(pb::TaskResult::artifact) {
+                    made.push((a.url.clone(), a.sha256.clone(), a.bytes));
+                }
+            })?;
+            journal.batch(|b| made.iter().try_for_each(|(u, h, n)| b.record_output(u, h, *n)))?;
+            journal.set_user_version(OUTPUTS_VERSION)?;
+        }
+        let release_counts = journal.release_counts()?.into_iter().collect();
         let rows = journal.load()?;
         let mut s = Sched {
             cfg,
             store,
             journal,
-            releases: Vec::new(),
+            releases: Slots::default(),
             by_id: HashMap::new(),
+            release_counts,
+            history: History::default(),
             ready: BTreeSet::new(),
             leases: HashMap::new(),
-            outputs: HashMap::new(),
             holdings: Holdings::default(),
             workers: HashMap::new(),
             events: Vec::new(),
@@ -490,11 +564,6 @@ impl Sched {
                 }
             }
         }
-        for t in rel.tasks.iter().filter(|t| t.state == TState::Done) {
-            if let Some(a) = t.result.as_ref().and_then(pb::TaskResult::artifact) {
-                self.outputs.insert(a.url.clone(), (a.sha256.clone(), a.bytes));
-            }
-        }
         let running = rel.state == ReleaseState::Running;
         self.by_id.insert(rel.id.clone(), ri);
         self.releases.push(rel);
@@ -527,8 +596,72 @@ impl Sched {
         Ok(())
     }
 
+    /// A release in memory (running, or finished and not yet evicted).
     pub fn release(&self, id: &str) -> Result<&Release, SchedError> {
         self.by_id.get(id).map(|&i| &self.releases[i]).ok_or_else(|| SchedError::NoRelease(id.into()))
+    }
+
+    /// A release's state, report and progress: from memory, or for a finished release from the journal.
+    pub fn summary(&self, id: &str) -> Result<Summary, SchedError> {
+        if let Ok(r) = self.release(id) {
+            return Ok(Summary {
+                state: r.state,
+                report_json: r.report_json.clone(),
+                report_url: r.report_url.clone(),
+                event: r.event("snapshot".into()),
+            });
+        }
+        let row = self.journal.release_row(id)?.ok_or_else(|| SchedError::NoRelease(id.into()))?;
+        let state = ReleaseState::try_from(row.state).unwrap_or(ReleaseState::Failed);
+        // Progress by stage, as `Release::stages` counts it, from the tasks' stored states.
+        let mut stages: Vec<pb::StageProgress> = Vec::new();
+        for (task, st) in self.journal.task_states(id)? {
+            let Some(key) = TaskKey::parse(&task) else { continue };
+            let name = key.stage();
+            let i = match stages.iter().position(|p| p.stage == name) {
+                Some(i) => i,
+                None => {
+                    stages.push(pb::StageProgress { stage: name, ..Default::default() });
+                    stages.len() - 1
+                }
+            };
+            stages[i].total += 1;
+            if st == TState::Done.name() {
+                stages[i].done += 1;
+            }
+        }
+        let event = pb::ReleaseEvent {
+            release_id: row.id.clone(),
+            state: state as i32,
+            stages,
+            message: "snapshot".into(),
+            error: row.error.clone().unwrap_or_default(),
+            report_url: row.report_url.clone().unwrap_or_default(),
+        };
+        Ok(Summary { state, report_json: row.report_json, report_url: row.report_url, event })
+    }
+
+    /// Releases by state (the stored `ReleaseState` number), the journal's whole history.
+    pub fn release_counts(&self) -> &BTreeMap<i32, u64> {
+        &self.release_counts
+    }
+
+    /// Lets the finished releases go from memory (their figures join `history`); the journal keeps them, and
+    /// [`Sched::summary`] reads them from there. Called by the server once their events are out.
+    pub fn evict_finished(&mut self) {
+        let done: Vec<(String, usize)> = self
+            .by_id
+            .iter()
+            .filter(|(_, &ri)| self.releases[ri].finished())
+            .map(|(id, &ri)| (id.clone(), ri))
+            .collect();
+        for (id, ri) in done {
+            self.by_id.remove(&id);
+            self.unserved.remove(&id);
+            if let Some(rel) = self.releases.take(ri) {
+                self.history.add(&rel);
+            }
+        }
     }
 
     /// Accepts a release: parses its spec and creates its first tasks.
@@ -581,6 +714,7 @@ impl Sched {
             graph::initial(&rel.ctx(&self.store))
         };
         self.journal.batch(|b| b.insert_release(&row))?;
+        *self.release_counts.entry(ReleaseState::Running as i32).or_default() += 1;
         self.add_tasks(ri, defs)?;
         let ev = self.releases[ri].event(format!("release {id} submitted"));
         self.events.push(ev);
@@ -702,13 +836,22 @@ impl Sched {
         self.ready.insert((Reverse(self.releases[ri].tasks[ti].priority), ri, ti));
     }
 
+    /// The digest and size recorded for the output at `url` (a journal lookup; an unreadable journal is logged and
+    /// reads as unknown).
+    fn output(&self, url: &str) -> Option<(String, u64)> {
+        self.journal.output(url).unwrap_or_else(|e| {
+            tracing::error!("{e}");
+            None
+        })
+    }
+
     /// The farm-made files `task` reads whose digests the farm recorded.
     fn inputs_of(&self, task: Option<&pb::Task>) -> Vec<pb::InputFile> {
         let Some(task) = task else { return Vec::new() };
         graph::input_urls(task)
             .into_iter()
             .filter_map(|url| {
-                let (sha256, bytes) = self.outputs.get(&url)?.clone();
+                let (sha256, bytes) = self.output(&url)?;
                 Some(pb::InputFile { url, sha256, bytes })
             })
             .collect()
@@ -758,7 +901,7 @@ impl Sched {
         let runtimes: Vec<String> = w.info.runtimes.clone();
         let want = slots.max(1) as usize;
         // (queue position, bytes held): every candidate of the priorities scanned until `want` were found.
-        let mut cands: Vec<((Reverse<u64>, usize, usize), u64)> = Vec::new();
+        let mut cands: Vec<(QueueEntry, u64)> = Vec::new();
         let mut next_wake: Option<Instant> = None;
         let mut first_seen = Vec::new();
         let mut critical: HashMap<usize, u64> = HashMap::new();
@@ -807,13 +950,17 @@ impl Sched {
         }
         // Within one priority the worker's held bytes decide (stable: otherwise the queue's order).
         cands.sort_by(|a, b| a.0 .0.cmp(&b.0 .0).then(b.1.cmp(&a.1)));
-        let picked: Vec<(Reverse<u64>, usize, usize)> = cands.into_iter().take(want).map(|c| c.0).collect();
+        let picked: Vec<QueueEntry> = cands.into_iter().take(want).map(|c| c.0).collect();
         let mut out = Vec::with_capacity(picked.len());
         let lease_ms = self.cfg.lease.as_millis() as u32;
         let mut rows = Vec::with_capacity(picked.len());
         for (prio, ri, ti) in picked {
             self.ready.remove(&(prio, ri, ti));
             let lease_id = random_hex(12);
+            let known = {
+                let t = &self.releases[ri].tasks[ti];
+                t.task.as_ref().and_then(graph::output_url).and_then(|u| self.output(u)).map(|k| k.0)
+            };
             let rel = &mut self.releases[ri];
             let t = &mut rel.tasks[ti];
             t.state = TState::Leased {
@@ -826,8 +973,7 @@ impl Sched {
             self.leases.insert(lease_id.clone(), (ri, ti));
             let mut task = t.task.clone();
             if let Some(task) = task.as_mut() {
-                let known = graph::output_url(task).and_then(|u| self.outputs.get(u));
-                task.known_output_sha256 = known.map(|k| k.0.clone()).unwrap_or_default();
+                task.known_output_sha256 = known.unwrap_or_default();
                 task.inputs = t.inputs.clone();
             }
             let cache = self.workers.get(worker_id).map_or(0, |w| w.info.cache_bytes);
@@ -951,7 +1097,9 @@ impl Sched {
                 *waiting.entry(ri).or_default().entry((kind, runtime)).or_default() += 1;
             }
         }
-        for ri in 0..self.releases.len() {
+        let mut live: Vec<usize> = self.by_id.values().copied().collect();
+        live.sort_unstable();
+        for ri in live {
             let id = self.releases[ri].id.clone();
             let Some(needs) = waiting.get(&ri).filter(|_| !self.releases[ri].finished()) else {
                 if let Some((_, said)) = self.unserved.remove(&id) {
@@ -1084,8 +1232,8 @@ impl Sched {
     /// content); another means a task that is not deterministic, or an output changed while the task ran.
     fn check_output(&self, result: &pb::TaskResult) -> Result<(), String> {
         let Some(a) = result.artifact() else { return Ok(()) };
-        match self.outputs.get(&a.url).map(|o| &o.0) {
-            Some(known) if *known != a.sha256 => Err(format!(
+        match self.output(&a.url).map(|o| o.0) {
+            Some(known) if known != a.sha256 => Err(format!(
                 "{} has sha256 {}, but it was made before with sha256 {known}: the output is not reproducible",
                 a.url, a.sha256
             )),
@@ -1170,7 +1318,7 @@ impl Sched {
         duration_ms: u64,
     ) -> Result<(), SchedError> {
         if let Some(a) = result.artifact() {
-            self.outputs.insert(a.url.clone(), (a.sha256.clone(), a.bytes));
+            self.journal.batch(|b| b.record_output(&a.url, &a.sha256, a.bytes))?;
         }
         {
             let t = &mut self.releases[ri].tasks[ti];
@@ -1275,6 +1423,10 @@ impl Sched {
             self.end_lease(ri, ti);
         }
         let rel = &mut self.releases[ri];
+        for (st, d) in [(rel.state as i32, -1i64), (state as i32, 1)] {
+            let n = self.release_counts.entry(st).or_default();
+            *n = n.saturating_add_signed(d);
+        }
         rel.state = state;
         rel.error = error;
         rel.report_json = report_json;
@@ -1316,7 +1468,10 @@ impl Sched {
     }
 
     pub fn cancel(&mut self, release_id: &str) -> Result<ReleaseState, SchedError> {
-        let ri = *self.by_id.get(release_id).ok_or_else(|| SchedError::NoRelease(release_id.into()))?;
+        let Some(&ri) = self.by_id.get(release_id) else {
+            // Finished and evicted: it stays as it ended.
+            return Ok(self.summary(release_id)?.state);
+        };
         if !self.releases[ri].finished() {
             self.end_release(ri, ReleaseState::Cancelled, Some("cancelled".into()), None, None)?;
         }

@@ -101,6 +101,8 @@ impl Coordinator {
     /// Publishes what the last transitions produced: events, woken lease waiters, reports to make.
     fn after(&self, mut s: MutexGuard<'_, Sched>) {
         let events = std::mem::take(&mut s.events);
+        // Finished releases leave memory once their last events are taken (the journal keeps them).
+        s.evict_finished();
         let reports = std::mem::take(&mut s.reports);
         let sweeps = std::mem::take(&mut s.sweeps);
         // Only news of ready work wakes the lease waiters (waking them on every change would have idle waiters
@@ -377,7 +379,7 @@ impl Releases for ReleasesSvc {
     async fn watch(&self, req: Request<pb::WatchRequest>) -> Result<Response<Self::WatchStream>, Status> {
         let id = req.into_inner().release_id;
         let mut rx = self.0.shared.events.subscribe();
-        let snapshot = self.0.lock().release(&id).map_err(status)?.event("snapshot".into());
+        let snapshot = self.0.lock().summary(&id).map_err(status)?.event;
         let (tx, out) = tokio::sync::mpsc::channel(256);
         let me = self.0.clone();
         tokio::spawn(async move {
@@ -390,8 +392,11 @@ impl Releases for ReleasesSvc {
                 let ev = match rx.recv().await {
                     Ok(ev) if ev.release_id == id => ev,
                     Ok(_) => continue,
-                    Err(broadcast::error::RecvError::Lagged(_)) => match me.lock().release(&id) {
-                        Ok(r) => r.event("(progress events were dropped; this is the current state)".into()),
+                    Err(broadcast::error::RecvError::Lagged(_)) => match me.lock().summary(&id) {
+                        Ok(r) => pb::ReleaseEvent {
+                            message: "(progress events were dropped; this is the current state)".into(),
+                            ..r.event
+                        },
                         Err(_) => return,
                     },
                     Err(broadcast::error::RecvError::Closed) => return,
@@ -406,12 +411,11 @@ impl Releases for ReleasesSvc {
     }
 
     async fn get_report(&self, req: Request<pb::GetReportRequest>) -> Result<Response<pb::GetReportResponse>, Status> {
-        let s = self.0.lock();
-        let rel = s.release(&req.into_inner().release_id).map_err(status)?;
+        let sum = self.0.lock().summary(&req.into_inner().release_id).map_err(status)?;
         Ok(Response::new(pb::GetReportResponse {
-            state: rel.state as i32,
-            report_json: rel.report_json.clone().unwrap_or_default(),
-            report_url: rel.report_url.clone().unwrap_or_default(),
+            state: sum.state as i32,
+            report_json: sum.report_json.unwrap_or_default(),
+            report_url: sum.report_url.unwrap_or_default(),
         }))
     }
 
