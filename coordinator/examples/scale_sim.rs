@@ -9,6 +9,8 @@
 //!     [--worker-gbps 1.0] [--eval-tok-s 400] [--cores 16] [--cache-gb 0]
 //! ```
 //!
+//! With `SIM_TRACE=1` it prints every task that fetched from the store: when, where, what and how much.
+//!
 //! The model of a task (every figure a flag or a constant below, named where it comes from):
 //! - a task streams its inputs from the store and its outputs to it at the worker's bandwidth, and computes at the
 //!   same time: its duration is the larger of the I/O time and the compute time;
@@ -420,7 +422,13 @@ fn main() {
             };
             let secs = model.seconds(&work);
             if std::env::var_os("SIM_TRACE").is_some() && work.fetched > 0.0 {
-                eprintln!("{now:.1} {} {} fetched {:.1} GB, {:.0} s", workers[w], lease.task_id, work.fetched / 1e9, secs);
+                eprintln!(
+                    "{now:.1} {} {} fetched {:.1} GB, {:.0} s",
+                    workers[w],
+                    lease.task_id,
+                    work.fetched / 1e9,
+                    secs
+                );
             }
             busy[w] = true;
             busy_s[w] += secs;
