@@ -113,9 +113,8 @@ impl Cache {
     pub fn open(dir: &Path, size: u64) -> std::io::Result<Arc<Cache>> {
         std::fs::create_dir_all(dir)?;
         let lock = File::create(dir.join(LOCK))?;
-        lock.try_lock().map_err(|e| {
-            std::io::Error::other(format!("{}: in use by another worker ({e})", dir.display()))
-        })?;
+        lock.try_lock()
+            .map_err(|e| std::io::Error::other(format!("{}: in use by another worker ({e})", dir.display())))?;
         let mut found = Vec::new();
         for entry in std::fs::read_dir(dir)? {
             let entry = entry?;

@@ -229,10 +229,10 @@ pub async fn run(
         .map_err(|e| WorkerError::Scratch { path: s.cfg.scratch.display().to_string(), msg: e.to_string() })?;
     let cache = match s.cfg.cache_size {
         0 => None,
-        size => Some(cache::Cache::open(&s.cfg.cache_dir, size).map_err(|e| WorkerError::Cache {
-            path: s.cfg.cache_dir.display().to_string(),
-            msg: e.to_string(),
-        })?),
+        size => Some(
+            cache::Cache::open(&s.cfg.cache_dir, size)
+                .map_err(|e| WorkerError::Cache { path: s.cfg.cache_dir.display().to_string(), msg: e.to_string() })?,
+        ),
     };
     let env = Env {
         budget: (s.cfg.memory_budget / s.cfg.slots.max(1) as u64).max(1 << 20),

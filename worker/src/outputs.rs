@@ -11,9 +11,9 @@ use quantfarm_store::{Blob, Location, StagedSink};
 use quantfarm_tensors::gguf::GgufHeader;
 use quantfarm_tensors::TensorSource;
 
+pub use crate::cache::digest_lines;
 use crate::env::Env;
 use crate::failure::Failure;
-pub use crate::cache::digest_lines;
 use crate::fetch::{exists, hash_object, location};
 
 /// The artifact at `out`, just written (`cache_hit` false) or found there.

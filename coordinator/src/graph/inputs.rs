@@ -54,13 +54,7 @@ pub fn input_urls(t: &pb::Task) -> Vec<String> {
         K::MlxLmGreedy(g) => model_files(&g.model, &mut out),
         K::MlxLmProbe(p) => model_files(&p.model, &mut out),
         K::ImatrixMerge(m) => out.extend(m.parts.iter().map(|a| a.url.clone())),
-        K::Plan(_)
-        | K::Gguf(_)
-        | K::Noop(_)
-        | K::MergePlan(_)
-        | K::Merge(_)
-        | K::MergeCheck(_)
-        | K::Mlx(_) => {}
+        K::Plan(_) | K::Gguf(_) | K::Noop(_) | K::MergePlan(_) | K::Merge(_) | K::MergeCheck(_) | K::Mlx(_) => {}
     }
     out.retain(|u| !u.is_empty());
     let mut seen = std::collections::HashSet::new();
