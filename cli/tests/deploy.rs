@@ -6,7 +6,6 @@
 //! property list; the GitHub Actions workflow against SchemaStore's workflow schema. And the coordinator's metrics
 //! and health endpoints answer while a release runs.
 
-use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -130,14 +129,6 @@ fn the_ci_workflow_is_valid() {
 }
 
 /// A GET on loopback, the whole response.
-fn http_get(addr: &str, path: &str) -> String {
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    out
-}
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
@@ -162,7 +153,7 @@ fn the_coordinator_serves_metrics_and_health() {
         assert!(Instant::now() < deadline, "the metrics port never opened");
         std::thread::sleep(Duration::from_millis(50));
     }
-    let health = http_get(&metrics, "/healthz");
+    let health = quantfarm_e2e::http_get(&metrics, "/healthz");
     assert!(health.starts_with("HTTP/1.1 200") && health.ends_with("ok\n"), "{health}");
     // A release of noop tasks with a worker: the metrics count them.
     let release = tmp.path().join("r.yaml");
@@ -177,7 +168,7 @@ fn the_coordinator_serves_metrics_and_health() {
         .unwrap();
     assert!(submitted.status.success(), "{}", String::from_utf8_lossy(&submitted.stderr));
     let id = String::from_utf8_lossy(&submitted.stdout).trim().to_string();
-    let waiting = http_get(&metrics, "/metrics");
+    let waiting = quantfarm_e2e::http_get(&metrics, "/metrics");
     assert!(waiting.lines().any(|l| l == "quantfarm_ready_tasks{kind=\"noop\"} 3"), "{waiting}");
     assert!(waiting.lines().any(|l| l == "quantfarm_ready_tasks{kind=\"quantize\"} 0"), "{waiting}");
     let mut worker = Command::new(env!("CARGO_BIN_EXE_quantfarm"))
@@ -190,7 +181,7 @@ fn the_coordinator_serves_metrics_and_health() {
         .args(["--coordinator", &url, "--json"])
         .output()
         .unwrap();
-    let page = http_get(&metrics, "/metrics");
+    let page = quantfarm_e2e::http_get(&metrics, "/metrics");
     let _ = worker.kill();
     let _ = coord.kill();
     let _ = (worker.wait(), coord.wait());

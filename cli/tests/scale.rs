@@ -10,22 +10,12 @@
 mod common;
 
 use std::ffi::OsStr;
-use std::io::{Read as _, Write as _};
 use std::path::Path;
 use std::time::Duration;
 
 use common::*;
 use quantfarm_e2e::s3::S3Server;
 use serde_json::Value;
-
-fn http_get(addr: &str, path: &str) -> String {
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    out
-}
 
 /// The sum over workers of a per-worker counter on the metrics page.
 fn sum_metric(page: &str, metric: &str) -> u64 {
@@ -68,7 +58,7 @@ fn run(s3: &S3Server, dir: &Path, bucket: &str, key: &Path, release: &Path, cach
     );
     // The workers report their counters with each lease request and heartbeat: wait for a heartbeat after the end.
     std::thread::sleep(Duration::from_millis(1500));
-    let page = http_get(&metrics, "/metrics");
+    let page = quantfarm_e2e::http_get(&metrics, "/metrics");
     let bytes_read = sum_metric(&page, "quantfarm_worker_bytes_read_total");
     let rt = rt();
     let report: Value = serde_json::from_slice(&read_object(&rt, summary["report_url"].as_str().unwrap(), s3)).unwrap();

@@ -6,6 +6,18 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// A plain HTTP/1.1 GET of `path` on `addr` (the coordinator's metrics and health endpoints): the whole response,
+/// status line and headers included.
+pub fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read as _, Write as _};
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10))).expect("timeout");
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").expect("request");
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("response");
+    out
+}
+
 /// The repository root (the workspace folder).
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests/ has a parent").to_path_buf()

@@ -379,8 +379,20 @@ pub fn digest_lines(mut files: Vec<(String, String, u64)>) -> (String, u64) {
 /// Copies one object to a local file in pieces of at most `budget` bytes, hashing it on the way: its sha256 and
 /// bytes.
 pub async fn download(from: &Location, to: &Path, budget: u64) -> Result<(String, u64), Failure> {
-    let blob = Blob::open(from).await?;
     let mut out = std::io::BufWriter::new(File::create(to).map_err(|e| io(to, e))?);
+    let got = read_hashing(from, Some((&mut out, to)), budget).await?;
+    out.flush().map_err(|e| io(to, e))?;
+    Ok(got)
+}
+
+/// Reads one object whole in pieces of at most `budget` bytes, hashing it and writing it to `out` if given: its
+/// sha256 and bytes.
+pub async fn read_hashing(
+    from: &Location,
+    mut out: Option<(&mut (dyn Write + Send), &Path)>,
+    budget: u64,
+) -> Result<(String, u64), Failure> {
+    let blob = Blob::open(from).await?;
     let mut buf = vec![0u8; budget.clamp(1 << 16, 64 << 20).min(blob.len().max(1)) as usize];
     let mut h = Sha256::new();
     let mut off = 0;
@@ -388,10 +400,11 @@ pub async fn download(from: &Location, to: &Path, budget: u64) -> Result<(String
         let n = buf.len().min((blob.len() - off) as usize);
         blob.read_at(off, &mut buf[..n]).await?;
         h.update(&buf[..n]);
-        out.write_all(&buf[..n]).map_err(|e| io(to, e))?;
+        if let Some((w, path)) = out.as_mut() {
+            w.write_all(&buf[..n]).map_err(|e| io(path, e))?;
+        }
         off += n as u64;
     }
-    out.flush().map_err(|e| io(to, e))?;
     Ok((quantfarm_store::hex(&h.finalize()), blob.len()))
 }
 

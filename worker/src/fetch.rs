@@ -13,7 +13,7 @@ use quantfarm_tensors::gguf::split::{parse_split_file_name, split_file_name};
 use quantfarm_tensors::TensorSource;
 use sha2::{Digest, Sha256};
 
-use crate::cache::{digest_lines, download, Pinned};
+use crate::cache::{digest_lines, download, read_hashing, Pinned};
 use crate::env::Env;
 use crate::failure::Failure;
 
@@ -29,17 +29,7 @@ pub async fn exists(loc: &Location) -> bool {
 
 /// Reads a whole object within `budget` and hashes it.
 pub async fn hash_object(loc: &Location, budget: u64) -> Result<(String, u64), Failure> {
-    let blob = Blob::open(loc).await?;
-    let mut buf = vec![0u8; budget.clamp(1 << 16, 64 << 20).min(blob.len().max(1)) as usize];
-    let mut h = Sha256::new();
-    let mut off = 0;
-    while off < blob.len() {
-        let n = buf.len().min((blob.len() - off) as usize);
-        blob.read_at(off, &mut buf[..n]).await?;
-        h.update(&buf[..n]);
-        off += n as u64;
-    }
-    Ok((quantfarm_store::hex(&h.finalize()), blob.len()))
+    read_hashing(loc, None, budget).await
 }
 
 /// Reads a small input file (a text, a prompt set, a probe suite) whole, with its sha256.
