@@ -17,6 +17,7 @@
 //! 3-, 5- and 3-byte packs read back as little-endian words (codes cross word boundaries). Every group starts on a
 //! word boundary because `group_size · bits` is a multiple of 32 for every supported pair (`docs/formats.md` §2).
 
+use quantfarm_tensors::dequant::{bf16_bits_to_f32, f16_bits_to_f32};
 use quantfarm_tensors::Dtype;
 use rayon::prelude::*;
 
@@ -43,6 +44,20 @@ pub enum MlxQuantError {
     PartialRow { len: usize, cols: usize },
     #[error("input value {value} at row {row}, column {col} is not finite")]
     NonFinite { row: usize, col: usize, value: f32 },
+    #[error("values to quantize must be F32, F16 or BF16, not {0:?}")]
+    InputDtype(Dtype),
+    #[error("input of {len} bytes is not a whole number of {size}-byte values")]
+    PartialValue { len: usize, size: usize },
+}
+
+impl MlxQuantError {
+    /// The error with its row counted from `first` rows earlier (the input was a piece of a tensor from that row).
+    pub fn from_row(self, first: usize) -> MlxQuantError {
+        match self {
+            MlxQuantError::NonFinite { row, col, value } => MlxQuantError::NonFinite { row: row + first, col, value },
+            e => e,
+        }
+    }
 }
 
 /// The three arrays `mx.quantize` returns, row-major, in the layout mlx stores them.
@@ -92,40 +107,158 @@ pub fn quantize_affine(
     group_size: usize,
     dtype: Dtype,
 ) -> Result<MlxQuantized, MlxQuantError> {
+    let mut out = AffineBytes::default();
+    quantize_affine_into(AffineInput::F32(w), cols, bits, group_size, dtype, &mut out)?;
+    let packed = out.codes.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    Ok(MlxQuantized { packed, scales: out.scales, biases: out.biases })
+}
+
+/// The values [`quantize_affine_into`] quantizes: f32 already, or the little-endian bytes of a float dtype, widened
+/// group by group as they are quantized (no f32 copy of the whole input).
+#[derive(Clone, Copy, Debug)]
+pub enum AffineInput<'a> {
+    F32(&'a [f32]),
+    /// F32, F16 or BF16 values. In another dtype than the scales' they are first rounded to it, as mlx-lm casts
+    /// weights to the model's dtype before quantizing them.
+    Bytes(&'a [u8], Dtype),
+}
+
+impl AffineInput<'_> {
+    fn len(&self) -> Result<usize, MlxQuantError> {
+        match *self {
+            AffineInput::F32(w) => Ok(w.len()),
+            AffineInput::Bytes(b, d @ (Dtype::F32 | Dtype::F16 | Dtype::BF16)) => {
+                if !b.len().is_multiple_of(d.size()) {
+                    return Err(MlxQuantError::PartialValue { len: b.len(), size: d.size() });
+                }
+                Ok(b.len() / d.size())
+            }
+            AffineInput::Bytes(_, d) => Err(MlxQuantError::InputDtype(d)),
+        }
+    }
+
+    /// Values `at..at + out.len()` as quantized: widened, and rounded to `dtype` when they come in another one.
+    #[inline]
+    fn values(&self, at: usize, dtype: Dtype, out: &mut [f32]) {
+        match *self {
+            AffineInput::F32(w) => out.copy_from_slice(&w[at..at + out.len()]),
+            AffineInput::Bytes(b, from) => {
+                let size = from.size();
+                let bytes = b[at * size..(at + out.len()) * size].chunks_exact(size);
+                match from {
+                    Dtype::BF16 => out
+                        .iter_mut()
+                        .zip(bytes)
+                        .for_each(|(x, c)| *x = bf16_bits_to_f32(u16::from_le_bytes([c[0], c[1]]))),
+                    Dtype::F16 => out
+                        .iter_mut()
+                        .zip(bytes)
+                        .for_each(|(x, c)| *x = f16_bits_to_f32(u16::from_le_bytes([c[0], c[1]]))),
+                    _ => out.iter_mut().zip(bytes).for_each(|(x, c)| *x = f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+                }
+                if from != dtype {
+                    round_to(out, dtype);
+                }
+            }
+        }
+    }
+}
+
+/// Codes (the little-endian bytes of the packed uint32 words, `P.weight`), scales and biases, as stored.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct AffineBytes {
+    pub codes: Vec<u8>,
+    pub scales: Vec<u8>,
+    pub biases: Vec<u8>,
+}
+
+/// [`quantize_affine`] of whole rows given as `input`, **appended** to `out` (the caller clears what it wants
+/// cleared: a tensor's scales and biases can gather over its pieces while each piece's codes go out). Rayon tasks
+/// of whole rows each widen their own groups, so nothing of the input's size is allocated. The first non-finite
+/// value (after rounding) is reported by its row and column within `input`; `out`'s contents are then unspecified.
+pub fn quantize_affine_into(
+    input: AffineInput<'_>,
+    cols: usize,
+    bits: u32,
+    group_size: usize,
+    dtype: Dtype,
+    out: &mut AffineBytes,
+) -> Result<(), MlxQuantError> {
     check_params(cols, bits, group_size, dtype)?;
-    if !w.len().is_multiple_of(cols) {
-        return Err(MlxQuantError::PartialRow { len: w.len(), cols });
+    let len = input.len()?;
+    if !len.is_multiple_of(cols) {
+        return Err(MlxQuantError::PartialRow { len, cols });
     }
-    // A vectorizable scan first; the position only when something is wrong.
-    if !w.chunks(4096).all(|c| c.iter().fold(true, |ok, v| ok & v.is_finite())) {
-        let i = w.iter().position(|v| !v.is_finite()).expect("a non-finite value was seen");
-        return Err(MlxQuantError::NonFinite { row: i / cols, col: i % cols, value: w[i] });
-    }
-    let rows = w.len() / cols;
-    let row_words = cols * bits as usize / 32;
-    let row_groups = cols / group_size;
-    let esize = dtype.size();
-    let mut out = MlxQuantized {
-        packed: vec![0; rows * row_words],
-        scales: vec![0; rows * row_groups * esize],
-        biases: vec![0; rows * row_groups * esize],
+    let rows = len / cols;
+    let row_code_bytes = cols * bits as usize / 8;
+    let row_param_bytes = cols / group_size * dtype.size();
+    let grow = |v: &mut Vec<u8>, n: usize| {
+        let at = v.len();
+        v.resize(at + n, 0);
+        at
     };
+    let codes_at = grow(&mut out.codes, rows * row_code_bytes);
+    let scales_at = grow(&mut out.scales, rows * row_param_bytes);
+    let biases_at = grow(&mut out.biases, rows * row_param_bytes);
     // Enough rows per task that small tensors do not drown in scheduling, independent of the thread count.
     let rows_per_task = (65536 / cols).max(1);
-    w.par_chunks(cols * rows_per_task)
-        .zip(out.packed.par_chunks_mut(row_words * rows_per_task))
-        .zip(out.scales.par_chunks_mut(row_groups * esize * rows_per_task))
-        .zip(out.biases.par_chunks_mut(row_groups * esize * rows_per_task))
-        .for_each(|(((w, packed), scales), biases)| {
-            let groups = w.chunks_exact(group_size).zip(packed.chunks_exact_mut(group_size * bits as usize / 32));
-            let params = scales.chunks_exact_mut(esize).zip(biases.chunks_exact_mut(esize));
-            for ((group, words), (s, b)) in groups.zip(params) {
-                let (scale, bias) = quantize_group(group, bits, words);
-                store(scale, dtype, s);
-                store(bias, dtype, b);
-            }
-        });
-    Ok(out)
+    let first_bad = out.codes[codes_at..]
+        .par_chunks_mut(row_code_bytes * rows_per_task)
+        .zip(out.scales[scales_at..].par_chunks_mut(row_param_bytes * rows_per_task))
+        .zip(out.biases[biases_at..].par_chunks_mut(row_param_bytes * rows_per_task))
+        .enumerate()
+        .filter_map(|(task, ((codes, scales), biases))| {
+            quantize_groups(&input, task * rows_per_task * cols, bits, group_size, dtype, [codes, scales, biases])
+        })
+        .min();
+    if let Some(i) = first_bad {
+        let mut value = [0f32];
+        input.values(i, dtype, &mut value);
+        return Err(MlxQuantError::NonFinite { row: i / cols, col: i % cols, value: value[0] });
+    }
+    Ok(())
+}
+
+/// Quantizes the groups of one task, whose values start at `first` in `input`, into its slices of the codes,
+/// scales and biases; the index of the first non-finite value stops it.
+#[inline]
+fn quantize_groups(
+    input: &AffineInput<'_>,
+    first: usize,
+    bits: u32,
+    group_size: usize,
+    dtype: Dtype,
+    [codes, scales, biases]: [&mut [u8]; 3],
+) -> Option<usize> {
+    let esize = dtype.size();
+    let n_words = group_size * bits as usize / 32;
+    let (mut values, mut words) = ([0f32; 128], [0u32; 32]);
+    let (values, words) = (&mut values[..group_size], &mut words[..n_words]);
+    let params = scales.chunks_exact_mut(esize).zip(biases.chunks_exact_mut(esize));
+    for (g, (code_bytes, (s, b))) in codes.chunks_exact_mut(n_words * 4).zip(params).enumerate() {
+        let at = first + g * group_size;
+        input.values(at, dtype, values);
+        // A vectorizable check first; the position only when something is wrong.
+        if !values.iter().fold(true, |ok, v| ok & v.is_finite()) {
+            return Some(at + values.iter().position(|v| !v.is_finite()).unwrap_or(0));
+        }
+        let (scale, bias) = quantize_group(values, bits, words);
+        for (o, w) in code_bytes.chunks_exact_mut(4).zip(words.iter()) {
+            o.copy_from_slice(&w.to_le_bytes());
+        }
+        store(scale, dtype, s);
+        store(bias, dtype, b);
+    }
+    None
+}
+
+/// `x.astype(dtype)` for values already widened to f32 (round to nearest even).
+pub(crate) fn round_to(vals: &mut [f32], dtype: Dtype) {
+    match dtype {
+        Dtype::BF16 => vals.iter_mut().for_each(|x| *x = f32::from_bits(u32::from(f32_to_bf16_bits(*x)) << 16)),
+        Dtype::F16 => vals.iter_mut().for_each(|x| *x = f16_bits_to_f32(f32_to_f16_bits(*x))),
+        _ => {}
+    }
 }
 
 /// C++ `std::max(a, b)`: `(a < b) ? b : a` (keeps `a` on ties and when `b` is NaN).
@@ -309,6 +442,80 @@ mod tests {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
         let one = pool.install(|| quantize_affine(&w, 4096, 5, 64, Dtype::BF16).unwrap());
         assert_eq!(many, one);
+    }
+
+    /// Little-endian bytes of `w` in a float dtype (rounded to nearest even).
+    fn encode(w: &[f32], dtype: Dtype) -> Vec<u8> {
+        match dtype {
+            Dtype::BF16 => w.iter().flat_map(|&x| f32_to_bf16_bits(x).to_le_bytes()).collect(),
+            Dtype::F16 => w.iter().flat_map(|&x| f32_to_f16_bits(x).to_le_bytes()).collect(),
+            _ => w.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        }
+    }
+
+    #[test]
+    fn bytes_quantize_as_their_values_cast_to_the_scales_dtype() {
+        let cols = 512;
+        let w: Vec<f32> = (0..cols * 5).map(|i| ((i as u64 * 2654435761) % 1777) as f32 / 611.0 - 1.37).collect();
+        for from in [Dtype::BF16, Dtype::F16, Dtype::F32] {
+            let bytes = encode(&w, from);
+            let mut widened = vec![0f32; w.len()];
+            quantfarm_tensors::dequant::dequantize_ggml(from.as_ggml().unwrap(), &bytes, &mut widened).unwrap();
+            for dtype in [Dtype::BF16, Dtype::F16, Dtype::F32] {
+                // What the writer did before: widen, cast (mlx-lm's set_dtype), quantize.
+                let mut cast = widened.clone();
+                if from != dtype {
+                    round_to(&mut cast, dtype);
+                }
+                let want = quantize_affine(&cast, cols, 4, 64, dtype).unwrap();
+                let mut got = AffineBytes::default();
+                quantize_affine_into(AffineInput::Bytes(&bytes, from), cols, 4, 64, dtype, &mut got).unwrap();
+                assert_eq!(got.codes, want.packed_bytes(), "{from} -> {dtype}");
+                assert_eq!((&got.scales, &got.biases), (&want.scales, &want.biases), "{from} -> {dtype}");
+            }
+        }
+    }
+
+    #[test]
+    fn pieces_append_to_one_tensor() {
+        let cols = 256;
+        let w: Vec<f32> = (0..cols * 7).map(|i| ((i * 53 % 97) as f32 - 48.0) / 13.0).collect();
+        let bytes = encode(&w, Dtype::BF16);
+        let mut whole = AffineBytes::default();
+        quantize_affine_into(AffineInput::Bytes(&bytes, Dtype::BF16), cols, 6, 32, Dtype::BF16, &mut whole).unwrap();
+        let mut pieces = AffineBytes::default();
+        let mut codes = Vec::new();
+        for piece in bytes.chunks(3 * cols * 2) {
+            pieces.codes.clear();
+            quantize_affine_into(AffineInput::Bytes(piece, Dtype::BF16), cols, 6, 32, Dtype::BF16, &mut pieces)
+                .unwrap();
+            codes.extend_from_slice(&pieces.codes);
+        }
+        assert_eq!(codes, whole.codes);
+        assert_eq!((pieces.scales, pieces.biases), (whole.scales, whole.biases));
+    }
+
+    #[test]
+    fn bad_bytes_are_refused_where_they_are() {
+        let mut w = vec![0.25f32; 64 * 4];
+        // Finite in f32, infinite once cast to bf16 (as mlx-lm would cast it): row 2, column 5.
+        w[2 * 64 + 5] = f32::MAX;
+        let bytes = encode(&w, Dtype::F32);
+        let mut out = AffineBytes::default();
+        let e =
+            quantize_affine_into(AffineInput::Bytes(&bytes, Dtype::F32), 64, 4, 64, Dtype::BF16, &mut out).unwrap_err();
+        assert_eq!(e, MlxQuantError::NonFinite { row: 2, col: 5, value: f32::INFINITY });
+        assert_eq!(e.from_row(10), MlxQuantError::NonFinite { row: 12, col: 5, value: f32::INFINITY });
+        // Kept as f32, the same value quantizes.
+        quantize_affine_into(AffineInput::Bytes(&bytes, Dtype::F32), 64, 4, 64, Dtype::F32, &mut out).unwrap();
+        assert_eq!(
+            quantize_affine_into(AffineInput::Bytes(&[0; 64], Dtype::U8), 64, 4, 64, Dtype::BF16, &mut out),
+            Err(MlxQuantError::InputDtype(Dtype::U8))
+        );
+        assert_eq!(
+            quantize_affine_into(AffineInput::Bytes(&[0; 129], Dtype::BF16), 64, 4, 64, Dtype::BF16, &mut out),
+            Err(MlxQuantError::PartialValue { len: 129, size: 2 })
+        );
     }
 
     #[test]

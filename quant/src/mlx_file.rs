@@ -1,6 +1,7 @@
 //! `mlx_lm.convert -q` for whole checkpoints: a Hugging Face or unquantized MLX folder becomes an MLX affine
-//! checkpoint whose tensors (names, dtypes, shapes, bytes) are the ones mlx-lm 0.32.2 writes, streamed row chunk by
-//! row chunk within a memory budget and written through the staged sink.
+//! checkpoint whose tensors (names, dtypes, shapes, bytes) are the ones mlx-lm 0.32.2 writes, streamed in pieces of
+//! whole rows within a memory budget — read ahead, quantized and written behind at once (the `stream` module) — and
+//! written through the staged sink.
 //!
 //! Pipeline of `mlx_lm/convert.py::convert`, with `quantize_model`, `save_model` and `save_config` from
 //! `mlx_lm/utils.py` (mlx-lm 0.32.2):
@@ -28,16 +29,16 @@ use serde_json::{Map, Value as Json};
 use quantfarm_store::sink::StagedSink;
 use quantfarm_store::Blob;
 use quantfarm_store::{Committed, Location};
-use quantfarm_tensors::convert::transform::encode_f32;
 use quantfarm_tensors::convert::{HfPlan, HfTensor};
-use quantfarm_tensors::dequant::float_values;
 use quantfarm_tensors::mlx::CARRIED_FILES;
 use quantfarm_tensors::safetensors::{shard_file_name, StTensorDesc};
-use quantfarm_tensors::write::{copy_tensor, PieceWriter, SafetensorsWriter};
+use quantfarm_tensors::write::SafetensorsWriter;
 use quantfarm_tensors::{Dtype, Format, TensorSource, TensorType};
 
-use crate::float::{f32_to_bf16_bits, f32_to_f16_bits};
-use crate::mlx::{check_params, quantize_affine, MlxQuantError};
+pub(crate) use crate::mlx::round_to;
+use crate::mlx::{check_params, MlxQuantError};
+
+mod stream;
 
 /// `model_type`s whose mlx-lm `sanitize` and quantization predicate are the generic ones implemented here.
 pub const ARCHITECTURES: [&str; 4] = ["llama", "mistral", "qwen2", "qwen3"];
@@ -79,7 +80,8 @@ pub struct MlxOptions {
     pub group_size: usize,
     /// `mlx_lm.convert --dtype`; `None` uses the config's `torch_dtype`, as mlx-lm does.
     pub dtype: Option<Dtype>,
-    /// Bytes of f32 values held at once (plus their quantized output and one tensor's scales and biases).
+    /// Bytes of tensor data held at once, shared by the pipeline's stages: the pieces read ahead, the one being
+    /// converted and its codes (plus one tensor's scales and biases, and the sink's write-behind queue).
     pub budget: u64,
     pub overwrite: bool,
 }
@@ -296,87 +298,8 @@ async fn convert(input: Input<'_>, dst_dir: &Location, opts: &MlxOptions) -> Res
         writers.push(SafetensorsWriter::create(&target, &descs[range.clone()], &metadata, opts.overwrite).await?);
     }
 
-    let mut buf = Vec::new();
-    let mut scratch = Vec::new();
-    let mut next_desc = 0usize;
-    let mut quantized = 0usize;
-    for item in &items {
-        match item {
-            Item::Plain { name, dtype, .. } => {
-                let w = &mut writers[shard_of_desc[next_desc]];
-                next_desc += 1;
-                if let Some(t) = input.planned(name, *dtype) {
-                    quantfarm_tensors::convert::write_hf_tensor(src, &t, opts.budget, w).await?;
-                    continue;
-                }
-                let e = src.entry(name)?;
-                if e.ty == TensorType::Dtype(*dtype) {
-                    copy_tensor(src, name, opts.budget, &mut buf, w).await?;
-                    continue;
-                }
-                let cols = e.row_len().max(1);
-                let step = (opts.budget / (cols * 4)).max(1);
-                let mut row = 0;
-                while row < e.rows() {
-                    let n = step.min(e.rows() - row);
-                    let mut vals = vec![0f32; (n * cols) as usize];
-                    src.read_f32_rows(name, row, &mut vals, &mut scratch).await?;
-                    let mut bytes = Vec::new();
-                    encode_f32(&vals, *dtype, &mut bytes);
-                    w.write(&bytes).await?;
-                    row += n;
-                }
-            }
-            Item::Quant { name, rows, cols, dtype, bits, group_size, .. } => {
-                // The three tensors are adjacent, so they are in one shard unless the shard planner split them.
-                let shard = [0, 1, 2].map(|k| shard_of_desc[next_desc + k]);
-                next_desc += 3;
-                quantized += 1;
-                if let Some(t) = input.planned(name, *dtype) {
-                    let mut sink = QuantizeRows {
-                        tensor: name,
-                        cols: *cols as usize,
-                        dtype: *dtype,
-                        bits: *bits,
-                        group_size: *group_size,
-                        codes: &mut writers[shard[0]],
-                        pending: Vec::new(),
-                        scales: Vec::new(),
-                        biases: Vec::new(),
-                    };
-                    // The converter's chunk (read and converted bytes) is about 6 bytes per value; the quantizer adds a
-                    // copy of the pending bytes, their f32 widening and the codes (about 7 more): half the budget each.
-                    quantfarm_tensors::convert::write_hf_tensor(src, &t, opts.budget / 2, &mut sink).await?;
-                    let (scales, biases) = sink.finish().await?;
-                    writers[shard[1]].write(&scales).await?;
-                    writers[shard[2]].write(&biases).await?;
-                    continue;
-                }
-                let step = (opts.budget / (cols * 4)).max(1);
-                let (mut scales, mut biases) = (Vec::new(), Vec::new());
-                // Values read from a tensor already stored in the cast dtype need no rounding.
-                let exact = src.entry(name)?.ty == TensorType::Dtype(*dtype);
-                let mut vals = Vec::new();
-                let mut row = 0;
-                while row < *rows {
-                    let n = step.min(rows - row);
-                    vals.resize((n * cols) as usize, 0f32);
-                    src.read_f32_rows(name, row, &mut vals, &mut scratch).await?;
-                    if !exact {
-                        round_to(&mut vals, *dtype);
-                    }
-                    let q = quantize_affine(&vals, *cols as usize, *bits, *group_size, *dtype)
-                        .map_err(|source| MlxFileError::Quant { tensor: name.clone(), source })?;
-                    writers[shard[0]].write(&q.packed_bytes()).await?;
-                    scales.extend_from_slice(&q.scales);
-                    biases.extend_from_slice(&q.biases);
-                    row += n;
-                }
-                writers[shard[1]].write(&scales).await?;
-                writers[shard[2]].write(&biases).await?;
-            }
-        }
-    }
+    stream::write_tensors(input, &items, &mut writers, &shard_of_desc, opts.budget).await?;
+    let quantized = items.iter().filter(|i| matches!(i, Item::Quant { .. })).count();
 
     let mut files = Vec::with_capacity(writers.len() + 2 + CARRIED_FILES.len());
     for w in writers {
@@ -423,58 +346,6 @@ async fn convert(input: Input<'_>, dst_dir: &Location, opts: &MlxOptions) -> Res
     Ok(MlxConverted { files, quantized, total_parameters })
 }
 
-/// Quantizes the rows of one tensor as they are written to it (in the MLX dtype, whole rows per piece or not):
-/// codes go straight to the output, scales and biases are kept for after them.
-struct QuantizeRows<'a> {
-    tensor: &'a str,
-    cols: usize,
-    dtype: Dtype,
-    bits: u32,
-    group_size: usize,
-    codes: &'a mut SafetensorsWriter,
-    /// Bytes of a row not yet complete.
-    pending: Vec<u8>,
-    scales: Vec<u8>,
-    biases: Vec<u8>,
-}
-
-impl QuantizeRows<'_> {
-    async fn finish(self) -> Result<(Vec<u8>, Vec<u8>), MlxFileError> {
-        if !self.pending.is_empty() {
-            return Err(MlxFileError::Tensors(quantfarm_tensors::Error::Format {
-                file: self.tensor.to_string(),
-                field: "rows".into(),
-                msg: format!("{} bytes left over after the last whole row", self.pending.len()),
-            }));
-        }
-        Ok((self.scales, self.biases))
-    }
-}
-
-impl PieceWriter for QuantizeRows<'_> {
-    async fn write_piece(&mut self, data: &[u8]) -> quantfarm_tensors::Result<()> {
-        let size = self.dtype.size();
-        self.pending.extend_from_slice(data);
-        let whole = self.pending.len() / (self.cols * size) * (self.cols * size);
-        if whole == 0 {
-            return Ok(());
-        }
-        let vals = float_values(&self.pending[..whole], self.dtype);
-        self.pending.drain(..whole);
-        let q = quantize_affine(&vals, self.cols, self.bits, self.group_size, self.dtype).map_err(|e| {
-            quantfarm_tensors::Error::Format {
-                file: self.tensor.to_string(),
-                field: "values".into(),
-                msg: e.to_string(),
-            }
-        })?;
-        self.codes.write(&q.packed_bytes()).await?;
-        self.scales.extend_from_slice(&q.scales);
-        self.biases.extend_from_slice(&q.biases);
-        Ok(())
-    }
-}
-
 /// `quantize_model` + `save_config`: the global `quantization` block (and its `quantization_config` copy), with an
 /// entry per module the model's `quant_predicate` gives other parameters (`modules`: full path, bits, group size),
 /// without `_name_or_path` and `vision_config`, top-level keys sorted.
@@ -500,17 +371,6 @@ async fn write_file(dir: &Location, name: &str, bytes: &[u8], overwrite: bool) -
     let mut sink = StagedSink::create(&dir.child(name)?, overwrite).await?;
     sink.write(bytes).await?;
     Ok(sink.commit().await?)
-}
-
-/// `x.astype(dtype)` for values already widened to f32 (round to nearest even).
-pub(crate) fn round_to(vals: &mut [f32], dtype: Dtype) {
-    match dtype {
-        Dtype::BF16 => vals.iter_mut().for_each(|x| *x = f32::from_bits(u32::from(f32_to_bf16_bits(*x)) << 16)),
-        Dtype::F16 => {
-            vals.iter_mut().for_each(|x| *x = quantfarm_tensors::dequant::f16_bits_to_f32(f32_to_f16_bits(*x)))
-        }
-        _ => {}
-    }
 }
 
 /// `json.dumps(value, indent=4)` (ensure_ascii, Python float repr, no trailing newline).

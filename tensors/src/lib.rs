@@ -12,6 +12,7 @@ pub mod error;
 pub mod gguf;
 pub mod merge;
 pub mod mlx;
+pub mod pipeline;
 pub mod safetensors;
 pub mod source;
 pub mod synthetic;

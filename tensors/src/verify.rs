@@ -258,7 +258,7 @@ pub async fn verify_gguf_conversion(src: &TensorSource, out: &TensorSource, budg
         }
     }
     v.checked.push(format!("{} metadata keys", plan.metadata.len()));
-    let mut bufs = (Vec::new(), Vec::new());
+    let mut bufs = convert::write::Bufs::default();
     for t in &plan.tensors {
         let shape: Vec<u64> = t.ne.iter().rev().copied().collect();
         if !same_layout(&mut v, out, &t.name, TensorType::Ggml(t.ty), &shape) {

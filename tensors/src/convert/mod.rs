@@ -8,6 +8,7 @@
 //! staged sink, so nothing partial is ever visible.
 
 mod hf;
+mod hf_pieces;
 mod hf_tokenizer;
 pub mod mapping;
 mod metadata;
@@ -23,6 +24,7 @@ use std::ops::Range;
 
 use sha2::{Digest, Sha256};
 
+pub use hf_pieces::{HfBufs, HfCut, HfPiece};
 pub use metadata::{id_to_title, size_label};
 pub use split::{output_file_name, split_ranges, SplitRule};
 pub use to_hf::{

@@ -10,11 +10,13 @@
 
 use serde_json::{Map, Value as Json};
 
+use super::hf_pieces::{HfBufs, HfCut};
 use super::hf_tokenizer;
 use super::mapping::{mapping_for_gguf, ConfigExpr, ConfigOp, Dim, Mapping, ValueFn};
 use crate::dtype::Dtype;
 use crate::error::{Error, Result};
 use crate::gguf::Value;
+use crate::pipeline::{read_spans, Reads};
 use crate::safetensors::{plan_shards, shard_file_name, write_index, StTensorDesc};
 use crate::source::TensorSource;
 use crate::write::{PieceWriter, SafetensorsWriter};
@@ -589,8 +591,22 @@ pub async fn write_hf(
     for (i, range) in shards.iter().enumerate() {
         let target = dst_dir.child(&shard_file_name(i, shards.len()))?;
         let mut w = SafetensorsWriter::create(&target, &descs[range.clone()], &metadata, overwrite).await?;
-        for t in &plan.tensors[range.clone()] {
-            write_hf_tensor(source, t, budget, &mut w).await?;
+        // The shard's pieces are read ahead while each is converted here and written behind by the sink.
+        let cuts: Vec<HfCut> =
+            plan.tensors[range.clone()].iter().map(|t| HfCut::new(source, t, budget, 0)).collect::<Result<_>>()?;
+        let mut reads = Reads::default();
+        for cut in &cuts {
+            for p in cut.pieces() {
+                reads.push(&cut.spans(source, p)?, cut.work(p));
+            }
+        }
+        let mut reads = reads.start(budget);
+        let mut bufs = HfBufs::default();
+        for cut in &cuts {
+            for p in cut.pieces() {
+                let raw = reads.next().await?;
+                w.write_piece(cut.convert(source, p, raw, &mut bufs)?).await?;
+            }
         }
         writers.push(w);
     }
@@ -624,133 +640,15 @@ pub async fn write_hf(
     Ok(out)
 }
 
-/// One tensor (to a file, or to a comparison when verifying), whole rows at a time within `budget`: dequantized,
-/// unpermuted and un-reordered, its value function and offset undone, rounded to the dtype.
+/// One tensor alone (to a comparison when verifying), whole rows at a time within `budget`, each piece read when
+/// it is needed: dequantized, unpermuted and un-reordered, its value function and offset undone, rounded to the
+/// dtype ([`HfCut`]).
 pub async fn write_hf_tensor(src: &TensorSource, t: &HfTensor, budget: u64, w: &mut impl PieceWriter) -> Result<()> {
-    // Arithmetic on the values (a row permutation alone moves bytes).
-    let arithmetic = t.offset.is_some() || t.reorder.is_some() || t.values.is_some();
-    if let crate::dtype::TensorType::MlxAffine { scale_dtype, .. } = src.entry(&t.source)?.ty {
-        if scale_dtype == t.dtype && !arithmetic && t.unpermute_heads.is_none() {
-            return write_mlx_dequantized(src, t, budget, w).await;
-        }
-    }
-    // Rows as the source stores them (the output may differ by size-1 axes only).
-    let e = src.entry(&t.source)?;
-    let cols = e.row_len().max(1) as usize;
-    let rows = e.rows() as usize;
-    // Stored in the output dtype already (a BF16 GGUF going to a BF16 checkpoint): rows are moved as bytes.
-    let same = !arithmetic && t.dtype.as_ggml().is_some_and(|g| e.ty == crate::dtype::TensorType::Ggml(g));
-    // Read and converted (or reordered) bytes; a consumer may widen them to f32 again.
-    let per_row = (cols * (4 + t.dtype.size())) as u64;
-    let hd = t.unpermute_heads.map(|h| rows as u64 / h);
-    // Whole heads per chunk when permuted, so every source row of a chunk is inside it.
-    let unit = hd.unwrap_or(1) as usize;
-    let step = ((budget / per_row.max(1)) as usize / unit).max(1) * unit;
-    let row_order = t.reorder.filter(|o| o.rows);
-    let col_order = t.reorder.filter(|o| !o.rows);
-    let (mut vals, mut ordered, mut bytes, mut scratch) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let row_bytes = cols * t.dtype.size();
-    let mut r = 0;
-    while r < rows {
-        let n = step.min(rows - r);
-        // The source row of each output row of this chunk, relative to the chunk.
-        let source_row = |k: usize| match hd {
-            None => k,
-            Some(hd) => (unpermuted_source_row((r + k) as u64, hd) - r as u64) as usize,
-        };
-        if same {
-            scratch.resize(n * row_bytes, 0);
-            src.read_range(&t.source, (r * row_bytes) as u64, &mut scratch).await?;
-            if hd.is_none() {
-                w.write_piece(&scratch).await?;
-            } else {
-                bytes.clear();
-                for k in 0..n {
-                    let s = source_row(k);
-                    bytes.extend_from_slice(&scratch[s * row_bytes..(s + 1) * row_bytes]);
-                }
-                w.write_piece(&bytes).await?;
-            }
-            r += n;
-            continue;
-        }
-        vals.resize(n * cols, 0f32);
-        match row_order {
-            // Gathered run by run: a reordered head's rows are contiguous in the source.
-            Some(o) => {
-                let mut k = 0;
-                while k < n {
-                    let first = o.source((r + k) as u64);
-                    let mut len = 1;
-                    while k + len < n && o.source((r + k + len) as u64) == first + len as u64 {
-                        len += 1;
-                    }
-                    src.read_f32_rows(&t.source, first, &mut vals[k * cols..(k + len) * cols], &mut scratch).await?;
-                    k += len;
-                }
-            }
-            None => src.read_f32_rows(&t.source, r as u64, &mut vals, &mut scratch).await?,
-        }
-        let rows_out: &mut [f32] = match hd {
-            None => &mut vals,
-            Some(_) => {
-                ordered.clear();
-                for k in 0..n {
-                    let s = source_row(k);
-                    ordered.extend_from_slice(&vals[s * cols..(s + 1) * cols]);
-                }
-                &mut ordered
-            }
-        };
-        if let Some(o) = col_order {
-            let mut row = vec![0f32; cols];
-            for chunk in rows_out.chunks_exact_mut(cols) {
-                row.copy_from_slice(chunk);
-                for (c, x) in chunk.iter_mut().enumerate() {
-                    *x = row[o.source(c as u64) as usize];
-                }
-            }
-        }
-        if let Some(ValueFn::NegExp) = t.values {
-            // The source holds -exp(x); x = ln(-v), computed in f64 and rounded once.
-            rows_out.iter_mut().for_each(|x| *x = (-f64::from(*x)).ln() as f32);
-        }
-        if let Some(o) = t.offset {
-            rows_out.iter_mut().for_each(|x| *x -= o);
-        }
-        bytes.clear();
-        super::transform::encode_f32(rows_out, t.dtype, &mut bytes);
-        w.write_piece(&bytes).await?;
-        r += n;
-    }
-    Ok(())
-}
-
-/// An MLX affine tensor dequantized in its scales' dtype as `mx.dequantize` computes it, whole rows at a time.
-async fn write_mlx_dequantized(src: &TensorSource, t: &HfTensor, budget: u64, w: &mut impl PieceWriter) -> Result<()> {
-    let e = src.entry(&t.source)?;
-    let crate::dtype::TensorType::MlxAffine { bits, group_size, scale_dtype } = e.ty else {
-        return Err(Error::format(src.location().to_string(), &t.source, "is not MLX affine"));
-    };
-    let cols = e.row_len().max(1);
-    let step = (budget / (cols * (4 + scale_dtype.size() as u64))).max(1);
-    let (mut codes, mut scales, mut biases, mut out) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let mut r = 0;
-    while r < e.rows() {
-        let n = step.min(e.rows() - r);
-        src.read_affine_rows(&t.source, r, n, &mut codes, &mut scales, &mut biases).await?;
-        out.clear();
-        crate::dequant::dequantize_mlx_affine_as(
-            u32::from(bits),
-            group_size as usize,
-            &codes,
-            &scales,
-            &biases,
-            scale_dtype,
-            &mut out,
-        )?;
-        w.write_piece(&out).await?;
-        r += n;
+    let cut = HfCut::new(src, t, budget, 0)?;
+    let (mut raw, mut bufs) = (Vec::new(), HfBufs::default());
+    for p in cut.pieces() {
+        read_spans(&cut.spans(src, p)?, &mut raw).await?;
+        w.write_piece(cut.convert(src, p, &raw, &mut bufs)?).await?;
     }
     Ok(())
 }

@@ -1,5 +1,7 @@
-//! Streaming the files of a plan: header first, then each tensor converted in chunks that fit the memory budget,
-//! through [`GgufWriter`] (a staged sink), so a failure leaves nothing visible.
+//! Streaming the files of a plan: header first, then each tensor converted in pieces that fit the memory budget,
+//! through [`GgufWriter`] (a staged sink), so a failure leaves nothing visible. A file's pieces go through the
+//! pipeline of [`crate::pipeline`]: read ahead on a task of their own, converted here, written behind by the sink;
+//! the budget is shared between the pieces read ahead and the one being converted.
 
 use std::ops::Range;
 
@@ -7,6 +9,7 @@ use super::{transform, GgufPlan, PlannedTensor, GGUF_VERSION};
 use crate::dtype::{Dtype, TensorType};
 use crate::error::{Error, Result};
 use crate::gguf::split::split_metadata;
+use crate::pipeline::{byte_span, decode_rows, read_spans, row_spans, rows_per_piece, Reads, Span};
 use crate::source::TensorSource;
 use crate::write::{GgufWriter, PieceWriter};
 use quantfarm_store::Location;
@@ -42,122 +45,204 @@ pub(super) async fn stage_shard(
         }
     };
     let mut w = GgufWriter::create(dst, GGUF_VERSION, &metadata, &plan.descs(range.clone()), overwrite).await?;
-    let mut bufs = (Vec::new(), Vec::new());
-    for t in &plan.tensors[range] {
-        write_tensor(source, t, budget, &mut bufs, &mut w).await?;
+    // The read stage reads the shard's pieces ahead while each is converted here and written behind by the sink.
+    let cuts = plan.tensors[range].iter().map(|t| Cut::new(source, t, budget)).collect::<Result<Vec<_>>>()?;
+    let mut reads = Reads::default();
+    for c in &cuts {
+        for (r, n) in c.chunks() {
+            reads.push(&c.spans(source, r, n)?, c.work(n));
+        }
+    }
+    let mut reads = reads.start(budget);
+    let mut bufs = Bufs::default();
+    for c in &cuts {
+        for (r, n) in c.chunks() {
+            let raw = reads.next().await?;
+            w.write_piece(c.convert(source, r, n, raw, &mut bufs)?).await?;
+        }
     }
     Ok(w)
 }
 
-/// Streams one tensor (to a file, or to a comparison when verifying): whole rows (or, when permuted, whole heads) at a time within `budget`, converted to the
-/// planned type; a head that does not fit is gathered row by row.
+/// Streams one tensor alone (to a comparison when verifying), reading each piece when it is needed.
 pub(crate) async fn write_tensor(
     src: &TensorSource,
     t: &PlannedTensor,
     budget: u64,
-    (inb, outb): &mut (Vec<u8>, Vec<u8>),
+    bufs: &mut Bufs,
     w: &mut impl PieceWriter,
 ) -> Result<()> {
-    let e = src.entry(&t.source)?;
-    let expect_ne: Vec<u64> = e.shape.iter().rev().copied().collect();
-    if e.ty != t.source_type || expect_ne != t.ne {
-        return Err(Error::format(
-            src.location().to_string(),
-            format!("tensor {:?}", t.source),
-            format!("is {} {:?} but the plan says {} {:?}", e.ty, e.shape, t.source_type, t.ne),
-        ));
-    }
-    let rows = e.shape.first().copied().unwrap_or(1).max(1);
-    // Rows as read: stored bytes of a dense tensor, or the f32 values of a dequantized MLX affine one.
-    let (read_dtype, src_row) = match e.ty {
-        TensorType::Dtype(d) => (d, e.bytes / rows),
-        TensorType::MlxAffine { .. } => (Dtype::F32, e.row_len() * 4),
-        TensorType::Ggml(g) => {
-            return Err(Error::format(src.location().to_string(), format!("tensor {:?}", t.source), format!("{g}")))
-        }
-    };
-    let affine = matches!(e.ty, TensorType::MlxAffine { .. });
-    let mut read = Rows { src, name: &t.source, affine, src_row, values: Vec::new(), scratch: Vec::new() };
-    let out_row = t.nbytes / rows;
-    let per_row = src_row + out_row;
-    if per_row > budget {
-        return Err(Error::Budget {
-            file: src.location().to_string(),
-            tensor: t.source.clone(),
-            msg: format!("one row needs {per_row} bytes (read + converted), more than the budget of {budget}"),
-        });
-    }
-    let fit = (budget / per_row).max(1);
-    let hd = t.permute_heads.map(|h| rows / h);
-    // Rows per chunk: whole heads when a head fits, else any number of rows.
-    let step = match hd {
-        Some(hd) if hd <= fit => fit / hd * hd,
-        _ => fit,
-    };
-    let mut r = 0;
-    while r < rows {
-        let n = step.min(rows - r);
-        inb.resize((n * src_row) as usize, 0);
-        outb.clear();
-        match hd {
-            None => {
-                read.rows(r, inb).await?;
-                transform::convert_elements(read_dtype, t.ty, inb, outb, &t.source, t.offset)?;
-            }
-            Some(hd) if n % hd == 0 && r % hd == 0 => {
-                // Whole heads: read them contiguously, then take rows in permuted order.
-                read.rows(r, inb).await?;
-                for k in 0..n {
-                    let s = (transform::permuted_source_row(k, hd) * src_row) as usize;
-                    transform::convert_elements(
-                        read_dtype,
-                        t.ty,
-                        &inb[s..s + src_row as usize],
-                        outb,
-                        &t.source,
-                        t.offset,
-                    )?;
-                }
-            }
-            Some(hd) => {
-                // A head larger than the budget: gather each output row from its source row.
-                for k in 0..n {
-                    let s = transform::permuted_source_row(r + k, hd);
-                    let dst = &mut inb[(k * src_row) as usize..((k + 1) * src_row) as usize];
-                    read.rows(s, dst).await?;
-                }
-                transform::convert_elements(read_dtype, t.ty, inb, outb, &t.source, t.offset)?;
-            }
-        }
-        w.write_piece(outb).await?;
-        r += n;
+    let c = Cut::new(src, t, budget)?;
+    let mut raw = Vec::new();
+    for (r, n) in c.chunks() {
+        read_spans(&c.spans(src, r, n)?, &mut raw).await?;
+        w.write_piece(c.convert(src, r, n, &raw, bufs)?).await?;
     }
     Ok(())
 }
 
-/// Reads whole rows of one source tensor into a buffer of `src_row`-byte rows.
-struct Rows<'a> {
-    src: &'a TensorSource,
-    name: &'a str,
-    /// An MLX affine triple: rows are dequantized to little-endian f32 (`mx.dequantize`'s `scale·q + bias`).
-    affine: bool,
-    src_row: u64,
-    /// Dequantized values and the stored codes they come from, kept between reads.
+/// The transform's buffers, kept from piece to piece.
+#[derive(Default)]
+pub(crate) struct Bufs {
+    /// Decoded MLX affine values, and their little-endian bytes.
     values: Vec<f32>,
-    scratch: Vec<u8>,
+    value_bytes: Vec<u8>,
+    /// The converted piece.
+    out: Vec<u8>,
 }
 
-impl Rows<'_> {
-    /// Fills `buf` (whole rows) from row `first`.
-    async fn rows(&mut self, first: u64, buf: &mut [u8]) -> Result<()> {
-        if !self.affine {
-            return self.src.read_range(self.name, first * self.src_row, buf).await;
+/// How one planned tensor is cut into pieces: whole rows at a time within the budget, and whole heads when its
+/// rows are permuted and a head fits (else the rows of a piece are gathered one by one from their source rows).
+struct Cut<'a> {
+    t: &'a PlannedTensor,
+    rows: u64,
+    cols: u64,
+    /// Bytes of one row as stored (for MLX affine: its codes, scales and biases).
+    raw_row: u64,
+    /// Bytes of one row as converted from: the stored bytes, or the f32 of decoded MLX affine values.
+    src_row: u64,
+    /// Bytes of the transform's buffers per row: the converted row, and the decoded values and their bytes.
+    work_row: u64,
+    /// The dtype of the rows converted from.
+    read_dtype: Dtype,
+    affine: bool,
+    /// Rows per head, when the rows are permuted within heads.
+    hd: Option<u64>,
+    step: u64,
+}
+
+impl<'a> Cut<'a> {
+    fn new(src: &TensorSource, t: &'a PlannedTensor, budget: u64) -> Result<Cut<'a>> {
+        let e = src.entry(&t.source)?;
+        let expect_ne: Vec<u64> = e.shape.iter().rev().copied().collect();
+        if e.ty != t.source_type || expect_ne != t.ne {
+            return Err(Error::format(
+                src.location().to_string(),
+                format!("tensor {:?}", t.source),
+                format!("is {} {:?} but the plan says {} {:?}", e.ty, e.shape, t.source_type, t.ne),
+            ));
         }
-        self.values.resize(buf.len() / 4, 0.0);
-        self.src.read_f32_rows(self.name, first, &mut self.values, &mut self.scratch).await?;
-        for (o, v) in buf.chunks_exact_mut(4).zip(&self.values) {
-            o.copy_from_slice(&v.to_le_bytes());
+        let cols = e.row_len().max(1);
+        // Rows (a dense tensor's along its first axis) as converted from: stored bytes of a dense tensor, or the f32
+        // values of a dequantized MLX affine one.
+        let (rows, read_dtype, src_row, raw_row) = match e.ty {
+            TensorType::Dtype(d) => {
+                let rows = e.shape.first().copied().unwrap_or(1).max(1);
+                (rows, d, e.bytes / rows, e.bytes / rows)
+            }
+            TensorType::MlxAffine { bits, group_size, scale_dtype } => {
+                let params = cols / u64::from(group_size) * scale_dtype.size() as u64;
+                (e.rows().max(1), Dtype::F32, cols * 4, cols * u64::from(bits) / 8 + 2 * params)
+            }
+            TensorType::Ggml(g) => {
+                return Err(Error::format(src.location().to_string(), format!("tensor {:?}", t.source), format!("{g}")))
+            }
+        };
+        let affine = matches!(e.ty, TensorType::MlxAffine { .. });
+        let out_row = t.nbytes / rows;
+        let per_row = src_row + out_row;
+        if per_row > budget {
+            return Err(Error::Budget {
+                file: src.location().to_string(),
+                tensor: t.source.clone(),
+                msg: format!("one row needs {per_row} bytes (read + converted), more than the budget of {budget}"),
+            });
         }
-        Ok(())
+        // The converted row, and for MLX affine the decoded values and their bytes.
+        let work_row = out_row + if affine { 2 * src_row } else { 0 };
+        let fit = rows_per_piece(budget, raw_row, work_row, 1);
+        let hd = t.permute_heads.map(|h| rows / h.max(1));
+        if hd == Some(0) && rows > 0 {
+            return Err(Error::format(
+                src.location().to_string(),
+                format!("tensor {:?}", t.source),
+                format!("{rows} rows cannot be cut into {:?} heads", t.permute_heads),
+            ));
+        }
+        // Rows per piece: whole heads when a head fits, else any number of rows.
+        let step = match hd {
+            Some(hd) if hd <= fit => fit / hd * hd,
+            _ => fit,
+        };
+        Ok(Cut { t, rows, cols, raw_row, src_row, work_row, read_dtype, affine, hd, step })
+    }
+
+    /// (first row, rows) of each piece.
+    fn chunks(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        (0..self.rows).step_by(self.step as usize).map(|r| (r, self.step.min(self.rows - r)))
+    }
+
+    /// A piece of rows permuted within heads that is not whole heads: its rows are read one by one, each from its
+    /// source row.
+    fn gathered(&self, r: u64, n: u64) -> bool {
+        self.hd.is_some_and(|hd| !n.is_multiple_of(hd) || !r.is_multiple_of(hd))
+    }
+
+    fn spans<'s>(&self, src: &'s TensorSource, r: u64, n: u64) -> Result<Vec<Span<'s>>> {
+        match self.hd {
+            Some(hd) if self.gathered(r, n) => {
+                let mut spans = Vec::with_capacity(n as usize);
+                for k in 0..n {
+                    spans.extend(self.rows_at(src, transform::permuted_source_row(r + k, hd), 1)?);
+                }
+                Ok(spans)
+            }
+            _ => self.rows_at(src, r, n),
+        }
+    }
+
+    /// Where rows `first..first + n` are stored.
+    fn rows_at<'s>(&self, src: &'s TensorSource, first: u64, n: u64) -> Result<Vec<Span<'s>>> {
+        if self.affine {
+            return row_spans(src, &self.t.source, first, n);
+        }
+        Ok(vec![byte_span(src, &self.t.source, first * self.raw_row, n * self.raw_row)?])
+    }
+
+    /// Bytes of the transform's buffers for a piece of `n` rows.
+    fn work(&self, n: u64) -> u64 {
+        n * self.work_row
+    }
+
+    /// Converts rows `r..r + n` read as [`Cut::spans`] gave them into the planned type: the bytes as read when
+    /// nothing changes them, else the converted bytes in `bufs`.
+    fn convert<'b>(&self, src: &TensorSource, r: u64, n: u64, raw: &'b [u8], bufs: &'b mut Bufs) -> Result<&'b [u8]> {
+        let Bufs { values, value_bytes, out } = bufs;
+        let gathered = self.gathered(r, n);
+        let rows_in: &[u8] = if self.affine {
+            let cols = self.cols as usize;
+            values.resize(n as usize * cols, 0.0);
+            if gathered {
+                // Each row's codes, scales and biases were read together.
+                let rows = raw.chunks(self.raw_row as usize).zip(values.chunks_mut(cols));
+                for (row, vals) in rows {
+                    decode_rows(src, &self.t.source, row, vals)?;
+                }
+            } else {
+                decode_rows(src, &self.t.source, raw, values)?;
+            }
+            value_bytes.clear();
+            value_bytes.extend(values.iter().flat_map(|v| v.to_le_bytes()));
+            value_bytes
+        } else {
+            raw
+        };
+        let t = self.t;
+        out.clear();
+        match self.hd {
+            // Whole heads, read contiguously: rows taken in permuted order.
+            Some(hd) if !gathered => {
+                let src_row = self.src_row as usize;
+                for k in 0..n {
+                    let s = transform::permuted_source_row(k, hd) as usize * src_row;
+                    let row = &rows_in[s..s + src_row];
+                    transform::convert_elements(self.read_dtype, t.ty, row, out, &t.source, t.offset)?;
+                }
+            }
+            // Already the planned bytes.
+            _ if self.read_dtype.as_ggml() == Some(t.ty) && t.offset.is_none() => return Ok(rows_in),
+            _ => transform::convert_elements(self.read_dtype, t.ty, rows_in, out, &t.source, t.offset)?,
+        }
+        Ok(out)
     }
 }

@@ -1,0 +1,248 @@
+//! One HF tensor of a GGUF → HF (or MLX → HF) conversion cut into pieces of whole rows: what each piece reads
+//! (spans for the read stage of [`crate::pipeline`]) and how the bytes read become the output dtype's. The
+//! conversions read the pieces ahead ([`super::write_hf`], the MLX writer) or one by one
+//! ([`super::write_hf_tensor`], verification); the bytes are the same.
+
+use super::mapping::ValueFn;
+use super::to_hf::{unpermuted_source_row, HfTensor};
+use super::transform::encode_f32;
+use crate::dtype::{Dtype, TensorType};
+use crate::error::{Error, Result};
+use crate::pipeline::{decode_rows, row_spans, rows_per_piece, Span};
+use crate::source::TensorSource;
+
+/// What a piece's rows go through.
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    /// Stored in the output dtype already (a BF16 GGUF going to a BF16 checkpoint): moved as bytes, and put back
+    /// in order within heads when permuted.
+    Same,
+    /// Decoded to f32; rows and columns reordered, the value function and the offset undone; rounded to the dtype.
+    Values,
+    /// An MLX affine tensor dequantized in its scales' dtype, as `mx.dequantize` computes it.
+    MlxDequantized { bits: u8, group_size: u32, scale_dtype: Dtype },
+}
+
+/// Rows `first..first + rows` of the output tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HfPiece {
+    pub first: usize,
+    pub rows: usize,
+}
+
+/// The transform's buffers, kept from piece to piece.
+#[derive(Default)]
+pub struct HfBufs {
+    values: Vec<f32>,
+    ordered: Vec<f32>,
+    row: Vec<f32>,
+    out: Vec<u8>,
+}
+
+/// One output tensor cut into pieces within a budget.
+pub struct HfCut {
+    t: HfTensor,
+    kind: Kind,
+    rows: usize,
+    cols: usize,
+    /// Stored bytes of one source row (for MLX affine: its codes, scales and biases).
+    raw_row: u64,
+    /// Bytes of the transform's buffers per row.
+    work_row: u64,
+    /// Rows per head when the rows are to be unpermuted; pieces are then whole heads.
+    hd: Option<u64>,
+    step: usize,
+}
+
+impl HfCut {
+    /// Cuts output tensor `t` of a GGUF → HF (or MLX → HF) plan so that [`crate::pipeline::DEPTH`] pieces as read,
+    /// one piece's transform buffers and `extra_row` bytes per row of the caller's (its own output) fit `budget`.
+    pub fn new(src: &TensorSource, t: &HfTensor, budget: u64, extra_row: u64) -> Result<HfCut> {
+        let e = src.entry(&t.source)?;
+        // Arithmetic on the values (a row permutation alone moves bytes).
+        let arithmetic = t.offset.is_some() || t.reorder.is_some() || t.values.is_some();
+        let kind = match e.ty {
+            TensorType::MlxAffine { bits, group_size, scale_dtype }
+                if scale_dtype == t.dtype && !arithmetic && t.unpermute_heads.is_none() =>
+            {
+                Kind::MlxDequantized { bits, group_size, scale_dtype }
+            }
+            TensorType::Ggml(g) if !arithmetic && t.dtype.as_ggml() == Some(g) => Kind::Same,
+            _ => Kind::Values,
+        };
+        HfCut::with_kind(src, t.clone(), kind, budget, extra_row)
+    }
+
+    /// Cuts HF tensor `name` of `src` read as stored and written as `dtype`: its bytes when it is stored so, else
+    /// its values rounded to `dtype` (an HF or unquantized MLX checkpoint's tensor being cast).
+    pub fn stored(src: &TensorSource, name: &str, dtype: Dtype, budget: u64, extra_row: u64) -> Result<HfCut> {
+        let e = src.entry(name)?;
+        let t = HfTensor {
+            name: name.to_string(),
+            source: name.to_string(),
+            shape: e.shape.clone(),
+            dtype,
+            unpermute_heads: None,
+            offset: None,
+            reorder: None,
+            values: None,
+        };
+        let kind = if e.ty == TensorType::Dtype(dtype) { Kind::Same } else { Kind::Values };
+        HfCut::with_kind(src, t, kind, budget, extra_row)
+    }
+
+    fn with_kind(src: &TensorSource, t: HfTensor, kind: Kind, budget: u64, extra_row: u64) -> Result<HfCut> {
+        let e = src.entry(&t.source)?;
+        let cols = e.row_len().max(1);
+        let rows = e.rows() as usize;
+        let raw_row = match e.ty {
+            TensorType::MlxAffine { bits, group_size, scale_dtype } => {
+                cols * u64::from(bits) / 8 + 2 * (cols / u64::from(group_size)) * scale_dtype.size() as u64
+            }
+            _ => e.row_bytes(),
+        };
+        let hd = t.unpermute_heads.map(|h| rows as u64 / h.max(1));
+        if hd == Some(0) && rows > 0 {
+            return Err(Error::format(
+                src.location().to_string(),
+                format!("tensor {:?}", t.source),
+                format!("{rows} rows cannot be cut into {:?} heads", t.unpermute_heads),
+            ));
+        }
+        let (size, f32_row) = (t.dtype.size() as u64 * cols, 4 * cols);
+        let work_row = match kind {
+            Kind::Same => hd.map_or(0, |_| size),
+            // The values, reordered when permuted, and rounded.
+            Kind::Values => f32_row + hd.map_or(0, |_| f32_row) + size,
+            // The codes as floats, and the result.
+            Kind::MlxDequantized { .. } => f32_row + size,
+        };
+        let step = rows_per_piece(budget, raw_row, work_row + extra_row, hd.unwrap_or(1)) as usize;
+        Ok(HfCut { t, kind, rows, cols: cols as usize, raw_row, work_row, hd, step })
+    }
+
+    /// The pieces, in order.
+    pub fn pieces(&self) -> impl Iterator<Item = HfPiece> + '_ {
+        (0..self.rows).step_by(self.step).map(|first| HfPiece { first, rows: self.step.min(self.rows - first) })
+    }
+
+    /// Bytes of the transform's buffers for piece `p`.
+    pub fn work(&self, p: HfPiece) -> u64 {
+        p.rows as u64 * self.work_row
+    }
+
+    /// The runs of consecutive source rows piece `p` reads, in the order its output rows (before unpermuting
+    /// within heads) come from them: one run, or several when the rows are reordered.
+    fn runs(&self, p: HfPiece) -> Vec<(u64, usize)> {
+        let Some(o) = self.t.reorder.filter(|o| o.rows && matches!(self.kind, Kind::Values)) else {
+            return vec![(p.first as u64, p.rows)];
+        };
+        // Gathered run by run: a reordered head's rows are contiguous in the source.
+        let mut runs = Vec::new();
+        let mut k = 0;
+        while k < p.rows {
+            let first = o.source((p.first + k) as u64);
+            let mut len = 1;
+            while k + len < p.rows && o.source((p.first + k + len) as u64) == first + len as u64 {
+                len += 1;
+            }
+            runs.push((first, len));
+            k += len;
+        }
+        runs
+    }
+
+    /// Where piece `p`'s rows are stored, in the order [`HfCut::convert`] takes them.
+    pub fn spans<'s>(&self, src: &'s TensorSource, p: HfPiece) -> Result<Vec<Span<'s>>> {
+        let mut spans = Vec::new();
+        for (first, len) in self.runs(p) {
+            spans.extend(row_spans(src, &self.t.source, first, len as u64)?);
+        }
+        Ok(spans)
+    }
+
+    /// Piece `p` in the output dtype, from the bytes its spans hold: those bytes themselves when nothing changes
+    /// them, else the result in `bufs`.
+    pub fn convert<'b>(&self, src: &TensorSource, p: HfPiece, raw: &'b [u8], bufs: &'b mut HfBufs) -> Result<&'b [u8]> {
+        let t = &self.t;
+        let (cols, n) = (self.cols, p.rows);
+        // The source row of each output row of this piece, relative to the piece.
+        let source_row = |k: usize| match self.hd {
+            None => k,
+            Some(hd) => (unpermuted_source_row((p.first + k) as u64, hd) - p.first as u64) as usize,
+        };
+        let HfBufs { values, ordered, row, out } = bufs;
+        out.clear();
+        match self.kind {
+            Kind::Same if self.hd.is_none() => return Ok(raw),
+            Kind::Same => {
+                let row_bytes = self.raw_row as usize;
+                for k in 0..n {
+                    let s = source_row(k);
+                    out.extend_from_slice(&raw[s * row_bytes..(s + 1) * row_bytes]);
+                }
+            }
+            Kind::MlxDequantized { bits, group_size, scale_dtype } => {
+                let codes = n * cols * usize::from(bits) / 8;
+                let params = n * (cols / group_size as usize) * scale_dtype.size();
+                if raw.len() != codes + 2 * params {
+                    return Err(Error::format(
+                        src.location().to_string(),
+                        &t.source,
+                        format!("{} bytes read are not {n} rows of codes, scales and biases", raw.len()),
+                    ));
+                }
+                crate::dequant::dequantize_mlx_affine_as(
+                    u32::from(bits),
+                    group_size as usize,
+                    &raw[..codes],
+                    &raw[codes..codes + params],
+                    &raw[codes + params..],
+                    scale_dtype,
+                    out,
+                )?;
+            }
+            Kind::Values => {
+                values.resize(n * cols, 0f32);
+                let (mut at, mut k) = (0usize, 0usize);
+                for (_, len) in self.runs(p) {
+                    let bytes = len * self.raw_row as usize;
+                    let raw_run = raw.get(at..at + bytes).ok_or_else(|| {
+                        Error::format(src.location().to_string(), &t.source, "fewer bytes read than its rows need")
+                    })?;
+                    decode_rows(src, &t.source, raw_run, &mut values[k * cols..(k + len) * cols])?;
+                    (at, k) = (at + bytes, k + len);
+                }
+                let rows_out: &mut [f32] = match self.hd {
+                    None => values,
+                    Some(_) => {
+                        ordered.clear();
+                        for k in 0..n {
+                            let s = source_row(k);
+                            ordered.extend_from_slice(&values[s * cols..(s + 1) * cols]);
+                        }
+                        ordered
+                    }
+                };
+                if let Some(o) = t.reorder.filter(|o| !o.rows) {
+                    row.resize(cols, 0f32);
+                    for chunk in rows_out.chunks_exact_mut(cols) {
+                        row.copy_from_slice(chunk);
+                        for (c, x) in chunk.iter_mut().enumerate() {
+                            *x = row[o.source(c as u64) as usize];
+                        }
+                    }
+                }
+                if let Some(ValueFn::NegExp) = t.values {
+                    // The source holds -exp(x); x = ln(-v), computed in f64 and rounded once.
+                    rows_out.iter_mut().for_each(|x| *x = (-f64::from(*x)).ln() as f32);
+                }
+                if let Some(o) = t.offset {
+                    rows_out.iter_mut().for_each(|x| *x -= o);
+                }
+                encode_f32(rows_out, t.dtype, out);
+            }
+        }
+        Ok(out)
+    }
+}
