@@ -361,10 +361,7 @@ fn a_checkpoint_mlx_lm_cannot_load_is_answered_with_mlx_lms_message() {
 /// of several seconds, so the kill lands inside one); behind QUANTFARM_LONG (`scripts/test --long`).
 #[test]
 fn a_helper_killed_mid_task_is_retried_on_another_worker() {
-    if std::env::var_os("QUANTFARM_LONG").is_none() {
-        eprintln!(
-            "SKIP a_helper_killed_mid_task_is_retried_on_another_worker: set QUANTFARM_LONG (scripts/test --long)"
-        );
+    if quantfarm_e2e::skip_unless_long("a_helper_killed_mid_task_is_retried_on_another_worker", "SmolLM2 in mlx-lm") {
         return;
     }
     let _cpu = quantfarm_e2e::cpu_bound();

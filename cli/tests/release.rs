@@ -290,10 +290,7 @@ fn sum_report(path: &Path) -> Value {
 /// through the farm in cli/tests/farm.rs.
 #[test]
 fn an_i_quant_ladder_with_a_recipe_and_a_farm_imatrix_is_measured_and_equals_llama_quantize() {
-    if std::env::var_os("QUANTFARM_LONG").is_none() {
-        eprintln!(
-            "SKIPPED: the i-quant farm ladder takes minutes; set QUANTFARM_LONG=1 (scripts/test --long) to run it"
-        );
+    if quantfarm_e2e::skip_unless_long("an_i_quant_ladder_with_a_recipe", "the i-quant farm ladder takes minutes") {
         return;
     }
     let tmp = tempfile::tempdir().unwrap();

@@ -95,10 +95,7 @@ fn figures(report: &Value) -> Vec<Value> {
 
 #[test]
 fn the_worker_cache_cuts_store_reads_threefold_with_the_same_artifacts_and_figures() {
-    if std::env::var_os("QUANTFARM_LONG").is_none() {
-        eprintln!(
-            "SKIP the_worker_cache_cuts_store_reads: about 5 minutes; run with QUANTFARM_LONG=1 (scripts/test --long)"
-        );
+    if quantfarm_e2e::skip_unless_long("the_worker_cache_cuts_store_reads", "two farm runs, about 6 minutes") {
         return;
     }
     let _cpu = quantfarm_e2e::cpu_bound();

@@ -68,8 +68,7 @@ pub fn fill(path: &std::path::Path, n: usize, report_bytes: usize) -> Result<(),
             let all: Vec<String> = tasks.iter().filter(|t| t.0.starts_with("verify/")).map(|t| t.0.clone()).collect();
             tasks.push(("report".into(), all, None));
             for (seq, (tid, deps, made)) in tasks.into_iter().enumerate() {
-                let result = made;
-                if let Some(a) = &result {
+                if let Some(a) = &made {
                     b.record_output(&a.url, &a.sha256, a.bytes)?;
                 }
                 let row = TaskRow {
@@ -81,7 +80,7 @@ pub fn fill(path: &std::path::Path, n: usize, report_bytes: usize) -> Result<(),
                     lease_id: None,
                     worker: Some(format!("worker-{}", i % 13)),
                     task: None,
-                    result: result.as_ref().map(self::result),
+                    result: made.as_ref().map(result),
                     error: None,
                     duration_ms: 1000 + (i % 997) as u64,
                 };

@@ -6,6 +6,16 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// Whether a slow test must be skipped: it runs only with `QUANTFARM_LONG` set (`scripts/test --long`); otherwise
+/// it says so, loudly, with `why` (what it does and how long it takes).
+pub fn skip_unless_long(test: &str, why: &str) -> bool {
+    if std::env::var_os("QUANTFARM_LONG").is_some() {
+        return false;
+    }
+    eprintln!("SKIP {test}: {why}; set QUANTFARM_LONG=1 (scripts/test --long) to run it");
+    true
+}
+
 /// A plain HTTP/1.1 GET of `path` on `addr` (the coordinator's metrics and health endpoints): the whole response,
 /// status line and headers included.
 pub fn http_get(addr: &str, path: &str) -> String {

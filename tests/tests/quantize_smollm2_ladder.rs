@@ -133,8 +133,10 @@ fn q1_0_is_refused_by_both_naming_the_reason() {
 /// Every rung ± the imatrix (`scripts/test --long`, QUANTFARM_LONG).
 #[test]
 fn the_whole_ladder_equals_llama_quantize_on_smollm2() {
-    if std::env::var_os("QUANTFARM_LONG").is_none() {
-        eprintln!("SKIPPED (QUANTFARM_LONG unset): the whole ladder takes minutes; `scripts/test --long` runs it");
+    if quantfarm_e2e::skip_unless_long(
+        "the_whole_ladder_equals_llama_quantize_on_smollm2",
+        "the whole ladder takes minutes",
+    ) {
         return;
     }
     let cases: Vec<(FileType, bool)> = LADDER.iter().flat_map(|&f| [(f, false), (f, true)]).collect();

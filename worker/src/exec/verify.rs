@@ -33,54 +33,51 @@ async fn verify(v: &pb::VerifyTask, env: &Env) -> Result<pb::VerifyResult, Failu
         verify_task::What::Merge(m) => (m.output.clone(), write_merge(m, &scratch, env).await?),
         verify_task::What::Mlx(m) => (m.output.clone(), write_mlx(m, &scratch, env).await?),
     };
-    if !v.stored_checked_by.is_empty() {
-        // The stored copy is read whole by an evaluation task of the release, which checks it against the recorded
-        // digest as it fetches it (and reports it corrupt otherwise): the recomputation is compared with that
-        // digest here, and the stored copy is not read twice.
-        let identical = recomputed.0 == v.expect_sha256;
-        let detail = if identical {
-            format!(
-                "{stored_url}: recomputed {} bytes, identical to the digest its producer recorded; the stored copy \
-                 is checked against it by {}",
-                recomputed.1, v.stored_checked_by
-            )
-        } else {
-            format!("{stored_url}: recomputed {}, the producer reported {}", recomputed.0, v.expect_sha256)
+    // The stored copy's digest, read here, or `None` when an evaluation task of the release reads the copy whole and
+    // checks it against the recorded digest as it fetches it (reporting it corrupt otherwise): then the
+    // recomputation is compared with that digest, and the copy is not read twice.
+    let stored = if v.stored_checked_by.is_empty() {
+        let stored_loc = location(&stored_url)?;
+        let stored = match what {
+            // A folder: its files, as the recomputation names them.
+            verify_task::What::Mlx(_) | verify_task::What::Merge(pb::MergeTask { side_files: true, .. }) => {
+                folder_digest(&stored_loc, &scratch.list().await?, env).await?.0
+            }
+            // Through the worker's cache when it keeps the file: fetched and checked against the recorded digest (a
+            // stored copy without it is reported corrupt there, as below), or an entry checked again.
+            verify_task::What::Gguf(_) | verify_task::What::Quantize(_) | verify_task::What::Merge(_) => {
+                stored_digest(&stored_url, env).await?.0
+            }
         };
-        return Ok(pb::VerifyResult {
-            identical,
-            expected_sha256: v.expect_sha256.clone(),
-            stored_sha256: String::new(),
-            recomputed_sha256: recomputed.0,
-            detail,
-        });
-    }
-    let stored_loc = location(&stored_url)?;
-    let stored = match what {
-        // A folder: its files, as the recomputation names them.
-        verify_task::What::Mlx(_) | verify_task::What::Merge(pb::MergeTask { side_files: true, .. }) => {
-            folder_digest(&stored_loc, &scratch.list().await?, env).await?.0
+        if stored != v.expect_sha256 {
+            // Not what its producer committed: the store changed it since. The producer makes it again.
+            return Err(Failure::corrupt(&stored_url, &stored, &v.expect_sha256));
         }
-        // Through the worker's cache when it keeps the file: fetched and checked against the recorded digest (a
-        // stored copy without it is reported corrupt there, as below), or an entry checked again.
-        verify_task::What::Gguf(_) | verify_task::What::Quantize(_) | verify_task::What::Merge(_) => {
-            stored_digest(&stored_url, env).await?.0
-        }
-    };
-    if stored != v.expect_sha256 {
-        // Not what its producer committed: the store changed it since. The producer makes it again.
-        return Err(Failure::corrupt(&stored_url, &stored, &v.expect_sha256));
-    }
-    let identical = stored == recomputed.0;
-    let detail = if identical {
-        format!("{stored_url}: recomputed {} bytes, identical", recomputed.1)
+        Some(stored)
     } else {
-        format!("{stored_url}: stored {stored}, recomputed {}, the producer reported {}", recomputed.0, v.expect_sha256)
+        None
+    };
+    // The stored copy (read or checked elsewhere) is the recorded digest's.
+    let identical = recomputed.0 == v.expect_sha256;
+    let detail = match (&stored, identical) {
+        (Some(_), true) => format!("{stored_url}: recomputed {} bytes, identical", recomputed.1),
+        (None, true) => format!(
+            "{stored_url}: recomputed {} bytes, identical to the digest its producer recorded; the stored copy is \
+             checked against it by {}",
+            recomputed.1, v.stored_checked_by
+        ),
+        (Some(stored), false) => format!(
+            "{stored_url}: stored {stored}, recomputed {}, the producer reported {}",
+            recomputed.0, v.expect_sha256
+        ),
+        (None, false) => {
+            format!("{stored_url}: recomputed {}, the producer reported {}", recomputed.0, v.expect_sha256)
+        }
     };
     Ok(pb::VerifyResult {
         identical,
         expected_sha256: v.expect_sha256.clone(),
-        stored_sha256: stored,
+        stored_sha256: stored.unwrap_or_default(),
         recomputed_sha256: recomputed.0,
         detail,
     })
