@@ -2,11 +2,14 @@
 HF -> GGUF conversion against llama.cpp's convert_hf_to_gguf.py.
 
 usage: make_synthetic_hf.py ARCH OUT_DIR LLAMA_CPP_SRC [SEED]
-ARCH: qwen2 | qwen3 | mistral | gemma3
+ARCH: qwen2 | qwen3 | mistral | gemma3 | gemma3_mm | llama3
 
 The vocabularies are real ones, taken from llama.cpp's own vocab-only test GGUFs (models/ggml-vocab-*.gguf):
 - qwen2 / qwen3: Qwen2's byte-level BPE (151,643 ranks and 151,387 merges) as a tokenizer.json with Qwen's
   pre-tokenizer and the added tokens Qwen2.5 / Qwen3 ship (ids 151643-151668, `special` as they mark them);
+- llama3: Llama 3's byte-level BPE (128,000 ranks, 280,147 merges, 256 specials) as the tokenizer.json Meta ships,
+  its TemplateProcessing post-processor adding <|begin_of_text|> (so convert_hf_to_gguf's hash names it llama-bpe),
+  with a Llama 3.2 1B-like config: rope_scaling llama3 (factor 32), head_dim 64, tied embeddings;
 - mistral / gemma3: LLaMA's SentencePiece BPE model (32,000 pieces with scores and types, 256 byte pieces) as a
   tokenizer.model, and the tokenizer.json transformers derives from it.
 Chat templates come from llama.cpp's models/templates/. config.json holds every field the real model's config.json
@@ -88,6 +91,53 @@ def qwen_tokenizer(qwen3: bool):
     return 151936
 
 
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def llama3_tokenizer():
+    r = GGUFReader(SRC / "models" / "ggml-vocab-llama-bpe.gguf")
+    tokens, types, merges = field(r, "tokenizer.ggml.tokens"), field(r, "tokenizer.ggml.token_type"), \
+        field(r, "tokenizer.ggml.merges")
+    assert len(tokens) == 128256, len(tokens)
+    vocab = {t: i for i, t in enumerate(tokens[:128000])}
+    bos = "<|begin_of_text|>"
+    assert tokens[128000] == bos, tokens[128000]
+    tok = {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": [{"id": i, "content": tokens[i], "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": False, "special": True} for i in range(128000, 128256)],
+        "normalizer": None,
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": LLAMA3_SPLIT}, "behavior": "Isolated", "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]},
+        "post_processor": {"type": "Sequence", "processors": [
+            {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
+            {"type": "TemplateProcessing",
+             "single": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+             "pair": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                      {"SpecialToken": {"id": bos, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+             "special_tokens": {bos: {"id": bos, "ids": [128000], "tokens": [bos]}}}]},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": True,
+                  "vocab": vocab, "merges": [m.split(" ") for m in merges]},
+    }
+    (OUT / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False, indent=2), encoding="utf-8")
+    cfg = {
+        "added_tokens_decoder": {str(i): {"content": tokens[i], "lstrip": False, "normalized": False,
+                                          "rstrip": False, "single_word": False, "special": True}
+                                 for i in range(128000, 128256)},
+        "bos_token": bos, "clean_up_tokenization_spaces": True, "eos_token": "<|eot_id|>",
+        "model_input_names": ["input_ids", "attention_mask"], "model_max_length": 131072,
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "chat_template": (SRC / "models" / "templates" / "meta-llama-Llama-3.2-3B-Instruct.jinja").read_text(
+            encoding="utf-8"),
+    }
+    (OUT / "tokenizer_config.json").write_text(json.dumps(cfg, ensure_ascii=False, indent=2), encoding="utf-8")
+    return 128256
+
+
 def spm_tokenizer(cls: str, template: str, extra_cfg: dict):
     from sentencepiece import sentencepiece_model_pb2 as pb
 
@@ -132,7 +182,9 @@ def spm_tokenizer(cls: str, template: str, extra_cfg: dict):
 
 
 # QF_SYNTHETIC_DIMS="hidden,ff,layers,heads,kv_heads,head_dim" makes a bigger model (the benchmarks use it).
-H, FF, LAYERS, HEADS, KV, HEAD_DIM = (int(x) for x in os.environ.get("QF_SYNTHETIC_DIMS", "64,128,2,4,2,16").split(","))
+# Llama 3 keeps its real head size (64, as Llama 3.2 1B), which sets how many rope factors there are.
+DEFAULT_DIMS = "128,128,2,2,1,64" if ARCH == "llama3" else "64,128,2,4,2,16"
+H, FF, LAYERS, HEADS, KV, HEAD_DIM = (int(x) for x in os.environ.get("QF_SYNTHETIC_DIMS", DEFAULT_DIMS).split(","))
 common = {"hidden_size": H, "intermediate_size": FF, "num_hidden_layers": LAYERS, "num_attention_heads": HEADS,
           "num_key_value_heads": KV, "initializer_range": 0.02, "attention_dropout": 0.0, "use_cache": True,
           "torch_dtype": "bfloat16", "transformers_version": "4.51.0"}
@@ -146,13 +198,21 @@ if ARCH in ("qwen2", "qwen3"):
            "tie_word_embeddings": ARCH == "qwen3"}
     if ARCH == "qwen3":
         cfg.update({"head_dim": HEAD_DIM, "attention_bias": False})
+elif ARCH == "llama3":
+    vocab = llama3_tokenizer()
+    cfg = {**common, "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab,
+           "hidden_act": "silu", "max_position_embeddings": 131072, "rms_norm_eps": 1e-05, "rope_theta": 500000.0,
+           "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                            "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+           "head_dim": HEAD_DIM, "attention_bias": False, "mlp_bias": False, "pretraining_tp": 1,
+           "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009], "tie_word_embeddings": True}
 elif ARCH == "mistral":
     vocab = spm_tokenizer("LlamaTokenizer", "mistralai-Mistral-Nemo-Instruct-2407.jinja", {})
     cfg = {**common, "architectures": ["MistralForCausalLM"], "model_type": "mistral", "vocab_size": vocab,
            "hidden_act": "silu", "max_position_embeddings": 32768, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
            "sliding_window": None, "head_dim": HEAD_DIM, "bos_token_id": 1, "eos_token_id": 2,
            "tie_word_embeddings": False}
-elif ARCH == "gemma3":
+elif ARCH in ("gemma3", "gemma3_mm"):
     vocab = spm_tokenizer("GemmaTokenizer", "google-gemma-2-2b-it.jinja", {})
     cfg = {**common, "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "vocab_size": vocab,
            "head_dim": HEAD_DIM, "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 32768,
@@ -162,6 +222,17 @@ elif ARCH == "gemma3":
            "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "cache_implementation": "hybrid"}
 else:
     sys.exit(f"unknown architecture {ARCH!r}")
+if ARCH == "gemma3_mm":
+    # Gemma 3 4B+ as transformers 5 saves it: Gemma3ForConditionalGeneration, the text config nested (with the
+    # 4B+ checkpoints' linear rope scaling, factor 8) beside a SigLIP vision config.
+    text = {k: v for k, v in cfg.items() if k not in ("architectures", "torch_dtype", "transformers_version")}
+    text["rope_scaling"] = {"factor": 8.0, "rope_type": "linear"}
+    cfg = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", "text_config": text,
+           "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 32, "intermediate_size": 64,
+                             "num_hidden_layers": 1, "num_attention_heads": 2, "image_size": 32, "patch_size": 16,
+                             "vision_use_head": False},
+           "mm_tokens_per_image": 4, "boi_token_index": 3, "eoi_token_index": 4, "image_token_index": 5,
+           "initializer_range": 0.02, "torch_dtype": "bfloat16", "transformers_version": "5.24.0"}
 (OUT / "config.json").write_text(json.dumps(cfg, indent=2), encoding="utf-8")
 
 q_out, kv_out = HEADS * HEAD_DIM, KV * HEAD_DIM
@@ -177,18 +248,28 @@ for b in range(LAYERS):
     if ARCH == "qwen2":
         shapes.update({p + "self_attn.q_proj.bias": (q_out,), p + "self_attn.k_proj.bias": (kv_out,),
                        p + "self_attn.v_proj.bias": (kv_out,)})
-    if ARCH in ("qwen3", "gemma3"):
+    if ARCH in ("qwen3", "gemma3", "gemma3_mm"):
         shapes.update({p + "self_attn.q_norm.weight": (HEAD_DIM,), p + "self_attn.k_norm.weight": (HEAD_DIM,)})
-    if ARCH == "gemma3":
+    if ARCH in ("gemma3", "gemma3_mm"):
         shapes.update({p + "pre_feedforward_layernorm.weight": (H,), p + "post_feedforward_layernorm.weight": (H,)})
-if not cfg.get("tie_word_embeddings", ARCH == "gemma3"):
+if not cfg.get("tie_word_embeddings", ARCH in ("gemma3", "gemma3_mm")):
     shapes["lm_head.weight"] = (vocab, H)
+if ARCH == "gemma3_mm":
+    shapes = {n.replace("model.", "model.language_model.", 1): v for n, v in shapes.items()}
+    v = "model.vision_tower.vision_model."
+    shapes.update({
+        v + "embeddings.patch_embedding.weight": (32, 3, 16, 16), v + "embeddings.patch_embedding.bias": (32,),
+        v + "embeddings.position_embedding.weight": (4, 32), v + "post_layernorm.weight": (32,),
+        v + "post_layernorm.bias": (32,), v + "encoder.layers.0.self_attn.q_proj.weight": (32, 32),
+        "model.multi_modal_projector.mm_input_projection_weight": (32, H),
+        "model.multi_modal_projector.mm_soft_emb_norm.weight": (32,),
+    })
 
 def make(name):
     shape = shapes[name]
     scale = 1.0 if name.endswith("norm.weight") else 0.05
     a = rng.standard_normal(shape, dtype=np.float32) * scale
-    if name.endswith("norm.weight") and ARCH != "gemma3":
+    if name.endswith("norm.weight") and ARCH not in ("gemma3", "gemma3_mm"):
         a += 1.0
     return bf16(a)
 

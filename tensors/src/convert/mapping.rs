@@ -39,6 +39,12 @@ pub struct Mapping {
     /// Wrapper prefixes (`language_model.` of multimodal and mlx-vlm checkpoints) removed from a name, the first
     /// that matches and once, before the tensor rules and drops see it.
     pub strip_prefixes: Vec<String>,
+    /// Text removed wherever it stands in a name, before the rules see it (`ModelBase.filter_tensors` removes
+    /// every `language_model.`, so `model.language_model.layers.0` is `model.layers.0`).
+    pub erase: Vec<String>,
+    /// The towers of a multimodal checkpoint that are not converted (`TextModel.filter_tensors`' skip list),
+    /// matched on the name as stored: dropped, counted and said loudly, since only the text model is written.
+    pub multimodal: Vec<AnchoredRegex>,
     pub tensors: Vec<TensorRule>,
     pub drop: Vec<AnchoredRegex>,
     pub f32: F32Rule,
@@ -54,6 +60,22 @@ pub struct Mapping {
     pub mlx: Option<MlxSection>,
     /// Hybrids whose HF and mlx-lm models place full-attention layers by a period only.
     pub periodic_layers: Option<PeriodicLayers>,
+    /// What the config class (AutoConfig) fills in and moves before the converter reads config.json.
+    pub hparams: super::hparams::HparamsRule,
+    /// Tensors the converter computes from the config rather than reads (`generate_extra_tensors`), written
+    /// before the checkpoint's own.
+    pub generate: Vec<GenerateRule>,
+}
+
+/// A tensor computed from the config by a named operator of [`super::generate`], when its conditions hold.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GenerateRule {
+    pub gguf: String,
+    pub op: super::generate::GenerateOp,
+    /// Only when every hparams field equals the given value.
+    #[serde(default)]
+    pub when: BTreeMap<String, Json>,
 }
 
 /// The GGUF's per-layer "recurrent" flags must be the period's pattern (layer `i` is full attention exactly when
@@ -200,6 +222,10 @@ struct RawMapping {
     unsupported: Vec<Unsupported>,
     #[serde(default)]
     strip_prefixes: Vec<String>,
+    #[serde(default)]
+    erase: Vec<String>,
+    #[serde(default)]
+    multimodal: Vec<AnchoredRegex>,
     tensors: Vec<TensorRule>,
     #[serde(default)]
     drop: Vec<AnchoredRegex>,
@@ -215,6 +241,10 @@ struct RawMapping {
     mlx: Option<MlxSection>,
     #[serde(default)]
     periodic_layers: Option<PeriodicLayers>,
+    #[serde(default)]
+    hparams: super::hparams::HparamsRule,
+    #[serde(default)]
+    generate: Vec<GenerateRule>,
 }
 
 /// A config value this mapping cannot convert exactly: present and not one of `allow` is an error.
@@ -541,6 +571,8 @@ pub struct MetaEntry {
     pub unless: BTreeMap<String, Json>,
     /// Only written when this file is in the checkpoint folder.
     pub when_file: Option<String>,
+    /// Only written when every one of these config fields is present (not absent, not null).
+    pub present: Vec<String>,
 }
 
 #[derive(Deserialize)]
@@ -564,6 +596,8 @@ struct RawMetaEntry {
     #[serde(default)]
     unless: BTreeMap<String, Json>,
     when_file: Option<String>,
+    #[serde(default)]
+    present: Vec<String>,
 }
 
 impl TryFrom<RawMetaEntry> for MetaEntry {
@@ -600,6 +634,7 @@ impl TryFrom<RawMetaEntry> for MetaEntry {
                 when: r.when,
                 unless: r.unless,
                 when_file: r.when_file,
+                present: r.present,
             });
         }
         let key = r.key.ok_or("a metadata entry needs a key")?;
@@ -636,6 +671,7 @@ impl TryFrom<RawMetaEntry> for MetaEntry {
             when: r.when,
             unless: r.unless,
             when_file: r.when_file,
+            present: r.present,
         })
     }
 }
@@ -646,6 +682,11 @@ impl TryFrom<RawMetaEntry> for MetaEntry {
 pub struct PreTokenizer {
     pub sha256: String,
     pub pre: String,
+    /// Whether the tokenizer adds a BOS token (its post-processor's single template starts with a special
+    /// token), when that decides the name: convert_hf_to_gguf hashes the ids of its probe text BOS included, so
+    /// Llama 3's pre-tokenizer is `llama-bpe` with its BOS and `smaug-bpe` without. Absent: either.
+    #[serde(default)]
+    pub bos: Option<bool>,
     #[serde(default)]
     pub example: Option<String>,
     /// tokenizer.json's `normalizer`, `pre_tokenizer` and `decoder`, for rebuilding a tokenizer from a GGUF.
@@ -709,6 +750,8 @@ pub fn parse_mapping(file: &str, text: &str) -> Result<Mapping> {
         hf_architectures: r.hf_architectures,
         unsupported: r.unsupported,
         strip_prefixes: r.strip_prefixes,
+        erase: r.erase,
+        multimodal: r.multimodal,
         tensors: r.tensors,
         drop: r.drop,
         f32: r.f32,
@@ -718,6 +761,8 @@ pub fn parse_mapping(file: &str, text: &str) -> Result<Mapping> {
         nextn_blocks: r.nextn_blocks,
         mlx: r.mlx,
         periodic_layers: r.periodic_layers,
+        hparams: r.hparams,
+        generate: r.generate,
     })
 }
 
@@ -771,7 +816,13 @@ pub struct Unmapped<'a> {
 #[derive(Debug, PartialEq)]
 pub enum Mapped<'a> {
     Drop,
-    Rename { gguf: String, permute: Option<&'a Permute>, offset: Option<f32> },
+    /// A tensor of a vision or audio tower (the mapping's `multimodal`): not converted.
+    Multimodal,
+    Rename {
+        gguf: String,
+        permute: Option<&'a Permute>,
+        offset: Option<f32>,
+    },
 }
 
 impl Mapping {
@@ -801,6 +852,14 @@ impl Mapping {
 
     /// Maps an HF tensor name: a rename (first matching rule), a drop, or an error naming the tensor.
     pub fn map_tensor(&self, hf: &str) -> Result<Mapped<'_>> {
+        if self.multimodal.iter().any(|r| r.is_match(hf)) {
+            return Ok(Mapped::Multimodal);
+        }
+        let mut erased = hf.to_string();
+        for e in &self.erase {
+            erased = erased.replace(e.as_str(), "");
+        }
+        let hf = erased.as_str();
         let hf = self.strip_prefixes.iter().find_map(|p| hf.strip_prefix(p.as_str())).unwrap_or(hf);
         for rule in &self.tensors {
             if let Some(c) = rule.hf.as_ref().and_then(|r| r.0.captures(hf)) {
@@ -842,6 +901,7 @@ mod tests {
         let rename = |n: &str| match m.map_tensor(n) {
             Ok(Mapped::Rename { gguf, .. }) => Ok(gguf),
             Ok(Mapped::Drop) => Ok("(dropped)".into()),
+            Ok(Mapped::Multimodal) => Ok("(multimodal)".into()),
             Err(e) => Err(e.to_string()),
         };
         assert_eq!(rename("language_model.model.norm.weight").unwrap(), "output_norm.weight");

@@ -49,6 +49,7 @@ pub fn build(m: &Mapping, hf: &HfFiles, facts: &PlanFacts) -> Result<Vec<(String
         if !equal(&e.when)
             || (!e.unless.is_empty() && equal(&e.unless))
             || e.when_file.as_ref().is_some_and(|f| !hf.has_file(f))
+            || e.present.iter().any(|f| hf.config_value(f).is_none())
         {
             continue;
         }

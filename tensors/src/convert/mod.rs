@@ -7,9 +7,11 @@
 //! list into files by gguf-split's rules; [`write_gguf_shard`] streams one file within a memory budget through the
 //! staged sink, so nothing partial is ever visible.
 
+pub mod generate;
 mod hf;
 mod hf_pieces;
 mod hf_tokenizer;
+pub mod hparams;
 pub mod mapping;
 mod metadata;
 mod sentencepiece;
@@ -126,6 +128,9 @@ pub struct PlannedTensor {
     pub permute_heads: Option<u64>,
     /// Added to every element in f32 before the output conversion (the mapping's `offset`).
     pub offset: Option<f32>,
+    /// The bytes of a tensor the mapping computes (its `generate` list), written as they are; `source` then names
+    /// the operator in parentheses and nothing is read.
+    pub generated: Option<Vec<u8>>,
 }
 
 impl GgufPlan {
@@ -140,6 +145,9 @@ impl GgufPlan {
         }
         for t in &self.tensors {
             h.update(format!("\n{}\t{}\t{:?}\t{:?}", t.source, t.source_type, t.permute_heads, t.offset).as_bytes());
+            if let Some(bytes) = &t.generated {
+                h.update(Sha256::digest(bytes));
+            }
         }
         quantfarm_store::hex(&h.finalize())
     }
@@ -192,13 +200,16 @@ pub async fn plan_hf_to_gguf(source: &TensorSource, out: OutType) -> Result<Gguf
     if !loc.is_dir().await? {
         return Err(Error::format(loc.to_string(), "location", "give the checkpoint folder (config.json is read too)"));
     }
-    let hf = HfFiles::read(loc).await?;
+    let mut hf = HfFiles::read(loc).await?;
     let config_file = hf.file_name("config.json");
     let arch = hf
         .config_value("architectures")
         .and_then(|a| a.as_array()?.first()?.as_str())
-        .ok_or_else(|| Error::format(&config_file, "architectures", "missing or not a list of names"))?;
-    let m = mapping_for(arch)?;
+        .ok_or_else(|| Error::format(&config_file, "architectures", "missing or not a list of names"))?
+        .to_string();
+    let m = mapping_for(&arch)?;
+    // From here on the config is what the converter reads: AutoConfig's view, as the mapping models it.
+    hf.config = hparams::normalize(&hf.config, &m.hparams);
     for u in &m.unsupported {
         if let Some(v) = hf.config_value(&u.config) {
             if !u.allow.contains(v) {
@@ -215,11 +226,36 @@ pub async fn plan_hf_to_gguf(source: &TensorSource, out: OutType) -> Result<Gguf
     // `conversion/base.py`, `gguf-py/gguf/utility.py::SafetensorsLocal`).
     let mut tensors = Vec::new();
     let mut seen = std::collections::HashSet::new();
+    let mut multimodal = Vec::new();
+    // `prepare_tensors` writes `generate_extra_tensors()` first.
+    for g in &m.generate {
+        if !g.when.iter().all(|(field, want)| hf.config_value(field) == Some(want)) {
+            continue;
+        }
+        let values = g.op.values(&hf.config, &config_file)?;
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        seen.insert(g.gguf.clone());
+        tensors.push(PlannedTensor {
+            name: g.gguf.clone(),
+            source: format!("({})", g.op.name()),
+            source_type: TensorType::Dtype(Dtype::F32),
+            ty: GgmlType::F32,
+            ne: vec![values.len() as u64],
+            nbytes: bytes.len() as u64,
+            permute_heads: None,
+            offset: None,
+            generated: Some(bytes),
+        });
+    }
     for mut names in files {
         names.sort_by(|a, b| a.0.cmp(b.0));
         for (name, source_type, shape) in names {
             let (gguf, permute, offset) = match m.map_tensor(name)? {
                 Mapped::Drop => continue,
+                Mapped::Multimodal => {
+                    multimodal.push(name.to_string());
+                    continue;
+                }
                 Mapped::Rename { gguf, permute, offset } => (gguf, permute, offset),
             };
             if !seen.insert(gguf.clone()) {
@@ -270,8 +306,18 @@ pub async fn plan_hf_to_gguf(source: &TensorSource, out: OutType) -> Result<Gguf
                 nbytes,
                 permute_heads,
                 offset,
+                generated: None,
             });
         }
+    }
+    if !multimodal.is_empty() {
+        tracing::warn!(
+            checkpoint = %loc,
+            tensors = multimodal.len(),
+            first = %multimodal[0],
+            "the checkpoint's vision/audio tower is NOT converted: only its text model is written (as \
+             convert_hf_to_gguf.py does without --mmproj); a multimodal projector GGUF is out of scope"
+        );
     }
     let total_params = tensors.iter().map(|t| t.ne.iter().product::<u64>()).sum();
     let metadata = metadata::build(&m, &hf, &metadata::PlanFacts { total_params, file_type: out.file_type() })?;

@@ -233,17 +233,57 @@ pub fn pre_tokenizer_sha256(pre: &Json) -> String {
     quantfarm_store::hex(&Sha256::digest(text.as_bytes()))
 }
 
+/// Whether tokenizer.json's post-processor adds a BOS: a `TemplateProcessing` (alone or in a `Sequence`) whose
+/// `single` template starts with a special token, as Llama 3's `<|begin_of_text|> $A`.
+fn adds_bos(tok: &Json) -> bool {
+    fn template_bos(p: &Json) -> bool {
+        match p.get("type").and_then(Json::as_str) {
+            Some("TemplateProcessing") => {
+                p.pointer("/single/0").and_then(Json::as_object).is_some_and(|first| first.contains_key("SpecialToken"))
+            }
+            Some("Sequence") => {
+                p.get("processors").and_then(Json::as_array).is_some_and(|ps| ps.iter().any(template_bos))
+            }
+            _ => false,
+        }
+    }
+    tok.get("post_processor").is_some_and(template_bos)
+}
+
 /// `tokenizer.ggml.pre` from the table in `mappings/pre-tokenizers.yaml`.
 fn pre_tokenizer_name(hf: &HfFiles, tok: &Json) -> Result<String> {
     let pre = tok.get("pre_tokenizer").unwrap_or(&Json::Null);
     let sha = pre_tokenizer_sha256(pre);
-    pre_tokenizers()?.into_iter().find(|p| p.sha256 == sha).map(|p| p.pre).ok_or_else(|| Error::Mapping {
-        file: format!("mappings/{PRE_TOKENIZERS_FILE}"),
-        msg: format!(
-            "{}: pre_tokenizer {} (sha256 {sha}) is not in the table; add an entry with the tokenizer.ggml.pre \
-             name convert_hf_to_gguf.py gives this model",
-            hf.file_name("tokenizer.json"),
-            serde_json::to_string(pre).unwrap_or_default()
-        ),
-    })
+    let bos = adds_bos(tok);
+    pre_tokenizers()?.into_iter().find(|p| p.sha256 == sha && p.bos.is_none_or(|b| b == bos)).map(|p| p.pre).ok_or_else(
+        || Error::Mapping {
+            file: format!("mappings/{PRE_TOKENIZERS_FILE}"),
+            msg: format!(
+                "{}: pre_tokenizer {} (sha256 {sha}, {} BOS) is not in the table; add an entry with the \
+                 tokenizer.ggml.pre name convert_hf_to_gguf.py gives this model",
+                hf.file_name("tokenizer.json"),
+                serde_json::to_string(pre).unwrap_or_default(),
+                if bos { "adds a" } else { "adds no" }
+            ),
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bos_is_read_from_the_post_processor() {
+        let bos = serde_json::json!({"type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}]});
+        assert!(adds_bos(&serde_json::json!({"post_processor": bos})));
+        let seq =
+            serde_json::json!({"post_processor": {"type": "Sequence", "processors": [{"type": "ByteLevel"}, bos]}});
+        assert!(adds_bos(&seq));
+        let plain = serde_json::json!({"post_processor": {"type": "TemplateProcessing",
+            "single": [{"Sequence": {"id": "A", "type_id": 0}}]}});
+        assert!(!adds_bos(&plain));
+        assert!(!adds_bos(&serde_json::json!({"post_processor": {"type": "ByteLevel"}})));
+    }
 }

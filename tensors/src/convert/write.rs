@@ -46,9 +46,16 @@ pub(super) async fn stage_shard(
     };
     let mut w = GgufWriter::create(dst, GGUF_VERSION, &metadata, &plan.descs(range.clone()), overwrite).await?;
     // The read stage reads the shard's pieces ahead while each is converted here and written behind by the sink.
-    let cuts = plan.tensors[range].iter().map(|t| Cut::new(source, t, budget)).collect::<Result<Vec<_>>>()?;
+    // Generated tensors (the mapping's `generate`) have their bytes in the plan and read nothing.
+    let cuts = plan.tensors[range]
+        .iter()
+        .map(|t| match &t.generated {
+            Some(bytes) => Ok(Err(bytes.as_slice())),
+            None => Cut::new(source, t, budget).map(Ok),
+        })
+        .collect::<Result<Vec<_>>>()?;
     let mut reads = Reads::default();
-    for c in &cuts {
+    for c in cuts.iter().flatten() {
         for (r, n) in c.chunks() {
             reads.push(&c.spans(source, r, n)?, c.work(n));
         }
@@ -56,9 +63,14 @@ pub(super) async fn stage_shard(
     let mut reads = reads.start(budget);
     let mut bufs = Bufs::default();
     for c in &cuts {
-        for (r, n) in c.chunks() {
-            let raw = reads.next().await?;
-            w.write_piece(c.convert(source, r, n, raw, &mut bufs)?).await?;
+        match c {
+            Err(bytes) => w.write_piece(bytes).await?,
+            Ok(c) => {
+                for (r, n) in c.chunks() {
+                    let raw = reads.next().await?;
+                    w.write_piece(c.convert(source, r, n, raw, &mut bufs)?).await?;
+                }
+            }
         }
     }
     Ok(w)
@@ -72,6 +84,9 @@ pub(crate) async fn write_tensor(
     bufs: &mut Bufs,
     w: &mut impl PieceWriter,
 ) -> Result<()> {
+    if let Some(bytes) = &t.generated {
+        return w.write_piece(bytes).await;
+    }
     let c = Cut::new(src, t, budget)?;
     let mut raw = Vec::new();
     for (r, n) in c.chunks() {
