@@ -2,7 +2,7 @@
 HF -> GGUF conversion against llama.cpp's convert_hf_to_gguf.py.
 
 usage: make_synthetic_hf.py ARCH OUT_DIR LLAMA_CPP_SRC [SEED]
-ARCH: qwen2 | qwen3 | mistral | gemma3 | gemma3_mm | llama3
+ARCH: qwen2 | qwen2_yarn | qwen3 | mistral | gemma3 | gemma3_mm | llama3
 
 The vocabularies are real ones, taken from llama.cpp's own vocab-only test GGUFs (models/ggml-vocab-*.gguf):
 - qwen2 / qwen3: Qwen2's byte-level BPE (151,643 ranks and 151,387 merges) as a tokenizer.json with Qwen's
@@ -189,15 +189,18 @@ common = {"hidden_size": H, "intermediate_size": FF, "num_hidden_layers": LAYERS
           "num_key_value_heads": KV, "initializer_range": 0.02, "attention_dropout": 0.0, "use_cache": True,
           "torch_dtype": "bfloat16", "transformers_version": "4.51.0"}
 
-if ARCH in ("qwen2", "qwen3"):
+if ARCH in ("qwen2", "qwen2_yarn", "qwen3"):
     vocab = qwen_tokenizer(ARCH == "qwen3")
-    cfg = {**common, "architectures": ["Qwen2ForCausalLM" if ARCH == "qwen2" else "Qwen3ForCausalLM"],
-           "model_type": ARCH, "vocab_size": vocab, "hidden_act": "silu", "max_position_embeddings": 40960,
+    cfg = {**common, "architectures": ["Qwen3ForCausalLM" if ARCH == "qwen3" else "Qwen2ForCausalLM"],
+           "model_type": "qwen3" if ARCH == "qwen3" else "qwen2", "vocab_size": vocab, "hidden_act": "silu", "max_position_embeddings": 40960,
            "max_window_layers": LAYERS, "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000.0,
            "sliding_window": None, "use_sliding_window": False, "bos_token_id": 151643, "eos_token_id": 151645,
            "tie_word_embeddings": ARCH == "qwen3"}
     if ARCH == "qwen3":
         cfg.update({"head_dim": HEAD_DIM, "attention_bias": False})
+    if ARCH == "qwen2_yarn":
+        # Qwen2.5's long-context recipe as its model cards give it (the pre-transformers-5 `type` key).
+        cfg["rope_scaling"] = {"factor": 4.0, "original_max_position_embeddings": 32768, "type": "yarn"}
 elif ARCH == "llama3":
     vocab = llama3_tokenizer()
     cfg = {**common, "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab,
@@ -245,7 +248,7 @@ for b in range(LAYERS):
         p + "self_attn.v_proj.weight": (kv_out, H), p + "self_attn.o_proj.weight": (H, q_out),
         p + "mlp.gate_proj.weight": (FF, H), p + "mlp.up_proj.weight": (FF, H), p + "mlp.down_proj.weight": (H, FF),
     })
-    if ARCH == "qwen2":
+    if ARCH in ("qwen2", "qwen2_yarn"):
         shapes.update({p + "self_attn.q_proj.bias": (q_out,), p + "self_attn.k_proj.bias": (kv_out,),
                        p + "self_attn.v_proj.bias": (kv_out,)})
     if ARCH in ("qwen3", "gemma3", "gemma3_mm"):

@@ -1,7 +1,8 @@
 //! HF → GGUF for every mapped architecture against llama.cpp's own `convert_hf_to_gguf.py`, run here on the same
-//! input: tiny random checkpoints of qwen2, qwen3, mistral and gemma3 with real vocabularies and chat templates
-//! (`tests/py/make_synthetic_hf.py`: Qwen2's byte-level BPE, LLaMA's SentencePiece model) must convert to the very
-//! same file, byte for byte, for each out-type. The converter runs in `venv-convert`
+//! input: tiny random checkpoints of Llama 3, Qwen2 (plain and yarn), Qwen3, Mistral and Gemma 3 (text and
+//! multimodal) with real vocabularies and chat templates (`tests/py/make_synthetic_hf.py`: Llama 3's and Qwen2's
+//! byte-level BPE, LLaMA's SentencePiece model) must convert to the very same file, byte for byte, for each
+//! out-type. The converter runs in `venv-convert`
 //! (`scripts/install-convert-oracle`: torch, transformers, sentencepiece and the source tree's gguf-py).
 
 use std::ffi::OsStr;
@@ -10,6 +11,7 @@ use std::process::Command;
 
 use quantfarm_e2e::{convert_python, llama_src, run_py_with};
 use quantfarm_store::Location;
+use quantfarm_tensors::convert::generate::GenerateOp;
 use quantfarm_tensors::convert::{convert_hf_to_gguf, OutType};
 use quantfarm_tensors::gguf::GgufHeader;
 use quantfarm_tensors::TensorSource;
@@ -122,4 +124,85 @@ fn mistral_equals_convert_hf_to_gguf() {
 #[test]
 fn gemma3_equals_convert_hf_to_gguf() {
     check("gemma3", &[("bf16", OutType::Bf16), ("f16", OutType::F16), ("f32", OutType::F32), ("q8_0", OutType::Q8_0)]);
+}
+
+/// Llama 3.2-like: the real Llama 3 vocabulary with its BOS-adding post-processor (pre-tokenizer llama-bpe),
+/// rope_scaling llama3 (the generated rope_freqs.weight, first in the file), head_dim 64, tied embeddings.
+#[test]
+fn llama3_equals_convert_hf_to_gguf() {
+    check("llama3", &[("bf16", OutType::Bf16), ("q8_0", OutType::Q8_0)]);
+}
+
+/// Qwen2.5 with its long-context yarn recipe: the rope scaling keys TextModel writes for yarn.
+#[test]
+fn qwen2_yarn_equals_convert_hf_to_gguf() {
+    check("qwen2_yarn", &[("bf16", OutType::Bf16)]);
+}
+
+/// Gemma3ForConditionalGeneration as transformers 5 saves it (4B and larger): the text config nested, names under
+/// `model.language_model.`, a vision tower and projector that are not converted, linear rope scaling.
+#[test]
+fn gemma3_multimodal_text_tower_equals_convert_hf_to_gguf() {
+    check("gemma3_mm", &[("bf16", OutType::Bf16)]);
+}
+
+/// The llama3 rope factors against LlamaModel.generate_extra_tensors itself, run with torch here, for the
+/// parameters of the released Llama 3.1 / 3.2 / 3.3 checkpoints and for others that put pairs in every band
+/// (and, with 40 pairs, through both torch's vectorized loop and its scalar tail).
+#[test]
+fn llama3_rope_factors_equal_the_converters() {
+    let cases = serde_json::json!([
+        {"head_dim": 128, "rope": {"rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192, "rope_type": "llama3"}},
+        {"head_dim": 64, "rope": {"rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192, "rope_type": "llama3"}},
+        {"head_dim": 128, "rope": {"rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192, "rope_type": "llama3"}},
+        {"head_dim": 80, "rope": {"rope_theta": 10000.0, "factor": 4.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 2.0, "original_max_position_embeddings": 4096, "rope_type": "llama3"}},
+        {"head_dim": 256, "rope": {"rope_theta": 1000000.0, "factor": 16.0, "low_freq_factor": 2.0,
+            "high_freq_factor": 8.0, "original_max_position_embeddings": 16384, "rope_type": "llama3"}},
+        {"head_dim": 16, "rope": {"rope_theta": 123456.7, "factor": 3.0, "low_freq_factor": 0.5,
+            "high_freq_factor": 5.0, "original_max_position_embeddings": 2048, "rope_type": "llama3"}},
+    ]);
+    let src = llama_src();
+    let out =
+        run_py_with(&convert_python(), "llama3_rope_factors.py", &[src.as_os_str(), OsStr::new(&cases.to_string())]);
+    let theirs: Vec<String> = serde_json::from_str(out.trim()).unwrap();
+    let cases = cases.as_array().unwrap();
+    assert_eq!(theirs.len(), cases.len());
+    for (case, want) in cases.iter().zip(&theirs) {
+        let h = serde_json::json!({"head_dim": case["head_dim"], "$rope": case["rope"]});
+        let ours = GenerateOp::Llama3RopeFactors.values(h.as_object().unwrap(), "config.json").unwrap();
+        let hex: String = ours.iter().flat_map(|v| v.to_le_bytes()).map(|b| format!("{b:02x}")).collect();
+        assert_eq!(&hex, want, "{case}: ours {ours:?}");
+    }
+}
+
+/// What is not converted is refused in one line naming the file, the key and what is supported.
+#[test]
+fn unsupported_configs_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let hf = checkpoint("qwen2", dir.path());
+    let config = hf.join("config.json");
+    let original = std::fs::read_to_string(&config).unwrap();
+    let convert = |edit: &dyn Fn(&mut serde_json::Value)| {
+        let mut c: serde_json::Value = serde_json::from_str(&original).unwrap();
+        edit(&mut c);
+        std::fs::write(&config, c.to_string()).unwrap();
+        rt().block_on(async {
+            let out = dir.path().join("out");
+            convert_hf_to_gguf(&Location::local(&hf), &Location::local(&out), "x", OutType::Bf16, None, 1 << 20, true)
+                .await
+                .map(|_| ())
+                .unwrap_err()
+                .to_string()
+        })
+    };
+    let e = convert(&|c| c["rope_scaling"] = serde_json::json!({"type": "dynamic", "factor": 2.0}));
+    assert!(e.contains("config.json") && e.contains("$rope.rope_type") && e.contains("yarn"), "{e}");
+    assert!(!e.contains('\n'), "one line: {e}");
+    let e = convert(&|c| c["architectures"] = serde_json::json!(["FalconMambaForCausalLM"]));
+    assert!(e.contains("FalconMambaForCausalLM") && e.contains("LlamaForCausalLM"), "{e}");
+    assert!(e.contains("GGUF"), "says how to bring a GGUF instead: {e}");
 }

@@ -780,9 +780,21 @@ pub fn mapping_for(hf_arch: &str) -> Result<Mapping> {
             return Ok(m);
         }
     }
+    let mut mapped = Vec::new();
+    for (file, text) in MAPPINGS {
+        let m = parse_mapping(file, text)?;
+        if m.gguf_only.is_none() {
+            mapped.extend(m.hf_architectures);
+        }
+    }
     Err(Error::Mapping {
         file: "mappings/*.yaml".into(),
-        msg: format!("no mapping handles architecture {hf_arch:?} (add it to a mapping's hf_architectures)"),
+        msg: format!(
+            "config.json: architectures: no mapping handles {hf_arch:?} (HF → GGUF is mapped for {}); a GGUF made \
+             by llama.cpp's convert_hf_to_gguf.py can be quantized, verified and measured as it is \
+             (`quantfarm quantize`, `verify`, `kld`), or add the family (mappings/README.md)",
+            mapped.join(", ")
+        ),
     })
 }
 
