@@ -2,7 +2,7 @@
 HF -> GGUF conversion against llama.cpp's convert_hf_to_gguf.py.
 
 usage: make_synthetic_hf.py ARCH OUT_DIR LLAMA_CPP_SRC [SEED]
-ARCH: qwen2 | qwen2_yarn | qwen3 | mistral | gemma3 | gemma3_mm | llama3
+ARCH: qwen2 | qwen2_yarn | qwen3 | qwen3_moe | qwen3_moe_fused | mistral | gemma3 | gemma3_mm | llama3
 
 The vocabularies are real ones, taken from llama.cpp's own vocab-only test GGUFs (models/ggml-vocab-*.gguf):
 - qwen2 / qwen3: Qwen2's byte-level BPE (151,643 ranks and 151,387 merges) as a tokenizer.json with Qwen's
@@ -10,6 +10,8 @@ The vocabularies are real ones, taken from llama.cpp's own vocab-only test GGUFs
 - llama3: Llama 3's byte-level BPE (128,000 ranks, 280,147 merges, 256 specials) as the tokenizer.json Meta ships,
   its TemplateProcessing post-processor adding <|begin_of_text|> (so convert_hf_to_gguf's hash names it llama-bpe),
   with a Llama 3.2 1B-like config: rope_scaling llama3 (factor 32), head_dim 64, tied embeddings;
+- qwen3_moe / qwen3_moe_fused: Qwen3's vocabulary and attention, 10 experts of which 2 are used (so expert 10
+  sorts before 2 by name), stored per expert or fused as transformers 5 saves them (`mlp.experts.gate_up_proj`);
 - mistral / gemma3: LLaMA's SentencePiece BPE model (32,000 pieces with scores and types, 256 byte pieces) as a
   tokenizer.model, and the tokenizer.json transformers derives from it.
 Chat templates come from llama.cpp's models/templates/. config.json holds every field the real model's config.json
@@ -189,15 +191,23 @@ common = {"hidden_size": H, "intermediate_size": FF, "num_hidden_layers": LAYERS
           "num_key_value_heads": KV, "initializer_range": 0.02, "attention_dropout": 0.0, "use_cache": True,
           "torch_dtype": "bfloat16", "transformers_version": "4.51.0"}
 
-if ARCH in ("qwen2", "qwen2_yarn", "qwen3"):
-    vocab = qwen_tokenizer(ARCH == "qwen3")
-    cfg = {**common, "architectures": ["Qwen3ForCausalLM" if ARCH == "qwen3" else "Qwen2ForCausalLM"],
-           "model_type": "qwen3" if ARCH == "qwen3" else "qwen2", "vocab_size": vocab, "hidden_act": "silu", "max_position_embeddings": 40960,
+QWEN_ARCH = {"qwen2": ("Qwen2ForCausalLM", "qwen2"), "qwen2_yarn": ("Qwen2ForCausalLM", "qwen2"),
+             "qwen3": ("Qwen3ForCausalLM", "qwen3"), "qwen3_moe": ("Qwen3MoeForCausalLM", "qwen3_moe"),
+             "qwen3_moe_fused": ("Qwen3MoeForCausalLM", "qwen3_moe")}
+MOE = ARCH.startswith("qwen3_moe")
+N_EXPERTS, MOE_FF = 10, 32
+if ARCH in QWEN_ARCH:
+    vocab = qwen_tokenizer(ARCH.startswith("qwen3"))
+    cfg = {**common, "architectures": [QWEN_ARCH[ARCH][0]], "model_type": QWEN_ARCH[ARCH][1], "vocab_size": vocab, "hidden_act": "silu", "max_position_embeddings": 40960,
            "max_window_layers": LAYERS, "rms_norm_eps": 1e-06, "rope_scaling": None, "rope_theta": 1000000.0,
            "sliding_window": None, "use_sliding_window": False, "bos_token_id": 151643, "eos_token_id": 151645,
            "tie_word_embeddings": ARCH == "qwen3"}
-    if ARCH == "qwen3":
+    if ARCH.startswith("qwen3"):
         cfg.update({"head_dim": HEAD_DIM, "attention_bias": False})
+    if MOE:
+        cfg.update({"num_experts": N_EXPERTS, "num_experts_per_tok": 2, "moe_intermediate_size": MOE_FF,
+                    "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True,
+                    "router_aux_loss_coef": 0.001, "output_router_logits": False, "tie_word_embeddings": False})
     if ARCH == "qwen2_yarn":
         # Qwen2.5's long-context recipe as its model cards give it (the pre-transformers-5 `type` key).
         cfg["rope_scaling"] = {"factor": 4.0, "original_max_position_embeddings": 32768, "type": "yarn"}
@@ -251,7 +261,19 @@ for b in range(LAYERS):
     if ARCH in ("qwen2", "qwen2_yarn"):
         shapes.update({p + "self_attn.q_proj.bias": (q_out,), p + "self_attn.k_proj.bias": (kv_out,),
                        p + "self_attn.v_proj.bias": (kv_out,)})
-    if ARCH in ("qwen3", "gemma3", "gemma3_mm"):
+    if MOE:
+        for w in ("gate_proj", "up_proj", "down_proj"):
+            del shapes[p + "mlp." + w + ".weight"]
+        shapes[p + "mlp.gate.weight"] = (N_EXPERTS, H)
+        if ARCH == "qwen3_moe_fused":
+            shapes.update({p + "mlp.experts.gate_up_proj": (N_EXPERTS, 2 * MOE_FF, H),
+                           p + "mlp.experts.down_proj": (N_EXPERTS, H, MOE_FF)})
+        else:
+            for e in range(N_EXPERTS):
+                x = f"{p}mlp.experts.{e}."
+                shapes.update({x + "gate_proj.weight": (MOE_FF, H), x + "up_proj.weight": (MOE_FF, H),
+                               x + "down_proj.weight": (H, MOE_FF)})
+    if ARCH.startswith("qwen3") or ARCH in ("gemma3", "gemma3_mm"):
         shapes.update({p + "self_attn.q_norm.weight": (HEAD_DIM,), p + "self_attn.k_norm.weight": (HEAD_DIM,)})
     if ARCH in ("gemma3", "gemma3_mm"):
         shapes.update({p + "pre_feedforward_layernorm.weight": (H,), p + "post_feedforward_layernorm.weight": (H,)})

@@ -41,9 +41,13 @@ fn oracle(hf: &Path, outtype: &str, out: &Path) {
 }
 
 fn ours(hf: &Path, out: OutType, dir: &Path) -> PathBuf {
+    ours_within(hf, out, dir, 1 << 20)
+}
+
+fn ours_within(hf: &Path, out: OutType, dir: &Path, budget: u64) -> PathBuf {
     rt().block_on(async {
         let done =
-            convert_hf_to_gguf(&Location::local(hf), &Location::local(dir), "ours", out, None, 1 << 20, false).await;
+            convert_hf_to_gguf(&Location::local(hf), &Location::local(dir), "ours", out, None, budget, false).await;
         PathBuf::from(&done.unwrap_or_else(|e| panic!("{}: {e}", hf.display()))[0].location)
     })
 }
@@ -124,6 +128,26 @@ fn mistral_equals_convert_hf_to_gguf() {
 #[test]
 fn gemma3_equals_convert_hf_to_gguf() {
     check("gemma3", &[("bf16", OutType::Bf16), ("f16", OutType::F16), ("f32", OutType::F32), ("q8_0", OutType::Q8_0)]);
+}
+
+/// Qwen3-MoE with 10 experts stored one by one: stacked per block (down, gate, up) where its last expert weight is
+/// read, the router kept F32, the `{count}x{params}` size label; converted again within a budget so small that
+/// pieces end inside an expert's rows.
+#[test]
+fn qwen3_moe_equals_convert_hf_to_gguf() {
+    check("qwen3_moe", &[("bf16", OutType::Bf16), ("f16", OutType::F16)]);
+    let dir = tempfile::tempdir().unwrap();
+    let hf = checkpoint("qwen3_moe", dir.path());
+    let theirs = dir.path().join("oracle.gguf");
+    oracle(&hf, "bf16", &theirs);
+    assert_same_file(&ours_within(&hf, OutType::Bf16, &dir.path().join("small"), 3000), &theirs);
+}
+
+/// Qwen3-MoE as transformers 5 saves it: `mlp.experts.gate_up_proj` (split in two along its second-to-last axis)
+/// and `mlp.experts.down_proj`, 3-D.
+#[test]
+fn qwen3_moe_fused_experts_equal_convert_hf_to_gguf() {
+    check("qwen3_moe_fused", &[("bf16", OutType::Bf16)]);
 }
 
 /// Llama 3.2-like: the real Llama 3 vocabulary with its BOS-adding post-processor (pre-tokenizer llama-bpe),

@@ -248,14 +248,14 @@ fn failures_name_their_cause_and_write_nothing() {
     assert_eq!(e, "cannot map tensor 'lm_head.biases' (mapping llama.yaml)");
     assert_empty(&dst);
 
-    // A config.json without a required key.
+    // A config.json key of the wrong type (a missing one takes LlamaConfig's default, as AutoConfig gives it).
     let src = dir.path().join("nokey");
     tiny_checkpoint(&src, ok, |c| {
-        c.remove("num_hidden_layers");
+        c.insert("num_hidden_layers".into(), serde_json::json!("thirty"));
     });
     let dst = dir.path().join("out2");
     let e = convert_err(&src, &dst, 1 << 20);
-    assert!(e.contains("config.json") && e.contains("num_hidden_layers") && e.contains("missing"), "{e}");
+    assert!(e.contains("config.json") && e.contains("num_hidden_layers") && e.contains("does not fit"), "{e}");
     assert_empty(&dst);
 
     // A failure while writing (a row larger than the budget) leaves no partial file either.
@@ -269,10 +269,10 @@ fn failures_name_their_cause_and_write_nothing() {
     // Unsupported rope scaling is refused, not silently converted without its keys.
     let src = dir.path().join("rope");
     tiny_checkpoint(&src, ok, |c| {
-        c.insert("rope_scaling".into(), serde_json::json!({"rope_type": "llama3", "factor": 8.0}));
+        c.insert("rope_scaling".into(), serde_json::json!({"rope_type": "dynamic", "factor": 8.0}));
     });
     let e = convert_err(&src, &dir.path().join("out4"), 1 << 20);
-    assert!(e.contains("rope_scaling.rope_type") && e.contains("llama3"), "{e}");
+    assert!(e.contains("$rope.rope_type") && e.contains("dynamic") && e.contains("llama3"), "{e}");
 }
 
 #[test]

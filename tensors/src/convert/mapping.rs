@@ -16,6 +16,7 @@ const MAPPINGS: &[(&str, &str)] = &[
     ("llama.yaml", include_str!("../../../mappings/llama.yaml")),
     ("qwen2.yaml", include_str!("../../../mappings/qwen2.yaml")),
     ("qwen3.yaml", include_str!("../../../mappings/qwen3.yaml")),
+    ("qwen3_moe.yaml", include_str!("../../../mappings/qwen3_moe.yaml")),
     ("gemma3.yaml", include_str!("../../../mappings/gemma3.yaml")),
     ("qwen3_5.yaml", include_str!("../../../mappings/qwen3_5.yaml")),
     ("qwen3_5_moe.yaml", include_str!("../../../mappings/qwen3_5_moe.yaml")),
@@ -46,6 +47,10 @@ pub struct Mapping {
     /// matched on the name as stored: dropped, counted and said loudly, since only the text model is written.
     pub multimodal: Vec<AnchoredRegex>,
     pub tensors: Vec<TensorRule>,
+    /// Per-expert weights stacked into one 3-D tensor per weight.
+    pub experts: Vec<ExpertRule>,
+    /// Fused tensors written as equal parts of their second-to-last axis.
+    pub fused: Vec<FusedRule>,
     pub drop: Vec<AnchoredRegex>,
     pub f32: F32Rule,
     pub metadata: Vec<MetaEntry>,
@@ -65,6 +70,50 @@ pub struct Mapping {
     /// Tensors the converter computes from the config rather than reads (`generate_extra_tensors`), written
     /// before the checkpoint's own.
     pub generate: Vec<GenerateRule>,
+}
+
+/// Per-expert weights (`mlp.experts.{e}.{w}.weight`) stacked along a new first axis, one tensor per weight, written
+/// where the block's last expert weight is read (`Qwen2MoeModel.modify_tensors`, `torch.stack(dim=0)`).
+#[derive(Debug, Deserialize)]
+#[serde(try_from = "RawExpertRule")]
+pub struct ExpertRule {
+    /// Groups named `b` (block), `e` (expert) and `w` (which weight).
+    pub hf: AnchoredRegex,
+    /// Config fields holding the expert count, the first present (`find_hparam`).
+    pub count: Vec<String>,
+    /// `w` → GGUF name (`{b}` filled), in the order the stacked tensors are written.
+    pub gguf: IndexMap<String, String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawExpertRule {
+    hf: AnchoredRegex,
+    count: Vec<String>,
+    gguf: IndexMap<String, String>,
+}
+
+impl TryFrom<RawExpertRule> for ExpertRule {
+    type Error = String;
+    fn try_from(r: RawExpertRule) -> std::result::Result<Self, String> {
+        let groups: Vec<&str> = r.hf.0.capture_names().flatten().collect();
+        if !["b", "e", "w"].iter().all(|g| groups.contains(g)) {
+            return Err(format!("experts rule {:?}: the regex needs groups named b, e and w", r.hf.0.as_str()));
+        }
+        if r.count.is_empty() || r.gguf.is_empty() {
+            return Err(format!("experts rule {:?}: count and gguf list at least one entry", r.hf.0.as_str()));
+        }
+        Ok(ExpertRule { hf: r.hf, count: r.count, gguf: r.gguf })
+    }
+}
+
+/// One fused HF tensor written as `gguf.len()` GGUF tensors, the equal parts of its second-to-last axis in order
+/// (transformers 5's `mlp.experts.gate_up_proj`, split at `shape[-2] // 2` into gate and up).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FusedRule {
+    pub hf: AnchoredRegex,
+    pub gguf: Vec<String>,
 }
 
 /// A tensor computed from the config by a named operator of [`super::generate`], when its conditions hold.
@@ -227,6 +276,10 @@ struct RawMapping {
     #[serde(default)]
     multimodal: Vec<AnchoredRegex>,
     tensors: Vec<TensorRule>,
+    #[serde(default)]
+    experts: Vec<ExpertRule>,
+    #[serde(default)]
+    fused: Vec<FusedRule>,
     #[serde(default)]
     drop: Vec<AnchoredRegex>,
     f32: F32Rule,
@@ -753,6 +806,8 @@ pub fn parse_mapping(file: &str, text: &str) -> Result<Mapping> {
         erase: r.erase,
         multimodal: r.multimodal,
         tensors: r.tensors,
+        experts: r.experts,
+        fused: r.fused,
         drop: r.drop,
         f32: r.f32,
         metadata,
@@ -830,6 +885,17 @@ pub enum Mapped<'a> {
     Drop,
     /// A tensor of a vision or audio tower (the mapping's `multimodal`): not converted.
     Multimodal,
+    /// Expert `expert`'s weight `weight` of block `block`, stacked by the mapping's `experts[rule]`.
+    Expert {
+        rule: usize,
+        block: String,
+        expert: u64,
+        weight: String,
+    },
+    /// A fused tensor written as these GGUF tensors (the mapping's `fused`).
+    Fused {
+        gguf: Vec<String>,
+    },
     Rename {
         gguf: String,
         permute: Option<&'a Permute>,
@@ -882,6 +948,25 @@ impl Mapping {
                 return Ok(Mapped::Rename { gguf, permute: rule.permute.as_ref(), offset: rule.offset });
             }
         }
+        for (rule, r) in self.experts.iter().enumerate() {
+            if let Some(c) = r.hf.0.captures(hf) {
+                let group = |g: &str| c.name(g).map(|m| m.as_str().to_string()).unwrap_or_default();
+                let expert = group("e").parse().map_err(|_| Error::Unmapped {
+                    tensor: hf.to_string(),
+                    mapping: format!("{} (expert index is not a number)", self.file),
+                })?;
+                return Ok(Mapped::Expert { rule, block: group("b"), expert, weight: group("w") });
+            }
+        }
+        for rule in &self.fused {
+            if let Some(c) = rule.hf.0.captures(hf) {
+                let fill = |t: &String| match c.name("b") {
+                    Some(b) => t.replace("{b}", b.as_str()),
+                    None => t.clone(),
+                };
+                return Ok(Mapped::Fused { gguf: rule.gguf.iter().map(fill).collect() });
+            }
+        }
         if self.drop.iter().any(|r| r.is_match(hf)) {
             return Ok(Mapped::Drop);
         }
@@ -914,6 +999,7 @@ mod tests {
             Ok(Mapped::Rename { gguf, .. }) => Ok(gguf),
             Ok(Mapped::Drop) => Ok("(dropped)".into()),
             Ok(Mapped::Multimodal) => Ok("(multimodal)".into()),
+            Ok(other) => Ok(format!("{other:?}")),
             Err(e) => Err(e.to_string()),
         };
         assert_eq!(rename("language_model.model.norm.weight").unwrap(), "output_norm.weight");
@@ -987,6 +1073,25 @@ mod tests {
         let text = "architecture: x\nhf_architectures: [X]\nf32: {max_dims: 1}\nmetadata: []\ntensors: []\nhf_config:\n  model_type: x\n  fields:\n    a: {sub: [k1, k2], div: [k1, k2]}\n";
         let e = parse_mapping("bad.yaml", text).unwrap_err().to_string();
         assert!(e.contains("mappings/bad.yaml"), "{e}");
+    }
+
+    #[test]
+    fn expert_and_fused_rules_map_and_refuse() {
+        let m = mapping_for("Qwen3MoeForCausalLM").unwrap();
+        match m.map_tensor("model.layers.3.mlp.experts.11.up_proj.weight").unwrap() {
+            Mapped::Expert { rule: 0, block, expert: 11, weight } => {
+                assert_eq!((block.as_str(), weight.as_str()), ("3", "up_proj"))
+            }
+            other => panic!("{other:?}"),
+        }
+        match m.map_tensor("model.layers.2.mlp.experts.gate_up_proj").unwrap() {
+            Mapped::Fused { gguf } => assert_eq!(gguf, ["blk.2.ffn_gate_exps.weight", "blk.2.ffn_up_exps.weight"]),
+            other => panic!("{other:?}"),
+        }
+        let head = "architecture: x\nhf_architectures: [X]\ntensors: []\nf32: {max_dims: 1}\nmetadata: []\n";
+        let bad = format!("{head}experts:\n  - {{hf: 'a(?P<b>\\d)', count: [n], gguf: {{w: x}}}}\n");
+        let e = parse_mapping("bad.yaml", &bad).unwrap_err().to_string();
+        assert!(e.contains("groups named b, e and w"), "{e}");
     }
 
     #[test]

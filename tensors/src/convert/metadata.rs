@@ -37,6 +37,10 @@ pub struct PlanFacts {
     pub total_params: u64,
     /// `general.file_type` of the output type.
     pub file_type: u32,
+    /// For a model with expert tensors (`_exps.` with 3 dimensions): the average expert count and the
+    /// parameters of the shared tensors plus one expert of each (`get_total_parameter_count`), which
+    /// `gguf.size_label` writes as `{count}x{params}`.
+    pub experts: Option<(u64, u64)>,
 }
 
 /// Evaluates the mapping's metadata list.
@@ -66,7 +70,11 @@ pub fn build(m: &Mapping, hf: &HfFiles, facts: &PlanFacts) -> Result<Vec<(String
             }
             MetaSource::Computed(Computed::SizeLabel) => {
                 if facts.total_params > 0 {
-                    kv.set(&key, Value::String(size_label(facts.total_params).as_str().into()))
+                    let label = match facts.experts {
+                        Some((count, params)) => format!("{count}x{}", size_label(params)),
+                        None => size_label(facts.total_params),
+                    };
+                    kv.set(&key, Value::String(label.as_str().into()))
                 }
             }
             MetaSource::Literal(v) => kv.set(&key, typed(m, hf, e, &key, v, "value")?),

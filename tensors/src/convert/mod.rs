@@ -131,6 +131,22 @@ pub struct PlannedTensor {
     /// The bytes of a tensor the mapping computes (its `generate` list), written as they are; `source` then names
     /// the operator in parentheses and nothing is read.
     pub generated: Option<Vec<u8>>,
+    /// Where the output's rows come from when they are not the source's rows one to one.
+    pub rows: RowSource,
+}
+
+/// How a planned tensor's rows (all axes but the last flattened) are gathered from the checkpoint.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub enum RowSource {
+    /// The source's own rows, in order (permuted within heads when `permute_heads` is set).
+    #[default]
+    Direct,
+    /// The rows of each tensor in turn, all of `source`'s shape and dtype (`torch.stack(dim=0)` of per-expert
+    /// weights, as `Qwen2MoeModel.modify_tensors` stacks them).
+    Stack(Vec<String>),
+    /// Part `part` of `parts` equal pieces of the second-to-last axis (a fused `gate_up_proj` split at
+    /// `shape[-2] // 2`): output row `r` is source row `(r / block)·block·parts + part·block + r % block`.
+    Split { parts: u64, part: u64, block: u64 },
 }
 
 impl GgufPlan {
@@ -147,6 +163,9 @@ impl GgufPlan {
             h.update(format!("\n{}\t{}\t{:?}\t{:?}", t.source, t.source_type, t.permute_heads, t.offset).as_bytes());
             if let Some(bytes) = &t.generated {
                 h.update(Sha256::digest(bytes));
+            }
+            if t.rows != RowSource::Direct {
+                h.update(format!("\t{:?}", t.rows).as_bytes());
             }
         }
         quantfarm_store::hex(&h.finalize())
@@ -245,26 +264,15 @@ pub async fn plan_hf_to_gguf(source: &TensorSource, out: OutType) -> Result<Gguf
             permute_heads: None,
             offset: None,
             generated: Some(bytes),
+            rows: RowSource::Direct,
         });
     }
+    // Per-expert weights waiting for the rest of their block: (rule, block) → (expert, weight) → tensor.
+    type Parts<'n> = std::collections::BTreeMap<(u64, String), (&'n str, TensorType, &'n [u64])>;
+    let mut pending: Vec<(usize, String, Parts)> = Vec::new();
     for mut names in files {
         names.sort_by(|a, b| a.0.cmp(b.0));
         for (name, source_type, shape) in names {
-            let (gguf, permute, offset) = match m.map_tensor(name)? {
-                Mapped::Drop => continue,
-                Mapped::Multimodal => {
-                    multimodal.push(name.to_string());
-                    continue;
-                }
-                Mapped::Rename { gguf, permute, offset } => (gguf, permute, offset),
-            };
-            if !seen.insert(gguf.clone()) {
-                return Err(Error::format(
-                    loc.to_string(),
-                    format!("tensor {name:?}"),
-                    format!("maps to {gguf:?}, as another tensor does"),
-                ));
-            }
             let bad = |msg: String| Error::format(loc.to_string(), format!("tensor {name:?}"), msg);
             if !matches!(
                 source_type,
@@ -272,15 +280,80 @@ pub async fn plan_hf_to_gguf(source: &TensorSource, out: OutType) -> Result<Gguf
             ) {
                 return Err(bad(format!("type {source_type} cannot be converted (BF16, F16, F32 or MLX affine only)")));
             }
-            let ty = if m.f32.forces_f32(&gguf, shape.len()) {
-                GgmlType::F32
-            } else if out == OutType::Q8_0 && shape.last().is_some_and(|c| c % 32 != 0) {
-                // gguf-py's QuantError fallback: rows that are not whole blocks are written F16.
-                GgmlType::F16
-            } else {
-                out.ggml()
-            };
             let ne: Vec<u64> = shape.iter().rev().copied().collect();
+            let (gguf, permute, offset) = match m.map_tensor(name)? {
+                Mapped::Drop => continue,
+                Mapped::Multimodal => {
+                    multimodal.push(name.to_string());
+                    continue;
+                }
+                Mapped::Rename { gguf, permute, offset } => (gguf, permute, offset),
+                Mapped::Fused { gguf } => {
+                    let parts = gguf.len() as u64;
+                    let axis = ne.get(1).copied().unwrap_or(0);
+                    if ne.len() < 2 || parts == 0 || axis % parts != 0 {
+                        return Err(bad(format!(
+                            "shape {shape:?}: its second-to-last axis is not {parts} equal parts"
+                        )));
+                    }
+                    for (part, g) in gguf.into_iter().enumerate() {
+                        let mut pne = ne.clone();
+                        pne[1] = axis / parts;
+                        let rows = RowSource::Split { parts, part: part as u64, block: axis / parts };
+                        let t = planned(&m, out, g, name, source_type, pne, None, None, rows, &bad)?;
+                        push_unique(&mut tensors, &mut seen, t, &bad)?;
+                    }
+                    continue;
+                }
+                Mapped::Expert { rule: key, block, expert, weight } => {
+                    let rule = &m.experts[key];
+                    let i = match pending.iter().position(|(r, b, _)| *r == key && *b == block) {
+                        Some(i) => i,
+                        None => {
+                            pending.push((key, block.clone(), Parts::new()));
+                            pending.len() - 1
+                        }
+                    };
+                    if !rule.gguf.contains_key(&weight) {
+                        return Err(bad(format!("expert weight {weight:?} is not one of {:?}", rule.gguf.keys())));
+                    }
+                    pending[i].2.insert((expert, weight), (name, source_type, shape));
+                    let count = rule
+                        .count
+                        .iter()
+                        .find_map(|f| hf.config_value(f).and_then(serde_json::Value::as_u64))
+                        .ok_or_else(|| {
+                            Error::format(&config_file, rule.count.join(" | "), "missing: the expert count is needed")
+                        })?;
+                    // Qwen2MoeModel.modify_tensors: written once the block holds count × weights tensors.
+                    if (pending[i].2.len() as u64) < count * rule.gguf.len() as u64 {
+                        continue;
+                    }
+                    let (_, block, parts) = pending.remove(i);
+                    for (w, template) in &rule.gguf {
+                        let names: Vec<(&str, TensorType, &[u64])> = (0..count)
+                            .map(|e| {
+                                parts.get(&(e, w.clone())).copied().ok_or_else(|| {
+                                    bad(format!("block {block} has no expert {e} {w} (experts must be 0..{count})"))
+                                })
+                            })
+                            .collect::<Result<_>>()?;
+                        let (first, ty0, shape0) = names[0];
+                        if let Some((other, ..)) = names.iter().find(|(_, t, s)| *t != ty0 || *s != shape0) {
+                            return Err(bad(format!(
+                                "{other} is not {ty0} {shape0:?} like {first}, so they cannot stack"
+                            )));
+                        }
+                        let mut sne: Vec<u64> = shape0.iter().rev().copied().collect();
+                        sne.push(count);
+                        let rows = RowSource::Stack(names.iter().map(|n| n.0.to_string()).collect());
+                        let g = template.replace("{b}", &block);
+                        let t = planned(&m, out, g, first, ty0, sne, None, None, rows, &bad)?;
+                        push_unique(&mut tensors, &mut seen, t, &bad)?;
+                    }
+                    continue;
+                }
+            };
             let rows = shape.first().copied().unwrap_or(1);
             let permute_heads = match permute {
                 None => None,
@@ -295,20 +368,17 @@ pub async fn plan_hf_to_gguf(source: &TensorSource, out: OutType) -> Result<Gguf
                     Some(heads)
                 }
             };
-            let nbytes =
-                crate::gguf::tensor_nbytes(ty, &ne).ok_or_else(|| bad(format!("shape {shape:?} overflows")))?;
-            tensors.push(PlannedTensor {
-                name: gguf,
-                source: name.to_string(),
-                source_type,
-                ty,
-                ne,
-                nbytes,
-                permute_heads,
-                offset,
-                generated: None,
-            });
+            let t = planned(&m, out, gguf, name, source_type, ne, permute_heads, offset, RowSource::Direct, &bad)?;
+            push_unique(&mut tensors, &mut seen, t, &bad)?;
         }
+    }
+    if let Some((_, block, parts)) = pending.first() {
+        let names: Vec<&str> = parts.values().map(|p| p.0).collect();
+        return Err(Error::format(
+            loc.to_string(),
+            format!("block {block}'s experts"),
+            format!("{} expert tensors do not make whole experts (unprocessed: {names:?})", names.len()),
+        ));
     }
     if !multimodal.is_empty() {
         tracing::warn!(
@@ -320,8 +390,82 @@ pub async fn plan_hf_to_gguf(source: &TensorSource, out: OutType) -> Result<Gguf
         );
     }
     let total_params = tensors.iter().map(|t| t.ne.iter().product::<u64>()).sum();
-    let metadata = metadata::build(&m, &hf, &metadata::PlanFacts { total_params, file_type: out.file_type() })?;
+    let metadata = metadata::build(
+        &m,
+        &hf,
+        &metadata::PlanFacts { total_params, file_type: out.file_type(), experts: expert_params(&tensors) },
+    )?;
     Ok(GgufPlan { metadata, tensors })
+}
+
+/// One output tensor: its GGUF type by the mapping's F32 rule and the out-type (`ModelBase.prepare_tensors`).
+#[allow(clippy::too_many_arguments)]
+fn planned(
+    m: &mapping::Mapping,
+    out: OutType,
+    name: String,
+    source: &str,
+    source_type: TensorType,
+    ne: Vec<u64>,
+    permute_heads: Option<u64>,
+    offset: Option<f32>,
+    rows: RowSource,
+    bad: &dyn Fn(String) -> Error,
+) -> Result<PlannedTensor> {
+    let ty = if m.f32.forces_f32(&name, ne.len()) {
+        GgmlType::F32
+    } else if out == OutType::Q8_0 && ne.first().is_some_and(|c| c % 32 != 0) {
+        // gguf-py's QuantError fallback: rows that are not whole blocks are written F16.
+        GgmlType::F16
+    } else {
+        out.ggml()
+    };
+    let nbytes = crate::gguf::tensor_nbytes(ty, &ne).ok_or_else(|| bad(format!("ne {ne:?} overflows")))?;
+    Ok(PlannedTensor {
+        name,
+        source: source.to_string(),
+        source_type,
+        ty,
+        ne,
+        nbytes,
+        permute_heads,
+        offset,
+        generated: None,
+        rows,
+    })
+}
+
+/// Appends `t` unless another tensor already has its GGUF name.
+fn push_unique(
+    tensors: &mut Vec<PlannedTensor>,
+    seen: &mut std::collections::HashSet<String>,
+    t: PlannedTensor,
+    bad: &dyn Fn(String) -> Error,
+) -> Result<()> {
+    if !seen.insert(t.name.clone()) {
+        return Err(bad(format!("maps to {:?}, as another tensor does", t.name)));
+    }
+    tensors.push(t);
+    Ok(())
+}
+
+/// gguf-py `GGUFWriter.get_total_parameter_count`'s expert figures: (average expert count, shared parameters plus
+/// one expert's share of each `_exps.` tensor), when there are expert tensors.
+fn expert_params(tensors: &[PlannedTensor]) -> Option<(u64, u64)> {
+    let (mut shared, mut expert, mut sum, mut n) = (0u64, 0u64, 0u64, 0u64);
+    for t in tensors {
+        let size: u64 = t.ne.iter().product();
+        if t.name.contains("_exps.") && t.ne.len() >= 3 {
+            // numpy's shape[-3] (shape[-2] for a bias) is ne[2] (ne[1]).
+            let count = if t.name.contains(".bias") { t.ne[1] } else { t.ne[2] }.max(1);
+            expert += size / count;
+            sum += count;
+            n += 1;
+        } else {
+            shared += size;
+        }
+    }
+    (n > 0).then(|| (sum / n, shared + expert))
 }
 
 /// Writes file `shard` of the plan cut by `ranges` (see [`split_ranges`]) at `dst` (the file itself, see

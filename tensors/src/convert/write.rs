@@ -5,7 +5,7 @@
 
 use std::ops::Range;
 
-use super::{transform, GgufPlan, PlannedTensor, GGUF_VERSION};
+use super::{transform, GgufPlan, PlannedTensor, RowSource, GGUF_VERSION};
 use crate::dtype::{Dtype, TensorType};
 use crate::error::{Error, Result};
 use crate::gguf::split::split_metadata;
@@ -129,21 +129,60 @@ struct Cut<'a> {
 impl<'a> Cut<'a> {
     fn new(src: &TensorSource, t: &'a PlannedTensor, budget: u64) -> Result<Cut<'a>> {
         let e = src.entry(&t.source)?;
-        let expect_ne: Vec<u64> = e.shape.iter().rev().copied().collect();
-        if e.ty != t.source_type || expect_ne != t.ne {
-            return Err(Error::format(
+        let shape_err = |want: String| {
+            Error::format(
                 src.location().to_string(),
                 format!("tensor {:?}", t.source),
-                format!("is {} {:?} but the plan says {} {:?}", e.ty, e.shape, t.source_type, t.ne),
-            ));
+                format!("is {} {:?} but the plan says {} {want}", e.ty, e.shape, t.source_type),
+            )
+        };
+        // The source's ne as the plan implies it: the output's, or one stacked part's, or the unsplit tensor's.
+        let mut expect_ne = t.ne.clone();
+        match &t.rows {
+            RowSource::Direct => {}
+            RowSource::Stack(parts) => {
+                if expect_ne.pop() != Some(parts.len() as u64) {
+                    return Err(shape_err(format!("{:?} for {} stacked parts", t.ne, parts.len())));
+                }
+            }
+            RowSource::Split { parts, .. } => match expect_ne.get_mut(1) {
+                Some(n) => *n *= parts,
+                None => return Err(shape_err(format!("{:?}, split along an axis it lacks", t.ne))),
+            },
+        }
+        let actual_ne: Vec<u64> = e.shape.iter().rev().copied().collect();
+        if e.ty != t.source_type || actual_ne != expect_ne {
+            return Err(shape_err(format!("{:?}", expect_ne.iter().rev().collect::<Vec<_>>())));
+        }
+        if let RowSource::Stack(parts) = &t.rows {
+            for p in parts {
+                let pe = src.entry(p)?;
+                if pe.ty != e.ty || pe.shape != e.shape {
+                    return Err(Error::format(
+                        src.location().to_string(),
+                        format!("tensor {p:?}"),
+                        format!(
+                            "is {} {:?}, but is stacked with {:?} ({} {:?})",
+                            pe.ty, pe.shape, t.source, e.ty, e.shape
+                        ),
+                    ));
+                }
+            }
         }
         let cols = e.row_len().max(1);
-        // Rows (a dense tensor's along its first axis) as converted from: stored bytes of a dense tensor, or the f32
-        // values of a dequantized MLX affine one.
+        // Rows (a dense tensor's along its first axis; every axis but the last when stacked or split) as
+        // converted from: stored bytes of a dense tensor, or the f32 values of a dequantized MLX affine one.
         let (rows, read_dtype, src_row, raw_row) = match e.ty {
+            TensorType::Dtype(d) if t.rows != RowSource::Direct => {
+                let rows = t.ne.iter().skip(1).product::<u64>().max(1);
+                (rows, d, cols * d.size() as u64, cols * d.size() as u64)
+            }
             TensorType::Dtype(d) => {
                 let rows = e.shape.first().copied().unwrap_or(1).max(1);
                 (rows, d, e.bytes / rows, e.bytes / rows)
+            }
+            TensorType::MlxAffine { .. } if t.rows != RowSource::Direct => {
+                return Err(shape_err("(an MLX affine tensor is not stacked or split)".into()));
             }
             TensorType::MlxAffine { bits, group_size, scale_dtype } => {
                 let params = cols / u64::from(group_size) * scale_dtype.size() as u64;
@@ -167,7 +206,7 @@ impl<'a> Cut<'a> {
         let work_row = out_row + if affine { 2 * src_row } else { 0 };
         let fit = rows_per_piece(budget, raw_row, work_row, 1);
         let hd = t.permute_heads.map(|h| rows / h.max(1));
-        if hd == Some(0) && rows > 0 {
+        if hd == Some(0) && rows > 0 || (hd.is_some() && t.rows != RowSource::Direct) {
             return Err(Error::format(
                 src.location().to_string(),
                 format!("tensor {:?}", t.source),
@@ -180,6 +219,34 @@ impl<'a> Cut<'a> {
             _ => fit,
         };
         Ok(Cut { t, rows, cols, raw_row, src_row, work_row, read_dtype, affine, hd, step })
+    }
+
+    /// The (tensor, first row, rows) runs that output rows `r..r + n` of a stacked or split tensor are read from.
+    fn runs(&self, r: u64, n: u64) -> Vec<(&'a str, u64, u64)> {
+        let mut out = Vec::new();
+        let (mut r, end) = (r, r + n);
+        while r < end {
+            match &self.t.rows {
+                RowSource::Direct => {
+                    out.push((self.t.source.as_str(), r, end - r));
+                    r = end;
+                }
+                RowSource::Stack(parts) => {
+                    let per = (self.rows / parts.len().max(1) as u64).max(1);
+                    let (p, k) = (r / per, r % per);
+                    let len = (per - k).min(end - r);
+                    out.push((parts[p as usize].as_str(), k, len));
+                    r += len;
+                }
+                RowSource::Split { parts, part, block } => {
+                    let (b, k) = (r / block, r % block);
+                    let len = (block - k).min(end - r);
+                    out.push((self.t.source.as_str(), b * block * parts + part * block + k, len));
+                    r += len;
+                }
+            }
+        }
+        out
     }
 
     /// (first row, rows) of each piece.
@@ -208,6 +275,13 @@ impl<'a> Cut<'a> {
 
     /// Where rows `first..first + n` are stored.
     fn rows_at<'s>(&self, src: &'s TensorSource, first: u64, n: u64) -> Result<Vec<Span<'s>>> {
+        if self.t.rows != RowSource::Direct {
+            return self
+                .runs(first, n)
+                .into_iter()
+                .map(|(name, k, len)| byte_span(src, name, k * self.raw_row, len * self.raw_row))
+                .collect();
+        }
         if self.affine {
             return row_spans(src, &self.t.source, first, n);
         }
