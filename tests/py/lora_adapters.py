@@ -87,7 +87,10 @@ base = {}
 for f in sorted(BASE.glob("*.safetensors")):
     base.update(read_safetensors(f))
 config = json.loads((BASE / "config.json").read_text())
-layers = config["num_hidden_layers"]
+# A multimodal checkpoint (Gemma3ForConditionalGeneration as transformers 5 saves it) nests its text model's
+# config and names its layers under model.language_model.
+layers = config.get("text_config", config)["num_hidden_layers"]
+LM = "model.language_model." if "model.language_model.layers.0.self_attn.q_proj.weight" in base else "model."
 OUT.mkdir(parents=True, exist_ok=True)
 R = 8
 
@@ -102,10 +105,10 @@ if FORMAT in ("peft", "peft-attn"):
     tensors = {}
     for b in range(layers):
         for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            w = f"model.layers.{b}.self_attn.{proj}.weight"
+            w = f"{LM}layers.{b}.self_attn.{proj}.weight"
             out_f, in_f = base[w].shape
             A, B = factor(R, in_f), factor(out_f, R)
-            key = f"base_model.model.model.layers.{b}.self_attn.{proj}"
+            key = f"base_model.model.{LM}layers.{b}.self_attn.{proj}"
             tensors[f"{key}.lora_A.weight"], tensors[f"{key}.lora_B.weight"] = A, B
             s = (alpha_v if proj == "v_proj" else alpha) / R
             expected[w] = base[w] + s * (B.astype(np.float64) @ A.astype(np.float64))
