@@ -103,6 +103,12 @@ fn release(arch: &str) -> Value {
     sum
 }
 
+/// Gemma 2 (soft-capping, norms as 1 + weight).
+#[test]
+fn gemma2_release() {
+    release("gemma2");
+}
+
 /// Llama 3.x (rope_scaling llama3: the GGUF carries rope_freqs.weight).
 #[test]
 fn llama3_release() {
@@ -128,7 +134,7 @@ fn gemma3_multimodal_release() {
 fn family_ladders_equal_llama_quantize() {
     let _cpu = quantfarm_e2e::cpu_bound();
     let dir = tempfile::tempdir().unwrap();
-    for arch in ["llama3", "qwen3_moe", "gemma3_mm"] {
+    for arch in ["llama3", "qwen3_moe", "gemma2", "gemma3_mm"] {
         let hf = checkpoint(arch, dir.path());
         let bf16 = dir.path().join(format!("{arch}-bf16.gguf"));
         let script = llama_src().join("convert_hf_to_gguf.py");

@@ -2,7 +2,7 @@
 HF -> GGUF conversion against llama.cpp's convert_hf_to_gguf.py.
 
 usage: make_synthetic_hf.py ARCH OUT_DIR LLAMA_CPP_SRC [SEED]
-ARCH: qwen2 | qwen2_yarn | qwen3 | qwen3_moe | qwen3_moe_fused | mistral | gemma3 | gemma3_mm | llama3
+ARCH: qwen2 | qwen2_yarn | qwen3 | qwen3_moe | qwen3_moe_fused | mistral | gemma2 | gemma3 | gemma3_mm | llama3
 
 The vocabularies are real ones, taken from llama.cpp's own vocab-only test GGUFs (models/ggml-vocab-*.gguf):
 - qwen2 / qwen3: Qwen2's byte-level BPE (151,643 ranks and 151,387 merges) as a tokenizer.json with Qwen's
@@ -225,6 +225,14 @@ elif ARCH == "mistral":
            "hidden_act": "silu", "max_position_embeddings": 32768, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
            "sliding_window": None, "head_dim": HEAD_DIM, "bos_token_id": 1, "eos_token_id": 2,
            "tie_word_embeddings": False}
+elif ARCH == "gemma2":
+    vocab = spm_tokenizer("GemmaTokenizer", "google-gemma-2-2b-it.jinja", {})
+    cfg = {**common, "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "vocab_size": vocab,
+           "head_dim": HEAD_DIM, "hidden_activation": "gelu_pytorch_tanh", "hidden_act": "gelu_pytorch_tanh",
+           "max_position_embeddings": 8192, "query_pre_attn_scalar": HEAD_DIM, "rms_norm_eps": 1e-06,
+           "rope_theta": 10000.0, "sliding_window": 4096, "attn_logit_softcapping": 50.0,
+           "final_logit_softcapping": 30.0, "attention_bias": False, "bos_token_id": 2, "eos_token_id": 1,
+           "pad_token_id": 0, "cache_implementation": "hybrid"}
 elif ARCH in ("gemma3", "gemma3_mm"):
     vocab = spm_tokenizer("GemmaTokenizer", "google-gemma-2-2b-it.jinja", {})
     cfg = {**common, "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "vocab_size": vocab,
@@ -275,9 +283,9 @@ for b in range(LAYERS):
                                x + "down_proj.weight": (H, MOE_FF)})
     if ARCH.startswith("qwen3") or ARCH in ("gemma3", "gemma3_mm"):
         shapes.update({p + "self_attn.q_norm.weight": (HEAD_DIM,), p + "self_attn.k_norm.weight": (HEAD_DIM,)})
-    if ARCH in ("gemma3", "gemma3_mm"):
+    if ARCH in ("gemma2", "gemma3", "gemma3_mm"):
         shapes.update({p + "pre_feedforward_layernorm.weight": (H,), p + "post_feedforward_layernorm.weight": (H,)})
-if not cfg.get("tie_word_embeddings", ARCH in ("gemma3", "gemma3_mm")):
+if not cfg.get("tie_word_embeddings", ARCH in ("gemma2", "gemma3", "gemma3_mm")):
     shapes["lm_head.weight"] = (vocab, H)
 if ARCH == "gemma3_mm":
     shapes = {n.replace("model.", "model.language_model.", 1): v for n, v in shapes.items()}
@@ -294,7 +302,7 @@ def make(name):
     shape = shapes[name]
     scale = 1.0 if name.endswith("norm.weight") else 0.05
     a = rng.standard_normal(shape, dtype=np.float32) * scale
-    if name.endswith("norm.weight") and ARCH not in ("gemma3", "gemma3_mm"):
+    if name.endswith("norm.weight") and not ARCH.startswith("gemma"):
         a += 1.0
     return bf16(a)
 

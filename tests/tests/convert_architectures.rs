@@ -1,6 +1,6 @@
 //! HF → GGUF for every mapped architecture against llama.cpp's own `convert_hf_to_gguf.py`, run here on the same
-//! input: tiny random checkpoints of Llama 3, Qwen2 (plain and yarn), Qwen3, Mistral and Gemma 3 (text and
-//! multimodal) with real vocabularies and chat templates (`tests/py/make_synthetic_hf.py`: Llama 3's and Qwen2's
+//! input: tiny random checkpoints of Llama 3, Qwen2 (plain and yarn), Qwen3, Qwen3-MoE (per-expert and fused),
+//! Mistral, Gemma 2 and Gemma 3 (text and multimodal) with real vocabularies and chat templates (`tests/py/make_synthetic_hf.py`: Llama 3's and Qwen2's
 //! byte-level BPE, LLaMA's SentencePiece model) must convert to the very same file, byte for byte, for each
 //! out-type. The converter runs in `venv-convert`
 //! (`scripts/install-convert-oracle`: torch, transformers, sentencepiece and the source tree's gguf-py).
@@ -128,6 +128,13 @@ fn mistral_equals_convert_hf_to_gguf() {
 #[test]
 fn gemma3_equals_convert_hf_to_gguf() {
     check("gemma3", &[("bf16", OutType::Bf16), ("f16", OutType::F16), ("f32", OutType::F32), ("q8_0", OutType::Q8_0)]);
+}
+
+/// Gemma 2: Gemma2Model's own key list (soft-capping, sliding window, no rope keys), norms as 1 + weight, the
+/// lm_head dropped, SentencePiece without the space prefix.
+#[test]
+fn gemma2_equals_convert_hf_to_gguf() {
+    check("gemma2", &[("bf16", OutType::Bf16), ("q8_0", OutType::Q8_0)]);
 }
 
 /// Qwen3-MoE with 10 experts stored one by one: stacked per block (down, gate, up) where its last expert weight is

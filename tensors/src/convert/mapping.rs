@@ -17,6 +17,7 @@ const MAPPINGS: &[(&str, &str)] = &[
     ("qwen2.yaml", include_str!("../../../mappings/qwen2.yaml")),
     ("qwen3.yaml", include_str!("../../../mappings/qwen3.yaml")),
     ("qwen3_moe.yaml", include_str!("../../../mappings/qwen3_moe.yaml")),
+    ("gemma2.yaml", include_str!("../../../mappings/gemma2.yaml")),
     ("gemma3.yaml", include_str!("../../../mappings/gemma3.yaml")),
     ("qwen3_5.yaml", include_str!("../../../mappings/qwen3_5.yaml")),
     ("qwen3_5_moe.yaml", include_str!("../../../mappings/qwen3_5_moe.yaml")),
