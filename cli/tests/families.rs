@@ -22,19 +22,37 @@ fn checkpoint(arch: &str, dir: &Path) -> PathBuf {
     out
 }
 
-/// The release of `arch`, run; returns the summary line. The default per-level KLD limits are for trained models:
-/// a random one's quantization error is another matter, so the `kld` gate is replaced by a loose one that still
-/// needs every level measured; and a random model rambles to every probe's token cap, so its answers have no score
-/// and the `probes` gate is replaced by one that needs the suite run on every level.
+/// The release of `arch`'s checkpoint with a PEFT LoRA merged into it, run; returns the summary line.
 fn release(arch: &str) -> Value {
     let _cpu = quantfarm_e2e::cpu_bound();
     let dir = tempfile::tempdir().unwrap();
     let hf = checkpoint(arch, dir.path());
     let adapter = quantfarm_e2e::lora_adapter("peft-attn", &hf, dir.path());
-    let prompts = quantfarm_e2e::prompts(2, dir.path());
+    let sum = release_of(arch, &hf, Some(&adapter), dir.path());
+    assert_eq!(sum["merge_check"]["greedy"]["identical"], 2, "{arch}: {:#}", sum["merge_check"]);
+    sum
+}
+
+/// The release named `name` of `source` (an HF, MLX or GGUF model), with `adapter` merged first when given, run
+/// in `dir`; asserts that every rung was made, verified and measured and every gate passed. The default per-level
+/// KLD limits are for trained models: a random one's quantization error is another matter, so the `kld` gate is
+/// replaced by a loose one that still needs every level measured; and a random model rambles to every probe's
+/// token cap, so its answers have no score and the `probes` gate is replaced by one that needs the suite run on
+/// every level.
+fn release_of(name: &str, source: &Path, adapter: Option<&Path>, dir: &Path) -> Value {
+    let arch = name;
+    std::fs::create_dir_all(dir).unwrap();
+    let (adapter, merge_gate) = match adapter {
+        Some(a) => (
+            format!("adapter: {}\nbase_name: HuggingFaceTB/SmolLM2-135M-Instruct\n", a.display()),
+            "  - {name: merge, check: 'merge.greedy.agree >= 1'}\n",
+        ),
+        None => (String::new(), ""),
+    };
+    let prompts = quantfarm_e2e::prompts(2, dir);
     let text = fixtures_dir().join("texts/gpl3.txt");
     // User turns only: some families' templates (Gemma's) refuse a system message.
-    let probes = dir.path().join("probes.yaml");
+    let probes = dir.join("probes.yaml");
     std::fs::write(
         &probes,
         "name: family-basics\ndefaults: {max_tokens: 8, thinking: false}\nprobes:\n\
@@ -42,18 +60,17 @@ fn release(arch: &str) -> Value {
          \x20 - {name: sum, prompt: What is 2 + 2?, expect: {regex: '\\b4\\b'}}\n",
     )
     .unwrap();
-    let release = dir.path().join("release.yaml");
+    let release = dir.join("release.yaml");
     std::fs::write(
         &release,
         format!(
-            "name: {arch}\nsource: {}\nadapter: {}\nbase_name: HuggingFaceTB/SmolLM2-135M-Instruct\noutputs:\n  gguf:\n    quants: [{}]\n\
+            "name: {arch}\nsource: {}\n{adapter}outputs:\n  gguf:\n    quants: [{}]\n\
              \x20   imatrix: {{text: {}, chunks: 2, ctx: 128}}\n\
              evaluation:\n  text: {}\n  ctx: 128\n  chunks: 2\n  prompts: {}\n  max_tokens: 8\n  probes: {}\n\
-             gates:\n  - {{name: merge, check: 'merge.greedy.agree >= 1'}}\n\
+             gates:\n{merge_gate}\
              \x20 - {{name: kld, levels: all, check: 'kld.mean <= 100'}}\n\
              \x20 - {{name: probes, levels: all, check: 'probe.truncated >= 0'}}\n",
-            hf.display(),
-            adapter.display(),
+            source.display(),
             LADDER.join(", "),
             text.display(),
             text.display(),
@@ -66,8 +83,8 @@ fn release(arch: &str) -> Value {
         .arg("run")
         .arg(&release)
         .args(["--workers", "2", "--json", "--store"])
-        .arg(dir.path().join("data"))
-        .env("QUANTFARM_KEY_FILE", dir.path().join("k"))
+        .arg(dir.join("data"))
+        .env("QUANTFARM_KEY_FILE", dir.join("k"))
         .env("QUANTFARM_LLAMA_BIN", llama_bin())
         .output()
         .unwrap();
@@ -98,7 +115,6 @@ fn release(arch: &str) -> Value {
     for g in sum["gates"].as_array().unwrap() {
         assert_eq!(g["passed"], true, "{arch}: {g:#}");
     }
-    assert_eq!(sum["merge_check"]["greedy"]["identical"], 2, "{arch}: {:#}", sum["merge_check"]);
     eprintln!("{arch}: released, every gate passed: {}", sum["gates"]);
     sum
 }
@@ -125,6 +141,59 @@ fn qwen3_moe_release() {
 #[test]
 fn gemma3_multimodal_release() {
     release("gemma3_mm");
+}
+
+/// Any source: a release from the GGUF convert_hf_to_gguf.py made (its reference is that file, byte for byte), from
+/// a quantized GGUF (said loudly: the reference is its exact decoding), and from an MLX checkpoint (dequantized
+/// exactly, as `convert` does).
+#[test]
+fn releases_from_a_gguf_and_an_mlx_source() {
+    let _cpu = quantfarm_e2e::cpu_bound();
+    let dir = tempfile::tempdir().unwrap();
+    let hf = checkpoint("llama3", dir.path());
+    let bf16 = dir.path().join("llama3-bf16.gguf");
+    let o = Command::new(convert_python())
+        .arg(llama_src().join("convert_hf_to_gguf.py"))
+        .arg(&hf)
+        .args(["--outtype", "bf16", "--outfile"])
+        .arg(&bf16)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let sum = release_of("from-gguf", &bf16, None, &dir.path().join("gguf"));
+    let reference = sum["artifacts"].as_array().unwrap().iter().find(|a| a["file_type"] == "BF16").unwrap().clone();
+    let file = PathBuf::from(reference["files"][0]["url"].as_str().unwrap());
+    assert!(std::fs::read(&file).unwrap() == std::fs::read(&bf16).unwrap(), "the reference is the source GGUF");
+
+    let q4 = dir.path().join("llama3-q4_k_m.gguf");
+    let o =
+        Command::new(llama_bin().join("llama-quantize")).arg(&bf16).arg(&q4).args(["Q4_K_M", "2"]).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    release_of("from-q4", &q4, None, &dir.path().join("q4"));
+
+    // A byte-level BPE family: an MLX checkpoint made from a SentencePiece GGUF carries the rebuilt tokenizer.json
+    // only, which convert_hf_to_gguf's SentencePiece families cannot read either.
+    let g = checkpoint("qwen2", dir.path());
+    let gguf = dir.path().join("qwen2.gguf");
+    let mlx = dir.path().join("qwen2-mlx8");
+    for (args, what) in [
+        (vec![g.as_os_str(), gguf.as_os_str()], "HF -> GGUF"),
+        (
+            vec![
+                gguf.as_os_str(),
+                mlx.as_os_str(),
+                OsStr::new("--to"),
+                OsStr::new("mlx"),
+                OsStr::new("--bits"),
+                OsStr::new("8"),
+            ],
+            "GGUF -> MLX",
+        ),
+    ] {
+        let o = Command::new(env!("CARGO_BIN_EXE_quantfarm")).arg("convert").args(args).output().unwrap();
+        assert!(o.status.success(), "{what}: {}", String::from_utf8_lossy(&o.stderr));
+    }
+    release_of("from-mlx", &mlx, None, &dir.path().join("mlx"));
 }
 
 /// The ladder of each family's BF16 GGUF (made by convert_hf_to_gguf.py) is byte-identical to llama-quantize's,

@@ -64,13 +64,22 @@ pub async fn verify(src: &Location, out: &Location, opts: &VerifyOptions) -> Res
         (Format::Safetensors | Format::Mlx, Format::Gguf) => Ok(tv::verify_gguf_conversion(&s, &o, opts.budget).await?),
         (Format::Gguf | Format::Mlx, Format::Safetensors) => Ok(tv::verify_hf_conversion(&s, &o, opts.budget).await?),
         (Format::Gguf | Format::Safetensors, Format::Mlx) => verify_mlx_conversion(&s, &o, opts.budget).await,
+        // A release's float reference made from a GGUF source (general.file_type F32, F16 or BF16).
+        (Format::Gguf, Format::Gguf) if float_file_type(&o) => Ok(tv::verify_gguf_conversion(&s, &o, opts.budget).await?),
         (a, b) => Err(VerifyError::Direction(format!(
             "{src} is {} and {out} is {}: no conversion quantfarm makes goes that way (HF/MLX -> GGUF, GGUF/MLX -> HF, \
-             GGUF/HF -> MLX; a merge with --adapter; a GGUF quantized from a GGUF is checked by quantizing again)",
+             GGUF/HF -> MLX, a GGUF -> its float reference GGUF; a merge with --adapter; a GGUF quantized from a GGUF is checked by quantizing again)",
             a.name(),
             b.name()
         ))),
     }
+}
+
+/// Whether a GGUF's `general.file_type` is a float one (ALL_F32, MOSTLY_F16, MOSTLY_BF16).
+fn float_file_type(g: &TensorSource) -> bool {
+    g.gguf()
+        .and_then(|m| m.header().metadata.iter().find(|(k, _)| k == "general.file_type"))
+        .is_some_and(|(_, v)| matches!(v, quantfarm_tensors::gguf::Value::U32(0 | 1 | 32)))
 }
 
 /// Where an output tensor's values come from.

@@ -60,6 +60,17 @@ impl Dtype {
 
 impl Dtype {
     /// The ggml type with the same element encoding, for the dtypes that have one.
+    /// The float dtype a GGUF tensor of type `g` is stored as (F32, F16 or BF16); `None` for block-quantized and
+    /// integer types.
+    pub fn from_ggml(g: GgmlType) -> Option<Dtype> {
+        match g {
+            GgmlType::F32 => Some(Dtype::F32),
+            GgmlType::F16 => Some(Dtype::F16),
+            GgmlType::BF16 => Some(Dtype::BF16),
+            _ => None,
+        }
+    }
+
     pub fn as_ggml(self) -> Option<GgmlType> {
         Some(match self {
             Dtype::F32 => GgmlType::F32,

@@ -3,7 +3,8 @@
 //!
 //! ```yaml
 //! name: smollm2-135m            # names the release and its artifact files
-//! source: s3://models/smollm2   # HF safetensors folder: a path (relative to this file), file:// or s3://
+//! source: s3://models/smollm2   # HF safetensors folder, MLX folder or GGUF (bf16/f16/f32; a quantized one is
+//!                               # decoded, said loudly): a path (relative to this file), file:// or s3://
 //! adapter: adapters/my-lora     # optional LoRA/DoRA adapter (PEFT or mlx-lm) merged into the source first,
 //!                               # one merge task per safetensors file; every output is made from the merge
 //! base_name: HuggingFaceTB/SmolLM2-135M-Instruct  # optional: the base's identity for the adapter's check

@@ -214,6 +214,7 @@ pub async fn plan_hf_to_gguf(source: &TensorSource, out: OutType) -> Result<Gguf
             }
             per_file
         }
+        (Format::Gguf, ..) => return plan_gguf_reference(source, out),
         _ => return Err(Error::format(loc.to_string(), "format", "is not an HF safetensors or MLX checkpoint")),
     };
     if !loc.is_dir().await? {
@@ -395,6 +396,95 @@ pub async fn plan_hf_to_gguf(source: &TensorSource, out: OutType) -> Result<Gguf
         &hf,
         &metadata::PlanFacts { total_params, file_type: out.file_type(), experts: expert_params(&tensors) },
     )?;
+    Ok(GgufPlan { metadata, tensors })
+}
+
+/// The reference GGUF of a release whose source is a GGUF (one file or a split set): every key and tensor as the
+/// source has them, in its order, with the out-type's `general.file_type`; tensors stored F32 (and all 1-D ones)
+/// stay F32, the others are written in the out-type, a block-quantized one decoded exactly first (as
+/// `quantfarm convert --to hf` decodes it). The split keys and a quantized source's `quantize.*` keys are not
+/// carried over. A quantized source makes a lossy reference, and a source in another float type is rounded: both
+/// are said loudly.
+fn plan_gguf_reference(source: &TensorSource, out: OutType) -> Result<GgufPlan> {
+    let loc = source.location();
+    let gguf = source.gguf().ok_or_else(|| Error::format(loc.to_string(), "format", "is not a GGUF"))?;
+    let mut metadata: Vec<(String, Value)> = Vec::new();
+    let mut has_file_type = false;
+    for (k, v) in &gguf.header().metadata {
+        if k.starts_with("split.") || k.starts_with("quantize.") {
+            continue;
+        }
+        if k == "general.file_type" {
+            has_file_type = true;
+            metadata.push((k.clone(), Value::U32(out.file_type())));
+        } else {
+            metadata.push((k.clone(), v.clone()));
+        }
+    }
+    if !has_file_type {
+        metadata.push(("general.file_type".into(), Value::U32(out.file_type())));
+    }
+    let mut tensors = Vec::new();
+    let (mut quantized, mut rounded) = (Vec::new(), Vec::new());
+    for e in source.tensors() {
+        let TensorType::Ggml(g) = e.ty else {
+            return Err(Error::format(loc.to_string(), format!("tensor {:?}", e.name), "is not a GGUF tensor"));
+        };
+        let ne: Vec<u64> = e.shape.iter().rev().copied().collect();
+        let ty = if g == GgmlType::F32 || ne.len() <= 1 {
+            GgmlType::F32
+        } else if out == OutType::Q8_0 && ne.first().is_some_and(|c| c % 32 != 0) {
+            GgmlType::F16
+        } else {
+            out.ggml()
+        };
+        match Dtype::from_ggml(g) {
+            None if matches!(g, GgmlType::I8 | GgmlType::I16 | GgmlType::I32 | GgmlType::I64 | GgmlType::F64) => {
+                return Err(Error::format(
+                    loc.to_string(),
+                    format!("tensor {:?}", e.name),
+                    format!("type {g} cannot be a reference tensor (float or block-quantized types only)"),
+                ))
+            }
+            None => quantized.push(e.name.clone()),
+            Some(d) if d.as_ggml() != Some(ty) && ty != GgmlType::F32 => rounded.push(e.name.clone()),
+            Some(_) => {}
+        }
+        let bad = |msg: String| Error::format(loc.to_string(), format!("tensor {:?}", e.name), msg);
+        let nbytes = crate::gguf::tensor_nbytes(ty, &ne).ok_or_else(|| bad(format!("ne {ne:?} overflows")))?;
+        tensors.push(PlannedTensor {
+            name: e.name.clone(),
+            source: e.name.clone(),
+            source_type: e.ty,
+            ty,
+            ne,
+            nbytes,
+            permute_heads: None,
+            offset: None,
+            generated: None,
+            rows: RowSource::Direct,
+        });
+    }
+    if !quantized.is_empty() {
+        tracing::warn!(
+            source = %loc,
+            tensors = quantized.len(),
+            first = %quantized[0],
+            "the source GGUF is QUANTIZED: the reference every level is measured against is its exact decoding, \
+             already lossy against the model that was trained; give the bf16/f16 GGUF or the HF checkpoint for a \
+             lossless reference"
+        );
+    }
+    if !rounded.is_empty() {
+        tracing::warn!(
+            source = %loc,
+            tensors = rounded.len(),
+            first = %rounded[0],
+            "the source GGUF's float tensors are rounded to the reference's {} (as convert_hf_to_gguf.py --outtype \
+             rounds an f32 or f16 checkpoint)",
+            out.name()
+        );
+    }
     Ok(GgufPlan { metadata, tensors })
 }
 

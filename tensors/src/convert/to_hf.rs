@@ -140,6 +140,26 @@ fn plan_from_gguf(src: &TensorSource, dtype: Dtype, target: Target) -> Result<Hf
         msg: "has no hf_config: GGUF → HF is not mapped for this architecture".into(),
     })?;
 
+    // Rope scaling (a `rope.scaling.*` key, or Llama 3's generated rope_freqs.weight) has no way back into
+    // config.json yet: refused by name rather than written as an unscaled model.
+    let scaling = format!("{arch}.rope.scaling.type");
+    if let Some(Value::String(t)) = get(&scaling) {
+        if t.to_string_lossy() != "none" {
+            return Err(Error::format(
+                &file,
+                &scaling,
+                format!("{}: GGUF → HF/MLX does not write rope scaling back to config.json yet", t.to_string_lossy()),
+            ));
+        }
+    }
+    if model.tensors().any(|t| m.generate.iter().any(|g| g.gguf == t.info.name)) {
+        return Err(Error::format(
+            &file,
+            "rope_freqs.weight",
+            "a tensor the converter generates from config.json (Llama 3's rope factors): GGUF → HF/MLX cannot \
+             recover the config's rope_scaling from it yet; convert from the HF checkpoint instead",
+        ));
+    }
     let mut config = Map::new();
     config.insert("architectures".into(), Json::Array(vec![m.hf_architectures[0].clone().into()]));
     config.insert("model_type".into(), hc.model_type.clone().into());

@@ -120,6 +120,7 @@ struct Cut<'a> {
     work_row: u64,
     /// The dtype of the rows converted from.
     read_dtype: Dtype,
+    /// Rows are decoded to f32 first (MLX affine, or a block-quantized GGUF tensor).
     affine: bool,
     /// Rows per head, when the rows are permuted within heads.
     hd: Option<u64>,
@@ -188,11 +189,24 @@ impl<'a> Cut<'a> {
                 let params = cols / u64::from(group_size) * scale_dtype.size() as u64;
                 (e.rows().max(1), Dtype::F32, cols * 4, cols * u64::from(bits) / 8 + 2 * params)
             }
-            TensorType::Ggml(g) => {
-                return Err(Error::format(src.location().to_string(), format!("tensor {:?}", t.source), format!("{g}")))
+            // A GGUF source (the release's reference made from a GGUF): float tensors as they are, quantized ones
+            // decoded to f32 row by row, as MLX affine ones are.
+            TensorType::Ggml(g) if t.rows != RowSource::Direct => {
+                return Err(shape_err(format!("(a GGUF {g} tensor is not stacked or split)")));
             }
+            TensorType::Ggml(g) => match Dtype::from_ggml(g) {
+                Some(d) => {
+                    let rows = e.shape.first().copied().unwrap_or(1).max(1);
+                    (rows, d, e.bytes / rows, e.bytes / rows)
+                }
+                None => (e.rows().max(1), Dtype::F32, cols * 4, e.row_bytes()),
+            },
         };
-        let affine = matches!(e.ty, TensorType::MlxAffine { .. });
+        let affine = match e.ty {
+            TensorType::MlxAffine { .. } => true,
+            TensorType::Ggml(g) => Dtype::from_ggml(g).is_none(),
+            TensorType::Dtype(_) => false,
+        };
         let out_row = t.nbytes / rows;
         let per_row = src_row + out_row;
         if per_row > budget {
