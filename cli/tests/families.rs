@@ -22,6 +22,18 @@ fn checkpoint(arch: &str, dir: &Path) -> PathBuf {
     out
 }
 
+/// convert_hf_to_gguf.py's BF16 GGUF of the checkpoint `hf`, at `out`.
+fn oracle_bf16(hf: &Path, out: &Path) {
+    let o = Command::new(convert_python())
+        .arg(llama_src().join("convert_hf_to_gguf.py"))
+        .arg(hf)
+        .args(["--outtype", "bf16", "--outfile"])
+        .arg(out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}: {}", hf.display(), String::from_utf8_lossy(&o.stderr));
+}
+
 /// The release of `arch`'s checkpoint with a PEFT LoRA merged into it, run; returns the summary line.
 fn release(arch: &str) -> Value {
     let _cpu = quantfarm_e2e::cpu_bound();
@@ -152,14 +164,7 @@ fn releases_from_a_gguf_and_an_mlx_source() {
     let dir = tempfile::tempdir().unwrap();
     let hf = checkpoint("llama3", dir.path());
     let bf16 = dir.path().join("llama3-bf16.gguf");
-    let o = Command::new(convert_python())
-        .arg(llama_src().join("convert_hf_to_gguf.py"))
-        .arg(&hf)
-        .args(["--outtype", "bf16", "--outfile"])
-        .arg(&bf16)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    oracle_bf16(&hf, &bf16);
     let sum = release_of("from-gguf", &bf16, None, &dir.path().join("gguf"));
     let reference = sum["artifacts"].as_array().unwrap().iter().find(|a| a["file_type"] == "BF16").unwrap().clone();
     let file = PathBuf::from(reference["files"][0]["url"].as_str().unwrap());
@@ -206,15 +211,7 @@ fn family_ladders_equal_llama_quantize() {
     for arch in ["llama3", "qwen3_moe", "gemma2", "gemma3_mm"] {
         let hf = checkpoint(arch, dir.path());
         let bf16 = dir.path().join(format!("{arch}-bf16.gguf"));
-        let script = llama_src().join("convert_hf_to_gguf.py");
-        let o = Command::new(convert_python())
-            .arg(&script)
-            .arg(&hf)
-            .args(["--outtype", "bf16", "--outfile"])
-            .arg(&bf16)
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "{arch}: {}", String::from_utf8_lossy(&o.stderr));
+        oracle_bf16(&hf, &bf16);
         for ty in LADDER {
             let theirs = dir.path().join(format!("{arch}-{ty}.ref.gguf"));
             let o = Command::new(llama_bin().join("llama-quantize"))
