@@ -653,15 +653,7 @@ fn farm_measures_kld_greedy_and_probes_on_three_workers() {
 /// `quantfarm run RELEASE --workers N --json` with its store and signing key in `dir` (and the peer tools in reach);
 /// asserts the exit status and returns the summary line.
 fn farm_run(dir: &Path, release: &Path, workers: u32, want_status: i32) -> Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_quantfarm"))
-        .arg("run")
-        .arg(release)
-        .args(["--workers", &workers.to_string(), "--json", "--store"])
-        .arg(dir.join("data"))
-        .env("QUANTFARM_KEY_FILE", dir.join("k"))
-        .env("QUANTFARM_LLAMA_BIN", llama_bin())
-        .output()
-        .unwrap();
+    let out = quantfarm_e2e::farm_run_output(Path::new(env!("CARGO_BIN_EXE_quantfarm")), release, workers, dir);
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert_eq!(out.status.code(), Some(want_status), "{stdout}\n{stderr}");
     serde_json::from_str(stdout.lines().last().expect("a summary line")).unwrap()

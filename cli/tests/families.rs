@@ -91,15 +91,7 @@ fn release_of(name: &str, source: &Path, adapter: Option<&Path>, dir: &Path) -> 
         ),
     )
     .unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_quantfarm"))
-        .arg("run")
-        .arg(&release)
-        .args(["--workers", "2", "--json", "--store"])
-        .arg(dir.join("data"))
-        .env("QUANTFARM_KEY_FILE", dir.join("k"))
-        .env("QUANTFARM_LLAMA_BIN", llama_bin())
-        .output()
-        .unwrap();
+    let out = quantfarm_e2e::farm_run_output(Path::new(env!("CARGO_BIN_EXE_quantfarm")), &release, 2, dir);
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     let sum: Value = serde_json::from_str(stdout.lines().last().unwrap_or_else(|| panic!("{arch}: {stderr}")))
         .unwrap_or_else(|e| panic!("{arch}: {e}: {stdout}\n{stderr}"));

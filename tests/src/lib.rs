@@ -220,6 +220,20 @@ pub fn prompts(n: usize, dir: &Path) -> PathBuf {
     path
 }
 
+/// `quantfarm run RELEASE --workers N --json` (the binary `bin`) with its store and signing key in `dir` and the
+/// peer tools in reach: the process's output, whose last stdout line is the release's summary.
+pub fn farm_run_output(bin: &Path, release: &Path, workers: u32, dir: &Path) -> std::process::Output {
+    Command::new(bin)
+        .arg("run")
+        .arg(release)
+        .args(["--workers", &workers.to_string(), "--json", "--store"])
+        .arg(dir.join("data"))
+        .env("QUANTFARM_KEY_FILE", dir.join("k"))
+        .env("QUANTFARM_LLAMA_BIN", llama_bin())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", bin.display()))
+}
+
 pub mod s3;
 
 /// `quantfarm verify SRC OUT [--adapter A --base-name NAME]` through the library: every tensor recomputed and
