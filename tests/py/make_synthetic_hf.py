@@ -2,7 +2,7 @@
 HF -> GGUF conversion against llama.cpp's convert_hf_to_gguf.py.
 
 usage: make_synthetic_hf.py ARCH OUT_DIR LLAMA_CPP_SRC [SEED]
-ARCH: qwen2 | qwen2_yarn | qwen3 | qwen3_moe | qwen3_moe_fused | mistral | gemma2 | gemma3 | gemma3_mm | llama3
+ARCH: qwen2 | qwen2_yarn | qwen3 | qwen3_moe | qwen3_moe_fused | mistral | gemma2 | gemma3 | gemma3_mm | llama3 | phi3
 
 The vocabularies are real ones, taken from llama.cpp's own vocab-only test GGUFs (models/ggml-vocab-*.gguf):
 - qwen2 / qwen3: Qwen2's byte-level BPE (151,643 ranks and 151,387 merges) as a tokenizer.json with Qwen's
@@ -12,6 +12,8 @@ The vocabularies are real ones, taken from llama.cpp's own vocab-only test GGUFs
   with a Llama 3.2 1B-like config: rope_scaling llama3 (factor 32), head_dim 64, tied embeddings;
 - qwen3_moe / qwen3_moe_fused: Qwen3's vocabulary and attention, 10 experts of which 2 are used (so expert 10
   sorts before 2 by name), stored per expert or fused as transformers 5 saves them (`mlp.experts.gate_up_proj`);
+- phi3: Phi-3.5-mini's tokenizer (LLaMA's SentencePiece model and Phi-3's added tokens), fused projections and
+  longrope factors;
 - mistral / gemma3: LLaMA's SentencePiece BPE model (32,000 pieces with scores and types, 256 byte pieces) as a
   tokenizer.model, and the tokenizer.json transformers derives from it.
 Chat templates come from llama.cpp's models/templates/. config.json holds every field the real model's config.json
@@ -140,7 +142,10 @@ def llama3_tokenizer():
     return 128256
 
 
-def spm_tokenizer(cls: str, template: str, extra_cfg: dict):
+def spm_tokenizer(cls: str, template: str, extra_cfg: dict, added=(), special_ids=(0, 1, 2)):
+    """LLaMA's SentencePiece model as tokenizer.model; `added` = (id, content, special) tokens beyond its pieces
+    (written to added_tokens.json and tokenizer_config.json's added_tokens_decoder, as Phi-3's repositories do);
+    `special_ids` = which of <unk>, <s>, </s> tokenizer_config.json marks special."""
     from sentencepiece import sentencepiece_model_pb2 as pb
 
     r = GGUFReader(SRC / "models" / "ggml-vocab-llama-spm.gguf")
@@ -160,7 +165,12 @@ def spm_tokenizer(cls: str, template: str, extra_cfg: dict):
     m.normalizer_spec.escape_whitespaces = True
     (OUT / "tokenizer.model").write_bytes(m.SerializeToString())
     special = {str(i): {"content": tokens[i], "lstrip": False, "normalized": False, "rstrip": False,
-                        "single_word": False, "special": True} for i in range(3)}
+                        "single_word": False, "special": i in special_ids} for i in range(3)}
+    for i, content, sp in added:
+        special[str(i)] = {"content": content, "lstrip": False, "normalized": False, "rstrip": sp,
+                           "single_word": False, "special": sp}
+    if added:
+        (OUT / "added_tokens.json").write_text(json.dumps({c: i for i, c, _ in added}, indent=2), encoding="utf-8")
     cfg = {
         "add_bos_token": True, "add_eos_token": False, "added_tokens_decoder": special,
         "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": None,
@@ -225,6 +235,26 @@ elif ARCH == "mistral":
            "hidden_act": "silu", "max_position_embeddings": 32768, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
            "sliding_window": None, "head_dim": HEAD_DIM, "bos_token_id": 1, "eos_token_id": 2,
            "tie_word_embeddings": False}
+elif ARCH == "phi3":
+    # Phi-3.5-mini-instruct: LLaMA's SentencePiece model plus Phi-3's 11 added tokens, a 32,064-row embedding, fused
+    # qkv_proj and gate_up_proj, and longrope scaling (factors per rotary pair, 4k pretraining length to 128k).
+    added = [(32000, "<|endoftext|>", True), (32001, "<|assistant|>", True), (32002, "<|placeholder1|>", True),
+             (32003, "<|placeholder2|>", True), (32004, "<|placeholder3|>", True), (32005, "<|placeholder4|>", True),
+             (32006, "<|system|>", True), (32007, "<|end|>", True), (32008, "<|placeholder5|>", True),
+             (32009, "<|placeholder6|>", True), (32010, "<|user|>", True)]
+    spm_tokenizer("LlamaTokenizer", "microsoft-Phi-3.5-mini-instruct.jinja",
+                  {"add_bos_token": False, "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
+                   "model_max_length": 131072, "padding_side": "left"}, added, special_ids=(0, 1))
+    vocab = 32064
+    pairs = HEAD_DIM // 2
+    cfg = {**common, "architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "vocab_size": vocab,
+           "hidden_act": "silu", "max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
+           "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 262144, "attention_bias": False,
+           "embd_pdrop": 0.0, "resid_pdrop": 0.0, "bos_token_id": 1, "eos_token_id": 32000, "pad_token_id": 32000,
+           "tie_word_embeddings": False,
+           "rope_scaling": {"type": "longrope",
+                            "long_factor": [round(1.08 + 0.37 * i * i / pairs, 7) + 1e-9 for i in range(pairs)],
+                            "short_factor": [round(1.0 + 0.0199999809265137 * i, 16) for i in range(pairs)]}}
 elif ARCH == "gemma2":
     vocab = spm_tokenizer("GemmaTokenizer", "google-gemma-2-2b-it.jinja", {})
     cfg = {**common, "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "vocab_size": vocab,
@@ -266,6 +296,11 @@ for b in range(LAYERS):
         p + "self_attn.v_proj.weight": (kv_out, H), p + "self_attn.o_proj.weight": (H, q_out),
         p + "mlp.gate_proj.weight": (FF, H), p + "mlp.up_proj.weight": (FF, H), p + "mlp.down_proj.weight": (H, FF),
     })
+    if ARCH == "phi3":
+        for w in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"):
+            del shapes[p + ("self_attn." if w.endswith("_proj") and w[0] in "qkv" else "mlp.") + w + ".weight"]
+        shapes.update({p + "self_attn.qkv_proj.weight": (q_out + 2 * kv_out, H),
+                       p + "mlp.gate_up_proj.weight": (2 * FF, H)})
     if ARCH in ("qwen2", "qwen2_yarn"):
         shapes.update({p + "self_attn.q_proj.bias": (q_out,), p + "self_attn.k_proj.bias": (kv_out,),
                        p + "self_attn.v_proj.bias": (kv_out,)})

@@ -1,6 +1,6 @@
 //! HF → GGUF for every mapped architecture against llama.cpp's own `convert_hf_to_gguf.py`, run here on the same
 //! input: tiny random checkpoints of Llama 3, Qwen2 (plain and yarn), Qwen3, Qwen3-MoE (per-expert and fused),
-//! Mistral, Gemma 2 and Gemma 3 (text and multimodal) with real vocabularies and chat templates (`tests/py/make_synthetic_hf.py`: Llama 3's and Qwen2's
+//! Mistral, Gemma 2, Gemma 3 (text and multimodal) and Phi-3 with real vocabularies and chat templates (`tests/py/make_synthetic_hf.py`: Llama 3's and Qwen2's
 //! byte-level BPE, LLaMA's SentencePiece model) must convert to the very same file, byte for byte, for each
 //! out-type. The converter runs in `venv-convert`
 //! (`scripts/install-convert-oracle`: torch, transformers, sentencepiece and the source tree's gguf-py).
@@ -177,6 +177,13 @@ fn gemma3_multimodal_text_tower_equals_convert_hf_to_gguf() {
     check("gemma3_mm", &[("bf16", OutType::Bf16)]);
 }
 
+/// Phi-3.5-mini-like: fused qkv and gate_up kept fused, the longrope factors and attention factor, Phi-3's own
+/// SentencePiece reading (its added tokens as written, `</s>` not special) and sliding window.
+#[test]
+fn phi3_equals_convert_hf_to_gguf() {
+    check("phi3", &[("bf16", OutType::Bf16), ("q8_0", OutType::Q8_0)]);
+}
+
 /// The llama3 rope factors against LlamaModel.generate_extra_tensors itself, run with torch here, for the
 /// parameters of the released Llama 3.1 / 3.2 / 3.3 checkpoints and for others that put pairs in every band
 /// (and, with 40 pairs, through both torch's vectorized loop and its scalar tail).
@@ -204,7 +211,7 @@ fn llama3_rope_factors_equal_the_converters() {
     assert_eq!(theirs.len(), cases.len());
     for (case, want) in cases.iter().zip(&theirs) {
         let h = serde_json::json!({"head_dim": case["head_dim"], "$rope": case["rope"]});
-        let ours = GenerateOp::Llama3RopeFactors.values(h.as_object().unwrap(), "config.json").unwrap();
+        let ours = GenerateOp::Llama3RopeFactors.values(h.as_object().unwrap(), "config.json").unwrap().unwrap();
         let hex: String = ours.iter().flat_map(|v| v.to_le_bytes()).map(|b| format!("{b:02x}")).collect();
         assert_eq!(&hex, want, "{case}: ours {ours:?}");
     }

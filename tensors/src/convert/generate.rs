@@ -16,20 +16,124 @@ pub enum GenerateOp {
     /// generate_extra_tensors`): one factor per rotary pair, from `$rope`'s `rope_theta`, `factor`,
     /// `low_freq_factor`, `high_freq_factor` and `original_max_position_embeddings`.
     Llama3RopeFactors,
+    /// Phi-3's long-context rope factors (`rope_factors_long.weight`, `conversion/phi.py::Phi3MiniModel.
+    /// generate_extra_tensors`): `$rope.long_factor` as F32, written only when the list is non-empty.
+    LongropeLongFactors,
+    /// `rope_factors_short.weight`: `$rope.short_factor`, under the same condition as the long factors.
+    LongropeShortFactors,
 }
 
 impl GenerateOp {
     pub fn name(self) -> &'static str {
         match self {
             GenerateOp::Llama3RopeFactors => "llama3_rope_factors",
+            GenerateOp::LongropeLongFactors => "longrope_long_factors",
+            GenerateOp::LongropeShortFactors => "longrope_short_factors",
         }
     }
 
     /// The values, from the converter's hparams (see [`super::hparams`]); `file` names config.json in errors.
-    pub fn values(self, h: &Map<String, Json>, file: &str) -> Result<Vec<f32>> {
+    /// `None`: the converter writes no tensor for this config.
+    pub fn values(self, h: &Map<String, Json>, file: &str) -> Result<Option<Vec<f32>>> {
         match self {
-            GenerateOp::Llama3RopeFactors => llama3_rope_factors(h, file),
+            GenerateOp::Llama3RopeFactors => llama3_rope_factors(h, file).map(Some),
+            GenerateOp::LongropeLongFactors => longrope_factors(h, file, "long_factor"),
+            GenerateOp::LongropeShortFactors => longrope_factors(h, file, "short_factor"),
         }
+    }
+}
+
+/// The first present integer of `fields` (`find_hparam`).
+fn hparam_int(h: &Map<String, Json>, fields: &[&str], file: &str) -> Result<u64> {
+    fields
+        .iter()
+        .find_map(|f| h.get(*f).filter(|v| !v.is_null()))
+        .ok_or_else(|| Error::format(file, fields.join(" | "), "missing"))?
+        .as_u64()
+        .ok_or_else(|| Error::format(file, fields.join(" | "), "is not a non-negative integer"))
+}
+
+/// Phi-3's rotary dimensions, `int(partial_rotary_factor * n_embd) // n_head` (`conversion/phi.py`), the factor
+/// read from `$rope` (default 1.0).
+pub fn partial_rope_dimensions(h: &Map<String, Json>, file: &str) -> Result<u64> {
+    let n_embd = hparam_int(h, &["hidden_size", "n_embd"], file)?;
+    let n_head = hparam_int(h, &["num_attention_heads", "n_head"], file)?;
+    if n_head == 0 {
+        return Err(Error::format(file, "num_attention_heads", "is 0"));
+    }
+    let rope = h.get(super::hparams::ROPE).and_then(Json::as_object);
+    let pct = number(rope.and_then(|r| r.get("partial_rotary_factor")), 1.0, file, "partial_rotary_factor")?;
+    // Python's int() of the f64 product truncates toward zero.
+    let dims = (pct * n_embd as f64).trunc();
+    if !(0.0..=u64::MAX as f64).contains(&dims) {
+        return Err(Error::format(file, "partial_rotary_factor", format!("{pct} gives no rotary dimensions")));
+    }
+    Ok(dims as u64 / n_head)
+}
+
+/// `$rope`'s list `key` when the converter writes longrope factors: `long_factor` non-empty. Both lists must then
+/// be present and hold one factor per rotary pair (`rope_dims / 2`), as the converter checks.
+fn longrope_factors(h: &Map<String, Json>, file: &str, key: &str) -> Result<Option<Vec<f32>>> {
+    let rope = h.get(super::hparams::ROPE).and_then(Json::as_object);
+    let list = |k: &str| -> Result<Option<Vec<f32>>> {
+        match rope.and_then(|r| r.get(k)).filter(|v| !v.is_null()) {
+            None => Ok(None),
+            Some(Json::Array(a)) => a
+                .iter()
+                .map(|v| v.as_f64().map(|x| x as f32))
+                .collect::<Option<Vec<f32>>>()
+                .map(Some)
+                .ok_or_else(|| Error::format(file, format!("rope_scaling.{k}"), "is not a list of numbers")),
+            Some(v) => Err(Error::format(file, format!("rope_scaling.{k}"), format!("{v} is not a list"))),
+        }
+    };
+    let long = list("long_factor")?;
+    if long.as_ref().is_none_or(|l| l.is_empty()) {
+        return Ok(None);
+    }
+    let short = list("short_factor")?
+        .ok_or_else(|| Error::format(file, "rope_scaling.short_factor", "missing (long_factor is given)"))?;
+    let long = long.unwrap_or_default();
+    let dims = partial_rope_dimensions(h, file)?;
+    if dims % 2 != 0 || long.len() as u64 != dims / 2 || short.len() != long.len() {
+        return Err(Error::format(
+            file,
+            "rope_scaling.long_factor",
+            format!(
+                "long_factor has {} and short_factor {} entries; both need rope dimensions / 2 = {}",
+                long.len(),
+                short.len(),
+                dims as f64 / 2.0
+            ),
+        ));
+    }
+    Ok(Some(if key == "long_factor" { long } else { short }))
+}
+
+/// Phi-3's `rope.scaling.attn_factor` (`Phi3MiniModel.generate_extra_tensors`), written only with longrope
+/// factors: `sqrt(1 + ln(s) / ln(orig))` for `s = max_pos / orig > 1`, else 1, in f64 (written as f32).
+/// `None` when `long_factor` is empty or absent.
+pub fn longrope_attn_factor(h: &Map<String, Json>, file: &str) -> Result<Option<f64>> {
+    let rope = h.get(super::hparams::ROPE).and_then(Json::as_object);
+    let has_long = rope.and_then(|r| r.get("long_factor")).and_then(Json::as_array).is_some_and(|a| !a.is_empty());
+    if !has_long {
+        return Ok(None);
+    }
+    let max_pos = hparam_int(h, &["n_positions", "max_position_embeddings"], file)? as f64;
+    let orig = rope
+        .and_then(|r| r.get("original_max_position_embeddings"))
+        .and_then(Json::as_f64)
+        .ok_or_else(|| Error::format(file, "original_max_position_embeddings", "missing"))?;
+    let ty = rope.and_then(|r| r.get("rope_type")).and_then(Json::as_str).unwrap_or("").to_lowercase();
+    let scale = max_pos / orig;
+    match ty.as_str() {
+        "su" | "longrope" => Ok(Some(if scale > 1.0 { (1.0 + scale.ln() / orig.ln()).sqrt() } else { 1.0 })),
+        "yarn" => Ok(Some(if scale > 1.0 { 0.1 * scale.ln() + 1.0 } else { 1.0 })),
+        other => Err(Error::format(
+            file,
+            "rope_scaling.type",
+            format!("{other:?} with long_factor: the converter supports su, longrope and yarn"),
+        )),
     }
 }
 
@@ -113,7 +217,7 @@ mod tests {
     fn llama3_factors_have_the_three_bands() {
         let h = json!({"head_dim": 128, "$rope": {"rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
             "high_freq_factor": 4.0, "original_max_position_embeddings": 8192, "rope_type": "llama3"}});
-        let v = GenerateOp::Llama3RopeFactors.values(h.as_object().unwrap(), "config.json").unwrap();
+        let v = GenerateOp::Llama3RopeFactors.values(h.as_object().unwrap(), "config.json").unwrap().unwrap();
         assert_eq!(v.len(), 64);
         assert_eq!(v[0], 1.0);
         assert_eq!(v[63], 8.0);
@@ -122,5 +226,27 @@ mod tests {
         let bad = json!({"head_dim": 7, "$rope": {}});
         let e = GenerateOp::Llama3RopeFactors.values(bad.as_object().unwrap(), "c.json").unwrap_err().to_string();
         assert!(e.contains("c.json") && e.contains("head_dim"), "{e}");
+    }
+
+    /// Phi-3.5-mini's shape: 96 rotary dimensions, 48 factors each; no factors, no tensors; a wrong length is
+    /// refused with both counts.
+    #[test]
+    fn longrope_factors_and_attn_factor() {
+        let f = |n: usize| Json::from(vec![1.5; n]);
+        let h = json!({"hidden_size": 3072, "num_attention_heads": 32, "max_position_embeddings": 131072,
+            "$rope": {"rope_type": "longrope", "long_factor": f(48), "short_factor": f(48),
+            "original_max_position_embeddings": 4096, "partial_rotary_factor": 1.0}});
+        let h = h.as_object().unwrap();
+        assert_eq!(GenerateOp::LongropeLongFactors.values(h, "c.json").unwrap().unwrap().len(), 48);
+        let a = longrope_attn_factor(h, "c.json").unwrap().unwrap();
+        assert_eq!(a, (1.0 + 32f64.ln() / 4096f64.ln()).sqrt());
+        let mut short = h.clone();
+        short.insert("$rope".into(), json!({"rope_type": "longrope", "long_factor": f(47), "short_factor": f(47),
+            "original_max_position_embeddings": 4096}));
+        let e = GenerateOp::LongropeShortFactors.values(&short, "c.json").unwrap_err().to_string();
+        assert!(e.contains("c.json") && e.contains("47") && e.contains("48"), "{e}");
+        let none = json!({"hidden_size": 64, "num_attention_heads": 4, "$rope": {"rope_type": "default"}});
+        assert!(GenerateOp::LongropeLongFactors.values(none.as_object().unwrap(), "c.json").unwrap().is_none());
+        assert!(longrope_attn_factor(none.as_object().unwrap(), "c.json").unwrap().is_none());
     }
 }

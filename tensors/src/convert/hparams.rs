@@ -80,6 +80,9 @@ pub enum RopeStyle {
     /// config has one, and for llama3 / yarn / longrope `original_max_position_embeddings` (the config's own, else
     /// `max_position_embeddings`).
     Flat,
+    /// `Phi3Config`: [`RopeStyle::Flat`], with `partial_rotary_factor` always set (default 1.0) and the legacy
+    /// types `su` and `yarn` renamed `longrope` after standardizing.
+    Phi3,
     /// `Gemma3TextConfig`: dicts per layer type, `rope_scaling` merged into `full_attention` (theta from
     /// `rope_theta`, default 1e6) and `sliding_attention` with theta `rope_local_base_freq` (default 10000).
     Gemma3,
@@ -113,7 +116,15 @@ pub fn normalize(raw: &Map<String, Json>, rule: &HparamsRule) -> Map<String, Jso
     }
     match rule.rope {
         None => {}
-        Some(RopeStyle::Flat) => flat_rope(&mut h),
+        Some(RopeStyle::Flat) => flat_rope(&mut h, None),
+        Some(RopeStyle::Phi3) => {
+            flat_rope(&mut h, Some(1.0));
+            if let Some(Json::Object(p)) = h.get_mut("rope_parameters") {
+                if matches!(p.get("rope_type").and_then(Json::as_str), Some("su" | "yarn")) {
+                    p.insert("rope_type".into(), Json::from("longrope"));
+                }
+            }
+        }
         Some(RopeStyle::Gemma3) => gemma3_rope(&mut h),
     }
     if rule.rope.is_some() {
@@ -139,7 +150,8 @@ fn int(h: &Map<String, Json>, field: &str) -> Option<u64> {
 
 /// `convert_rope_params_to_dict` then `standardize_rope_params`, the flat case; `rope_scaling` and `rope_theta`
 /// are consumed as keyword arguments (they are not fields of the config classes that use this style).
-fn flat_rope(h: &mut Map<String, Json>) {
+/// `partial_default`: the `partial_rotary_factor` the class sets when the config has none (Phi-3's 1.0).
+fn flat_rope(h: &mut Map<String, Json>, partial_default: Option<f64>) {
     let scaling = h.remove("rope_scaling").filter(|v| v.as_object().is_some_and(|o| !o.is_empty()));
     let mut p = match scaling.or_else(|| h.get("rope_parameters").cloned()) {
         Some(Json::Object(p)) => p,
@@ -147,8 +159,14 @@ fn flat_rope(h: &mut Map<String, Json>) {
     };
     let theta = h.remove("rope_theta").filter(|v| !v.is_null()).unwrap_or(Json::from(DEFAULT_THETA));
     p.entry("rope_theta").or_insert(theta);
-    if let Some(f) = h.get("partial_rotary_factor").filter(|v| !v.is_null()).cloned() {
-        p.entry("partial_rotary_factor").or_insert(f);
+    match (h.get("partial_rotary_factor").filter(|v| !v.is_null()).cloned(), partial_default) {
+        (Some(f), _) => {
+            p.entry("partial_rotary_factor").or_insert(f);
+        }
+        (None, Some(d)) => {
+            p.entry("partial_rotary_factor").or_insert(Json::from(d));
+        }
+        (None, None) => {}
     }
     let ty = p.get("type").cloned().unwrap_or(Json::from("default"));
     p.entry("rope_type").or_insert(ty);
@@ -315,5 +333,19 @@ mod tests {
         assert_eq!(h["rope_parameters"]["sliding_attention"], json!({"rope_type": "default", "rope_theta": 1e4}));
         assert_eq!(h[ROPE]["rope_type"], json!("linear"));
         assert_eq!(h["max_position_embeddings"], json!(131072));
+    }
+
+    /// Phi-3.5's config: the legacy `su` type reads as longrope, the top-level pretraining length is mirrored in,
+    /// and the partial factor defaults to 1.
+    #[test]
+    fn phi3_su_is_longrope_with_a_partial_factor() {
+        let raw = obj(json!({"max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
+            "rope_scaling": {"type": "su", "long_factor": [1.5], "short_factor": [1.0]}}));
+        let h = normalize(&raw, &HparamsRule { defaults: vec![], rope: Some(RopeStyle::Phi3) });
+        let p = &h[ROPE];
+        assert_eq!(p["rope_type"], json!("longrope"));
+        assert_eq!(p["partial_rotary_factor"], json!(1.0));
+        assert_eq!(p["original_max_position_embeddings"], json!(4096));
+        assert_eq!(p["rope_theta"], json!(10000.0));
     }
 }

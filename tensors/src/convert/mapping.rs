@@ -21,6 +21,7 @@ const MAPPINGS: &[(&str, &str)] = &[
     ("gemma3.yaml", include_str!("../../../mappings/gemma3.yaml")),
     ("qwen3_5.yaml", include_str!("../../../mappings/qwen3_5.yaml")),
     ("qwen3_5_moe.yaml", include_str!("../../../mappings/qwen3_5_moe.yaml")),
+    ("phi3.yaml", include_str!("../../../mappings/phi3.yaml")),
 ];
 
 /// `(file name, text)` of the metadata groups a mapping's `metadata` may `include` (lists of entries shared by
@@ -566,6 +567,11 @@ pub enum Computed {
     SizeLabel,
     /// `general.file_type` of the output type (`LlamaFileType`: 0 F32, 1 F16, 32 BF16).
     FileType,
+    /// Phi-3's rotary dimensions, `int(partial_rotary_factor * hidden_size) // num_attention_heads` (u32).
+    PartialRopeDimensions,
+    /// Phi-3's longrope attention factor (f32), written only when `$rope.long_factor` is non-empty
+    /// ([`super::generate::longrope_attn_factor`]).
+    LongropeAttnFactor,
 }
 
 /// A vocabulary reader of convert_hf_to_gguf, tried in the mapping's order; the first whose files are present is
@@ -580,6 +586,10 @@ pub enum TokenizerKind {
     LlamaHf,
     /// `_set_vocab_gpt2`: a byte-level BPE tokenizer.json, tokenizer model `gpt2`.
     Gpt2,
+    /// `Phi3MiniModel.set_vocab` (`conversion/phi.py`): GPT-2 when tokenizer_config.json's `tokenizer_class` is
+    /// `GPT2Tokenizer` (Phi-4), else its own SentencePiece reading (added tokens from added_tokens.json,
+    /// `added_tokens_decoder` and tokenizer.json, kept as written, CONTROL only when marked special).
+    Phi3,
 }
 
 /// Where a metadata entry's value comes from.

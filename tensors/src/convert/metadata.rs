@@ -65,6 +65,18 @@ pub fn build(m: &Mapping, hf: &HfFiles, facts: &PlanFacts) -> Result<Vec<(String
             }
             MetaSource::Computed(Computed::Architecture) => kv.set(&key, Value::String(m.architecture.as_str().into())),
             MetaSource::Computed(Computed::FileType) => kv.set(&key, Value::U32(facts.file_type)),
+            MetaSource::Computed(Computed::PartialRopeDimensions) => {
+                let dims = super::generate::partial_rope_dimensions(&hf.config, &hf.file_name("config.json"))?;
+                let dims = u32::try_from(dims)
+                    .map_err(|_| Error::format(hf.file_name("config.json"), "hidden_size", "too large"))?;
+                kv.set(&key, Value::U32(dims))
+            }
+            MetaSource::Computed(Computed::LongropeAttnFactor) => {
+                // gguf-py packs the Python float as '<f'.
+                if let Some(a) = super::generate::longrope_attn_factor(&hf.config, &hf.file_name("config.json"))? {
+                    kv.set(&key, Value::F32(a as f32))
+                }
+            }
             MetaSource::Computed(Computed::Name) => {
                 kv.set(&key, Value::String(id_to_title(&hf.dir_name).as_str().into()))
             }

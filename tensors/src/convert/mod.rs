@@ -252,7 +252,7 @@ pub async fn plan_hf_to_gguf(source: &TensorSource, out: OutType) -> Result<Gguf
         if !g.when.iter().all(|(field, want)| hf.config_value(field) == Some(want)) {
             continue;
         }
-        let values = g.op.values(&hf.config, &config_file)?;
+        let Some(values) = g.op.values(&hf.config, &config_file)? else { continue };
         let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
         seen.insert(g.gguf.clone());
         tensors.push(PlannedTensor {

@@ -29,7 +29,7 @@ pub fn keys(kinds: &[TokenizerKind], hf: &HfFiles, kv: &mut Kvs) -> Result<()> {
         match kind {
             TokenizerKind::Sentencepiece => {
                 if let Some(model) = &hf.sentencepiece {
-                    return sentencepiece_keys(hf, model, kv);
+                    return spm_keys(hf, model, SpmFlavor::Text, kv);
                 }
             }
             TokenizerKind::LlamaHf => {
@@ -43,6 +43,21 @@ pub fn keys(kinds: &[TokenizerKind], hf: &HfFiles, kv: &mut Kvs) -> Result<()> {
                 }
             }
             TokenizerKind::Gpt2 => return gpt2_keys(hf, kv),
+            TokenizerKind::Phi3 => {
+                let class = hf
+                    .tokenizer_config_value("tokenizer_class")
+                    .ok_or_else(|| {
+                        Error::format(hf.file_name("tokenizer_config.json"), "tokenizer_class", "missing")
+                    })?
+                    .as_str();
+                if class == Some("GPT2Tokenizer") {
+                    return gpt2_keys(hf, kv);
+                }
+                let model = hf.sentencepiece.as_ref().ok_or_else(|| {
+                    Error::format(hf.file_name("tokenizer.model"), "tokenizer.model", "missing (Phi-3 reads it)")
+                })?;
+                return spm_keys(hf, model, SpmFlavor::Phi3, kv);
+            }
         }
     }
     Err(Error::format(
@@ -60,19 +75,46 @@ fn is_llama_hf(tok: Option<&Json>) -> bool {
         && tok.pointer("/decoder/type").and_then(Json::as_str) == Some("Sequence")
 }
 
-/// `_set_vocab_sentencepiece`: tokens, scores and types from the model's pieces, padded to the config's
-/// vocab_size, overridden by added_tokens.json and tokenizer_config.json's `added_tokens_decoder`.
-fn sentencepiece_keys(hf: &HfFiles, model: &[u8], kv: &mut Kvs) -> Result<()> {
+/// Which `set_vocab` reads a SentencePiece vocabulary: they differ in the vocabulary size they pad to and in how
+/// they treat the added tokens.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum SpmFlavor {
+    /// `TextModel._create_vocab_sentencepiece` (`conversion/base.py`): padded to `vocab_size_per_layer_input` or
+    /// `vocab_size` (or the model's size), pieces and added tokens past it ignored; `added_tokens_decoder`
+    /// entries CONTROL when special or special-looking, else USER_DEFINED with `▁` read as a space.
+    Text,
+    /// `Phi3MiniModel.set_vocab` (`conversion/phi.py`): padded to `vocab_size`; `added_tokens_decoder` and then
+    /// tokenizer.json's `added_tokens` written as they are, CONTROL exactly when marked special. Ids past the
+    /// vocabulary are an error (the converter fails on them with an IndexError).
+    Phi3,
+}
+
+/// A SentencePiece vocabulary: tokens, scores and types from the model's pieces, padded to the vocabulary size,
+/// overridden by added_tokens.json, tokenizer_config.json's `added_tokens_decoder` (and for Phi-3 tokenizer.json's
+/// `added_tokens`).
+fn spm_keys(hf: &HfFiles, model: &[u8], flavor: SpmFlavor, kv: &mut Kvs) -> Result<()> {
     let file = hf.file_name("tokenizer.model");
     let pieces = sentencepiece::pieces(model, &file)?;
-    // find_hparam(["vocab_size_per_layer_input", "vocab_size"], optional=True) or tokenizer.vocab_size()
-    let n = ["vocab_size_per_layer_input", "vocab_size"]
+    let vocab_fields: &[&str] = match flavor {
+        // find_hparam(["vocab_size_per_layer_input", "vocab_size"], optional=True) or tokenizer.vocab_size()
+        SpmFlavor::Text => &["vocab_size_per_layer_input", "vocab_size"],
+        // self.hparams.get('vocab_size', tokenizer.vocab_size())
+        SpmFlavor::Phi3 => &["vocab_size"],
+    };
+    let n = vocab_fields
         .iter()
         .find_map(|f| hf.config.get(*f).filter(|v| !v.is_null()))
         .map(|v| v.as_u64().ok_or_else(|| Error::format(hf.file_name("config.json"), "vocab_size", "not an integer")))
         .transpose()?
-        .filter(|n| *n > 0)
+        .filter(|n| *n > 0 || flavor == SpmFlavor::Phi3)
         .unwrap_or(pieces.len() as u64) as usize;
+    if flavor == SpmFlavor::Phi3 && pieces.len() > n {
+        return Err(Error::format(
+            hf.file_name("config.json"),
+            "vocab_size",
+            format!("{n} is smaller than {file}'s {} pieces", pieces.len()),
+        ));
+    }
     let mut tokens: Vec<String> = (0..n).map(|i| format!("[PAD{i}]")).collect();
     let mut scores = vec![-10000.0f32; n];
     let mut types = vec![UNUSED; n];
@@ -106,21 +148,41 @@ fn sentencepiece_keys(hf: &HfFiles, model: &[u8], kv: &mut Kvs) -> Result<()> {
     }
     let tc_file = hf.file_name("tokenizer_config.json");
     let decoder = hf.tokenizer_config.as_ref().and_then(|c| c.get("added_tokens_decoder")).and_then(Json::as_object);
+    let mut added: Vec<(usize, &str, bool, &str, String)> = Vec::new();
     for (id, data) in decoder.into_iter().flatten() {
         let bad = |msg: &str| Error::format(&tc_file, format!("added_tokens_decoder.{id}"), msg);
         let id: usize = id.parse().map_err(|_| bad("the key is not a token id"))?;
         let content = data.get("content").and_then(Json::as_str).ok_or_else(|| bad("has no content"))?;
-        if id >= n {
-            continue;
-        }
         let special = data.get("special").and_then(Json::as_bool).unwrap_or(false);
-        if special || looks_special(content) {
-            tokens[id] = content.to_string();
-            types[id] = CONTROL;
-        } else {
-            tokens[id] = content.replace('\u{2581}', " ");
-            types[id] = USER_DEFINED;
+        added.push((id, content, special, &tc_file, format!("added_tokens_decoder.{id}")));
+    }
+    let tok_file = hf.file_name("tokenizer.json");
+    if flavor == SpmFlavor::Phi3 {
+        let list = hf.tokenizer.as_ref().and_then(|t| t.get("added_tokens")).and_then(Json::as_array);
+        for (i, data) in list.into_iter().flatten().enumerate() {
+            let bad = |msg: &str| Error::format(&tok_file, format!("added_tokens[{i}]"), msg);
+            let id = data.get("id").and_then(Json::as_u64).ok_or_else(|| bad("has no id"))? as usize;
+            let content = data.get("content").and_then(Json::as_str).ok_or_else(|| bad("has no content"))?;
+            let special = data.get("special").and_then(Json::as_bool).unwrap_or(false);
+            added.push((id, content, special, &tok_file, format!("added_tokens[{i}]")));
         }
+    }
+    for (id, content, special, in_file, field) in added {
+        if id >= n {
+            match flavor {
+                SpmFlavor::Text => continue,
+                SpmFlavor::Phi3 => {
+                    return Err(Error::format(in_file, field, format!("token id {id} is not below vocab_size {n}")))
+                }
+            }
+        }
+        let (token, ty) = match flavor {
+            SpmFlavor::Text if special || looks_special(content) => (content.to_string(), CONTROL),
+            SpmFlavor::Text => (content.replace('\u{2581}', " "), USER_DEFINED),
+            SpmFlavor::Phi3 => (content.to_string(), if special { CONTROL } else { USER_DEFINED }),
+        };
+        tokens[id] = token;
+        types[id] = ty;
         scores[id] = -1000.0;
     }
     kv.set("tokenizer.ggml.model", Value::String("llama".into()));
