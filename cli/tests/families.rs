@@ -147,6 +147,12 @@ fn gemma3_multimodal_release() {
     release("gemma3_mm");
 }
 
+/// Phi-3.5 (fused qkv and gate_up, longrope factors; the LoRA on the fused qkv_proj).
+#[test]
+fn phi3_release() {
+    release("phi3");
+}
+
 /// Any source: a release from the GGUF convert_hf_to_gguf.py made (its reference is that file, byte for byte), from
 /// a quantized GGUF (said loudly: the reference is its exact decoding), and from an MLX checkpoint (dequantized
 /// exactly, as `convert` does).
@@ -200,7 +206,7 @@ fn releases_from_a_gguf_and_an_mlx_source() {
 fn family_ladders_equal_llama_quantize() {
     let _cpu = quantfarm_e2e::cpu_bound();
     let dir = tempfile::tempdir().unwrap();
-    for arch in ["llama3", "qwen3_moe", "gemma2", "gemma3_mm"] {
+    for arch in ["llama3", "qwen3_moe", "gemma2", "gemma3_mm", "phi3"] {
         let hf = checkpoint(arch, dir.path());
         let bf16 = dir.path().join(format!("{arch}-bf16.gguf"));
         oracle_bf16(&hf, &bf16);

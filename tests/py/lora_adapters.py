@@ -7,7 +7,7 @@ FLAW (optional): misspelled | shape | base | transposed-a (peft: every lora_A's 
 
 peft: LoRA r=8, lora_alpha=16 on q/k/v/o_proj of every layer (alpha_pattern gives v_proj alpha 32), rsLoRA off,
       plus an embedding LoRA on embed_tokens (lora_embedding_A (r, vocab), lora_embedding_B (dim, r)).
-peft-attn: the same without the embedding LoRA.
+peft-attn: the same without the embedding LoRA (on Phi-3: qkv_proj and o_proj, its fused attention projections).
 mlx:  mlx-lm DoRA (fine_tune_type dora, scale 2.0) on q_proj and v_proj of the last 4 layers, LoRA factors
       lora_a (in, r) / lora_b (r, out); DoRA magnitudes m (out,).
 mlx-lora: mlx-lm LoRA (scale 2.0) on q_proj, v_proj and mlp.down_proj of the last 4 layers.
@@ -103,8 +103,11 @@ expected = {}
 if FORMAT in ("peft", "peft-attn"):
     alpha, alpha_v = 16.0, 32.0
     tensors = {}
+    # Phi-3's fused qkv_proj is adapted as PEFT adapts it: one LoRA over the fused projection.
+    projs = [p for p in ("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj")
+             if f"{LM}layers.0.self_attn.{p}.weight" in base]
     for b in range(layers):
-        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        for proj in projs:
             w = f"{LM}layers.{b}.self_attn.{proj}.weight"
             out_f, in_f = base[w].shape
             A, B = factor(R, in_f), factor(out_f, R)
@@ -121,7 +124,7 @@ if FORMAT in ("peft", "peft-attn"):
         expected[emb] = base[emb] + (alpha / R) * (EB.astype(np.float64) @ EA.astype(np.float64)).T
     cfg = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": RECORDED_BASE, "r": R,
            "lora_alpha": alpha, "alpha_pattern": {"v_proj": alpha_v}, "rank_pattern": {}, "lora_dropout": 0.0,
-           "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"] + (["embed_tokens"] if FORMAT == "peft" else []),
+           "target_modules": projs + (["embed_tokens"] if FORMAT == "peft" else []),
            "use_rslora": False,
            "use_dora": False, "fan_in_fan_out": False, "bias": "none", "modules_to_save": None,
            "inference_mode": True}

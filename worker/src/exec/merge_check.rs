@@ -47,7 +47,14 @@ async fn write_part(
         MergeCheckPart::Base => f32_gguf(&base, out, env).await?,
         MergeCheckPart::Merged => {
             let dir = task_dir(env)?;
-            let merged = Location::local(dir.path().join("merged"));
+            // The merge is written under the base's folder name: the GGUF's general.name comes from it, and
+            // llama.cpp tokenizes by that name (`llama-vocab.cpp`: special tokens of a model named phi-3 / phi3
+            // strip the spaces after them), so another name could make the two sides tokenize differently.
+            let name = match base.file_name() {
+                "" => "base",
+                n => n,
+            };
+            let merged = Location::local(dir.path().join(name));
             merge_adapter(&base, &adapter, &merged, &opts).await?;
             f32_gguf(&merged, out, env).await?
         }
