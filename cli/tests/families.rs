@@ -153,6 +153,12 @@ fn phi3_release() {
     release("phi3");
 }
 
+/// SmolLM3 (Llama's tensors as arch smollm3, no BOS).
+#[test]
+fn smollm3_release() {
+    release("smollm3");
+}
+
 /// Any source: a release from the GGUF convert_hf_to_gguf.py made (its reference is that file, byte for byte), from
 /// a quantized GGUF (said loudly: the reference is its exact decoding), and from an MLX checkpoint (dequantized
 /// exactly, as `convert` does).

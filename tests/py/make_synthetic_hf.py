@@ -2,7 +2,8 @@
 HF -> GGUF conversion against llama.cpp's convert_hf_to_gguf.py.
 
 usage: make_synthetic_hf.py ARCH OUT_DIR LLAMA_CPP_SRC [SEED]
-ARCH: qwen2 | qwen2_yarn | qwen3 | qwen3_moe | qwen3_moe_fused | mistral | gemma2 | gemma3 | gemma3_mm | llama3 | phi3
+ARCH: qwen2 | qwen2_yarn | qwen3 | qwen3_moe | qwen3_moe_fused | mistral | gemma2 | gemma3 | gemma3_mm | llama3 | phi3 |
+      smollm3
 
 The vocabularies are real ones, taken from llama.cpp's own vocab-only test GGUFs (models/ggml-vocab-*.gguf):
 - qwen2 / qwen3: Qwen2's byte-level BPE (151,643 ranks and 151,387 merges) as a tokenizer.json with Qwen's
@@ -10,6 +11,9 @@ The vocabularies are real ones, taken from llama.cpp's own vocab-only test GGUFs
 - llama3: Llama 3's byte-level BPE (128,000 ranks, 280,147 merges, 256 specials) as the tokenizer.json Meta ships,
   its TemplateProcessing post-processor adding <|begin_of_text|> (so convert_hf_to_gguf's hash names it llama-bpe),
   with a Llama 3.2 1B-like config: rope_scaling llama3 (factor 32), head_dim 64, tied embeddings;
+- smollm3: the same vocabulary as SmolLM3 ships it (its chat and thinking tokens in reserved slots, no BOS added,
+  so the converter names its pre-tokenizer smaug-bpe), a SmolLM3-3B-like config (rope theta 5e6, NoPE every 4th
+  layer);
 - qwen3_moe / qwen3_moe_fused: Qwen3's vocabulary and attention, 10 experts of which 2 are used (so expert 10
   sorts before 2 by name), stored per expert or fused as transformers 5 saves them (`mlp.experts.gate_up_proj`);
 - phi3: Phi-3.5-mini's tokenizer (LLaMA's SentencePiece model and Phi-3's added tokens), fused projections and
@@ -99,7 +103,9 @@ LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,
                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
-def llama3_tokenizer():
+def llama3_tokenizer(smollm3=False):
+    """Llama 3's tokenizer files; `smollm3`: as SmolLM3 ships them, its chat and thinking tokens in Llama 3's reserved
+    slots, no BOS added (so the converter's hash names the pre-tokenizer smaug-bpe) and its own chat template."""
     r = GGUFReader(SRC / "models" / "ggml-vocab-llama-bpe.gguf")
     tokens, types, merges = field(r, "tokenizer.ggml.tokens"), field(r, "tokenizer.ggml.token_type"), \
         field(r, "tokenizer.ggml.merges")
@@ -107,21 +113,30 @@ def llama3_tokenizer():
     vocab = {t: i for i, t in enumerate(tokens[:128000])}
     bos = "<|begin_of_text|>"
     assert tokens[128000] == bos, tokens[128000]
+    tokens = list(tokens)
+    special = {i: True for i in range(128000, 128256)}
+    if smollm3:
+        for i, t, sp in [(128002, "<think>", False), (128003, "</think>", False), (128011, "<|im_start|>", True),
+                         (128012, "<|im_end|>", True)]:
+            tokens[i], special[i] = t, sp
+    single = [{"Sequence": {"id": "A", "type_id": 0}}]
+    pair = single + [{"Sequence": {"id": "B", "type_id": 1}}]
+    if not smollm3:
+        single = [{"SpecialToken": {"id": bos, "type_id": 0}}] + single
+        pair = [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                {"SpecialToken": {"id": bos, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}]
     tok = {
         "version": "1.0", "truncation": None, "padding": None,
         "added_tokens": [{"id": i, "content": tokens[i], "single_word": False, "lstrip": False, "rstrip": False,
-                          "normalized": False, "special": True} for i in range(128000, 128256)],
+                          "normalized": False, "special": special[i]} for i in range(128000, 128256)],
         "normalizer": None,
         "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
             {"type": "Split", "pattern": {"Regex": LLAMA3_SPLIT}, "behavior": "Isolated", "invert": False},
             {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]},
         "post_processor": {"type": "Sequence", "processors": [
             {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
-            {"type": "TemplateProcessing",
-             "single": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
-             "pair": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
-                      {"SpecialToken": {"id": bos, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
-             "special_tokens": {bos: {"id": bos, "ids": [128000], "tokens": [bos]}}}]},
+            {"type": "TemplateProcessing", "single": single, "pair": pair,
+             "special_tokens": {} if smollm3 else {bos: {"id": bos, "ids": [128000], "tokens": [bos]}}}]},
         "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
         "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
                   "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": True,
@@ -130,14 +145,17 @@ def llama3_tokenizer():
     (OUT / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False, indent=2), encoding="utf-8")
     cfg = {
         "added_tokens_decoder": {str(i): {"content": tokens[i], "lstrip": False, "normalized": False,
-                                          "rstrip": False, "single_word": False, "special": True}
+                                          "rstrip": False, "single_word": False, "special": special[i]}
                                  for i in range(128000, 128256)},
-        "bos_token": bos, "clean_up_tokenization_spaces": True, "eos_token": "<|eot_id|>",
-        "model_input_names": ["input_ids", "attention_mask"], "model_max_length": 131072,
+        "bos_token": None if smollm3 else bos, "clean_up_tokenization_spaces": True,
+        "eos_token": "<|im_end|>" if smollm3 else "<|eot_id|>",
+        "model_input_names": ["input_ids", "attention_mask"], "model_max_length": 65536 if smollm3 else 131072,
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "chat_template": (SRC / "models" / "templates" / "meta-llama-Llama-3.2-3B-Instruct.jinja").read_text(
-            encoding="utf-8"),
+        "chat_template": (SRC / "models" / "templates" / ("HuggingFaceTB-SmolLM3-3B.jinja" if smollm3 else
+                          "meta-llama-Llama-3.2-3B-Instruct.jinja")).read_text(encoding="utf-8"),
     }
+    if smollm3:
+        cfg["pad_token"] = "<|im_end|>"
     (OUT / "tokenizer_config.json").write_text(json.dumps(cfg, ensure_ascii=False, indent=2), encoding="utf-8")
     return 128256
 
@@ -229,6 +247,16 @@ elif ARCH == "llama3":
                             "original_max_position_embeddings": 8192, "rope_type": "llama3"},
            "head_dim": HEAD_DIM, "attention_bias": False, "mlp_bias": False, "pretraining_tp": 1,
            "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009], "tie_word_embeddings": True}
+elif ARCH == "smollm3":
+    # SmolLM3-3B: Llama 3's vocabulary without a BOS, rope left out of every 4th layer, tied embeddings.
+    vocab = llama3_tokenizer(smollm3=True)
+    cfg = {**common, "architectures": ["SmolLM3ForCausalLM"], "model_type": "smollm3", "vocab_size": vocab,
+           "hidden_act": "silu", "max_position_embeddings": 65536, "rms_norm_eps": 1e-06, "rope_theta": 5000000.0,
+           "rope_scaling": None, "attention_bias": False, "mlp_bias": False, "pretraining_tp": 2,
+           "no_rope_layer_interval": 4, "no_rope_layers": [int((i + 1) % 4 != 0) for i in range(LAYERS)],
+           "use_sliding_window": False, "sliding_window": None, "max_window_layers": 28,
+           "layer_types": ["full_attention"] * LAYERS, "bos_token_id": None, "eos_token_id": 128012,
+           "pad_token_id": 128004, "tie_word_embeddings": True}
 elif ARCH == "mistral":
     vocab = spm_tokenizer("LlamaTokenizer", "mistralai-Mistral-Nemo-Instruct-2407.jinja", {})
     cfg = {**common, "architectures": ["MistralForCausalLM"], "model_type": "mistral", "vocab_size": vocab,

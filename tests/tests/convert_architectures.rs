@@ -1,6 +1,6 @@
 //! HF → GGUF for every mapped architecture against llama.cpp's own `convert_hf_to_gguf.py`, run here on the same
 //! input: tiny random checkpoints of Llama 3, Qwen2 (plain and yarn), Qwen3, Qwen3-MoE (per-expert and fused),
-//! Mistral, Gemma 2, Gemma 3 (text and multimodal) and Phi-3 with real vocabularies and chat templates (`tests/py/make_synthetic_hf.py`: Llama 3's and Qwen2's
+//! Mistral, Gemma 2, Gemma 3 (text and multimodal), Phi-3 and SmolLM3 with real vocabularies and chat templates (`tests/py/make_synthetic_hf.py`: Llama 3's and Qwen2's
 //! byte-level BPE, LLaMA's SentencePiece model) must convert to the very same file, byte for byte, for each
 //! out-type. The converter runs in `venv-convert`
 //! (`scripts/install-convert-oracle`: torch, transformers, sentencepiece and the source tree's gguf-py).
@@ -182,6 +182,13 @@ fn gemma3_multimodal_text_tower_equals_convert_hf_to_gguf() {
 #[test]
 fn phi3_equals_convert_hf_to_gguf() {
     check("phi3", &[("bf16", OutType::Bf16), ("q8_0", OutType::Q8_0)]);
+}
+
+/// SmolLM3-3B-like: LlamaModel's tensors and keys as arch smollm3, rope theta from the config (the class's default
+/// is 2e6), Llama 3's vocabulary without a BOS (pre-tokenizer smaug-bpe).
+#[test]
+fn smollm3_equals_convert_hf_to_gguf() {
+    check("smollm3", &[("bf16", OutType::Bf16)]);
 }
 
 /// The llama3 rope factors against LlamaModel.generate_extra_tensors itself, run with torch here, for the

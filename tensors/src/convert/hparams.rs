@@ -32,6 +32,10 @@ pub struct HparamsRule {
     /// How `rope_parameters` is standardized; absent: the config is read as it is (no rope fields are moved).
     #[serde(default)]
     pub rope: Option<RopeStyle>,
+    /// The config class's `default_theta` (the `rope_theta` it gives a config without one; transformers' own
+    /// default is 10000, SmolLM3's 2e6). Used by the flat styles.
+    #[serde(default)]
+    pub default_theta: Option<f64>,
 }
 
 /// One default: `field` set, when absent, to a literal, a copy of another field, or `a // b`.
@@ -116,9 +120,9 @@ pub fn normalize(raw: &Map<String, Json>, rule: &HparamsRule) -> Map<String, Jso
     }
     match rule.rope {
         None => {}
-        Some(RopeStyle::Flat) => flat_rope(&mut h, None),
+        Some(RopeStyle::Flat) => flat_rope(&mut h, None, rule.default_theta.unwrap_or(DEFAULT_THETA)),
         Some(RopeStyle::Phi3) => {
-            flat_rope(&mut h, Some(1.0));
+            flat_rope(&mut h, Some(1.0), rule.default_theta.unwrap_or(DEFAULT_THETA));
             if let Some(Json::Object(p)) = h.get_mut("rope_parameters") {
                 if matches!(p.get("rope_type").and_then(Json::as_str), Some("su" | "yarn")) {
                     p.insert("rope_type".into(), Json::from("longrope"));
@@ -151,13 +155,13 @@ fn int(h: &Map<String, Json>, field: &str) -> Option<u64> {
 /// `convert_rope_params_to_dict` then `standardize_rope_params`, the flat case; `rope_scaling` and `rope_theta`
 /// are consumed as keyword arguments (they are not fields of the config classes that use this style).
 /// `partial_default`: the `partial_rotary_factor` the class sets when the config has none (Phi-3's 1.0).
-fn flat_rope(h: &mut Map<String, Json>, partial_default: Option<f64>) {
+fn flat_rope(h: &mut Map<String, Json>, partial_default: Option<f64>, default_theta: f64) {
     let scaling = h.remove("rope_scaling").filter(|v| v.as_object().is_some_and(|o| !o.is_empty()));
     let mut p = match scaling.or_else(|| h.get("rope_parameters").cloned()) {
         Some(Json::Object(p)) => p,
         _ => Map::new(),
     };
-    let theta = h.remove("rope_theta").filter(|v| !v.is_null()).unwrap_or(Json::from(DEFAULT_THETA));
+    let theta = h.remove("rope_theta").filter(|v| !v.is_null()).unwrap_or(Json::from(default_theta));
     p.entry("rope_theta").or_insert(theta);
     match (h.get("partial_rotary_factor").filter(|v| !v.is_null()).cloned(), partial_default) {
         (Some(f), _) => {
@@ -293,6 +297,7 @@ mod tests {
                 },
             ],
             rope: Some(RopeStyle::Flat),
+            default_theta: None,
         };
         let h = normalize(&raw, &rule);
         assert_eq!(h["head_dim"], json!(16));
@@ -308,14 +313,14 @@ mod tests {
     #[test]
     fn yarn_gets_the_pretraining_length_and_no_scaling_means_default() {
         let raw = obj(json!({"max_position_embeddings": 32768, "rope_scaling": {"type": "yarn", "factor": 4.0}}));
-        let h = normalize(&raw, &HparamsRule { defaults: vec![], rope: Some(RopeStyle::Flat) });
+        let h = normalize(&raw, &HparamsRule { defaults: vec![], rope: Some(RopeStyle::Flat), default_theta: None });
         let p = &h["rope_parameters"];
         assert_eq!((&p["rope_type"], &p["type"]), (&json!("yarn"), &json!("yarn")));
         assert_eq!(p["original_max_position_embeddings"], json!(32768));
         assert_eq!(p["rope_theta"], json!(10000.0));
         let h = normalize(
             &obj(json!({"rope_theta": 1e6, "rope_scaling": null})),
-            &HparamsRule { defaults: vec![], rope: Some(RopeStyle::Flat) },
+            &HparamsRule { defaults: vec![], rope: Some(RopeStyle::Flat), default_theta: None },
         );
         assert_eq!(h["rope_parameters"], json!({"rope_theta": 1e6, "rope_type": "default"}));
     }
@@ -325,7 +330,7 @@ mod tests {
         let raw = obj(json!({"architectures": ["Gemma3ForConditionalGeneration"], "text_config": {
             "max_position_embeddings": 131072, "rope_local_base_freq": 10000.0, "rope_theta": 1000000.0,
             "rope_scaling": {"factor": 8.0, "rope_type": "linear"}}}));
-        let h = normalize(&raw, &HparamsRule { defaults: vec![], rope: Some(RopeStyle::Gemma3) });
+        let h = normalize(&raw, &HparamsRule { defaults: vec![], rope: Some(RopeStyle::Gemma3), default_theta: None });
         assert_eq!(
             h["rope_parameters"]["full_attention"],
             json!({"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6})
@@ -341,7 +346,7 @@ mod tests {
     fn phi3_su_is_longrope_with_a_partial_factor() {
         let raw = obj(json!({"max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
             "rope_scaling": {"type": "su", "long_factor": [1.5], "short_factor": [1.0]}}));
-        let h = normalize(&raw, &HparamsRule { defaults: vec![], rope: Some(RopeStyle::Phi3) });
+        let h = normalize(&raw, &HparamsRule { defaults: vec![], rope: Some(RopeStyle::Phi3), default_theta: None });
         let p = &h[ROPE];
         assert_eq!(p["rope_type"], json!("longrope"));
         assert_eq!(p["partial_rotary_factor"], json!(1.0));

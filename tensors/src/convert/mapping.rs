@@ -22,6 +22,7 @@ const MAPPINGS: &[(&str, &str)] = &[
     ("qwen3_5.yaml", include_str!("../../../mappings/qwen3_5.yaml")),
     ("qwen3_5_moe.yaml", include_str!("../../../mappings/qwen3_5_moe.yaml")),
     ("phi3.yaml", include_str!("../../../mappings/phi3.yaml")),
+    ("smollm3.yaml", include_str!("../../../mappings/smollm3.yaml")),
 ];
 
 /// `(file name, text)` of the metadata groups a mapping's `metadata` may `include` (lists of entries shared by
