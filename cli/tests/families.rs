@@ -159,6 +159,12 @@ fn smollm3_release() {
     release("smollm3");
 }
 
+/// Granite 3.x (the multipliers as scales; a StarCoder-style vocabulary).
+#[test]
+fn granite_release() {
+    release("granite");
+}
+
 /// Any source: a release from the GGUF convert_hf_to_gguf.py made (its reference is that file, byte for byte), from
 /// a quantized GGUF (said loudly: the reference is its exact decoding), and from an MLX checkpoint (dequantized
 /// exactly, as `convert` does).
@@ -212,7 +218,7 @@ fn releases_from_a_gguf_and_an_mlx_source() {
 fn family_ladders_equal_llama_quantize() {
     let _cpu = quantfarm_e2e::cpu_bound();
     let dir = tempfile::tempdir().unwrap();
-    for arch in ["llama3", "qwen3_moe", "gemma2", "gemma3_mm", "phi3"] {
+    for arch in ["llama3", "qwen3_moe", "gemma2", "gemma3_mm", "phi3", "granite"] {
         let hf = checkpoint(arch, dir.path());
         let bf16 = dir.path().join(format!("{arch}-bf16.gguf"));
         oracle_bf16(&hf, &bf16);

@@ -3,7 +3,7 @@ HF -> GGUF conversion against llama.cpp's convert_hf_to_gguf.py.
 
 usage: make_synthetic_hf.py ARCH OUT_DIR LLAMA_CPP_SRC [SEED]
 ARCH: qwen2 | qwen2_yarn | qwen3 | qwen3_moe | qwen3_moe_fused | mistral | gemma2 | gemma3 | gemma3_mm | llama3 | phi3 |
-      smollm3
+      smollm3 | granite
 
 The vocabularies are real ones, taken from llama.cpp's own vocab-only test GGUFs (models/ggml-vocab-*.gguf):
 - qwen2 / qwen3: Qwen2's byte-level BPE (151,643 ranks and 151,387 merges) as a tokenizer.json with Qwen's
@@ -101,6 +101,47 @@ def qwen_tokenizer(qwen3: bool):
 
 LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def granite_tokenizer():
+    """Granite 3.x's tokenizer: the StarCoder-style 49,152-token byte-level BPE of llama.cpp's
+    ggml-vocab-refact.gguf (the converter names its pre-tokenizer refact), digits split one by one, token 0 named
+    <|end_of_text|> as Granite names it, and Granite 3's three role and tool tokens after it (49,155 in all)."""
+    r = GGUFReader(SRC / "models" / "ggml-vocab-refact.gguf")
+    tokens, types, merges = field(r, "tokenizer.ggml.tokens"), field(r, "tokenizer.ggml.token_type"), \
+        field(r, "tokenizer.ggml.merges")
+    # Granite calls StarCoder's <|endoftext|> <|end_of_text|>.
+    assert tokens[0] == "<|endoftext|>", tokens[0]
+    tokens = ["<|end_of_text|>"] + list(tokens[1:])
+    vocab = {t: i for i, t in enumerate(tokens[:49152])}
+    specials = [(i, tokens[i]) for i in range(49152) if types[i] == 3]
+    added = specials + [(49152, "<|start_of_role|>"), (49153, "<|end_of_role|>"), (49154, "<|tool_call|>")]
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    tok = {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": [{"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": False, "special": True} for i, c in added],
+        "normalizer": None,
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Digits", "individual_digits": True}, byte_level]},
+        "post_processor": {**byte_level, "trim_offsets": False}, "decoder": byte_level,
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                  "vocab": vocab, "merges": [m.split(" ") for m in merges]},
+    }
+    (OUT / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False, indent=2), encoding="utf-8")
+    cfg = {
+        "add_bos_token": False, "add_prefix_space": False,
+        "added_tokens_decoder": {str(i): {"content": c, "lstrip": False, "normalized": False, "rstrip": False,
+                                          "single_word": False, "special": True} for i, c in added},
+        "bos_token": "<|end_of_text|>", "clean_up_tokenization_spaces": True, "eos_token": "<|end_of_text|>",
+        "model_max_length": 9223372036854775807, "pad_token": "<|end_of_text|>", "padding_side": "left",
+        "tokenizer_class": "GPT2Tokenizer", "unk_token": "<|end_of_text|>",
+        "chat_template": (SRC / "models" / "templates" / "ibm-granite-granite-3.3-2B-Instruct.jinja").read_text(
+            encoding="utf-8"),
+    }
+    (OUT / "tokenizer_config.json").write_text(json.dumps(cfg, ensure_ascii=False, indent=2), encoding="utf-8")
+    return 49155
 
 
 def llama3_tokenizer(smollm3=False):
@@ -257,6 +298,14 @@ elif ARCH == "smollm3":
            "use_sliding_window": False, "sliding_window": None, "max_window_layers": 28,
            "layer_types": ["full_attention"] * LAYERS, "bos_token_id": None, "eos_token_id": 128012,
            "pad_token_id": 128004, "tie_word_embeddings": True}
+elif ARCH == "granite":
+    # Granite 3.3 2B-like: LLaMA's layout with Granite's four multipliers, tied embeddings.
+    vocab = granite_tokenizer()
+    cfg = {**common, "architectures": ["GraniteForCausalLM"], "model_type": "granite", "vocab_size": vocab,
+           "hidden_act": "silu", "max_position_embeddings": 131072, "rms_norm_eps": 1e-05, "rope_theta": 10000000.0,
+           "rope_scaling": None, "attention_bias": False, "mlp_bias": False, "attention_multiplier": 0.015625,
+           "embedding_multiplier": 12.0, "residual_multiplier": 0.22, "logits_scaling": 8.0, "bos_token_id": 0,
+           "eos_token_id": 0, "pad_token_id": 0, "tie_word_embeddings": True}
 elif ARCH == "mistral":
     vocab = spm_tokenizer("LlamaTokenizer", "mistralai-Mistral-Nemo-Instruct-2407.jinja", {})
     cfg = {**common, "architectures": ["MistralForCausalLM"], "model_type": "mistral", "vocab_size": vocab,

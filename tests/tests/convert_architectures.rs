@@ -1,6 +1,6 @@
 //! HF → GGUF for every mapped architecture against llama.cpp's own `convert_hf_to_gguf.py`, run here on the same
 //! input: tiny random checkpoints of Llama 3, Qwen2 (plain and yarn), Qwen3, Qwen3-MoE (per-expert and fused),
-//! Mistral, Gemma 2, Gemma 3 (text and multimodal), Phi-3 and SmolLM3 with real vocabularies and chat templates (`tests/py/make_synthetic_hf.py`: Llama 3's and Qwen2's
+//! Mistral, Gemma 2, Gemma 3 (text and multimodal), Phi-3, SmolLM3 and Granite with real vocabularies and chat templates (`tests/py/make_synthetic_hf.py`: Llama 3's and Qwen2's
 //! byte-level BPE, LLaMA's SentencePiece model) must convert to the very same file, byte for byte, for each
 //! out-type. The converter runs in `venv-convert`
 //! (`scripts/install-convert-oracle`: torch, transformers, sentencepiece and the source tree's gguf-py).
@@ -189,6 +189,13 @@ fn phi3_equals_convert_hf_to_gguf() {
 #[test]
 fn smollm3_equals_convert_hf_to_gguf() {
     check("smollm3", &[("bf16", OutType::Bf16)]);
+}
+
+/// Granite 3.3-like: llama's layout with the four multipliers as scales, head_dim ignored, and the StarCoder-style
+/// vocabulary (pre-tokenizer refact, told from SmolLM2's identical section by its tokens).
+#[test]
+fn granite_equals_convert_hf_to_gguf() {
+    check("granite", &[("bf16", OutType::Bf16)]);
 }
 
 /// The llama3 rope factors against LlamaModel.generate_extra_tensors itself, run with torch here, for the

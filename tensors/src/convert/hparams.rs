@@ -36,6 +36,9 @@ pub struct HparamsRule {
     /// default is 10000, SmolLM3's 2e6). Used by the flat styles.
     #[serde(default)]
     pub default_theta: Option<f64>,
+    /// Fields the converter class removes before reading the config (GraniteModel pops `head_dim`).
+    #[serde(default)]
+    pub pop: Vec<String>,
 }
 
 /// One default: `field` set, when absent, to a literal, a copy of another field, or `a // b`.
@@ -117,6 +120,9 @@ pub fn normalize(raw: &Map<String, Json>, rule: &HparamsRule) -> Map<String, Jso
         if let Some(v) = v {
             h.insert(d.field.clone(), v);
         }
+    }
+    for f in &rule.pop {
+        h.remove(f);
     }
     match rule.rope {
         None => {}
@@ -298,6 +304,7 @@ mod tests {
             ],
             rope: Some(RopeStyle::Flat),
             default_theta: None,
+            pop: vec![],
         };
         let h = normalize(&raw, &rule);
         assert_eq!(h["head_dim"], json!(16));
@@ -313,14 +320,14 @@ mod tests {
     #[test]
     fn yarn_gets_the_pretraining_length_and_no_scaling_means_default() {
         let raw = obj(json!({"max_position_embeddings": 32768, "rope_scaling": {"type": "yarn", "factor": 4.0}}));
-        let h = normalize(&raw, &HparamsRule { defaults: vec![], rope: Some(RopeStyle::Flat), default_theta: None });
+        let h = normalize(&raw, &HparamsRule { defaults: vec![], rope: Some(RopeStyle::Flat), default_theta: None, pop: vec![] });
         let p = &h["rope_parameters"];
         assert_eq!((&p["rope_type"], &p["type"]), (&json!("yarn"), &json!("yarn")));
         assert_eq!(p["original_max_position_embeddings"], json!(32768));
         assert_eq!(p["rope_theta"], json!(10000.0));
         let h = normalize(
             &obj(json!({"rope_theta": 1e6, "rope_scaling": null})),
-            &HparamsRule { defaults: vec![], rope: Some(RopeStyle::Flat), default_theta: None },
+            &HparamsRule { defaults: vec![], rope: Some(RopeStyle::Flat), default_theta: None, pop: vec![] },
         );
         assert_eq!(h["rope_parameters"], json!({"rope_theta": 1e6, "rope_type": "default"}));
     }
@@ -330,7 +337,7 @@ mod tests {
         let raw = obj(json!({"architectures": ["Gemma3ForConditionalGeneration"], "text_config": {
             "max_position_embeddings": 131072, "rope_local_base_freq": 10000.0, "rope_theta": 1000000.0,
             "rope_scaling": {"factor": 8.0, "rope_type": "linear"}}}));
-        let h = normalize(&raw, &HparamsRule { defaults: vec![], rope: Some(RopeStyle::Gemma3), default_theta: None });
+        let h = normalize(&raw, &HparamsRule { defaults: vec![], rope: Some(RopeStyle::Gemma3), default_theta: None, pop: vec![] });
         assert_eq!(
             h["rope_parameters"]["full_attention"],
             json!({"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6})
@@ -346,7 +353,7 @@ mod tests {
     fn phi3_su_is_longrope_with_a_partial_factor() {
         let raw = obj(json!({"max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
             "rope_scaling": {"type": "su", "long_factor": [1.5], "short_factor": [1.0]}}));
-        let h = normalize(&raw, &HparamsRule { defaults: vec![], rope: Some(RopeStyle::Phi3), default_theta: None });
+        let h = normalize(&raw, &HparamsRule { defaults: vec![], rope: Some(RopeStyle::Phi3), default_theta: None, pop: vec![] });
         let p = &h[ROPE];
         assert_eq!(p["rope_type"], json!("longrope"));
         assert_eq!(p["partial_rotary_factor"], json!(1.0));

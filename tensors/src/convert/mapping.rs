@@ -23,6 +23,7 @@ const MAPPINGS: &[(&str, &str)] = &[
     ("qwen3_5_moe.yaml", include_str!("../../../mappings/qwen3_5_moe.yaml")),
     ("phi3.yaml", include_str!("../../../mappings/phi3.yaml")),
     ("smollm3.yaml", include_str!("../../../mappings/smollm3.yaml")),
+    ("granite.yaml", include_str!("../../../mappings/granite.yaml")),
 ];
 
 /// `(file name, text)` of the metadata groups a mapping's `metadata` may `include` (lists of entries shared by
@@ -752,6 +753,11 @@ pub struct PreTokenizer {
     /// Llama 3's pre-tokenizer is `llama-bpe` with its BOS and `smaug-bpe` without. Absent: either.
     #[serde(default)]
     pub bos: Option<bool>,
+    /// Tokens the vocabulary must hold at these ids: the converter's hash covers the vocabulary, so one
+    /// pre_tokenizer section over two vocabularies can carry two names (SmolLM2's `smollm`, StarCoder-style
+    /// `refact`). Empty: any vocabulary.
+    #[serde(default)]
+    pub tokens: BTreeMap<u64, String>,
     #[serde(default)]
     pub example: Option<String>,
     /// tokenizer.json's `normalizer`, `pre_tokenizer` and `decoder`, for rebuilding a tokenizer from a GGUF.

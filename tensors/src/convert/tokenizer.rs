@@ -263,7 +263,8 @@ fn gpt2_keys(hf: &HfFiles, kv: &mut Kvs) -> Result<()> {
     }
 
     kv.set("tokenizer.ggml.model", Value::String("gpt2".into()));
-    kv.set("tokenizer.ggml.pre", Value::String(pre_tokenizer_name(hf, tok)?.as_str().into()));
+    let token_at = |id: u64| by_id.get(&id).map(|(t, _)| t.as_str());
+    kv.set("tokenizer.ggml.pre", Value::String(pre_tokenizer_name(hf, tok, &token_at)?.as_str().into()));
     kv.set("tokenizer.ggml.tokens", Value::Array(Array::String(tokens)));
     kv.set("tokenizer.ggml.token_type", Value::Array(Array::I32(types)));
     special_vocab::add(hf, true, None, kv)
@@ -313,11 +314,16 @@ fn adds_bos(tok: &Json) -> bool {
 }
 
 /// `tokenizer.ggml.pre` from the table in `mappings/pre-tokenizers.yaml`.
-fn pre_tokenizer_name(hf: &HfFiles, tok: &Json) -> Result<String> {
+fn pre_tokenizer_name<'v>(hf: &HfFiles, tok: &Json, token_at: &dyn Fn(u64) -> Option<&'v str>) -> Result<String> {
     let pre = tok.get("pre_tokenizer").unwrap_or(&Json::Null);
     let sha = pre_tokenizer_sha256(pre);
     let bos = adds_bos(tok);
-    pre_tokenizers()?.into_iter().find(|p| p.sha256 == sha && p.bos.is_none_or(|b| b == bos)).map(|p| p.pre).ok_or_else(
+    let matches = |p: &super::mapping::PreTokenizer| {
+        p.sha256 == sha
+            && p.bos.is_none_or(|b| b == bos)
+            && p.tokens.iter().all(|(id, t)| token_at(*id) == Some(t.as_str()))
+    };
+    pre_tokenizers()?.into_iter().find(|p| matches(p)).map(|p| p.pre).ok_or_else(
         || Error::Mapping {
             file: format!("mappings/{PRE_TOKENIZERS_FILE}"),
             msg: format!(
