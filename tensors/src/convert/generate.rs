@@ -241,8 +241,11 @@ mod tests {
         let a = longrope_attn_factor(h, "c.json").unwrap().unwrap();
         assert_eq!(a, (1.0 + 32f64.ln() / 4096f64.ln()).sqrt());
         let mut short = h.clone();
-        short.insert("$rope".into(), json!({"rope_type": "longrope", "long_factor": f(47), "short_factor": f(47),
-            "original_max_position_embeddings": 4096}));
+        short.insert(
+            "$rope".into(),
+            json!({"rope_type": "longrope", "long_factor": f(47), "short_factor": f(47),
+            "original_max_position_embeddings": 4096}),
+        );
         let e = GenerateOp::LongropeShortFactors.values(&short, "c.json").unwrap_err().to_string();
         assert!(e.contains("c.json") && e.contains("47") && e.contains("48"), "{e}");
         let none = json!({"hidden_size": 64, "num_attention_heads": 4, "$rope": {"rope_type": "default"}});

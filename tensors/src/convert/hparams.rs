@@ -320,7 +320,10 @@ mod tests {
     #[test]
     fn yarn_gets_the_pretraining_length_and_no_scaling_means_default() {
         let raw = obj(json!({"max_position_embeddings": 32768, "rope_scaling": {"type": "yarn", "factor": 4.0}}));
-        let h = normalize(&raw, &HparamsRule { defaults: vec![], rope: Some(RopeStyle::Flat), default_theta: None, pop: vec![] });
+        let h = normalize(
+            &raw,
+            &HparamsRule { defaults: vec![], rope: Some(RopeStyle::Flat), default_theta: None, pop: vec![] },
+        );
         let p = &h["rope_parameters"];
         assert_eq!((&p["rope_type"], &p["type"]), (&json!("yarn"), &json!("yarn")));
         assert_eq!(p["original_max_position_embeddings"], json!(32768));
@@ -337,7 +340,10 @@ mod tests {
         let raw = obj(json!({"architectures": ["Gemma3ForConditionalGeneration"], "text_config": {
             "max_position_embeddings": 131072, "rope_local_base_freq": 10000.0, "rope_theta": 1000000.0,
             "rope_scaling": {"factor": 8.0, "rope_type": "linear"}}}));
-        let h = normalize(&raw, &HparamsRule { defaults: vec![], rope: Some(RopeStyle::Gemma3), default_theta: None, pop: vec![] });
+        let h = normalize(
+            &raw,
+            &HparamsRule { defaults: vec![], rope: Some(RopeStyle::Gemma3), default_theta: None, pop: vec![] },
+        );
         assert_eq!(
             h["rope_parameters"]["full_attention"],
             json!({"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6})
@@ -353,7 +359,10 @@ mod tests {
     fn phi3_su_is_longrope_with_a_partial_factor() {
         let raw = obj(json!({"max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
             "rope_scaling": {"type": "su", "long_factor": [1.5], "short_factor": [1.0]}}));
-        let h = normalize(&raw, &HparamsRule { defaults: vec![], rope: Some(RopeStyle::Phi3), default_theta: None, pop: vec![] });
+        let h = normalize(
+            &raw,
+            &HparamsRule { defaults: vec![], rope: Some(RopeStyle::Phi3), default_theta: None, pop: vec![] },
+        );
         let p = &h[ROPE];
         assert_eq!(p["rope_type"], json!("longrope"));
         assert_eq!(p["partial_rotary_factor"], json!(1.0));

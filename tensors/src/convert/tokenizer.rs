@@ -46,9 +46,7 @@ pub fn keys(kinds: &[TokenizerKind], hf: &HfFiles, kv: &mut Kvs) -> Result<()> {
             TokenizerKind::Phi3 => {
                 let class = hf
                     .tokenizer_config_value("tokenizer_class")
-                    .ok_or_else(|| {
-                        Error::format(hf.file_name("tokenizer_config.json"), "tokenizer_class", "missing")
-                    })?
+                    .ok_or_else(|| Error::format(hf.file_name("tokenizer_config.json"), "tokenizer_class", "missing"))?
                     .as_str();
                 if class == Some("GPT2Tokenizer") {
                     return gpt2_keys(hf, kv);
@@ -323,18 +321,16 @@ fn pre_tokenizer_name<'v>(hf: &HfFiles, tok: &Json, token_at: &dyn Fn(u64) -> Op
             && p.bos.is_none_or(|b| b == bos)
             && p.tokens.iter().all(|(id, t)| token_at(*id) == Some(t.as_str()))
     };
-    pre_tokenizers()?.into_iter().find(|p| matches(p)).map(|p| p.pre).ok_or_else(
-        || Error::Mapping {
-            file: format!("mappings/{PRE_TOKENIZERS_FILE}"),
-            msg: format!(
-                "{}: pre_tokenizer {} (sha256 {sha}, {} BOS) is not in the table; add an entry with the \
+    pre_tokenizers()?.into_iter().find(|p| matches(p)).map(|p| p.pre).ok_or_else(|| Error::Mapping {
+        file: format!("mappings/{PRE_TOKENIZERS_FILE}"),
+        msg: format!(
+            "{}: pre_tokenizer {} (sha256 {sha}, {} BOS) is not in the table; add an entry with the \
                  tokenizer.ggml.pre name convert_hf_to_gguf.py gives this model",
-                hf.file_name("tokenizer.json"),
-                serde_json::to_string(pre).unwrap_or_default(),
-                if bos { "adds a" } else { "adds no" }
-            ),
-        },
-    )
+            hf.file_name("tokenizer.json"),
+            serde_json::to_string(pre).unwrap_or_default(),
+            if bos { "adds a" } else { "adds no" }
+        ),
+    })
 }
 
 #[cfg(test)]
