@@ -165,6 +165,12 @@ fn granite_release() {
     release("granite");
 }
 
+/// OLMo 2 (post-norm blocks, full-width q/k norms; cl100k_base).
+#[test]
+fn olmo2_release() {
+    release("olmo2");
+}
+
 /// Any source: a release from the GGUF convert_hf_to_gguf.py made (its reference is that file, byte for byte), from
 /// a quantized GGUF (said loudly: the reference is its exact decoding), and from an MLX checkpoint (dequantized
 /// exactly, as `convert` does).
@@ -218,7 +224,7 @@ fn releases_from_a_gguf_and_an_mlx_source() {
 fn family_ladders_equal_llama_quantize() {
     let _cpu = quantfarm_e2e::cpu_bound();
     let dir = tempfile::tempdir().unwrap();
-    for arch in ["llama3", "qwen3_moe", "gemma2", "gemma3_mm", "phi3", "granite"] {
+    for arch in ["llama3", "qwen3_moe", "gemma2", "gemma3_mm", "phi3", "granite", "olmo2"] {
         let hf = checkpoint(arch, dir.path());
         let bf16 = dir.path().join(format!("{arch}-bf16.gguf"));
         oracle_bf16(&hf, &bf16);

