@@ -120,13 +120,24 @@ async fn write_files(dst_dir: &Location, files: Vec<(&'static str, Vec<u8>)>) ->
         }
         let mut sink = StagedSink::create(&target, false).await?;
         sink.write(&bytes).await?;
-        staged.push((i, sink));
+        staged.push((i, sink, target, bytes));
     }
-    for (i, sink) in staged {
-        out.push((i, sink.commit().await?));
+    for (i, sink, target, bytes) in staged {
+        out.push((i, commit_or_keep(sink, &target, &bytes).await?));
     }
     out.sort_by_key(|(i, _)| *i);
     Ok(out.into_iter().map(|(_, c)| c).collect())
+}
+
+/// Commits `sink` (holding `bytes`) at `target`. When another writer committed the file since the folder was
+/// listed (a worker killed after its request reached the store, or one running beside us), the same bytes are as
+/// good as ours and other bytes are refused ([`keep_identical`]).
+async fn commit_or_keep(sink: StagedSink, target: &Location, bytes: &[u8]) -> Result<Committed> {
+    match sink.commit().await {
+        Ok(c) => Ok(c),
+        Err(quantfarm_store::Error::Exists { .. }) => keep_identical(target, bytes).await,
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// True when all of the checkpoint's files exist at `dst_dir` (names only; no bytes are read).
@@ -484,6 +495,31 @@ mod tests {
                 write_tiny_llama(&loc).await,
                 Err(crate::Error::Store(quantfarm_store::Error::Exists { .. }))
             ));
+        });
+    }
+
+    /// A file another writer committed between our listing and our commit (the chaos test's killed worker whose
+    /// upload the store finished) is kept when its bytes are ours, refused when they are not.
+    #[test]
+    fn a_file_committed_meanwhile_is_kept_when_identical() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        rt.block_on(async {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let target = Location::local(dir.path().join("tokenizer.json"));
+            for (theirs, kept) in [(&b"same"[..], true), (&b"other"[..], false)] {
+                let _ = std::fs::remove_file(dir.path().join("tokenizer.json"));
+                let mut sink = StagedSink::create(&target, false).await.expect("stage");
+                sink.write(b"same").await.expect("write");
+                std::fs::write(dir.path().join("tokenizer.json"), theirs).expect("the other writer");
+                let got = commit_or_keep(sink, &target, b"same").await;
+                match got {
+                    Ok(c) => assert!(kept, "other bytes were accepted: {c:?}"),
+                    Err(e) => {
+                        assert!(!kept, "identical bytes were refused: {e}");
+                        assert!(matches!(e, crate::Error::Store(quantfarm_store::Error::Exists { .. })), "{e}");
+                    }
+                }
+            }
         });
     }
 }
