@@ -6,8 +6,10 @@
 //! Pipeline of `mlx_lm/convert.py::convert`, with `quantize_model`, `save_model` and `save_config` from
 //! `mlx_lm/utils.py` (mlx-lm 0.32.2):
 //!
-//! 1. `model.sanitize`: llama-family models drop `self_attn.rotary_emb.inv_freq` and, with tied embeddings,
-//!    `lm_head.weight` (`mlx_lm/models/llama.py::sanitize`; qwen2/qwen3/mistral do the same or less);
+//! 1. `model.sanitize`, as the architecture's mapping describes it
+//!    (`quantfarm_tensors::convert::plan_hf_to_mlx`): `self_attn.rotary_emb.inv_freq` dropped, `lm_head.weight`
+//!    dropped with tied embeddings, vision towers left out, per-expert weights stacked, a multimodal wrapper's
+//!    prefix;
 //! 2. every floating tensor is cast to the config's `torch_dtype` (`set_dtype`, round to nearest even), **before**
 //!    quantizing, so an f32 Linear is quantized from its bf16 values;
 //! 3. `quantize_model`'s predicate: a module with `to_quantized` (Linear, Embedding: here the 2-D `*.weight` tensors,
@@ -19,17 +21,17 @@
 //!
 //! Not reproduced: the order of tensors inside a shard file (mlx writes them in `std::unordered_map` order), hence
 //! the whole-file bytes and the shard boundaries of multi-shard models; tokenizer files are copied as they are
-//! rather than re-serialized by `tokenizer.save_pretrained`. From an HF folder only the dense architectures in
-//! [`ARCHITECTURES`] are accepted; from a GGUF, the architecture's mapping says what mlx-lm does differently
-//! (`mlx:` in `mappings/*.yaml`: names, sanitize, 3-D `SwitchLinear` experts, the `quant_predicate`'s per-module
-//! bits, dtypes mlx-lm never casts), which the plan carries.
+//! rather than re-serialized by `tokenizer.save_pretrained`. From an HF folder and from a GGUF alike, the
+//! architecture's mapping says what mlx-lm does differently (`mlx:` in `mappings/*.yaml`: names, sanitize, 3-D
+//! `SwitchLinear` experts, the `quant_predicate`'s per-module bits, dtypes mlx-lm never casts), which the plan
+//! carries.
 
 use serde_json::{Map, Value as Json};
 
 use quantfarm_store::sink::StagedSink;
 use quantfarm_store::Blob;
 use quantfarm_store::{Committed, Location};
-use quantfarm_tensors::convert::{HfPlan, HfTensor};
+use quantfarm_tensors::convert::{mlx_cast_dtype, plan_hf_to_mlx, HfPlan, HfTensor, HfToMlxPlan};
 use quantfarm_tensors::mlx::CARRIED_FILES;
 use quantfarm_tensors::safetensors::{shard_file_name, StTensorDesc};
 use quantfarm_tensors::write::SafetensorsWriter;
@@ -39,9 +41,6 @@ pub(crate) use crate::mlx::round_to;
 use crate::mlx::{check_params, MlxQuantError};
 
 mod stream;
-
-/// `model_type`s whose mlx-lm `sanitize` and quantization predicate are the generic ones implemented here.
-pub const ARCHITECTURES: [&str; 4] = ["llama", "mistral", "qwen2", "qwen3"];
 
 /// `mlx_lm.utils.MAX_FILE_SIZE_GB << 30`.
 const MAX_SHARD_BYTES: u64 = 5 << 30;
@@ -62,8 +61,6 @@ pub enum MlxFileError {
     NotSafetensors { file: String, format: &'static str },
     #[error("{file}: is already quantized ({what}); convert from the unquantized checkpoint")]
     AlreadyQuantized { file: String, what: String },
-    #[error("{file}: model_type {model_type:?} is not one quantfarm converts to MLX yet (supported: {supported})")]
-    Architecture { file: String, model_type: String, supported: String },
     #[error("{file}: config.json: {msg}")]
     Config { file: String, msg: String },
 }
@@ -104,12 +101,13 @@ pub struct MlxConverted {
 
 /// One tensor of the source and what becomes of it.
 enum Item {
-    /// Stored as `dtype` under the same name (cast when it differs from the source's).
-    Plain { name: String, dtype: Dtype, shape: Vec<u64> },
+    /// Stored as `dtype` under `name` (cast when it differs from the source's), read from `sources` in order.
+    Plain { name: String, sources: Vec<String>, dtype: Dtype, shape: Vec<u64> },
     /// Quantized into `module.weight`, `module.scales`, `module.biases`: `rows` rows of `cols` values, shaped
     /// `lead + [cols]` (`lead` is `[rows]`, or `[experts, out]` for a 3-D `SwitchLinear` weight).
     Quant {
         name: String,
+        sources: Vec<String>,
         module: String,
         lead: Vec<u64>,
         rows: u64,
@@ -120,35 +118,40 @@ enum Item {
     },
 }
 
-/// What an MLX checkpoint is made from: an HF (or unquantized MLX) folder, or a GGUF read through its GGUF → HF
-/// plan, each tensor streamed as the HF conversion would write it (no bf16 copy on disk).
+/// What an MLX checkpoint is made from: an HF (or unquantized MLX) folder through the plan of what mlx-lm loads
+/// from it, or a GGUF read through its GGUF → HF plan, each tensor streamed as the HF conversion would write it
+/// (no bf16 copy on disk).
 #[derive(Clone, Copy)]
 enum Input<'a> {
-    Hf(&'a TensorSource),
+    Hf(&'a TensorSource, &'a HfToMlxPlan),
     Gguf(&'a TensorSource, &'a HfPlan),
 }
 
 impl Input<'_> {
     fn source(&self) -> &TensorSource {
         match self {
-            Input::Hf(s) | Input::Gguf(s, _) => s,
+            Input::Hf(s, _) | Input::Gguf(s, _) => s,
         }
     }
 
-    /// (name, stored type, shape) of every tensor, as the HF checkpoint has (or would have) them.
-    fn tensors(&self) -> Vec<(String, TensorType, Vec<u64>)> {
+    /// (name, source tensors, stored type, shape) of every tensor of the MLX model before quantization.
+    fn tensors(&self) -> Vec<(String, Vec<String>, TensorType, Vec<u64>)> {
         match self {
-            Input::Hf(s) => s.tensors().iter().map(|e| (e.name.clone(), e.ty, e.shape.clone())).collect(),
-            Input::Gguf(_, plan) => {
-                plan.tensors.iter().map(|t| (t.name.clone(), TensorType::Dtype(t.dtype), t.shape.clone())).collect()
+            Input::Hf(_, plan) => {
+                plan.tensors.iter().map(|t| (t.name.clone(), t.sources.clone(), t.stored, t.shape.clone())).collect()
             }
+            Input::Gguf(_, plan) => plan
+                .tensors
+                .iter()
+                .map(|t| (t.name.clone(), vec![t.name.clone()], TensorType::Dtype(t.dtype), t.shape.clone()))
+                .collect(),
         }
     }
 
     /// The GGUF → HF plan's entry for tensor `name`, written as `dtype`.
     fn planned(&self, name: &str, dtype: Dtype) -> Option<HfTensor> {
         match self {
-            Input::Hf(_) => None,
+            Input::Hf(..) => None,
             Input::Gguf(_, plan) => {
                 plan.tensors.iter().find(|t| t.name == name).map(|t| HfTensor { dtype, ..t.clone() })
             }
@@ -158,7 +161,7 @@ impl Input<'_> {
     /// Modules whose 3-D weights are quantized, and modules with their own `(bits, group_size)`.
     fn quant_rules(&self) -> (&[String], &[(String, u32, usize)]) {
         match self {
-            Input::Hf(_) => (&[], &[]),
+            Input::Hf(_, plan) => (&plan.quantize_3d, &plan.quant_overrides),
             Input::Gguf(_, plan) => (&plan.quantize_3d, &plan.quant_overrides),
         }
     }
@@ -178,7 +181,8 @@ pub async fn quantize_mlx_checkpoint(
         let file = src.location().to_string();
         return Err(MlxFileError::NotSafetensors { file, format: src.format().name() });
     }
-    convert(Input::Hf(src), dst_dir, opts).await
+    let plan = plan_hf_to_mlx(src)?;
+    convert(Input::Hf(src, &plan), dst_dir, opts).await
 }
 
 /// Converts the GGUF model `src` into an MLX affine checkpoint in folder `dst_dir`: each tensor is made as the GGUF
@@ -198,48 +202,32 @@ async fn convert(input: Input<'_>, dst_dir: &Location, opts: &MlxOptions) -> Res
     let src = input.source();
     let file = src.location().to_string();
     let config = match input {
-        Input::Hf(s) => s.metadata(),
+        Input::Hf(s, _) => s.metadata(),
         Input::Gguf(_, plan) => plan.config.clone(),
     };
     let tensors = input.tensors();
-    let model_type = config.get("model_type").and_then(Json::as_str).unwrap_or("").to_string();
-    // A GGUF's plan comes from its architecture's mapping, which says what mlx-lm does with it.
-    if matches!(input, Input::Hf(_)) && !ARCHITECTURES.contains(&model_type.as_str()) {
-        return Err(MlxFileError::Architecture { file, model_type, supported: ARCHITECTURES.join(", ") });
-    }
-    if let Some((name, ty, _)) = tensors.iter().find(|(_, ty, _)| !matches!(ty, TensorType::Dtype(_))) {
+    if let Some((name, _, ty, _)) = tensors.iter().find(|(_, _, ty, _)| !matches!(ty, TensorType::Dtype(_))) {
         return Err(MlxFileError::AlreadyQuantized { file, what: format!("tensor {name:?} is {ty}") });
     }
     if config.contains_key("quantization") {
         return Err(MlxFileError::AlreadyQuantized { file, what: "config.json has `quantization`".into() });
     }
-    let cast = match opts.dtype {
-        Some(d) => Some(d),
-        None => match config.get("torch_dtype").and_then(Json::as_str) {
-            Some("bfloat16") => Some(Dtype::BF16),
-            Some("float16") => Some(Dtype::F16),
-            Some("float32") => Some(Dtype::F32),
-            _ => None,
-        },
-    };
+    let cast = opts.dtype.or_else(|| mlx_cast_dtype(&config));
     check_params(opts.group_size, opts.bits, opts.group_size, cast.unwrap_or(Dtype::F32))
         .map_err(MlxFileError::Params)?;
-    let tied = config.get("tie_word_embeddings").and_then(Json::as_bool).unwrap_or(false);
     let (quantize_3d, overrides) = input.quant_rules();
 
-    // Plan: sanitize, cast, predicate. Sorted by name, a quantized module's three tensors together.
-    let mut entries: Vec<_> = tensors
-        .iter()
-        .filter(|(name, _, _)| !(name.contains("self_attn.rotary_emb.inv_freq") || tied && name == "lm_head.weight"))
-        .collect();
+    // Plan (sanitized by the input's plan): cast, predicate. Sorted by name, a quantized module's three tensors
+    // together.
+    let mut entries: Vec<_> = tensors.iter().collect();
     entries.sort_by(|a, b| a.0.cmp(&b.0));
     let mut items = Vec::with_capacity(entries.len());
-    for (name, ty, shape) in entries {
+    for (name, sources, ty, shape) in entries {
         let TensorType::Dtype(stored) = *ty else { unreachable!("checked above") };
         let floating = matches!(stored, Dtype::F32 | Dtype::F16 | Dtype::BF16);
         // A GGUF's plan already gives each tensor its dtype (Qwen3.5's A_log stays f32, as mlx-lm's cast_predicate
         // keeps it).
-        let dtype = if floating && matches!(input, Input::Hf(_)) { cast.unwrap_or(stored) } else { stored };
+        let dtype = if floating && matches!(input, Input::Hf(..)) { cast.unwrap_or(stored) } else { stored };
         let module = name.strip_suffix(".weight");
         let cols = shape.last().copied().unwrap_or(1);
         let (bits, group_size) = module
@@ -252,6 +240,7 @@ async fn convert(input: Input<'_>, dst_dir: &Location, opts: &MlxOptions) -> Res
                 let lead = shape[..shape.len() - 1].to_vec();
                 items.push(Item::Quant {
                     name: name.clone(),
+                    sources: sources.clone(),
                     module: m.to_string(),
                     rows: lead.iter().product(),
                     lead,
@@ -261,7 +250,7 @@ async fn convert(input: Input<'_>, dst_dir: &Location, opts: &MlxOptions) -> Res
                     group_size,
                 })
             }
-            _ => items.push(Item::Plain { name: name.clone(), dtype, shape: shape.clone() }),
+            _ => items.push(Item::Plain { name: name.clone(), sources: sources.clone(), dtype, shape: shape.clone() }),
         }
     }
 
@@ -269,7 +258,7 @@ async fn convert(input: Input<'_>, dst_dir: &Location, opts: &MlxOptions) -> Res
     let mut total_parameters = 0u64;
     for item in &items {
         match item {
-            Item::Plain { name, dtype, shape } => {
+            Item::Plain { name, dtype, shape, .. } => {
                 total_parameters += shape.iter().product::<u64>();
                 descs.push(StTensorDesc { name: name.clone(), dtype: *dtype, shape: shape.clone() });
             }
@@ -308,7 +297,7 @@ async fn convert(input: Input<'_>, dst_dir: &Location, opts: &MlxOptions) -> Res
 
     match input {
         // Files mlx-lm carries over, when the source folder has them.
-        Input::Hf(_) => {
+        Input::Hf(..) => {
             let src_dir = src.location();
             let present = src_dir.list().await.unwrap_or_default();
             for name in CARRIED_FILES.iter().filter(|n| present.iter().any(|p| p == *n)) {

@@ -9,8 +9,6 @@
 //!   quantization step (its group's scale) of the source value, beyond the rounding of the stored scale and bias:
 //!   a wrong permutation, a dropped offset or a weight from another layer is many steps off.
 
-use serde_json::Value as Json;
-
 use quantfarm_store::Location;
 use quantfarm_tensors::convert::{self, HfTensor};
 use quantfarm_tensors::merge::MergeOptions;
@@ -86,8 +84,8 @@ fn float_file_type(g: &TensorSource) -> bool {
 enum Reference {
     /// A GGUF tensor converted as GGUF → HF converts it.
     Gguf(HfTensor),
-    /// An HF tensor of the same name.
-    Hf(String),
+    /// HF tensors read in order (one, or a block's experts stacked), of this shape.
+    Hf(Vec<String>, Vec<u64>),
 }
 
 /// GGUF or HF checkpoint `src` → MLX checkpoint `out` (as `quantfarm convert --to mlx` / `quantfarm mlx` and
@@ -126,16 +124,10 @@ pub async fn verify_mlx_conversion(
             (refs, plan.config, overrides)
         }
         _ => {
-            let config = src.metadata();
-            let tied = config.get("tie_word_embeddings").and_then(Json::as_bool).unwrap_or(false);
+            let plan = convert::plan_hf_to_mlx(src)?;
             tv::compare_carried(&mut v, src.location(), out.location(), &CARRIED_FILES).await;
-            let refs = src
-                .tensors()
-                .iter()
-                .filter(|e| !(e.name.contains("self_attn.rotary_emb.inv_freq") || tied && e.name == "lm_head.weight"))
-                .map(|e| (e.name.clone(), Reference::Hf(e.name.clone())))
-                .collect();
-            (refs, config, Vec::new())
+            let refs = plan.tensors.into_iter().map(|t| (t.name.clone(), Reference::Hf(t.sources, t.shape))).collect();
+            (refs, src.metadata(), plan.quant_overrides)
         }
     };
     match mlx.config.get("quantization").and_then(|q| Some((q.get("bits")?.as_u64()?, q.get("group_size")?.as_u64()?)))
@@ -154,7 +146,7 @@ pub async fn verify_mlx_conversion(
         };
         let shape = match r {
             Reference::Gguf(t) => t.shape.clone(),
-            Reference::Hf(n) => src.entry(n)?.shape.clone(),
+            Reference::Hf(_, shape) => shape.clone(),
         };
         if e.shape != shape {
             v.problem(format!("tensor {name} is {:?} in the output; {shape:?} expected", e.shape));
@@ -162,7 +154,8 @@ pub async fn verify_mlx_conversion(
         }
         let source = match r {
             Reference::Gguf(t) => t.source.clone(),
-            Reference::Hf(n) => n.clone(),
+            Reference::Hf(sources, _) if sources.len() == 1 => sources[0].clone(),
+            Reference::Hf(sources, _) => format!("{} … ({} stacked)", sources[0], sources.len()),
         };
         let verdict = match e.ty {
             TensorType::Dtype(d) => {
@@ -171,15 +164,18 @@ pub async fn verify_mlx_conversion(
                     Reference::Gguf(t) => {
                         convert::write_hf_tensor(src, &HfTensor { dtype: d, ..t.clone() }, budget, &mut c).await?
                     }
-                    Reference::Hf(n) if src.entry(n)?.ty == TensorType::Dtype(d) => {
-                        copy_tensor(src, n, budget, &mut Vec::new(), &mut c).await?
-                    }
-                    Reference::Hf(n) => {
-                        let mut rows = Rows::new(src, n, budget)?;
-                        while let Some(vals) = rows.next(d).await? {
-                            let mut bytes = Vec::new();
-                            encode_f32(vals, d, &mut bytes);
-                            c.write_piece(&bytes).await?;
+                    Reference::Hf(sources, _) => {
+                        for n in sources {
+                            if src.entry(n)?.ty == TensorType::Dtype(d) {
+                                copy_tensor(src, n, budget, &mut Vec::new(), &mut c).await?;
+                                continue;
+                            }
+                            let mut rows = Rows::new(src, n, budget)?;
+                            while let Some(vals) = rows.next(d).await? {
+                                let mut bytes = Vec::new();
+                                encode_f32(vals, d, &mut bytes);
+                                c.write_piece(&bytes).await?;
+                            }
                         }
                     }
                 }
@@ -193,10 +189,12 @@ pub async fn verify_mlx_conversion(
                         let t = HfTensor { dtype: scale_dtype, ..t.clone() };
                         convert::write_hf_tensor(src, &t, budget, &mut check).await?;
                     }
-                    Reference::Hf(n) => {
-                        let mut rows = Rows::new(src, n, budget)?;
-                        while let Some(vals) = rows.next(scale_dtype).await? {
-                            check.rows(vals).await?;
+                    Reference::Hf(sources, _) => {
+                        for n in sources {
+                            let mut rows = Rows::new(src, n, budget)?;
+                            while let Some(vals) = rows.next(scale_dtype).await? {
+                                check.rows(vals).await?;
+                            }
                         }
                     }
                 }

@@ -476,6 +476,9 @@ if ARCH == "gemma3_mm":
            "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 32, "intermediate_size": 64,
                              "num_hidden_layers": 1, "num_attention_heads": 2, "image_size": 32, "patch_size": 16,
                              "vision_use_head": False},
+           # mlx-lm's gemma3 wrapper sizes the text model's vocabulary from this key (default 262,208, the real
+           # models' size, which they leave out), so a smaller synthetic vocabulary is stated here too.
+           "vocab_size": vocab,
            "mm_tokens_per_image": 4, "boi_token_index": 3, "eoi_token_index": 4, "image_token_index": 5,
            "initializer_range": 0.02, "torch_dtype": "bfloat16", "transformers_version": "5.24.0"}
 (OUT / "config.json").write_text(json.dumps(cfg, indent=2), encoding="utf-8")

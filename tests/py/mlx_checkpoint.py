@@ -5,6 +5,9 @@ Usage:
   mlx_checkpoint.py dequantize MLX_DIR OUT_DIR DTYPE   -> runs mlx_lm.convert --dequantize --dtype DTYPE
   mlx_checkpoint.py prefix MLX_DIR OUT_DIR PREFIX   -> a copy of the checkpoint with every tensor renamed PREFIX + name
      (as multimodal checkpoints wrap their text model, e.g. language_model.), the index renamed to match
+  mlx_checkpoint.py rename HF_DIR OUT_DIR OLD=NEW...   -> a copy of the checkpoint with each tensor name's prefix
+     OLD replaced by NEW (the first that matches), e.g. a transformers 5 Gemma 3 checkpoint's model.language_model.
+     → language_model.model., the layout Google's own Gemma 3 repositories ship and mlx-lm loads
   mlx_checkpoint.py stored DIR   -> JSON {tensor: {"dtype", "shape", "sha256" of the stored bytes}} of DIR's
      model*.safetensors files, read as raw safetensors (no mlx)
   mlx_checkpoint.py hashes MLX_DIR                      -> JSON {tensor: {"shape": [...], "sha256": ...}} on stdout,
@@ -47,6 +50,28 @@ def prefix(src, out, pre):
             index["weight_map"] = {pre + k: v for k, v in index["weight_map"].items()}
             json.dump(index, open(os.path.join(out, name), "w"), indent=4)
         else:
+            shutil.copy(path, os.path.join(out, name))
+
+
+def rename(src, out, pairs):
+    import shutil
+
+    pairs = [p.split("=", 1) for p in pairs]
+
+    def renamed(k):
+        for old, new in pairs:
+            if k.startswith(old):
+                return new + k[len(old):]
+        return k
+
+    os.makedirs(out)
+    for name in os.listdir(src):
+        path = os.path.join(src, name)
+        if name.endswith(".safetensors"):
+            weights = mx.load(path)
+            mx.save_safetensors(os.path.join(out, name), {renamed(k): v for k, v in weights.items()},
+                                metadata={"format": "pt"})
+        elif os.path.isfile(path):
             shutil.copy(path, os.path.join(out, name))
 
 
@@ -100,6 +125,8 @@ elif sys.argv[1] == "dequantize":
     dequantize(sys.argv[2], sys.argv[3], sys.argv[4])
 elif sys.argv[1] == "prefix":
     prefix(sys.argv[2], sys.argv[3], sys.argv[4])
+elif sys.argv[1] == "rename":
+    rename(sys.argv[2], sys.argv[3], sys.argv[4:])
 elif sys.argv[1] == "stored":
     stored(sys.argv[2])
 else:

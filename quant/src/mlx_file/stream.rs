@@ -23,13 +23,16 @@ fn codes_row(item: &Item) -> u64 {
 }
 
 /// How item `item` is read: as the GGUF → HF conversion makes it, or as stored in the HF checkpoint, in its output
-/// dtype; a quantized one with room for its codes beside each piece.
-fn cut(input: Input<'_>, item: &Item, budget: u64) -> Result<HfCut, MlxFileError> {
+/// dtype (each of its sources in turn, when experts are stacked); a quantized one with room for its codes beside
+/// each piece.
+fn cuts(input: Input<'_>, item: &Item, budget: u64) -> Result<Vec<HfCut>, MlxFileError> {
     let src = input.source();
-    let (Item::Plain { name, dtype, .. } | Item::Quant { name, dtype, .. }) = item;
+    let (Item::Plain { name, sources, dtype, .. } | Item::Quant { name, sources, dtype, .. }) = item;
     Ok(match input.planned(name, *dtype) {
-        Some(t) => HfCut::new(src, &t, budget, codes_row(item))?,
-        None => HfCut::stored(src, name, *dtype, budget, codes_row(item))?,
+        Some(t) => vec![HfCut::new(src, &t, budget, codes_row(item))?],
+        None => {
+            sources.iter().map(|s| HfCut::stored(src, s, *dtype, budget, codes_row(item))).collect::<Result<_, _>>()?
+        }
     })
 }
 
@@ -42,22 +45,24 @@ pub(super) async fn write_tensors(
     budget: u64,
 ) -> Result<(), MlxFileError> {
     let src = input.source();
-    let cuts = items.iter().map(|item| cut(input, item, budget)).collect::<Result<Vec<_>, _>>()?;
+    let cuts = items.iter().map(|item| cuts(input, item, budget)).collect::<Result<Vec<_>, _>>()?;
     let mut reads = Reads::default();
-    for (item, cut) in items.iter().zip(&cuts) {
-        for p in cut.pieces() {
-            reads.push(&cut.spans(src, p)?, cut.work(p) + p.rows as u64 * codes_row(item));
+    for (item, item_cuts) in items.iter().zip(&cuts) {
+        for cut in item_cuts {
+            for p in cut.pieces() {
+                reads.push(&cut.spans(src, p)?, cut.work(p) + p.rows as u64 * codes_row(item));
+            }
         }
     }
     let mut reads = reads.start(budget);
     let (mut bufs, mut quantized) = (HfBufs::default(), AffineBytes::default());
     let mut next_desc = 0usize;
-    for (item, cut) in items.iter().zip(&cuts) {
+    for (item, item_cuts) in items.iter().zip(&cuts) {
         match item {
             Item::Plain { .. } => {
                 let w = &mut writers[shard_of_desc[next_desc]];
                 next_desc += 1;
-                for p in cut.pieces() {
+                for (cut, p) in item_cuts.iter().flat_map(|c| c.pieces().map(move |p| (c, p))) {
                     let raw = reads.next().await?;
                     w.write(cut.convert(src, p, raw, &mut bufs)?).await?;
                 }
@@ -68,15 +73,22 @@ pub(super) async fn write_tensors(
                 next_desc += 3;
                 quantized.scales.clear();
                 quantized.biases.clear();
-                for p in cut.pieces() {
-                    let raw = reads.next().await?;
-                    // The piece in the output dtype (the bytes read, when stored so), quantized without rounding.
-                    let values = cut.convert(src, p, raw, &mut bufs)?;
-                    quantized.codes.clear();
-                    let input = AffineInput::Bytes(values, *dtype);
-                    quantize_affine_into(input, *cols as usize, *bits, *group_size, *dtype, &mut quantized)
-                        .map_err(|e| MlxFileError::Quant { tensor: name.clone(), source: e.from_row(p.first) })?;
-                    writers[shard[0]].write(&quantized.codes).await?;
+                // Rows before this source's, for messages (a stacked tensor's rows run on across its experts).
+                let mut before = 0;
+                for cut in item_cuts {
+                    for p in cut.pieces() {
+                        let raw = reads.next().await?;
+                        // The piece in the output dtype (the bytes read, when stored so), quantized without
+                        // rounding.
+                        let values = cut.convert(src, p, raw, &mut bufs)?;
+                        quantized.codes.clear();
+                        let input = AffineInput::Bytes(values, *dtype);
+                        let row = before + p.first;
+                        quantize_affine_into(input, *cols as usize, *bits, *group_size, *dtype, &mut quantized)
+                            .map_err(|e| MlxFileError::Quant { tensor: name.clone(), source: e.from_row(row) })?;
+                        writers[shard[0]].write(&quantized.codes).await?;
+                    }
+                    before += cut.pieces().map(|p| p.rows).sum::<usize>();
                 }
                 writers[shard[1]].write(&quantized.scales).await?;
                 writers[shard[2]].write(&quantized.biases).await?;

@@ -221,7 +221,7 @@ impl TryFrom<RawConfigOp> for ConfigOp {
 }
 
 /// mlx-lm's view of the model, where it differs from the HF checkpoint.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MlxSection {
     /// mlx-lm's `model_type` (the module `mlx_lm.models.<model_type>`), when it is not the HF config's.
@@ -244,6 +244,50 @@ pub struct MlxSection {
     /// config.json's `quantization` under its full path.
     #[serde(default)]
     pub quant_overrides: Vec<QuantOverride>,
+    /// HF → MLX: the MLX name (`{b}` block, `{w}` weight) of the 3-D tensor mlx-lm's `sanitize` stacks the
+    /// mapping's per-expert weights into (`mx.stack` along a new first axis, experts in order).
+    #[serde(default)]
+    pub stack_experts: Option<String>,
+    /// HF → MLX: when config.json nests a `text_config` (a `…ForConditionalGeneration` checkpoint), mlx-lm's
+    /// wrapper model holds the text model under this prefix (`language_model.`).
+    #[serde(default)]
+    pub wrapper_prefix: Option<String>,
+    /// HF → MLX: tensors mlx-lm's model cannot load from an HF checkpoint, and why.
+    #[serde(default)]
+    pub unsupported: Vec<MlxUnsupported>,
+}
+
+impl MlxSection {
+    /// Whether module `module` (a name without the prefix) of a weight shaped `shape` is quantized with its own
+    /// parameters: a quantized module (2-D, or 3-D experts) whose rows divide into the rule's groups.
+    pub fn quant_override(&self, module: &str, shape: &[u64]) -> Option<&QuantOverride> {
+        let quantized = shape.len() == 2 || shape.len() == 3 && self.quantize_3d.iter().any(|r| r.is_match(module));
+        let o = self.quant_overrides.iter().find(|o| o.modules.is_match(module))?;
+        (quantized && shape.last().is_some_and(|c| c % o.group_size as u64 == 0)).then_some(o)
+    }
+
+    /// Puts config.json's per-module entries (full paths, `prefix` first) in the order mlx-lm's `quantize_model`
+    /// visits the modules: block by block in numeric order, within a block by rule (the rules are listed in the
+    /// model's attribute order), then by name; modules outside the blocks (`lm_head`) after them.
+    pub fn sort_overrides(&self, overrides: &mut [(String, u32, usize)], prefix: &str) {
+        let block = |m: &str| {
+            let rest = m.split_once("layers.").map(|(_, r)| r)?;
+            rest.split('.').next()?.parse::<u64>().ok()
+        };
+        let rule = |m: &str| {
+            let local = m.strip_prefix(prefix).unwrap_or(m);
+            self.quant_overrides.iter().position(|o| o.modules.is_match(local)).unwrap_or(usize::MAX)
+        };
+        overrides.sort_by_cached_key(|(m, _, _)| (block(m).unwrap_or(u64::MAX), rule(m), m.clone()));
+    }
+}
+
+/// An HF tensor layout mlx-lm does not load (`mlx_lm.convert` fails on it), refused by name.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MlxUnsupported {
+    pub name: AnchoredRegex,
+    pub why: String,
 }
 
 /// One step of mlx-lm's `sanitize` for the tensors `name` matches.
@@ -947,17 +991,28 @@ impl Mapping {
         Err(Error::Unmapped { tensor: gguf.to_string(), mapping: self.file.clone() })
     }
 
-    /// Maps an HF tensor name: a rename (first matching rule), a drop, or an error naming the tensor.
-    pub fn map_tensor(&self, hf: &str) -> Result<Mapped<'_>> {
+    /// The name of HF tensor `hf` within the text model, as the rules see it (`erase`, then the first matching
+    /// `strip_prefixes`), or `None` for a tensor of a vision or audio tower (`multimodal`).
+    pub fn text_name(&self, hf: &str) -> Option<String> {
         if self.multimodal.iter().any(|r| r.is_match(hf)) {
-            return Ok(Mapped::Multimodal);
+            return None;
         }
         let mut erased = hf.to_string();
         for e in &self.erase {
             erased = erased.replace(e.as_str(), "");
         }
-        let hf = erased.as_str();
-        let hf = self.strip_prefixes.iter().find_map(|p| hf.strip_prefix(p.as_str())).unwrap_or(hf);
+        Some(match self.strip_prefixes.iter().find_map(|p| erased.strip_prefix(p.as_str())) {
+            Some(rest) => rest.to_string(),
+            None => erased,
+        })
+    }
+
+    /// Maps an HF tensor name: a rename (first matching rule), a drop, or an error naming the tensor.
+    pub fn map_tensor(&self, hf: &str) -> Result<Mapped<'_>> {
+        let Some(text) = self.text_name(hf) else {
+            return Ok(Mapped::Multimodal);
+        };
+        let hf = text.as_str();
         for rule in &self.tensors {
             if let Some(c) = rule.hf.as_ref().and_then(|r| r.0.captures(hf)) {
                 let gguf = match c.name("b") {

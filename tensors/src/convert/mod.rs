@@ -10,6 +10,7 @@
 pub mod generate;
 mod hf;
 mod hf_pieces;
+mod hf_to_mlx;
 mod hf_tokenizer;
 pub mod hparams;
 pub mod mapping;
@@ -27,6 +28,7 @@ use std::ops::Range;
 use sha2::{Digest, Sha256};
 
 pub use hf_pieces::{HfBufs, HfCut, HfPiece};
+pub use hf_to_mlx::{mlx_cast_dtype, plan_hf_to_mlx, HfToMlxPlan, MlxTensor};
 pub use metadata::{id_to_title, size_label};
 pub use split::{output_file_name, split_ranges, SplitRule};
 pub use to_hf::{

@@ -294,12 +294,8 @@ fn plan_from_gguf(src: &TensorSource, dtype: Dtype, target: Target) -> Result<Hf
                     quantize_3d.push(format!("{}{module}", mx.prefix));
                 }
                 // Only a module that gets quantized at all (2-D, or experts; rows that divide into groups).
-                let quantized =
-                    shape.len() == 2 || shape.len() == 3 && mx.quantize_3d.iter().any(|r| r.is_match(module));
-                if let Some(o) = mx.quant_overrides.iter().find(|o| o.modules.is_match(module)) {
-                    if quantized && shape.last().is_some_and(|c| c % o.group_size as u64 == 0) {
-                        quant_overrides.push((format!("{}{module}", mx.prefix), o.bits, o.group_size));
-                    }
+                if let Some(o) = mx.quant_override(module, &shape) {
+                    quant_overrides.push((format!("{}{module}", mx.prefix), o.bits, o.group_size));
                 }
             }
             name = format!("{}{base}", mx.prefix);
@@ -339,6 +335,9 @@ fn plan_from_gguf(src: &TensorSource, dtype: Dtype, target: Target) -> Result<Hf
     }
     let json_files =
         vec![("tokenizer.json".to_string(), tokenizer_json), ("tokenizer_config.json".to_string(), tokenizer_config)];
+    if let Some(mx) = mlx {
+        mx.sort_overrides(&mut quant_overrides, &mx.prefix);
+    }
     Ok(HfPlan { config, tensors, json_files, carried: Vec::new(), quantize_3d, quant_overrides })
 }
 

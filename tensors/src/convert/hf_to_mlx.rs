@@ -1,0 +1,195 @@
+//! Which tensors an MLX checkpoint made from an HF (or unquantized MLX) checkpoint holds, as `mlx_lm.convert`
+//! (mlx-lm 0.32.2) loads the checkpoint into its model before quantizing: the architecture's mapping
+//! (`mappings/*.yaml`, found by config.json's `architectures`) says what the model's `sanitize` does, in its `mlx`
+//! section, so no family is special-cased here.
+//!
+//! - vision and audio towers (the mapping's `multimodal`) are left out, as mlx-lm's text wrappers pop them;
+//! - `self_attn.rotary_emb.inv_freq` is dropped, and `lm_head.weight` when the embeddings are tied
+//!   (`mlx_lm/models/llama.py::sanitize` and its siblings);
+//! - per-expert weights (the mapping's `experts`) are stacked into one 3-D tensor per block and weight, experts in
+//!   order (`mlx_lm/models/qwen3_moe.py::sanitize`, `mx.stack`), named by `mlx.stack_experts`;
+//! - a `…ForConditionalGeneration` checkpoint (config.json nests `text_config`) keeps its text model under
+//!   `mlx.wrapper_prefix` (`mlx_lm/models/gemma3.py`: `language_model.`), whatever prefix the checkpoint's
+//!   transformers version wrote;
+//! - `mlx.quantize_3d` and `mlx.quant_overrides` say how the model's `quant_predicate` quantizes modules.
+//!
+//! A layout the model cannot load (`mlx.unsupported`), or a `sanitize` that changes values (Qwen3.5's `+ 1`), is
+//! refused by name rather than converted to something mlx-lm would not make.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Map, Value as Json};
+
+use super::mapping::{mapping_for, Mapped, Mapping};
+use crate::dtype::{Dtype, TensorType};
+use crate::error::{Error, Result};
+use crate::source::TensorSource;
+
+/// One tensor of the MLX checkpoint before quantization.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MlxTensor {
+    /// mlx-lm's name (the wrapper prefix included).
+    pub name: String,
+    /// The source tensors it is read from, in order: one, or a block's experts stacked along a new first axis.
+    pub sources: Vec<String>,
+    /// The stored dtype of the sources (all the same).
+    pub stored: TensorType,
+    pub shape: Vec<u64>,
+}
+
+/// What `mlx_lm.convert` makes of an HF checkpoint's tensors.
+#[derive(Debug)]
+pub struct HfToMlxPlan {
+    /// Sorted by name.
+    pub tensors: Vec<MlxTensor>,
+    /// Modules (full paths) whose 3-D weights are quantized.
+    pub quantize_3d: Vec<String>,
+    /// Modules (full paths) quantized with their own `(bits, group_size)`.
+    pub quant_overrides: Vec<(String, u32, usize)>,
+    /// Tensors of vision or audio towers left out.
+    pub multimodal: Vec<String>,
+}
+
+/// `config[key]`, else `config.text_config[key]`.
+fn config_field<'a>(config: &'a Map<String, Json>, key: &str) -> Option<&'a Json> {
+    config.get(key).or_else(|| config.get("text_config")?.get(key))
+}
+
+/// Plans the MLX checkpoint of the HF (or unquantized MLX) checkpoint `src`.
+pub fn plan_hf_to_mlx(src: &TensorSource) -> Result<HfToMlxPlan> {
+    let file = src.location().to_string();
+    let config = src.metadata();
+    let arch = config
+        .get("architectures")
+        .and_then(|a| a.get(0))
+        .and_then(Json::as_str)
+        .ok_or_else(|| Error::format(&file, "config.json: architectures", "missing; it names the model class"))?;
+    let mapping = mapping_for(arch)?;
+    plan_with(src, &mapping, &config)
+}
+
+fn plan_with(src: &TensorSource, mapping: &Mapping, config: &Map<String, Json>) -> Result<HfToMlxPlan> {
+    let file = src.location().to_string();
+    let refuse = |msg: String| Error::Mapping { file: mapping.file.clone(), msg };
+    let no_section = super::mapping::MlxSection::default();
+    let mx = mapping.mlx.as_ref().unwrap_or(&no_section);
+    if mx.nest_config.is_some() || !mx.sanitize.is_empty() {
+        return Err(refuse(format!(
+            "HF → MLX of {} is not implemented: mlx-lm's sanitize changes its tensors' values or axes; convert the \
+             checkpoint to GGUF and that to MLX (`quantfarm convert --to mlx`)",
+            mapping.architecture
+        )));
+    }
+    let tied = config_field(config, "tie_word_embeddings").and_then(Json::as_bool).unwrap_or(false);
+    let prefix = match (&mx.wrapper_prefix, config.get("text_config")) {
+        (Some(p), Some(_)) => p.as_str(),
+        _ => "",
+    };
+
+    let mut tensors = Vec::new();
+    let mut multimodal = Vec::new();
+    // (block, weight) → expert → source tensor, for the experts `stack_experts` joins.
+    let mut experts: BTreeMap<(String, String), BTreeMap<u64, String>> = BTreeMap::new();
+    let mut expert_rule = None;
+    for e in src.tensors() {
+        let Some(text) = mapping.text_name(&e.name) else {
+            multimodal.push(e.name.clone());
+            continue;
+        };
+        if let Some(u) = mx.unsupported.iter().find(|u| u.name.is_match(&text)) {
+            return Err(Error::format(&file, format!("tensor {:?}", e.name), u.why.clone()));
+        }
+        if text.contains("self_attn.rotary_emb.inv_freq") || tied && text == "lm_head.weight" {
+            continue;
+        }
+        // Only the per-expert weights are looked up in the mapping's rules; others keep their names.
+        if let Ok(Mapped::Expert { rule, block, expert, weight }) = mapping.map_tensor(&e.name) {
+            if mx.stack_experts.is_none() {
+                return Err(refuse(format!("tensor {:?}: per-expert weights and no mlx.stack_experts", e.name)));
+            }
+            expert_rule = Some(rule);
+            experts.entry((block, weight)).or_default().insert(expert, e.name.clone());
+            continue;
+        }
+        tensors.push(MlxTensor {
+            name: format!("{prefix}{text}"),
+            sources: vec![e.name.clone()],
+            stored: e.ty,
+            shape: e.shape.clone(),
+        });
+    }
+    if let (Some(rule), Some(template)) = (expert_rule, &mx.stack_experts) {
+        let r = &mapping.experts[rule];
+        let count = r
+            .count
+            .iter()
+            .find_map(|k| config_field(config, k).and_then(Json::as_u64))
+            .ok_or_else(|| Error::format(&file, format!("config.json: {}", r.count.join(" or ")), "missing"))?;
+        for ((block, weight), by_expert) in experts {
+            let name = format!("{prefix}{}", template.replace("{b}", &block).replace("{w}", &weight));
+            if by_expert.len() as u64 != count || by_expert.keys().next_back() != Some(&(count - 1)) {
+                let missing: Vec<u64> = (0..count).filter(|i| !by_expert.contains_key(i)).take(4).collect();
+                return Err(Error::format(
+                    &file,
+                    format!("block {block} {weight}"),
+                    format!("{} expert weights for {count} experts (missing experts {missing:?})", by_expert.len()),
+                ));
+            }
+            let sources: Vec<String> = by_expert.into_values().collect();
+            let first = src.entry(&sources[0])?;
+            for s in &sources[1..] {
+                let other = src.entry(s)?;
+                if (other.ty, &other.shape) != (first.ty, &first.shape) {
+                    return Err(Error::format(
+                        &file,
+                        format!("tensor {s:?}"),
+                        format!(
+                            "{} {:?}; its block's experts are {} {:?}",
+                            other.ty, other.shape, first.ty, first.shape
+                        ),
+                    ));
+                }
+            }
+            let shape = [count].into_iter().chain(first.shape.iter().copied()).collect();
+            tensors.push(MlxTensor { name, stored: first.ty, shape, sources });
+        }
+    }
+    tensors.sort_by(|a, b| a.name.cmp(&b.name));
+
+    let (mut quantize_3d, mut quant_overrides) = (Vec::new(), Vec::new());
+    for t in &tensors {
+        let Some(module) = t.name.strip_suffix(".weight") else { continue };
+        let local = &module[prefix.len()..];
+        if t.shape.len() == 3 && mx.quantize_3d.iter().any(|r| r.is_match(local)) {
+            quantize_3d.push(module.to_string());
+        }
+        if let Some(o) = mx.quant_override(local, &t.shape) {
+            quant_overrides.push((module.to_string(), o.bits, o.group_size));
+        }
+    }
+    mx.sort_overrides(&mut quant_overrides, prefix);
+    if let Some(first) = multimodal.first() {
+        tracing::warn!(
+            file = %file,
+            tensors = multimodal.len(),
+            first = %first,
+            "the vision/audio towers are left out: the MLX checkpoint holds the text model, as mlx_lm.convert writes it"
+        );
+    }
+    Ok(HfToMlxPlan { tensors, quantize_3d, quant_overrides, multimodal })
+}
+
+/// The dtype `mlx_lm.convert` casts floating tensors to: `torch_dtype`, else `text_config.dtype` (transformers 5's
+/// name), when it is one mlx-lm converts to; `None` keeps each tensor's own.
+pub fn mlx_cast_dtype(config: &Map<String, Json>) -> Option<Dtype> {
+    let named = match config.get("torch_dtype") {
+        Some(d) if !d.is_null() => d.as_str(),
+        _ => config.get("text_config").and_then(|t| t.get("dtype")).and_then(Json::as_str),
+    };
+    match named? {
+        "bfloat16" => Some(Dtype::BF16),
+        "float16" => Some(Dtype::F16),
+        "float32" => Some(Dtype::F32),
+        _ => None,
+    }
+}

@@ -1,0 +1,158 @@
+//! HF → MLX for every mapped family against `mlx_lm.convert -q` (mlx-lm 0.32.2) run here on the same checkpoint:
+//! tiny random checkpoints (`tests/py/make_synthetic_hf.py`) of Llama 3, Qwen3-MoE, Gemma 2, Gemma 3 (text and
+//! multimodal), Phi-3, SmolLM3, Granite and OLMo 2 must give the very same tensors (name, dtype, shape and bytes)
+//! and config.json as mlx-lm writes; `quantfarm verify` then recomputes every module of ours. What each family's
+//! model does on loading (experts stacked, towers popped, a quantization predicate) comes from its mapping's `mlx`
+//! section, so these are the tests of that data.
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+
+use quantfarm_e2e::{convert_python, llama_src, run_py, run_py_with};
+use quantfarm_quant::mlx_file::{quantize_mlx_checkpoint, MlxOptions};
+use quantfarm_store::Location;
+use quantfarm_tensors::TensorSource;
+use serde_json::Value;
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+fn checkpoint(arch: &str, dir: &Path) -> PathBuf {
+    let out = dir.join(arch);
+    let src = llama_src();
+    run_py_with(&convert_python(), "make_synthetic_hf.py", &[OsStr::new(arch), out.as_os_str(), src.as_os_str()]);
+    out
+}
+
+/// `mlx_checkpoint.py stored`: every stored tensor's dtype, shape and sha256.
+fn stored(dir: &Path) -> serde_json::Map<String, Value> {
+    serde_json::from_str(&run_py("mlx_checkpoint.py", &[OsStr::new("stored"), dir.as_os_str()])).unwrap()
+}
+
+/// Ours from `hf`, mlx-lm's from `oracle_input` (the same checkpoint, or the layout mlx-lm loads of it).
+fn check_with(arch: &str, hf: &Path, oracle_input: &Path, dir: &Path, quantized: usize) {
+    let theirs = dir.join(format!("{arch}-mlx-lm"));
+    run_py(
+        "mlx_checkpoint.py",
+        &[OsStr::new("convert"), oracle_input.as_os_str(), theirs.as_os_str(), OsStr::new("4"), OsStr::new("64")],
+    );
+    let ours = dir.join(format!("{arch}-ours"));
+    let done = rt().block_on(async {
+        let src = TensorSource::open(&Location::local(hf)).await.unwrap();
+        // A small budget, so tensors (and a stacked tensor's experts) are read in several pieces.
+        let opts = MlxOptions { budget: 64 << 10, ..MlxOptions::new(4, 64) };
+        quantize_mlx_checkpoint(&src, &Location::local(&ours), &opts).await.unwrap_or_else(|e| panic!("{arch}: {e}"))
+    });
+    let (a, b) = (stored(&ours), stored(&theirs));
+    let names = |m: &serde_json::Map<String, Value>| m.keys().cloned().collect::<std::collections::BTreeSet<_>>();
+    assert_eq!(names(&a), names(&b), "{arch}: tensor names (ours, mlx-lm's)");
+    for (name, want) in &b {
+        assert_eq!(&a[name], want, "{arch}: {name} (ours, mlx-lm's)");
+    }
+    assert_eq!(done.quantized, quantized, "{arch}: modules quantized");
+    for file in ["config.json", "model.safetensors.index.json"] {
+        let (x, y) = (std::fs::read(ours.join(file)).unwrap(), std::fs::read(theirs.join(file)).unwrap());
+        assert!(
+            x == y,
+            "{arch}: {file} differs:\nours {}\nmlx-lm {}",
+            String::from_utf8_lossy(&x),
+            String::from_utf8_lossy(&y)
+        );
+    }
+    quantfarm_e2e::assert_verified_identical(&quantfarm_e2e::verify(hf, &ours, None));
+    eprintln!("{arch}: {} tensors identical to mlx_lm.convert -q, {quantized} modules quantized", a.len());
+}
+
+fn check(arch: &str, quantized: usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let hf = checkpoint(arch, dir.path());
+    check_with(arch, &hf, &hf, dir.path(), quantized);
+}
+
+/// 2 blocks × 7 Linears, the embedding, and the untied head where there is one.
+#[test]
+fn llama3_mlx_equals_mlx_lm() {
+    check("llama3", 15);
+}
+
+/// Experts stacked into `switch_mlp` (3-D, quantized along the last axis), the router kept at 8 bits; the stacked
+/// down projections' 32-wide rows do not divide into groups of 64, so they stay bf16, as in mlx-lm.
+#[test]
+fn qwen3_moe_mlx_equals_mlx_lm() {
+    check("qwen3_moe", 2 * 7 + 2);
+}
+
+#[test]
+fn gemma2_mlx_equals_mlx_lm() {
+    check("gemma2", 15);
+}
+
+#[test]
+fn gemma3_mlx_equals_mlx_lm() {
+    check("gemma3", 15);
+}
+
+/// Gemma3ForConditionalGeneration as transformers 5 saves it (`model.language_model.…`): mlx-lm 0.32.2 loads only
+/// the layout Google's repositories ship (`language_model.model.…`, `vision_tower.…`), so its output for that
+/// copy is the reference; ours, from the transformers 5 layout, must be the same (the towers left out).
+#[test]
+fn gemma3_multimodal_mlx_equals_mlx_lm() {
+    let dir = tempfile::tempdir().unwrap();
+    let hf = checkpoint("gemma3_mm", dir.path());
+    let legacy = dir.path().join("gemma3_mm-legacy");
+    run_py(
+        "mlx_checkpoint.py",
+        &[
+            OsStr::new("rename"),
+            hf.as_os_str(),
+            legacy.as_os_str(),
+            OsStr::new("model.language_model.=language_model.model."),
+            OsStr::new("model.vision_tower.=vision_tower."),
+            OsStr::new("model.multi_modal_projector.=multi_modal_projector."),
+        ],
+    );
+    check_with("gemma3_mm", &hf, &legacy, dir.path(), 15);
+    // The legacy layout itself converts the same.
+    check_with("gemma3_mm-legacy", &legacy, &legacy, dir.path(), 15);
+}
+
+/// Fused qkv_proj and gate_up_proj kept fused, as mlx-lm's phi3 model has them.
+#[test]
+fn phi3_mlx_equals_mlx_lm() {
+    check("phi3", 2 * 4 + 2);
+}
+
+#[test]
+fn smollm3_mlx_equals_mlx_lm() {
+    check("smollm3", 15);
+}
+
+/// o_proj, down_proj (and an untied lm_head) at 8 bits, as granite's quant_predicate says.
+#[test]
+fn granite_mlx_equals_mlx_lm() {
+    check("granite", 15);
+}
+
+#[test]
+fn olmo2_mlx_equals_mlx_lm() {
+    check("olmo2", 16);
+}
+
+/// transformers 5's fused experts: mlx-lm 0.32.2 fails on them (its sanitize stacks per-expert weights), and
+/// quantfarm refuses them by name, saying what to do instead.
+#[test]
+fn fused_experts_are_refused_going_to_mlx() {
+    let dir = tempfile::tempdir().unwrap();
+    let hf = checkpoint("qwen3_moe_fused", dir.path());
+    let err = rt().block_on(async {
+        let src = TensorSource::open(&Location::local(&hf)).await.unwrap();
+        let out = Location::local(dir.path().join("out"));
+        quantize_mlx_checkpoint(&src, &out, &MlxOptions::new(4, 64)).await.err().expect("refused").to_string()
+    });
+    assert!(
+        err.contains("model.layers.0.mlp.experts.down_proj") && err.contains("quantfarm convert --to mlx"),
+        "{err}"
+    );
+    assert!(!dir.path().join("out").exists(), "nothing written");
+}
