@@ -462,7 +462,10 @@ elif ARCH in ("gemma3", "gemma3_mm"):
     cfg = {**common, "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "vocab_size": vocab,
            "head_dim": HEAD_DIM, "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 32768,
            "query_pre_attn_scalar": HEAD_DIM, "rms_norm_eps": 1e-06, "rope_local_base_freq": 10000.0,
-           "rope_scaling": None, "rope_theta": 1000000.0, "sliding_window": 512, "sliding_window_pattern": 6,
+           "rope_scaling": None, "rope_theta": 1000000.0, "sliding_window": 512,
+           # Every 2nd layer global (the real models: every 6th of 26 or more): mlx-lm's gemma3_text indexes its
+           # cache list by the pattern, so a pattern longer than the model fails there.
+           "sliding_window_pattern": 2,
            "attn_logit_softcapping": None, "final_logit_softcapping": None, "attention_bias": False,
            "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "cache_implementation": "hybrid"}
 else:

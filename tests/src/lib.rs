@@ -223,7 +223,19 @@ pub fn prompts(n: usize, dir: &Path) -> PathBuf {
 /// `quantfarm run RELEASE --workers N --json` (the binary `bin`) with its store and signing key in `dir` and the
 /// peer tools in reach: the process's output, whose last stdout line is the release's summary.
 pub fn farm_run_output(bin: &Path, release: &Path, workers: u32, dir: &Path) -> std::process::Output {
+    farm_run_output_env(bin, release, workers, dir, &[])
+}
+
+/// [`farm_run_output`] with more environment variables (`QUANTFARM_PYTHON`, so the workers run mlx-lm).
+pub fn farm_run_output_env(
+    bin: &Path,
+    release: &Path,
+    workers: u32,
+    dir: &Path,
+    env: &[(&str, &std::ffi::OsStr)],
+) -> std::process::Output {
     Command::new(bin)
+        .envs(env.iter().copied())
         .arg("run")
         .arg(release)
         .args(["--workers", &workers.to_string(), "--json", "--store"])

@@ -156,3 +156,36 @@ fn fused_experts_are_refused_going_to_mlx() {
     );
     assert!(!dir.path().join("out").exists(), "nothing written");
 }
+
+/// The stacked, 3-D quantized experts read back exactly as MLX dequantizes them: our Qwen3-MoE MLX checkpoint
+/// converted to GGUF is the same file as the HF folder `mx.dequantize` makes of it (tests/py/mlx_dequant_hf.py)
+/// converted as an ordinary checkpoint (the release measures an MLX rung through this conversion).
+#[test]
+fn qwen3_moe_mlx_converts_to_gguf_as_mlx_dequantizes_it() {
+    use quantfarm_tensors::convert::{convert_hf_to_gguf, OutType};
+    let dir = tempfile::tempdir().unwrap();
+    let hf = checkpoint("qwen3_moe", dir.path());
+    // The same folder name on both sides: general.name comes from it.
+    let (mlx, deq) = (dir.path().join("mlx/Qwen3-MoE"), dir.path().join("deq/Qwen3-MoE"));
+    rt().block_on(async {
+        let src = TensorSource::open(&Location::local(&hf)).await.unwrap();
+        quantize_mlx_checkpoint(&src, &Location::local(&mlx), &MlxOptions::new(4, 64)).await.unwrap();
+    });
+    let printed = run_py("mlx_dequant_hf.py", &[mlx.as_os_str(), deq.as_os_str()]);
+    assert_eq!(printed.trim(), "dequantized 16");
+    let to_gguf = |src: &Path, out: &str| {
+        let dst = Location::local(dir.path().join(out));
+        let done = rt().block_on(convert_hf_to_gguf(
+            &Location::local(src),
+            &dst,
+            "model",
+            OutType::Bf16,
+            None,
+            1 << 20,
+            false,
+        ));
+        std::fs::read(&done.unwrap_or_else(|e| panic!("{}: {e}", src.display()))[0].location).unwrap()
+    };
+    let (a, b) = (to_gguf(&mlx, "from-mlx"), to_gguf(&deq, "from-deq"));
+    assert!(a == b, "MLX → GGUF differs from MLX-dequantized HF → GGUF ({} and {} bytes)", a.len(), b.len());
+}

@@ -10,10 +10,11 @@ stdin/stdout, one JSON object per line each way, one answer per request, in orde
       The version handshake: the worker advertises the runtime only when this answers with its protocol.
   {"op": "load", "model": PATH, "upcast_quantized": BOOL}
       -> {"ok": true, "quantized": BOOL, "upcast": BOOL, "vocab": N}
-      `mlx_lm.load(PATH)` (the checkpoint as users load it). With `upcast_quantized`, a quantized model's floating
-      parameters (scales, biases, norms, embeddings) are made float32 (`set_dtype`), so activations are f32: the CPU
-      build's quantized matmul accumulates in bf16 otherwise (see the issue's measurements); the answer says so, and
-      the report records it.
+      `mlx_lm.load(PATH)` (the checkpoint as users load it). With `upcast_quantized` (the CPU build), a quantized
+      model's floating parameters (scales, biases, norms, embeddings) are made float32 (`set_dtype`), so activations
+      are f32: the CPU build's quantized matmul accumulates in bf16 otherwise (see the issue's measurements); so is
+      a model with mixture-of-experts layers (mlx_lm.models.switch_layers), quantized or not, since the CPU build's
+      GatherMM runs float32 only. The answer says so, and the report records it.
   {"op": "logits", "tokens": [ID, ...], "first": K, "out": PATH}
       -> {"ok": true, "rows": N, "vocab": V}
       One forward pass over the token ids as given (never re-tokenized: the ids come from the KLD plan), batch 1, no
@@ -32,8 +33,8 @@ stdin/stdout, one JSON object per line each way, one answer per request, in orde
 
 Run as `quantfarm_mlx.py serve --model PATH --host HOST --port PORT [--upcast]`, it is `mlx_lm.server` itself (its
 own argument parsing, request handling and generation; what users serve MLX checkpoints with), with one change when
-`--upcast` is given: a quantized model's floating parameters are made float32 right after `mlx_lm.load`, as the
-`load` request above does on the CPU build, so the probes see the same model the other tasks measured.
+`--upcast` is given: a quantized (or mixture-of-experts) model's floating parameters are made float32 right after
+`mlx_lm.load`, as the `load` request above does on the CPU build, so the probes see the same model the other tasks measured.
 
 A failure answers {"ok": false, "error": TEXT, "kind": "input" | "runtime"}: "input" when the request or the model
 is at fault (a missing file, a checkpoint mlx-lm cannot load: TEXT is mlx-lm's own message), "runtime" otherwise.
@@ -95,7 +96,7 @@ class Helper:
         except Exception as e:  # mlx-lm's own message names what it could not load
             raise InputError(f"mlx_lm.load({path}): {type(e).__name__}: {e}") from e
         quantized = any(k.endswith(".scales") for k, _ in _flat(model.parameters()))
-        upcast = bool(req.get("upcast_quantized")) and quantized
+        upcast = bool(req.get("upcast_quantized")) and needs_upcast(model)
         if upcast:
             model.set_dtype(self.mx.float32)
         self.model, self.tokenizer = model, tokenizer
@@ -184,6 +185,14 @@ def _ids(req, key, allow_empty=False):
     return ids
 
 
+def needs_upcast(model):
+    """Whether the CPU build runs `model` in float32: quantized (bf16 accumulation otherwise), or holding
+    mixture-of-experts layers (`GatherMM` supports float32 only)."""
+    if any(k.endswith(".scales") for k, _ in _flat(model.parameters())):
+        return True
+    return any(type(m).__module__.endswith("switch_layers") for m in model.modules())
+
+
 def serve(argv):
     """`mlx_lm.server` on the given arguments, upcasting quantized models with `--upcast`."""
     import mlx.core as mx
@@ -197,7 +206,7 @@ def serve(argv):
         def load_upcast(*a, **kw):
             out = load(*a, **kw)
             model = out[0]
-            if any(k.endswith(".scales") for k, _ in _flat(model.parameters())):
+            if needs_upcast(model):
                 model.set_dtype(mx.float32)
             return out
 

@@ -101,8 +101,8 @@ impl MlxLm {
         Ok(helper)
     }
 
-    /// `mlx_lm.load` of a checkpoint folder; with `upcast_quantized`, a quantized model's floating parameters are
-    /// made f32 (what the CPU build needs for f32 activations).
+    /// `mlx_lm.load` of a checkpoint folder; with `upcast_quantized`, a quantized (or mixture-of-experts) model's
+    /// floating parameters are made f32 (what the CPU build needs for f32 activations, and for its GatherMM).
     pub async fn load(&mut self, model: &Path, upcast_quantized: bool) -> Result<Loaded, Error> {
         let v = self.call("load", json!({ "model": model, "upcast_quantized": upcast_quantized })).await?;
         parse("load", v)

@@ -160,11 +160,20 @@ pub async fn write_merge(m: &pb::MergeTask, out: &Location, env: &Env) -> Result
 
 /// Writes the MLX checkpoint of `m.source` into folder `out`; returns its folder digest and bytes.
 pub async fn write_mlx(m: &pb::MlxTask, out: &Location, env: &Env) -> Result<(String, u64), Failure> {
-    use quantfarm_quant::mlx_file::{quantize_mlx_checkpoint, MlxOptions};
+    use quantfarm_quant::mlx_file::{gguf_to_mlx, quantize_mlx_checkpoint, MlxOptions};
     let src = TensorSource::open(&location(&m.source)?).await?;
     // A folder left by a lease that died between commits holds some of the (deterministic) files: replace them.
     let opts = MlxOptions { budget: env.budget, overwrite: true, ..MlxOptions::new(m.bits, m.group_size as usize) };
-    let done = quantize_mlx_checkpoint(&src, out, &opts).await?;
+    let done = match src.format() {
+        // A GGUF source: each tensor as its GGUF → HF conversion makes it in bf16 (`quantfarm convert --to mlx`).
+        quantfarm_tensors::Format::Gguf => {
+            let plan = quantfarm_tensors::convert::plan_gguf_to_mlx(&src, quantfarm_tensors::Dtype::BF16)?;
+            gguf_to_mlx(&src, &plan, out, &opts).await?
+        }
+        quantfarm_tensors::Format::Safetensors | quantfarm_tensors::Format::Mlx => {
+            quantize_mlx_checkpoint(&src, out, &opts).await?
+        }
+    };
     let name = |c: &quantfarm_store::Committed| {
         Location::parse(&c.location).map(|l| l.file_name().to_string()).unwrap_or_default()
     };
