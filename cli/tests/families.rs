@@ -182,6 +182,10 @@ fn release_of(
     // The bf16 weights are measured unless the release expects them not to be (gemma3_mm).
     let bf16_measured = !expect_failed.contains(&"cross-runtime-greedy");
     assert_eq!(c["rungs"][0]["kld"]["n_chunks"].as_u64(), Some(2), "{arch} MLX-8bit: {c:#}");
+    if !bf16_measured {
+        // The rung's greedy agreement is with mlx-lm's bf16 continuations: none, so not measured (not 0 of 0).
+        assert!(c["rungs"][0]["greedy"].is_null(), "{arch}: {c:#}");
+    }
     if bf16_measured {
         // The rung's greedy agreement is with the bf16 weights' continuations in mlx-lm.
         for (what, s) in [("bf16", &c["bf16"]), ("MLX-8bit", &c["rungs"][0])] {

@@ -232,7 +232,10 @@ fn cross_runtime(rel: &Release) -> Option<CrossRuntime> {
             file_type: name,
             quantized: acc.run.filter(|_| load_error.is_none()).map(|r| r.quantized),
             upcast: acc.run.filter(|_| load_error.is_none()).map(|r| r.upcast),
-            greedy: (acc.ran_greedy && load_error.is_none()).then(|| greedy_summary(acc.agreements, n_reference)),
+            // Nothing to compare with (mlx-lm could not load the bf16 weights a rung is compared with): not
+            // measured, rather than 0 of 0 prompts.
+            greedy: (acc.ran_greedy && load_error.is_none() && n_reference > 0)
+                .then(|| greedy_summary(acc.agreements, n_reference)),
             kld,
             probes: acc.probe.map(|p| {
                 // A rung's pass rate beside mlx-lm's bf16 weights' (the same runtime, the same server).
