@@ -299,7 +299,9 @@ fn releases_from_a_gguf_and_an_mlx_source() {
         let o = Command::new(env!("CARGO_BIN_EXE_quantfarm")).arg("convert").args(args).output().unwrap();
         assert!(o.status.success(), "{what}: {}", String::from_utf8_lossy(&o.stderr));
     }
-    release_of("from-mlx", &mlx, None, &dir.path().join("mlx"), MlxRung::None, &[]);
+    // An MLX rung of a quantized MLX source: quantized again from its values as mx.dequantize gives them (the
+    // reference's), and measured in mlx-lm beside the source itself.
+    release_of("from-mlx", &mlx, None, &dir.path().join("mlx"), MlxRung::MlxLm, &[]);
     // An MLX rung from a GGUF source: made as `convert --to mlx` makes it, verified and measured in llama.cpp
     // (mlx-lm cannot load the GGUF reference for link 2). Llama 3's GGUF is not used here: its generated
     // rope_freqs.weight cannot go back to a config's rope_scaling yet, which the rung's task says by name.

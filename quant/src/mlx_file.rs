@@ -206,10 +206,21 @@ async fn convert(input: Input<'_>, dst_dir: &Location, opts: &MlxOptions) -> Res
         Input::Gguf(_, plan) => plan.config.clone(),
     };
     let tensors = input.tensors();
-    if let Some((name, _, ty, _)) = tensors.iter().find(|(_, _, ty, _)| !matches!(ty, TensorType::Dtype(_))) {
+    // A quantized MLX checkpoint (a fused 4-bit model) is quantized again from its values as `mx.dequantize` gives
+    // them, in its scales' dtype (what `convert --to hf` writes of it); a GGUF's plan has dequantized already.
+    let mlx_source = matches!(input, Input::Hf(s, _) if s.format() == Format::Mlx);
+    if let Some((name, _, ty, _)) = tensors.iter().find(|(_, _, ty, _)| match ty {
+        TensorType::Dtype(_) => false,
+        TensorType::MlxAffine { .. } => !mlx_source,
+        TensorType::Ggml(_) => true,
+    }) {
         return Err(MlxFileError::AlreadyQuantized { file, what: format!("tensor {name:?} is {ty}") });
     }
-    if config.contains_key("quantization") {
+    let mut config = config;
+    if mlx_source {
+        config.remove("quantization");
+        config.remove("quantization_config");
+    } else if config.contains_key("quantization") {
         return Err(MlxFileError::AlreadyQuantized { file, what: "config.json has `quantization`".into() });
     }
     let cast = opts.dtype.or_else(|| mlx_cast_dtype(&config));
@@ -223,11 +234,16 @@ async fn convert(input: Input<'_>, dst_dir: &Location, opts: &MlxOptions) -> Res
     entries.sort_by(|a, b| a.0.cmp(&b.0));
     let mut items = Vec::with_capacity(entries.len());
     for (name, sources, ty, shape) in entries {
-        let TensorType::Dtype(stored) = *ty else { unreachable!("checked above") };
+        let (stored, dequantized) = match *ty {
+            TensorType::Dtype(d) => (d, false),
+            TensorType::MlxAffine { scale_dtype, .. } => (scale_dtype, true),
+            TensorType::Ggml(_) => unreachable!("checked above"),
+        };
         let floating = matches!(stored, Dtype::F32 | Dtype::F16 | Dtype::BF16);
         // A GGUF's plan already gives each tensor its dtype (Qwen3.5's A_log stays f32, as mlx-lm's cast_predicate
-        // keeps it).
-        let dtype = if floating && matches!(input, Input::Hf(..)) { cast.unwrap_or(stored) } else { stored };
+        // keeps it); a dequantized affine tensor keeps its scales' dtype.
+        let cast_here = floating && !dequantized && matches!(input, Input::Hf(..));
+        let dtype = if cast_here { cast.unwrap_or(stored) } else { stored };
         let module = name.strip_suffix(".weight");
         let cols = shape.last().copied().unwrap_or(1);
         let (bits, group_size) = module

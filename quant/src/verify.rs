@@ -49,8 +49,8 @@ pub struct VerifyOptions {
     pub base_name: Option<String>,
 }
 
-/// Checks OUT against SRC in the direction their formats tell: HF/MLX → GGUF, GGUF → HF, GGUF or HF → MLX, or a
-/// merge (with `opts.adapter`).
+/// Checks OUT against SRC in the direction their formats tell: HF/MLX → GGUF, GGUF → HF, GGUF, HF or MLX → MLX, or
+/// a merge (with `opts.adapter`).
 pub async fn verify(src: &Location, out: &Location, opts: &VerifyOptions) -> Result<Verification, VerifyError> {
     if let Some(adapter) = &opts.adapter {
         let m = MergeOptions { budget: opts.budget, overwrite: false, base_name: opts.base_name.clone(), widen: false };
@@ -61,12 +61,15 @@ pub async fn verify(src: &Location, out: &Location, opts: &VerifyOptions) -> Res
     match (s.format(), o.format()) {
         (Format::Safetensors | Format::Mlx, Format::Gguf) => Ok(tv::verify_gguf_conversion(&s, &o, opts.budget).await?),
         (Format::Gguf | Format::Mlx, Format::Safetensors) => Ok(tv::verify_hf_conversion(&s, &o, opts.budget).await?),
-        (Format::Gguf | Format::Safetensors, Format::Mlx) => verify_mlx_conversion(&s, &o, opts.budget).await,
+        // MLX → MLX: a quantized (or unquantized) MLX checkpoint quantized again.
+        (Format::Gguf | Format::Safetensors | Format::Mlx, Format::Mlx) => {
+            verify_mlx_conversion(&s, &o, opts.budget).await
+        }
         // A release's float reference made from a GGUF source (general.file_type F32, F16 or BF16).
         (Format::Gguf, Format::Gguf) if float_file_type(&o) => Ok(tv::verify_gguf_conversion(&s, &o, opts.budget).await?),
         (a, b) => Err(VerifyError::Direction(format!(
             "{src} is {} and {out} is {}: no conversion quantfarm makes goes that way (HF/MLX -> GGUF, GGUF/MLX -> HF, \
-             GGUF/HF -> MLX, a GGUF -> its float reference GGUF; a merge with --adapter; a GGUF quantized from a GGUF is checked by quantizing again)",
+             GGUF/HF/MLX -> MLX, a GGUF -> its float reference GGUF; a merge with --adapter; a GGUF quantized from a GGUF is checked by quantizing again)",
             a.name(),
             b.name()
         ))),
@@ -170,6 +173,10 @@ pub async fn verify_mlx_conversion(
                                 copy_tensor(src, n, budget, &mut Vec::new(), &mut c).await?;
                                 continue;
                             }
+                            if let Some(t) = dequantized(src, n, d)? {
+                                convert::write_hf_tensor(src, &t, budget, &mut c).await?;
+                                continue;
+                            }
                             let mut rows = Rows::new(src, n, budget)?;
                             while let Some(vals) = rows.next(d).await? {
                                 let mut bytes = Vec::new();
@@ -191,6 +198,10 @@ pub async fn verify_mlx_conversion(
                     }
                     Reference::Hf(sources, _) => {
                         for n in sources {
+                            if let Some(t) = dequantized(src, n, scale_dtype)? {
+                                convert::write_hf_tensor(src, &t, budget, &mut check).await?;
+                                continue;
+                            }
                             let mut rows = Rows::new(src, n, budget)?;
                             while let Some(vals) = rows.next(scale_dtype).await? {
                                 check.rows(vals).await?;
@@ -211,6 +222,25 @@ pub async fn verify_mlx_conversion(
         }
     }
     Ok(v)
+}
+
+/// An MLX affine tensor `name` of a quantized MLX source, read as `mx.dequantize` gives it in `dtype` (its scales'
+/// dtype), as the MLX writer quantizes such a source again; `None` for any other tensor.
+fn dequantized(src: &TensorSource, name: &str, dtype: Dtype) -> Result<Option<HfTensor>, VerifyError> {
+    let e = src.entry(name)?;
+    Ok(match e.ty {
+        TensorType::MlxAffine { scale_dtype, .. } if scale_dtype == dtype => Some(HfTensor {
+            name: name.to_string(),
+            source: name.to_string(),
+            shape: e.shape.clone(),
+            dtype,
+            unpermute_heads: None,
+            offset: None,
+            reorder: None,
+            values: None,
+        }),
+        _ => None,
+    })
 }
 
 /// An HF tensor's rows as f32 in chunks within a budget, rounded to the output dtype as `mlx_lm.convert` casts

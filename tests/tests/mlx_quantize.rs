@@ -144,12 +144,15 @@ fn checkpoint_matches_manifest(bits: u32) {
         let done = quantize_mlx_checkpoint(&src, &Location::local(&out), &opts).await.unwrap();
         assert_eq!(done.quantized, 211);
         if bits == 4 {
-            // Refusals: an existing output without `overwrite`, and a checkpoint that is already quantized.
+            // Refused: an existing output without `overwrite`.
             let again = quantize_mlx_checkpoint(&src, &Location::local(&out), &opts).await;
             assert!(matches!(again, Err(MlxFileError::Tensors(_))), "{:?}", again.err());
+            // A quantized checkpoint is quantized again from its values as mx.dequantize gives them (below:
+            // `verify` recomputes it so).
             let quantized = TensorSource::open(&Location::local(&out)).await.unwrap();
-            let err = quantize_mlx_checkpoint(&quantized, &Location::local(dir.path().join("x")), &opts).await;
-            assert!(matches!(err, Err(MlxFileError::AlreadyQuantized { .. })), "{:?}", err.err());
+            let opts8 = MlxOptions { budget: 3 << 20, ..MlxOptions::new(8, 64) };
+            let done = quantize_mlx_checkpoint(&quantized, &Location::local(dir.path().join("q8")), &opts8).await;
+            assert_eq!(done.unwrap_or_else(|e| panic!("{e}")).quantized, 211);
         }
 
         let written = TensorSource::open(&Location::local(out.join("model.safetensors"))).await.unwrap();
@@ -169,6 +172,9 @@ fn checkpoint_matches_manifest(bits: u32) {
     });
     // `verify HF MLX` recomputes every module: identical, as is config.json and the carried tokenizer files.
     quantfarm_e2e::assert_verified_identical(&quantfarm_e2e::verify(&hf, &out, None));
+    if bits == 4 {
+        quantfarm_e2e::assert_verified_identical(&quantfarm_e2e::verify(&out, &dir.path().join("q8"), None));
+    }
     for file in ["config.json", "model.safetensors.index.json", "tokenizer.json", "generation_config.json"] {
         let bytes = std::fs::read(out.join(file)).unwrap();
         let want = &manifest["other_files"][file];

@@ -73,8 +73,10 @@ impl HfCut {
         HfCut::with_kind(src, t.clone(), kind, budget, extra_row)
     }
 
-    /// Cuts HF tensor `name` of `src` read as stored and written as `dtype`: its bytes when it is stored so, else
-    /// its values rounded to `dtype` (an HF or unquantized MLX checkpoint's tensor being cast).
+    /// Cuts HF tensor `name` of `src` read as stored and written as `dtype`: its bytes when it is stored so, an MLX
+    /// affine tensor dequantized as `mx.dequantize` computes it when `dtype` is its scales' (a quantized MLX
+    /// checkpoint quantized again), else its values rounded to `dtype` (an HF or unquantized MLX checkpoint's tensor
+    /// being cast).
     pub fn stored(src: &TensorSource, name: &str, dtype: Dtype, budget: u64, extra_row: u64) -> Result<HfCut> {
         let e = src.entry(name)?;
         let t = HfTensor {
@@ -87,7 +89,13 @@ impl HfCut {
             reorder: None,
             values: None,
         };
-        let kind = if e.ty == TensorType::Dtype(dtype) { Kind::Same } else { Kind::Values };
+        let kind = match e.ty {
+            TensorType::MlxAffine { bits, group_size, scale_dtype } if scale_dtype == dtype => {
+                Kind::MlxDequantized { bits, group_size, scale_dtype }
+            }
+            ty if ty == TensorType::Dtype(dtype) => Kind::Same,
+            _ => Kind::Values,
+        };
         HfCut::with_kind(src, t, kind, budget, extra_row)
     }
 
