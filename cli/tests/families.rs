@@ -11,7 +11,7 @@ use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use quantfarm_e2e::{convert_python, fixtures_dir, llama_bin, llama_src, run_py_with};
+use quantfarm_e2e::{convert_python, fixtures_dir, llama_bin, llama_src};
 use serde_json::Value;
 
 const LADDER: [&str; 3] = ["Q8_0", "Q4_K_M", "IQ4_XS"];
@@ -27,10 +27,7 @@ enum MlxRung {
 }
 
 fn checkpoint(arch: &str, dir: &Path) -> PathBuf {
-    let out = dir.join(arch);
-    let src = llama_src();
-    run_py_with(&convert_python(), "make_synthetic_hf.py", &[OsStr::new(arch), out.as_os_str(), src.as_os_str()]);
-    out
+    quantfarm_e2e::synthetic_hf(arch, &dir.join(arch))
 }
 
 /// convert_hf_to_gguf.py's BF16 GGUF of the checkpoint `hf`, at `out`.

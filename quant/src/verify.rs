@@ -229,16 +229,9 @@ pub async fn verify_mlx_conversion(
 fn dequantized(src: &TensorSource, name: &str, dtype: Dtype) -> Result<Option<HfTensor>, VerifyError> {
     let e = src.entry(name)?;
     Ok(match e.ty {
-        TensorType::MlxAffine { scale_dtype, .. } if scale_dtype == dtype => Some(HfTensor {
-            name: name.to_string(),
-            source: name.to_string(),
-            shape: e.shape.clone(),
-            dtype,
-            unpermute_heads: None,
-            offset: None,
-            reorder: None,
-            values: None,
-        }),
+        TensorType::MlxAffine { scale_dtype, .. } if scale_dtype == dtype => {
+            Some(HfTensor::plain(name, name, e.shape.clone(), dtype))
+        }
         _ => None,
     })
 }

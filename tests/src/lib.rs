@@ -3,6 +3,7 @@
 //! Oracles are never optional. A test that needs one and cannot find it fails with a message saying how to get it
 //! (`scripts/test` installs them all), because a skipped oracle is not a pass.
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -184,6 +185,14 @@ pub fn llama_generate(model: &Path, prompt: &str, n: u32, threads: u32, extra: &
 /// Runs a Python script from `tests/py/` with the peer venv; panics with its stderr on failure.
 pub fn run_py(script: &str, args: &[&std::ffi::OsStr]) -> String {
     run_py_with(&peers_python(), script, args)
+}
+
+/// A tiny random checkpoint of family `arch` (`tests/py/make_synthetic_hf.py`: seeded bf16 weights, the real
+/// config's fields and the real tokenizer) written to folder `out`, which is returned.
+pub fn synthetic_hf(arch: &str, out: &Path) -> PathBuf {
+    let src = llama_src();
+    run_py_with(&convert_python(), "make_synthetic_hf.py", &[OsStr::new(arch), out.as_os_str(), src.as_os_str()]);
+    out.to_path_buf()
 }
 
 /// Runs a Python script from `tests/py/` with the given interpreter; panics with its stderr on failure.

@@ -22,10 +22,7 @@ fn rt() -> tokio::runtime::Runtime {
 
 /// A synthetic checkpoint of `arch` in `dir/arch`.
 fn checkpoint(arch: &str, dir: &Path) -> PathBuf {
-    let out = dir.join(arch);
-    let src = llama_src();
-    run_py_with(&convert_python(), "make_synthetic_hf.py", &[OsStr::new(arch), out.as_os_str(), src.as_os_str()]);
-    out
+    quantfarm_e2e::synthetic_hf(arch, &dir.join(arch))
 }
 
 fn oracle(hf: &Path, outtype: &str, out: &Path) {

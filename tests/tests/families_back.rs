@@ -10,7 +10,7 @@ use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use quantfarm_e2e::{convert_python, llama_src, run_py, run_py_with};
+use quantfarm_e2e::{convert_python, llama_src, run_py};
 use quantfarm_quant::mlx_file::{gguf_to_mlx, quantize_mlx_checkpoint, MlxOptions};
 use quantfarm_store::Location;
 use quantfarm_tensors::convert::{convert_gguf_to_hf, plan_gguf_to_mlx};
@@ -23,10 +23,7 @@ fn rt() -> tokio::runtime::Runtime {
 }
 
 fn checkpoint(arch: &str, dir: &Path) -> PathBuf {
-    let out = dir.join(arch).join("model");
-    let src = llama_src();
-    run_py_with(&convert_python(), "make_synthetic_hf.py", &[OsStr::new(arch), out.as_os_str(), src.as_os_str()]);
-    out
+    quantfarm_e2e::synthetic_hf(arch, &dir.join(arch).join("model"))
 }
 
 fn oracle(hf: &Path, out: &Path) {

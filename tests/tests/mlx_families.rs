@@ -8,7 +8,7 @@
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
-use quantfarm_e2e::{convert_python, llama_src, run_py, run_py_with};
+use quantfarm_e2e::run_py;
 use quantfarm_quant::mlx_file::{quantize_mlx_checkpoint, MlxOptions};
 use quantfarm_store::Location;
 use quantfarm_tensors::TensorSource;
@@ -19,10 +19,7 @@ fn rt() -> tokio::runtime::Runtime {
 }
 
 fn checkpoint(arch: &str, dir: &Path) -> PathBuf {
-    let out = dir.join(arch);
-    let src = llama_src();
-    run_py_with(&convert_python(), "make_synthetic_hf.py", &[OsStr::new(arch), out.as_os_str(), src.as_os_str()]);
-    out
+    quantfarm_e2e::synthetic_hf(arch, &dir.join(arch))
 }
 
 /// `mlx_checkpoint.py stored`: every stored tensor's dtype, shape and sha256.

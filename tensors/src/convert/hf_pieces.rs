@@ -79,16 +79,7 @@ impl HfCut {
     /// being cast).
     pub fn stored(src: &TensorSource, name: &str, dtype: Dtype, budget: u64, extra_row: u64) -> Result<HfCut> {
         let e = src.entry(name)?;
-        let t = HfTensor {
-            name: name.to_string(),
-            source: name.to_string(),
-            shape: e.shape.clone(),
-            dtype,
-            unpermute_heads: None,
-            offset: None,
-            reorder: None,
-            values: None,
-        };
+        let t = HfTensor::plain(name, name, e.shape.clone(), dtype);
         let kind = match e.ty {
             TensorType::MlxAffine { bits, group_size, scale_dtype } if scale_dtype == dtype => {
                 Kind::MlxDequantized { bits, group_size, scale_dtype }

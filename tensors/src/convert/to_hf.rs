@@ -46,6 +46,23 @@ pub struct HfTensor {
     pub values: Option<ValueFn>,
 }
 
+impl HfTensor {
+    /// Tensor `source` of the source written as `dtype` under `name`, its values unchanged (no permutation,
+    /// offset, reorder or value function).
+    pub fn plain(name: &str, source: &str, shape: Vec<u64>, dtype: Dtype) -> HfTensor {
+        HfTensor {
+            name: name.to_string(),
+            source: source.to_string(),
+            shape,
+            dtype,
+            unpermute_heads: None,
+            offset: None,
+            reorder: None,
+            values: None,
+        }
+    }
+}
+
 /// The inverse of the grouped v-head reorder along rows or columns of the source (see
 /// [`super::mapping::Reorder`]): output index `skip + (g·per_group + r)·block + d` comes from source index
 /// `skip + (r·groups + g)·block + d`.
@@ -533,17 +550,8 @@ pub fn plan_mlx_to_hf(src: &TensorSource) -> Result<HfPlan> {
                 return Err(Error::format(&file, &t.name, format!("a {g} tensor in an MLX checkpoint")))
             }
         };
-        let name = WRAPPER_PREFIXES.iter().find_map(|p| t.name.strip_prefix(p)).unwrap_or(&t.name).to_string();
-        tensors.push(HfTensor {
-            name,
-            source: t.name.clone(),
-            shape: t.shape.clone(),
-            dtype,
-            unpermute_heads: None,
-            offset: None,
-            reorder: None,
-            values: None,
-        });
+        let name = WRAPPER_PREFIXES.iter().find_map(|p| t.name.strip_prefix(p)).unwrap_or(&t.name);
+        tensors.push(HfTensor::plain(name, &t.name, t.shape.clone(), dtype));
     }
     tensors.sort_by(|a, b| a.name.cmp(&b.name));
     if let Some(w) = tensors.windows(2).find(|w| w[0].name == w[1].name) {
