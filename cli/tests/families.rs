@@ -11,7 +11,7 @@ use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use quantfarm_e2e::{convert_python, fixtures_dir, llama_bin, llama_src};
+use quantfarm_e2e::{convert_hf_to_gguf_py, fixtures_dir, llama_bin};
 use serde_json::Value;
 
 const LADDER: [&str; 3] = ["Q8_0", "Q4_K_M", "IQ4_XS"];
@@ -28,18 +28,6 @@ enum MlxRung {
 
 fn checkpoint(arch: &str, dir: &Path) -> PathBuf {
     quantfarm_e2e::synthetic_hf(arch, &dir.join(arch))
-}
-
-/// convert_hf_to_gguf.py's BF16 GGUF of the checkpoint `hf`, at `out`.
-fn oracle_bf16(hf: &Path, out: &Path) {
-    let o = Command::new(convert_python())
-        .arg(llama_src().join("convert_hf_to_gguf.py"))
-        .arg(hf)
-        .args(["--outtype", "bf16", "--outfile"])
-        .arg(out)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}: {}", hf.display(), String::from_utf8_lossy(&o.stderr));
 }
 
 /// The release of `arch`'s checkpoint with a PEFT LoRA merged into it, run; returns the summary line.
@@ -262,7 +250,7 @@ fn releases_from_a_gguf_and_an_mlx_source() {
     let dir = tempfile::tempdir().unwrap();
     let hf = checkpoint("llama3", dir.path());
     let bf16 = dir.path().join("llama3-bf16.gguf");
-    oracle_bf16(&hf, &bf16);
+    convert_hf_to_gguf_py(&hf, "bf16", &bf16);
     let sum = release_of("from-gguf", &bf16, None, &dir.path().join("gguf"), MlxRung::None, &[]);
     let reference = sum["artifacts"].as_array().unwrap().iter().find(|a| a["file_type"] == "BF16").unwrap().clone();
     let file = PathBuf::from(reference["files"][0]["url"].as_str().unwrap());
@@ -315,7 +303,7 @@ fn family_ladders_equal_llama_quantize() {
     for arch in ["llama3", "qwen3_moe", "gemma2", "gemma3_mm", "phi3", "granite", "olmo2"] {
         let hf = checkpoint(arch, dir.path());
         let bf16 = dir.path().join(format!("{arch}-bf16.gguf"));
-        oracle_bf16(&hf, &bf16);
+        convert_hf_to_gguf_py(&hf, "bf16", &bf16);
         for ty in LADDER {
             let theirs = dir.path().join(format!("{arch}-{ty}.ref.gguf"));
             let o = Command::new(llama_bin().join("llama-quantize"))

@@ -16,7 +16,7 @@ use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use quantfarm_e2e::{convert_python, fixtures_dir, llama_bin, llama_src, repo_root};
+use quantfarm_e2e::{convert_python, fixtures_dir, llama_bin, repo_root};
 use serde_json::Value;
 
 const LEVELS: [&str; 3] = ["Q8_0", "Q4_K_M", "IQ4_XS"];
@@ -148,14 +148,7 @@ fn qwen25_coder_1_5b_released_from_its_dequantized_checkpoint() {
     };
     // The BF16 file: convert_hf_to_gguf.py's bytes on the same checkpoint.
     let theirs = d.join("bf16.ref.gguf");
-    let o = Command::new(convert_python())
-        .arg(llama_src().join("convert_hf_to_gguf.py"))
-        .arg(&hf)
-        .args(["--outtype", "bf16", "--outfile"])
-        .arg(&theirs)
-        .output()
-        .unwrap();
-    ok("convert_hf_to_gguf.py", o);
+    quantfarm_e2e::convert_hf_to_gguf_py(&hf, "bf16", &theirs);
     let bf16 = file(&artifact("BF16"));
     assert!(same_bytes(&bf16, &theirs), "{}: not convert_hf_to_gguf.py's bytes", bf16.display());
     std::fs::remove_file(&theirs).unwrap();

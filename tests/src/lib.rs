@@ -195,6 +195,20 @@ pub fn synthetic_hf(arch: &str, out: &Path) -> PathBuf {
     out.to_path_buf()
 }
 
+/// convert_hf_to_gguf.py (the llama.cpp source the peer tools are built from) on the HF checkpoint `hf`, writing
+/// `--outtype outtype` to the file `out`; panics with its stderr on failure.
+pub fn convert_hf_to_gguf_py(hf: &Path, outtype: &str, out: &Path) {
+    let script = llama_src().join("convert_hf_to_gguf.py");
+    let o = Command::new(convert_python())
+        .arg(&script)
+        .arg(hf)
+        .args(["--outtype", outtype, "--outfile"])
+        .arg(out)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+    assert!(o.status.success(), "convert_hf_to_gguf.py on {}:\n{}", hf.display(), String::from_utf8_lossy(&o.stderr));
+}
+
 /// Runs a Python script from `tests/py/` with the given interpreter; panics with its stderr on failure.
 pub fn run_py_with(python: &Path, script: &str, args: &[&std::ffi::OsStr]) -> String {
     let path = repo_root().join("tests").join("py").join(script);
@@ -256,6 +270,25 @@ pub fn farm_run_output_env(
 }
 
 pub mod s3;
+
+/// Name → stored bytes of every tensor of a model (a GGUF file or split, a safetensors file or folder, an MLX
+/// folder), read through quantfarm's own reader.
+pub fn tensor_bytes(p: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
+    use quantfarm_store::Location;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("a runtime");
+    rt.block_on(async {
+        let src = quantfarm_tensors::TensorSource::open(&Location::local(p))
+            .await
+            .unwrap_or_else(|e| panic!("open {}: {e}", p.display()));
+        let mut out = std::collections::BTreeMap::new();
+        for e in src.tensors() {
+            let mut b = vec![0u8; e.bytes as usize];
+            src.read_range(&e.name, 0, &mut b).await.unwrap_or_else(|err| panic!("{}: {}: {err}", p.display(), e.name));
+            out.insert(e.name.clone(), b);
+        }
+        out
+    })
+}
 
 /// `quantfarm verify SRC OUT [--adapter A --base-name NAME]` through the library: every tensor recomputed and
 /// compared.

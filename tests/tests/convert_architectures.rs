@@ -7,9 +7,8 @@
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-use quantfarm_e2e::{convert_python, llama_src, run_py_with};
+use quantfarm_e2e::{convert_hf_to_gguf_py, convert_python, llama_src, run_py_with};
 use quantfarm_store::Location;
 use quantfarm_tensors::convert::generate::GenerateOp;
 use quantfarm_tensors::convert::{convert_hf_to_gguf, OutType};
@@ -23,18 +22,6 @@ fn rt() -> tokio::runtime::Runtime {
 /// A synthetic checkpoint of `arch` in `dir/arch`.
 fn checkpoint(arch: &str, dir: &Path) -> PathBuf {
     quantfarm_e2e::synthetic_hf(arch, &dir.join(arch))
-}
-
-fn oracle(hf: &Path, outtype: &str, out: &Path) {
-    let script = llama_src().join("convert_hf_to_gguf.py");
-    let o = Command::new(convert_python())
-        .arg(&script)
-        .arg(hf)
-        .args(["--outtype", outtype, "--outfile"])
-        .arg(out)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
-    assert!(o.status.success(), "convert_hf_to_gguf.py failed:\n{}", String::from_utf8_lossy(&o.stderr));
 }
 
 fn ours(hf: &Path, out: OutType, dir: &Path) -> PathBuf {
@@ -89,7 +76,7 @@ fn check(arch: &str, outtypes: &[(&str, OutType)]) {
     let hf = checkpoint(arch, dir.path());
     for (name, out) in outtypes {
         let theirs = dir.path().join(format!("{arch}-{name}.oracle.gguf"));
-        oracle(&hf, name, &theirs);
+        convert_hf_to_gguf_py(&hf, name, &theirs);
         let mine = ours(&hf, *out, &dir.path().join(format!("ours-{name}")));
         assert_same_file(&mine, &theirs);
         // `verify` recomputes the real script's output from the checkpoint.
@@ -143,7 +130,7 @@ fn qwen3_moe_equals_convert_hf_to_gguf() {
     let dir = tempfile::tempdir().unwrap();
     let hf = checkpoint("qwen3_moe", dir.path());
     let theirs = dir.path().join("oracle.gguf");
-    oracle(&hf, "bf16", &theirs);
+    convert_hf_to_gguf_py(&hf, "bf16", &theirs);
     assert_same_file(&ours_within(&hf, OutType::Bf16, &dir.path().join("small"), 3000), &theirs);
 }
 

@@ -8,9 +8,8 @@
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-use quantfarm_e2e::{convert_python, llama_src, run_py};
+use quantfarm_e2e::{convert_hf_to_gguf_py, run_py, tensor_bytes};
 use quantfarm_quant::mlx_file::{gguf_to_mlx, quantize_mlx_checkpoint, MlxOptions};
 use quantfarm_store::Location;
 use quantfarm_tensors::convert::{convert_gguf_to_hf, plan_gguf_to_mlx};
@@ -24,31 +23,6 @@ fn rt() -> tokio::runtime::Runtime {
 
 fn checkpoint(arch: &str, dir: &Path) -> PathBuf {
     quantfarm_e2e::synthetic_hf(arch, &dir.join(arch).join("model"))
-}
-
-fn oracle(hf: &Path, out: &Path) {
-    let o = Command::new(convert_python())
-        .arg(llama_src().join("convert_hf_to_gguf.py"))
-        .arg(hf)
-        .args(["--outtype", "bf16", "--outfile"])
-        .arg(out)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}: {}", hf.display(), String::from_utf8_lossy(&o.stderr));
-}
-
-/// Name → raw bytes of every tensor of a GGUF, safetensors folder or MLX folder.
-fn tensor_bytes(p: &Path) -> BTreeMap<String, Vec<u8>> {
-    rt().block_on(async {
-        let src = TensorSource::open(&Location::local(p)).await.unwrap();
-        let mut out = BTreeMap::new();
-        for e in src.tensors() {
-            let mut b = vec![0u8; e.bytes as usize];
-            src.read_range(&e.name, 0, &mut b).await.unwrap();
-            out.insert(e.name.clone(), b);
-        }
-        out
-    })
 }
 
 fn header(p: &Path) -> GgufHeader {
@@ -75,7 +49,7 @@ fn back(arch: &str, again: Again) {
     let dir = tempfile::tempdir().unwrap();
     let hf = checkpoint(arch, dir.path());
     let gguf = dir.path().join(format!("{arch}.gguf"));
-    oracle(&hf, &gguf);
+    convert_hf_to_gguf_py(&hf, "bf16", &gguf);
 
     // GGUF → HF: the checkpoint's tensors, bit for bit; `verify` recomputes them from the GGUF.
     let back = dir.path().join("back").join("model");
@@ -93,7 +67,7 @@ fn back(arch: &str, again: Again) {
         Again::NotRun(why) => eprintln!("{arch}: convert_hf_to_gguf.py NOT run on the HF folder written back: {why}"),
         Again::Identical | Again::Keys { .. } => {
             let twice = dir.path().join(format!("{arch}-again.gguf"));
-            oracle(&back, &twice);
+            convert_hf_to_gguf_py(&back, "bf16", &twice);
             let (a, b) = (header(&twice), header(&gguf));
             let missing: &[&str] = match again {
                 Again::Keys { missing } => missing,

@@ -8,11 +8,11 @@
 //! rounding those tools add (they round the delta to bf16 and add in bf16): a transposed factor or a wrong scale
 //! would be off by the size of the delta itself.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
-use quantfarm_e2e::{convert_python, peers_python, run_py, run_py_with, smollm2_derived};
+use quantfarm_e2e::{convert_python, peers_python, run_py, run_py_with, smollm2_derived, tensor_bytes};
 use quantfarm_store::Location;
 use quantfarm_tensors::merge::{merge_adapter, MergeOptions};
 use quantfarm_tensors::TensorSource;
@@ -54,27 +54,13 @@ fn merge_with(
         .map_err(|e| e.to_string())
 }
 
-/// Every tensor's stored bytes.
-fn tensors(p: &Path) -> HashMap<String, Vec<u8>> {
-    rt().block_on(async {
-        let src = TensorSource::open(&Location::local(p)).await.unwrap();
-        let mut out = HashMap::new();
-        for e in src.tensors() {
-            let mut buf = vec![0u8; e.bytes as usize];
-            src.read_range(&e.name, 0, &mut buf).await.unwrap();
-            out.insert(e.name.clone(), buf);
-        }
-        out
-    })
-}
-
 fn check_merged(format: &str, untied: bool) {
     let dir = tempfile::tempdir().unwrap();
     let (a, expected_file) = adapter(format, dir.path(), None);
     let out = dir.path().join("merged");
     let done = merge(&a, &out, Some(RECORDED_BASE)).unwrap();
     assert_eq!(done.untied, untied);
-    let (got, want, orig) = (tensors(&out), tensors(&expected_file), tensors(&base()));
+    let (got, want, orig) = (tensor_bytes(&out), tensor_bytes(&expected_file), tensor_bytes(&base()));
     // The untied lm_head.weight is a copy of the original embedding, not a change.
     assert_eq!(done.changed.len(), want.len() - usize::from(untied), "changed {:?}", done.changed);
     for (name, bytes) in &got {
@@ -129,8 +115,8 @@ fn ulp(x: f64) -> f64 {
 
 /// Compares our merge with a real tool's, tensor by tensor for `names`: every element within 3 bf16 units at
 /// max(|W|, |ΔW|) (the tool's two bf16 roundings against our one); returns (elements, identical).
-fn agree(ours: &HashMap<String, Vec<u8>>, tool: &HashMap<String, Vec<u8>>, names: &[String]) -> (usize, usize) {
-    let orig = tensors(&base());
+fn agree(ours: &BTreeMap<String, Vec<u8>>, tool: &BTreeMap<String, Vec<u8>>, names: &[String]) -> (usize, usize) {
+    let orig = tensor_bytes(&base());
     let (mut total, mut same) = (0, 0);
     for name in names {
         let (o, t, w) = (bf16(&ours[name]), bf16(&tool[name]), bf16(&orig[name]));
@@ -171,7 +157,7 @@ fn peft_adapter_agrees_with_peft_merge_and_unload() {
     let theirs = dir.path().join("peft");
     let b = base();
     run_py_with(&convert_python(), "peft_merge.py", &[b.as_os_str(), a.as_os_str(), theirs.as_os_str()]);
-    let (total, same) = agree(&tensors(&ours), &tensors(&theirs), &done.changed);
+    let (total, same) = agree(&tensor_bytes(&ours), &tensor_bytes(&theirs), &done.changed);
     eprintln!("PEFT merge_and_unload: {same} of {total} merged elements identical, all within its rounding");
 }
 
@@ -187,7 +173,7 @@ fn mlx_lora_adapter_agrees_with_mlx_lm_fuse() {
     assert_eq!(done.changed.len(), 12);
     let theirs = dir.path().join("fused");
     mlx_fuse(&a, &theirs);
-    let (total, same) = agree(&tensors(&ours), &tensors(&theirs), &done.changed);
+    let (total, same) = agree(&tensor_bytes(&ours), &tensor_bytes(&theirs), &done.changed);
     eprintln!("mlx_lm fuse: {same} of {total} merged elements identical, all within its rounding");
 }
 
@@ -213,7 +199,7 @@ fn a_widened_merge_is_the_merge_rounded_to_f32() {
     let (a, expected_file) = adapter("peft-attn", dir.path(), None);
     let out = dir.path().join("merged-f32");
     let done = merge_with(&a, &out, Some(RECORDED_BASE), true).unwrap();
-    let (got, want, orig) = (tensors(&out), tensors(&expected_file), tensors(&base()));
+    let (got, want, orig) = (tensor_bytes(&out), tensor_bytes(&expected_file), tensor_bytes(&base()));
     assert_eq!(got.len(), orig.len());
     let types = |p: &Path| -> HashMap<String, String> {
         rt().block_on(async {
@@ -393,10 +379,10 @@ fn peft_adapter_converted_to_mlx_lm_merges_the_same_and_mlx_lm_fuses_it() {
     let (ours, again) = (dir.path().join("from-peft"), dir.path().join("from-mlx-lm"));
     let done = merge(&a, &ours, Some(RECORDED_BASE)).unwrap();
     merge(&converted, &again, Some(RECORDED_BASE)).unwrap();
-    assert!(tensors(&ours) == tensors(&again), "the converted adapter merges to other bytes");
+    assert!(tensor_bytes(&ours) == tensor_bytes(&again), "the converted adapter merges to other bytes");
     let theirs = dir.path().join("fused");
     mlx_fuse(&converted, &theirs);
-    let (total, same) = agree(&tensors(&ours), &tensors(&theirs), &done.changed);
+    let (total, same) = agree(&tensor_bytes(&ours), &tensor_bytes(&theirs), &done.changed);
     eprintln!("mlx_lm fuse of the converted PEFT adapter: {same} of {total} merged elements identical, all within its rounding");
 }
 
@@ -412,11 +398,11 @@ fn mlx_dora_adapter_converted_to_peft_merges_the_same_and_peft_merges_it() {
     let (ours, again) = (dir.path().join("from-mlx-lm"), dir.path().join("from-peft"));
     let done = merge(&a, &ours, Some(RECORDED_BASE)).unwrap();
     merge(&converted, &again, Some(RECORDED_BASE)).unwrap();
-    assert!(tensors(&ours) == tensors(&again), "the converted adapter merges to other bytes");
+    assert!(tensor_bytes(&ours) == tensor_bytes(&again), "the converted adapter merges to other bytes");
     let theirs = dir.path().join("peft");
     let b = base();
     run_py_with(&convert_python(), "peft_merge.py", &[b.as_os_str(), converted.as_os_str(), theirs.as_os_str()]);
-    let (total, same) = agree(&tensors(&ours), &tensors(&theirs), &done.changed);
+    let (total, same) = agree(&tensor_bytes(&ours), &tensor_bytes(&theirs), &done.changed);
     eprintln!("PEFT merge of the converted mlx-lm DoRA adapter: {same} of {total} merged elements identical");
 }
 
