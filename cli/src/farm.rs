@@ -592,11 +592,14 @@ pub async fn run(args: RunArgs) -> Result<u8> {
     let coord = Coordinator::open(&cfg)?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.context("cannot listen on loopback")?;
     let url = format!("http://{}", listener.local_addr()?);
+    // The workers stop first and the coordinator after them, so that an outcome a worker still holds when the
+    // release ends is delivered at once rather than retried against a closed port for the worker's patience.
     let (stop_tx, stop_rx) = watch::channel(false);
+    let (stop_server_tx, stop_server_rx) = watch::channel(false);
     let stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|v| *v).await;
     };
-    let server = tokio::spawn(coord.serve(listener, Some(token.clone()), None, stopped(stop_rx.clone())));
+    let server = tokio::spawn(coord.serve(listener, Some(token.clone()), None, stopped(stop_server_rx)));
     let scratch = match store.local_path() {
         Some(p) => p.join("scratch"),
         None => std::env::temp_dir().join("quantfarm-scratch"),
@@ -618,6 +621,7 @@ pub async fn run(args: RunArgs) -> Result<u8> {
             cache_dir: scratch.clone(),
             cache_size: 0,
         };
+        // Drain, then stop now: the release is over, so nothing runs that is still needed.
         let (a, b) = (stopped(stop_rx.clone()), stopped(stop_rx.clone()));
         workers.push(tokio::spawn(quantfarm_worker::run(cfg, a, b)));
     }
@@ -637,6 +641,7 @@ pub async fn run(args: RunArgs) -> Result<u8> {
             eprintln!("worker: {e}");
         }
     }
+    let _ = stop_server_tx.send(true);
     match server.await {
         Ok(Err(e)) => eprintln!("coordinator: {e}"),
         Err(e) => eprintln!("coordinator: {e}"),

@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use quantfarm_coordinator::sched::TState;
 use quantfarm_coordinator::signing::{verify_report, SigningKey};
 use quantfarm_coordinator::{Coordinator, CoordinatorConfig, SchedConfig, ServeError};
 use quantfarm_proto::farm_client::FarmClient;
@@ -212,4 +213,55 @@ async fn finished_releases_live_in_the_journal_not_in_memory() {
     let page = c2.with_sched(|s| quantfarm_coordinator::metrics::render(s, std::time::Instant::now()));
     assert!(page.lines().any(|l| l == "quantfarm_releases{state=\"released\"} 10001"), "{page}");
     assert!(page.lines().any(|l| l == "quantfarm_tasks{state=\"done\"} 4"), "{page}");
+}
+
+/// A worker told to stop now whose coordinator is gone does not wait out its patience (300 s here) to report an
+/// outcome nobody can take: it tries once and exits (the coordinator, when it comes back, runs the task again once
+/// the lease expires). `quantfarm run` stopped its local workers and coordinator together, and each release could
+/// end with a worker retrying its last outcome against the closed port for 30 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_stopping_now_does_not_wait_for_a_gone_coordinator() {
+    let dir = tempfile::tempdir().unwrap();
+    let coord = Coordinator::open(&config(dir.path(), SigningKey::generate().unwrap())).unwrap();
+    let c2 = coord.clone();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://127.0.0.1:{}", listener.local_addr().unwrap().port());
+    let (down_tx, down_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(coord.serve(listener, Some(TOKEN.into()), None, async {
+        let _ = down_rx.await;
+    }));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|v| *v).await;
+    };
+    let cfg = WorkerConfig { patience: Duration::from_secs(300), ..worker_cfg(&url, TOKEN, None, dir.path()) };
+    let w = tokio::spawn(quantfarm_worker::run(cfg, stopped(stop_rx.clone()), stopped(stop_rx)));
+    let channel = quantfarm_worker::channel(&url, None).unwrap();
+    let mut client = ReleasesClient::with_interceptor(channel, AddToken::new(Some(TOKEN)).unwrap());
+    let req = pb::SubmitRequest {
+        protocol_version: PROTOCOL_VERSION,
+        release_yaml: "name: slow\nsource: unused\noutputs:\n  noop: {tasks: 1, sleep_ms: 2000}\n".into(),
+        base: String::new(),
+        file_name: "release.yaml".into(),
+    };
+    client.submit(req).await.unwrap();
+    // The coordinator goes away while the task runs; the worker then holds an outcome it cannot deliver.
+    let t0 = std::time::Instant::now();
+    while !c2
+        .with_sched(|s| s.releases.iter().any(|r| r.tasks.iter().any(|t| matches!(t.state, TState::Leased { .. }))))
+    {
+        assert!(t0.elapsed() < Duration::from_secs(30), "the task was never leased");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = down_tx.send(());
+    tokio::time::timeout(Duration::from_secs(30), server).await.unwrap().unwrap().unwrap();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let t1 = std::time::Instant::now();
+    let _ = stop_tx.send(true);
+    tokio::time::timeout(Duration::from_secs(20), w)
+        .await
+        .expect("the worker waited for the gone coordinator instead of stopping")
+        .unwrap()
+        .unwrap();
+    eprintln!("stopped in {:?}", t1.elapsed());
 }

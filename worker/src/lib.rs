@@ -206,6 +206,12 @@ async fn send_completion(mut client: Client, req: pb::CompleteRequest, patience:
         match client.complete(req.clone()).await {
             Ok(_) => return,
             Err(s) if is_down(&s) && start.elapsed() < patience => tokio::time::sleep(Duration::from_millis(300)).await,
+            // The coordinator no longer knows the release, task or worker: typically the release is over and this
+            // is an outcome sent again after the lease request that carried it was cut short by a shutdown.
+            Err(s) if s.code() == Code::NotFound => {
+                tracing::info!(task = %req.task_id, "outcome not taken: {}", s.message());
+                return;
+            }
             Err(s) => {
                 tracing::error!(task = %req.task_id, "could not report the outcome: {}", s.message());
                 return;
@@ -324,10 +330,11 @@ pub async fn run(
     };
     // Drain: finish what runs (reporting each outcome as it comes), unless told to stop now; then hand back
     // whatever is left.
-    let flush = |outbox: &Outbox| {
+    // Draining, an outcome is retried within the patience (the coordinator may be restarting); stopping now, it
+    // is tried once: the lease expires and the coordinator runs the task again if the outcome did not arrive.
+    let flush = |outbox: &Outbox, patience: Duration| {
         let pending = std::mem::take(&mut *outbox.lock().unwrap_or_else(|p| p.into_inner()));
         let client = s.client.clone();
-        let patience = s.cfg.patience;
         async move {
             for c in pending {
                 send_completion(client.clone(), c, patience).await;
@@ -336,9 +343,9 @@ pub async fn run(
     };
     tokio::select! {
         _ = async {
-            flush(&outbox).await;
+            flush(&outbox, s.cfg.patience).await;
             while tasks.join_next().await.is_some() {
-                flush(&outbox).await;
+                flush(&outbox, s.cfg.patience).await;
             }
         } => {}
         _ = &mut shutdown_now => {
@@ -354,7 +361,7 @@ pub async fn run(
                     l
                 })
                 .collect();
-            flush(&outbox).await;
+            flush(&outbox, Duration::ZERO).await;
             if !ids.is_empty() {
                 let _ = s.client.clone().hand_back(pb::HandBackRequest { worker_id: s.id(), lease_ids: ids }).await;
             }
