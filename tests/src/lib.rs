@@ -189,10 +189,80 @@ pub fn run_py(script: &str, args: &[&std::ffi::OsStr]) -> String {
 
 /// A tiny random checkpoint of family `arch` (`tests/py/make_synthetic_hf.py`: seeded bf16 weights, the real
 /// config's fields and the real tokenizer) written to folder `out`, which is returned.
+///
+/// The script is deterministic (seeded) but slow (transformers builds and saves each real tokenizer: 6–11 s), and
+/// the family tests make the same checkpoints dozens of times, so each is made once per set of inputs into
+/// `$QUANTFARM_CACHE/synthetic-hf/` (keyed by the sha256 of the script, the family, `QF_SYNTHETIC_DIMS`, the
+/// llama.cpp source its vocabularies come from and the converter venv's installed packages) and copied from there.
 pub fn synthetic_hf(arch: &str, out: &Path) -> PathBuf {
-    let src = llama_src();
-    run_py_with(&convert_python(), "make_synthetic_hf.py", &[OsStr::new(arch), out.as_os_str(), src.as_os_str()]);
+    let cached = synthetic_hf_cached(arch);
+    copy_tree(&cached, out);
     out.to_path_buf()
+}
+
+fn synthetic_hf_cached(arch: &str) -> PathBuf {
+    use sha2::Digest as _;
+    let python = convert_python();
+    let src = llama_src();
+    let script = repo_root().join("tests/py/make_synthetic_hf.py");
+    let mut h = sha2::Sha256::new();
+    h.update(std::fs::read(&script).expect("make_synthetic_hf.py"));
+    for part in [arch.as_bytes(), src.as_os_str().as_encoded_bytes(), python.as_os_str().as_encoded_bytes()] {
+        h.update((part.len() as u64).to_le_bytes());
+        h.update(part);
+    }
+    let dims = std::env::var("QF_SYNTHETIC_DIMS").unwrap_or_default();
+    h.update((dims.len() as u64).to_le_bytes());
+    h.update(dims.as_bytes());
+    // The packages the script imports (transformers, tokenizers, gguf, sentencepiece, quicktok-v1, …), by the
+    // names of their installed metadata folders (name and version).
+    let venv = python.parent().and_then(Path::parent).expect("the venv of the converter's python");
+    let mut packages: Vec<String> =
+        walk_names(&venv.join("lib"), 3).into_iter().filter(|n| n.ends_with(".dist-info")).collect();
+    packages.sort();
+    h.update(packages.join("\n").as_bytes());
+    let key: String = h.finalize().iter().take(12).map(|b| format!("{b:02x}")).collect();
+    let dir = cache_dir().join("synthetic-hf").join(format!("{arch}-{key}"));
+    if dir.join(".complete").exists() {
+        return dir;
+    }
+    // Made in a staging folder and renamed into place: a killed run or a concurrent one leaves no half checkpoint.
+    let parent = dir.parent().expect("cache folder");
+    std::fs::create_dir_all(parent).expect("create the synthetic-hf cache");
+    let staging = tempfile::tempdir_in(parent).expect("a staging folder");
+    let made = staging.path().join(arch);
+    run_py_with(&python, "make_synthetic_hf.py", &[OsStr::new(arch), made.as_os_str(), src.as_os_str()]);
+    std::fs::write(made.join(".complete"), b"").expect("mark the checkpoint complete");
+    if std::fs::rename(&made, &dir).is_err() && !dir.join(".complete").exists() {
+        panic!("cannot move {} to {}", made.display(), dir.display());
+    }
+    dir
+}
+
+/// The names of the entries under `dir`, `depth` levels deep.
+fn walk_names(dir: &Path, depth: u32) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        out.push(e.file_name().to_string_lossy().into_owned());
+        if depth > 1 && e.file_type().is_ok_and(|t| t.is_dir()) {
+            out.extend(walk_names(&e.path(), depth - 1));
+        }
+    }
+    out
+}
+
+/// Copies the folder `from` to `to` (created), every file but the cache's `.complete` marker.
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap_or_else(|e| panic!("create {}: {e}", to.display()));
+    for e in std::fs::read_dir(from).unwrap_or_else(|e| panic!("read {}: {e}", from.display())).flatten() {
+        let (src, dst) = (e.path(), to.join(e.file_name()));
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            copy_tree(&src, &dst);
+        } else if e.file_name() != ".complete" {
+            std::fs::copy(&src, &dst)
+                .unwrap_or_else(|err| panic!("copy {} to {}: {err}", src.display(), dst.display()));
+        }
+    }
 }
 
 /// convert_hf_to_gguf.py (the llama.cpp source the peer tools are built from) on the HF checkpoint `hf`, writing
