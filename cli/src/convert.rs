@@ -7,8 +7,8 @@
 use anyhow::{Context, Result};
 use quantfarm_store::Location;
 use quantfarm_tensors::convert::{
-    convert_hf_to_gguf, output_file_name, plan_gguf_to_hf, plan_gguf_to_mlx, plan_hf_to_gguf, plan_mlx_to_hf,
-    split_ranges, write_hf, GgufPlan, OutType, SplitRule,
+    convert_hf_to_gguf, output_file_name, plan_gguf_to_hf, plan_gguf_to_mlx, plan_hf_to_gguf_with, plan_mlx_to_hf,
+    split_ranges, write_hf, ConvertOptions, GgufPlan, Mtp, OutType, SplitRule,
 };
 use quantfarm_tensors::gguf::Value;
 use quantfarm_tensors::{Dtype, Format};
@@ -46,6 +46,10 @@ pub struct Args {
     /// Split into files of at most this many tensor bytes (e.g. 2GB).
     #[arg(long, value_parser = parse_size)]
     split_max_bytes: Option<u64>,
+    /// Leave out the multi-token-prediction head (Qwen3.5's `mtp.*` blocks), as convert_hf_to_gguf.py --no-mtp
+    /// does: a smaller GGUF without llama.cpp's speculative-decoding blocks. By default they are kept.
+    #[arg(long)]
+    no_mtp: bool,
     /// Replace existing outputs.
     #[arg(long)]
     overwrite: bool,
@@ -107,14 +111,15 @@ pub async fn run(args: Args) -> Result<()> {
         _ => None,
     };
     let dst = Location::parse(&output_dir)?;
+    let options = ConvertOptions { out: args.outtype, mtp: if args.no_mtp { Mtp::Drop } else { Mtp::Keep } };
     if args.dry_run {
         let source = TensorSource::open(&src).await?;
         let plan =
-            plan_hf_to_gguf(&source, args.outtype).await.with_context(|| format!("cannot convert {}", args.input))?;
+            plan_hf_to_gguf_with(&source, options).await.with_context(|| format!("cannot convert {}", args.input))?;
         print!("{}", describe(&plan, &args.input, &dst, &prefix, rule));
         return Ok(());
     }
-    let done = convert_hf_to_gguf(&src, &dst, &prefix, args.outtype, rule, args.budget, args.overwrite)
+    let done = convert_hf_to_gguf(&src, &dst, &prefix, options, rule, args.budget, args.overwrite)
         .await
         .with_context(|| format!("cannot convert {}", args.input))?;
     for c in &done {
@@ -134,7 +139,7 @@ async fn to_hf_run(args: &Args, src: &Location) -> Result<()> {
     let source = TensorSource::open(src).await?;
     let dst = Location::parse(&args.output)?;
     let plan = match source.format() {
-        Format::Gguf => plan_gguf_to_hf(&source, dtype),
+        Format::Gguf => plan_gguf_to_hf(&source, dtype).await,
         // mlx_lm.convert --dequantize: each weight in its scales' dtype, as mx.dequantize computes it.
         Format::Mlx => plan_mlx_to_hf(&source),
         other => anyhow::bail!("{}: --to hf converts a GGUF or MLX model; this is {}", args.input, other.name()),
@@ -228,7 +233,8 @@ async fn to_mlx_run(args: &Args, src: &Location) -> Result<()> {
         );
     }
     let dst = Location::parse(&args.output)?;
-    let plan = plan_gguf_to_mlx(&source, Dtype::BF16).with_context(|| format!("cannot convert {}", args.input))?;
+    let plan =
+        plan_gguf_to_mlx(&source, Dtype::BF16).await.with_context(|| format!("cannot convert {}", args.input))?;
     if args.dry_run {
         println!(
             "{} -> {} (MLX, {}): {} tensors, each converted as GGUF -> HF bf16 and quantized as it streams",

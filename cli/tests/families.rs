@@ -241,6 +241,62 @@ fn olmo2_release() {
     release("olmo2");
 }
 
+/// Phi-4 (Phi-3's fused layout, no rope scaling; cl100k as a GPT2Tokenizer; the LoRA on the fused qkv_proj).
+#[test]
+fn phi4_release() {
+    release("phi4");
+}
+
+/// Mistral Nemo (Mistral's layout; the tekken vocabulary).
+#[test]
+fn mistral_nemo_release() {
+    release("mistral_nemo");
+}
+
+/// transformers' own tiny dense Qwen3.5 (`tests/py/qwen35.py make dense`: a multi-token-prediction block, SmolLM2's
+/// tokenizer) in `dir/qwen3_5`; `nested`: as Qwen3_5ForConditionalGeneration stores it (the released models'
+/// layout, which mlx-lm loads), in `dir/qwen3_5-nested`.
+fn qwen3_5_checkpoint(dir: &Path, nested: bool) -> PathBuf {
+    let hf = dir.join("qwen3_5");
+    let tok = quantfarm_e2e::smollm2_derived().join("smollm2-hf");
+    let py = quantfarm_e2e::convert_python();
+    quantfarm_e2e::run_py_with(
+        &py,
+        "qwen35.py",
+        &[OsStr::new("make"), OsStr::new("dense"), hf.as_os_str(), tok.as_os_str()],
+    );
+    if !nested {
+        return hf;
+    }
+    let out = dir.join("qwen3_5-nested");
+    quantfarm_e2e::run_py_with(&py, "qwen35.py", &[OsStr::new("nest"), hf.as_os_str(), out.as_os_str()]);
+    out
+}
+
+/// Qwen3.5 (hybrid gated-delta-net and attention layers, the v-head reorder, `ssm_a = -exp(A_log)`, a
+/// multi-token-prediction block written as a trailing NextN block): transformers' own tiny checkpoint
+/// (`tests/py/qwen35.py make dense`) in the released models' Qwen3_5ForConditionalGeneration layout, the LoRA on its
+/// full-attention layer; the MLX rung made as mlx_lm.convert makes it (mlx-lm's sanitize: norms + 1 in bf16),
+/// measured in llama.cpp through its exact conversion (the v-head reorder of quantized rows, the sanitize undone)
+/// and in mlx-lm beside the source's bf16 weights.
+#[test]
+fn qwen3_5_release() {
+    let _cpu = quantfarm_e2e::cpu_bound();
+    let dir = tempfile::tempdir().unwrap();
+    let hf = qwen3_5_checkpoint(dir.path(), true);
+    let adapter = quantfarm_e2e::lora_adapter("peft-attn", &hf, dir.path());
+    let sum = release_of("qwen3_5", &hf, Some(&adapter), dir.path(), MlxRung::MlxLm, &[]);
+    assert_eq!(sum["merge_check"]["greedy"]["identical"], 2, "{:#}", sum["merge_check"]);
+    // An 8-bit rung is as close to the reference as Q8_0 is: rows in the wrong order, or norms offset twice, would
+    // be far from it.
+    let kld = |ty: &str| {
+        let a = sum["artifacts"].as_array().unwrap().iter().find(|a| a["file_type"] == ty).unwrap();
+        a["kld"]["mean_kld"].as_f64().unwrap()
+    };
+    let (mlx, q8) = (kld("MLX-8bit"), kld("Q8_0"));
+    assert!(mlx < 10.0 * q8.max(1e-4), "MLX-8bit mean KLD {mlx}, Q8_0 {q8}");
+}
+
 /// Any source: a release from the GGUF convert_hf_to_gguf.py made (its reference is that file, byte for byte), from
 /// a quantized GGUF (said loudly: the reference is its exact decoding), and from an MLX checkpoint (dequantized
 /// exactly, as `convert` does).
@@ -251,7 +307,9 @@ fn releases_from_a_gguf_and_an_mlx_source() {
     let hf = checkpoint("llama3", dir.path());
     let bf16 = dir.path().join("llama3-bf16.gguf");
     convert_hf_to_gguf_py(&hf, "bf16", &bf16);
-    let sum = release_of("from-gguf", &bf16, None, &dir.path().join("gguf"), MlxRung::None, &[]);
+    // With an MLX rung made as `convert --to mlx` makes it (rope_freqs.weight back as the config's rope_scaling),
+    // verified and measured in llama.cpp (mlx-lm cannot load the GGUF reference for link 2).
+    let sum = release_of("from-gguf", &bf16, None, &dir.path().join("gguf"), MlxRung::LlamaCpp, &[]);
     let reference = sum["artifacts"].as_array().unwrap().iter().find(|a| a["file_type"] == "BF16").unwrap().clone();
     let file = PathBuf::from(reference["files"][0]["url"].as_str().unwrap());
     assert!(std::fs::read(&file).unwrap() == std::fs::read(&bf16).unwrap(), "the reference is the source GGUF");
@@ -287,23 +345,29 @@ fn releases_from_a_gguf_and_an_mlx_source() {
     // An MLX rung of a quantized MLX source: quantized again from its values as mx.dequantize gives them (the
     // reference's), and measured in mlx-lm beside the source itself.
     release_of("from-mlx", &mlx, None, &dir.path().join("mlx"), MlxRung::MlxLm, &[]);
-    // An MLX rung from a GGUF source: made as `convert --to mlx` makes it, verified and measured in llama.cpp
-    // (mlx-lm cannot load the GGUF reference for link 2). Llama 3's GGUF is not used here: its generated
-    // rope_freqs.weight cannot go back to a config's rope_scaling yet, which the rung's task says by name.
-    release_of("from-gguf-mlx", &gguf, None, &dir.path().join("gguf-mlx"), MlxRung::LlamaCpp, &[]);
 }
 
 /// The ladder of each family's BF16 GGUF (made by convert_hf_to_gguf.py) is byte-identical to llama-quantize's,
 /// run here on the same file: llama-quantize's rules for each architecture (the generated rope_freqs.weight kept
-/// F32, the 3-D expert tensors, the tied embedding).
+/// F32, the 3-D expert tensors, the tied embedding, Qwen3.5's recurrent-layer tensors and NextN block).
 #[test]
 fn family_ladders_equal_llama_quantize() {
     let _cpu = quantfarm_e2e::cpu_bound();
     let dir = tempfile::tempdir().unwrap();
-    for arch in ["llama3", "qwen3_moe", "gemma2", "gemma3_mm", "phi3", "granite", "olmo2"] {
-        let hf = checkpoint(arch, dir.path());
+    for arch in
+        ["llama3", "qwen3_moe", "gemma2", "gemma3_mm", "phi3", "phi4", "mistral_nemo", "granite", "olmo2", "qwen3_5"]
+    {
         let bf16 = dir.path().join(format!("{arch}-bf16.gguf"));
-        convert_hf_to_gguf_py(&hf, "bf16", &bf16);
+        if arch == "qwen3_5" {
+            // transformers' own tiny Qwen3.5 with its NextN block (tests/py/qwen35.py), SmolLM2's tokenizer.
+            let hf = qwen3_5_checkpoint(dir.path(), false);
+            let src = quantfarm_e2e::llama_src();
+            let args = [OsStr::new("gguf"), hf.as_os_str(), bf16.as_os_str(), OsStr::new("bf16"), src.as_os_str()];
+            let pre = [OsStr::new("smollm")];
+            quantfarm_e2e::run_py_with(&quantfarm_e2e::convert_python(), "qwen35.py", &[&args[..], &pre].concat());
+        } else {
+            convert_hf_to_gguf_py(&checkpoint(arch, dir.path()), "bf16", &bf16);
+        }
         for ty in LADDER {
             let theirs = dir.path().join(format!("{arch}-{ty}.ref.gguf"));
             let o = Command::new(llama_bin().join("llama-quantize"))

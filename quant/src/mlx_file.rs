@@ -31,7 +31,7 @@ use serde_json::{Map, Value as Json};
 use quantfarm_store::sink::StagedSink;
 use quantfarm_store::Blob;
 use quantfarm_store::{Committed, Location};
-use quantfarm_tensors::convert::{mlx_cast_dtype, plan_hf_to_mlx, HfPlan, HfTensor, HfToMlxPlan};
+use quantfarm_tensors::convert::{mlx_cast_dtype, plan_hf_to_mlx, HfPlan, HfTensor, HfToMlxPlan, MlxTensor};
 use quantfarm_tensors::mlx::CARRIED_FILES;
 use quantfarm_tensors::safetensors::{shard_file_name, StTensorDesc};
 use quantfarm_tensors::write::SafetensorsWriter;
@@ -63,6 +63,8 @@ pub enum MlxFileError {
     AlreadyQuantized { file: String, what: String },
     #[error("{file}: config.json: {msg}")]
     Config { file: String, msg: String },
+    #[error("{file}: {what} is not converted as mlx-lm converts it")]
+    Unsupported { file: String, what: String },
 }
 
 /// A store error (a missing object, a dropped connection) is a tensors error about that file.
@@ -134,24 +136,35 @@ impl Input<'_> {
         }
     }
 
-    /// (name, source tensors, stored type, shape) of every tensor of the MLX model before quantization.
-    fn tensors(&self) -> Vec<(String, Vec<String>, TensorType, Vec<u64>)> {
+    /// Every tensor of the MLX model before quantization (a GGUF's as its GGUF → HF plan makes them, in their
+    /// planned dtype, which is not cast again).
+    fn tensors(&self) -> Vec<MlxTensor> {
         match self {
-            Input::Hf(_, plan) => {
-                plan.tensors.iter().map(|t| (t.name.clone(), t.sources.clone(), t.stored, t.shape.clone())).collect()
-            }
+            Input::Hf(_, plan) => plan.tensors.clone(),
             Input::Gguf(_, plan) => plan
                 .tensors
                 .iter()
-                .map(|t| (t.name.clone(), vec![t.name.clone()], TensorType::Dtype(t.dtype), t.shape.clone()))
+                .map(|t| MlxTensor {
+                    name: t.name.clone(),
+                    sources: vec![t.name.clone()],
+                    stored: TensorType::Dtype(t.dtype),
+                    shape: t.shape.clone(),
+                    add: None,
+                    keep_dtype: true,
+                })
                 .collect(),
         }
     }
 
-    /// The GGUF → HF plan's entry for tensor `name`, written as `dtype`.
+    /// How tensor `name` is computed, written as `dtype`, when it is not read as stored: the GGUF → HF plan's
+    /// entry, or an HF tensor mlx-lm's sanitize offsets (the offset added in f32, as mlx adds to a bf16 array).
     fn planned(&self, name: &str, dtype: Dtype) -> Option<HfTensor> {
         match self {
-            Input::Hf(..) => None,
+            Input::Hf(_, plan) => plan.tensors.iter().find(|t| t.name == name).and_then(|t| {
+                let add = t.add?;
+                let source = t.sources.first()?;
+                Some(HfTensor { offset: Some(-add), ..HfTensor::plain(name, source, t.shape.clone(), dtype) })
+            }),
             Input::Gguf(_, plan) => {
                 plan.tensors.iter().find(|t| t.name == name).map(|t| HfTensor { dtype, ..t.clone() })
             }
@@ -202,19 +215,19 @@ async fn convert(input: Input<'_>, dst_dir: &Location, opts: &MlxOptions) -> Res
     let src = input.source();
     let file = src.location().to_string();
     let config = match input {
-        Input::Hf(s, _) => s.metadata(),
+        Input::Hf(s, plan) => plan.config.clone().unwrap_or_else(|| s.metadata()),
         Input::Gguf(_, plan) => plan.config.clone(),
     };
     let tensors = input.tensors();
     // A quantized MLX checkpoint (a fused 4-bit model) is quantized again from its values as `mx.dequantize` gives
     // them, in its scales' dtype (what `convert --to hf` writes of it); a GGUF's plan has dequantized already.
     let mlx_source = matches!(input, Input::Hf(s, _) if s.format() == Format::Mlx);
-    if let Some((name, _, ty, _)) = tensors.iter().find(|(_, _, ty, _)| match ty {
+    if let Some(t) = tensors.iter().find(|t| match t.stored {
         TensorType::Dtype(_) => false,
         TensorType::MlxAffine { .. } => !mlx_source,
         TensorType::Ggml(_) => true,
     }) {
-        return Err(MlxFileError::AlreadyQuantized { file, what: format!("tensor {name:?} is {ty}") });
+        return Err(MlxFileError::AlreadyQuantized { file, what: format!("tensor {:?} is {}", t.name, t.stored) });
     }
     let mut config = config;
     if mlx_source {
@@ -231,10 +244,11 @@ async fn convert(input: Input<'_>, dst_dir: &Location, opts: &MlxOptions) -> Res
     // Plan (sanitized by the input's plan): cast, predicate. Sorted by name, a quantized module's three tensors
     // together.
     let mut entries: Vec<_> = tensors.iter().collect();
-    entries.sort_by(|a, b| a.0.cmp(&b.0));
+    entries.sort_by(|a, b| a.name.cmp(&b.name));
     let mut items = Vec::with_capacity(entries.len());
-    for (name, sources, ty, shape) in entries {
-        let (stored, dequantized) = match *ty {
+    for t in entries {
+        let (name, sources, shape) = (&t.name, &t.sources, &t.shape);
+        let (stored, dequantized) = match t.stored {
             TensorType::Dtype(d) => (d, false),
             TensorType::MlxAffine { scale_dtype, .. } => (scale_dtype, true),
             TensorType::Ggml(_) => unreachable!("checked above"),
@@ -242,8 +256,16 @@ async fn convert(input: Input<'_>, dst_dir: &Location, opts: &MlxOptions) -> Res
         let floating = matches!(stored, Dtype::F32 | Dtype::F16 | Dtype::BF16);
         // A GGUF's plan already gives each tensor its dtype (Qwen3.5's A_log stays f32, as mlx-lm's cast_predicate
         // keeps it); a dequantized affine tensor keeps its scales' dtype.
-        let cast_here = floating && !dequantized && matches!(input, Input::Hf(..));
+        let cast_here = floating && !dequantized && !t.keep_dtype && matches!(input, Input::Hf(..));
         let dtype = if cast_here { cast.unwrap_or(stored) } else { stored };
+        // mlx adds in the stored dtype and casts after; in f32 and rounded once to `dtype` that is the same value
+        // when the two dtypes are one, or the stored one is f32.
+        if t.add.is_some() && !(stored == dtype || stored == Dtype::F32) {
+            return Err(MlxFileError::Unsupported {
+                file: file.clone(),
+                what: format!("tensor {name:?}: an offset on {stored} values cast to {dtype}"),
+            });
+        }
         let module = name.strip_suffix(".weight");
         let cols = shape.last().copied().unwrap_or(1);
         let (bits, group_size) = module

@@ -85,8 +85,9 @@ fn float_file_type(g: &TensorSource) -> bool {
 
 /// Where an output tensor's values come from.
 enum Reference {
-    /// A GGUF tensor converted as GGUF → HF converts it.
-    Gguf(HfTensor),
+    /// A tensor computed from the source: a GGUF tensor converted as GGUF → HF converts it, or an HF tensor
+    /// mlx-lm's sanitize offsets.
+    Computed(HfTensor),
     /// HF tensors read in order (one, or a block's experts stacked), of this shape.
     Hf(Vec<String>, Vec<u64>),
 }
@@ -118,19 +119,29 @@ pub async fn verify_mlx_conversion(
     let mut v = Verification::new(format!("{} -> MLX ({dtype})", src.format().name()));
     let (refs, base_config, overrides) = match src.format() {
         Format::Gguf => {
-            let plan = convert::plan_gguf_to_mlx(src, dtype)?;
+            let plan = convert::plan_gguf_to_mlx(src, dtype).await?;
             for (name, want) in &plan.json_files {
                 tv::compare_json_file(&mut v, out.location(), name, want).await;
             }
             let overrides = plan.quant_overrides.clone();
-            let refs = plan.tensors.into_iter().map(|t| (t.name.clone(), Reference::Gguf(t))).collect::<Vec<_>>();
+            let refs = plan.tensors.into_iter().map(|t| (t.name.clone(), Reference::Computed(t))).collect::<Vec<_>>();
             (refs, plan.config, overrides)
         }
         _ => {
             let plan = convert::plan_hf_to_mlx(src)?;
             tv::compare_carried(&mut v, src.location(), out.location(), &CARRIED_FILES).await;
-            let refs = plan.tensors.into_iter().map(|t| (t.name.clone(), Reference::Hf(t.sources, t.shape))).collect();
-            (refs, src.metadata(), plan.quant_overrides)
+            let mut refs = Vec::with_capacity(plan.tensors.len());
+            for t in plan.tensors {
+                let r = match (t.add, t.sources.first()) {
+                    (Some(add), Some(source)) => Reference::Computed(HfTensor {
+                        offset: Some(-add),
+                        ..HfTensor::plain(&t.name, source, t.shape.clone(), Dtype::F32)
+                    }),
+                    _ => Reference::Hf(t.sources, t.shape),
+                };
+                refs.push((t.name, r));
+            }
+            (refs, plan.config.unwrap_or_else(|| src.metadata()), plan.quant_overrides)
         }
     };
     match mlx.config.get("quantization").and_then(|q| Some((q.get("bits")?.as_u64()?, q.get("group_size")?.as_u64()?)))
@@ -148,7 +159,7 @@ pub async fn verify_mlx_conversion(
             continue;
         };
         let shape = match r {
-            Reference::Gguf(t) => t.shape.clone(),
+            Reference::Computed(t) => t.shape.clone(),
             Reference::Hf(_, shape) => shape.clone(),
         };
         if e.shape != shape {
@@ -156,7 +167,7 @@ pub async fn verify_mlx_conversion(
             continue;
         }
         let source = match r {
-            Reference::Gguf(t) => t.source.clone(),
+            Reference::Computed(t) => t.source.clone(),
             Reference::Hf(sources, _) if sources.len() == 1 => sources[0].clone(),
             Reference::Hf(sources, _) => format!("{} … ({} stacked)", sources[0], sources.len()),
         };
@@ -164,7 +175,7 @@ pub async fn verify_mlx_conversion(
             TensorType::Dtype(d) => {
                 let mut c = Compare::new(out, name)?;
                 match r {
-                    Reference::Gguf(t) => {
+                    Reference::Computed(t) => {
                         convert::write_hf_tensor(src, &HfTensor { dtype: d, ..t.clone() }, budget, &mut c).await?
                     }
                     Reference::Hf(sources, _) => {
@@ -192,7 +203,7 @@ pub async fn verify_mlx_conversion(
                 let mut check =
                     AffineCheck::new(out, name, e.row_len() as usize, bits.into(), group_size as usize, scale_dtype);
                 match r {
-                    Reference::Gguf(t) => {
+                    Reference::Computed(t) => {
                         let t = HfTensor { dtype: scale_dtype, ..t.clone() };
                         convert::write_hf_tensor(src, &t, budget, &mut check).await?;
                     }

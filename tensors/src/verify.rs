@@ -25,6 +25,10 @@ pub enum Verdict {
     Identical,
     /// Not the recomputed bytes, but every value within `worst` quantization steps (≤ 1) of the source's.
     WithinStep { worst: f64 },
+    /// An F32 tensor made by an elementwise function whose last bit depends on the maths library that computed
+    /// it (Qwen3.5's `ssm_a = -exp(A_log)`, docs/notes/qwen3_5/README.md §3.5): `values` of its values are one
+    /// ulp from the correctly rounded ones recomputed here, the rest identical.
+    WithinUlp { values: u64 },
     /// Wrong: the reason, naming the first difference.
     Differs(String),
 }
@@ -40,6 +44,7 @@ impl fmt::Display for Verdict {
         match self {
             Verdict::Identical => write!(f, "identical"),
             Verdict::WithinStep { worst } => write!(f, "within one quantization step (worst {worst:.3} of a step)"),
+            Verdict::WithinUlp { values } => write!(f, "{values} values one ulp from the correctly rounded f32"),
             Verdict::Differs(why) => write!(f, "DIFFERS: {why}"),
         }
     }
@@ -93,6 +98,7 @@ impl Verification {
                 let (verdict, detail) = match &t.verdict {
                     Verdict::Identical => ("identical", serde_json::Value::Null),
                     Verdict::WithinStep { worst } => ("within_one_step", (*worst).into()),
+                    Verdict::WithinUlp { values } => ("within_one_ulp", (*values).into()),
                     Verdict::Differs(why) => ("differs", why.clone().into()),
                 };
                 serde_json::json!({ "name": t.name, "source": t.source, "verdict": verdict, "detail": detail })
@@ -110,12 +116,12 @@ impl Verification {
         })
     }
 
-    /// Counts of identical, within-step and differing tensors.
+    /// Counts of identical, within-step (or ulp) and differing tensors.
     pub fn counts(&self) -> (usize, usize, usize) {
         let n = |f: fn(&Verdict) -> bool| self.tensors.iter().filter(|t| f(&t.verdict)).count();
         (
             n(|v| *v == Verdict::Identical),
-            n(|v| matches!(v, Verdict::WithinStep { .. })),
+            n(|v| matches!(v, Verdict::WithinStep { .. } | Verdict::WithinUlp { .. })),
             n(|v| matches!(v, Verdict::Differs(_))),
         )
     }
@@ -131,12 +137,32 @@ pub struct Compare<'a> {
     first_diff: Option<u64>,
     differing: u64,
     overrun: bool,
+    /// F32 values one ulp apart are counted in `ulp_off`, not as differing (see [`Verdict::WithinUlp`]).
+    f32_ulp: bool,
+    ulp_off: u64,
 }
 
 impl<'a> Compare<'a> {
     pub fn new(out: &'a TensorSource, name: &'a str) -> Result<Compare<'a>> {
         let len = out.entry(name)?.bytes;
-        Ok(Compare { out, name, len, at: 0, buf: Vec::new(), first_diff: None, differing: 0, overrun: false })
+        Ok(Compare {
+            out,
+            name,
+            len,
+            at: 0,
+            buf: Vec::new(),
+            first_diff: None,
+            differing: 0,
+            overrun: false,
+            f32_ulp: false,
+            ulp_off: 0,
+        })
+    }
+
+    /// Compares F32 values allowing one ulp (a tensor of [`Verdict::WithinUlp`]'s kind).
+    pub fn within_one_ulp(mut self) -> Compare<'a> {
+        self.f32_ulp = true;
+        self
     }
 
     /// The verdict once the whole recomputed tensor has been written.
@@ -145,6 +171,7 @@ impl<'a> Compare<'a> {
             return Verdict::Differs(format!("recomputed {} bytes, the output has {}", self.at, self.len));
         }
         match self.first_diff {
+            None if self.ulp_off > 0 => Verdict::WithinUlp { values: self.ulp_off },
             None => Verdict::Identical,
             Some(at) => Verdict::Differs(format!(
                 "{} of {} bytes differ from the recomputed ones, the first at byte {at}",
@@ -164,6 +191,22 @@ impl PieceWriter for Compare<'_> {
         }
         self.buf.resize(data.len(), 0);
         self.out.read_range(self.name, self.at, &mut self.buf).await?;
+        if self.f32_ulp && self.at % 4 == 0 && n % 4 == 0 {
+            for (i, (a, b)) in data.chunks_exact(4).zip(self.buf.chunks_exact(4)).enumerate() {
+                let (x, y) =
+                    (i32::from_le_bytes([a[0], a[1], a[2], a[3]]), i32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+                // Same sign, adjacent bit patterns: one ulp apart.
+                if x == y {
+                } else if (x < 0) == (y < 0) && x.abs_diff(y) == 1 {
+                    self.ulp_off += 1;
+                } else {
+                    self.first_diff.get_or_insert(self.at + 4 * i as u64);
+                    self.differing += 4;
+                }
+            }
+            self.at += n;
+            return Ok(());
+        }
         for (i, (a, b)) in data.iter().zip(&self.buf).enumerate() {
             if a != b {
                 self.first_diff.get_or_insert(self.at + i as u64);
@@ -241,9 +284,15 @@ fn gguf_out_type(out: &TensorSource) -> Result<OutType> {
 /// `quantfarm convert` (and `convert_hf_to_gguf.py`) writes them.
 pub async fn verify_gguf_conversion(src: &TensorSource, out: &TensorSource, budget: u64) -> Result<Verification> {
     let outtype = gguf_out_type(out)?;
-    let plan: GgufPlan = convert::plan_hf_to_gguf(src, outtype).await?;
-    let mut v = Verification::new(format!("{} -> GGUF ({})", src.format().name(), outtype.name()));
     let header = out.gguf().map(|m| m.header().metadata.clone()).unwrap_or_default();
+    // A conversion that kept multi-token-prediction blocks says how many; one without the key left them out
+    // (`--no-mtp`), or the checkpoint has none.
+    let mtp = match header.iter().any(|(k, _)| k.ends_with(".nextn_predict_layers")) {
+        true => convert::Mtp::Keep,
+        false => convert::Mtp::Drop,
+    };
+    let plan: GgufPlan = convert::plan_hf_to_gguf_with(src, convert::ConvertOptions { out: outtype, mtp }).await?;
+    let mut v = Verification::new(format!("{} -> GGUF ({})", src.format().name(), outtype.name()));
     let actual: Vec<&(String, Value)> = header.iter().filter(|(k, _)| !k.starts_with("split.")).collect();
     for (key, want) in &plan.metadata {
         match actual.iter().find(|(k, _)| k == key) {
@@ -265,6 +314,9 @@ pub async fn verify_gguf_conversion(src: &TensorSource, out: &TensorSource, budg
             continue;
         }
         let mut c = Compare::new(out, &t.name)?;
+        if t.values.is_some() && t.ty == crate::GgmlType::F32 {
+            c = c.within_one_ulp();
+        }
         convert::write::write_tensor(src, t, budget, &mut bufs, &mut c).await?;
         v.push(&t.name, &t.source, c.verdict());
     }
@@ -295,11 +347,11 @@ pub async fn verify_hf_conversion(src: &TensorSource, out: &TensorSource, budget
         Format::Mlx => convert::plan_mlx_to_hf(src)?,
         _ => {
             // An unquantized MLX output reads as an HF checkpoint; its model_type tells which plan made it.
-            let hf = convert::plan_gguf_to_hf(src, dtype);
+            let hf = convert::plan_gguf_to_hf(src, dtype).await;
             let model_type = out.metadata().get("model_type").cloned();
             match hf {
                 Ok(p) if p.config.get("model_type").cloned() == model_type => p,
-                hf => match convert::plan_gguf_to_mlx(src, dtype) {
+                hf => match convert::plan_gguf_to_mlx(src, dtype).await {
                     Ok(p) if p.config.get("model_type").cloned() == model_type => p,
                     _ => hf?,
                 },

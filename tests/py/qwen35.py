@@ -5,6 +5,9 @@ reference MLX checkpoint it makes from the same HF checkpoint.
 usage:
   qwen35.py make dense|moe OUT TOKENIZER_DIR     (venv-convert) a tiny random HF checkpoint: bf16 weights, A_log in
                                                  f32, a synthetic multi-token-prediction block, real tokenizer files
+  qwen35.py nest HF OUT                          the same checkpoint as Qwen3_5ForConditionalGeneration saves it (the
+                                                 released models' layout, which mlx-lm loads): the text model under
+                                                 model.language_model., its config under text_config; no vision tower
   qwen35.py gguf HF OUT OUTTYPE LLAMA_SRC PRE    (venv-convert) convert_hf_to_gguf.py, told the pre-tokenizer is PRE
                                                  (smollm: SmolLM2's own; qwen35: Qwen3.5's regex over SmolLM2's vocab)
   qwen35.py golden HF OUT BITS                   (venv-peers) mlx_lm.convert (BITS 0: bf16, not quantized)
@@ -75,6 +78,46 @@ def make(kind, out, tok):
     (out / "config.json").write_text(json.dumps(c, indent=1))
     for f in ["tokenizer.json", "tokenizer_config.json"]:
         shutil.copy(Path(tok) / f, out)
+
+
+def nest(hf, out):
+    from safetensors.numpy import load_file, save_file
+    import numpy as np  # noqa: F401  (safetensors.numpy needs it)
+    hf, out = Path(hf), Path(out)
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    # bf16 stays bf16: safetensors' numpy reader cannot hold it, so the bytes are moved as they are.
+    import json as _json
+    import struct
+    raw = (hf / "model.safetensors").read_bytes()
+    (n,) = struct.unpack_from("<Q", raw, 0)
+    header = _json.loads(raw[8:8 + n])
+    data = raw[8 + n:]
+    meta = header.pop("__metadata__", None)
+    renamed = {}
+    for k, v in header.items():
+        renamed[k.replace("model.", "model.language_model.", 1) if k.startswith("model.") else k] = v
+    order = sorted(renamed)
+    blobs, offset, new_header = [], 0, {}
+    for k in order:
+        v = renamed[k]
+        b = data[v["data_offsets"][0]:v["data_offsets"][1]]
+        new_header[k] = {"dtype": v["dtype"], "shape": v["shape"], "data_offsets": [offset, offset + len(b)]}
+        blobs.append(b)
+        offset += len(b)
+    if meta is not None:
+        new_header = {"__metadata__": meta, **new_header}
+    text = _json.dumps(new_header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    (out / "model.safetensors").write_bytes(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+    c = json.loads((hf / "config.json").read_text())
+    moe = c["model_type"] == "qwen3_5_moe_text"
+    top = {"architectures": ["Qwen3_5MoeForConditionalGeneration" if moe else "Qwen3_5ForConditionalGeneration"],
+           "model_type": "qwen3_5_moe" if moe else "qwen3_5", "tie_word_embeddings": c["tie_word_embeddings"],
+           "text_config": {k: v for k, v in c.items() if k != "architectures"}, "dtype": "bfloat16"}
+    (out / "config.json").write_text(json.dumps(top, indent=1))
+    for f in ["tokenizer.json", "tokenizer_config.json"]:
+        shutil.copy(hf / f, out)
 
 
 def gguf(hf, out, outtype, src, pre, *flags):
@@ -175,5 +218,5 @@ def compare_hf(ours, hf):
     print(json.dumps({"tensors": len(a)}))
 
 
-{"make": lambda: make(*sys.argv[2:5]), "gguf": lambda: gguf(*sys.argv[2:]), "golden": lambda: golden(*sys.argv[2:5]),
+{"make": lambda: make(*sys.argv[2:5]), "nest": lambda: nest(*sys.argv[2:4]), "gguf": lambda: gguf(*sys.argv[2:]), "golden": lambda: golden(*sys.argv[2:5]),
  "compare": lambda: compare(*sys.argv[2:4]), "compare_hf": lambda: compare_hf(*sys.argv[2:4])}[CMD]()

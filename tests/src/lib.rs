@@ -360,6 +360,45 @@ pub fn tensor_bytes(p: &Path) -> std::collections::BTreeMap<String, Vec<u8>> {
     })
 }
 
+/// Asserts that GGUF file `ours` has `theirs`' metadata (keys in order, values) and tensor infos, naming the first
+/// difference, and returns each tensor's bytes: (name, ours, theirs), in file order. The callers compare those as
+/// their format demands.
+pub fn assert_same_gguf_layout(ours: &Path, theirs: &Path) -> Vec<(String, Vec<u8>, Vec<u8>)> {
+    use quantfarm_store::Location;
+    use quantfarm_tensors::gguf::GgufHeader;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("a runtime");
+    rt.block_on(async {
+        let open = |p: &Path| {
+            let p = p.to_path_buf();
+            async move {
+                let src = quantfarm_tensors::TensorSource::open(&Location::local(&p))
+                    .await
+                    .unwrap_or_else(|e| panic!("open {}: {e}", p.display()));
+                let header = src.gguf().expect("a GGUF").shards[0].1.clone();
+                (header, src)
+            }
+        };
+        let ((ha, sa), (hb, sb)) = (open(ours).await, open(theirs).await);
+        let keys = |h: &GgufHeader| h.metadata.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>();
+        assert_eq!(keys(&ha), keys(&hb), "metadata keys (ours, convert_hf_to_gguf.py's)");
+        for ((k, va), (_, vb)) in ha.metadata.iter().zip(&hb.metadata) {
+            assert!(va == vb, "{k}: ours {:.300} vs {:.300}", format!("{va:?}"), format!("{vb:?}"));
+        }
+        let infos =
+            |h: &GgufHeader| h.tensors.iter().map(|t| (t.name.clone(), t.ty, t.dims.clone())).collect::<Vec<_>>();
+        assert_eq!(infos(&ha), infos(&hb), "tensor infos");
+        let mut out = Vec::with_capacity(ha.tensors.len());
+        for t in &ha.tensors {
+            let mut x = vec![0u8; t.nbytes() as usize];
+            let mut y = x.clone();
+            sa.read_range(&t.name, 0, &mut x).await.unwrap_or_else(|e| panic!("{}: {e}", t.name));
+            sb.read_range(&t.name, 0, &mut y).await.unwrap_or_else(|e| panic!("{}: {e}", t.name));
+            out.push((t.name.clone(), x, y));
+        }
+        out
+    })
+}
+
 /// `quantfarm verify SRC OUT [--adapter A --base-name NAME]` through the library: every tensor recomputed and
 /// compared.
 pub fn verify(src: &Path, out: &Path, adapter: Option<(&Path, &str)>) -> quantfarm_tensors::verify::Verification {

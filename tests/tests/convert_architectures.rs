@@ -1,6 +1,6 @@
 //! HF → GGUF for every mapped architecture against llama.cpp's own `convert_hf_to_gguf.py`, run here on the same
 //! input: tiny random checkpoints of Llama 3, Qwen2 (plain and yarn), Qwen3, Qwen3-MoE (per-expert and fused),
-//! Mistral, Gemma 2, Gemma 3 (text and multimodal), Phi-3, SmolLM3 and Granite with real vocabularies and chat templates (`tests/py/make_synthetic_hf.py`: Llama 3's and Qwen2's
+//! Mistral (SentencePiece and Nemo's tekken), Gemma 2, Gemma 3 (text and multimodal), Phi-3, Phi-4, SmolLM3 and Granite with real vocabularies and chat templates (`tests/py/make_synthetic_hf.py`: Llama 3's and Qwen2's
 //! byte-level BPE, LLaMA's SentencePiece model) must convert to the very same file, byte for byte, for each
 //! out-type. The converter runs in `venv-convert`
 //! (`scripts/install-convert-oracle`: torch, transformers, sentencepiece and the source tree's gguf-py).
@@ -12,8 +12,6 @@ use quantfarm_e2e::{convert_hf_to_gguf_py, convert_python, llama_src, run_py_wit
 use quantfarm_store::Location;
 use quantfarm_tensors::convert::generate::GenerateOp;
 use quantfarm_tensors::convert::{convert_hf_to_gguf, OutType};
-use quantfarm_tensors::gguf::GgufHeader;
-use quantfarm_tensors::TensorSource;
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
@@ -36,37 +34,16 @@ fn ours_within(hf: &Path, out: OutType, dir: &Path, budget: u64) -> PathBuf {
     })
 }
 
-fn header(p: &Path) -> (GgufHeader, TensorSource) {
-    rt().block_on(async {
-        let src = TensorSource::open(&Location::local(p)).await.unwrap();
-        (src.gguf().unwrap().shards[0].1.clone(), src)
-    })
-}
-
 /// Panics naming the first key or tensor that differs, or the first differing byte.
 fn assert_same_file(ours: &Path, theirs: &Path) {
     let (a, b) = (std::fs::read(ours).unwrap(), std::fs::read(theirs).unwrap());
     if a == b {
         return;
     }
-    let ((ha, sa), (hb, sb)) = (header(ours), header(theirs));
-    let keys = |h: &GgufHeader| h.metadata.iter().map(|(k, _)| k.clone()).collect::<Vec<_>>();
-    assert_eq!(keys(&ha), keys(&hb), "metadata keys (ours, convert_hf_to_gguf.py's)");
-    for ((k, va), (_, vb)) in ha.metadata.iter().zip(&hb.metadata) {
-        assert!(va == vb, "{k}: ours {:.300} vs {:.300}", format!("{va:?}"), format!("{vb:?}"));
+    for (name, x, y) in quantfarm_e2e::assert_same_gguf_layout(ours, theirs) {
+        let at = x.iter().zip(&y).position(|(p, q)| p != q);
+        assert!(at.is_none(), "{name}: first differing byte at {at:?}");
     }
-    let infos = |h: &GgufHeader| h.tensors.iter().map(|t| (t.name.clone(), t.ty, t.dims.clone())).collect::<Vec<_>>();
-    assert_eq!(infos(&ha), infos(&hb), "tensor infos");
-    rt().block_on(async {
-        for t in &ha.tensors {
-            let mut x = vec![0u8; t.nbytes() as usize];
-            let mut y = x.clone();
-            sa.read_range(&t.name, 0, &mut x).await.unwrap();
-            sb.read_range(&t.name, 0, &mut y).await.unwrap();
-            let at = x.iter().zip(&y).position(|(p, q)| p != q);
-            assert!(at.is_none(), "{}: first differing byte at {at:?}", t.name);
-        }
-    });
     let at = a.iter().zip(&b).position(|(p, q)| p != q).unwrap_or(a.len().min(b.len()));
     panic!("files differ at byte {at} (lengths {} and {})", a.len(), b.len());
 }
@@ -187,6 +164,20 @@ fn granite_equals_convert_hf_to_gguf() {
 #[test]
 fn olmo2_equals_convert_hf_to_gguf() {
     check("olmo2", &[("bf16", OutType::Bf16)]);
+}
+
+/// Phi-4-like: Phi-3's fused layout without rope scaling, and the cl100k vocabulary as a GPT2Tokenizer, which
+/// Phi3MiniModel.set_vocab reads as GPT-2 BPE (pre-tokenizer dbrx).
+#[test]
+fn phi4_equals_convert_hf_to_gguf() {
+    check("phi4", &[("bf16", OutType::Bf16)]);
+}
+
+/// Mistral-Nemo-like: MistralForCausalLM with the tekken vocabulary (mistral-common's tekken_240718.json as
+/// transformers' MistralConverter writes it, the post-processor adding <s>: pre-tokenizer tekken).
+#[test]
+fn mistral_nemo_tekken_equals_convert_hf_to_gguf() {
+    check("mistral_nemo", &[("bf16", OutType::Bf16)]);
 }
 
 /// The llama3 rope factors against LlamaModel.generate_extra_tensors itself, run with torch here, for the

@@ -167,7 +167,7 @@ pub async fn write_mlx(m: &pb::MlxTask, out: &Location, env: &Env) -> Result<(St
     let done = match src.format() {
         // A GGUF source: each tensor as its GGUF → HF conversion makes it in bf16 (`quantfarm convert --to mlx`).
         quantfarm_tensors::Format::Gguf => {
-            let plan = quantfarm_tensors::convert::plan_gguf_to_mlx(&src, quantfarm_tensors::Dtype::BF16)?;
+            let plan = quantfarm_tensors::convert::plan_gguf_to_mlx(&src, quantfarm_tensors::Dtype::BF16).await?;
             gguf_to_mlx(&src, &plan, out, &opts).await?
         }
         quantfarm_tensors::Format::Safetensors | quantfarm_tensors::Format::Mlx => {

@@ -136,7 +136,7 @@ mod tests {
                 let out = dir.path().join(format!("gguf-{i}-{j}"));
                 rt.block_on(async {
                     let src = TensorSource::open(&Location::local(gguf.join("m.gguf"))).await.unwrap();
-                    let plan = plan_gguf_to_mlx(&src, Dtype::BF16).unwrap();
+                    let plan = plan_gguf_to_mlx(&src, Dtype::BF16).await.unwrap();
                     gguf_to_mlx(&src, &plan, &Location::local(&out), &opts).await.unwrap();
                 });
                 outputs.push((format!("GGUF, budget {budget}, runtime {j}"), weights(&out)));

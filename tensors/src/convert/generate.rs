@@ -41,6 +41,42 @@ impl GenerateOp {
             GenerateOp::LongropeShortFactors => longrope_factors(h, file, "short_factor"),
         }
     }
+
+    /// The way back from a GGUF: the config.json field (name, value) from which the converter generates `values`
+    /// again, given the rest of the rebuilt config (`config`: HF field names, `rope_theta` at the top).
+    /// `None`: no such field is known. Only a field whose recomputation gives `values` back bit for bit is
+    /// returned, so nothing is guessed.
+    pub fn recover(self, values: &[f32], config: &Map<String, Json>, file: &str) -> Result<Option<(String, Json)>> {
+        match self {
+            GenerateOp::Llama3RopeFactors => llama3_rope_scaling(values, config, file),
+            // Phi-3's longrope factors come back with the rest of its rope_scaling, which is not mapped back yet.
+            GenerateOp::LongropeLongFactors | GenerateOp::LongropeShortFactors => Ok(None),
+        }
+    }
+}
+
+/// The `rope_scaling` of Llama 3.1, 3.2 and 3.3 (their config.json's: `factor` 8 or 32, `low_freq_factor` 1,
+/// `high_freq_factor` 4, `original_max_position_embeddings` 8192) that gives the factor table `values`. The factor
+/// is the table's last (lowest-frequency) value; the other three are fixed by the table only up to a common scale
+/// (the bands' edges are `original / low` and `original / high`), so Meta's values are the ones tried, and kept
+/// when [`llama3_rope_factors`] computes `values` from them exactly.
+fn llama3_rope_scaling(values: &[f32], config: &Map<String, Json>, file: &str) -> Result<Option<(String, Json)>> {
+    let Some(&factor) = values.last() else { return Ok(None) };
+    let mut scaling = Map::new();
+    scaling.insert("factor".into(), f64::from(factor).into());
+    scaling.insert("high_freq_factor".into(), 4.0.into());
+    scaling.insert("low_freq_factor".into(), 1.0.into());
+    scaling.insert("original_max_position_embeddings".into(), 8192.into());
+    scaling.insert("rope_type".into(), "llama3".into());
+    let mut rope = scaling.clone();
+    if let Some(theta) = config.get("rope_theta") {
+        rope.insert("rope_theta".into(), theta.clone());
+    }
+    let mut h = config.clone();
+    h.insert(super::hparams::ROPE.into(), Json::Object(rope));
+    let again = llama3_rope_factors(&h, file)?;
+    let same = again.len() == values.len() && again.iter().zip(values).all(|(a, b)| a.to_bits() == b.to_bits());
+    Ok(same.then(|| ("rope_scaling".to_string(), Json::Object(scaling))))
 }
 
 /// The first present integer of `fields` (`find_hparam`).
@@ -226,6 +262,33 @@ mod tests {
         let bad = json!({"head_dim": 7, "$rope": {}});
         let e = GenerateOp::Llama3RopeFactors.values(bad.as_object().unwrap(), "c.json").unwrap_err().to_string();
         assert!(e.contains("c.json") && e.contains("head_dim"), "{e}");
+    }
+
+    /// The way back: Llama 3.1 8B's and 3.2 1B's tables give their rope_scaling back; a table made from other
+    /// band edges, or one entry changed by an ulp, gives none.
+    #[test]
+    fn llama3_rope_scaling_comes_back_from_its_table() {
+        for (factor, dim) in [(8.0, 128), (32.0, 64)] {
+            let rope = json!({"rope_theta": 500000.0, "factor": factor, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 8192, "rope_type": "llama3"});
+            let h = json!({"head_dim": dim, "$rope": rope});
+            let v = GenerateOp::Llama3RopeFactors.values(h.as_object().unwrap(), "c.json").unwrap().unwrap();
+            let config = json!({"head_dim": dim, "rope_theta": 500000.0});
+            let back = GenerateOp::Llama3RopeFactors.recover(&v, config.as_object().unwrap(), "c.json").unwrap();
+            let (field, mut value) = back.unwrap();
+            assert_eq!(field, "rope_scaling");
+            value.as_object_mut().unwrap().insert("rope_theta".into(), 500000.0.into());
+            assert_eq!(value, rope);
+            let mut off = v.clone();
+            off[dim / 4] = f32::from_bits(off[dim / 4].to_bits() + 1);
+            let config = config.as_object().unwrap();
+            assert!(GenerateOp::Llama3RopeFactors.recover(&off, config, "c.json").unwrap().is_none());
+        }
+        let h = json!({"head_dim": 128, "$rope": {"rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 2.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192, "rope_type": "llama3"}});
+        let v = GenerateOp::Llama3RopeFactors.values(h.as_object().unwrap(), "c.json").unwrap().unwrap();
+        let config = json!({"head_dim": 128, "rope_theta": 500000.0});
+        assert!(GenerateOp::Llama3RopeFactors.recover(&v, config.as_object().unwrap(), "c.json").unwrap().is_none());
     }
 
     /// Phi-3.5-mini's shape: 96 rotary dimensions, 48 factors each; no factors, no tensors; a wrong length is

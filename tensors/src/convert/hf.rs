@@ -15,6 +15,9 @@ pub struct HfFiles {
     /// The folder's own name (`general.name` comes from it).
     pub dir_name: String,
     pub config: Map<String, Json>,
+    /// config.json's own top-level `_name_or_path` (gguf-py's metadata heuristics read the file, not the
+    /// converter's view of it, where a nested text config's would show through).
+    pub name_or_path: Option<Json>,
     pub tokenizer: Option<Json>,
     pub tokenizer_config: Option<Json>,
     pub chat_template_jinja: Option<String>,
@@ -45,6 +48,7 @@ impl HfFiles {
         Ok(HfFiles {
             dir: dir.to_string(),
             dir_name: dir.file_name().to_string(),
+            name_or_path: config.get("_name_or_path").cloned(),
             config,
             tokenizer: read_json(dir, "tokenizer.json", has("tokenizer.json")).await?,
             tokenizer_config: read_json(dir, "tokenizer_config.json", has("tokenizer_config.json")).await?,

@@ -3,7 +3,6 @@
 //! conversions read the pieces ahead ([`super::write_hf`], the MLX writer) or one by one
 //! ([`super::write_hf_tensor`], verification); the bytes are the same.
 
-use super::mapping::ValueFn;
 use super::to_hf::{unpermuted_source_row, HfTensor};
 use super::transform::encode_f32;
 use crate::dtype::{Dtype, TensorType};
@@ -232,9 +231,8 @@ impl HfCut {
                         }
                     }
                 }
-                if let Some(ValueFn::NegExp) = t.values {
-                    // The source holds -exp(x); x = ln(-v), computed in f64 and rounded once.
-                    rows_out.iter_mut().for_each(|x| *x = (-f64::from(*x)).ln() as f32);
+                if let Some(f) = t.values {
+                    rows_out.iter_mut().for_each(|x| *x = f.inverse(*x));
                 }
                 if let Some(o) = t.offset {
                     rows_out.iter_mut().for_each(|x| *x -= o);

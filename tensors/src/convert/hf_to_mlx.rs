@@ -13,8 +13,14 @@
 //!   transformers version wrote;
 //! - `mlx.quantize_3d` and `mlx.quant_overrides` say how the model's `quant_predicate` quantizes modules.
 //!
-//! A layout the model cannot load (`mlx.unsupported`), or a `sanitize` that changes values (Qwen3.5's `+ 1`), is
-//! refused by name rather than converted to something mlx-lm would not make.
+//! - the model's `sanitize` (`mlx.sanitize`), for a checkpoint that needs it (one with a tensor a `moveaxis` rule
+//!   moves: mlx-lm's Qwen3.5 tells an HF checkpoint by its conv1d layout): size-1 axes moved (the bytes stay), and
+//!   1-D tensors offset (`add`: Qwen3.5's RMSNorm weights, `v + 1.0` in their own dtype); the multi-token-prediction
+//!   head (the mapping's `nextn`) dropped; `mlx.keep_dtype` tensors not cast (the model's `cast_predicate`); the
+//!   config laid out as mlx-lm reads it (`mlx.nest_config`, `mlx.model_type`).
+//!
+//! A layout the model cannot load (`mlx.unsupported`) is refused by name rather than converted to something mlx-lm
+//! would not make.
 
 use std::collections::BTreeMap;
 
@@ -26,7 +32,7 @@ use crate::error::{Error, Result};
 use crate::source::TensorSource;
 
 /// One tensor of the MLX checkpoint before quantization.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct MlxTensor {
     /// mlx-lm's name (the wrapper prefix included).
     pub name: String,
@@ -35,6 +41,10 @@ pub struct MlxTensor {
     /// The stored dtype of the sources (all the same).
     pub stored: TensorType,
     pub shape: Vec<u64>,
+    /// Added to every value in f32, rounded to the stored dtype (mlx-lm's sanitize `v + 1.0`).
+    pub add: Option<f32>,
+    /// Kept in its stored dtype when the rest is cast (the model's `cast_predicate`).
+    pub keep_dtype: bool,
 }
 
 /// What `mlx_lm.convert` makes of an HF checkpoint's tensors.
@@ -48,6 +58,8 @@ pub struct HfToMlxPlan {
     pub quant_overrides: Vec<(String, u32, usize)>,
     /// Tensors of vision or audio towers left out.
     pub multimodal: Vec<String>,
+    /// config.json as mlx-lm reads it, where that is not the source's (`mlx.nest_config`, `mlx.model_type`).
+    pub config: Option<Map<String, Json>>,
 }
 
 /// `config[key]`, else `config.text_config[key]`.
@@ -73,18 +85,35 @@ fn plan_with(src: &TensorSource, mapping: &Mapping, config: &Map<String, Json>) 
     let refuse = |msg: String| Error::Mapping { file: mapping.file.clone(), msg };
     let no_section = super::mapping::MlxSection::default();
     let mx = mapping.mlx.as_ref().unwrap_or(&no_section);
-    if mx.nest_config.is_some() || !mx.sanitize.is_empty() {
-        return Err(refuse(format!(
-            "HF → MLX of {} is not implemented: mlx-lm's sanitize changes its tensors' values or axes; convert the \
-             checkpoint to GGUF and that to MLX (`quantfarm convert --to mlx`)",
-            mapping.architecture
-        )));
-    }
     let tied = config_field(config, "tie_word_embeddings").and_then(Json::as_bool).unwrap_or(false);
     let prefix = match (&mx.wrapper_prefix, config.get("text_config")) {
+        _ if !mx.prefix.is_empty() => mx.prefix.as_str(),
         (Some(p), Some(_)) => p.as_str(),
         _ => "",
     };
+    // mlx-lm's sanitize applies to a checkpoint that still has the HF layout: one a `moveaxis` rule changes.
+    let moved = |text: &str, shape: &[u64]| -> Result<Option<Vec<u64>>> {
+        let Some([from, to]) = mx.sanitize.iter().find(|r| r.name.is_match(text)).and_then(|r| r.moveaxis) else {
+            return Ok(None);
+        };
+        if from >= shape.len() || to >= shape.len() {
+            return Err(refuse(format!("tensor {text:?} of shape {shape:?} has no axes {from} and {to} to move")));
+        }
+        let mut out = shape.to_vec();
+        let axis = out.remove(from);
+        out.insert(to, axis);
+        let sized = |s: &[u64]| s.iter().copied().filter(|d| *d != 1).collect::<Vec<_>>();
+        if sized(&out) != sized(shape) {
+            return Err(refuse(format!("tensor {text:?}: moving axis {from} of {shape:?} to {to} moves its values")));
+        }
+        Ok((out != shape).then_some(out))
+    };
+    let mut unsanitized = false;
+    for e in src.tensors() {
+        if let Some(text) = mapping.text_name(&e.name) {
+            unsanitized |= moved(&text, &e.shape)?.is_some();
+        }
+    }
 
     let mut tensors = Vec::new();
     let mut multimodal = Vec::new();
@@ -102,6 +131,12 @@ fn plan_with(src: &TensorSource, mapping: &Mapping, config: &Map<String, Json>) 
         if text.contains("self_attn.rotary_emb.inv_freq") || tied && text == "lm_head.weight" {
             continue;
         }
+        // The multi-token-prediction head: mlx-lm's text models have none (Qwen3.5's sanitize drops `mtp.`).
+        if let Some(n) = &mapping.nextn {
+            if n.rename(&text, 0) != super::mapping::NextnName::Model {
+                continue;
+            }
+        }
         // Only the per-expert weights are looked up in the mapping's rules; others keep their names.
         if let Ok(Mapped::Expert { rule, block, expert, weight }) = mapping.map_tensor(&e.name) {
             if mx.stack_experts.is_none() {
@@ -111,11 +146,21 @@ fn plan_with(src: &TensorSource, mapping: &Mapping, config: &Map<String, Json>) 
             experts.entry((block, weight)).or_default().insert(expert, e.name.clone());
             continue;
         }
+        let add = match mx.sanitize.iter().find(|r| r.name.is_match(&text)).and_then(|r| r.add) {
+            Some(a) if unsanitized && e.shape.len() == 1 => Some(a),
+            _ => None,
+        };
         tensors.push(MlxTensor {
             name: format!("{prefix}{text}"),
             sources: vec![e.name.clone()],
             stored: e.ty,
-            shape: e.shape.clone(),
+            shape: if unsanitized {
+                moved(&text, &e.shape)?.unwrap_or_else(|| e.shape.clone())
+            } else {
+                e.shape.clone()
+            },
+            add,
+            keep_dtype: mx.keep_dtype.iter().any(|r| r.is_match(&text)),
         });
     }
     if let (Some(rule), Some(template)) = (expert_rule, &mx.stack_experts) {
@@ -151,7 +196,7 @@ fn plan_with(src: &TensorSource, mapping: &Mapping, config: &Map<String, Json>) 
                 }
             }
             let shape = [count].into_iter().chain(first.shape.iter().copied()).collect();
-            tensors.push(MlxTensor { name, stored: first.ty, shape, sources });
+            tensors.push(MlxTensor { name, stored: first.ty, shape, sources, add: None, keep_dtype: false });
         }
     }
     tensors.sort_by(|a, b| a.name.cmp(&b.name));
@@ -176,7 +221,13 @@ fn plan_with(src: &TensorSource, mapping: &Mapping, config: &Map<String, Json>) 
             "the vision/audio towers are left out: the MLX checkpoint holds the text model, as mlx_lm.convert writes it"
         );
     }
-    Ok(HfToMlxPlan { tensors, quantize_3d, quant_overrides, multimodal })
+    // The config as mlx-lm reads it: a flat text config nested as its wrapper model wants (a checkpoint that
+    // nests it already keeps its own).
+    let laid_out = match &mx.nest_config {
+        Some(key) if !config.contains_key(key.as_str()) => Some(super::to_hf::mlx_config_layout(config.clone(), mx)),
+        _ => None,
+    };
+    Ok(HfToMlxPlan { tensors, quantize_3d, quant_overrides, multimodal, config: laid_out })
 }
 
 /// The dtype `mlx_lm.convert` casts floating tensors to: `torch_dtype`, else `text_config.dtype` (transformers 5's

@@ -61,11 +61,10 @@ pub struct Mapping {
     pub metadata: Vec<MetaEntry>,
     /// How config.json is rebuilt from GGUF metadata (GGUF → HF / MLX).
     pub hf_config: Option<HfConfig>,
-    /// Why HF → GGUF is not mapped for this architecture, when it is not (the mapping then converts from GGUF only).
-    pub gguf_only: Option<String>,
-    /// The GGUF key counting the trailing multi-token-prediction (NextN) blocks: those blocks are not written going
-    /// back to HF or MLX (transformers' and mlx-lm's text models do not load them).
-    pub nextn_blocks: Option<String>,
+    /// Multi-token-prediction (NextN) blocks: how the checkpoint's `mtp.*` tensors become trailing GGUF blocks,
+    /// and the GGUF key counting them (those blocks are not written going back to HF or MLX: transformers' and
+    /// mlx-lm's text models do not load them).
+    pub nextn: Option<Nextn>,
     /// What mlx-lm does differently from the HF checkpoint (GGUF → MLX).
     pub mlx: Option<MlxSection>,
     /// Hybrids whose HF and mlx-lm models place full-attention layers by a period only.
@@ -140,6 +139,56 @@ pub struct PeriodicLayers {
     /// A bool array key (absent: nothing to check).
     pub recurrent: String,
     pub interval: String,
+}
+
+/// Multi-token-prediction blocks as `_QwenMtpMixin` (llama.cpp `conversion/qwen.py`) converts them: the
+/// checkpoint's `mtp.layers.K.X` (also under `model.`) become `model.layers.{L + K}.X` and its head tensors
+/// `mtp.H.W` become `model.layers.{L}.{heads[H]}.W`, L being the model's layer count, before the tensor rules see
+/// them; the GGUF's `block_count` then counts them too, and `key` says how many there are.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Nextn {
+    /// The GGUF key counting the blocks (`{arch}.nextn_predict_layers`).
+    pub key: String,
+    /// Config fields giving the block count, the first present; when none is, or it is 0, the blocks the
+    /// checkpoint holds are counted (`opt_num_mtp_layers`).
+    pub count: Vec<String>,
+    /// Config fields giving L, the first present (`_original_block_count`).
+    pub after: Vec<String>,
+    /// The checkpoint's prefix of these tensors (`mtp.`).
+    pub from: String,
+    /// `mtp.H.W` → `model.layers.{L}.{heads[H]}.W`.
+    pub heads: IndexMap<String, String>,
+}
+
+/// What [`Nextn::rename`] makes of a name.
+#[derive(Debug, PartialEq, Eq)]
+pub enum NextnName {
+    /// Not a multi-token-prediction tensor.
+    Model,
+    /// One of them, under the name the converter gives it (an unknown one keeps its `mtp.` name, which no rule
+    /// maps); `layer` is K of `mtp.layers.K.…`.
+    Nextn { name: String, layer: Option<u64> },
+}
+
+impl Nextn {
+    /// The name the converter gives tensor `name` when the model has `first` layers (L).
+    pub fn rename(&self, name: &str, first: u64) -> NextnName {
+        let from = self.from.as_str();
+        let Some(rest) = name.strip_prefix(from).or_else(|| name.strip_prefix("model.")?.strip_prefix(from)) else {
+            return NextnName::Model;
+        };
+        let parts: Vec<&str> = rest.splitn(3, '.').collect();
+        let (name, layer) = match parts[..] {
+            ["layers", k, x] if !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()) => match k.parse::<u64>() {
+                Ok(k) => (format!("model.layers.{}.{x}", first + k), Some(k)),
+                Err(_) => (format!("{from}{rest}"), None),
+            },
+            [h, w] if self.heads.contains_key(h) => (format!("model.layers.{first}.{}.{w}", self.heads[h]), None),
+            _ => (format!("{from}{rest}"), None),
+        };
+        NextnName::Nextn { name, layer }
+    }
 }
 
 /// config.json from a GGUF's metadata: each field from an expression over GGUF keys (skipped when a key is absent,
@@ -255,6 +304,10 @@ pub struct MlxSection {
     /// HF → MLX: tensors mlx-lm's model cannot load from an HF checkpoint, and why.
     #[serde(default)]
     pub unsupported: Vec<MlxUnsupported>,
+    /// HF → MLX: tensors `mlx_lm.convert` keeps in their stored dtype when it casts the rest (the model's
+    /// `cast_predicate`: Qwen3.5's `A_log`), names without the prefix.
+    #[serde(default)]
+    pub keep_dtype: Vec<AnchoredRegex>,
 }
 
 impl MlxSection {
@@ -336,9 +389,7 @@ struct RawMapping {
     #[serde(default)]
     hf_config: Option<HfConfig>,
     #[serde(default)]
-    gguf_only: Option<String>,
-    #[serde(default)]
-    nextn_blocks: Option<String>,
+    nextn: Option<Nextn>,
     #[serde(default)]
     mlx: Option<MlxSection>,
     #[serde(default)]
@@ -427,7 +478,7 @@ struct RawTensorRule {
 /// along `axis`, after `skip` leading elements, `groups × per_group` heads of `block` elements are stored by HF
 /// grouped (head `g·per_group + r`) and by GGUF tiled (head `r·groups + g`). Sizes are config fields, numbers, or
 /// lists of either (their product).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Reorder {
     /// numpy axis of the tensor: 0 (rows) or its last axis (columns).
@@ -441,7 +492,7 @@ pub struct Reorder {
 }
 
 /// A size: a number, a config field, or the product of a list of them.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(untagged)]
 pub enum Dim {
     Number(u64),
@@ -455,6 +506,24 @@ pub enum Dim {
 pub enum ValueFn {
     /// GGUF stores `-exp(x)` (Qwen3.5's `ssm_a` from `A_log`); back is `log(-x)`.
     NegExp,
+}
+
+impl ValueFn {
+    /// Going to GGUF: `-exp(x)` correctly rounded to f32 (computed in f64, rounded once). The converter's
+    /// `-torch.exp(x)` in f32 is within 1 ulp of it but depends on the torch build (docs/notes/qwen3_5/README.md
+    /// §3.5), so no bit-exact answer exists to copy.
+    pub fn forward(self, x: f32) -> f32 {
+        match self {
+            ValueFn::NegExp => -(f64::from(x).exp() as f32),
+        }
+    }
+
+    /// Going back: `ln(-v)`, computed in f64 and rounded once.
+    pub fn inverse(self, v: f32) -> f32 {
+        match self {
+            ValueFn::NegExp => (-f64::from(v)).ln() as f32,
+        }
+    }
 }
 
 /// The HF shape from the GGUF's (numpy order), when they differ by size-1 axes.
@@ -486,6 +555,22 @@ impl TryFrom<RawShapeRule> for ShapeRule {
 }
 
 impl ShapeRule {
+    /// The GGUF tensor's shape (numpy order) from the HF one, as the converter writes it: `insert`'s axis removed
+    /// when it has size 1 (`torch.squeeze`), `rank` kept as it is (the converter writes a `(1, hidden)` gate
+    /// `{hidden, 1}`). `None`: the HF tensor has no size-1 axis there.
+    pub fn to_gguf(self, hf: &[u64]) -> Option<Vec<u64>> {
+        match self {
+            ShapeRule::Insert(axis) => {
+                let mut s = hf.to_vec();
+                (s.get(axis) == Some(&1)).then(|| {
+                    s.remove(axis);
+                    s
+                })
+            }
+            ShapeRule::Rank(_) => Some(hf.to_vec()),
+        }
+    }
+
     pub fn apply(self, shape: &[u64]) -> Vec<u64> {
         let mut s = shape.to_vec();
         match self {
@@ -600,6 +685,8 @@ pub enum KvType {
     I32,
     F32,
     Bool,
+    /// An array of i32 (gguf-py's `add_array` of Python ints).
+    I32Array,
 }
 
 /// Values computed from the checkpoint rather than read from config (`gguf.Metadata` heuristics).
@@ -619,6 +706,18 @@ pub enum Computed {
     /// Phi-3's longrope attention factor (f32), written only when `$rope.long_factor` is non-empty
     /// ([`super::generate::longrope_attn_factor`]).
     LongropeAttnFactor,
+    /// The layers plus the multi-token-prediction blocks the conversion writes (the mapping's `nextn`;
+    /// `_QwenMtpMixin.__init__`'s `block_count`), u32.
+    BlockCount,
+    /// How many multi-token-prediction blocks are written (u32); not written when there are none.
+    NextnLayers,
+    /// `Qwen3NextModel.set_gguf_parameters`' recurrent-layer flags: `layer_types[i] == "linear_attention"`, padded
+    /// with false over the multi-token-prediction blocks (a bool array); only when the config has `layer_types`,
+    /// which must have one entry per layer.
+    RecurrentLayers,
+    /// `Qwen3NextModel`'s rotary dimensions, `int(head_dim · $rope.partial_rotary_factor)` (default 0.25;
+    /// head_dim defaults to `hidden_size // num_attention_heads`), u32.
+    HeadRopeDimensions,
 }
 
 /// A vocabulary reader of convert_hf_to_gguf, tried in the mapping's order; the first whose files are present is
@@ -650,6 +749,8 @@ pub enum MetaSource {
         fields: Vec<String>,
         else_div: Option<[String; 2]>,
     },
+    /// The product of two integer config fields (`hparams[a] * hparams[b]`); an error when either is absent.
+    Product([String; 2]),
     Computed(Computed),
     /// The whole group of tokenizer keys, from the first reader of the list whose files are present.
     Tokenizer(Vec<TokenizerKind>),
@@ -684,6 +785,10 @@ pub struct MetaEntry {
     pub when_file: Option<String>,
     /// Only written when every one of these config fields is present (not absent, not null).
     pub present: Vec<String>,
+    /// Only written when none of these config fields is present (`if "f" not in hparams`).
+    pub absent: Vec<String>,
+    /// An array value padded with zeros to this length, then cut to it (`mrope_section` written as 4 sections).
+    pub pad_to: Option<usize>,
 }
 
 #[derive(Deserialize)]
@@ -696,6 +801,7 @@ struct RawMetaEntry {
     config: Option<Vec<String>>,
     from: Option<ConfigFile>,
     else_div: Option<[String; 2]>,
+    mul: Option<[String; 2]>,
     computed: Option<Computed>,
     tokenizer: Option<Vec<TokenizerKind>>,
     include: Option<String>,
@@ -709,15 +815,24 @@ struct RawMetaEntry {
     when_file: Option<String>,
     #[serde(default)]
     present: Vec<String>,
+    #[serde(default)]
+    absent: Vec<String>,
+    pad_to: Option<usize>,
 }
 
 impl TryFrom<RawMetaEntry> for MetaEntry {
     type Error = String;
     fn try_from(r: RawMetaEntry) -> std::result::Result<Self, String> {
-        let sources =
-            [r.value.is_some(), r.config.is_some(), r.computed.is_some(), r.tokenizer.is_some(), r.include.is_some()];
+        let sources = [
+            r.value.is_some(),
+            r.config.is_some(),
+            r.mul.is_some(),
+            r.computed.is_some(),
+            r.tokenizer.is_some(),
+            r.include.is_some(),
+        ];
         if sources.iter().filter(|s| **s).count() != 1 {
-            return Err("a metadata entry has exactly one of value, config, computed, tokenizer, include".into());
+            return Err("a metadata entry has exactly one of value, config, mul, computed, tokenizer, include".into());
         }
         let group = match (r.tokenizer, r.include) {
             (Some(kinds), _) if kinds.is_empty() => return Err("tokenizer lists no reader".into()),
@@ -746,6 +861,8 @@ impl TryFrom<RawMetaEntry> for MetaEntry {
                 unless: r.unless,
                 when_file: r.when_file,
                 present: r.present,
+                absent: r.absent,
+                pad_to: None,
             });
         }
         let key = r.key.ok_or("a metadata entry needs a key")?;
@@ -758,17 +875,21 @@ impl TryFrom<RawMetaEntry> for MetaEntry {
         if r.default.is_some() && (r.config.is_none() || r.optional || r.else_div.is_some()) {
             return Err(format!("{key}: default only goes with config, without optional or else_div"));
         }
-        let source = match (r.value, r.config, r.computed) {
-            (Some(v), _, _) => MetaSource::Literal(v),
-            (_, Some(fields), _) => {
+        let source = match (r.value, r.config, r.computed, r.mul) {
+            (_, _, _, Some(pair)) => MetaSource::Product(pair),
+            (Some(v), _, _, _) => MetaSource::Literal(v),
+            (_, Some(fields), _, _) => {
                 if fields.is_empty() {
                     return Err(format!("{key}: config lists no field"));
                 }
                 MetaSource::Config { file: r.from.unwrap_or(ConfigFile::Config), fields, else_div: r.else_div }
             }
-            (_, _, Some(c)) => MetaSource::Computed(c),
+            (_, _, Some(c), _) => MetaSource::Computed(c),
             _ => unreachable!("exactly one source was checked above"),
         };
+        if r.pad_to.is_some() && r.ty != Some(KvType::I32Array) {
+            return Err(format!("{key}: pad_to only goes with an array type"));
+        }
         let needs_type = !matches!(source, MetaSource::Computed(_));
         if needs_type != r.ty.is_some() {
             return Err(format!("{key}: a type is required for value and config entries, and not allowed otherwise"));
@@ -783,6 +904,8 @@ impl TryFrom<RawMetaEntry> for MetaEntry {
             unless: r.unless,
             when_file: r.when_file,
             present: r.present,
+            absent: r.absent,
+            pad_to: r.pad_to,
         })
     }
 }
@@ -875,8 +998,7 @@ pub fn parse_mapping(file: &str, text: &str) -> Result<Mapping> {
         f32: r.f32,
         metadata,
         hf_config: r.hf_config,
-        gguf_only: r.gguf_only,
-        nextn_blocks: r.nextn_blocks,
+        nextn: r.nextn,
         mlx: r.mlx,
         periodic_layers: r.periodic_layers,
         hparams: r.hparams,
@@ -889,21 +1011,12 @@ pub fn mapping_for(hf_arch: &str) -> Result<Mapping> {
     for (file, text) in MAPPINGS {
         let m = parse_mapping(file, text)?;
         if m.hf_architectures.iter().any(|a| a == hf_arch) {
-            if let Some(why) = &m.gguf_only {
-                return Err(Error::Mapping {
-                    file: m.file,
-                    msg: format!("converts {hf_arch} from GGUF only, not to GGUF: {why}"),
-                });
-            }
             return Ok(m);
         }
     }
     let mut mapped = Vec::new();
     for (file, text) in MAPPINGS {
-        let m = parse_mapping(file, text)?;
-        if m.gguf_only.is_none() {
-            mapped.extend(m.hf_architectures);
-        }
+        mapped.extend(parse_mapping(file, text)?.hf_architectures);
     }
     Err(Error::Mapping {
         file: "mappings/*.yaml".into(),
@@ -963,6 +1076,10 @@ pub enum Mapped<'a> {
         gguf: String,
         permute: Option<&'a Permute>,
         offset: Option<f32>,
+        /// The grouped v-head reorder, applied going to GGUF.
+        reorder: Option<&'a Reorder>,
+        values: Option<ValueFn>,
+        hf_shape: Option<ShapeRule>,
     },
 }
 
@@ -1019,7 +1136,14 @@ impl Mapping {
                     Some(b) => rule.gguf.replace("{b}", b.as_str()),
                     None => rule.gguf.clone(),
                 };
-                return Ok(Mapped::Rename { gguf, permute: rule.permute.as_ref(), offset: rule.offset });
+                return Ok(Mapped::Rename {
+                    gguf,
+                    permute: rule.permute.as_ref(),
+                    offset: rule.offset,
+                    reorder: rule.reorder.as_ref(),
+                    values: rule.values,
+                    hf_shape: rule.hf_shape,
+                });
             }
         }
         for (rule, r) in self.experts.iter().enumerate() {
@@ -1125,9 +1249,33 @@ mod tests {
     }
 
     #[test]
-    fn gguf_only_mappings_refuse_hf_to_gguf_and_shapes_gain_size_1_axes() {
-        let e = mapping_for("Qwen3_5MoeForCausalLM").unwrap_err().to_string();
-        assert!(e.contains("qwen3_5_moe.yaml") && e.contains("from GGUF only"), "{e}");
+    fn qwen3_5_nextn_names_and_shapes_gain_size_1_axes() {
+        let m = mapping_for("Qwen3_5MoeForConditionalGeneration").unwrap();
+        let n = m.nextn.as_ref().unwrap();
+        let nextn = |name: &str, layer: Option<u64>| NextnName::Nextn { name: name.to_string(), layer };
+        assert_eq!(
+            n.rename("mtp.layers.0.self_attn.q_proj.weight", 40),
+            nextn("model.layers.40.self_attn.q_proj.weight", Some(0))
+        );
+        assert_eq!(
+            n.rename("model.mtp.layers.2.mlp.gate.weight", 40),
+            nextn("model.layers.42.mlp.gate.weight", Some(2))
+        );
+        assert_eq!(n.rename("mtp.fc.weight", 40), nextn("model.layers.40.eh_proj.weight", None));
+        assert_eq!(n.rename("mtp.norm.weight", 40), nextn("model.layers.40.shared_head.norm.weight", None));
+        // Unknown head tensors keep their name, which no rule maps (an error naming it, never a silent drop).
+        assert_eq!(n.rename("mtp.other.weight", 40), nextn("mtp.other.weight", None));
+        assert_eq!(n.rename("model.layers.3.mlp.gate.weight", 40), NextnName::Model);
+        assert!(matches!(m.map_tensor("model.visual.blocks.0.attn.qkv.weight").unwrap(), Mapped::Multimodal));
+        match m.map_tensor("model.language_model.layers.40.shared_head.norm.weight").unwrap() {
+            Mapped::Rename { gguf, offset, .. } => {
+                assert_eq!((gguf.as_str(), offset), ("blk.40.nextn.shared_head_norm.weight", Some(1.0)))
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(ShapeRule::Insert(1).to_gguf(&[256, 1, 4]), Some(vec![256, 4]));
+        assert_eq!(ShapeRule::Insert(1).to_gguf(&[256, 4]), None);
+        assert_eq!(ShapeRule::Rank(2).to_gguf(&[1, 64]), Some(vec![1, 64]));
         assert_eq!(ShapeRule::Rank(2).apply(&[64]), vec![1, 64]);
         assert_eq!(ShapeRule::Rank(2).apply(&[1, 64]), vec![1, 64]);
         assert_eq!(ShapeRule::Insert(1).apply(&[256, 4]), vec![256, 1, 4]);

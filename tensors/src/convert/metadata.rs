@@ -41,6 +41,8 @@ pub struct PlanFacts {
     /// parameters of the shared tensors plus one expert of each (`get_total_parameter_count`), which
     /// `gguf.size_label` writes as `{count}x{params}`.
     pub experts: Option<(u64, u64)>,
+    /// For a mapping with multi-token-prediction blocks: (the model's layers, the blocks written after them).
+    pub nextn: Option<(u64, u64)>,
 }
 
 /// Evaluates the mapping's metadata list.
@@ -54,6 +56,7 @@ pub fn build(m: &Mapping, hf: &HfFiles, facts: &PlanFacts) -> Result<Vec<(String
             || (!e.unless.is_empty() && equal(&e.unless))
             || e.when_file.as_ref().is_some_and(|f| !hf.has_file(f))
             || e.present.iter().any(|f| hf.config_value(f).is_none())
+            || e.absent.iter().any(|f| hf.config_value(f).is_some())
         {
             continue;
         }
@@ -77,8 +80,77 @@ pub fn build(m: &Mapping, hf: &HfFiles, facts: &PlanFacts) -> Result<Vec<(String
                     kv.set(&key, Value::F32(a as f32))
                 }
             }
+            MetaSource::Computed(Computed::BlockCount) => {
+                let (layers, blocks) = nextn_facts(m, facts)?;
+                kv.set(&key, Value::U32(u32_of(hf, "num_hidden_layers", layers + blocks)?))
+            }
+            MetaSource::Computed(Computed::NextnLayers) => {
+                let (_, blocks) = nextn_facts(m, facts)?;
+                if blocks > 0 {
+                    kv.set(&key, Value::U32(u32_of(hf, "mtp_num_hidden_layers", blocks)?))
+                }
+            }
+            MetaSource::Computed(Computed::RecurrentLayers) => {
+                let (layers, blocks) = nextn_facts(m, facts)?;
+                let cfg = hf.file_name("config.json");
+                let bad = |msg: String| Error::format(&cfg, "layer_types", msg);
+                let mut flags: Vec<bool> = match hf.config_value("layer_types") {
+                    Some(types) => {
+                        let types = types.as_array().ok_or_else(|| bad("is not a list".into()))?;
+                        if types.len() as u64 != layers {
+                            return Err(bad(format!(
+                                "has {} entries, expected num_hidden_layers ({layers})",
+                                types.len()
+                            )));
+                        }
+                        types.iter().map(|t| t.as_str() == Some("linear_attention")).collect()
+                    }
+                    // Qwen3_5TextConfig.__post_init__ builds layer_types from a popped full_attention_interval
+                    // (default 4), which the converter then no longer sees: it writes its own default, 4, for the
+                    // interval. Only an interval of 4 gives one answer both ways.
+                    None => match hf.config_value("full_attention_interval").map(Json::as_u64) {
+                        None | Some(Some(4)) => (0..layers).map(|i| (i + 1) % 4 != 0).collect(),
+                        Some(other) => {
+                            return Err(bad(format!(
+                                "is absent and full_attention_interval is {}: transformers builds the layer types \
+                                 from the interval and drops it, so convert_hf_to_gguf.py writes interval 4 with \
+                                 other layer types; add layer_types to config.json",
+                                other.map_or("not a number".to_string(), |n| n.to_string())
+                            )))
+                        }
+                    },
+                };
+                flags.resize((layers + blocks) as usize, false);
+                kv.set(&key, Value::Array(crate::gguf::Array::Bool(flags)))
+            }
+            MetaSource::Computed(Computed::HeadRopeDimensions) => {
+                let cfg = hf.file_name("config.json");
+                let head_dim = match hf.config_value("head_dim").and_then(Json::as_u64) {
+                    Some(d) => d,
+                    None => match div(hf, "hidden_size", "num_attention_heads")?.and_then(|v| v.as_u64()) {
+                        Some(d) => d,
+                        None => return Err(Error::format(&cfg, "head_dim", "missing, and no hidden_size / heads")),
+                    },
+                };
+                let factor = match hf.config_value("$rope.partial_rotary_factor") {
+                    None => 0.25,
+                    Some(f) => f.as_f64().ok_or_else(|| {
+                        Error::format(&cfg, "rope_parameters.partial_rotary_factor", "is not a number")
+                    })?,
+                };
+                // Python's int() of the float product truncates toward zero.
+                let dims = (head_dim as f64 * factor).trunc();
+                if !(0.0..=f64::from(u32::MAX)).contains(&dims) {
+                    return Err(Error::format(&cfg, "rope_parameters.partial_rotary_factor", "gives no rotary size"));
+                }
+                kv.set(&key, Value::U32(dims as u32))
+            }
             MetaSource::Computed(Computed::Name) => {
-                kv.set(&key, Value::String(id_to_title(&hf.dir_name).as_str().into()))
+                let name = id_to_title(model_id(hf));
+                // gguf-py's add_string writes no empty string.
+                if !name.is_empty() {
+                    kv.set(&key, Value::String(name.as_str().into()))
+                }
             }
             MetaSource::Computed(Computed::SizeLabel) => {
                 if facts.total_params > 0 {
@@ -90,6 +162,21 @@ pub fn build(m: &Mapping, hf: &HfFiles, facts: &PlanFacts) -> Result<Vec<(String
                 }
             }
             MetaSource::Literal(v) => kv.set(&key, typed(m, hf, e, &key, v, "value")?),
+            MetaSource::Product([a, b]) => {
+                let int = |f: &str| {
+                    hf.config_value(f).and_then(Json::as_u64).ok_or_else(|| {
+                        Error::format(
+                            hf.file_name("config.json"),
+                            f,
+                            format!("missing or not an integer: required for {key} by mapping {}", m.file),
+                        )
+                    })
+                };
+                let v = int(a)?
+                    .checked_mul(int(b)?)
+                    .ok_or_else(|| Error::format(hf.file_name("config.json"), format!("{a} * {b}"), "overflows"))?;
+                kv.set(&key, typed(m, hf, e, &key, &v.into(), &format!("{a} * {b}"))?)
+            }
             MetaSource::Config { file, fields, else_div } => {
                 let lookup = |f: &str| match file {
                     ConfigFile::Config => hf.config_value(f),
@@ -119,6 +206,34 @@ pub fn build(m: &Mapping, hf: &HfFiles, facts: &PlanFacts) -> Result<Vec<(String
     Ok(kv.0)
 }
 
+/// The model id `general.name` is made from (gguf-py `Metadata.apply_metadata_heuristic`): config.json's
+/// `_name_or_path` when it is a model id rather than a path (at most one `/`; its part after the `/`, as
+/// `get_model_id_components` splits it), else the folder's name. An empty `_name_or_path` (transformers writes one
+/// for a model built in memory) gives an empty name, which is not written. (The organization, base name, fine-tune
+/// and version gguf-py also reads from a `_name_or_path` are not written yet.)
+fn model_id(hf: &HfFiles) -> &str {
+    match hf.name_or_path.as_ref().and_then(Json::as_str) {
+        // A sentence is a name as it is; `org/name` gives the name.
+        Some(id) if id.matches('/').count() <= 1 => match id.contains(' ') {
+            true => id,
+            false => id.split_once('/').map_or(id, |(_, name)| name),
+        },
+        _ => &hf.dir_name,
+    }
+}
+
+/// The plan's (layers, multi-token-prediction blocks), which the mapping must declare (`nextn`).
+fn nextn_facts(m: &Mapping, facts: &PlanFacts) -> Result<(u64, u64)> {
+    facts.nextn.ok_or_else(|| Error::Mapping {
+        file: m.file.clone(),
+        msg: "block_count, nextn_predict_layers and recurrent_layers are computed from a `nextn` section".into(),
+    })
+}
+
+fn u32_of(hf: &HfFiles, field: &str, v: u64) -> Result<u32> {
+    u32::try_from(v).map_err(|_| Error::format(hf.file_name("config.json"), field, format!("{v} is too large")))
+}
+
 /// `a / b` of two integer config fields (integer division, as Python's `//`).
 fn div(hf: &HfFiles, a: &str, b: &str) -> Result<Option<Json>> {
     let (Some(x), Some(y)) = (hf.config_value(a), hf.config_value(b)) else { return Ok(None) };
@@ -144,6 +259,20 @@ fn typed(m: &Mapping, hf: &HfFiles, e: &MetaEntry, key: &str, v: &Json, field: &
         // gguf-py packs a Python float as '<f': the f64 is rounded to f32.
         KvType::F32 => Value::F32(v.as_f64().ok_or_else(bad)? as f32),
         KvType::Bool => Value::Bool(v.as_bool().ok_or_else(bad)?),
+        KvType::I32Array => {
+            let mut items = v
+                .as_array()
+                .ok_or_else(bad)?
+                .iter()
+                .map(|x| x.as_i64().and_then(|x| i32::try_from(x).ok()))
+                .collect::<Option<Vec<i32>>>()
+                .ok_or_else(bad)?;
+            if let Some(n) = e.pad_to {
+                items.resize(items.len().max(n), 0);
+                items.truncate(n);
+            }
+            Value::Array(crate::gguf::Array::I32(items))
+        }
     })
 }
 

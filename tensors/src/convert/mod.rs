@@ -47,7 +47,7 @@ use quantfarm_store::Committed;
 use quantfarm_store::Location;
 
 use hf::HfFiles;
-use mapping::{mapping_for, Mapped};
+use mapping::{mapping_for, Mapped, NextnName};
 use write::stage_shard;
 
 /// The GGUF version written (gguf-py and gguf.cpp both write 3).
@@ -104,6 +104,30 @@ impl OutType {
     }
 }
 
+/// What becomes of a checkpoint's multi-token-prediction blocks (`mtp.*`, Qwen3.5's NextN head).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Mtp {
+    /// Written as trailing blocks, as `convert_hf_to_gguf.py` does by default.
+    #[default]
+    Keep,
+    /// Left out (`--no-mtp`): a smaller file with no speculative-decoding head.
+    Drop,
+}
+
+/// The choices of a conversion (`convert_hf_to_gguf.py`'s flags that change the file).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct ConvertOptions {
+    pub out: OutType,
+    pub mtp: Mtp,
+}
+
+impl From<OutType> for ConvertOptions {
+    /// The converter's defaults but for the out-type.
+    fn from(out: OutType) -> ConvertOptions {
+        ConvertOptions { out, mtp: Mtp::Keep }
+    }
+}
+
 /// Everything needed to write the GGUF files of a conversion, computed from headers alone.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GgufPlan {
@@ -135,6 +159,11 @@ pub struct PlannedTensor {
     pub generated: Option<Vec<u8>>,
     /// Where the output's rows come from when they are not the source's rows one to one.
     pub rows: RowSource,
+    /// The grouped v-head reorder of linear-attention layers (Qwen3.5): the rows, or each row's values, in this
+    /// order (`_LinearAttentionVReorderBase._reorder_v_heads`).
+    pub reorder: Option<HeadOrder>,
+    /// An elementwise function of the f32 values, before the offset (Qwen3.5's `ssm_a = -exp(A_log)`).
+    pub values: Option<mapping::ValueFn>,
 }
 
 /// How a planned tensor's rows (all axes but the last flattened) are gathered from the checkpoint.
@@ -169,6 +198,9 @@ impl GgufPlan {
             if t.rows != RowSource::Direct {
                 h.update(format!("\t{:?}", t.rows).as_bytes());
             }
+            if t.reorder.is_some() || t.values.is_some() {
+                h.update(format!("\t{:?}\t{:?}", t.reorder, t.values).as_bytes());
+            }
         }
         quantfarm_store::hex(&h.finalize())
     }
@@ -192,6 +224,12 @@ impl GgufPlan {
 /// computes it and then converted like an F32 weight. (`convert_hf_to_gguf.py` has no such path: given an MLX
 /// folder it stops at the first `*.scales` tensor it cannot map.)
 pub async fn plan_hf_to_gguf(source: &TensorSource, out: OutType) -> Result<GgufPlan> {
+    plan_hf_to_gguf_with(source, out.into()).await
+}
+
+/// [`plan_hf_to_gguf`] with every choice of [`ConvertOptions`].
+pub async fn plan_hf_to_gguf_with(source: &TensorSource, options: ConvertOptions) -> Result<GgufPlan> {
+    let out = options.out;
     let loc = source.location();
     // Per part file, in file order: each tensor's name, type and shape.
     let files: Vec<Vec<(&str, TensorType, &[u64])>> = match (source.format(), source.safetensors(), source.mlx()) {
@@ -268,8 +306,27 @@ pub async fn plan_hf_to_gguf(source: &TensorSource, out: OutType) -> Result<Gguf
             offset: None,
             generated: Some(bytes),
             rows: RowSource::Direct,
+            reorder: None,
+            values: None,
         });
     }
+    // _QwenMtpMixin: multi-token-prediction tensors renamed into blocks after the model's `first` layers.
+    let first_nextn = match &m.nextn {
+        None => None,
+        Some(n) => {
+            Some(n.after.iter().find_map(|f| hf.config_value(f).and_then(serde_json::Value::as_u64)).ok_or_else(
+                || Error::format(&config_file, n.after.join(" | "), "missing: the layer count is needed"),
+            )?)
+        }
+    };
+    let (mut nextn_found, mut nextn_dropped) = (0u64, 0usize);
+    // An MLX checkpoint holds the weights as mlx-lm's sanitize left them (Qwen3.5: norms + 1, conv1d's axes
+    // moved), and no multi-token-prediction head: both are undone or taken as they are below.
+    let sanitized = match source.format() {
+        Format::Mlx => m.mlx.as_ref().filter(|x| !x.sanitize.is_empty()),
+        _ => None,
+    };
+    let mtp = if matches!(source.format(), Format::Mlx) { Mtp::Drop } else { options.mtp };
     // Per-expert weights waiting for the rest of their block: (rule, block) → (expert, weight) → tensor.
     type Parts<'n> = std::collections::BTreeMap<(u64, String), (&'n str, TensorType, &'n [u64])>;
     let mut pending: Vec<(usize, String, Parts)> = Vec::new();
@@ -284,13 +341,31 @@ pub async fn plan_hf_to_gguf(source: &TensorSource, out: OutType) -> Result<Gguf
                 return Err(bad(format!("type {source_type} cannot be converted (BF16, F16, F32 or MLX affine only)")));
             }
             let ne: Vec<u64> = shape.iter().rev().copied().collect();
-            let (gguf, permute, offset) = match m.map_tensor(name)? {
+            let renamed = match (&m.nextn, first_nextn) {
+                (Some(n), Some(first)) => match n.rename(name, first) {
+                    NextnName::Model => None,
+                    NextnName::Nextn { .. } if mtp == Mtp::Drop => {
+                        nextn_dropped += 1;
+                        continue;
+                    }
+                    NextnName::Nextn { name, layer } => {
+                        nextn_found = nextn_found.max(layer.map_or(0, |k| k + 1));
+                        Some(name)
+                    }
+                },
+                _ => None,
+            };
+            let (gguf, permute, offset, reorder, values, hf_shape) = match m
+                .map_tensor(renamed.as_deref().unwrap_or(name))?
+            {
                 Mapped::Drop => continue,
                 Mapped::Multimodal => {
                     multimodal.push(name.to_string());
                     continue;
                 }
-                Mapped::Rename { gguf, permute, offset } => (gguf, permute, offset),
+                Mapped::Rename { gguf, permute, offset, reorder, values, hf_shape } => {
+                    (gguf, permute, offset, reorder, values, hf_shape)
+                }
                 Mapped::Fused { gguf } => {
                     let parts = gguf.len() as u64;
                     let axis = ne.get(1).copied().unwrap_or(0);
@@ -357,6 +432,42 @@ pub async fn plan_hf_to_gguf(source: &TensorSource, out: OutType) -> Result<Gguf
                     continue;
                 }
             };
+            // mlx-lm's sanitize undone: its offset is in the stored values already (the GGUF's offset less it is
+            // applied), a moved size-1 axis goes back to the HF layout (the same bytes).
+            let (offset, shape) = match sanitized.zip(m.text_name(name)) {
+                None => (offset, shape.to_vec()),
+                Some((x, text)) => {
+                    let rule = x.sanitize.iter().find(|r| r.name.is_match(&text));
+                    let offset = match (rule.and_then(|r| r.add).filter(|_| shape.len() == 1), offset) {
+                        (None, o) => o,
+                        (Some(a), o) => Some(o.unwrap_or(0.0) - a).filter(|d| *d != 0.0),
+                    };
+                    let mut hf_layout = shape.to_vec();
+                    if let Some([from, to]) = rule.and_then(|r| r.moveaxis) {
+                        // The MLX layout is the moved one (mlx-lm saves what it sanitized).
+                        if to < hf_layout.len() && from < hf_layout.len() {
+                            let axis = hf_layout.remove(to);
+                            hf_layout.insert(from, axis);
+                        }
+                    }
+                    (offset, hf_layout)
+                }
+            };
+            let shape = shape.as_slice();
+            // The converter's squeeze of a size-1 axis (Qwen3.5's conv1d (C, 1, K) written {K, C}).
+            let gguf_shape = match hf_shape {
+                None => shape.to_vec(),
+                Some(r) => {
+                    r.to_gguf(shape).ok_or_else(|| bad(format!("shape {shape:?} has no size-1 axis as {r:?} says")))?
+                }
+            };
+            let ne: Vec<u64> = gguf_shape.iter().rev().copied().collect();
+            let reorder = match reorder {
+                None => None,
+                Some(r) => {
+                    to_hf::head_order(r, &hf.config, &m, &config_file, name, &gguf_shape, to_hf::Direction::ToGguf)?
+                }
+            };
             let rows = shape.first().copied().unwrap_or(1);
             let permute_heads = match permute {
                 None => None,
@@ -371,7 +482,11 @@ pub async fn plan_hf_to_gguf(source: &TensorSource, out: OutType) -> Result<Gguf
                     Some(heads)
                 }
             };
-            let t = planned(&m, out, gguf, name, source_type, ne, permute_heads, offset, RowSource::Direct, &bad)?;
+            if permute_heads.is_some() && reorder.is_some() {
+                return Err(bad("is both permuted and reordered, which no converter does".into()));
+            }
+            let mut t = planned(&m, out, gguf, name, source_type, ne, permute_heads, offset, RowSource::Direct, &bad)?;
+            (t.reorder, t.values) = (reorder, values);
             push_unique(&mut tensors, &mut seen, t, &bad)?;
         }
     }
@@ -392,13 +507,60 @@ pub async fn plan_hf_to_gguf(source: &TensorSource, out: OutType) -> Result<Gguf
              convert_hf_to_gguf.py does without --mmproj); a multimodal projector GGUF is out of scope"
         );
     }
+    let nextn = match (&m.nextn, first_nextn) {
+        (Some(n), Some(first)) => Some(nextn_blocks(n, &hf, &config_file, first, mtp, nextn_found, nextn_dropped)?),
+        _ => None,
+    };
     let total_params = tensors.iter().map(|t| t.ne.iter().product::<u64>()).sum();
     let metadata = metadata::build(
         &m,
         &hf,
-        &metadata::PlanFacts { total_params, file_type: out.file_type(), experts: expert_params(&tensors) },
+        &metadata::PlanFacts { total_params, file_type: out.file_type(), experts: expert_params(&tensors), nextn },
     )?;
     Ok(GgufPlan { metadata, tensors })
+}
+
+/// `(layers, nextn blocks)` as `_QwenMtpMixin.__init__` counts them: the config's count (`mtp_num_hidden_layers`),
+/// else the blocks the checkpoint holds; none when they are dropped (`--no-mtp`).
+fn nextn_blocks(
+    n: &mapping::Nextn,
+    hf: &HfFiles,
+    config_file: &str,
+    first: u64,
+    mtp: Mtp,
+    found: u64,
+    dropped: usize,
+) -> Result<(u64, u64)> {
+    if mtp == Mtp::Drop {
+        if dropped > 0 {
+            tracing::info!(tensors = dropped, "the multi-token-prediction blocks are left out (--no-mtp)");
+        }
+        return Ok((first, 0));
+    }
+    let configured = n.count.iter().find_map(|f| hf.config_value(f).and_then(serde_json::Value::as_u64)).unwrap_or(0);
+    let blocks = match configured {
+        0 if found == 0 => {
+            return Err(Error::format(
+                config_file,
+                n.count.join(" | "),
+                "is 0 or absent and the checkpoint has no mtp.layers.N tensors, so convert_hf_to_gguf.py stops \
+                 (its assertion); convert without the multi-token-prediction head (--no-mtp)",
+            ))
+        }
+        0 => found,
+        c => c,
+    };
+    if found < blocks {
+        tracing::warn!(
+            config = %config_file,
+            declared = blocks,
+            found,
+            "the config declares more multi-token-prediction blocks than the checkpoint holds (a fine-tune saved \
+             without them?): the GGUF counts them in block_count and nextn_predict_layers with no tensors, as \
+             convert_hf_to_gguf.py writes it; llama.cpp loads it without its MTP head (--no-mtp leaves them out)"
+        );
+    }
+    Ok((first, blocks))
 }
 
 /// The reference GGUF of a release whose source is a GGUF (one file or a split set): every key and tensor as the
@@ -465,6 +627,8 @@ fn plan_gguf_reference(source: &TensorSource, out: OutType) -> Result<GgufPlan> 
             offset: None,
             generated: None,
             rows: RowSource::Direct,
+            reorder: None,
+            values: None,
         });
     }
     if !quantized.is_empty() {
@@ -524,6 +688,8 @@ fn planned(
         offset,
         generated: None,
         rows,
+        reorder: None,
+        values: None,
     })
 }
 
@@ -582,13 +748,13 @@ pub async fn convert_hf_to_gguf(
     src: &Location,
     dst_dir: &Location,
     prefix: &str,
-    out: OutType,
+    options: impl Into<ConvertOptions>,
     rule: Option<SplitRule>,
     budget: u64,
     overwrite: bool,
 ) -> Result<Vec<Committed>> {
     let source = TensorSource::open(src).await?;
-    let plan = plan_hf_to_gguf(&source, out).await?;
+    let plan = plan_hf_to_gguf_with(&source, options.into()).await?;
     let ranges = split_ranges(&plan.nbytes(), rule);
     let mut staged = Vec::with_capacity(ranges.len());
     for i in 0..ranges.len() {

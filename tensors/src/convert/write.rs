@@ -6,6 +6,7 @@
 use std::ops::Range;
 
 use super::{transform, GgufPlan, PlannedTensor, RowSource, GGUF_VERSION};
+use crate::dequant::{bf16_bits_to_f32, f16_bits_to_f32};
 use crate::dtype::{Dtype, TensorType};
 use crate::error::{Error, Result};
 use crate::gguf::split::split_metadata;
@@ -104,6 +105,8 @@ pub(crate) struct Bufs {
     value_bytes: Vec<u8>,
     /// The converted piece.
     out: Vec<u8>,
+    /// Values reordered or transformed before the conversion.
+    floats: Vec<f32>,
 }
 
 /// How one planned tensor is cut into pieces: whole rows at a time within the budget, and whole heads when its
@@ -152,7 +155,9 @@ impl<'a> Cut<'a> {
             },
         }
         let actual_ne: Vec<u64> = e.shape.iter().rev().copied().collect();
-        if e.ty != t.source_type || actual_ne != expect_ne {
+        // The converter's squeeze writes a (C, 1, K) tensor {K, C}: the same rows.
+        let squeezed = |ne: &[u64]| ne.iter().copied().filter(|d| *d != 1).collect::<Vec<_>>();
+        if e.ty != t.source_type || (actual_ne != expect_ne && squeezed(&actual_ne) != squeezed(&expect_ne)) {
             return Err(shape_err(format!("{:?}", expect_ne.iter().rev().collect::<Vec<_>>())));
         }
         if let RowSource::Stack(parts) = &t.rows {
@@ -191,8 +196,8 @@ impl<'a> Cut<'a> {
             }
             // A GGUF source (the release's reference made from a GGUF): float tensors as they are, quantized ones
             // decoded to f32 row by row, as MLX affine ones are.
-            TensorType::Ggml(g) if t.rows != RowSource::Direct => {
-                return Err(shape_err(format!("(a GGUF {g} tensor is not stacked or split)")));
+            TensorType::Ggml(g) if t.rows != RowSource::Direct || t.reorder.is_some() || t.values.is_some() => {
+                return Err(shape_err(format!("(a GGUF {g} tensor is not stacked, split, reordered or transformed)")));
             }
             TensorType::Ggml(g) => match Dtype::from_ggml(g) {
                 Some(d) => {
@@ -216,8 +221,11 @@ impl<'a> Cut<'a> {
                 msg: format!("one row needs {per_row} bytes (read + converted), more than the budget of {budget}"),
             });
         }
-        // The converted row, and for MLX affine the decoded values and their bytes.
-        let work_row = out_row + if affine { 2 * src_row } else { 0 };
+        // The converted row, and for MLX affine the decoded values and their bytes; a row whose values are
+        // reordered or transformed is also decoded to f32 first.
+        let work_row = out_row
+            + if affine { 2 * src_row } else { 0 }
+            + if t.values.is_some() || t.reorder.is_some_and(|o| !o.rows) { 4 * cols } else { 0 };
         let fit = rows_per_piece(budget, raw_row, work_row, 1);
         let hd = t.permute_heads.map(|h| rows / h.max(1));
         if hd == Some(0) && rows > 0 || (hd.is_some() && t.rows != RowSource::Direct) {
@@ -241,10 +249,22 @@ impl<'a> Cut<'a> {
         let (mut r, end) = (r, r + n);
         while r < end {
             match &self.t.rows {
-                RowSource::Direct => {
-                    out.push((self.t.source.as_str(), r, end - r));
-                    r = end;
-                }
+                RowSource::Direct => match self.t.reorder.filter(|o| o.rows) {
+                    None => {
+                        out.push((self.t.source.as_str(), r, end - r));
+                        r = end;
+                    }
+                    // Reordered heads: runs of rows consecutive in the source (a head's rows are).
+                    Some(o) => {
+                        let first = o.source(r);
+                        let mut len = 1;
+                        while r + len < end && o.source(r + len) == first + len {
+                            len += 1;
+                        }
+                        out.push((self.t.source.as_str(), first, len));
+                        r += len;
+                    }
+                },
                 RowSource::Stack(parts) => {
                     let per = (self.rows / parts.len().max(1) as u64).max(1);
                     let (p, k) = (r / per, r % per);
@@ -270,8 +290,11 @@ impl<'a> Cut<'a> {
 
     /// A piece of rows permuted within heads that is not whole heads: its rows are read one by one, each from its
     /// source row.
+    /// Whether rows `r..r + n` are read one by one (each with its own spans) rather than as one run: rows of
+    /// heads cut across, and reordered rows of a quantized tensor (each row's codes, scales and biases).
     fn gathered(&self, r: u64, n: u64) -> bool {
         self.hd.is_some_and(|hd| !n.is_multiple_of(hd) || !r.is_multiple_of(hd))
+            || (self.affine && self.t.reorder.is_some_and(|o| o.rows))
     }
 
     fn spans<'s>(&self, src: &'s TensorSource, r: u64, n: u64) -> Result<Vec<Span<'s>>> {
@@ -289,7 +312,15 @@ impl<'a> Cut<'a> {
 
     /// Where rows `first..first + n` are stored.
     fn rows_at<'s>(&self, src: &'s TensorSource, first: u64, n: u64) -> Result<Vec<Span<'s>>> {
-        if self.t.rows != RowSource::Direct {
+        if let Some(o) = self.t.reorder.filter(|o| o.rows && self.affine) {
+            // A quantized row is read with its scales and biases: row by row, in the output's order.
+            let mut spans = Vec::with_capacity(3 * n as usize);
+            for k in first..first + n {
+                spans.extend(row_spans(src, &self.t.source, o.source(k), 1)?);
+            }
+            return Ok(spans);
+        }
+        if self.t.rows != RowSource::Direct || self.t.reorder.is_some_and(|o| o.rows) {
             return self
                 .runs(first, n)
                 .into_iter()
@@ -310,7 +341,7 @@ impl<'a> Cut<'a> {
     /// Converts rows `r..r + n` read as [`Cut::spans`] gave them into the planned type: the bytes as read when
     /// nothing changes them, else the converted bytes in `bufs`.
     fn convert<'b>(&self, src: &TensorSource, r: u64, n: u64, raw: &'b [u8], bufs: &'b mut Bufs) -> Result<&'b [u8]> {
-        let Bufs { values, value_bytes, out } = bufs;
+        let Bufs { values, value_bytes, out, floats } = bufs;
         let gathered = self.gathered(r, n);
         let rows_in: &[u8] = if self.affine {
             let cols = self.cols as usize;
@@ -332,6 +363,34 @@ impl<'a> Cut<'a> {
         };
         let t = self.t;
         out.clear();
+        let columns = t.reorder.filter(|o| !o.rows);
+        if columns.is_some() || t.values.is_some() {
+            // Decoded to f32 (as the converter converts every tensor before modifying it), each row's values
+            // reordered and the value function applied, then converted with the offset.
+            let size = self.read_dtype.size();
+            let row_len = (self.src_row as usize / size).max(1);
+            let decode = |b: &[u8]| match self.read_dtype {
+                Dtype::BF16 => bf16_bits_to_f32(u16::from_le_bytes([b[0], b[1]])),
+                Dtype::F16 => f16_bits_to_f32(u16::from_le_bytes([b[0], b[1]])),
+                _ => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+            };
+            floats.clear();
+            for row in rows_in.chunks(row_len * size) {
+                match columns {
+                    Some(o) => floats.extend((0..row.len() / size).map(|c| {
+                        let s = o.source(c as u64) as usize * size;
+                        decode(&row[s..s + size])
+                    })),
+                    None => floats.extend(row.chunks_exact(size).map(decode)),
+                }
+            }
+            if let Some(f) = t.values {
+                floats.iter_mut().for_each(|x| *x = f.forward(*x));
+            }
+            let bytes: Vec<u8> = floats.iter().flat_map(|v| v.to_le_bytes()).collect();
+            transform::convert_elements(Dtype::F32, t.ty, &bytes, out, &t.source, t.offset)?;
+            return Ok(out);
+        }
         match self.hd {
             // Whole heads, read contiguously: rows taken in permuted order.
             Some(hd) if !gathered => {

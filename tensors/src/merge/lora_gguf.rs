@@ -72,7 +72,7 @@ pub async fn write_lora_gguf(
             ));
         }
         let (name, permute) = match m.map_tensor(&lr.target)? {
-            Mapped::Rename { gguf, permute, offset: None } => (gguf, permute),
+            Mapped::Rename { gguf, permute, offset: None, reorder: None, values: None, .. } => (gguf, permute),
             _ => {
                 return Err(Error::format(
                     &adapter.dir,
