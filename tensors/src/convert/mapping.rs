@@ -25,6 +25,7 @@ const MAPPINGS: &[(&str, &str)] = &[
     ("smollm3.yaml", include_str!("../../../mappings/smollm3.yaml")),
     ("granite.yaml", include_str!("../../../mappings/granite.yaml")),
     ("olmo2.yaml", include_str!("../../../mappings/olmo2.yaml")),
+    ("gpt_oss.yaml", include_str!("../../../mappings/gpt_oss.yaml")),
 ];
 
 /// `(file name, text)` of the metadata groups a mapping's `metadata` may `include` (lists of entries shared by
@@ -54,8 +55,10 @@ pub struct Mapping {
     pub tensors: Vec<TensorRule>,
     /// Per-expert weights stacked into one 3-D tensor per weight.
     pub experts: Vec<ExpertRule>,
-    /// Fused tensors written as equal parts of their second-to-last axis.
+    /// Fused tensors written as equal parts of their second-to-last axis, or interleaved parts of their last.
     pub fused: Vec<FusedRule>,
+    /// MXFP4 expert weights (blocks and scales) repacked as GGUF MXFP4 tensors.
+    pub mxfp4: Vec<Mxfp4Rule>,
     pub drop: Vec<AnchoredRegex>,
     pub f32: F32Rule,
     pub metadata: Vec<MetaEntry>,
@@ -111,13 +114,47 @@ impl TryFrom<RawExpertRule> for ExpertRule {
     }
 }
 
-/// One fused HF tensor written as `gguf.len()` GGUF tensors, the equal parts of its second-to-last axis in order
-/// (transformers 5's `mlp.experts.gate_up_proj`, split at `shape[-2] // 2` into gate and up).
+/// One fused HF tensor written as `gguf.len()` GGUF tensors, in order: the equal parts of its second-to-last axis
+/// (transformers 5's `mlp.experts.gate_up_proj`, split at `shape[-2] // 2` into gate and up), or its last axis
+/// dealt out element by element (gpt-oss's `gate_up_proj_bias`, gate = `[..., ::2]`, up = `[..., 1::2]`).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FusedRule {
     pub hf: AnchoredRegex,
     pub gguf: Vec<String>,
+    #[serde(default)]
+    pub parts: FusedParts,
+}
+
+/// How a fused tensor's parts lie in it.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum FusedParts {
+    /// Consecutive equal runs of the second-to-last axis.
+    #[default]
+    Halves,
+    /// Interleaved along the last axis: part `k` of `n` is elements `k, k + n, k + 2n, …` of every row.
+    InterleavedColumns,
+}
+
+/// MXFP4 expert weights stored as two `uint8` tensors, `{hf}_blocks` `[experts, rows, n/32, 16]` (E2M1 codes, two
+/// per byte, low nibble first) and `{hf}_scales` `[experts, rows, n/32]` (E8M0 exponents), repacked losslessly into
+/// GGUF MXFP4 blocks as `GptOssModel.repack_mxfp4` (llama.cpp `conversion/gpt_oss.py`) does, and written before
+/// every other checkpoint tensor (its `generate_extra_tensors` writes them while it is called). With several
+/// `gguf` names the rows are dealt out in turn (gpt-oss's `gate_up_proj`: gate = rows `::2`, up = rows `1::2`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Mxfp4Rule {
+    /// The stem both tensors' names extend (group `b` is the block).
+    pub hf: AnchoredRegex,
+    pub gguf: Vec<String>,
+}
+
+/// Which of an MXFP4 pair a tensor is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mxfp4Part {
+    Blocks,
+    Scales,
 }
 
 /// A tensor computed from the config by a named operator of [`super::generate`], when its conditions hold.
@@ -382,6 +419,8 @@ struct RawMapping {
     experts: Vec<ExpertRule>,
     #[serde(default)]
     fused: Vec<FusedRule>,
+    #[serde(default)]
+    mxfp4: Vec<Mxfp4Rule>,
     #[serde(default)]
     drop: Vec<AnchoredRegex>,
     f32: F32Rule,
@@ -994,6 +1033,7 @@ pub fn parse_mapping(file: &str, text: &str) -> Result<Mapping> {
         tensors: r.tensors,
         experts: r.experts,
         fused: r.fused,
+        mxfp4: r.mxfp4,
         drop: r.drop,
         f32: r.f32,
         metadata,
@@ -1071,6 +1111,13 @@ pub enum Mapped<'a> {
     /// A fused tensor written as these GGUF tensors (the mapping's `fused`).
     Fused {
         gguf: Vec<String>,
+        parts: FusedParts,
+    },
+    /// One of an MXFP4 pair whose GGUF tensors are these (the mapping's `mxfp4`); `stem` names the pair.
+    Mxfp4 {
+        gguf: Vec<String>,
+        stem: String,
+        part: Mxfp4Part,
     },
     Rename {
         gguf: String,
@@ -1162,7 +1209,20 @@ impl Mapping {
                     Some(b) => t.replace("{b}", b.as_str()),
                     None => t.clone(),
                 };
-                return Ok(Mapped::Fused { gguf: rule.gguf.iter().map(fill).collect() });
+                return Ok(Mapped::Fused { gguf: rule.gguf.iter().map(fill).collect(), parts: rule.parts });
+            }
+        }
+        let pair = [("_blocks", Mxfp4Part::Blocks), ("_scales", Mxfp4Part::Scales)];
+        if let Some((stem, part)) = pair.iter().find_map(|(suffix, p)| Some((hf.strip_suffix(suffix)?, *p))) {
+            for rule in &self.mxfp4 {
+                if let Some(c) = rule.hf.0.captures(stem) {
+                    let fill = |t: &String| match c.name("b") {
+                        Some(b) => t.replace("{b}", b.as_str()),
+                        None => t.clone(),
+                    };
+                    let gguf = rule.gguf.iter().map(fill).collect();
+                    return Ok(Mapped::Mxfp4 { gguf, stem: stem.to_string(), part });
+                }
             }
         }
         if self.drop.iter().any(|r| r.is_match(hf)) {
@@ -1307,7 +1367,7 @@ mod tests {
             other => panic!("{other:?}"),
         }
         match m.map_tensor("model.layers.2.mlp.experts.gate_up_proj").unwrap() {
-            Mapped::Fused { gguf } => assert_eq!(gguf, ["blk.2.ffn_gate_exps.weight", "blk.2.ffn_up_exps.weight"]),
+            Mapped::Fused { gguf, .. } => assert_eq!(gguf, ["blk.2.ffn_gate_exps.weight", "blk.2.ffn_up_exps.weight"]),
             other => panic!("{other:?}"),
         }
         let head = "architecture: x\nhf_architectures: [X]\ntensors: []\nf32: {max_dims: 1}\nmetadata: []\n";

@@ -47,7 +47,7 @@ use quantfarm_store::Committed;
 use quantfarm_store::Location;
 
 use hf::HfFiles;
-use mapping::{mapping_for, Mapped, NextnName};
+use mapping::{mapping_for, FusedParts, Mapped, Mxfp4Part, NextnName};
 use write::stage_shard;
 
 /// The GGUF version written (gguf-py and gguf.cpp both write 3).
@@ -178,6 +178,33 @@ pub enum RowSource {
     /// Part `part` of `parts` equal pieces of the second-to-last axis (a fused `gate_up_proj` split at
     /// `shape[-2] // 2`): output row `r` is source row `(r / block)·block·parts + part·block + r % block`.
     Split { parts: u64, part: u64, block: u64 },
+    /// The source's rows, each row's elements `part, part + parts, …` (a fused tensor's parts interleaved along
+    /// its last axis, gpt-oss's `gate_up_proj_bias`).
+    Columns { parts: u64, part: u64 },
+    /// MXFP4 codes (`source`, `uint8 [experts, rows, n/32, 16]`) and their E8M0 exponents (`scales`,
+    /// `[experts, rows, n/32]`) repacked as GGUF MXFP4 blocks; output row `r` of each expert is its row
+    /// `r·parts + part` (gpt-oss's `gate_up_proj`, gate = rows `::2`). See [`mxfp4_block`].
+    Mxfp4 { scales: String, parts: u64, part: u64 },
+}
+
+/// One GGUF MXFP4 block (`block_mxfp4`: the E8M0 exponent, then 16 bytes whose low nibble is value `j` and high
+/// nibble value `j + 16`) from an HF MXFP4 block's exponent and 16 bytes, whose byte `i` holds values `2i` (low
+/// nibble) and `2i + 1` (high). Only bits move: `GptOssModel.transform_nibble_layout` (llama.cpp
+/// `conversion/gpt_oss.py`) swaps nibbles, interleaves the halves and swaps back, which is this.
+pub(crate) fn mxfp4_block(scale: u8, codes: &[u8; 16], out: &mut Vec<u8>) {
+    let value = |m: usize| (codes[m / 2] >> (4 * (m % 2))) & 0x0F;
+    out.push(scale);
+    out.extend((0..16).map(|j| value(j) | (value(j + 16) << 4)));
+}
+
+impl PlannedTensor {
+    /// `(parts, part)` when each output row is every `parts`-th element of its source row from `part`.
+    pub(crate) fn columns(&self) -> Option<(usize, usize)> {
+        match self.rows {
+            RowSource::Columns { parts, part } => Some((parts as usize, part as usize)),
+            _ => None,
+        }
+    }
 }
 
 impl GgufPlan {
@@ -330,13 +357,18 @@ pub async fn plan_hf_to_gguf_with(source: &TensorSource, options: ConvertOptions
     // Per-expert weights waiting for the rest of their block: (rule, block) → (expert, weight) → tensor.
     type Parts<'n> = std::collections::BTreeMap<(u64, String), (&'n str, TensorType, &'n [u64])>;
     let mut pending: Vec<(usize, String, Parts)> = Vec::new();
+    // MXFP4 blocks waiting for their scales (by stem), and the pairs repacked, written after the generated tensors.
+    let mut mxfp4_blocks: std::collections::BTreeMap<String, (&str, &[u64])> = Default::default();
+    let mut repacked: Vec<PlannedTensor> = Vec::new();
+    let n_generated = tensors.len();
     for mut names in files {
         names.sort_by(|a, b| a.0.cmp(b.0));
         for (name, source_type, shape) in names {
             let bad = |msg: String| Error::format(loc.to_string(), format!("tensor {name:?}"), msg);
+            // uint8 only as one of an MXFP4 pair (checked where it is mapped).
             if !matches!(
                 source_type,
-                TensorType::Dtype(Dtype::BF16 | Dtype::F16 | Dtype::F32) | TensorType::MlxAffine { .. }
+                TensorType::Dtype(Dtype::BF16 | Dtype::F16 | Dtype::F32 | Dtype::U8) | TensorType::MlxAffine { .. }
             ) {
                 return Err(bad(format!("type {source_type} cannot be converted (BF16, F16, F32 or MLX affine only)")));
             }
@@ -355,9 +387,14 @@ pub async fn plan_hf_to_gguf_with(source: &TensorSource, options: ConvertOptions
                 },
                 _ => None,
             };
-            let (gguf, permute, offset, reorder, values, hf_shape) = match m
-                .map_tensor(renamed.as_deref().unwrap_or(name))?
-            {
+            let mapped = m.map_tensor(renamed.as_deref().unwrap_or(name))?;
+            if source_type == TensorType::Dtype(Dtype::U8) && !matches!(mapped, Mapped::Mxfp4 { .. } | Mapped::Drop) {
+                return Err(bad(format!(
+                    "type {source_type} cannot be converted (BF16, F16, F32 or MLX affine; uint8 only as MXFP4 \
+                     blocks and scales)"
+                )));
+            }
+            let (gguf, permute, offset, reorder, values, hf_shape) = match mapped {
                 Mapped::Drop => continue,
                 Mapped::Multimodal => {
                     multimodal.push(name.to_string());
@@ -366,7 +403,64 @@ pub async fn plan_hf_to_gguf_with(source: &TensorSource, options: ConvertOptions
                 Mapped::Rename { gguf, permute, offset, reorder, values, hf_shape } => {
                     (gguf, permute, offset, reorder, values, hf_shape)
                 }
-                Mapped::Fused { gguf } => {
+                Mapped::Fused { gguf, parts: FusedParts::InterleavedColumns } => {
+                    let parts = gguf.len() as u64;
+                    let cols = ne.first().copied().unwrap_or(0);
+                    if parts == 0 || cols % parts != 0 {
+                        return Err(bad(format!("shape {shape:?}: its last axis is not {parts} interleaved parts")));
+                    }
+                    for (part, g) in gguf.into_iter().enumerate() {
+                        let mut pne = ne.clone();
+                        pne[0] = cols / parts;
+                        let rows = RowSource::Columns { parts, part: part as u64 };
+                        let t = planned(&m, out, g, name, source_type, pne, None, None, rows, &bad)?;
+                        push_unique(&mut tensors, &mut seen, t, &bad)?;
+                    }
+                    continue;
+                }
+                Mapped::Mxfp4 { gguf: _, stem, part: Mxfp4Part::Blocks } => {
+                    mxfp4_blocks.insert(stem, (name, shape));
+                    continue;
+                }
+                Mapped::Mxfp4 { gguf, stem, part: Mxfp4Part::Scales } => {
+                    // GptOssModel.generate_extra_tensors repacks a pair when it reads the scales, after the blocks
+                    // (names sorted: `_blocks` < `_scales`).
+                    let (blocks, bshape) = mxfp4_blocks.remove(&stem).ok_or_else(|| {
+                        bad(format!("has no {stem}_blocks before it (MXFP4 blocks and scales come in pairs)"))
+                    })?;
+                    let parts = gguf.len() as u64;
+                    let [e, r, nb] = *shape else {
+                        return Err(bad(format!("shape {shape:?} is not [experts, rows, blocks]")));
+                    };
+                    if bshape != [e, r, nb, 16] || parts == 0 || r % parts != 0 {
+                        return Err(bad(format!(
+                            "shape {shape:?} does not go with {blocks} {bshape:?} as [E, R, B] and [E, R, B, 16] with \
+                             R a multiple of {parts}"
+                        )));
+                    }
+                    for (part, g) in gguf.into_iter().enumerate() {
+                        let ne = vec![nb * 32, r / parts, e];
+                        let nbytes = crate::gguf::tensor_nbytes(GgmlType::MXFP4, &ne)
+                            .ok_or_else(|| bad(format!("ne {ne:?} overflows")))?;
+                        let t = PlannedTensor {
+                            name: g,
+                            source: blocks.to_string(),
+                            source_type: TensorType::Dtype(Dtype::U8),
+                            ty: GgmlType::MXFP4,
+                            ne,
+                            nbytes,
+                            permute_heads: None,
+                            offset: None,
+                            generated: None,
+                            rows: RowSource::Mxfp4 { scales: name.to_string(), parts, part: part as u64 },
+                            reorder: None,
+                            values: None,
+                        };
+                        push_unique(&mut repacked, &mut seen, t, &bad)?;
+                    }
+                    continue;
+                }
+                Mapped::Fused { gguf, parts: FusedParts::Halves } => {
                     let parts = gguf.len() as u64;
                     let axis = ne.get(1).copied().unwrap_or(0);
                     if ne.len() < 2 || parts == 0 || axis % parts != 0 {
@@ -498,6 +592,10 @@ pub async fn plan_hf_to_gguf_with(source: &TensorSource, options: ConvertOptions
             format!("{} expert tensors do not make whole experts (unprocessed: {names:?})", names.len()),
         ));
     }
+    if let Some((stem, (blocks, _))) = mxfp4_blocks.first_key_value() {
+        return Err(Error::format(loc.to_string(), format!("tensor {blocks:?}"), format!("has no {stem}_scales")));
+    }
+    tensors.splice(n_generated..n_generated, repacked).for_each(drop);
     if !multimodal.is_empty() {
         tracing::warn!(
             checkpoint = %loc,
@@ -512,10 +610,17 @@ pub async fn plan_hf_to_gguf_with(source: &TensorSource, options: ConvertOptions
         _ => None,
     };
     let total_params = tensors.iter().map(|t| t.ne.iter().product::<u64>()).sum();
+    // `ModelBase.prepare_metadata`: a float out-type of an MXFP4 checkpoint (`quantization_config.quant_method:
+    // mxfp4`) is MOSTLY_MXFP4_MOE.
+    let mxfp4 = hf.config_value("quantization_config.quant_method").and_then(|v| v.as_str()) == Some("mxfp4");
+    let file_type = match out {
+        OutType::Bf16 | OutType::F16 | OutType::F32 if mxfp4 => quantfarm_ggml::FileType::MXFP4_MOE as u32,
+        _ => out.file_type(),
+    };
     let metadata = metadata::build(
         &m,
         &hf,
-        &metadata::PlanFacts { total_params, file_type: out.file_type(), experts: expert_params(&tensors), nextn },
+        &metadata::PlanFacts { total_params, file_type, experts: expert_params(&tensors), nextn },
     )?;
     Ok(GgufPlan { metadata, tensors })
 }

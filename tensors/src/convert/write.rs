@@ -132,6 +132,9 @@ struct Cut<'a> {
 
 impl<'a> Cut<'a> {
     fn new(src: &TensorSource, t: &'a PlannedTensor, budget: u64) -> Result<Cut<'a>> {
+        if let RowSource::Mxfp4 { scales, parts, .. } = &t.rows {
+            return Cut::mxfp4(src, t, scales, *parts, budget);
+        }
         let e = src.entry(&t.source)?;
         let shape_err = |want: String| {
             Error::format(
@@ -153,6 +156,11 @@ impl<'a> Cut<'a> {
                 Some(n) => *n *= parts,
                 None => return Err(shape_err(format!("{:?}, split along an axis it lacks", t.ne))),
             },
+            RowSource::Columns { parts, .. } => match expect_ne.get_mut(0) {
+                Some(n) => *n *= parts,
+                None => return Err(shape_err(format!("{:?}, split along an axis it lacks", t.ne))),
+            },
+            RowSource::Mxfp4 { .. } => return Err(shape_err("(MXFP4 pairs are cut by Cut::mxfp4)".into())),
         }
         let actual_ne: Vec<u64> = e.shape.iter().rev().copied().collect();
         // The converter's squeeze writes a (C, 1, K) tensor {K, C}: the same rows.
@@ -225,7 +233,11 @@ impl<'a> Cut<'a> {
         // reordered or transformed is also decoded to f32 first.
         let work_row = out_row
             + if affine { 2 * src_row } else { 0 }
-            + if t.values.is_some() || t.reorder.is_some_and(|o| !o.rows) { 4 * cols } else { 0 };
+            + if t.values.is_some() || t.reorder.is_some_and(|o| !o.rows) || t.columns().is_some() {
+                4 * cols
+            } else {
+                0
+            };
         let fit = rows_per_piece(budget, raw_row, work_row, 1);
         let hd = t.permute_heads.map(|h| rows / h.max(1));
         if hd == Some(0) && rows > 0 || (hd.is_some() && t.rows != RowSource::Direct) {
@@ -241,6 +253,50 @@ impl<'a> Cut<'a> {
             _ => fit,
         };
         Ok(Cut { t, rows, cols, raw_row, src_row, work_row, read_dtype, affine, hd, step })
+    }
+
+    /// An MXFP4 pair repacked (see [`super::RowSource::Mxfp4`]): output rows are read with their experts' other
+    /// parts between them (one contiguous run of codes and one of exponents per expert a piece touches), so a row
+    /// costs `parts` source rows of codes and exponents.
+    fn mxfp4(src: &TensorSource, t: &'a PlannedTensor, scales: &str, parts: u64, budget: u64) -> Result<Cut<'a>> {
+        let (blocks, exps) = (src.entry(&t.source)?, src.entry(scales)?);
+        let [cols, per, experts] = t.ne[..] else {
+            return Err(Error::format(src.location().to_string(), &t.name, format!("ne {:?} is not 3-D", t.ne)));
+        };
+        let nb = cols / 32;
+        let u8 = TensorType::Dtype(Dtype::U8);
+        let want_blocks = [experts, per * parts, nb, 16];
+        for (e, want) in [(blocks, &want_blocks[..]), (exps, &want_blocks[..3])] {
+            if e.ty != u8 || e.shape != want {
+                return Err(Error::format(
+                    src.location().to_string(),
+                    format!("tensor {:?}", e.name),
+                    format!("is {} {:?} but MXFP4 {:?} needs U8 {want:?}", e.ty, e.shape, t.name),
+                ));
+            }
+        }
+        let (raw_row, out_row) = (parts * nb * 17, nb * 17);
+        if raw_row + out_row > budget {
+            return Err(Error::Budget {
+                file: src.location().to_string(),
+                tensor: t.source.clone(),
+                msg: format!("one row needs {} bytes (read + repacked), more than the budget", raw_row + out_row),
+            });
+        }
+        let step = rows_per_piece(budget, raw_row, out_row, 1);
+        let rows = per * experts;
+        Ok(Cut {
+            t,
+            rows,
+            cols,
+            raw_row,
+            src_row: raw_row,
+            work_row: out_row,
+            read_dtype: Dtype::U8,
+            affine: false,
+            hd: None,
+            step,
+        })
     }
 
     /// The (tensor, first row, rows) runs that output rows `r..r + n` of a stacked or split tensor are read from.
@@ -278,6 +334,19 @@ impl<'a> Cut<'a> {
                     out.push((self.t.source.as_str(), b * block * parts + part * block + k, len));
                     r += len;
                 }
+                RowSource::Columns { .. } => {
+                    out.push((self.t.source.as_str(), r, end - r));
+                    r = end;
+                }
+                // Source rows (every part's) of one expert at a time: output row k of expert e is its source row
+                // k·parts + part.
+                RowSource::Mxfp4 { parts, .. } => {
+                    let per = self.t.ne[1].max(1);
+                    let (e, k) = (r / per, r % per);
+                    let len = (per - k).min(end - r);
+                    out.push((self.t.source.as_str(), (e * per + k) * parts, len * parts));
+                    r += len;
+                }
             }
         }
         out
@@ -312,6 +381,16 @@ impl<'a> Cut<'a> {
 
     /// Where rows `first..first + n` are stored.
     fn rows_at<'s>(&self, src: &'s TensorSource, first: u64, n: u64) -> Result<Vec<Span<'s>>> {
+        if let RowSource::Mxfp4 { scales, .. } = &self.t.rows {
+            // Per run, its codes then its exponents.
+            let nb = self.cols / 32;
+            let mut spans = Vec::new();
+            for (name, k, len) in self.runs(first, n) {
+                spans.push(byte_span(src, name, k * nb * 16, len * nb * 16)?);
+                spans.push(byte_span(src, scales, k * nb, len * nb)?);
+            }
+            return Ok(spans);
+        }
         if let Some(o) = self.t.reorder.filter(|o| o.rows && self.affine) {
             // A quantized row is read with its scales and biases: row by row, in the output's order.
             let mut spans = Vec::with_capacity(3 * n as usize);
@@ -342,6 +421,26 @@ impl<'a> Cut<'a> {
     /// nothing changes them, else the converted bytes in `bufs`.
     fn convert<'b>(&self, src: &TensorSource, r: u64, n: u64, raw: &'b [u8], bufs: &'b mut Bufs) -> Result<&'b [u8]> {
         let Bufs { values, value_bytes, out, floats } = bufs;
+        if let RowSource::Mxfp4 { parts, part, .. } = self.t.rows {
+            let nb = (self.cols / 32) as usize;
+            let short =
+                || Error::format(src.location().to_string(), &self.t.source, "fewer bytes read than its rows need");
+            out.clear();
+            let mut at = 0;
+            for (_, _, len) in self.runs(r, n) {
+                let (bl, sl) = (len as usize * nb * 16, len as usize * nb);
+                let codes = raw.get(at..at + bl).ok_or_else(short)?;
+                let exps = raw.get(at + bl..at + bl + sl).ok_or_else(short)?;
+                at += bl + sl;
+                for row in (part as usize..len as usize).step_by(parts as usize) {
+                    for i in row * nb..(row + 1) * nb {
+                        let block: &[u8; 16] = codes[i * 16..i * 16 + 16].try_into().map_err(|_| short())?;
+                        super::mxfp4_block(exps[i], block, out);
+                    }
+                }
+            }
+            return Ok(out);
+        }
         let gathered = self.gathered(r, n);
         let rows_in: &[u8] = if self.affine {
             let cols = self.cols as usize;
@@ -364,7 +463,8 @@ impl<'a> Cut<'a> {
         let t = self.t;
         out.clear();
         let columns = t.reorder.filter(|o| !o.rows);
-        if columns.is_some() || t.values.is_some() {
+        let pick = t.columns();
+        if columns.is_some() || t.values.is_some() || pick.is_some() {
             // Decoded to f32 (as the converter converts every tensor before modifying it), each row's values
             // reordered and the value function applied, then converted with the offset.
             let size = self.read_dtype.size();
@@ -376,12 +476,15 @@ impl<'a> Cut<'a> {
             };
             floats.clear();
             for row in rows_in.chunks(row_len * size) {
-                match columns {
-                    Some(o) => floats.extend((0..row.len() / size).map(|c| {
+                match (columns, pick) {
+                    (Some(o), _) => floats.extend((0..row.len() / size).map(|c| {
                         let s = o.source(c as u64) as usize * size;
                         decode(&row[s..s + size])
                     })),
-                    None => floats.extend(row.chunks_exact(size).map(decode)),
+                    (None, Some((parts, part))) => {
+                        floats.extend(row.chunks_exact(size).skip(part).step_by(parts).map(decode))
+                    }
+                    (None, None) => floats.extend(row.chunks_exact(size).map(decode)),
                 }
             }
             if let Some(f) = t.values {
