@@ -3,7 +3,7 @@ HF -> GGUF conversion against llama.cpp's convert_hf_to_gguf.py.
 
 usage: make_synthetic_hf.py ARCH OUT_DIR LLAMA_CPP_SRC [SEED]
 ARCH: qwen2 | qwen2_yarn | qwen3 | qwen3_moe | qwen3_moe_fused | mistral | mistral_nemo | gemma2 | gemma3 | gemma3_mm |
-      llama3 | phi3 | phi4 | smollm3 | granite | olmo2 | gpt_oss
+      llama3 | phi3 | phi4 | smollm3 | granite | olmo2 | gpt_oss | gpt_oss_bf16
 
 The vocabularies are real ones, taken from llama.cpp's own vocab-only test GGUFs (models/ggml-vocab-*.gguf):
 - qwen2 / qwen3: Qwen2's byte-level BPE (151,643 ranks and 151,387 merges) as a tokenizer.json with Qwen's
@@ -26,6 +26,9 @@ The vocabularies are real ones, taken from llama.cpp's own vocab-only test GGUFs
   it, a gpt-oss-20b-like config (yarn rope scaling, sliding window on every other layer, attention sinks, biases,
   4 experts of which 2 are used) and its experts MXFP4-quantized as the real checkpoint stores them (`_blocks` of
   packed E2M1 nibbles and E8M0 `_scales`, uint8), the only tensors not bf16;
+- gpt_oss_bf16: the same model as a fine-tune saved after `Mxfp4Config(dequantize=True)` leaves it: no
+  quantization_config, the experts bf16 in transformers' GptOssExperts layout (`gate_up_proj` (experts, hidden,
+  2·ff) with gate and up interleaved column by column, `down_proj` (experts, ff, hidden));
 - mistral_nemo: Mistral Nemo's tekken vocabulary (mistral-common's tekken_240718.json, read from the wheel that
   scripts/install-convert-oracle downloads into $QUANTFARM_CACHE/wheels) as transformers' MistralConverter writes
   it, with the post-processor adding <s>;
@@ -518,7 +521,8 @@ def spm_tokenizer(cls: str, template: str, extra_cfg: dict, added=(), special_id
 # QF_SYNTHETIC_DIMS="hidden,ff,layers,heads,kv_heads,head_dim" makes a bigger model (the benchmarks use it).
 # Llama 3 keeps its real head size (64, as Llama 3.2 1B), which sets how many rope factors there are.
 # gpt-oss's MXFP4 experts need hidden and ff sizes that are multiples of 32 (one scale per 32 values).
-DEFAULT_DIMS = {"llama3": "128,128,2,2,1,64", "gpt_oss": "64,64,2,4,2,16"}.get(ARCH, "64,128,2,4,2,16")
+DEFAULT_DIMS = {"llama3": "128,128,2,2,1,64", "gpt_oss": "64,96,2,4,2,16",
+                "gpt_oss_bf16": "64,96,2,4,2,16"}.get(ARCH, "64,128,2,4,2,16")
 H, FF, LAYERS, HEADS, KV, HEAD_DIM = (int(x) for x in os.environ.get("QF_SYNTHETIC_DIMS", DEFAULT_DIMS).split(","))
 common = {"hidden_size": H, "intermediate_size": FF, "num_hidden_layers": LAYERS, "num_attention_heads": HEADS,
           "num_key_value_heads": KV, "initializer_range": 0.02, "attention_dropout": 0.0, "use_cache": True,
@@ -578,7 +582,7 @@ elif ARCH == "olmo2":
            "hidden_act": "silu", "max_position_embeddings": 4096, "rms_norm_eps": 1e-06, "rope_theta": 500000,
            "rope_scaling": None, "attention_bias": False, "bos_token_id": None, "eos_token_id": 100257,
            "pad_token_id": 100277, "tie_word_embeddings": False}
-elif ARCH == "gpt_oss":
+elif ARCH in ("gpt_oss", "gpt_oss_bf16"):
     # gpt-oss-20b-like: every field its config.json has (experts MXFP4-quantized, attention, router, embeddings and
     # head left bf16), yarn rope scaling from a 4k pretraining length, a 128-token window on every other layer.
     assert H % 32 == 0 and FF % 32 == 0, "MXFP4 experts need hidden and ff sizes that are multiples of 32"
@@ -597,6 +601,8 @@ elif ARCH == "gpt_oss":
                             "original_max_position_embeddings": 4096, "rope_type": "yarn", "truncate": False},
            "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128, "swiglu_limit": 7.0,
            "tie_word_embeddings": False, "transformers_version": "4.55.0.dev0"}
+    if ARCH == "gpt_oss_bf16":
+        del cfg["quantization_config"]
 elif ARCH == "mistral":
     vocab = spm_tokenizer("LlamaTokenizer", "mistralai-Mistral-Nemo-Instruct-2407.jinja", {})
     cfg = {**common, "architectures": ["MistralForCausalLM"], "model_type": "mistral", "vocab_size": vocab,
@@ -695,9 +701,19 @@ for b in range(LAYERS):
         del shapes[p + "input_layernorm.weight"]
         shapes.update({p + "self_attn.q_norm.weight": (q_out,), p + "self_attn.k_norm.weight": (kv_out,),
                        p + "post_feedforward_layernorm.weight": (H,)})
-    if ARCH in ("qwen2", "qwen2_yarn", "gpt_oss"):
+    if ARCH in ("qwen2", "qwen2_yarn", "gpt_oss", "gpt_oss_bf16"):
         shapes.update({p + "self_attn.q_proj.bias": (q_out,), p + "self_attn.k_proj.bias": (kv_out,),
                        p + "self_attn.v_proj.bias": (kv_out,)})
+    if ARCH == "gpt_oss_bf16":
+        for w in ("gate_proj", "up_proj", "down_proj"):
+            del shapes[p + "mlp." + w + ".weight"]
+        x = p + "mlp.experts."
+        shapes.update({
+            p + "self_attn.o_proj.bias": (H,), p + "self_attn.sinks": (HEADS,),
+            p + "mlp.router.weight": (OSS_EXPERTS, H), p + "mlp.router.bias": (OSS_EXPERTS,),
+            x + "gate_up_proj": (OSS_EXPERTS, H, 2 * FF), x + "gate_up_proj_bias": (OSS_EXPERTS, 2 * FF),
+            x + "down_proj": (OSS_EXPERTS, FF, H), x + "down_proj_bias": (OSS_EXPERTS, H),
+        })
     if ARCH == "gpt_oss":
         # The experts as gpt-oss stores them: gate and up interleaved row by row in gate_up_proj, each row's 32-value
         # blocks as 16 bytes of E2M1 pairs (`_blocks`) and one E8M0 exponent (`_scales`); biases bf16.

@@ -135,6 +135,10 @@ pub enum FusedParts {
     Halves,
     /// Interleaved along the last axis: part `k` of `n` is elements `k, k + n, k + 2n, …` of every row.
     InterleavedColumns,
+    /// Stored `(…, in, out·n)`: the last two axes swapped, then the rows dealt out in turn (part `k` of `n` is
+    /// rows `k, k + n, …` of the transpose): gpt-oss's dequantized `gate_up_proj` (`transpose(-1, -2)`, then gate
+    /// = `[:, ::2, :]`), or with one part its `down_proj`.
+    TransposedRows,
 }
 
 /// MXFP4 expert weights stored as two `uint8` tensors, `{hf}_blocks` `[experts, rows, n/32, 16]` (E2M1 codes, two

@@ -185,6 +185,9 @@ pub enum RowSource {
     /// `[experts, rows, n/32]`) repacked as GGUF MXFP4 blocks; output row `r` of each expert is its row
     /// `r·parts + part` (gpt-oss's `gate_up_proj`, gate = rows `::2`). See [`mxfp4_block`].
     Mxfp4 { scales: String, parts: u64, part: u64 },
+    /// The transpose of each matrix (the last two axes) of a source stored `(…, k, n·parts)`: output row `r` of
+    /// each matrix is its column `r·parts + part` (gpt-oss's dequantized experts).
+    Transposed { parts: u64, part: u64 },
 }
 
 /// One GGUF MXFP4 block (`block_mxfp4`: the E8M0 exponent, then 16 bytes whose low nibble is value `j` and high
@@ -413,6 +416,23 @@ pub async fn plan_hf_to_gguf_with(source: &TensorSource, options: ConvertOptions
                         let mut pne = ne.clone();
                         pne[0] = cols / parts;
                         let rows = RowSource::Columns { parts, part: part as u64 };
+                        let t = planned(&m, out, g, name, source_type, pne, None, None, rows, &bad)?;
+                        push_unique(&mut tensors, &mut seen, t, &bad)?;
+                    }
+                    continue;
+                }
+                Mapped::Fused { gguf, parts: FusedParts::TransposedRows } => {
+                    let parts = gguf.len() as u64;
+                    let (cols, inner) = (ne.first().copied().unwrap_or(0), ne.get(1).copied().unwrap_or(0));
+                    if ne.len() < 2 || parts == 0 || cols % parts != 0 {
+                        return Err(bad(format!(
+                            "shape {shape:?}: its last axis is not {parts} interleaved parts to transpose"
+                        )));
+                    }
+                    for (part, g) in gguf.into_iter().enumerate() {
+                        let mut pne = ne.clone();
+                        (pne[0], pne[1]) = (inner, cols / parts);
+                        let rows = RowSource::Transposed { parts, part: part as u64 };
                         let t = planned(&m, out, g, name, source_type, pne, None, None, rows, &bad)?;
                         push_unique(&mut tensors, &mut seen, t, &bad)?;
                     }

@@ -132,8 +132,10 @@ struct Cut<'a> {
 
 impl<'a> Cut<'a> {
     fn new(src: &TensorSource, t: &'a PlannedTensor, budget: u64) -> Result<Cut<'a>> {
-        if let RowSource::Mxfp4 { scales, parts, .. } = &t.rows {
-            return Cut::mxfp4(src, t, scales, *parts, budget);
+        match &t.rows {
+            RowSource::Mxfp4 { scales, parts, .. } => return Cut::mxfp4(src, t, scales, *parts, budget),
+            RowSource::Transposed { parts, .. } => return Cut::transposed(src, t, *parts, budget),
+            _ => {}
         }
         let e = src.entry(&t.source)?;
         let shape_err = |want: String| {
@@ -160,7 +162,9 @@ impl<'a> Cut<'a> {
                 Some(n) => *n *= parts,
                 None => return Err(shape_err(format!("{:?}, split along an axis it lacks", t.ne))),
             },
-            RowSource::Mxfp4 { .. } => return Err(shape_err("(MXFP4 pairs are cut by Cut::mxfp4)".into())),
+            RowSource::Mxfp4 { .. } | RowSource::Transposed { .. } => {
+                return Err(shape_err("(cut by Cut::mxfp4 or Cut::transposed)".into()))
+            }
         }
         let actual_ne: Vec<u64> = e.shape.iter().rev().copied().collect();
         // The converter's squeeze writes a (C, 1, K) tensor {K, C}: the same rows.
@@ -299,6 +303,43 @@ impl<'a> Cut<'a> {
         })
     }
 
+    /// A transposed tensor (see [`super::RowSource::Transposed`]): a piece of output rows within one matrix reads
+    /// the band of their columns (every part's) from each of the matrix's `k` rows; each output row is gathered
+    /// from the band and converted.
+    fn transposed(src: &TensorSource, t: &'a PlannedTensor, parts: u64, budget: u64) -> Result<Cut<'a>> {
+        let e = src.entry(&t.source)?;
+        let bad = |msg: String| Error::format(src.location().to_string(), format!("tensor {:?}", t.source), msg);
+        let d = match e.ty {
+            TensorType::Dtype(d @ (Dtype::BF16 | Dtype::F16 | Dtype::F32)) => d,
+            ty => return Err(bad(format!("is {ty}: only a float tensor is transposed"))),
+        };
+        // The source's ne: the output's first two axes swapped and the (new) first one whole again.
+        let mut want: Vec<u64> = t.ne.clone();
+        if want.len() < 2 {
+            return Err(bad(format!("the plan's ne {:?} has no two axes to transpose", t.ne)));
+        }
+        (want[0], want[1]) = (t.ne[1] * parts, t.ne[0]);
+        let actual: Vec<u64> = e.shape.iter().rev().copied().collect();
+        if actual != want {
+            let shape: Vec<u64> = want.iter().rev().copied().collect();
+            return Err(bad(format!("is {:?} but its transpose in {parts} parts needs {shape:?}", e.shape)));
+        }
+        let (k, size) = (t.ne[0], d.size() as u64);
+        let rows = t.ne.iter().skip(1).product::<u64>().max(1);
+        let out_row = t.nbytes / rows;
+        // Per output row: `parts` columns of each of the k source rows read, then one gathered row and its output.
+        let (raw_row, work_row) = (k * parts * size, k * size + out_row);
+        if raw_row + work_row > budget {
+            return Err(Error::Budget {
+                file: src.location().to_string(),
+                tensor: t.source.clone(),
+                msg: format!("one row needs {} bytes (read + transposed), more than the budget", raw_row + work_row),
+            });
+        }
+        let step = rows_per_piece(budget, raw_row, work_row, 1);
+        Ok(Cut { t, rows, cols: k, raw_row, src_row: raw_row, work_row, read_dtype: d, affine: false, hd: None, step })
+    }
+
     /// The (tensor, first row, rows) runs that output rows `r..r + n` of a stacked or split tensor are read from.
     fn runs(&self, r: u64, n: u64) -> Vec<(&'a str, u64, u64)> {
         let mut out = Vec::new();
@@ -337,6 +378,14 @@ impl<'a> Cut<'a> {
                 RowSource::Columns { .. } => {
                     out.push((self.t.source.as_str(), r, end - r));
                     r = end;
+                }
+                // Output rows of one matrix at a time (the row index is the matrix's, not the source's).
+                RowSource::Transposed { .. } => {
+                    let per = self.t.ne[1].max(1);
+                    let (m, k) = (r / per, r % per);
+                    let len = (per - k).min(end - r);
+                    out.push((self.t.source.as_str(), m * per + k, len));
+                    r += len;
                 }
                 // Source rows (every part's) of one expert at a time: output row k of expert e is its source row
                 // k·parts + part.
@@ -381,6 +430,20 @@ impl<'a> Cut<'a> {
 
     /// Where rows `first..first + n` are stored.
     fn rows_at<'s>(&self, src: &'s TensorSource, first: u64, n: u64) -> Result<Vec<Span<'s>>> {
+        if let RowSource::Transposed { parts, .. } = self.t.rows {
+            // Per run (rows o..o + len of matrix m): from each of the matrix's k source rows, columns
+            // o·parts..(o + len)·parts.
+            let (per, k, size) = (self.t.ne[1].max(1), self.cols, self.read_dtype.size() as u64);
+            let mut spans = Vec::new();
+            for (name, r, len) in self.runs(first, n) {
+                let (m, o) = (r / per, r % per);
+                for i in 0..k {
+                    let row = (m * k + i) * per * parts;
+                    spans.push(byte_span(src, name, (row + o * parts) * size, len * parts * size)?);
+                }
+            }
+            return Ok(spans);
+        }
         if let RowSource::Mxfp4 { scales, .. } = &self.t.rows {
             // Per run, its codes then its exponents.
             let nb = self.cols / 32;
@@ -437,6 +500,34 @@ impl<'a> Cut<'a> {
                         let block: &[u8; 16] = codes[i * 16..i * 16 + 16].try_into().map_err(|_| short())?;
                         super::mxfp4_block(exps[i], block, out);
                     }
+                }
+            }
+            return Ok(out);
+        }
+        if let RowSource::Transposed { parts, part } = self.t.rows {
+            let (k, size) = (self.cols as usize, self.read_dtype.size());
+            let short =
+                || Error::format(src.location().to_string(), &self.t.source, "fewer bytes read than its rows need");
+            out.clear();
+            let mut at = 0;
+            for (_, _, len) in self.runs(r, n) {
+                let band = len as usize * parts as usize * size;
+                let read = raw.get(at..at + k * band).ok_or_else(short)?;
+                at += k * band;
+                for o in 0..len as usize {
+                    let c = (o * parts as usize + part as usize) * size;
+                    value_bytes.clear();
+                    for i in 0..k {
+                        value_bytes.extend_from_slice(&read[i * band + c..i * band + c + size]);
+                    }
+                    transform::convert_elements(
+                        self.read_dtype,
+                        self.t.ty,
+                        &value_bytes[..],
+                        out,
+                        &self.t.source,
+                        None,
+                    )?;
                 }
             }
             return Ok(out);
