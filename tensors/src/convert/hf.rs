@@ -28,6 +28,8 @@ pub struct HfFiles {
     pub added_tokens: Option<Json>,
     /// Names of the files in the folder.
     pub names: Vec<String>,
+    /// README.md opens with a YAML model card header (`---`), which gguf-py's `Metadata.load` reads.
+    pub model_card: bool,
 }
 
 impl HfFiles {
@@ -56,6 +58,9 @@ impl HfFiles {
             chat_template_json: read_json(dir, "chat_template.json", has("chat_template.json")).await?,
             sentencepiece: read_bytes(dir, "tokenizer.model", has("tokenizer.model")).await?,
             added_tokens: read_json(dir, "added_tokens.json", has("added_tokens.json")).await?,
+            model_card: read_bytes(dir, "README.md", has("README.md"))
+                .await?
+                .is_some_and(|b| b.strip_prefix(b"\xef\xbb\xbf").unwrap_or(&b).starts_with(b"---")),
             names,
         })
     }
