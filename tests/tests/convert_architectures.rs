@@ -65,6 +65,16 @@ fn check(arch: &str, outtypes: &[(&str, OutType)]) {
     }
 }
 
+/// `arch`'s bf16 conversion again within `budget` bytes, so small that pieces end inside a tensor's rows: the same
+/// file as the script's.
+fn check_within(arch: &str, budget: u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let hf = checkpoint(arch, dir.path());
+    let theirs = dir.path().join("oracle.gguf");
+    convert_hf_to_gguf_py(&hf, "bf16", &theirs);
+    assert_same_file(&ours_within(&hf, OutType::Bf16, &dir.path().join("small"), budget), &theirs);
+}
+
 /// Qwen2: byte-level BPE (pre-tokenizer "qwen2"), q/k/v biases, no permutation; all four out-types.
 #[test]
 fn qwen2_equals_convert_hf_to_gguf() {
@@ -104,11 +114,7 @@ fn gemma2_equals_convert_hf_to_gguf() {
 #[test]
 fn qwen3_moe_equals_convert_hf_to_gguf() {
     check("qwen3_moe", &[("bf16", OutType::Bf16), ("f16", OutType::F16)]);
-    let dir = tempfile::tempdir().unwrap();
-    let hf = checkpoint("qwen3_moe", dir.path());
-    let theirs = dir.path().join("oracle.gguf");
-    convert_hf_to_gguf_py(&hf, "bf16", &theirs);
-    assert_same_file(&ours_within(&hf, OutType::Bf16, &dir.path().join("small"), 3000), &theirs);
+    check_within("qwen3_moe", 3000);
 }
 
 /// Qwen3-MoE as transformers 5 saves it: `mlp.experts.gate_up_proj` (split in two along its second-to-last axis)
@@ -125,11 +131,7 @@ fn qwen3_moe_fused_experts_equal_convert_hf_to_gguf() {
 #[test]
 fn gpt_oss_mxfp4_experts_equal_convert_hf_to_gguf() {
     check("gpt_oss", &[("bf16", OutType::Bf16), ("q8_0", OutType::Q8_0)]);
-    let dir = tempfile::tempdir().unwrap();
-    let hf = checkpoint("gpt_oss", dir.path());
-    let theirs = dir.path().join("oracle.gguf");
-    convert_hf_to_gguf_py(&hf, "bf16", &theirs);
-    assert_same_file(&ours_within(&hf, OutType::Bf16, &dir.path().join("small"), 1000), &theirs);
+    check_within("gpt_oss", 1000);
 }
 
 /// gpt-oss fine-tuned and saved dequantized (bf16, transformers' GptOssExperts layout, no quantization_config): the
@@ -138,11 +140,7 @@ fn gpt_oss_mxfp4_experts_equal_convert_hf_to_gguf() {
 #[test]
 fn gpt_oss_bf16_experts_equal_convert_hf_to_gguf() {
     check("gpt_oss_bf16", &[("bf16", OutType::Bf16), ("q8_0", OutType::Q8_0)]);
-    let dir = tempfile::tempdir().unwrap();
-    let hf = checkpoint("gpt_oss_bf16", dir.path());
-    let theirs = dir.path().join("oracle.gguf");
-    convert_hf_to_gguf_py(&hf, "bf16", &theirs);
-    assert_same_file(&ours_within(&hf, OutType::Bf16, &dir.path().join("small"), 2000), &theirs);
+    check_within("gpt_oss_bf16", 2000);
 }
 
 /// Llama 3.2-like: the real Llama 3 vocabulary with its BOS-adding post-processor (pre-tokenizer llama-bpe),

@@ -97,6 +97,18 @@ pub(crate) async fn write_tensor(
     Ok(())
 }
 
+/// An error unless one row of `t` (`need` bytes: `what`) fits the budget.
+fn fits(src: &TensorSource, t: &PlannedTensor, need: u64, what: &str, budget: u64) -> Result<()> {
+    if need > budget {
+        return Err(Error::Budget {
+            file: src.location().to_string(),
+            tensor: t.source.clone(),
+            msg: format!("one row needs {need} bytes ({what}), more than the budget of {budget}"),
+        });
+    }
+    Ok(())
+}
+
 /// The transform's buffers, kept from piece to piece.
 #[derive(Default)]
 pub(crate) struct Bufs {
@@ -225,14 +237,7 @@ impl<'a> Cut<'a> {
             TensorType::Dtype(_) => false,
         };
         let out_row = t.nbytes / rows;
-        let per_row = src_row + out_row;
-        if per_row > budget {
-            return Err(Error::Budget {
-                file: src.location().to_string(),
-                tensor: t.source.clone(),
-                msg: format!("one row needs {per_row} bytes (read + converted), more than the budget of {budget}"),
-            });
-        }
+        fits(src, t, src_row + out_row, "read + converted", budget)?;
         // The converted row, and for MLX affine the decoded values and their bytes; a row whose values are
         // reordered or transformed is also decoded to f32 first.
         let work_row = out_row
@@ -280,13 +285,7 @@ impl<'a> Cut<'a> {
             }
         }
         let (raw_row, out_row) = (parts * nb * 17, nb * 17);
-        if raw_row + out_row > budget {
-            return Err(Error::Budget {
-                file: src.location().to_string(),
-                tensor: t.source.clone(),
-                msg: format!("one row needs {} bytes (read + repacked), more than the budget", raw_row + out_row),
-            });
-        }
+        fits(src, t, raw_row + out_row, "read + repacked", budget)?;
         let step = rows_per_piece(budget, raw_row, out_row, 1);
         let rows = per * experts;
         Ok(Cut {
@@ -329,13 +328,7 @@ impl<'a> Cut<'a> {
         let out_row = t.nbytes / rows;
         // Per output row: `parts` columns of each of the k source rows read, then one gathered row and its output.
         let (raw_row, work_row) = (k * parts * size, k * size + out_row);
-        if raw_row + work_row > budget {
-            return Err(Error::Budget {
-                file: src.location().to_string(),
-                tensor: t.source.clone(),
-                msg: format!("one row needs {} bytes (read + transposed), more than the budget", raw_row + work_row),
-            });
-        }
+        fits(src, t, raw_row + work_row, "read + transposed", budget)?;
         let step = rows_per_piece(budget, raw_row, work_row, 1);
         Ok(Cut { t, rows, cols: k, raw_row, src_row: raw_row, work_row, read_dtype: d, affine: false, hd: None, step })
     }
