@@ -1,6 +1,7 @@
 //! `quantfarm mlx`: a Hugging Face checkpoint to an MLX affine-quantized checkpoint, the tensors and config that
 //! `mlx_lm.convert --hf-path IN -q --q-bits B --q-group-size G` writes (mlx-lm's choice of quantized modules,
-//! `mlx.core.quantize`'s arithmetic and packing).
+//! `mlx.core.quantize`'s arithmetic and packing); with `--unquantized`, what it writes without `-q` (the model's
+//! parameters in its config's dtype, in mlx-lm's layout).
 
 use anyhow::{Context, Result};
 use quantfarm_quant::mlx_file::{quantize_mlx_checkpoint, MlxOptions};
@@ -21,6 +22,10 @@ pub struct Args {
     /// Weights per scale/bias group: 32, 64 or 128.
     #[arg(long, default_value_t = 64)]
     group_size: usize,
+    /// Write the model's parameters unquantized, in the config's dtype (`mlx_lm.convert` without -q): for a model
+    /// mlx-lm cannot load from its HF layout (gpt-oss fine-tunes saved in bf16).
+    #[arg(long, conflicts_with_all = ["bits", "group_size"])]
+    unquantized: bool,
     /// Replace existing outputs.
     #[arg(long)]
     overwrite: bool,
@@ -32,12 +37,16 @@ pub struct Args {
 pub async fn run(args: Args) -> Result<()> {
     let src = TensorSource::open(&Location::parse(&args.input)?).await?;
     let dst = Location::parse(&args.output_dir)?;
-    let opts =
-        MlxOptions { budget: args.budget, overwrite: args.overwrite, ..MlxOptions::new(args.bits, args.group_size) };
+    let base = if args.unquantized { MlxOptions::unquantized() } else { MlxOptions::new(args.bits, args.group_size) };
+    let opts = MlxOptions { budget: args.budget, overwrite: args.overwrite, ..base };
+    let what = if args.unquantized { "unquantized".to_string() } else { format!("{}-bit", args.bits) };
     let done = quantize_mlx_checkpoint(&src, &dst, &opts)
         .await
-        .with_context(|| format!("cannot quantize {} to MLX {}-bit", args.input, args.bits))?;
-    println!("{} modules quantized to {} bits (group size {})", done.quantized, args.bits, args.group_size);
+        .with_context(|| format!("cannot convert {} to MLX ({what})", args.input))?;
+    match opts.quant {
+        Some(q) => println!("{} modules quantized to {} bits (group size {})", done.quantized, q.bits, q.group_size),
+        None => println!("unquantized: {} parameters", done.total_parameters),
+    }
     for c in &done.files {
         println!("{}  {}  {}", c.sha256, human(c.bytes), c.location);
     }

@@ -75,8 +75,9 @@ impl From<quantfarm_store::Error> for MlxFileError {
 }
 
 pub struct MlxOptions {
-    pub bits: u32,
-    pub group_size: usize,
+    /// `mlx_lm.convert -q --q-bits --q-group-size`; `None` casts and saves without quantizing (`mlx_lm.convert`
+    /// without `-q`).
+    pub quant: Option<MlxQuant>,
     /// `mlx_lm.convert --dtype`; `None` uses the config's `torch_dtype`, as mlx-lm does.
     pub dtype: Option<Dtype>,
     /// Bytes of tensor data held at once, shared by the pipeline's stages: the pieces read ahead, the one being
@@ -85,10 +86,22 @@ pub struct MlxOptions {
     pub overwrite: bool,
 }
 
+/// Affine quantization's parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MlxQuant {
+    pub bits: u32,
+    pub group_size: usize,
+}
+
 impl MlxOptions {
-    /// mlx-lm's defaults for affine mode: 4 bits, groups of 64.
+    /// Quantized to `bits` in groups of `group_size` (mlx-lm's defaults for affine mode: 4 bits, groups of 64).
     pub fn new(bits: u32, group_size: usize) -> MlxOptions {
-        MlxOptions { bits, group_size, dtype: None, budget: 256 << 20, overwrite: false }
+        MlxOptions { quant: Some(MlxQuant { bits, group_size }), dtype: None, budget: 256 << 20, overwrite: false }
+    }
+
+    /// Cast and saved, not quantized: the checkpoint mlx-lm loads as the model's bf16 weights.
+    pub fn unquantized() -> MlxOptions {
+        MlxOptions { quant: None, ..MlxOptions::new(4, 64) }
     }
 }
 
@@ -151,6 +164,7 @@ impl Input<'_> {
                     shape: t.shape.clone(),
                     add: None,
                     keep_dtype: true,
+                    part: None,
                 })
                 .collect(),
         }
@@ -161,9 +175,12 @@ impl Input<'_> {
     fn planned(&self, name: &str, dtype: Dtype) -> Option<HfTensor> {
         match self {
             Input::Hf(_, plan) => plan.tensors.iter().find(|t| t.name == name).and_then(|t| {
-                let add = t.add?;
                 let source = t.sources.first()?;
-                Some(HfTensor { offset: Some(-add), ..HfTensor::plain(name, source, t.shape.clone(), dtype) })
+                if t.add.is_none() && t.part.is_none() {
+                    return None;
+                }
+                let plain = HfTensor::plain(name, source, t.shape.clone(), dtype);
+                Some(HfTensor { offset: t.add.map(|a| -a), part: t.part, ..plain })
             }),
             Input::Gguf(_, plan) => {
                 plan.tensors.iter().find(|t| t.name == name).map(|t| HfTensor { dtype, ..t.clone() })
@@ -237,8 +254,9 @@ async fn convert(input: Input<'_>, dst_dir: &Location, opts: &MlxOptions) -> Res
         return Err(MlxFileError::AlreadyQuantized { file, what: "config.json has `quantization`".into() });
     }
     let cast = opts.dtype.or_else(|| mlx_cast_dtype(&config));
-    check_params(opts.group_size, opts.bits, opts.group_size, cast.unwrap_or(Dtype::F32))
-        .map_err(MlxFileError::Params)?;
+    if let Some(q) = opts.quant {
+        check_params(q.group_size, q.bits, q.group_size, cast.unwrap_or(Dtype::F32)).map_err(MlxFileError::Params)?;
+    }
     let (quantize_3d, overrides) = input.quant_rules();
 
     // Plan (sanitized by the input's plan): cast, predicate. Sorted by name, a quantized module's three tensors
@@ -268,12 +286,14 @@ async fn convert(input: Input<'_>, dst_dir: &Location, opts: &MlxOptions) -> Res
         }
         let module = name.strip_suffix(".weight");
         let cols = shape.last().copied().unwrap_or(1);
-        let (bits, group_size) = module
-            .and_then(|m| overrides.iter().find(|o| o.0 == m))
-            .map_or((opts.bits, opts.group_size), |o| (o.1, o.2));
+        let quant = opts.quant.map(|q| {
+            module.and_then(|m| overrides.iter().find(|o| o.0 == m)).map_or((q.bits, q.group_size), |o| (o.1, o.2))
+        });
         let quantizable = |m: &str| shape.len() == 2 || shape.len() == 3 && quantize_3d.iter().any(|q| q == m);
-        match module {
-            Some(m) if floating && quantizable(m) && cols.is_multiple_of(group_size as u64) => {
+        match (module, quant) {
+            (Some(m), Some((bits, group_size)))
+                if floating && quantizable(m) && cols.is_multiple_of(group_size as u64) =>
+            {
                 check_params(group_size, bits, group_size, dtype).map_err(MlxFileError::Params)?;
                 let lead = shape[..shape.len() - 1].to_vec();
                 items.push(Item::Quant {
@@ -368,7 +388,10 @@ async fn convert(input: Input<'_>, dst_dir: &Location, opts: &MlxOptions) -> Res
     });
     files.push(write_file(dst_dir, "model.safetensors.index.json", &python_json(&index), opts.overwrite).await?);
 
-    let config = mlx_config(config, opts.bits, opts.group_size, overrides);
+    let config = match opts.quant {
+        Some(q) => mlx_config(config, q.bits, q.group_size, overrides),
+        None => unquantized_config(config),
+    };
     files.push(write_file(dst_dir, "config.json", &python_json(&Json::Object(config)), opts.overwrite).await?);
     Ok(MlxConverted { files, quantized, total_parameters })
 }
@@ -387,9 +410,14 @@ pub fn mlx_config(
         q[module.as_str()] = serde_json::json!({ "group_size": group_size, "bits": bits });
     }
     config.insert("quantization".into(), q.clone());
+    config.insert("quantization_config".into(), q);
+    unquantized_config(config)
+}
+
+/// `save_config` of an unquantized model: without `_name_or_path` and `vision_config`, top-level keys sorted.
+pub fn unquantized_config(mut config: Map<String, Json>) -> Map<String, Json> {
     config.remove("_name_or_path");
     config.remove("vision_config");
-    config.insert("quantization_config".into(), q);
     config.sort_keys();
     config
 }

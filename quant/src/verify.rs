@@ -17,7 +17,7 @@ use quantfarm_tensors::write::{copy_tensor, PieceWriter};
 use quantfarm_tensors::{Dtype, Format, TensorSource, TensorType};
 
 use crate::mlx::{quantize_affine, MlxQuantError};
-use crate::mlx_file::{mlx_config, round_to};
+use crate::mlx_file::{mlx_config, round_to, unquantized_config};
 use quantfarm_tensors::convert::transform::encode_f32;
 use quantfarm_tensors::dequant::float_values;
 use quantfarm_tensors::mlx::CARRIED_FILES;
@@ -132,12 +132,13 @@ pub async fn verify_mlx_conversion(
             tv::compare_carried(&mut v, src.location(), out.location(), &CARRIED_FILES).await;
             let mut refs = Vec::with_capacity(plan.tensors.len());
             for t in plan.tensors {
-                let r = match (t.add, t.sources.first()) {
-                    (Some(add), Some(source)) => Reference::Computed(HfTensor {
-                        offset: Some(-add),
+                let r = match (t.add, t.part, t.sources.first()) {
+                    (None, None, _) | (_, _, None) => Reference::Hf(t.sources, t.shape),
+                    (add, part, Some(source)) => Reference::Computed(HfTensor {
+                        offset: add.map(|a| -a),
+                        part,
                         ..HfTensor::plain(&t.name, source, t.shape.clone(), Dtype::F32)
                     }),
-                    _ => Reference::Hf(t.sources, t.shape),
                 };
                 refs.push((t.name, r));
             }
@@ -150,7 +151,12 @@ pub async fn verify_mlx_conversion(
             let want = mlx_config(base_config, bits as u32, group as usize, &overrides);
             tv::compare_json_object(&mut v, "config.json", &want, &mlx.config);
         }
-        None => v.problem("config.json has no quantization {bits, group_size}"),
+        // An unquantized checkpoint (`mlx_lm.convert` without -q), which holds no quantized tensor.
+        None if !mlx.config.contains_key("quantization") => {
+            let want = unquantized_config(base_config);
+            tv::compare_json_object(&mut v, "config.json", &want, &mlx.config);
+        }
+        None => v.problem("config.json's quantization has no {bits, group_size}"),
     }
 
     for (name, r) in &refs {

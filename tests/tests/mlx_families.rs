@@ -1,7 +1,8 @@
 //! HF → MLX for every mapped family against `mlx_lm.convert -q` (mlx-lm 0.32.2) run here on the same checkpoint:
 //! tiny random checkpoints (`tests/py/make_synthetic_hf.py`) of Llama 3, Qwen3-MoE, Gemma 2, Gemma 3 (text and
-//! multimodal), Phi-3, SmolLM3, Granite and OLMo 2 must give the very same tensors (name, dtype, shape and bytes)
-//! and config.json as mlx-lm writes; `quantfarm verify` then recomputes every module of ours. What each family's
+//! multimodal), Phi-3, SmolLM3, Granite and OLMo 2 must give the very same tensors (name,
+//! dtype, shape and bytes) and config.json as mlx-lm writes, and gpt-oss fine-tunes mlx-lm's own layout of the same
+//! weights; `quantfarm verify` then recomputes every module of ours. What each family's
 //! model does on loading (experts stacked, towers popped, a quantization predicate) comes from its mapping's `mlx`
 //! section, so these are the tests of that data.
 
@@ -172,6 +173,87 @@ fn qwen3_moe_mlx_converts_to_gguf_as_mlx_dequantizes_it() {
     assert_eq!(printed.trim(), "dequantized 16");
     let to_gguf = |src: &Path, out: &str| {
         let dst = Location::local(dir.path().join(out));
+        let done = rt().block_on(convert_hf_to_gguf(
+            &Location::local(src),
+            &dst,
+            "model",
+            OutType::Bf16,
+            None,
+            1 << 20,
+            false,
+        ));
+        std::fs::read(&done.unwrap_or_else(|e| panic!("{}: {e}", src.display()))[0].location).unwrap()
+    };
+    let (a, b) = (to_gguf(&mlx, "from-mlx"), to_gguf(&deq, "from-deq"));
+    assert!(a == b, "MLX → GGUF differs from MLX-dequantized HF → GGUF ({} and {} bytes)", a.len(), b.len());
+}
+
+/// gpt-oss fine-tunes are saved with bf16 experts in transformers' GptOssExperts layout, which mlx-lm 0.32.2 cannot
+/// load; quantfarm writes them as mlx-lm's model holds them (`mlx.split` in mappings/gpt_oss.yaml). The oracle is
+/// two independent tools from one MXFP4 checkpoint: transformers dequantizes it into the fine-tune layout (ours is
+/// made from that), and mlx-lm loads it natively (its sanitize splits gate/up), `mlx_lm.convert --dequantize`
+/// writes mlx-lm's own bf16 layout, and `mlx_lm.convert -q` quantizes that. Unquantized and 4-bit, every tensor is
+/// the same bytes; the 4-bit checkpoint then converts to GGUF as its `mx.dequantize` does (the release measures an
+/// MLX rung through that conversion).
+#[test]
+fn gpt_oss_bf16_mlx_equals_mlx_lms_own_layout() {
+    use quantfarm_tensors::convert::{convert_hf_to_gguf, OutType};
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mxfp4 = checkpoint("gpt_oss", d);
+    let hf = d.join("gpt-oss-bf16");
+    let printed = quantfarm_e2e::run_py_with(
+        &quantfarm_e2e::convert_python(),
+        "transformers_mxfp4_dequant.py",
+        &[mxfp4.as_os_str(), hf.as_os_str()],
+    );
+    assert_eq!(printed.trim(), "dequantized 8", "2 blocks × gate_up, down and their biases");
+    let (mlx_bf16, theirs) = (d.join("mlx-lm-bf16"), d.join("mlx-lm-q4"));
+    run_py(
+        "mlx_checkpoint.py",
+        &[OsStr::new("dequantize"), mxfp4.as_os_str(), mlx_bf16.as_os_str(), OsStr::new("bfloat16")],
+    );
+    run_py(
+        "mlx_checkpoint.py",
+        &[OsStr::new("convert"), mlx_bf16.as_os_str(), theirs.as_os_str(), OsStr::new("4"), OsStr::new("64")],
+    );
+    let ours = |out: &Path, opts: MlxOptions| {
+        rt().block_on(async {
+            let src = TensorSource::open(&Location::local(&hf)).await.unwrap();
+            // A small budget: the transposed experts are gathered in several bands.
+            let opts = MlxOptions { budget: 16 << 10, ..opts };
+            quantize_mlx_checkpoint(&src, &Location::local(out), &opts).await.unwrap_or_else(|e| panic!("{e}"))
+        })
+    };
+    let (ours_bf16, ours_q4) = (d.join("ours-bf16"), d.join("ours-q4"));
+    ours(&ours_bf16, MlxOptions::unquantized());
+    let done = ours(&ours_q4, MlxOptions::new(4, 64));
+    for (a, b, what) in [(&ours_bf16, &mlx_bf16, "unquantized"), (&ours_q4, &theirs, "4-bit")] {
+        let (a, b) = (stored(a), stored(b));
+        let names = |m: &serde_json::Map<String, Value>| m.keys().cloned().collect::<std::collections::BTreeSet<_>>();
+        assert_eq!(names(&a), names(&b), "{what}: tensor names (ours, mlx-lm's)");
+        for (name, want) in &b {
+            assert_eq!(&a[name], want, "{what}: {name} (ours, mlx-lm's)");
+        }
+        eprintln!("gpt-oss {what}: {} tensors identical to mlx-lm's", a.len());
+    }
+    // Experts and attention of 2 blocks (3 + 4), the embedding and the head; the routers at 8 bits.
+    assert_eq!(done.quantized, 16, "modules quantized");
+    let config =
+        |p: &Path| -> Value { serde_json::from_slice(&std::fs::read(p.join("config.json")).unwrap()).unwrap() };
+    assert_eq!(config(&ours_q4)["quantization"], config(&theirs)["quantization"], "config.json quantization");
+    assert!(config(&ours_bf16).get("quantization").is_none(), "unquantized: no quantization in config.json");
+    for out in [&ours_bf16, &ours_q4] {
+        quantfarm_e2e::assert_verified_identical(&quantfarm_e2e::verify(&hf, out, None));
+    }
+    // MLX → GGUF reads mlx-lm's layout: the same file as the HF folder mx.dequantize makes of the checkpoint.
+    let deq = d.join("deq/gpt-oss");
+    let mlx = d.join("mlx/gpt-oss");
+    std::fs::create_dir_all(d.join("mlx")).unwrap();
+    std::fs::rename(&ours_q4, &mlx).unwrap();
+    assert!(run_py("mlx_dequant_hf.py", &[mlx.as_os_str(), deq.as_os_str()]).trim().starts_with("dequantized"));
+    let to_gguf = |src: &Path, out: &str| {
+        let dst = Location::local(d.join(out));
         let done = rt().block_on(convert_hf_to_gguf(
             &Location::local(src),
             &dst,

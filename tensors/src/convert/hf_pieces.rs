@@ -3,11 +3,12 @@
 //! conversions read the pieces ahead ([`super::write_hf`], the MLX writer) or one by one
 //! ([`super::write_hf_tensor`], verification); the bytes are the same.
 
-use super::to_hf::{unpermuted_source_row, HfTensor};
+use super::mapping::FusedParts;
+use super::to_hf::{unpermuted_source_row, HfTensor, PartOf};
 use super::transform::encode_f32;
 use crate::dtype::{Dtype, TensorType};
 use crate::error::{Error, Result};
-use crate::pipeline::{decode_rows, row_spans, rows_per_piece, Span};
+use crate::pipeline::{byte_span, decode_rows, row_spans, rows_per_piece, Span};
 use crate::source::TensorSource;
 
 /// What a piece's rows go through.
@@ -50,13 +51,30 @@ pub struct HfCut {
     work_row: u64,
     /// Rows per head when the rows are to be unpermuted; pieces are then whole heads.
     hd: Option<u64>,
+    /// One part of a fused tensor.
+    fused: Option<Fused>,
     step: usize,
+}
+
+/// How a part of a fused tensor lies in its source.
+#[derive(Clone, Copy, Debug)]
+struct Fused {
+    of: PartOf,
+    /// The source's dtype.
+    stored: Dtype,
+    /// Values per source row.
+    src_cols: u64,
+    /// Output rows per matrix (the part's second-to-last axis).
+    per: u64,
 }
 
 impl HfCut {
     /// Cuts output tensor `t` of a GGUF → HF (or MLX → HF) plan so that [`crate::pipeline::DEPTH`] pieces as read,
     /// one piece's transform buffers and `extra_row` bytes per row of the caller's (its own output) fit `budget`.
     pub fn new(src: &TensorSource, t: &HfTensor, budget: u64, extra_row: u64) -> Result<HfCut> {
+        if let Some(of) = t.part {
+            return HfCut::part(src, t, of, budget, extra_row);
+        }
         let e = src.entry(&t.source)?;
         // Arithmetic on the values (a row permutation alone moves bytes).
         let arithmetic = t.offset.is_some() || t.reorder.is_some() || t.values.is_some();
@@ -116,12 +134,63 @@ impl HfCut {
             Kind::MlxDequantized { .. } => f32_row + size,
         };
         let step = rows_per_piece(budget, raw_row, work_row + extra_row, hd.unwrap_or(1)) as usize;
-        Ok(HfCut { t, kind, rows, cols: cols as usize, raw_row, work_row, hd, step })
+        Ok(HfCut { t, kind, rows, cols: cols as usize, raw_row, work_row, hd, fused: None, step })
     }
 
-    /// The pieces, in order.
+    /// Part `of` of a fused float tensor (`t.shape` is the part's):
+    /// - halves: runs of the source's rows, moved as bytes when the dtype stays;
+    /// - interleaved columns: whole source rows read, every `of`-th value kept;
+    /// - transposed rows: a piece of output rows within one matrix reads the band of their columns (every
+    ///   part's) from each of the matrix's source rows, and gathers each output row from it.
+    fn part(src: &TensorSource, t: &HfTensor, of: PartOf, budget: u64, extra_row: u64) -> Result<HfCut> {
+        let e = src.entry(&t.source)?;
+        let bad = |msg: String| Error::format(src.location().to_string(), format!("tensor {:?}", t.source), msg);
+        let stored = match e.ty {
+            TensorType::Dtype(d @ (Dtype::BF16 | Dtype::F16 | Dtype::F32)) => d,
+            ty => return Err(bad(format!("is {ty}: only a float tensor is split into parts"))),
+        };
+        if t.unpermute_heads.is_some() || t.reorder.is_some() {
+            return Err(bad("a part of a fused tensor is neither unpermuted nor reordered".into()));
+        }
+        let want = of.shape(&e.shape).ok_or_else(|| {
+            bad(format!("shape {:?} does not divide into {} parts laid out as {:?}", e.shape, of.of, of.layout))
+        })?;
+        if want != t.shape {
+            return Err(bad(format!("its part {} of {} is {want:?}; the plan says {:?}", of.part, of.of, t.shape)));
+        }
+        let n = want.len();
+        let cols = want[n - 1];
+        let rows = want[..n - 1].iter().product::<u64>().max(1);
+        let per = if n >= 2 { want[n - 2].max(1) } else { 1 };
+        let src_cols = e.shape[e.shape.len() - 1];
+        let (size, out) = (stored.size() as u64, t.dtype.size() as u64);
+        let same = t.offset.is_none() && t.values.is_none() && stored == t.dtype;
+        // Bytes read per output row, and the buffers per output row: the values decoded, gathered and rounded.
+        let (kind, raw_row, work_row) = match of.layout {
+            FusedParts::Halves if same => (Kind::Same, src_cols * size, 0),
+            FusedParts::Halves => (Kind::Values, src_cols * size, 2 * 4 * cols + out * cols),
+            FusedParts::InterleavedColumns => (Kind::Values, src_cols * size, 4 * src_cols + (4 + out) * cols),
+            FusedParts::TransposedRows => (Kind::Values, cols * of.of * size, 4 * cols * of.of + (4 + out) * cols),
+        };
+        let mut step = rows_per_piece(budget, raw_row, work_row + extra_row, 1);
+        if of.layout == FusedParts::TransposedRows {
+            step = step.min(per);
+        }
+        let fused = Some(Fused { of, stored, src_cols, per });
+        let (rows, cols) = (rows as usize, cols as usize);
+        Ok(HfCut { t: t.clone(), kind, rows, cols, raw_row, work_row, hd: None, fused, step: step as usize })
+    }
+
+    /// The pieces, in order (a transposed part's within one matrix each).
     pub fn pieces(&self) -> impl Iterator<Item = HfPiece> + '_ {
-        (0..self.rows).step_by(self.step).map(|first| HfPiece { first, rows: self.step.min(self.rows - first) })
+        let per = match self.fused {
+            Some(f) if f.of.layout == FusedParts::TransposedRows => f.per as usize,
+            _ => self.rows.max(1),
+        };
+        (0..self.rows).step_by(per).flat_map(move |m| {
+            let end = (m + per).min(self.rows);
+            (m..end).step_by(self.step).map(move |first| HfPiece { first, rows: self.step.min(end - first) })
+        })
     }
 
     /// Bytes of the transform's buffers for piece `p`.
@@ -132,6 +201,18 @@ impl HfCut {
     /// The runs of consecutive source rows piece `p` reads, in the order its output rows (before unpermuting
     /// within heads) come from them: one run, or several when the rows are reordered.
     fn runs(&self, p: HfPiece) -> Vec<(u64, usize)> {
+        if let Some(f) = self.fused.filter(|f| f.of.layout == FusedParts::Halves) {
+            // Output row j of matrix m is source row (m·of + part)·per + j.
+            let mut runs = Vec::new();
+            let (mut r, end) = (p.first as u64, (p.first + p.rows) as u64);
+            while r < end {
+                let (m, j) = (r / f.per, r % f.per);
+                let len = (f.per - j).min(end - r);
+                runs.push(((m * f.of.of + f.of.part) * f.per + j, len as usize));
+                r += len;
+            }
+            return runs;
+        }
         let Some(o) = self.t.reorder.filter(|o| o.rows && matches!(self.kind, Kind::Values)) else {
             return vec![(p.first as u64, p.rows)];
         };
@@ -152,6 +233,17 @@ impl HfCut {
 
     /// Where piece `p`'s rows are stored, in the order [`HfCut::convert`] takes them.
     pub fn spans<'s>(&self, src: &'s TensorSource, p: HfPiece) -> Result<Vec<Span<'s>>> {
+        if let Some(f) = self.fused.filter(|f| f.of.layout == FusedParts::TransposedRows) {
+            // From each of the matrix's k source rows, the columns of output rows j..j + n, every part's.
+            let (m, j) = (p.first as u64 / f.per, p.first as u64 % f.per);
+            let (k, of, size) = (self.cols as u64, f.of.of, f.stored.size() as u64);
+            return (0..k)
+                .map(|i| {
+                    let row = (m * k + i) * f.per * of;
+                    byte_span(src, &self.t.source, (row + j * of) * size, p.rows as u64 * of * size)
+                })
+                .collect();
+        }
         let mut spans = Vec::new();
         for (first, len) in self.runs(p) {
             spans.extend(row_spans(src, &self.t.source, first, len as u64)?);
@@ -169,6 +261,9 @@ impl HfCut {
             None => k,
             Some(hd) => (unpermuted_source_row((p.first + k) as u64, hd) - p.first as u64) as usize,
         };
+        if let Some(f) = self.fused.filter(|_| matches!(self.kind, Kind::Values)) {
+            return self.convert_part(src, f, p, raw, bufs);
+        }
         let HfBufs { values, ordered, row, out } = bufs;
         out.clear();
         match self.kind {
@@ -240,6 +335,52 @@ impl HfCut {
                 encode_f32(rows_out, t.dtype, out);
             }
         }
+        Ok(out)
+    }
+
+    /// A piece of a part of a fused tensor: the bytes read decoded, the part's values gathered from them, the
+    /// value function and offset undone, rounded to the dtype.
+    fn convert_part<'b>(
+        &self,
+        src: &TensorSource,
+        f: Fused,
+        p: HfPiece,
+        raw: &'b [u8],
+        bufs: &'b mut HfBufs,
+    ) -> Result<&'b [u8]> {
+        let t = &self.t;
+        let (n, cols, of, part) = (p.rows, self.cols, f.of.of as usize, f.of.part as usize);
+        let HfBufs { values, ordered, out, .. } = bufs;
+        let want = n * self.raw_row as usize;
+        if raw.len() != want {
+            let msg = format!("{} bytes read for {n} rows of part {part} of {of}; {want} expected", raw.len());
+            return Err(Error::format(src.location().to_string(), &t.source, msg));
+        }
+        values.resize(raw.len() / f.stored.size(), 0f32);
+        decode_rows(src, &t.source, raw, values)?;
+        ordered.clear();
+        match f.of.layout {
+            FusedParts::Halves => ordered.extend_from_slice(values),
+            FusedParts::InterleavedColumns => {
+                for r in values.chunks_exact(f.src_cols as usize) {
+                    ordered.extend((0..cols).map(|c| r[c * of + part]));
+                }
+            }
+            // The band holds, per source row i (an output column), n·of values: output row j's is j·of + part.
+            FusedParts::TransposedRows => {
+                for j in 0..n {
+                    ordered.extend((0..cols).map(|i| values[i * n * of + j * of + part]));
+                }
+            }
+        }
+        if let Some(v) = t.values {
+            ordered.iter_mut().for_each(|x| *x = v.inverse(*x));
+        }
+        if let Some(o) = t.offset {
+            ordered.iter_mut().for_each(|x| *x -= o);
+        }
+        out.clear();
+        encode_f32(ordered, t.dtype, out);
         Ok(out)
     }
 }

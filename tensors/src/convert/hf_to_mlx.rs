@@ -13,6 +13,9 @@
 //!   transformers version wrote;
 //! - `mlx.quantize_3d` and `mlx.quant_overrides` say how the model's `quant_predicate` quantizes modules.
 //!
+//! - fused tensors the model's `sanitize` splits (`mlx.split`: gpt-oss's experts and their biases, interleaved,
+//!   and transposed into `SwitchLinear`'s `(experts, out, in)`; Qwen3.5-MoE's `gate_up_proj` halves) become its
+//!   own parameters, each part read from the fused source as it streams;
 //! - the model's `sanitize` (`mlx.sanitize`), for a checkpoint that needs it (one with a tensor a `moveaxis` rule
 //!   moves: mlx-lm's Qwen3.5 tells an HF checkpoint by its conv1d layout): size-1 axes moved (the bytes stay), and
 //!   1-D tensors offset (`add`: Qwen3.5's RMSNorm weights, `v + 1.0` in their own dtype); the multi-token-prediction
@@ -26,7 +29,8 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value as Json};
 
-use super::mapping::{mapping_for, Mapped, Mapping};
+use super::mapping::{mapping_for, FusedParts, Mapped, Mapping};
+use super::to_hf::PartOf;
 use crate::dtype::{Dtype, TensorType};
 use crate::error::{Error, Result};
 use crate::source::TensorSource;
@@ -45,6 +49,8 @@ pub struct MlxTensor {
     pub add: Option<f32>,
     /// Kept in its stored dtype when the rest is cast (the model's `cast_predicate`).
     pub keep_dtype: bool,
+    /// A part of its one (fused) source, as the model's `sanitize` splits it (`mlx.split`).
+    pub part: Option<PartOf>,
 }
 
 /// What `mlx_lm.convert` makes of an HF checkpoint's tensors.
@@ -137,6 +143,37 @@ fn plan_with(src: &TensorSource, mapping: &Mapping, config: &Map<String, Json>) 
                 continue;
             }
         }
+        // A fused tensor the model's sanitize splits into its own parameters (or renames).
+        if let Some((rule, names)) = mx.split.iter().find_map(|r| Some((r, r.names(&text)?))) {
+            let of = names.len() as u64;
+            for (k, name) in names.into_iter().enumerate() {
+                let part = (of > 1 || rule.parts != FusedParts::Halves).then_some(PartOf {
+                    layout: rule.parts,
+                    of,
+                    part: k as u64,
+                });
+                let shape = match part {
+                    None => e.shape.clone(),
+                    Some(p) => p.shape(&e.shape).ok_or_else(|| {
+                        Error::format(
+                            &file,
+                            format!("tensor {:?}", e.name),
+                            format!("shape {:?} does not divide into {of} parts laid out as {:?}", e.shape, p.layout),
+                        )
+                    })?,
+                };
+                tensors.push(MlxTensor {
+                    name: format!("{prefix}{name}"),
+                    sources: vec![e.name.clone()],
+                    stored: e.ty,
+                    shape,
+                    add: None,
+                    keep_dtype: mx.keep_dtype.iter().any(|r| r.is_match(&name)),
+                    part,
+                });
+            }
+            continue;
+        }
         // Only the per-expert weights are looked up in the mapping's rules; others keep their names.
         if let Ok(Mapped::Expert { rule, block, expert, weight }) = mapping.map_tensor(&e.name) {
             if mx.stack_experts.is_none() {
@@ -161,6 +198,7 @@ fn plan_with(src: &TensorSource, mapping: &Mapping, config: &Map<String, Json>) 
             },
             add,
             keep_dtype: mx.keep_dtype.iter().any(|r| r.is_match(&text)),
+            part: None,
         });
     }
     if let (Some(rule), Some(template)) = (expert_rule, &mx.stack_experts) {
@@ -196,7 +234,15 @@ fn plan_with(src: &TensorSource, mapping: &Mapping, config: &Map<String, Json>) 
                 }
             }
             let shape = [count].into_iter().chain(first.shape.iter().copied()).collect();
-            tensors.push(MlxTensor { name, stored: first.ty, shape, sources, add: None, keep_dtype: false });
+            tensors.push(MlxTensor {
+                name,
+                stored: first.ty,
+                shape,
+                sources,
+                add: None,
+                keep_dtype: false,
+                part: None,
+            });
         }
     }
     tensors.sort_by(|a, b| a.name.cmp(&b.name));

@@ -349,6 +349,30 @@ pub struct MlxSection {
     /// `cast_predicate`: Qwen3.5's `A_log`), names without the prefix.
     #[serde(default)]
     pub keep_dtype: Vec<AnchoredRegex>,
+    /// HF → MLX: fused tensors the model's `sanitize` splits into its own parameters (gpt-oss's and Qwen3.5-MoE's
+    /// experts), or renames (one part).
+    #[serde(default)]
+    pub split: Vec<MlxSplit>,
+}
+
+/// A fused HF tensor (names without the prefix; group `b` is the block) and the MLX tensors its parts become, in
+/// order, laid out as `parts` says; one MLX name with `parts` left out is a rename.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MlxSplit {
+    pub hf: AnchoredRegex,
+    pub mlx: Vec<String>,
+    #[serde(default)]
+    pub parts: FusedParts,
+}
+
+impl MlxSplit {
+    /// The MLX names of HF tensor `text`'s parts, when this rule splits it.
+    pub fn names(&self, text: &str) -> Option<Vec<String>> {
+        let c = self.hf.0.captures(text)?;
+        let b = c.name("b").map_or("", |m| m.as_str());
+        Some(self.mlx.iter().map(|t| t.replace("{b}", b)).collect())
+    }
 }
 
 impl MlxSection {
@@ -488,6 +512,8 @@ pub struct TensorRule {
     pub offset: Option<f32>,
     /// The MLX name template, where mlx-lm names the tensor differently from HF.
     pub mlx: Option<String>,
+    /// `mlx` as an anchored regex: an MLX checkpoint's tensor of that name maps to `gguf` too (MLX → GGUF).
+    pub mlx_regex: Option<AnchoredRegex>,
     pub reorder: Option<Reorder>,
     pub values: Option<ValueFn>,
     pub hf_shape: Option<ShapeRule>,
@@ -655,9 +681,13 @@ impl TryFrom<RawTensorRule> for TensorRule {
             return Err(format!("tensor rule {:?}: offset must be finite and not 0", r.gguf));
         }
         let hf_template = r.hf.as_ref().and_then(|hf| plain_template(hf.0.as_str()));
-        let gguf_regex = Regex::new(&format!("^(?:{})$", regex::escape(&r.gguf).replace(r"\{b\}", r"(?P<b>\d+)")))
-            .map(AnchoredRegex)
-            .map_err(|e| format!("tensor rule {:?}: {e}", r.gguf))?;
+        let template_regex = |t: &str| {
+            Regex::new(&format!("^(?:{})$", regex::escape(t).replace(r"\{b\}", r"(?P<b>\d+)")))
+                .map(AnchoredRegex)
+                .map_err(|e| format!("tensor rule {:?}: {e}", r.gguf))
+        };
+        let gguf_regex = template_regex(&r.gguf)?;
+        let mlx_regex = r.mlx.as_deref().map(template_regex).transpose()?;
         if r.mlx.as_ref().is_some_and(|m| m.contains("{b}") != r.gguf.contains("{b}")) {
             return Err(format!("tensor rule {:?}: the MLX name uses {{b}} exactly when the GGUF name does", r.gguf));
         }
@@ -672,6 +702,7 @@ impl TryFrom<RawTensorRule> for TensorRule {
             permute: r.permute,
             offset: r.offset,
             mlx: r.mlx,
+            mlx_regex,
             reorder: r.reorder,
             values: r.values,
             hf_shape: r.hf_shape,
@@ -1176,26 +1207,28 @@ impl Mapping {
     }
 
     /// Maps an HF tensor name: a rename (first matching rule), a drop, or an error naming the tensor.
-    pub fn map_tensor(&self, hf: &str) -> Result<Mapped<'_>> {
+    pub fn map_tensor<'a>(&'a self, hf: &str) -> Result<Mapped<'a>> {
         let Some(text) = self.text_name(hf) else {
             return Ok(Mapped::Multimodal);
         };
         let hf = text.as_str();
-        for rule in &self.tensors {
-            if let Some(c) = rule.hf.as_ref().and_then(|r| r.0.captures(hf)) {
-                let gguf = match c.name("b") {
-                    Some(b) => rule.gguf.replace("{b}", b.as_str()),
-                    None => rule.gguf.clone(),
-                };
-                return Ok(Mapped::Rename {
-                    gguf,
-                    permute: rule.permute.as_ref(),
-                    offset: rule.offset,
-                    reorder: rule.reorder.as_ref(),
-                    values: rule.values,
-                    hf_shape: rule.hf_shape,
-                });
-            }
+        let rename = |rule: &'a TensorRule, c: regex::Captures| Mapped::Rename {
+            gguf: match c.name("b") {
+                Some(b) => rule.gguf.replace("{b}", b.as_str()),
+                None => rule.gguf.clone(),
+            },
+            permute: rule.permute.as_ref(),
+            offset: rule.offset,
+            reorder: rule.reorder.as_ref(),
+            values: rule.values,
+            hf_shape: rule.hf_shape,
+        };
+        if let Some((rule, c)) = self.tensors.iter().find_map(|r| Some((r, r.hf.as_ref()?.0.captures(hf)?))) {
+            return Ok(rename(rule, c));
+        }
+        // An MLX checkpoint's own name for a tensor (mlx-lm's SwitchGLU experts): the rule's GGUF tensor.
+        if let Some((rule, c)) = self.tensors.iter().find_map(|r| Some((r, r.mlx_regex.as_ref()?.0.captures(hf)?))) {
+            return Ok(rename(rule, c));
         }
         for (rule, r) in self.experts.iter().enumerate() {
             if let Some(c) = r.hf.0.captures(hf) {

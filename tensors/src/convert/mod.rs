@@ -33,7 +33,7 @@ pub use metadata::{id_to_title, size_label};
 pub use split::{output_file_name, split_ranges, SplitRule};
 pub use to_hf::{
     convert_gguf_to_hf, plan_gguf_to_hf, plan_gguf_to_mlx, plan_mlx_to_hf, unpermuted_source_row, write_hf,
-    write_hf_tensor, HeadOrder, HfPlan, HfTensor,
+    write_hf_tensor, HeadOrder, HfPlan, HfTensor, PartOf,
 };
 pub use tokenizer::pre_tokenizer_sha256;
 

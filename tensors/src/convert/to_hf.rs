@@ -44,6 +44,39 @@ pub struct HfTensor {
     pub reorder: Option<HeadOrder>,
     /// Undo an elementwise function (applied in f32 before the offset).
     pub values: Option<ValueFn>,
+    /// One part of a fused source tensor, taken out as mlx-lm's `sanitize` splits it (gpt-oss's and Qwen3.5-MoE's
+    /// fused experts); `shape` is the part's.
+    pub part: Option<PartOf>,
+}
+
+/// Part `part` of the `of` parts of a fused tensor laid out as `layout` says (see
+/// [`super::mapping::FusedParts`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PartOf {
+    pub layout: super::mapping::FusedParts,
+    pub of: u64,
+    pub part: u64,
+}
+
+impl PartOf {
+    /// The part's shape, from its fused source's `shape`; `None` when the source does not divide into the parts.
+    pub fn shape(&self, shape: &[u64]) -> Option<Vec<u64>> {
+        use super::mapping::FusedParts;
+        let n = shape.len();
+        if self.of == 0 || self.part >= self.of {
+            return None;
+        }
+        let mut out = shape.to_vec();
+        match self.layout {
+            FusedParts::Halves if n >= 2 && shape[n - 2] % self.of == 0 => out[n - 2] /= self.of,
+            FusedParts::InterleavedColumns if n >= 1 && shape[n - 1] % self.of == 0 => out[n - 1] /= self.of,
+            FusedParts::TransposedRows if n >= 2 && shape[n - 1] % self.of == 0 => {
+                (out[n - 2], out[n - 1]) = (shape[n - 1] / self.of, shape[n - 2]);
+            }
+            _ => return None,
+        }
+        Some(out)
+    }
 }
 
 impl HfTensor {
@@ -59,6 +92,7 @@ impl HfTensor {
             offset: None,
             reorder: None,
             values: None,
+            part: None,
         }
     }
 }
@@ -319,6 +353,7 @@ async fn plan_from_gguf(src: &TensorSource, dtype: Dtype, target: Target) -> Res
             offset,
             reorder,
             values: rule.values,
+            part: None,
         });
     }
     tensors.sort_by(|a, b| a.name.cmp(&b.name));
