@@ -5,12 +5,54 @@
 //! `MlxLmRun.load_error`, so the rest of the release goes on and the report shows the rung as not measured, with
 //! mlx-lm's own message.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use quantfarm_proto as pb;
+use quantfarm_quant::mlx_file::{quantize_mlx_checkpoint, MlxOptions};
+use quantfarm_store::Location;
+use quantfarm_tensors::convert::plan_hf_to_mlx;
+use quantfarm_tensors::{Format, TensorSource};
 
+use crate::env::Env;
 use crate::failure::Failure;
 use crate::mlx_lm::{Error, MlxLm};
+
+/// The checkpoint mlx-lm is given for a model.
+pub struct Checkpoint {
+    pub path: PathBuf,
+    /// Why it is quantfarm's MLX conversion of the model rather than the model's own folder (empty when it is not).
+    pub converted: String,
+}
+
+/// The checkpoint mlx-lm loads for the local model folder `model`: the folder itself, or, for an HF checkpoint
+/// whose layout mlx-lm's model cannot load (its mapping's `mlx.split`: gpt-oss's fused experts saved in bf16, which
+/// mlx-lm 0.32.2's `sanitize` does not take), quantfarm's unquantized MLX conversion of it in `dir`: the model's
+/// own parameters, as `mlx_lm.convert` without `-q` writes them from a checkpoint it can load (the same weights in
+/// the layout mlx-lm's model holds them; `tests/tests/mlx_families.rs` checks that layout against mlx-lm's).
+pub async fn checkpoint(model: PathBuf, dir: &Path, env: &Env) -> Result<Checkpoint, Failure> {
+    let plain = |path| Ok(Checkpoint { path, converted: String::new() });
+    let Ok(src) = TensorSource::open(&Location::local(&model)).await else { return plain(model) };
+    // A checkpoint quantfarm cannot plan is left to mlx-lm, whose own message the report shows.
+    let plan = match plan_hf_to_mlx(&src) {
+        Ok(plan) if src.format() == Format::Safetensors => plan,
+        _ => return plain(model),
+    };
+    let Some(split) = plan.tensors.iter().find(|t| t.part.is_some()) else { return plain(model) };
+    let converted = format!(
+        "quantfarm's unquantized MLX conversion of {}: mlx-lm's model cannot load its layout ({} is split into the \
+         model's own parameters, e.g. {})",
+        model.display(),
+        split.sources.first().map_or("a fused tensor", String::as_str),
+        split.name
+    );
+    let out = dir.join("mlx-lm-layout");
+    let opts = MlxOptions { budget: env.budget, overwrite: true, ..MlxOptions::unquantized() };
+    quantize_mlx_checkpoint(&src, &Location::local(&out), &opts)
+        .await
+        .map_err(|e| Failure::internal(format!("{}: its MLX conversion for mlx-lm: {e}", model.display())))?;
+    tracing::info!(model = %model.display(), "{converted}");
+    Ok(Checkpoint { path: out, converted })
+}
 
 /// The helper's errors by what a retry can do: a helper that died or could not start may run elsewhere (transient);
 /// a request the helper refused will be refused again (input); anything else is a bug (internal).
@@ -31,7 +73,7 @@ pub enum Opened {
 /// Starts a helper (written into `scratch`) and loads `model` in it. On mlx's CPU build a quantized model's floating
 /// parameters are made f32 (its quantized matmul accumulates bf16 activations otherwise); on a GPU, models run as
 /// their users run them.
-pub async fn open(model: &Path, scratch: &Path) -> Result<Opened, Failure> {
+pub async fn open(model: &Checkpoint, scratch: &Path) -> Result<Opened, Failure> {
     let mut helper = MlxLm::start(&crate::runtimes::python(), scratch).await.map_err(failure)?;
     let v = &helper.versions;
     let mut run = pb::MlxLmRun {
@@ -39,10 +81,11 @@ pub async fn open(model: &Path, scratch: &Path) -> Result<Opened, Failure> {
         mlx_lm: v.mlx_lm.clone(),
         device: v.device.clone(),
         device_name: v.device_name.clone(),
+        converted: model.converted.clone(),
         ..Default::default()
     };
     let upcast = v.device == "cpu";
-    match helper.load(model, upcast).await {
+    match helper.load(&model.path, upcast).await {
         Ok(loaded) => {
             run.quantized = loaded.quantized;
             run.upcast = loaded.upcast;

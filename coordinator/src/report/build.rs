@@ -232,6 +232,7 @@ fn cross_runtime(rel: &Release) -> Option<CrossRuntime> {
             file_type: name,
             quantized: acc.run.filter(|_| load_error.is_none()).map(|r| r.quantized),
             upcast: acc.run.filter(|_| load_error.is_none()).map(|r| r.upcast),
+            converted: acc.run.map(|r| r.converted.clone()).filter(|c| !c.is_empty()),
             // Nothing to compare with (mlx-lm could not load the bf16 weights a rung is compared with): not
             // measured, rather than 0 of 0 prompts.
             greedy: (acc.ran_greedy && load_error.is_none() && n_reference > 0)
@@ -256,13 +257,15 @@ fn cross_runtime(rel: &Release) -> Option<CrossRuntime> {
         file_type: MlxSubject::Bf16.to_string(),
         quantized: None,
         upcast: None,
+        converted: None,
         load_error: None,
         greedy: None,
         kld: None,
         probes: None,
     });
     Some(CrossRuntime::Measured(Box::new(CrossRuntimeFigures {
-        method: "the GGUF BF16's source weights (an HF checkpoint) and each MLX rung loaded by mlx_lm.load and run \
+        method: "the GGUF BF16's source weights (an HF checkpoint, or quantfarm's unquantized MLX conversion of it \
+                 where mlx-lm's model cannot load its layout) and each MLX rung loaded by mlx_lm.load and run \
                  in mlx-lm, on the workers' helper (worker/mlx/quantfarm_mlx.py), fed the token ids llama.cpp was fed \
                  (never re-tokenized): greedy continuations at temperature 0 of the reference's prompt tokens, the \
                  bf16 weights compared with llama.cpp's GGUF BF16 and each rung with mlx-lm's bf16; logits of every \
@@ -932,6 +935,7 @@ mod tests {
             file_type: file_type.into(),
             quantized: None,
             upcast: None,
+            converted: None,
             load_error: load_error.map(str::to_string),
             greedy: None,
             kld: None,

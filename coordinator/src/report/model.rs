@@ -183,6 +183,10 @@ pub struct MlxLmSubject {
     /// loaded it.
     pub quantized: Option<bool>,
     pub upcast: Option<bool>,
+    /// Set when mlx-lm was given quantfarm's unquantized MLX conversion of the HF checkpoint, because its model
+    /// cannot load that layout (gpt-oss's fused experts in bf16): what was converted and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub converted: Option<String>,
     /// mlx-lm's own message when it could not load the checkpoint.
     pub load_error: Option<String>,
     pub greedy: Option<GreedySummary>,

@@ -351,6 +351,11 @@ fn cross_runtime(h: &mut String, report: &Report) {
             (None, Some(false)) => "as stored".to_string(),
             (None, None) => "—".to_string(),
         };
+        // The HF layout mlx-lm cannot load was given to it as quantfarm's unquantized MLX conversion.
+        let loaded = match &s.converted {
+            Some(_) if s.load_error.is_none() => format!("{loaded}; as quantfarm's MLX conversion"),
+            _ => loaded,
+        };
         let _ = write!(
             h,
             "<tr{}><td>{}</td><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td>{}</td></tr>",

@@ -11,7 +11,7 @@ use super::Executor;
 use crate::env::Env;
 use crate::failure::Failure;
 use crate::fetch::{local_model, task_dir};
-use crate::mlx_run::{failure, ids, open, Opened};
+use crate::mlx_run::{checkpoint, failure, ids, open, Opened};
 
 pub struct MlxLmGreedy;
 
@@ -29,7 +29,7 @@ async fn greedy(t: &pb::MlxLmGreedyTask, env: &Env) -> Result<pb::GreedyResult, 
         return Err(Failure::input("mlx-lm greedy: max_tokens is 0"));
     }
     let dir = task_dir(env)?;
-    let model = local_model(&t.model, dir.path(), env).await?;
+    let model = checkpoint(local_model(&t.model, dir.path(), env).await?, dir.path(), env).await?;
     let (mut helper, run) = match open(&model, &env.scratch).await? {
         Opened::Ready(helper, run) => (helper, run),
         Opened::Refused(run) => return Ok(pb::GreedyResult { mlx_lm: Some(run), ..Default::default() }),

@@ -11,7 +11,7 @@ use super::Executor;
 use crate::env::Env;
 use crate::failure::Failure;
 use crate::fetch::{hash_object, local_file, local_model, location, task_dir};
-use crate::mlx_run::{failure, ids, open, Opened};
+use crate::mlx_run::{checkpoint, failure, ids, open, Opened};
 
 pub struct MlxLmKld;
 
@@ -31,7 +31,7 @@ async fn kld(t: &pb::MlxLmKldTask, env: &Env) -> Result<pb::KldResult, Failure> 
         return Err(Failure::corrupt(&t.base, &sha, &t.base_sha256));
     }
     let base_path = local_file(&t.base, dir.path(), env).await?;
-    let model = local_model(&t.model, dir.path(), env).await?;
+    let model = checkpoint(local_model(&t.model, dir.path(), env).await?, dir.path(), env).await?;
     let (mut helper, run) = match open(&model, &env.scratch).await? {
         Opened::Ready(helper, run) => (helper, run),
         Opened::Refused(run) => return Ok(pb::KldResult { mlx_lm: Some(run), ..Default::default() }),

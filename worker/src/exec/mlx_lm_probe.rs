@@ -16,7 +16,7 @@ use crate::failure::Failure;
 use crate::fetch::{local_model, read_text, task_dir};
 use crate::llama::blocking;
 use crate::mlx_lm::{free_port, Server};
-use crate::mlx_run::{failure, open, Opened};
+use crate::mlx_run::{checkpoint, failure, open, Opened};
 
 /// How long the server may take to answer `/health` (it imports mlx and mlx-lm; the model loads on the first
 /// request).
@@ -35,7 +35,7 @@ impl Executor for MlxLmProbe {
 
 async fn probe(t: &pb::MlxLmProbeTask, env: &Env) -> Result<pb::ProbeResult, Failure> {
     let dir = task_dir(env)?;
-    let model = local_model(&t.model, dir.path(), env).await?;
+    let model = checkpoint(local_model(&t.model, dir.path(), env).await?, dir.path(), env).await?;
     let (text, _) = read_text(&t.suite).await?;
     let suite = Suite::parse(&t.suite, &text)?;
     let run = match open(&model, &env.scratch).await? {
@@ -47,7 +47,7 @@ async fn probe(t: &pb::MlxLmProbeTask, env: &Env) -> Result<pb::ProbeResult, Fai
     };
     let port = free_port().map_err(|e| Failure::transient("a loopback port for mlx_lm.server", e))?;
     let python = crate::runtimes::python();
-    let server = Server::start(&python, &env.scratch, &model, port, run.upcast, READY).await.map_err(failure)?;
+    let server = Server::start(&python, &env.scratch, &model.path, port, run.upcast, READY).await.map_err(failure)?;
     let url = server.url.clone();
     let report = blocking(move || {
         let mut responder = Endpoint::new(&url, Some("default_model"))?;
