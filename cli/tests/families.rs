@@ -261,58 +261,81 @@ fn phi4_release() {
     release("phi4");
 }
 
-/// Mistral Nemo (Mistral's layout; the tekken vocabulary).
+/// Mistral Nemo (Mistral's layout; the tekken vocabulary). llama.yaml's release path with ministral3_release's
+/// vocabulary, so only with QUANTFARM_LONG, as `smollm3_release`.
 #[test]
 fn mistral_nemo_release() {
+    if quantfarm_e2e::skip_unless_long("mistral_nemo_release", "llama3_release and ministral3_release run its parts") {
+        return;
+    }
     release("mistral_nemo");
 }
 
+/// Ministral 3 as Mistral3ForConditionalGeneration saves it (the text tower released, the Pixtral tower left out;
+/// yarn with Llama 4's attention temperature; the tekken vocabulary).
+#[test]
+fn ministral3_release() {
+    release("ministral3_mm");
+}
+
 /// gpt-oss fine-tuned and saved dequantized, as fine-tunes usually are (bf16 experts, transposed on conversion;
-/// attention sinks, a biased router, yarn rope, o200k_harmony; the LoRA on attention). mlx-lm's gpt_oss layout is
-/// not converted yet, so the release has no MLX rung.
+/// attention sinks, a biased router, yarn rope, o200k_harmony; the LoRA on attention). The MLX rung is written in
+/// mlx-lm's gpt_oss layout; mlx-lm cannot load the merged checkpoint's own layout, so its bf16 weights are given to
+/// it as quantfarm's unquantized MLX conversion, which the report says, and which must agree with llama.cpp's GGUF
+/// BF16 (link 2) as closely as any family's bf16 weights do.
 #[test]
 fn gpt_oss_release() {
     let _cpu = quantfarm_e2e::cpu_bound();
     let dir = tempfile::tempdir().unwrap();
     let hf = checkpoint("gpt_oss_bf16", dir.path());
     let adapter = quantfarm_e2e::lora_adapter("peft-attn", &hf, dir.path());
-    let sum = release_of("gpt_oss_bf16", &hf, Some(&adapter), dir.path(), MlxRung::None, &[]);
+    let sum = release_of("gpt_oss_bf16", &hf, Some(&adapter), dir.path(), MlxRung::MlxLm, &[]);
     assert_eq!(sum["merge_check"]["greedy"]["identical"], 2, "gpt_oss: {:#}", sum["merge_check"]);
+    let url = sum["report_url"].as_str().unwrap();
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(url).unwrap()).unwrap();
+    let bf16 = &report["cross_runtime"]["bf16"];
+    let converted = bf16["converted"].as_str().unwrap_or_else(|| panic!("not converted: {bf16:#}"));
+    assert!(converted.contains("mlp.experts."), "{converted}");
+    assert!(bf16["rungs"].is_null() && bf16["load_error"].is_null(), "{bf16:#}");
+    // Two runtimes on the same bf16 weights (mlx's CPU build upcasts): far below any quantization's divergence.
+    let kld = bf16["kld"]["mean_kld"].as_f64().unwrap();
+    assert!(kld < 1e-3, "mlx-lm bf16 vs llama.cpp BF16: mean KLD {kld}");
+    assert_eq!(bf16["greedy"]["identical"], 2, "{bf16:#}");
 }
 
-/// transformers' own tiny dense Qwen3.5 (`tests/py/qwen35.py make dense`: a multi-token-prediction block, SmolLM2's
-/// tokenizer) in `dir/qwen3_5`; `nested`: as Qwen3_5ForConditionalGeneration stores it (the released models'
-/// layout, which mlx-lm loads), in `dir/qwen3_5-nested`.
-fn qwen3_5_checkpoint(dir: &Path, nested: bool) -> PathBuf {
-    let hf = dir.join("qwen3_5");
+/// transformers' own tiny Qwen3.5 of `kind` (`tests/py/qwen35.py make dense|moe`: a multi-token-prediction block,
+/// SmolLM2's tokenizer) in `dir/qwen3_5-KIND`; `nested`: as Qwen3_5[Moe]ForConditionalGeneration stores it (the
+/// released models' layout, which mlx-lm loads), in `dir/qwen3_5-KIND-nested`.
+fn qwen3_5_checkpoint(kind: &str, dir: &Path, nested: bool) -> PathBuf {
+    let hf = dir.join(format!("qwen3_5-{kind}"));
     let tok = quantfarm_e2e::smollm2_derived().join("smollm2-hf");
     let py = quantfarm_e2e::convert_python();
     quantfarm_e2e::run_py_with(
         &py,
         "qwen35.py",
-        &[OsStr::new("make"), OsStr::new("dense"), hf.as_os_str(), tok.as_os_str()],
+        &[OsStr::new("make"), OsStr::new(kind), hf.as_os_str(), tok.as_os_str()],
     );
     if !nested {
         return hf;
     }
-    let out = dir.join("qwen3_5-nested");
+    let out = dir.join(format!("qwen3_5-{kind}-nested"));
     quantfarm_e2e::run_py_with(&py, "qwen35.py", &[OsStr::new("nest"), hf.as_os_str(), out.as_os_str()]);
     out
 }
 
-/// Qwen3.5 (hybrid gated-delta-net and attention layers, the v-head reorder, `ssm_a = -exp(A_log)`, a
-/// multi-token-prediction block written as a trailing NextN block): transformers' own tiny checkpoint
-/// (`tests/py/qwen35.py make dense`) in the released models' Qwen3_5ForConditionalGeneration layout, the LoRA on its
-/// full-attention layer; the MLX rung made as mlx_lm.convert makes it (mlx-lm's sanitize: norms + 1 in bf16),
-/// measured in llama.cpp through its exact conversion (the v-head reorder of quantized rows, the sanitize undone)
-/// and in mlx-lm beside the source's bf16 weights.
-#[test]
-fn qwen3_5_release() {
+/// A Qwen3.5 release (hybrid gated-delta-net and attention layers, the v-head reorder, `ssm_a = -exp(A_log)`, a
+/// multi-token-prediction block written as a trailing NextN block): transformers' own tiny checkpoint of `kind` in
+/// the released models' layout, the LoRA on its full-attention layer; the MLX rung made as mlx_lm.convert makes it
+/// (mlx-lm's sanitize: norms + 1 in bf16; the MoE's fused experts split), measured in llama.cpp through its exact
+/// conversion (the v-head reorder of quantized rows, the sanitize undone) and in mlx-lm beside the source's bf16
+/// weights.
+fn qwen3_5_release_of(kind: &str) {
     let _cpu = quantfarm_e2e::cpu_bound();
     let dir = tempfile::tempdir().unwrap();
-    let hf = qwen3_5_checkpoint(dir.path(), true);
+    let hf = qwen3_5_checkpoint(kind, dir.path(), true);
     let adapter = quantfarm_e2e::lora_adapter("peft-attn", &hf, dir.path());
-    let sum = release_of("qwen3_5", &hf, Some(&adapter), dir.path(), MlxRung::MlxLm, &[]);
+    let name = if kind == "moe" { "qwen3_5_moe" } else { "qwen3_5" };
+    let sum = release_of(name, &hf, Some(&adapter), dir.path(), MlxRung::MlxLm, &[]);
     assert_eq!(sum["merge_check"]["greedy"]["identical"], 2, "{:#}", sum["merge_check"]);
     // An 8-bit rung is as close to the reference as Q8_0 is: rows in the wrong order, or norms offset twice, would
     // be far from it.
@@ -321,7 +344,24 @@ fn qwen3_5_release() {
         a["kld"]["mean_kld"].as_f64().unwrap()
     };
     let (mlx, q8) = (kld("MLX-8bit"), kld("Q8_0"));
-    assert!(mlx < 10.0 * q8.max(1e-4), "MLX-8bit mean KLD {mlx}, Q8_0 {q8}");
+    assert!(mlx < 10.0 * q8.max(1e-4), "{kind}: MLX-8bit mean KLD {mlx}, Q8_0 {q8}");
+}
+
+/// Qwen3.5-MoE (experts fused as transformers 5 saves them, split going to MLX; a shared expert): the family's
+/// release path, which the dense model's shares but for its plain MLP.
+#[test]
+fn qwen3_5_moe_release() {
+    qwen3_5_release_of("moe");
+}
+
+/// The dense Qwen3.5 (the family of the parity method's own 27B run): only with QUANTFARM_LONG, as the MoE release
+/// covers its layers.
+#[test]
+fn qwen3_5_release() {
+    if quantfarm_e2e::skip_unless_long("qwen3_5_release", "qwen3_5_moe_release runs its layers") {
+        return;
+    }
+    qwen3_5_release_of("dense");
 }
 
 /// Any source: a release from the GGUF convert_hf_to_gguf.py made (its reference is that file, byte for byte), from
@@ -389,6 +429,7 @@ fn family_ladders_equal_llama_quantize() {
         "phi3",
         "phi4",
         "mistral_nemo",
+        "ministral3_mm",
         "granite",
         "olmo2",
         "qwen3_5",
@@ -399,7 +440,7 @@ fn family_ladders_equal_llama_quantize() {
         let bf16 = dir.path().join(format!("{arch}-bf16.gguf"));
         if arch == "qwen3_5" {
             // transformers' own tiny Qwen3.5 with its NextN block (tests/py/qwen35.py), SmolLM2's tokenizer.
-            let hf = qwen3_5_checkpoint(dir.path(), false);
+            let hf = qwen3_5_checkpoint("dense", dir.path(), false);
             let src = quantfarm_e2e::llama_src();
             let args = [OsStr::new("gguf"), hf.as_os_str(), bf16.as_os_str(), OsStr::new("bf16"), src.as_os_str()];
             let pre = [OsStr::new("smollm")];

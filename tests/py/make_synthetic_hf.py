@@ -3,7 +3,7 @@ HF -> GGUF conversion against llama.cpp's convert_hf_to_gguf.py.
 
 usage: make_synthetic_hf.py ARCH OUT_DIR LLAMA_CPP_SRC [SEED]
 ARCH: qwen2 | qwen2_yarn | qwen3 | qwen3_moe | qwen3_moe_fused | mistral | mistral_nemo | gemma2 | gemma3 | gemma3_mm |
-      llama3 | phi3 | phi4 | smollm3 | granite | olmo2 | gpt_oss | gpt_oss_bf16
+      llama3 | phi3 | phi4 | smollm3 | granite | olmo2 | gpt_oss | gpt_oss_bf16 | ministral3_mm
 
 The vocabularies are real ones, taken from llama.cpp's own vocab-only test GGUFs (models/ggml-vocab-*.gguf):
 - qwen2 / qwen3: Qwen2's byte-level BPE (151,643 ranks and 151,387 merges) as a tokenizer.json with Qwen's
@@ -32,6 +32,9 @@ The vocabularies are real ones, taken from llama.cpp's own vocab-only test GGUFs
 - mistral_nemo: Mistral Nemo's tekken vocabulary (mistral-common's tekken_240718.json, read from the wheel that
   scripts/install-convert-oracle downloads into $QUANTFARM_CACHE/wheels) as transformers' MistralConverter writes
   it, with the post-processor adding <s>;
+- ministral3_mm: Ministral 3 (8B-Instruct-2512-like) as Mistral3ForConditionalGeneration saves it with transformers
+  5: the text model (Ministral3: Llama's layout, yarn rope with Llama 4's attention temperature) under
+  model.language_model., a stub Pixtral vision tower and projector beside it, the tekken vocabulary;
 - mistral / gemma3: LLaMA's SentencePiece BPE model (32,000 pieces with scores and types, 256 byte pieces) as a
   tokenizer.model, and the tokenizer.json transformers derives from it.
 Chat templates come from llama.cpp's models/templates/. config.json holds every field the real model's config.json
@@ -616,6 +619,15 @@ elif ARCH == "mistral_nemo":
            "hidden_act": "silu", "max_position_embeddings": 1024000, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
            "sliding_window": None, "head_dim": HEAD_DIM, "bos_token_id": 1, "eos_token_id": 2,
            "tie_word_embeddings": False}
+elif ARCH == "ministral3_mm":
+    # The text config Ministral-3-8B-Instruct-2512's config.json nests (transformers 5's Ministral3Config fields).
+    vocab = tekken_tokenizer()
+    cfg = {**common, "model_type": "ministral3", "vocab_size": vocab, "hidden_act": "silu",
+           "max_position_embeddings": 262144, "rms_norm_eps": 1e-05, "head_dim": HEAD_DIM, "sliding_window": None,
+           "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 11, "tie_word_embeddings": False,
+           "rope_parameters": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 16.0, "llama_4_scaling_beta": 0.1,
+                               "mscale": 1.0, "mscale_all_dim": 1.0, "original_max_position_embeddings": 16384,
+                               "rope_theta": 1000000.0, "rope_type": "yarn"}}
 elif ARCH == "phi3":
     # Phi-3.5-mini-instruct: LLaMA's SentencePiece model plus Phi-3's 11 added tokens, a 32,064-row embedding, fused
     # qkv_proj and gate_up_proj, and longrope scaling (factors per rotary pair, 4k pretraining length to 128k).
@@ -680,6 +692,15 @@ if ARCH == "gemma3_mm":
            "vocab_size": vocab,
            "mm_tokens_per_image": 4, "boi_token_index": 3, "eoi_token_index": 4, "image_token_index": 5,
            "initializer_range": 0.02, "torch_dtype": "bfloat16", "transformers_version": "5.24.0"}
+if ARCH == "ministral3_mm":
+    text = {k: v for k, v in cfg.items() if k not in ("torch_dtype", "transformers_version")}
+    cfg = {"architectures": ["Mistral3ForConditionalGeneration"], "model_type": "mistral3", "text_config": text,
+           "vision_config": {"model_type": "pixtral", "hidden_size": 32, "intermediate_size": 64,
+                             "num_hidden_layers": 1, "num_attention_heads": 2, "head_dim": 16, "image_size": 32,
+                             "patch_size": 16, "num_channels": 3, "rope_theta": 10000.0, "hidden_act": "silu"},
+           "image_token_index": 10, "multimodal_projector_bias": False, "projector_hidden_act": "gelu",
+           "spatial_merge_size": 2, "vision_feature_layer": -1, "tie_word_embeddings": False,
+           "torch_dtype": "bfloat16", "transformers_version": "5.0.0"}
 (OUT / "config.json").write_text(json.dumps(cfg, indent=2), encoding="utf-8")
 
 q_out, kv_out = HEADS * HEAD_DIM, KV * HEAD_DIM
@@ -755,6 +776,18 @@ if ARCH == "gemma3_mm":
         v + "post_layernorm.bias": (32,), v + "encoder.layers.0.self_attn.q_proj.weight": (32, 32),
         "model.multi_modal_projector.mm_input_projection_weight": (32, H),
         "model.multi_modal_projector.mm_soft_emb_norm.weight": (32,),
+    })
+
+if ARCH == "ministral3_mm":
+    shapes = {n.replace("model.", "model.language_model.", 1): v for n, v in shapes.items()}
+    v = "model.vision_tower."
+    shapes.update({
+        v + "patch_conv.weight": (32, 3, 16, 16), v + "ln_pre.weight": (32,),
+        v + "transformer.layers.0.attention.q_proj.weight": (32, 32),
+        v + "transformer.layers.0.attention_norm.weight": (32,),
+        "model.multi_modal_projector.norm.weight": (32,),
+        "model.multi_modal_projector.patch_merger.merging_layer.weight": (32, 128),
+        "model.multi_modal_projector.linear_1.weight": (H, 32), "model.multi_modal_projector.linear_2.weight": (H, H),
     })
 
 def dtype(name):

@@ -1,6 +1,6 @@
 //! HF → GGUF for every mapped architecture against llama.cpp's own `convert_hf_to_gguf.py`, run here on the same
 //! input: tiny random checkpoints of Llama 3, Qwen2 (plain and yarn), Qwen3, Qwen3-MoE (per-expert and fused),
-//! Mistral (SentencePiece and Nemo's tekken), Gemma 2, Gemma 3 (text and multimodal), Phi-3, Phi-4, SmolLM3, Granite, OLMo 2 and gpt-oss (MXFP4 experts) with real vocabularies and chat templates (`tests/py/make_synthetic_hf.py`: Llama 3's and Qwen2's
+//! Mistral (SentencePiece and Nemo's tekken), Gemma 2, Gemma 3 (text and multimodal), Ministral 3 (multimodal), Phi-3, Phi-4, SmolLM3, Granite, OLMo 2 and gpt-oss (MXFP4 experts) with real vocabularies and chat templates (`tests/py/make_synthetic_hf.py`: Llama 3's and Qwen2's
 //! byte-level BPE, LLaMA's SentencePiece model) must convert to the very same file, byte for byte, for each
 //! out-type. The converter runs in `venv-convert`
 //! (`scripts/install-convert-oracle`: torch, transformers, sentencepiece and the source tree's gguf-py).
@@ -161,6 +161,14 @@ fn qwen2_yarn_equals_convert_hf_to_gguf() {
 #[test]
 fn gemma3_multimodal_text_tower_equals_convert_hf_to_gguf() {
     check("gemma3_mm", &[("bf16", OutType::Bf16)]);
+}
+
+/// Ministral 3 as Mistral3ForConditionalGeneration saves it (transformers 5): the text tower under
+/// `model.language_model.` (LlamaModel's tensors as arch mistral3), yarn rope with `mscale_all_dim` and Llama 4's
+/// attention temperature, the tekken vocabulary; the Pixtral tower and projector not converted.
+#[test]
+fn ministral3_multimodal_text_tower_equals_convert_hf_to_gguf() {
+    check("ministral3_mm", &[("bf16", OutType::Bf16)]);
 }
 
 /// Phi-3.5-mini-like: fused qkv and gate_up kept fused, the longrope factors and attention factor, Phi-3's own

@@ -1,6 +1,6 @@
 //! HF → MLX for every mapped family against `mlx_lm.convert -q` (mlx-lm 0.32.2) run here on the same checkpoint:
 //! tiny random checkpoints (`tests/py/make_synthetic_hf.py`) of Llama 3, Qwen3-MoE, Gemma 2, Gemma 3 (text and
-//! multimodal), Phi-3, SmolLM3, Granite and OLMo 2 must give the very same tensors (name,
+//! multimodal), Ministral 3 (multimodal), Phi-3, SmolLM3, Granite and OLMo 2 must give the very same tensors (name,
 //! dtype, shape and bytes) and config.json as mlx-lm writes, and gpt-oss fine-tunes mlx-lm's own layout of the same
 //! weights; `quantfarm verify` then recomputes every module of ours. What each family's
 //! model does on loading (experts stacked, towers popped, a quantization predicate) comes from its mapping's `mlx`
@@ -116,6 +116,12 @@ fn gemma3_multimodal_mlx_equals_mlx_lm() {
 }
 
 /// Fused qkv_proj and gate_up_proj kept fused, as mlx-lm's phi3 model has them.
+/// mlx-lm's mistral3 wrapper: the text model under `language_model.`, the Pixtral tower popped.
+#[test]
+fn ministral3_multimodal_mlx_equals_mlx_lm() {
+    check("ministral3_mm", 16);
+}
+
 #[test]
 fn phi3_mlx_equals_mlx_lm() {
     check("phi3", 2 * 4 + 2);

@@ -26,6 +26,7 @@ const MAPPINGS: &[(&str, &str)] = &[
     ("granite.yaml", include_str!("../../../mappings/granite.yaml")),
     ("olmo2.yaml", include_str!("../../../mappings/olmo2.yaml")),
     ("gpt_oss.yaml", include_str!("../../../mappings/gpt_oss.yaml")),
+    ("mistral3.yaml", include_str!("../../../mappings/mistral3.yaml")),
 ];
 
 /// `(file name, text)` of the metadata groups a mapping's `metadata` may `include` (lists of entries shared by

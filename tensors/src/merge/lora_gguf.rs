@@ -47,6 +47,9 @@ pub async fn write_lora_gguf(
         .and_then(|a| a.as_array()?.first()?.as_str())
         .ok_or_else(|| Error::format(cfg_name, "architectures", "missing"))?;
     let m = mapping_for(arch)?;
+    // The converter's view of the config (a `text_config` merged in, the class's defaults): the GGUF base was
+    // converted from it, so its head counts are the ones the rows were permuted with.
+    let config = &crate::convert::hparams::normalize(config, &m.hparams);
     if !adapter.biases.is_empty() || !adapter.replacements.is_empty() {
         let what =
             adapter.biases.first().map(|b| b.key.clone()).or(adapter.replacements.first().map(|r| r.key.clone()));
