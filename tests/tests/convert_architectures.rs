@@ -273,3 +273,119 @@ fn unsupported_configs_are_refused_by_name() {
     assert!(e.contains("FalconMambaForCausalLM") && e.contains("LlamaForCausalLM"), "{e}");
     assert!(e.contains("GGUF"), "says how to bring a GGUF instead: {e}");
 }
+
+/// gguf-py's model-id heuristics (`Metadata.get_model_id_components`) on real Hugging Face ids and folder names,
+/// with model sizes that make a size-like part the model's size or a context length.
+#[test]
+fn model_id_parts_equal_gguf_py() {
+    use quantfarm_tensors::convert::{id_components, IdComponents};
+    let ids = [
+        "meta-llama/Llama-3.1-8B-Instruct",
+        "meta-llama/Llama-3.2-1B",
+        "meta-llama/Llama-2-7b-chat-hf",
+        "Qwen/Qwen2.5-Coder-1.5B-Instruct",
+        "Qwen/Qwen3-30B-A3B",
+        "Qwen/Qwen3.5-27B",
+        "Qwen/Qwen2.5-7B-Instruct-1M",
+        "mistralai/Mistral-7B-Instruct-v0.3",
+        "mistralai/Mixtral-8x7B-Instruct-v0.1",
+        "mistralai/Mistral-Nemo-Instruct-2407",
+        "mistralai/Ministral-3-8B-Instruct-2512",
+        "mistralai/Mistral-Small-3.1-24B-Instruct-2503",
+        "google/gemma-2-2b-it",
+        "google/gemma-3-4b-it",
+        "unsloth/gemma-3-4b-it-bnb-4bit",
+        "microsoft/Phi-3.5-mini-instruct",
+        "microsoft/phi-4",
+        "microsoft/phi-2",
+        "openai/gpt-oss-20b",
+        "HuggingFaceTB/SmolLM2-135M-Instruct",
+        "HuggingFaceTB/SmolLM3-3B",
+        "allenai/OLMo-2-0425-1B-Instruct",
+        "ibm-granite/granite-3.1-8b-instruct",
+        "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B",
+        "NousResearch/Hermes-3-Llama-3.1-8B",
+        "teknium/OpenHermes-2.5-Mistral-7B",
+        "TheBloke/Mistral-7B-Instruct-v0.2-GGUF",
+        "bigscience/bloom-7b1",
+        "stabilityai/stablelm-2-1_6b-chat",
+        "EleutherAI/gpt-neox-20b",
+        "openai-community/gpt2-xl",
+        "google-t5/t5-small",
+        "togethercomputer/LLaMA-2-7B-32K",
+        "my-org/llama3-8b-sft-lora-v2",
+        "acme/Llama-3.1-8B-Instruct-Q4_K_M",
+        "acme/model-bf16",
+        "acme/qwen2.5-7b-instruct-iter3",
+        "../checkpoints/run-1",
+        "./merged",
+        "smollm2-hf",
+        "gpt_oss_bf16-merged",
+        "Llama-3.2-1B-Instruct-sft-v2",
+        "a sentence with spaces",
+        "x--y",
+        "v2-7B",
+    ];
+    for total in [0i64, 8_030_261_248, 134_515_008, 1_543_714_304, -4_000_000] {
+        let (src, total_s) = (llama_src(), total.to_string());
+        let args: Vec<&OsStr> =
+            [src.as_os_str(), OsStr::new(&total_s)].into_iter().chain(ids.iter().map(OsStr::new)).collect();
+        let theirs: Vec<IdComponents> =
+            serde_json::from_str(&run_py_with(&convert_python(), "gguf_metadata.py", &args)).unwrap();
+        for (id, want) in ids.iter().zip(&theirs) {
+            assert_eq!(&id_components(id, total), want, "{id} (total parameters {total})");
+        }
+    }
+    eprintln!("{} ids × 5 sizes: the parts gguf-py finds", ids.len());
+}
+
+/// A fine-tune's folder as trainers leave it (README.md's model card, generation_config.json's sampling settings,
+/// config.json's `_name_or_path`, a folder named after the model): the general.* keys are the script's, byte for
+/// byte. Two cards: Hugging Face's keys (license, base models as ids, URLs and dicts, datasets, tags,
+/// pipeline_tag, languages with Norway's `no`), and llama.cpp's own (name, author, version, description, url,
+/// model_creator) with a context-length part in the folder's name.
+#[test]
+fn model_card_and_sampling_keys_equal_convert_hf_to_gguf() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = checkpoint("llama3", dir.path());
+    let hf_card = "---\nlicense: apache-2.0\nbase_model:\n- meta-llama/Llama-3.2-1B-Instruct\n\
+                   - https://huggingface.co/unsloth/Llama-3.2-1B\n- name: Custom Base\n  organization: Acme\n\
+                   datasets:\n- HuggingFaceH4/ultrachat_200k\n- https://example.org/data\nlanguage:\n- en\n- no\n\
+                   - de\ntags:\n- trl\n- sft\npipeline_tag: text-generation\nlibrary_name: transformers\n---\n\n\
+                   # My fine-tune\n";
+    let cpp_card = "---\nname: Tiny Llama Chat\nauthor: Quantfarm Tests\nversion: v1.2\n\
+                    description: A tiny model.\nurl: https://example.org/model\nmodel_creator: Someone Else\n\
+                    license:\n- mit\n- cc-by-4.0\nlicense_link: https://example.org/license\ntags: solo\n---\n";
+    let cases = [
+        ("Llama-3.2-1B-Instruct-sft-v2", hf_card, Some("my-org/Llama-3.2-1B-Instruct-sft-v2")),
+        ("tinyllama-chat-32k", cpp_card, None),
+    ];
+    for (name, card, id) in cases {
+        let hf = dir.path().join(name);
+        std::fs::create_dir_all(&hf).unwrap();
+        for e in std::fs::read_dir(&base).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), hf.join(e.file_name())).unwrap();
+        }
+        std::fs::write(hf.join("README.md"), card).unwrap();
+        std::fs::write(
+            hf.join("generation_config.json"),
+            r#"{"bos_token_id": 128000, "do_sample": true, "eos_token_id": [128001, 128009], "temperature": 0.6,
+                "top_k": 20, "top_p": 0.9, "repetition_penalty": 1.05, "transformers_version": "4.51.0"}"#,
+        )
+        .unwrap();
+        let mut config: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(hf.join("config.json")).unwrap()).unwrap();
+        config["_name_or_path"] = id.map_or(serde_json::Value::Null, |s| serde_json::Value::String(s.into()));
+        if id.is_none() {
+            config.as_object_mut().unwrap().remove("_name_or_path");
+        }
+        std::fs::write(hf.join("config.json"), serde_json::to_vec_pretty(&config).unwrap()).unwrap();
+        let theirs = dir.path().join(format!("{name}.oracle.gguf"));
+        convert_hf_to_gguf_py(&hf, "bf16", &theirs);
+        let mine = ours(&hf, OutType::Bf16, &dir.path().join(format!("ours-{name}")));
+        assert_same_file(&mine, &theirs);
+        quantfarm_e2e::assert_verified_identical(&quantfarm_e2e::verify(&hf, &theirs, None));
+        eprintln!("{name}: general.* keys identical to convert_hf_to_gguf.py's");
+    }
+}

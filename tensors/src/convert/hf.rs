@@ -28,8 +28,10 @@ pub struct HfFiles {
     pub added_tokens: Option<Json>,
     /// Names of the files in the folder.
     pub names: Vec<String>,
-    /// README.md opens with a YAML model card header (`---`), which gguf-py's `Metadata.load` reads.
-    pub model_card: bool,
+    /// README.md's YAML front matter (the model card), which gguf-py's `Metadata.load` reads.
+    pub model_card: Option<Map<String, Json>>,
+    /// `generation_config.json`, when it is valid JSON (gguf-py ignores one that is not).
+    pub generation_config: Option<Json>,
 }
 
 impl HfFiles {
@@ -58,9 +60,17 @@ impl HfFiles {
             chat_template_json: read_json(dir, "chat_template.json", has("chat_template.json")).await?,
             sentencepiece: read_bytes(dir, "tokenizer.model", has("tokenizer.model")).await?,
             added_tokens: read_json(dir, "added_tokens.json", has("added_tokens.json")).await?,
-            model_card: read_bytes(dir, "README.md", has("README.md"))
+            model_card: match read_bytes(dir, "README.md", has("README.md")).await? {
+                Some(b) => {
+                    let file = format!("{dir}/README.md");
+                    let text = String::from_utf8(b).map_err(|_| Error::format(&file, "README.md", "is not UTF-8"))?;
+                    super::authorship::model_card(&text, &file)?
+                }
+                None => None,
+            },
+            generation_config: read_bytes(dir, "generation_config.json", has("generation_config.json"))
                 .await?
-                .is_some_and(|b| b.strip_prefix(b"\xef\xbb\xbf").unwrap_or(&b).starts_with(b"---")),
+                .and_then(|b| serde_json::from_slice(&b).ok()),
             names,
         })
     }

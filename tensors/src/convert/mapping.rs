@@ -770,10 +770,6 @@ pub enum KvType {
 pub enum Computed {
     /// The mapping's `architecture`.
     Architecture,
-    /// The checkpoint folder's name in title form (`Metadata.id_to_title`).
-    Name,
-    /// The parameter count in gguf-py's rounded notation (`size_label`).
-    SizeLabel,
     /// `general.file_type` of the output type (`LlamaFileType`: 0 F32, 1 F16, 32 BF16).
     FileType,
     /// Phi-3's rotary dimensions, `int(partial_rotary_factor * hidden_size) // num_attention_heads` (u32).
@@ -829,8 +825,18 @@ pub enum MetaSource {
     Computed(Computed),
     /// The whole group of tokenizer keys, from the first reader of the list whose files are present.
     Tokenizer(Vec<TokenizerKind>),
+    /// The whole group of authorship and sampling keys (`general.name`, `general.size_label`, the model card's,
+    /// `general.sampling.*`) gguf-py's `Metadata` writes ([`super::authorship`]).
+    Authorship,
     /// A group of entries from another file, spliced in place when the mapping is parsed.
     Include(String),
+}
+
+/// How the authorship group is computed: as gguf-py's `Metadata` does (the only way).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+pub enum AuthorshipRule {
+    #[serde(rename = "gguf-py")]
+    GgufPy,
 }
 
 /// The JSON files of a checkpoint a `config` entry can read.
@@ -880,6 +886,8 @@ struct RawMetaEntry {
     computed: Option<Computed>,
     tokenizer: Option<Vec<TokenizerKind>>,
     include: Option<String>,
+    /// `authorship: gguf-py`: the [`MetaSource::Authorship`] group.
+    authorship: Option<AuthorshipRule>,
     #[serde(default)]
     optional: bool,
     default: Option<Json>,
@@ -905,14 +913,19 @@ impl TryFrom<RawMetaEntry> for MetaEntry {
             r.computed.is_some(),
             r.tokenizer.is_some(),
             r.include.is_some(),
+            r.authorship.is_some(),
         ];
         if sources.iter().filter(|s| **s).count() != 1 {
-            return Err("a metadata entry has exactly one of value, config, mul, computed, tokenizer, include".into());
+            return Err(
+                "a metadata entry has exactly one of value, config, mul, computed, tokenizer, include, authorship"
+                    .into(),
+            );
         }
-        let group = match (r.tokenizer, r.include) {
-            (Some(kinds), _) if kinds.is_empty() => return Err("tokenizer lists no reader".into()),
-            (Some(kinds), _) => Some(MetaSource::Tokenizer(kinds)),
-            (_, Some(file)) => Some(MetaSource::Include(file)),
+        let group = match (r.tokenizer, r.include, r.authorship) {
+            (Some(kinds), _, _) if kinds.is_empty() => return Err("tokenizer lists no reader".into()),
+            (Some(kinds), _, _) => Some(MetaSource::Tokenizer(kinds)),
+            (_, Some(file), _) => Some(MetaSource::Include(file)),
+            (_, _, Some(AuthorshipRule::GgufPy)) => Some(MetaSource::Authorship),
             _ => None,
         };
         if let Some(source) = group {
@@ -924,7 +937,7 @@ impl TryFrom<RawMetaEntry> for MetaEntry {
                 || !r.when.is_empty()
                 || !r.unless.is_empty()
             {
-                return Err("tokenizer and include entries take no other field but when_file".into());
+                return Err("tokenizer, include and authorship entries take no other field but when_file".into());
             }
             return Ok(MetaEntry {
                 key: String::new(),

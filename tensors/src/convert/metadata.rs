@@ -63,6 +63,7 @@ pub fn build(m: &Mapping, hf: &HfFiles, facts: &PlanFacts) -> Result<Vec<(String
         let key = e.key.replace("{arch}", &m.architecture);
         match &e.source {
             MetaSource::Tokenizer(kinds) => tokenizer::keys(kinds, hf, &mut kv)?,
+            MetaSource::Authorship => super::authorship::keys(hf, facts, &mut kv)?,
             MetaSource::Include(group) => {
                 return Err(Error::Mapping { file: m.file.clone(), msg: format!("include {group:?} was not expanded") })
             }
@@ -145,22 +146,6 @@ pub fn build(m: &Mapping, hf: &HfFiles, facts: &PlanFacts) -> Result<Vec<(String
                 }
                 kv.set(&key, Value::U32(dims as u32))
             }
-            MetaSource::Computed(Computed::Name) => {
-                let name = id_to_title(model_id(hf));
-                // gguf-py's add_string writes no empty string.
-                if !name.is_empty() {
-                    kv.set(&key, Value::String(name.as_str().into()))
-                }
-            }
-            MetaSource::Computed(Computed::SizeLabel) => {
-                if facts.total_params > 0 {
-                    let label = match facts.experts {
-                        Some((count, params)) => format!("{count}x{}", size_label(params)),
-                        None => size_label(facts.total_params),
-                    };
-                    kv.set(&key, Value::String(label.as_str().into()))
-                }
-            }
             MetaSource::Literal(v) => kv.set(&key, typed(m, hf, e, &key, v, "value")?),
             MetaSource::Product([a, b]) => {
                 let int = |f: &str| {
@@ -204,22 +189,6 @@ pub fn build(m: &Mapping, hf: &HfFiles, facts: &PlanFacts) -> Result<Vec<(String
         }
     }
     Ok(kv.0)
-}
-
-/// The model id `general.name` is made from (gguf-py `Metadata.apply_metadata_heuristic`): config.json's
-/// `_name_or_path` when it is a model id rather than a path (at most one `/`; its part after the `/`, as
-/// `get_model_id_components` splits it), else the folder's name. An empty `_name_or_path` (transformers writes one
-/// for a model built in memory) gives an empty name, which is not written. (The organization, base name, fine-tune
-/// and version gguf-py also reads from a `_name_or_path` are not written yet.)
-fn model_id(hf: &HfFiles) -> &str {
-    match hf.name_or_path.as_ref().and_then(Json::as_str) {
-        // A sentence is a name as it is; `org/name` gives the name.
-        Some(id) if id.matches('/').count() <= 1 => match id.contains(' ') {
-            true => id,
-            false => id.split_once('/').map_or(id, |(_, name)| name),
-        },
-        _ => &hf.dir_name,
-    }
 }
 
 /// The plan's (layers, multi-token-prediction blocks), which the mapping must declare (`nextn`).

@@ -7,6 +7,7 @@
 //! list into files by gguf-split's rules; [`write_gguf_shard`] streams one file within a memory budget through the
 //! staged sink, so nothing partial is ever visible.
 
+mod authorship;
 pub mod generate;
 mod hf;
 mod hf_pieces;
@@ -27,6 +28,7 @@ use std::ops::Range;
 
 use sha2::{Digest, Sha256};
 
+pub use authorship::{id_components, IdComponents};
 pub use hf_pieces::{HfBufs, HfCut, HfPiece};
 pub use hf_to_mlx::{mlx_cast_dtype, plan_hf_to_mlx, HfToMlxPlan, MlxTensor};
 pub use metadata::{id_to_title, size_label};
@@ -637,39 +639,12 @@ pub async fn plan_hf_to_gguf_with(source: &TensorSource, options: ConvertOptions
         OutType::Bf16 | OutType::F16 | OutType::F32 if mxfp4 => quantfarm_ggml::FileType::MXFP4_MOE as u32,
         _ => out.file_type(),
     };
-    warn_unwritten_model_card(&hf);
     let metadata = metadata::build(
         &m,
         &hf,
         &metadata::PlanFacts { total_params, file_type, experts: expert_params(&tensors), nextn },
     )?;
     Ok(GgufPlan { metadata, tensors })
-}
-
-/// Says loudly which `general.*` keys `convert_hf_to_gguf.py` would add from the folder's model card (README.md's
-/// header: license, tags, languages, base models, datasets) and from an `org/name` `_name_or_path` (organization,
-/// basename, fine-tune, version, size label: gguf-py `Metadata.load` and its heuristics), which quantfarm does not
-/// write yet: the tensors and model keys are the script's, those keys are not.
-fn warn_unwritten_model_card(hf: &HfFiles) {
-    let id = hf.name_or_path.as_ref().and_then(serde_json::Value::as_str);
-    let org_id = id.is_some_and(|id| id.matches('/').count() == 1 && !id.contains(' '));
-    if hf.model_card {
-        tracing::warn!(
-            checkpoint = %hf.dir,
-            "README.md has a model card header: convert_hf_to_gguf.py copies its license, tags, languages, base \
-             models and datasets into general.* keys, which quantfarm does not write yet (the GGUF differs from the \
-             script's in those keys only)"
-        );
-    }
-    if org_id {
-        tracing::warn!(
-            checkpoint = %hf.dir,
-            name_or_path = id.unwrap_or_default(),
-            "config.json's _name_or_path is a model id: convert_hf_to_gguf.py writes general.organization, basename, \
-             finetune, version and size_label from its parts, which quantfarm does not write yet (general.name is \
-             the same; the GGUF differs from the script's in those keys only)"
-        );
-    }
 }
 
 /// `(layers, nextn blocks)` as `_QwenMtpMixin.__init__` counts them: the config's count (`mtp_num_hidden_layers`),
