@@ -83,21 +83,50 @@ pub fn rebuild(kv: &[(String, Value)], file: &str) -> Result<(Json, Json)> {
     };
     let (bos, eos) = (id("tokenizer.ggml.bos_token_id"), id("tokenizer.ggml.eos_token_id"));
     let (add_bos, add_eos) = (flag("tokenizer.ggml.add_bos_token"), flag("tokenizer.ggml.add_eos_token"));
+    let add_sep = flag("tokenizer.ggml.add_sep_token");
+    // gguf-py's name for the separator's id.
+    let sep = id("tokenizer.ggml.seperator_token_id").or(eos);
     let name_of = |i: Option<usize>| i.filter(|i| *i < tokens.len()).map(text);
     let mut single = Vec::new();
+    let mut pair = Vec::new();
     let mut specials = Map::new();
-    let mut special = |i: Option<usize>, seq: &mut Vec<Json>| {
+    let mut special = |i: Option<usize>, seq: &mut Vec<Json>, type_id: u32| {
         if let Some(t) = name_of(i) {
-            seq.push(json!({"SpecialToken": {"id": t, "type_id": 0}}));
+            seq.push(json!({"SpecialToken": {"id": t, "type_id": type_id}}));
             specials.insert(t.clone(), json!({"id": t, "ids": [i], "tokens": [t]}));
         }
     };
-    if add_bos == Some(true) {
-        special(bos, &mut single);
+    let sequence = |id: &str, type_id: u32| json!({"Sequence": {"id": id, "type_id": type_id}});
+    let (bos_first, eos_last) = (add_bos == Some(true), add_eos == Some(true));
+    if bos_first {
+        special(bos, &mut single, 0);
     }
-    single.push(json!({"Sequence": {"id": "A", "type_id": 0}}));
-    if add_eos == Some(true) {
-        special(eos, &mut single);
+    single.push(sequence("A", 0));
+    if eos_last {
+        special(eos, &mut single, 0);
+    }
+    // The pair template, from which gguf-py's SpecialVocab reads add_sep_token (`_try_load_from_tokenizer_json`):
+    // what lies between A and B past the single template's ends. A separator (or EOS) there adds it; with an EOS
+    // closing each sequence only a second one does. Without one, Llama 3's `BOS A BOS B` says it adds none.
+    let middle: Option<Vec<Option<usize>>> = match add_sep {
+        Some(true) if eos_last => Some(vec![eos, sep]),
+        Some(true) => Some(vec![sep]),
+        Some(false) if bos_first && eos_last => Some(vec![eos, bos]),
+        Some(false) if bos_first => Some(vec![bos]),
+        _ => None,
+    };
+    if let Some(middle) = middle.filter(|m| m.iter().all(|i| name_of(*i).is_some())) {
+        if bos_first {
+            special(bos, &mut pair, 0);
+        }
+        pair.push(sequence("A", 0));
+        for i in middle {
+            special(i, &mut pair, 1);
+        }
+        pair.push(sequence("B", 1));
+        if eos_last {
+            special(eos, &mut pair, 1);
+        }
     }
     let tokenizer = json!({
         "version": "1.0",
@@ -106,7 +135,7 @@ pub fn rebuild(kv: &[(String, Value)], file: &str) -> Result<(Json, Json)> {
         "added_tokens": added,
         "normalizer": sections.normalizer,
         "pre_tokenizer": sections.pre_tokenizer,
-        "post_processor": {"type": "TemplateProcessing", "single": single, "pair": [], "special_tokens": specials},
+        "post_processor": {"type": "TemplateProcessing", "single": single, "pair": pair, "special_tokens": specials},
         "decoder": sections.decoder,
         "model": sections.model,
     });
@@ -117,6 +146,10 @@ pub fn rebuild(kv: &[(String, Value)], file: &str) -> Result<(Json, Json)> {
     }
     if let Some(b) = add_eos {
         config.insert("add_eos_token".into(), b.into());
+    }
+    // LlamaModel.set_vocab reads tokenizer.ggml.add_space_prefix back from here (Granite's `false`).
+    if let Some(b) = flag("tokenizer.ggml.add_space_prefix") {
+        config.insert("add_prefix_space".into(), b.into());
     }
     config.insert("added_tokens_decoder".into(), Json::Object(decoder));
     for (field, key) in [
@@ -170,9 +203,13 @@ fn gpt2(kv: &[(String, Value)], file: &str, tokens: &[String], types: &[i32]) ->
                  normalizer, pre_tokenizer and decoder to its row"
             ),
         })?;
+    // The normal tokens, and the added ones that lie inside their range (tekken's 1,000 control tokens before
+    // them, StarCoder's 19 in Granite's): the tokenizers library gives an added token missing from the vocabulary
+    // the next free id, which for those is not theirs (ids after the last normal token are, as Qwen's are).
+    let last_normal = types.iter().rposition(|t| *t == NORMAL).unwrap_or(0);
     let mut vocab = Map::new();
     for (i, ty) in types.iter().enumerate() {
-        if *ty == NORMAL {
+        if *ty == NORMAL || (matches!(*ty, CONTROL | USER_DEFINED) && i < last_normal) {
             vocab.entry(tokens[i].clone()).or_insert(Json::from(i));
         }
     }
