@@ -371,6 +371,9 @@ async fn convert(input: Input<'_>, dst_dir: &Location, opts: &MlxOptions) -> Res
                 text.push('\n');
                 files.push(write_file(dst_dir, name, text.as_bytes(), opts.overwrite).await?);
             }
+            for (name, bytes) in &plan.binary_files {
+                files.push(write_file(dst_dir, name, bytes, opts.overwrite).await?);
+            }
         }
     }
 

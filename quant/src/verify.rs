@@ -123,6 +123,9 @@ pub async fn verify_mlx_conversion(
             for (name, want) in &plan.json_files {
                 tv::compare_json_file(&mut v, out.location(), name, want).await;
             }
+            for (name, want) in &plan.binary_files {
+                tv::compare_binary_file(&mut v, out.location(), name, want).await;
+            }
             let overrides = plan.quant_overrides.clone();
             let refs = plan.tensors.into_iter().map(|t| (t.name.clone(), Reference::Computed(t))).collect::<Vec<_>>();
             (refs, plan.config, overrides)

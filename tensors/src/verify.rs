@@ -373,6 +373,9 @@ pub async fn verify_hf_conversion(src: &TensorSource, out: &TensorSource, budget
     for (name, want) in &plan.json_files {
         compare_json_file(&mut v, out.location(), name, want).await;
     }
+    for (name, want) in &plan.binary_files {
+        compare_binary_file(&mut v, out.location(), name, want).await;
+    }
     if !plan.carried.is_empty() {
         compare_carried(&mut v, src.location(), out.location(), &plan.carried).await;
     }
@@ -433,6 +436,15 @@ pub async fn compare_json_file(v: &mut Verification, dir: &Location, name: &str,
         Ok(g) if json_eq(&g, want) => v.checked.push(name.to_string()),
         Ok(_) => v.problem(format!("{name} differs from the one rebuilt from the source")),
         Err(e) => v.problem(format!("{name}: not JSON: {e}")),
+    }
+}
+
+/// Folder `dir`'s file `name` holds exactly `want` (a rebuilt binary file: a SentencePiece tokenizer.model).
+pub async fn compare_binary_file(v: &mut Verification, dir: &Location, name: &str, want: &[u8]) {
+    match read_file(dir, name).await {
+        Ok(bytes) if bytes == want => v.checked.push(name.to_string()),
+        Ok(_) => v.problem(format!("{name} differs from the one rebuilt from the source")),
+        Err(e) => v.problem(format!("{name}: {e}")),
     }
 }
 

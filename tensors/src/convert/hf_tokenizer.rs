@@ -22,8 +22,16 @@ use super::tokenizer::{CONTROL, NORMAL, UNKNOWN, USER_DEFINED};
 use crate::error::{Error, Result};
 use crate::gguf::{Array, Value};
 
-/// `(tokenizer.json, tokenizer_config.json)` from the GGUF metadata `kv` (`file` names it in errors).
-pub fn rebuild(kv: &[(String, Value)], file: &str) -> Result<(Json, Json)> {
+/// The tokenizer files rebuilt from a GGUF.
+pub struct Rebuilt {
+    pub tokenizer_json: Json,
+    pub tokenizer_config: Json,
+    /// A SentencePiece vocabulary's `tokenizer.model`, which convert_hf_to_gguf reads before tokenizer.json.
+    pub sentencepiece: Option<Vec<u8>>,
+}
+
+/// The tokenizer files from the GGUF metadata `kv` (`file` names it in errors).
+pub fn rebuild(kv: &[(String, Value)], file: &str) -> Result<Rebuilt> {
     let get = |k: &str| kv.iter().find(|(key, _)| key == k).map(|(_, v)| v);
     let string = |k: &str| match get(k) {
         Some(Value::String(s)) => s.as_str().map(str::to_string),
@@ -51,6 +59,10 @@ pub fn rebuild(kv: &[(String, Value)], file: &str) -> Result<(Json, Json)> {
         }
     };
     let text = |i: usize| tokens[i].clone();
+    let scores = match get("tokenizer.ggml.scores") {
+        Some(Value::Array(Array::F32(s))) if s.len() == tokens.len() => Some(s.clone()),
+        _ => None,
+    };
     let mut added = Vec::new();
     let mut decoder = Map::new();
     for (i, ty) in types.iter().enumerate() {
@@ -64,6 +76,12 @@ pub fn rebuild(kv: &[(String, Value)], file: &str) -> Result<(Json, Json)> {
             "id": i, "content": text(i), "single_word": false, "lstrip": false, "rstrip": false,
             "normalized": false, "special": special,
         }));
+        // With tokenizer.model beside it, `_create_vocab_sentencepiece` takes the pieces' own types and scores and
+        // makes every entry of added_tokens_decoder a control (or user-defined) token scored -1000: only those that
+        // were so go in.
+        if spm && scores.as_ref().is_some_and(|s| s[i] != -1000.0 || *ty == UNKNOWN) {
+            continue;
+        }
         decoder.insert(
             i.to_string(),
             json!({
@@ -167,7 +185,57 @@ pub fn rebuild(kv: &[(String, Value)], file: &str) -> Result<(Json, Json)> {
     }
     config.insert("clean_up_tokenization_spaces".into(), false.into());
     config.insert("tokenizer_class".into(), "PreTrainedTokenizerFast".into());
-    Ok((tokenizer, Json::Object(config)))
+    let sentencepiece = match (spm, &scores) {
+        (true, Some(scores)) => Some(sentencepiece_model(&tokens, scores, &types, kv, file)?),
+        _ => None,
+    };
+    Ok(Rebuilt { tokenizer_json: tokenizer, tokenizer_config: Json::Object(config), sentencepiece })
+}
+
+/// A SentencePiece `tokenizer.model` holding every GGUF token as a piece with its score and type (the converter's
+/// `[PADn]` padding as unused pieces, which it reads back as such); the unknown token is the model's unknown piece
+/// (SentencePiece needs one), whatever type added_tokens_decoder gave it.
+fn sentencepiece_model(
+    tokens: &[String],
+    scores: &[f32],
+    types: &[i32],
+    kv: &[(String, Value)],
+    file: &str,
+) -> Result<Vec<u8>> {
+    use super::sentencepiece::{write_model, ModelSpec, Piece, PieceType};
+    let id = |k: &str| match get(kv, k) {
+        Some(Value::U32(x)) => Some(*x),
+        _ => None,
+    };
+    let unk = id("tokenizer.ggml.unknown_token_id");
+    let mut pieces = Vec::with_capacity(tokens.len());
+    for (i, t) in tokens.iter().enumerate() {
+        let ty = match types[i] {
+            _ if unk == Some(i as u32) => PieceType::Unknown,
+            NORMAL => PieceType::Normal,
+            UNKNOWN => PieceType::Unknown,
+            CONTROL => PieceType::Control,
+            USER_DEFINED => PieceType::UserDefined,
+            5 => PieceType::Unused,
+            6 => PieceType::Byte,
+            other => {
+                return Err(Error::format(
+                    file,
+                    format!("tokenizer.ggml.token_type[{i}]"),
+                    format!("{other} is no SentencePiece piece type (1-6)"),
+                ))
+            }
+        };
+        pieces.push(Piece { piece: t.clone(), score: scores[i], ty });
+    }
+    let spec = ModelSpec {
+        add_dummy_prefix: !matches!(get(kv, "tokenizer.ggml.add_space_prefix"), Some(Value::Bool(false))),
+        unk_id: unk,
+        bos_id: id("tokenizer.ggml.bos_token_id"),
+        eos_id: id("tokenizer.ggml.eos_token_id"),
+        pad_id: id("tokenizer.ggml.padding_token_id"),
+    };
+    Ok(write_model(&pieces, &spec))
 }
 
 /// The model-specific parts of tokenizer.json.

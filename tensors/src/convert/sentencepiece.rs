@@ -1,7 +1,10 @@
 //! The pieces of a SentencePiece model (`tokenizer.model`): the protobuf `ModelProto` read just far enough for
 //! what `SentencePieceProcessor` answers convert_hf_to_gguf (`IdToPiece`, `GetScore`, `IsUnknown`/`IsControl`/
 //! `IsUnused`/`IsByte`). Field numbers from sentencepiece's `sentencepiece_model.proto`: `ModelProto.pieces = 1`;
-//! `SentencePiece.piece = 1` (string), `score = 2` (float), `type = 3` (enum, default NORMAL).
+//! `SentencePiece.piece = 1` (string), `score = 2` (float), `type = 3` (enum, default NORMAL). [`write_model`] writes
+//! one back from a GGUF's vocabulary: `ModelProto.trainer_spec = 2` (`model_type = 3`, BPE 2; `vocab_size = 4`;
+//! `byte_fallback = 35`; `unk_id`..`pad_id` = 40..43) and `normalizer_spec = 3` (`name = 1`, `add_dummy_prefix = 3`,
+//! `remove_extra_whitespaces = 4`, `escape_whitespaces = 5`), as sentencepiece_model_pb2 numbers them.
 
 use crate::error::{Error, Result};
 
@@ -123,26 +126,87 @@ pub fn pieces(model: &[u8], file: &str) -> Result<Vec<Piece>> {
     Ok(out)
 }
 
+/// What a written model says besides its pieces.
+pub struct ModelSpec {
+    /// `NormalizerSpec.add_dummy_prefix` (llama.cpp's `add_space_prefix`).
+    pub add_dummy_prefix: bool,
+    pub unk_id: Option<u32>,
+    pub bos_id: Option<u32>,
+    pub eos_id: Option<u32>,
+    pub pad_id: Option<u32>,
+}
+
+/// A SentencePiece BPE model of `pieces` (every one with its score and type), as LLaMA's, Mistral's and Gemma's
+/// `tokenizer.model` are: byte fallback when it has byte pieces, the identity normalizer escaping whitespace.
+pub fn write_model(pieces: &[Piece], spec: &ModelSpec) -> Vec<u8> {
+    let mut out = Vec::new();
+    for p in pieces {
+        let mut m = Vec::new();
+        bytes_field(1, p.piece.as_bytes(), &mut m);
+        varint(2 << 3 | 5, &mut m);
+        m.extend_from_slice(&p.score.to_le_bytes());
+        if p.ty != PieceType::Normal {
+            varint(3 << 3, &mut m);
+            varint(p.ty as u64, &mut m);
+        }
+        bytes_field(1, &m, &mut out);
+    }
+    // int32 fields: a negative value is sign-extended to ten bytes.
+    let int = |num: u64, v: i64, out: &mut Vec<u8>| {
+        varint(num << 3, out);
+        varint(v as u64, out);
+    };
+    let mut trainer = Vec::new();
+    int(3, 2, &mut trainer);
+    int(4, pieces.len() as i64, &mut trainer);
+    int(35, i64::from(pieces.iter().any(|p| p.ty == PieceType::Byte)), &mut trainer);
+    let id = |v: Option<u32>| v.map_or(-1, i64::from);
+    int(40, id(spec.unk_id), &mut trainer);
+    int(41, id(spec.bos_id), &mut trainer);
+    int(42, id(spec.eos_id), &mut trainer);
+    int(43, id(spec.pad_id), &mut trainer);
+    bytes_field(2, &trainer, &mut out);
+    let mut normalizer = Vec::new();
+    bytes_field(1, b"identity", &mut normalizer);
+    int(3, i64::from(spec.add_dummy_prefix), &mut normalizer);
+    int(4, 0, &mut normalizer);
+    int(5, 1, &mut normalizer);
+    bytes_field(3, &normalizer, &mut out);
+    out
+}
+
+fn varint(mut v: u64, out: &mut Vec<u8>) {
+    loop {
+        let b = (v & 0x7f) as u8;
+        v >>= 7;
+        if v == 0 {
+            out.push(b);
+            return;
+        }
+        out.push(b | 0x80);
+    }
+}
+
+fn bytes_field(num: u64, b: &[u8], out: &mut Vec<u8>) {
+    varint(num << 3 | 2, out);
+    varint(b.len() as u64, out);
+    out.extend_from_slice(b);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn varint(mut v: u64, out: &mut Vec<u8>) {
-        loop {
-            let b = (v & 0x7f) as u8;
-            v >>= 7;
-            if v == 0 {
-                out.push(b);
-                return;
-            }
-            out.push(b | 0x80);
-        }
-    }
-
-    fn bytes_field(num: u64, b: &[u8], out: &mut Vec<u8>) {
-        varint(num << 3 | 2, out);
-        varint(b.len() as u64, out);
-        out.extend_from_slice(b);
+    #[test]
+    fn written_models_read_back() {
+        let ps = vec![
+            Piece { piece: "<unk>".into(), score: 0.0, ty: PieceType::Unknown },
+            Piece { piece: "<s>".into(), score: 0.0, ty: PieceType::Control },
+            Piece { piece: "<0x00>".into(), score: 0.0, ty: PieceType::Byte },
+            Piece { piece: "\u{2581}the".into(), score: -3.5, ty: PieceType::Normal },
+        ];
+        let spec = ModelSpec { add_dummy_prefix: true, unk_id: Some(0), bos_id: Some(1), eos_id: None, pad_id: None };
+        assert_eq!(pieces(&write_model(&ps, &spec), "t").unwrap(), ps);
     }
 
     #[test]

@@ -134,6 +134,8 @@ pub struct HfPlan {
     pub tensors: Vec<HfTensor>,
     /// Files rebuilt from the source (a GGUF's tokenizer.json and tokenizer_config.json), written as pretty JSON.
     pub json_files: Vec<(String, Json)>,
+    /// Binary files rebuilt from the source (a SentencePiece vocabulary's tokenizer.model).
+    pub binary_files: Vec<(String, Vec<u8>)>,
     /// Files of the source folder copied as they are (an MLX checkpoint's tokenizer and generation files).
     pub carried: Vec<String>,
     /// MLX only: modules (full paths) whose 3-D weights are quantized (mlx-lm's `SwitchLinear` experts).
@@ -361,7 +363,7 @@ async fn plan_from_gguf(src: &TensorSource, dtype: Dtype, target: Target) -> Res
         return Err(Error::format(&file, &w[0].source, format!("and {} both map to {}", w[1].source, w[0].name)));
     }
 
-    let (tokenizer_json, tokenizer_config) = hf_tokenizer::rebuild(kv, &file)?;
+    let rebuilt = hf_tokenizer::rebuild(kv, &file)?;
     let vocab = match get("tokenizer.ggml.tokens") {
         Some(Value::Array(a)) => Some(a.len() as u64),
         _ => None,
@@ -378,12 +380,15 @@ async fn plan_from_gguf(src: &TensorSource, dtype: Dtype, target: Target) -> Res
     if let Some(mx) = mlx {
         config = mlx_config_layout(config, mx);
     }
-    let json_files =
-        vec![("tokenizer.json".to_string(), tokenizer_json), ("tokenizer_config.json".to_string(), tokenizer_config)];
+    let json_files = vec![
+        ("tokenizer.json".to_string(), rebuilt.tokenizer_json),
+        ("tokenizer_config.json".to_string(), rebuilt.tokenizer_config),
+    ];
+    let binary_files = rebuilt.sentencepiece.map(|b| ("tokenizer.model".to_string(), b)).into_iter().collect();
     if let Some(mx) = mlx {
         mx.sort_overrides(&mut quant_overrides, &mx.prefix);
     }
-    Ok(HfPlan { config, tensors, json_files, carried: Vec::new(), quantize_3d, quant_overrides })
+    Ok(HfPlan { config, tensors, json_files, binary_files, carried: Vec::new(), quantize_3d, quant_overrides })
 }
 
 /// The config.json mlx-lm reads: the HF config nested under `nest_config` (with `model_type` and
@@ -652,6 +657,7 @@ pub fn plan_mlx_to_hf(src: &TensorSource) -> Result<HfPlan> {
         config,
         tensors,
         json_files: Vec::new(),
+        binary_files: Vec::new(),
         carried: crate::mlx::CARRIED_FILES.map(String::from).to_vec(),
         quantize_3d: Vec::new(),
         quant_overrides: Vec::new(),
@@ -732,6 +738,11 @@ pub async fn write_hf(
         text.push('\n');
         let mut sink = StagedSink::create(&dst_dir.child(name)?, overwrite).await?;
         sink.write(text.as_bytes()).await?;
+        small.push(sink);
+    }
+    for (name, bytes) in &plan.binary_files {
+        let mut sink = StagedSink::create(&dst_dir.child(name)?, overwrite).await?;
+        sink.write(bytes).await?;
         small.push(sink);
     }
     let present = if plan.carried.is_empty() { Vec::new() } else { source.location().list().await? };
