@@ -35,13 +35,28 @@ fn release(arch: &str) -> Value {
     release_expecting(arch, &[])
 }
 
+/// [`release`] whose MLX rung is measured in llama.cpp only, and in mlx-lm too (link 2) only with QUANTFARM_LONG
+/// (`scripts/test --long`): the mlx-lm link costs about 11 s of helper and server starts per release, which the
+/// default run spends on the families whose mlx-lm side is most likely to differ (Llama 3's rope scaling, Gemma 3's
+/// wrapper, Ministral 3's attention temperature, Phi-3's rope, Qwen3.5's sanitize, gpt-oss's conversion). These
+/// families' MLX conversions are still checked against mlx_lm.convert's in the default run
+/// (`tests/tests/mlx_families.rs`); their cross-runtime agreement only in the long one.
+fn release_llama_cpp_rung(arch: &str) -> Value {
+    let rung = if std::env::var_os("QUANTFARM_LONG").is_some() { MlxRung::MlxLm } else { MlxRung::LlamaCpp };
+    release_with(arch, rung, &[])
+}
+
 /// [`release`], whose gates named in `expect_failed` must fail (and no other).
 fn release_expecting(arch: &str, expect_failed: &[&str]) -> Value {
+    release_with(arch, MlxRung::MlxLm, expect_failed)
+}
+
+fn release_with(arch: &str, rung: MlxRung, expect_failed: &[&str]) -> Value {
     let _cpu = quantfarm_e2e::cpu_bound();
     let dir = tempfile::tempdir().unwrap();
     let hf = checkpoint(arch, dir.path());
     let adapter = quantfarm_e2e::lora_adapter("peft-attn", &hf, dir.path());
-    let sum = release_of(arch, &hf, Some(&adapter), dir.path(), MlxRung::MlxLm, expect_failed);
+    let sum = release_of(arch, &hf, Some(&adapter), dir.path(), rung, expect_failed);
     assert_eq!(sum["merge_check"]["greedy"]["identical"], 2, "{arch}: {:#}", sum["merge_check"]);
     sum
 }
@@ -188,7 +203,7 @@ fn release_of(
 /// Gemma 2 (soft-capping, norms as 1 + weight).
 #[test]
 fn gemma2_release() {
-    release("gemma2");
+    release_llama_cpp_rung("gemma2");
 }
 
 /// Llama 3.x (rope_scaling llama3: the GGUF carries rope_freqs.weight).
@@ -200,7 +215,7 @@ fn llama3_release() {
 /// Qwen3-MoE (experts stacked; the LoRA on attention).
 #[test]
 fn qwen3_moe_release() {
-    release("qwen3_moe");
+    release_llama_cpp_rung("qwen3_moe");
 }
 
 /// Gemma 3 4B+ (the text tower of Gemma3ForConditionalGeneration, linear rope). mlx-lm 0.32.2 cannot load the
@@ -247,7 +262,7 @@ fn granite_release() {
 /// OLMo 2 (post-norm blocks, full-width q/k norms; cl100k_base).
 #[test]
 fn olmo2_release() {
-    release("olmo2");
+    release_llama_cpp_rung("olmo2");
 }
 
 /// Phi-4 (Phi-3's fused layout, no rope scaling; cl100k as a GPT2Tokenizer; the LoRA on the fused qkv_proj). The

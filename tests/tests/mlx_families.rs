@@ -166,7 +166,6 @@ fn fused_experts_are_refused_going_to_mlx() {
 /// converted as an ordinary checkpoint (the release measures an MLX rung through this conversion).
 #[test]
 fn qwen3_moe_mlx_converts_to_gguf_as_mlx_dequantizes_it() {
-    use quantfarm_tensors::convert::{convert_hf_to_gguf, OutType};
     let dir = tempfile::tempdir().unwrap();
     let hf = checkpoint("qwen3_moe", dir.path());
     // The same folder name on both sides: general.name comes from it.
@@ -175,10 +174,17 @@ fn qwen3_moe_mlx_converts_to_gguf_as_mlx_dequantizes_it() {
         let src = TensorSource::open(&Location::local(&hf)).await.unwrap();
         quantize_mlx_checkpoint(&src, &Location::local(&mlx), &MlxOptions::new(4, 64)).await.unwrap();
     });
+    assert_eq!(mlx_to_gguf_as_dequantized(&mlx, &deq, dir.path()), "dequantized 16");
+}
+
+/// Asserts that MLX checkpoint `mlx` converted to GGUF is the same file as the HF folder `deq` that
+/// `mx.dequantize` makes of it (tests/py/mlx_dequant_hf.py; the same folder name, which general.name comes from)
+/// converted as an ordinary checkpoint, in `dir`; returns what the script printed.
+fn mlx_to_gguf_as_dequantized(mlx: &Path, deq: &Path, dir: &Path) -> String {
+    use quantfarm_tensors::convert::{convert_hf_to_gguf, OutType};
     let printed = run_py("mlx_dequant_hf.py", &[mlx.as_os_str(), deq.as_os_str()]);
-    assert_eq!(printed.trim(), "dequantized 16");
     let to_gguf = |src: &Path, out: &str| {
-        let dst = Location::local(dir.path().join(out));
+        let dst = Location::local(dir.join(out));
         let done = rt().block_on(convert_hf_to_gguf(
             &Location::local(src),
             &dst,
@@ -190,8 +196,9 @@ fn qwen3_moe_mlx_converts_to_gguf_as_mlx_dequantizes_it() {
         ));
         std::fs::read(&done.unwrap_or_else(|e| panic!("{}: {e}", src.display()))[0].location).unwrap()
     };
-    let (a, b) = (to_gguf(&mlx, "from-mlx"), to_gguf(&deq, "from-deq"));
+    let (a, b) = (to_gguf(mlx, "from-mlx"), to_gguf(deq, "from-deq"));
     assert!(a == b, "MLX → GGUF differs from MLX-dequantized HF → GGUF ({} and {} bytes)", a.len(), b.len());
+    printed.trim().to_string()
 }
 
 /// gpt-oss fine-tunes are saved with bf16 experts in transformers' GptOssExperts layout, which mlx-lm 0.32.2 cannot
@@ -203,7 +210,6 @@ fn qwen3_moe_mlx_converts_to_gguf_as_mlx_dequantizes_it() {
 /// MLX rung through that conversion).
 #[test]
 fn gpt_oss_bf16_mlx_equals_mlx_lms_own_layout() {
-    use quantfarm_tensors::convert::{convert_hf_to_gguf, OutType};
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let mxfp4 = checkpoint("gpt_oss", d);
@@ -257,20 +263,5 @@ fn gpt_oss_bf16_mlx_equals_mlx_lms_own_layout() {
     let mlx = d.join("mlx/gpt-oss");
     std::fs::create_dir_all(d.join("mlx")).unwrap();
     std::fs::rename(&ours_q4, &mlx).unwrap();
-    assert!(run_py("mlx_dequant_hf.py", &[mlx.as_os_str(), deq.as_os_str()]).trim().starts_with("dequantized"));
-    let to_gguf = |src: &Path, out: &str| {
-        let dst = Location::local(d.join(out));
-        let done = rt().block_on(convert_hf_to_gguf(
-            &Location::local(src),
-            &dst,
-            "model",
-            OutType::Bf16,
-            None,
-            1 << 20,
-            false,
-        ));
-        std::fs::read(&done.unwrap_or_else(|e| panic!("{}: {e}", src.display()))[0].location).unwrap()
-    };
-    let (a, b) = (to_gguf(&mlx, "from-mlx"), to_gguf(&deq, "from-deq"));
-    assert!(a == b, "MLX → GGUF differs from MLX-dequantized HF → GGUF ({} and {} bytes)", a.len(), b.len());
+    assert!(mlx_to_gguf_as_dequantized(&mlx, &deq, d).starts_with("dequantized"));
 }

@@ -272,6 +272,9 @@ pub enum ConfigOp {
     First { n: usize, key: String },
     /// A nested object.
     Object(IndexMap<String, ConfigExpr>),
+    /// `then` when GGUF key `key` equals `equals`, else `otherwise` (llama.cpp deciding by model size: Gemma 2
+    /// 27B's query scale).
+    If { key: String, equals: Json, then: Box<ConfigExpr>, otherwise: Box<ConfigExpr> },
 }
 
 #[derive(Deserialize)]
@@ -283,6 +286,8 @@ struct RawConfigOp {
     ratio: Option<[String; 2]>,
     first: Option<First>,
     object: Option<IndexMap<String, ConfigExpr>>,
+    #[serde(rename = "if")]
+    cond: Option<If>,
 }
 
 #[derive(Deserialize)]
@@ -290,6 +295,16 @@ struct RawConfigOp {
 struct First {
     n: usize,
     key: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct If {
+    key: String,
+    equals: Json,
+    then: ConfigExpr,
+    #[serde(rename = "else")]
+    otherwise: ConfigExpr,
 }
 
 impl TryFrom<RawConfigOp> for ConfigOp {
@@ -302,10 +317,17 @@ impl TryFrom<RawConfigOp> for ConfigOp {
         ops.extend(r.ratio.map(ConfigOp::Ratio));
         ops.extend(r.first.map(|f| ConfigOp::First { n: f.n, key: f.key }));
         ops.extend(r.object.map(ConfigOp::Object));
+        ops.extend(r.cond.map(|c| ConfigOp::If {
+            key: c.key,
+            equals: c.equals,
+            then: Box::new(c.then),
+            otherwise: Box::new(c.otherwise),
+        }));
         match ops.len() {
             1 => Ok(ops.remove(0)),
             _ => {
-                Err("a config expression is a GGUF key or exactly one of value, sub, div, ratio, first, object".into())
+                Err("a config expression is a GGUF key or exactly one of value, sub, div, ratio, first, object, if"
+                    .into())
             }
         }
     }

@@ -596,6 +596,10 @@ impl Eval<'_> {
                 self.object(fields, &[], &mut obj)?;
                 Some(Json::Object(obj))
             }
+            ConfigOp::If { key, equals, then, otherwise } => {
+                let chosen = if self.scalar(key)?.as_ref() == Some(equals) { then } else { otherwise };
+                self.expr(chosen)?
+            }
         })
     }
 
