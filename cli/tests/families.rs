@@ -38,7 +38,7 @@ fn release(arch: &str) -> Value {
 /// [`release`] whose MLX rung is measured in llama.cpp only, and in mlx-lm too (link 2) only with QUANTFARM_LONG
 /// (`scripts/test --long`): the mlx-lm link costs about 11 s of helper and server starts per release, which the
 /// default run spends on the families whose mlx-lm side is most likely to differ (Llama 3's rope scaling, Gemma 3's
-/// wrapper, Ministral 3's attention temperature, Phi-3's rope, Qwen3.5's sanitize, gpt-oss's conversion). These
+/// wrapper, Phi-3's rope, Qwen3.5's sanitize, gpt-oss's conversion). These
 /// families' MLX conversions are still checked against mlx_lm.convert's in the default run
 /// (`tests/tests/mlx_families.rs`); their cross-runtime agreement only in the long one.
 fn release_llama_cpp_rung(arch: &str) -> Value {
@@ -290,7 +290,7 @@ fn mistral_nemo_release() {
 /// yarn with Llama 4's attention temperature; the tekken vocabulary).
 #[test]
 fn ministral3_release() {
-    release("ministral3_mm");
+    release_llama_cpp_rung("ministral3_mm");
 }
 
 /// gpt-oss fine-tuned and saved dequantized, as fine-tunes usually are (bf16 experts, transposed on conversion;
