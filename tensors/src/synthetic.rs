@@ -118,7 +118,16 @@ async fn write_files(dst_dir: &Location, files: Vec<(&'static str, Vec<u8>)>) ->
             out.push((i, keep_identical(&target, &bytes).await?));
             continue;
         }
-        let mut sink = StagedSink::create(&target, false).await?;
+        // Another writer may commit the file between the listing and here (a killed worker's upload reaching the
+        // store, or the task's retry beside it): its bytes are kept when they are ours, as at commit.
+        let mut sink = match StagedSink::create(&target, false).await {
+            Ok(sink) => sink,
+            Err(quantfarm_store::Error::Exists { .. }) => {
+                out.push((i, keep_identical(&target, &bytes).await?));
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
         sink.write(&bytes).await?;
         staged.push((i, sink, target, bytes));
     }
