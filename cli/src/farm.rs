@@ -35,6 +35,11 @@ pub struct RunArgs {
     /// Memory budget of each worker (tensor data held at once).
     #[arg(long, default_value = "1GiB", value_parser = parse_size)]
     memory: u64,
+    /// Disk each local worker may keep between tasks and runs (`cache/local-N` in a local store): inputs fetched from
+    /// an s3:// store (a local store is read in place), and conversions it made itself, such as the MLX layout
+    /// mlx-lm is given for a gpt-oss checkpoint, made once for all of a model's mlx-lm tasks. 0: none.
+    #[arg(long, default_value = "64GiB", value_parser = parse_size)]
+    cache_size: u64,
     /// Signing key file (default: $QUANTFARM_SIGNING_KEY holding the key text, else $QUANTFARM_KEY_FILE, else
     /// ~/.config/quantfarm/signing.key, created on first use).
     #[arg(long)]
@@ -600,9 +605,10 @@ pub async fn run(args: RunArgs) -> Result<u8> {
         let _ = rx.wait_for(|v| *v).await;
     };
     let server = tokio::spawn(coord.serve(listener, Some(token.clone()), None, stopped(stop_server_rx)));
-    let scratch = match store.local_path() {
-        Some(p) => p.join("scratch"),
-        None => std::env::temp_dir().join("quantfarm-scratch"),
+    // The caches apart from the scratch folders, which a starting worker sweeps of dead workers' folders.
+    let (scratch, caches) = match store.local_path() {
+        Some(p) => (p.join("scratch"), p.join("cache")),
+        None => (std::env::temp_dir().join("quantfarm-scratch"), std::env::temp_dir().join("quantfarm-cache")),
     };
     let mut workers = Vec::new();
     for i in 0..args.workers.max(1) {
@@ -617,9 +623,8 @@ pub async fn run(args: RunArgs) -> Result<u8> {
             ca_cert: None,
             scratch: scratch.clone(),
             patience: Duration::from_secs(30),
-            // The local store is read in place: nothing to cache.
-            cache_dir: scratch.clone(),
-            cache_size: 0,
+            cache_dir: caches.join(format!("local-{}", i + 1)),
+            cache_size: args.cache_size,
         };
         // Drain, then stop now: the release is over, so nothing runs that is still needed.
         let (a, b) = (stopped(stop_rx.clone()), stopped(stop_rx.clone()));

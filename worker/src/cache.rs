@@ -14,6 +14,12 @@
 //! - **One worker per folder**: the folder is locked (`flock`) while its worker runs. Entries survive the worker:
 //!   one started on the same folder finds them (least recently used first out, by modification time).
 //!
+//! - **Derived entries** (`Cache::derived`): a folder the worker made itself from inputs of known digests (the
+//!   unquantized MLX conversion mlx-lm is given for a layout it cannot load, `crate::mlx_run::checkpoint`), named by
+//!   a digest of what it was made from and how, its content digest kept beside it (`KEY.made`) and checked on every
+//!   use as a fetched entry's. So the tasks that read one model (mlx-lm's greedy, KLD and probe tasks) make it once.
+//!   Derived entries count against the same size; they are not reported as holdings.
+//!
 //! Workers report what they hold with every lease request; the coordinator leases them tasks whose inputs they
 //! hold (`coordinator/src/affinity.rs`).
 
@@ -31,6 +37,8 @@ use crate::failure::Failure;
 
 const LOCK: &str = ".lock";
 const PARTIAL: &str = ".partial-";
+/// The suffix of a derived entry's sidecar: its content digest (`KEY.made` beside the folder `KEY`).
+const MADE: &str = ".made";
 
 struct Entry {
     bytes: u64,
@@ -41,6 +49,8 @@ struct Entry {
     /// Whole and checked (an entry being fetched is reserved but not yet served).
     ready: bool,
     dir: bool,
+    /// Made by this worker (`Cache::derived`), not fetched: not a holding the coordinator can lease by.
+    derived: bool,
 }
 
 #[derive(Default)]
@@ -61,6 +71,8 @@ pub struct CacheStats {
     /// Entries found changed on disk (removed, fetched again).
     pub corrupt: u64,
     pub evicted: u64,
+    /// Derived entries made (`Cache::derived`; a use of one already made counts as a hit).
+    pub made: u64,
 }
 
 pub struct Cache {
@@ -124,20 +136,28 @@ impl Cache {
                 remove(&path);
                 continue;
             }
+            // A sidecar whose folder is gone (a killed worker between the two renames, or an eviction's).
+            if let Some(key) = name.strip_suffix(MADE) {
+                if !dir.join(key).exists() {
+                    remove(&path);
+                }
+                continue;
+            }
             if !is_digest(&name) {
                 continue;
             }
             let meta = entry.metadata()?;
             let bytes = if meta.is_dir() { dir_bytes(&path)? } else { meta.len() };
             let mtime = meta.modified().ok();
-            found.push((mtime, name, bytes, meta.is_dir()));
+            let derived = dir.join(format!("{name}{MADE}")).exists();
+            found.push((mtime, name, bytes, meta.is_dir(), derived));
         }
         found.sort();
         let mut st = State::default();
-        for (_, name, bytes, dir) in found {
+        for (_, name, bytes, dir, derived) in found {
             st.tick += 1;
             st.bytes += bytes;
-            st.entries.insert(name, Entry { bytes, used: st.tick, pins: 0, ready: true, dir });
+            st.entries.insert(name, Entry { bytes, used: st.tick, pins: 0, ready: true, dir, derived });
         }
         let cache = Arc::new(Cache {
             dir: dir.to_path_buf(),
@@ -180,7 +200,8 @@ impl Cache {
     /// The sha256 of every whole entry: what the worker reports holding.
     pub fn holdings(&self) -> Vec<String> {
         let st = self.lock();
-        let mut v: Vec<String> = st.entries.iter().filter(|(_, e)| e.ready).map(|(k, _)| k.clone()).collect();
+        let mut v: Vec<String> =
+            st.entries.iter().filter(|(_, e)| e.ready && !e.derived).map(|(k, _)| k.clone()).collect();
         v.sort();
         v
     }
@@ -200,6 +221,9 @@ impl Cache {
             if let Some(e) = st.entries.remove(&k) {
                 st.bytes -= e.bytes;
                 remove(&self.dir.join(&k));
+                if e.derived {
+                    remove(&self.dir.join(format!("{k}{MADE}")));
+                }
                 removed += 1;
             }
         }
@@ -276,8 +300,10 @@ impl Cache {
             st.bytes += input.bytes;
             st.tick += 1;
             let used = st.tick;
-            st.entries
-                .insert(sha.clone(), Entry { bytes: input.bytes, used, pins: 1, ready: false, dir: folder.is_some() });
+            st.entries.insert(
+                sha.clone(),
+                Entry { bytes: input.bytes, used, pins: 1, ready: false, dir: folder.is_some(), derived: false },
+            );
         }
         let pin = Pinned { cache: self.clone(), sha256: sha.clone(), path: path.clone(), fetched: true };
         match self.fetch(input, folder, &path, budget).await {
@@ -302,6 +328,118 @@ impl Cache {
                 drop(pin);
                 let mut st = self.lock();
                 if let Some(e) = st.entries.remove(sha) {
+                    st.bytes -= e.bytes;
+                }
+                Err(f)
+            }
+        }
+    }
+
+    /// The derived entry `key` (a digest naming what it is made from and how): a local folder the caller reads
+    /// while it holds the returned pin, made by `make` into the folder it is given when absent (or found changed on
+    /// disk). `estimate`: its bytes, for making room before it is made. `None`: it cannot be kept (no room, or
+    /// another task is making it); the caller makes its own.
+    pub async fn derived<F, Fut>(
+        self: &Arc<Self>,
+        key: &str,
+        estimate: u64,
+        budget: u64,
+        make: F,
+    ) -> Result<Option<Pinned>, Failure>
+    where
+        F: FnOnce(PathBuf) -> Fut,
+        Fut: std::future::Future<Output = Result<(), Failure>>,
+    {
+        if !is_digest(key) || estimate > self.size {
+            return Ok(None);
+        }
+        let path = self.dir.join(key);
+        let sidecar = self.dir.join(format!("{key}{MADE}"));
+        let hit = {
+            let mut st = self.lock();
+            st.tick += 1;
+            let tick = st.tick;
+            match st.entries.get_mut(key) {
+                Some(e) if e.ready && e.derived => {
+                    e.pins += 1;
+                    e.used = tick;
+                    true
+                }
+                Some(_) => return Ok(None),
+                None => false,
+            }
+        };
+        if hit {
+            let pin = Pinned { cache: self.clone(), sha256: key.to_string(), path: path.clone(), fetched: false };
+            let want = std::fs::read_to_string(&sidecar).unwrap_or_default();
+            let (found, bytes) = digest_local(&path, true, budget).await?;
+            if found == want.trim() {
+                touch(&path);
+                self.count(|s| {
+                    s.hits += 1;
+                    s.hit_bytes += bytes;
+                });
+                return Ok(Some(pin));
+            }
+            tracing::warn!(entry = %path.display(), "derived cache entry changed on disk: removed, making it again");
+            self.count(|s| s.corrupt += 1);
+            drop(pin);
+            let mut st = self.lock();
+            if let Some(e) = st.entries.remove(key) {
+                st.bytes -= e.bytes;
+            }
+            remove(&path);
+            remove(&sidecar);
+        }
+        {
+            let mut st = self.lock();
+            if st.entries.contains_key(key) {
+                return Ok(None);
+            }
+            self.make_room(&mut st, estimate);
+            if st.bytes + estimate > self.size {
+                return Ok(None);
+            }
+            st.bytes += estimate;
+            st.tick += 1;
+            let used = st.tick;
+            st.entries.insert(
+                key.to_string(),
+                Entry { bytes: estimate, used, pins: 1, ready: false, dir: true, derived: true },
+            );
+        }
+        let pin = Pinned { cache: self.clone(), sha256: key.to_string(), path: path.clone(), fetched: true };
+        let partial = self.dir.join(format!("{PARTIAL}{key}-{}", std::process::id()));
+        remove(&partial);
+        let made = async {
+            make(partial.clone()).await?;
+            let (digest, bytes) = digest_local(&partial, true, budget).await?;
+            // The sidecar first: a folder in place always has its digest beside it.
+            std::fs::write(&sidecar, format!("{digest}\n")).map_err(|e| io(&sidecar, e))?;
+            std::fs::rename(&partial, &path).map_err(|e| io(&path, e))?;
+            Ok(bytes)
+        }
+        .await;
+        match made {
+            Ok(bytes) => {
+                let mut st = self.lock();
+                let reserved = match st.entries.get_mut(key) {
+                    Some(e) => {
+                        e.ready = true;
+                        std::mem::replace(&mut e.bytes, bytes)
+                    }
+                    None => bytes,
+                };
+                st.bytes = st.bytes - reserved + bytes;
+                drop(st);
+                self.count(|s| s.made += 1);
+                Ok(Some(pin))
+            }
+            Err(f) => {
+                drop(pin);
+                remove(&partial);
+                let mut st = self.lock();
+                if let Some(e) = st.entries.remove(key) {
                     st.bytes -= e.bytes;
                 }
                 Err(f)
@@ -514,6 +652,57 @@ mod tests {
         assert!(!dir.path().join(format!("{PARTIAL}x-1")).exists());
         // One worker per folder.
         assert!(Cache::open(dir.path(), 250).is_err());
+    }
+
+    /// A derived entry is made once and then used; one changed on disk is made again; it survives a reopen (its
+    /// sidecar marks it derived), is never reported as a holding, and a failed make leaves nothing behind.
+    #[tokio::test]
+    async fn a_derived_entry_is_made_once_checked_and_kept_apart_from_holdings() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = Cache::open(dir.path(), 1 << 20).unwrap();
+        let key = sha(b"derived from something");
+        let made = std::sync::atomic::AtomicU32::new(0);
+        let make = |out: PathBuf| {
+            made.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async move {
+                std::fs::create_dir_all(&out).map_err(|e| io(&out, e))?;
+                std::fs::write(out.join("model.safetensors"), [6u8; 32]).map_err(|e| io(&out, e))?;
+                Ok(())
+            }
+        };
+        let p = cache.derived(&key, 32, 1 << 20, make).await.unwrap().expect("fits");
+        assert_eq!(std::fs::read(p.path().join("model.safetensors")).unwrap(), [6u8; 32]);
+        drop(p);
+        drop(cache.derived(&key, 32, 1 << 20, make).await.unwrap().unwrap());
+        assert_eq!(made.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!((cache.stats().made, cache.stats().hits), (1, 1));
+        assert!(cache.holdings().is_empty(), "a derived entry is not a holding");
+        // Changed on disk: made again.
+        std::fs::write(dir.path().join(&key).join("model.safetensors"), [0u8; 32]).unwrap();
+        let p = cache.derived(&key, 32, 1 << 20, make).await.unwrap().unwrap();
+        assert_eq!(std::fs::read(p.path().join("model.safetensors")).unwrap(), [6u8; 32]);
+        assert_eq!((made.load(std::sync::atomic::Ordering::SeqCst), cache.stats().corrupt), (2, 1));
+        drop(p);
+        // Reopened: still derived (a hit, not a holding).
+        drop(cache);
+        let cache = Cache::open(dir.path(), 1 << 20).unwrap();
+        assert!(cache.holdings().is_empty());
+        drop(cache.derived(&key, 32, 1 << 20, make).await.unwrap().unwrap());
+        assert_eq!((made.load(std::sync::atomic::Ordering::SeqCst), cache.stats().hits), (2, 1));
+        // A make that fails: its error, and no entry or partial folder left.
+        let other = sha(b"another");
+        let failing = |out: PathBuf| async move {
+            std::fs::create_dir_all(&out).map_err(|e| io(&out, e))?;
+            Err(Failure::internal("no room on the device"))
+        };
+        let f = cache.derived(&other, 32, 1 << 20, failing).await.err().expect("fails");
+        assert!(f.message.contains("no room"), "{}", f.message);
+        let left: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(PARTIAL) || n.starts_with(&other))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
     }
 
     #[tokio::test]

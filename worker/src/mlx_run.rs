@@ -12,6 +12,7 @@ use quantfarm_quant::mlx_file::{quantize_mlx_checkpoint, MlxOptions};
 use quantfarm_store::Location;
 use quantfarm_tensors::convert::plan_hf_to_mlx;
 use quantfarm_tensors::{Format, TensorSource};
+use sha2::{Digest, Sha256};
 
 use crate::env::Env;
 use crate::failure::Failure;
@@ -24,12 +25,15 @@ pub struct Checkpoint {
     pub converted: String,
 }
 
-/// The checkpoint mlx-lm loads for the local model folder `model`: the folder itself, or, for an HF checkpoint
-/// whose layout mlx-lm's model cannot load (its mapping's `mlx.split`: gpt-oss's fused experts saved in bf16, which
-/// mlx-lm 0.32.2's `sanitize` does not take), quantfarm's unquantized MLX conversion of it in `dir`: the model's
-/// own parameters, as `mlx_lm.convert` without `-q` writes them from a checkpoint it can load (the same weights in
-/// the layout mlx-lm's model holds them; `tests/tests/mlx_families.rs` checks that layout against mlx-lm's).
-pub async fn checkpoint(model: PathBuf, dir: &Path, env: &Env) -> Result<Checkpoint, Failure> {
+/// The checkpoint mlx-lm loads for the model at `url`, fetched to the local folder `model`: the folder itself, or,
+/// for an HF checkpoint whose layout mlx-lm's model cannot load (its mapping's `mlx.split`: gpt-oss's fused experts
+/// saved in bf16, which mlx-lm 0.32.2's `sanitize` does not take), quantfarm's unquantized MLX conversion of it: the
+/// model's own parameters, as `mlx_lm.convert` without `-q` writes them from a checkpoint it can load (the same
+/// weights in the layout mlx-lm's model holds them; `tests/tests/mlx_families.rs` checks that layout against
+/// mlx-lm's). The conversion is made once per worker for a model of known digest (a farm-made one: `Task.inputs`)
+/// and kept in the worker's cache (`Cache::derived`), so the model's greedy, KLD and probe tasks share it; else it
+/// is made into the task's folder `dir`.
+pub async fn checkpoint(url: &str, model: PathBuf, dir: &Path, env: &Env) -> Result<Checkpoint, Failure> {
     let plain = |path| Ok(Checkpoint { path, converted: String::new() });
     let Ok(src) = TensorSource::open(&Location::local(&model)).await else { return plain(model) };
     // A checkpoint quantfarm cannot plan is left to mlx-lm, whose own message the report shows.
@@ -45,11 +49,30 @@ pub async fn checkpoint(model: PathBuf, dir: &Path, env: &Env) -> Result<Checkpo
         split.sources.first().map_or("a fused tensor", String::as_str),
         split.name
     );
-    let out = dir.join("mlx-lm-layout");
     let opts = MlxOptions { budget: env.budget, overwrite: true, ..MlxOptions::unquantized() };
-    quantize_mlx_checkpoint(&src, &Location::local(&out), &opts)
-        .await
-        .map_err(|e| Failure::internal(format!("{}: its MLX conversion for mlx-lm: {e}", model.display())))?;
+    let convert = |out: PathBuf| {
+        let (src, opts, model) = (&src, &opts, &model);
+        async move {
+            quantize_mlx_checkpoint(src, &Location::local(&out), opts)
+                .await
+                .map(drop)
+                .map_err(|e| Failure::internal(format!("{}: its MLX conversion for mlx-lm: {e}", model.display())))
+        }
+    };
+    if let (Some(cache), Some(input)) = (&env.cache, env.input(url)) {
+        // Named by the model's digest and the conversion's version: another quantfarm may convert differently.
+        let key = quantfarm_store::hex(&Sha256::digest(
+            format!("mlx-lm layout of {} by quantfarm {}", input.sha256, env!("CARGO_PKG_VERSION")).as_bytes(),
+        ));
+        if let Some(pin) = cache.derived(&key, input.bytes, env.budget, convert).await? {
+            let path = pin.path().to_path_buf();
+            env.keep(pin);
+            tracing::info!(model = %model.display(), at = %path.display(), "{converted}");
+            return Ok(Checkpoint { path, converted });
+        }
+    }
+    let out = dir.join("mlx-lm-layout");
+    convert(out.clone()).await?;
     tracing::info!(model = %model.display(), "{converted}");
     Ok(Checkpoint { path: out, converted })
 }

@@ -29,7 +29,7 @@ async fn greedy(t: &pb::MlxLmGreedyTask, env: &Env) -> Result<pb::GreedyResult, 
         return Err(Failure::input("mlx-lm greedy: max_tokens is 0"));
     }
     let dir = task_dir(env)?;
-    let model = checkpoint(local_model(&t.model, dir.path(), env).await?, dir.path(), env).await?;
+    let model = checkpoint(&t.model, local_model(&t.model, dir.path(), env).await?, dir.path(), env).await?;
     let (mut helper, run) = match open(&model, &env.scratch).await? {
         Opened::Ready(helper, run) => (helper, run),
         Opened::Refused(run) => return Ok(pb::GreedyResult { mlx_lm: Some(run), ..Default::default() }),

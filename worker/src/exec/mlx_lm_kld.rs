@@ -31,7 +31,7 @@ async fn kld(t: &pb::MlxLmKldTask, env: &Env) -> Result<pb::KldResult, Failure> 
         return Err(Failure::corrupt(&t.base, &sha, &t.base_sha256));
     }
     let base_path = local_file(&t.base, dir.path(), env).await?;
-    let model = checkpoint(local_model(&t.model, dir.path(), env).await?, dir.path(), env).await?;
+    let model = checkpoint(&t.model, local_model(&t.model, dir.path(), env).await?, dir.path(), env).await?;
     let (mut helper, run) = match open(&model, &env.scratch).await? {
         Opened::Ready(helper, run) => (helper, run),
         Opened::Refused(run) => return Ok(pb::KldResult { mlx_lm: Some(run), ..Default::default() }),

@@ -35,7 +35,7 @@ impl Executor for MlxLmProbe {
 
 async fn probe(t: &pb::MlxLmProbeTask, env: &Env) -> Result<pb::ProbeResult, Failure> {
     let dir = task_dir(env)?;
-    let model = checkpoint(local_model(&t.model, dir.path(), env).await?, dir.path(), env).await?;
+    let model = checkpoint(&t.model, local_model(&t.model, dir.path(), env).await?, dir.path(), env).await?;
     let (text, _) = read_text(&t.suite).await?;
     let suite = Suite::parse(&t.suite, &text)?;
     let run = match open(&model, &env.scratch).await? {
