@@ -316,6 +316,27 @@ fn gpt_oss_release() {
     let kld = bf16["kld"]["mean_kld"].as_f64().unwrap();
     assert!(kld < 1e-3, "mlx-lm bf16 vs llama.cpp BF16: mean KLD {kld}");
     assert_eq!(bf16["greedy"]["identical"], 2, "{bf16:#}");
+    // The conversion is made once per worker that runs the model's mlx-lm tasks (kept in its cache, its digest
+    // beside it), not once per task: its greedy, KLD and probe tasks share it.
+    let tasks: Vec<&Value> = report["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| t["id"].as_str().unwrap().starts_with("mlx-lm/") && !t["id"].as_str().unwrap().contains("MLX"))
+        .collect();
+    let workers: std::collections::BTreeSet<&str> = tasks.iter().map(|t| t["worker"].as_str().unwrap()).collect();
+    let made: Vec<PathBuf> = std::fs::read_dir(dir.path().join("data/cache"))
+        .unwrap()
+        .flat_map(|cache| std::fs::read_dir(cache.unwrap().path()).unwrap())
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "made"))
+        .collect();
+    eprintln!(
+        "gpt-oss: {} mlx-lm tasks on the bf16 model, on {workers:?}; {} conversions made",
+        tasks.len(),
+        made.len()
+    );
+    assert!(tasks.len() >= 3 && !made.is_empty() && made.len() <= workers.len(), "{made:?} for {tasks:#?}");
 }
 
 /// transformers' own tiny Qwen3.5 of `kind` (`tests/py/qwen35.py make dense|moe`: a multi-token-prediction block,
@@ -429,10 +450,12 @@ fn releases_from_a_gguf_and_an_mlx_source() {
     release_of("from-mlx", &mlx, None, &dir.path().join("mlx"), MlxRung::MlxLm, &[]);
 }
 
-/// The ladder of each family's BF16 GGUF (made by convert_hf_to_gguf.py) is byte-identical to llama-quantize's,
-/// run here on the same file: llama-quantize's rules for each architecture (the generated rope_freqs.weight kept
-/// F32, the 3-D expert tensors, the tied embedding, Qwen3.5's recurrent-layer tensors and NextN block). One family
-/// per GGUF architecture: the rules are the architecture's (Phi-4's are phi3's, Mistral Nemo's llama's).
+/// The ladder of each family's BF16 GGUF is byte-identical to llama-quantize's, run here on the same file:
+/// llama-quantize's rules for each architecture (the generated rope_freqs.weight kept F32, the 3-D expert tensors,
+/// the tied embedding, Qwen3.5's recurrent-layer tensors and NextN block). One family per GGUF architecture: the
+/// rules are the architecture's (Phi-4's are phi3's, Mistral Nemo's llama's). The BF16 file is `quantfarm convert`'s,
+/// which `tests/tests/convert_architectures.rs` (and `qwen35.rs`) check byte for byte against convert_hf_to_gguf.py's
+/// on the same checkpoints: both quantizers are given one file, whoever wrote it.
 #[test]
 fn family_ladders_equal_llama_quantize() {
     let _cpu = quantfarm_e2e::cpu_bound();
@@ -452,16 +475,14 @@ fn family_ladders_equal_llama_quantize() {
     ];
     for arch in families {
         let bf16 = dir.path().join(format!("{arch}-bf16.gguf"));
-        if arch == "qwen3_5" {
-            // transformers' own tiny Qwen3.5 with its NextN block (tests/py/qwen35.py), SmolLM2's tokenizer.
-            let hf = qwen3_5_checkpoint("dense", dir.path(), false);
-            let src = quantfarm_e2e::llama_src();
-            let args = [OsStr::new("gguf"), hf.as_os_str(), bf16.as_os_str(), OsStr::new("bf16"), src.as_os_str()];
-            let pre = [OsStr::new("smollm")];
-            quantfarm_e2e::run_py_with(&quantfarm_e2e::convert_python(), "qwen35.py", &[&args[..], &pre].concat());
+        // transformers' own tiny Qwen3.5 with its NextN block (tests/py/qwen35.py), SmolLM2's tokenizer.
+        let hf = if arch == "qwen3_5" {
+            qwen3_5_checkpoint("dense", dir.path(), false)
         } else {
-            convert_hf_to_gguf_py(&checkpoint(arch, dir.path()), "bf16", &bf16);
-        }
+            checkpoint(arch, dir.path())
+        };
+        let o = Command::new(env!("CARGO_BIN_EXE_quantfarm")).arg("convert").arg(&hf).arg(&bf16).output().unwrap();
+        assert!(o.status.success(), "quantfarm convert {arch}: {}", String::from_utf8_lossy(&o.stderr));
         // gpt-oss's MXFP4 experts: MXFP4_MOE keeps them as they are (the rest Q8_0); another type would requantize
         // them, which both tools refuse without --allow-requantize.
         let ladder: &[&str] = if arch == "gpt_oss" { &["MXFP4_MOE"] } else { &LADDER };

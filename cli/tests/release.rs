@@ -43,8 +43,10 @@ fn summary(out: &Output) -> Value {
 }
 
 /// Probes the tuned model answers within their cap at full precision (its random LoRA makes it talkative: the
-/// examples' 48-token suite is all truncated on it).
-const PROBES: &str = "name: tuned-smollm2\ndefaults: {max_tokens: 256, thinking: false, repeats: 1}\nprobes:\n\
+/// examples' 48-token suite is all truncated on it). Three of four pass on the reference within 96 tokens, as within
+/// 256, and each level's passed/failed/truncated counts are the same at both caps; the fourth runs to the cap on
+/// every model, so the cap is what the probe tasks cost.
+const PROBES: &str = "name: tuned-smollm2\ndefaults: {max_tokens: 96, thinking: false, repeats: 1}\nprobes:\n\
   - {name: capital-of-france, prompt: What is the capital of France?, expect: {contains: Paris}}\n\
   - {name: sky-colour, prompt: 'What colour is the sky on a clear day? Answer in one word.', expect: {regex: '(?i)blue'}}\n\
   - {name: greeting, prompt: Say hello., expect: {regex: '(?i)hello|hi'}}\n\
