@@ -170,3 +170,17 @@ fn llama3_goes_back() {
 fn mistral_nemo_goes_back() {
     back("mistral_nemo", Again::Keys { missing: &[] });
 }
+
+/// Phi-3.5 (LLaMA's SentencePiece vocabulary with Phi-3's added tokens): the fused qkv_proj and gate_up_proj as
+/// they are, and the longrope factor tensors back as rope_scaling (each factor the shortest decimal whose f32 is the
+/// tensor's), so the converter run again writes the same factors and attention factor.
+#[test]
+fn phi3_goes_back() {
+    back("phi3", Again::Keys { missing: &[] });
+}
+
+/// Phi-4 (cl100k as a GPT2Tokenizer, no rope scaling, no sliding window: the GGUF's 0 goes back as null).
+#[test]
+fn phi4_goes_back() {
+    back("phi4", Again::Keys { missing: &[] });
+}

@@ -49,10 +49,29 @@ impl GenerateOp {
     pub fn recover(self, values: &[f32], config: &Map<String, Json>, file: &str) -> Result<Option<(String, Json)>> {
         match self {
             GenerateOp::Llama3RopeFactors => llama3_rope_scaling(values, config, file),
-            // Phi-3's longrope factors come back with the rest of its rope_scaling, which is not mapped back yet.
-            GenerateOp::LongropeLongFactors | GenerateOp::LongropeShortFactors => Ok(None),
+            GenerateOp::LongropeLongFactors => Ok(longrope_scaling(values, "long_factor")),
+            GenerateOp::LongropeShortFactors => Ok(longrope_scaling(values, "short_factor")),
         }
     }
+}
+
+/// Phi-3's `rope_scaling` part holding one factor list (`key`) of `values`: `{type: longrope, KEY: [...]}`, which
+/// the caller merges with the other list's. Each factor is written as the shortest decimal of its f32, and kept only
+/// when the converter's reading (`torch.tensor(list, dtype=torch.float32)`: the decimal read as an f64, then rounded
+/// to f32) gives its bits back.
+fn longrope_scaling(values: &[f32], key: &str) -> Option<(String, Json)> {
+    let mut list = Vec::with_capacity(values.len());
+    for v in values {
+        let decimal: f64 = format!("{v}").parse().ok()?;
+        if (decimal as f32).to_bits() != v.to_bits() {
+            return None;
+        }
+        list.push(Json::Number(serde_json::Number::from_f64(decimal)?));
+    }
+    let mut scaling = Map::new();
+    scaling.insert("type".into(), "longrope".into());
+    scaling.insert(key.into(), Json::Array(list));
+    Some(("rope_scaling".to_string(), Json::Object(scaling)))
 }
 
 /// The `rope_scaling` of Llama 3.1, 3.2 and 3.3 (their config.json's: `factor` 8 or 32, `low_freq_factor` 1,

@@ -268,6 +268,8 @@ pub enum ConfigOp {
     Div([String; 2]),
     /// `a / b` as a float.
     Ratio([String; 2]),
+    /// `a * b / c` as a float (Phi-3's partial_rotary_factor: rotary dimensions × heads / embedding width).
+    ScaledRatio([String; 3]),
     /// The first `n` items of an array key.
     First { n: usize, key: String },
     /// A nested object.
@@ -280,10 +282,13 @@ pub enum ConfigOp {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawConfigOp {
+    /// `value: null` is a value (Phi-4's sliding window), not an absent key.
+    #[serde(default, deserialize_with = "present")]
     value: Option<Json>,
     sub: Option<[String; 2]>,
     div: Option<[String; 2]>,
     ratio: Option<[String; 2]>,
+    scaled_ratio: Option<[String; 3]>,
     first: Option<First>,
     object: Option<IndexMap<String, ConfigExpr>>,
     #[serde(rename = "if")]
@@ -307,6 +312,11 @@ struct If {
     otherwise: ConfigExpr,
 }
 
+/// A key that is present, whatever its value (`null` included).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Option<Json>, D::Error> {
+    Json::deserialize(d).map(Some)
+}
+
 impl TryFrom<RawConfigOp> for ConfigOp {
     type Error = String;
     fn try_from(r: RawConfigOp) -> std::result::Result<Self, String> {
@@ -315,6 +325,7 @@ impl TryFrom<RawConfigOp> for ConfigOp {
         ops.extend(r.sub.map(ConfigOp::Sub));
         ops.extend(r.div.map(ConfigOp::Div));
         ops.extend(r.ratio.map(ConfigOp::Ratio));
+        ops.extend(r.scaled_ratio.map(ConfigOp::ScaledRatio));
         ops.extend(r.first.map(|f| ConfigOp::First { n: f.n, key: f.key }));
         ops.extend(r.object.map(ConfigOp::Object));
         ops.extend(r.cond.map(|c| ConfigOp::If {
@@ -326,7 +337,8 @@ impl TryFrom<RawConfigOp> for ConfigOp {
         match ops.len() {
             1 => Ok(ops.remove(0)),
             _ => {
-                Err("a config expression is a GGUF key or exactly one of value, sub, div, ratio, first, object, if"
+                Err("a config expression is a GGUF key or exactly one of value, sub, div, ratio, scaled_ratio, first, \
+                 object, if"
                     .into())
             }
         }
