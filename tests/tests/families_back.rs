@@ -46,11 +46,33 @@ enum Again {
 fn back(arch: &str, again: Again) {
     let dir = tempfile::tempdir().unwrap();
     let hf = checkpoint(arch, dir.path());
-    let gguf = dir.path().join(format!("{arch}.gguf"));
+    back_from(arch, &hf, dir.path(), again);
+}
+
+/// [`back`] of `arch`'s checkpoint with its config.json's `rope_scaling` replaced by `scaling` (the same weights:
+/// what a user's long-context config of the family holds), in `name`'s folder.
+fn back_scaled(arch: &str, name: &str, scaling: Value, again: Again) {
+    let dir = tempfile::tempdir().unwrap();
+    let base = checkpoint(arch, dir.path());
+    let hf = dir.path().join(name).join("model");
+    std::fs::create_dir_all(&hf).unwrap();
+    for e in std::fs::read_dir(&base).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), hf.join(e.file_name())).unwrap();
+    }
+    let mut config: Value = serde_json::from_slice(&std::fs::read(hf.join("config.json")).unwrap()).unwrap();
+    config["rope_scaling"] = scaling;
+    std::fs::write(hf.join("config.json"), serde_json::to_vec_pretty(&config).unwrap()).unwrap();
+    back_from(name, &hf, dir.path(), again);
+}
+
+fn back_from(arch: &str, hf: &Path, dir: &Path, again: Again) {
+    let (hf, dir) = (hf.to_path_buf(), dir);
+    let gguf = dir.join(format!("{arch}.gguf"));
     convert_hf_to_gguf_py(&hf, "bf16", &gguf);
 
     // GGUF → HF: the checkpoint's tensors, bit for bit; `verify` recomputes them from the GGUF.
-    let back = dir.path().join("back").join("model");
+    let back = dir.join("back").join("model");
     rt().block_on(convert_gguf_to_hf(&Location::local(&gguf), &Location::local(&back), Dtype::BF16, 1 << 20, false))
         .unwrap_or_else(|e| panic!("{arch}: GGUF → HF: {e}"));
     quantfarm_e2e::assert_verified_identical(&quantfarm_e2e::verify(&gguf, &back, None));
@@ -61,7 +83,7 @@ fn back(arch: &str, again: Again) {
     }
 
     // The real converter on the HF folder we wrote: the same GGUF, key for key and tensor for tensor.
-    let twice = dir.path().join(format!("{arch}-again.gguf"));
+    let twice = dir.join(format!("{arch}-again.gguf"));
     convert_hf_to_gguf_py(&back, "bf16", &twice);
     let (a, b) = (header(&twice), header(&gguf));
     let missing: &[&str] = match again {
@@ -92,7 +114,7 @@ fn back(arch: &str, again: Again) {
     }
 
     // GGUF → MLX: the tensors HF → MLX makes of the checkpoint itself.
-    let (from_gguf, from_hf) = (dir.path().join("mlx-gguf"), dir.path().join("mlx-hf"));
+    let (from_gguf, from_hf) = (dir.join("mlx-gguf"), dir.join("mlx-hf"));
     rt().block_on(async {
         let opts = MlxOptions::new(4, 64);
         let src = TensorSource::open(&Location::local(&gguf)).await.unwrap();
@@ -183,4 +205,25 @@ fn phi3_goes_back() {
 #[test]
 fn phi4_goes_back() {
     back("phi4", Again::Keys { missing: &[] });
+}
+
+/// Qwen2.5 with yarn scaling (its long-context config): the GGUF's rope.scaling keys back as rope_scaling, so the
+/// converter run again writes the same keys.
+#[test]
+fn qwen2_yarn_goes_back() {
+    back("qwen2_yarn", Again::Keys { missing: &[] });
+}
+
+/// Qwen3 with the yarn scaling its model card recommends for long contexts (factor 4 over 32,768 positions).
+#[test]
+fn qwen3_yarn_goes_back() {
+    let scaling = serde_json::json!({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768});
+    back_scaled("qwen3", "qwen3_yarn", scaling, Again::Keys { missing: &[] });
+}
+
+/// A Llama-architecture model with linear scaling (Mistral's SentencePiece checkpoint, its config scaled by 2).
+#[test]
+fn llama_linear_goes_back() {
+    let scaling = serde_json::json!({"rope_type": "linear", "factor": 2.0});
+    back_scaled("mistral", "mistral_linear", scaling, Again::Keys { missing: &[] });
 }

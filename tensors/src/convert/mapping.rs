@@ -245,6 +245,10 @@ pub struct HfConfig {
     pub required: Vec<String>,
     #[serde(default)]
     pub literals: IndexMap<String, Json>,
+    /// The rope scaling types (`{arch}.rope.scaling.type`) whose keys the fields write back (Qwen2.5's yarn as
+    /// `rope_scaling`); a GGUF of another scaled type is refused by name.
+    #[serde(default)]
+    pub rope_scaling: Vec<String>,
 }
 
 /// A config.json value made from GGUF keys (`{arch}` replaced in every key).

@@ -193,15 +193,21 @@ async fn plan_from_gguf(src: &TensorSource, dtype: Dtype, target: Target) -> Res
         msg: "has no hf_config: GGUF → HF is not mapped for this architecture".into(),
     })?;
 
-    // Rope scaling (a `rope.scaling.*` key, or Llama 3's generated rope_freqs.weight) has no way back into
-    // config.json yet: refused by name rather than written as an unscaled model.
+    // Rope scaling goes back only where the mapping's hf_config writes its keys back (`hf_config.rope_scaling`);
+    // another scaled GGUF is refused by name rather than written as an unscaled model. (Llama 3's and Phi-3's
+    // generated factor tensors go back below.)
     let scaling = format!("{arch}.rope.scaling.type");
     if let Some(Value::String(t)) = get(&scaling) {
-        if t.to_string_lossy() != "none" {
+        let t = t.to_string_lossy();
+        if t != "none" && !hc.rope_scaling.contains(&t) {
+            let back = if hc.rope_scaling.is_empty() { "none".to_string() } else { hc.rope_scaling.join(", ") };
             return Err(Error::format(
                 &file,
                 &scaling,
-                format!("{}: GGUF → HF/MLX does not write rope scaling back to config.json yet", t.to_string_lossy()),
+                format!(
+                    "{t}: GGUF → HF/MLX writes back to config.json only the rope scaling {} maps back ({back})",
+                    m.file
+                ),
             ));
         }
     }
@@ -612,10 +618,11 @@ impl Eval<'_> {
                 },
                 _ => None,
             },
+            // An object none of whose keys is present is absent (an unscaled model has no rope_scaling).
             ConfigOp::Object(fields) => {
                 let mut obj = Map::new();
                 self.object(fields, &[], &mut obj)?;
-                Some(Json::Object(obj))
+                (!obj.is_empty()).then_some(Json::Object(obj))
             }
             ConfigOp::If { key, equals, then, otherwise } => {
                 let chosen = if self.scalar(key)?.as_ref() == Some(equals) { then } else { otherwise };
