@@ -227,3 +227,10 @@ fn llama_linear_goes_back() {
     let scaling = serde_json::json!({"rope_type": "linear", "factor": 2.0});
     back_scaled("mistral", "mistral_linear", scaling, Again::Keys { missing: &[] });
 }
+
+/// Qwen3-MoE: each block's stacked ffn_{gate,up,down}_exps back as the per-expert weights (expert by expert, a run
+/// of the stacked tensor's rows each), the MoE fields from the GGUF's keys.
+#[test]
+fn qwen3_moe_goes_back() {
+    back("qwen3_moe", Again::Keys { missing: &[] });
+}

@@ -53,6 +53,8 @@ pub struct HfCut {
     hd: Option<u64>,
     /// One part of a fused tensor.
     fused: Option<Fused>,
+    /// The source row of the output's first row (an expert's matrix of stacked experts: its first row).
+    row_base: u64,
     step: usize,
 }
 
@@ -87,7 +89,24 @@ impl HfCut {
             TensorType::Ggml(g) if !arithmetic && t.dtype.as_ggml() == Some(g) => Kind::Same,
             _ => Kind::Values,
         };
-        HfCut::with_kind(src, t.clone(), kind, budget, extra_row)
+        let mut cut = HfCut::with_kind(src, t.clone(), kind, budget, extra_row)?;
+        if let Some(x) = t.expert {
+            // Expert x.expert's matrix: a run of the source's rows, whose first axis holds x.of experts.
+            let bad = |msg: String| Error::format(src.location().to_string(), format!("tensor {:?}", t.source), msg);
+            if t.unpermute_heads.is_some() || t.reorder.is_some() {
+                return Err(bad("an expert's matrix is neither unpermuted nor reordered".into()));
+            }
+            let per = t.shape.first().copied().unwrap_or(0);
+            if e.shape.len() != 3 || e.shape[0] != x.of || x.expert >= x.of || e.shape[1..] != t.shape[..] {
+                return Err(bad(format!(
+                    "shape {:?} does not hold expert {} of {} as a {:?} matrix",
+                    e.shape, x.expert, x.of, t.shape
+                )));
+            }
+            cut.rows = per as usize;
+            cut.row_base = x.expert * per;
+        }
+        Ok(cut)
     }
 
     /// Cuts HF tensor `name` of `src` read as stored and written as `dtype`: its bytes when it is stored so, an MLX
@@ -134,7 +153,7 @@ impl HfCut {
             Kind::MlxDequantized { .. } => f32_row + size,
         };
         let step = rows_per_piece(budget, raw_row, work_row + extra_row, hd.unwrap_or(1)) as usize;
-        Ok(HfCut { t, kind, rows, cols: cols as usize, raw_row, work_row, hd, fused: None, step })
+        Ok(HfCut { t, kind, rows, cols: cols as usize, raw_row, work_row, hd, fused: None, row_base: 0, step })
     }
 
     /// Part `of` of a fused float tensor (`t.shape` is the part's):
@@ -178,7 +197,18 @@ impl HfCut {
         }
         let fused = Some(Fused { of, stored, src_cols, per });
         let (rows, cols) = (rows as usize, cols as usize);
-        Ok(HfCut { t: t.clone(), kind, rows, cols, raw_row, work_row, hd: None, fused, step: step as usize })
+        Ok(HfCut {
+            t: t.clone(),
+            kind,
+            rows,
+            cols,
+            raw_row,
+            work_row,
+            hd: None,
+            fused,
+            row_base: 0,
+            step: step as usize,
+        })
     }
 
     /// The pieces, in order (a transposed part's within one matrix each).
@@ -214,7 +244,7 @@ impl HfCut {
             return runs;
         }
         let Some(o) = self.t.reorder.filter(|o| o.rows && matches!(self.kind, Kind::Values)) else {
-            return vec![(p.first as u64, p.rows)];
+            return vec![(self.row_base + p.first as u64, p.rows)];
         };
         // Gathered run by run: a reordered head's rows are contiguous in the source.
         let mut runs = Vec::new();

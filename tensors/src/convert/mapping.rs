@@ -91,6 +91,9 @@ pub struct ExpertRule {
     pub count: Vec<String>,
     /// `w` → GGUF name (`{b}` filled), in the order the stacked tensors are written.
     pub gguf: IndexMap<String, String>,
+    /// The HF name with `{b}`, `{e}` and `{w}` to fill (the regex's groups), for the way back; `None` when the
+    /// regex is not a plain name around its groups.
+    pub hf_template: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -111,7 +114,8 @@ impl TryFrom<RawExpertRule> for ExpertRule {
         if r.count.is_empty() || r.gguf.is_empty() {
             return Err(format!("experts rule {:?}: count and gguf list at least one entry", r.hf.0.as_str()));
         }
-        Ok(ExpertRule { hf: r.hf, count: r.count, gguf: r.gguf })
+        let hf_template = expert_template(r.hf.0.as_str());
+        Ok(ExpertRule { hf: r.hf, count: r.count, gguf: r.gguf, hf_template })
     }
 }
 
@@ -752,6 +756,21 @@ impl TryFrom<RawTensorRule> for TensorRule {
 
 /// The name an anchored rule regex (`^(?:…)$`) matches when it is a plain name: escaped dots and at most the
 /// `(?P<b>\d+)` group, which becomes `{b}`.
+/// An experts rule's HF name with its groups as `{b}`, `{e}` and `{w}` (`(?P<w>down_proj|gate_proj)` → `{w}`), when
+/// the rest is a plain name.
+fn expert_template(anchored: &str) -> Option<String> {
+    let mut t = anchored.strip_prefix("^(?:")?.strip_suffix(")$")?.to_string();
+    for g in ["b", "e", "w"] {
+        let open = format!("(?P<{g}>");
+        let start = t.find(&open)?;
+        let end = start + t[start..].find(')')?;
+        t.replace_range(start..=end, &format!("{{{g}}}"));
+    }
+    let t = t.replace(r"\.", ".");
+    let rest = t.replace("{b}", "").replace("{e}", "").replace("{w}", "");
+    rest.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')).then_some(t)
+}
+
 fn plain_template(anchored: &str) -> Option<String> {
     let inner = anchored.strip_prefix("^(?:")?.strip_suffix(")$")?;
     let t = inner.replace(r"(?P<b>\d+)", "{b}").replace(r"\.", ".");
@@ -1218,6 +1237,22 @@ pub enum Mapped<'a> {
 }
 
 impl Mapping {
+    /// The per-expert HF name (`{e}` left to fill) of a GGUF tensor an `experts` rule stacks, e.g.
+    /// `blk.3.ffn_up_exps.weight` → `model.layers.3.mlp.experts.{e}.up_proj.weight`.
+    pub fn unstack_expert(&self, gguf: &str) -> Option<String> {
+        for r in &self.experts {
+            let Some(template) = &r.hf_template else { continue };
+            for (w, g) in &r.gguf {
+                let Some((head, tail)) = g.split_once("{b}") else { continue };
+                let Some(b) = gguf.strip_prefix(head).and_then(|rest| rest.strip_suffix(tail)) else { continue };
+                if !b.is_empty() && b.bytes().all(|c| c.is_ascii_digit()) {
+                    return Some(template.replace("{b}", b).replace("{w}", w));
+                }
+            }
+        }
+        None
+    }
+
     /// Maps a GGUF tensor name back to its HF name (the first rule whose GGUF template matches).
     pub fn unmap_tensor(&self, gguf: &str) -> Result<Unmapped<'_>> {
         for rule in &self.tensors {

@@ -47,6 +47,16 @@ pub struct HfTensor {
     /// One part of a fused source tensor, taken out as mlx-lm's `sanitize` splits it (gpt-oss's and Qwen3.5-MoE's
     /// fused experts); `shape` is the part's.
     pub part: Option<PartOf>,
+    /// One expert's matrix of a stacked 3-D source (GGUF `ffn_*_exps`, experts along the first axis): the way
+    /// back to per-expert HF tensors; `shape` is the matrix's.
+    pub expert: Option<ExpertOf>,
+}
+
+/// Expert `expert` of the `of` stacked along a source's first axis: a run of its rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExpertOf {
+    pub expert: u64,
+    pub of: u64,
 }
 
 /// Part `part` of the `of` parts of a fused tensor laid out as `layout` says (see
@@ -93,6 +103,7 @@ impl HfTensor {
             reorder: None,
             values: None,
             part: None,
+            expert: None,
         }
     }
 }
@@ -280,6 +291,27 @@ async fn plan_from_gguf(src: &TensorSource, dtype: Dtype, target: Target) -> Res
         if generated.iter().any(|g| g.gguf == info.name) {
             continue;
         }
+        // Stacked experts go back to HF as the per-expert weights the mapping's `experts` rule stacks (the layout
+        // every reader takes: transformers, the converter, mlx-lm's sanitize); MLX keeps them stacked.
+        if target == Target::Hf {
+            if let Some(template) = m.unstack_expert(&info.name) {
+                let source_shape: Vec<u64> = info.dims.iter().rev().copied().collect();
+                let [of, rows, cols] = source_shape[..] else {
+                    return Err(Error::format(
+                        &file,
+                        &info.name,
+                        format!("shape {source_shape:?} is not (experts, rows, columns)"),
+                    ));
+                };
+                for e in 0..of {
+                    tensors.push(HfTensor {
+                        expert: Some(ExpertOf { expert: e, of }),
+                        ..HfTensor::plain(&template.replace("{e}", &e.to_string()), &info.name, vec![rows, cols], dtype)
+                    });
+                }
+                continue;
+            }
+        }
         let u = m.unmap_tensor(&info.name)?;
         let rule = u.rule;
         has_output |= u.hf.as_deref() == Some("lm_head.weight");
@@ -369,6 +401,7 @@ async fn plan_from_gguf(src: &TensorSource, dtype: Dtype, target: Target) -> Res
             reorder,
             values: rule.values,
             part: None,
+            expert: None,
         });
     }
     tensors.sort_by(|a, b| a.name.cmp(&b.name));
