@@ -281,10 +281,7 @@ impl Cache {
             );
             self.count(|s| s.corrupt += 1);
             drop(pin);
-            let mut st = self.lock();
-            if let Some(e) = st.entries.remove(sha) {
-                st.bytes -= e.bytes;
-            }
+            self.forget(sha);
             remove(&path);
         }
         // A miss: reserve the room, fetch, check, commit.
@@ -308,16 +305,7 @@ impl Cache {
         let pin = Pinned { cache: self.clone(), sha256: sha.clone(), path: path.clone(), fetched: true };
         match self.fetch(input, folder, &path, budget).await {
             Ok(bytes) => {
-                let mut st = self.lock();
-                let reserved = match st.entries.get_mut(sha) {
-                    Some(e) => {
-                        e.ready = true;
-                        std::mem::replace(&mut e.bytes, bytes)
-                    }
-                    None => bytes,
-                };
-                st.bytes = st.bytes - reserved + bytes;
-                drop(st);
+                self.commit(sha, bytes);
                 self.count(|s| {
                     s.fetches += 1;
                     s.fetched_bytes += bytes;
@@ -326,10 +314,7 @@ impl Cache {
             }
             Err(f) => {
                 drop(pin);
-                let mut st = self.lock();
-                if let Some(e) = st.entries.remove(sha) {
-                    st.bytes -= e.bytes;
-                }
+                self.forget(sha);
                 Err(f)
             }
         }
@@ -384,10 +369,7 @@ impl Cache {
             tracing::warn!(entry = %path.display(), "derived cache entry changed on disk: removed, making it again");
             self.count(|s| s.corrupt += 1);
             drop(pin);
-            let mut st = self.lock();
-            if let Some(e) = st.entries.remove(key) {
-                st.bytes -= e.bytes;
-            }
+            self.forget(key);
             remove(&path);
             remove(&sidecar);
         }
@@ -422,28 +404,37 @@ impl Cache {
         .await;
         match made {
             Ok(bytes) => {
-                let mut st = self.lock();
-                let reserved = match st.entries.get_mut(key) {
-                    Some(e) => {
-                        e.ready = true;
-                        std::mem::replace(&mut e.bytes, bytes)
-                    }
-                    None => bytes,
-                };
-                st.bytes = st.bytes - reserved + bytes;
-                drop(st);
+                self.commit(key, bytes);
                 self.count(|s| s.made += 1);
                 Ok(Some(pin))
             }
             Err(f) => {
                 drop(pin);
                 remove(&partial);
-                let mut st = self.lock();
-                if let Some(e) = st.entries.remove(key) {
-                    st.bytes -= e.bytes;
-                }
+                self.forget(key);
                 Err(f)
             }
+        }
+    }
+
+    /// Marks the reserved entry `key` whole, `bytes` long (it was reserved at an estimate).
+    fn commit(&self, key: &str, bytes: u64) {
+        let mut st = self.lock();
+        let reserved = match st.entries.get_mut(key) {
+            Some(e) => {
+                e.ready = true;
+                std::mem::replace(&mut e.bytes, bytes)
+            }
+            None => bytes,
+        };
+        st.bytes = st.bytes - reserved + bytes;
+    }
+
+    /// Drops entry `key` from the books (its files are the caller's to remove).
+    fn forget(&self, key: &str) {
+        let mut st = self.lock();
+        if let Some(e) = st.entries.remove(key) {
+            st.bytes -= e.bytes;
         }
     }
 
