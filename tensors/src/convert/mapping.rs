@@ -253,6 +253,10 @@ pub struct HfConfig {
     /// `rope_scaling`); a GGUF of another scaled type is refused by name.
     #[serde(default)]
     pub rope_scaling: Vec<String>,
+    /// Stacked expert tensors go back as the per-expert weights the `experts` rule stacks (Qwen3-MoE, whose
+    /// readers all take that layout); without it they have no way back to HF.
+    #[serde(default)]
+    pub per_expert: bool,
 }
 
 /// A config.json value made from GGUF keys (`{arch}` replaced in every key).

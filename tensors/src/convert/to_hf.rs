@@ -291,9 +291,9 @@ async fn plan_from_gguf(src: &TensorSource, dtype: Dtype, target: Target) -> Res
         if generated.iter().any(|g| g.gguf == info.name) {
             continue;
         }
-        // Stacked experts go back to HF as the per-expert weights the mapping's `experts` rule stacks (the layout
-        // every reader takes: transformers, the converter, mlx-lm's sanitize); MLX keeps them stacked.
-        if target == Target::Hf {
+        // Stacked experts go back to HF as the per-expert weights the mapping's `experts` rule stacks, where the
+        // mapping says every reader takes that layout (`hf_config.per_expert`); MLX keeps them stacked.
+        if target == Target::Hf && hc.per_expert {
             if let Some(template) = m.unstack_expert(&info.name) {
                 let source_shape: Vec<u64> = info.dims.iter().rev().copied().collect();
                 let [of, rows, cols] = source_shape[..] else {
