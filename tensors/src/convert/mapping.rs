@@ -114,7 +114,7 @@ impl TryFrom<RawExpertRule> for ExpertRule {
         if r.count.is_empty() || r.gguf.is_empty() {
             return Err(format!("experts rule {:?}: count and gguf list at least one entry", r.hf.0.as_str()));
         }
-        let hf_template = expert_template(r.hf.0.as_str());
+        let hf_template = plain_template(r.hf.0.as_str(), &["b", "e", "w"]);
         Ok(ExpertRule { hf: r.hf, count: r.count, gguf: r.gguf, hf_template })
     }
 }
@@ -727,7 +727,7 @@ impl TryFrom<RawTensorRule> for TensorRule {
         if r.offset.is_some_and(|o| o == 0.0 || !o.is_finite()) {
             return Err(format!("tensor rule {:?}: offset must be finite and not 0", r.gguf));
         }
-        let hf_template = r.hf.as_ref().and_then(|hf| plain_template(hf.0.as_str()));
+        let hf_template = r.hf.as_ref().and_then(|hf| plain_template(hf.0.as_str(), &["b"]));
         let template_regex = |t: &str| {
             Regex::new(&format!("^(?:{})$", regex::escape(t).replace(r"\{b\}", r"(?P<b>\d+)")))
                 .map(AnchoredRegex)
@@ -758,28 +758,19 @@ impl TryFrom<RawTensorRule> for TensorRule {
     }
 }
 
-/// The name an anchored rule regex (`^(?:…)$`) matches when it is a plain name: escaped dots and at most the
-/// `(?P<b>\d+)` group, which becomes `{b}`.
-/// An experts rule's HF name with its groups as `{b}`, `{e}` and `{w}` (`(?P<w>down_proj|gate_proj)` → `{w}`), when
-/// the rest is a plain name.
-fn expert_template(anchored: &str) -> Option<String> {
+/// The name an anchored rule regex (`^(?:…)$`) matches when it is a plain name around the named `groups`: escaped
+/// dots, and each group present (`(?P<b>\d+)`, an experts rule's `(?P<w>down_proj|gate_proj)`) as `{name}`.
+fn plain_template(anchored: &str, groups: &[&str]) -> Option<String> {
     let mut t = anchored.strip_prefix("^(?:")?.strip_suffix(")$")?.to_string();
-    for g in ["b", "e", "w"] {
-        let open = format!("(?P<{g}>");
-        let start = t.find(&open)?;
-        let end = start + t[start..].find(')')?;
-        t.replace_range(start..=end, &format!("{{{g}}}"));
+    for g in groups {
+        if let Some(start) = t.find(&format!("(?P<{g}>")) {
+            let end = start + t[start..].find(')')?;
+            t.replace_range(start..=end, &format!("{{{g}}}"));
+        }
     }
     let t = t.replace(r"\.", ".");
-    let rest = t.replace("{b}", "").replace("{e}", "").replace("{w}", "");
+    let rest = groups.iter().fold(t.clone(), |rest, g| rest.replace(&format!("{{{g}}}"), ""));
     rest.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')).then_some(t)
-}
-
-fn plain_template(anchored: &str) -> Option<String> {
-    let inner = anchored.strip_prefix("^(?:")?.strip_suffix(")$")?;
-    let t = inner.replace(r"(?P<b>\d+)", "{b}").replace(r"\.", ".");
-    let plain = t.replace("{b}", "").chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'));
-    plain.then_some(t)
 }
 
 /// The q/k rope permutation (convert_hf_to_gguf's `LlamaModel.permute`) with the head count from config field
