@@ -3,7 +3,7 @@ HF -> GGUF conversion against llama.cpp's convert_hf_to_gguf.py.
 
 usage: make_synthetic_hf.py ARCH OUT_DIR LLAMA_CPP_SRC [SEED]
 ARCH: qwen2 | qwen2_yarn | qwen3 | qwen3_moe | qwen3_moe_fused | mistral | mistral_nemo | gemma2 | gemma3 | gemma3_mm |
-      llama3 | phi3 | phi4 | smollm3 | granite | olmo2 | gpt_oss | gpt_oss_bf16 | ministral3_mm
+      llama3 | phi3 | phi4 | smollm3 | granite | olmo2 | gpt_oss | gpt_oss_bf16 | ministral3 | ministral3_mm
 
 The vocabularies are real ones, taken from llama.cpp's own vocab-only test GGUFs (models/ggml-vocab-*.gguf):
 - qwen2 / qwen3: Qwen2's byte-level BPE (151,643 ranks and 151,387 merges) as a tokenizer.json with Qwen's
@@ -35,6 +35,7 @@ The vocabularies are real ones, taken from llama.cpp's own vocab-only test GGUFs
 - ministral3_mm: Ministral 3 (8B-Instruct-2512-like) as Mistral3ForConditionalGeneration saves it with transformers
   5: the text model (Ministral3: Llama's layout, yarn rope with Llama 4's attention temperature) under
   model.language_model., a stub Pixtral vision tower and projector beside it, the tekken vocabulary;
+- ministral3: the same text model alone, as Ministral3ForCausalLM saves it;
 - mistral / gemma3: LLaMA's SentencePiece BPE model (32,000 pieces with scores and types, 256 byte pieces) as a
   tokenizer.model, and the tokenizer.json transformers derives from it.
 Chat templates come from llama.cpp's models/templates/. config.json holds every field the real model's config.json
@@ -619,10 +620,11 @@ elif ARCH == "mistral_nemo":
            "hidden_act": "silu", "max_position_embeddings": 1024000, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
            "sliding_window": None, "head_dim": HEAD_DIM, "bos_token_id": 1, "eos_token_id": 2,
            "tie_word_embeddings": False}
-elif ARCH == "ministral3_mm":
+elif ARCH in ("ministral3", "ministral3_mm"):
     # The text config Ministral-3-8B-Instruct-2512's config.json nests (transformers 5's Ministral3Config fields).
     vocab = tekken_tokenizer()
-    cfg = {**common, "model_type": "ministral3", "vocab_size": vocab, "hidden_act": "silu",
+    cfg = {**common, "architectures": ["Ministral3ForCausalLM"], "model_type": "ministral3", "vocab_size": vocab,
+           "hidden_act": "silu",
            "max_position_embeddings": 262144, "rms_norm_eps": 1e-05, "head_dim": HEAD_DIM, "sliding_window": None,
            "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 11, "tie_word_embeddings": False,
            "rope_parameters": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 16.0, "llama_4_scaling_beta": 0.1,
@@ -693,7 +695,7 @@ if ARCH == "gemma3_mm":
            "mm_tokens_per_image": 4, "boi_token_index": 3, "eoi_token_index": 4, "image_token_index": 5,
            "initializer_range": 0.02, "torch_dtype": "bfloat16", "transformers_version": "5.24.0"}
 if ARCH == "ministral3_mm":
-    text = {k: v for k, v in cfg.items() if k not in ("torch_dtype", "transformers_version")}
+    text = {k: v for k, v in cfg.items() if k not in ("architectures", "torch_dtype", "transformers_version")}
     cfg = {"architectures": ["Mistral3ForConditionalGeneration"], "model_type": "mistral3", "text_config": text,
            "vision_config": {"model_type": "pixtral", "hidden_size": 32, "intermediate_size": 64,
                              "num_hidden_layers": 1, "num_attention_heads": 2, "head_dim": 16, "image_size": 32,

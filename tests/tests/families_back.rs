@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
-use quantfarm_e2e::{convert_hf_to_gguf_py, run_py, tensor_bytes};
+use quantfarm_e2e::{convert_hf_to_gguf_py, run_py, run_py_with, tensor_bytes};
 use quantfarm_quant::mlx_file::{gguf_to_mlx, quantize_mlx_checkpoint, MlxOptions};
 use quantfarm_store::Location;
 use quantfarm_tensors::convert::{convert_gguf_to_hf, plan_gguf_to_mlx};
@@ -233,4 +233,62 @@ fn llama_linear_goes_back() {
 #[test]
 fn qwen3_moe_goes_back() {
     back("qwen3_moe", Again::Keys { missing: &[] });
+}
+
+/// gpt-oss as a fine-tune saves it (bf16 experts in transformers' GptOssExperts layout): the stacked experts joined
+/// again, transposed, gate and up dealt out in turn (`fused` in mappings/gpt_oss.yaml), the biases interleaved,
+/// yarn's keys back as rope_scaling.
+#[test]
+fn gpt_oss_bf16_goes_back() {
+    back("gpt_oss_bf16", Again::Keys { missing: &[] });
+}
+
+/// gpt-oss's own checkpoint: the GGUF the converter makes of it (its MXFP4 expert blocks repacked as GGUF MXFP4)
+/// goes back to the bf16 checkpoint transformers itself makes of the MXFP4 one (`Mxfp4Config(dequantize=True)`),
+/// tensor for tensor and bit for bit (MXFP4 values are exact in bf16), but for the sign of zero: E2M1's code 8 is
+/// −0, which transformers keeps and ggml's table (`kvalues_mxfp4`, an int8 0) makes +0, as our dequantization does
+/// to stay ggml's. A small budget reads the experts in bands of whole MXFP4 blocks.
+#[test]
+fn gpt_oss_mxfp4_goes_back_as_transformers_dequantizes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mxfp4 = checkpoint("gpt_oss", d);
+    let gguf = d.join("gpt_oss.gguf");
+    convert_hf_to_gguf_py(&mxfp4, "bf16", &gguf);
+    let back = d.join("back").join("model");
+    rt().block_on(convert_gguf_to_hf(&Location::local(&gguf), &Location::local(&back), Dtype::BF16, 4096, false))
+        .unwrap_or_else(|e| panic!("gpt_oss: GGUF → HF: {e}"));
+    let theirs = d.join("transformers");
+    let printed = run_py_with(
+        &quantfarm_e2e::convert_python(),
+        "transformers_mxfp4_dequant.py",
+        &[mxfp4.as_os_str(), theirs.as_os_str()],
+    );
+    assert_eq!(printed.trim(), "dequantized 8", "2 blocks × gate_up, down and their biases");
+    let (ours, want) = (tensor_bytes(&back), tensor_bytes(&theirs));
+    assert_eq!(ours.keys().collect::<Vec<_>>(), want.keys().collect::<Vec<_>>(), "gpt_oss: tensor names");
+    let mut signed_zeros = 0;
+    for (name, b) in &want {
+        let a = &ours[name];
+        assert_eq!(a.len(), b.len(), "gpt_oss: {name}: bytes");
+        // bf16 values (every tensor of both is bf16): the same bits, or both a zero.
+        for (x, y) in a.chunks_exact(2).zip(b.chunks_exact(2)) {
+            let (x, y) = (u16::from_le_bytes([x[0], x[1]]), u16::from_le_bytes([y[0], y[1]]));
+            let zeros = x & 0x7fff == 0 && y & 0x7fff == 0;
+            assert!(x == y || zeros, "gpt_oss: {name}: {x:#06x}, transformers' {y:#06x}");
+            signed_zeros += usize::from(x != y);
+        }
+    }
+    quantfarm_e2e::assert_verified_identical(&quantfarm_e2e::verify(&gguf, &back, None));
+    eprintln!(
+        "gpt_oss MXFP4: GGUF → HF = transformers' dequantized checkpoint ({} tensors; {signed_zeros} −0 as +0)",
+        want.len()
+    );
+}
+
+/// Ministral 3 (text only): yarn's keys back as rope_parameters with the `mscale_all_dim` and Llama 4 attention
+/// temperature the converter writes, so the converter run again writes the same keys.
+#[test]
+fn ministral3_goes_back() {
+    back("ministral3", Again::Keys { missing: &[] });
 }

@@ -3,6 +3,7 @@
 //! conversions read the pieces ahead ([`super::write_hf`], the MLX writer) or one by one
 //! ([`super::write_hf_tensor`], verification); the bytes are the same.
 
+use super::hf_join::Join;
 use super::mapping::FusedParts;
 use super::to_hf::{unpermuted_source_row, HfTensor, PartOf};
 use super::transform::encode_f32;
@@ -55,6 +56,8 @@ pub struct HfCut {
     fused: Option<Fused>,
     /// The source row of the output's first row (an expert's matrix of stacked experts: its first row).
     row_base: u64,
+    /// Joined from several source tensors.
+    join: Option<Join>,
     step: usize,
 }
 
@@ -76,6 +79,26 @@ impl HfCut {
     pub fn new(src: &TensorSource, t: &HfTensor, budget: u64, extra_row: u64) -> Result<HfCut> {
         if let Some(of) = t.part {
             return HfCut::part(src, t, of, budget, extra_row);
+        }
+        if let Some(j) = &t.join {
+            let c = Join::cut(src, t, j)?;
+            let step = rows_per_piece(budget, c.raw_row, c.work_row + extra_row, c.unit) as usize;
+            let kind = if c.same { Kind::Same } else { Kind::Values };
+            let (rows, cols, raw_row, work_row) = (c.rows, c.cols, c.raw_row, c.work_row);
+            let join = Some(c.join);
+            return Ok(HfCut {
+                t: t.clone(),
+                kind,
+                rows,
+                cols,
+                raw_row,
+                work_row,
+                hd: None,
+                fused: None,
+                row_base: 0,
+                join,
+                step,
+            });
         }
         let e = src.entry(&t.source)?;
         // Arithmetic on the values (a row permutation alone moves bytes).
@@ -153,7 +176,19 @@ impl HfCut {
             Kind::MlxDequantized { .. } => f32_row + size,
         };
         let step = rows_per_piece(budget, raw_row, work_row + extra_row, hd.unwrap_or(1)) as usize;
-        Ok(HfCut { t, kind, rows, cols: cols as usize, raw_row, work_row, hd, fused: None, row_base: 0, step })
+        Ok(HfCut {
+            t,
+            kind,
+            rows,
+            cols: cols as usize,
+            raw_row,
+            work_row,
+            hd,
+            fused: None,
+            row_base: 0,
+            join: None,
+            step,
+        })
     }
 
     /// Part `of` of a fused float tensor (`t.shape` is the part's):
@@ -207,14 +242,16 @@ impl HfCut {
             hd: None,
             fused,
             row_base: 0,
+            join: None,
             step: step as usize,
         })
     }
 
     /// The pieces, in order (a transposed part's within one matrix each).
     pub fn pieces(&self) -> impl Iterator<Item = HfPiece> + '_ {
-        let per = match self.fused {
-            Some(f) if f.of.layout == FusedParts::TransposedRows => f.per as usize,
+        let per = match (self.fused, &self.join) {
+            (Some(f), _) if f.of.layout == FusedParts::TransposedRows => f.per as usize,
+            (_, Some(j)) => j.matrix_rows().unwrap_or(self.rows).max(1),
             _ => self.rows.max(1),
         };
         (0..self.rows).step_by(per).flat_map(move |m| {
@@ -263,6 +300,9 @@ impl HfCut {
 
     /// Where piece `p`'s rows are stored, in the order [`HfCut::convert`] takes them.
     pub fn spans<'s>(&self, src: &'s TensorSource, p: HfPiece) -> Result<Vec<Span<'s>>> {
+        if let Some(j) = &self.join {
+            return j.spans(src, p.first as u64, p.rows as u64);
+        }
         if let Some(f) = self.fused.filter(|f| f.of.layout == FusedParts::TransposedRows) {
             // From each of the matrix's k source rows, the columns of output rows j..j + n, every part's.
             let (m, j) = (p.first as u64 / f.per, p.first as u64 % f.per);
@@ -293,6 +333,13 @@ impl HfCut {
         };
         if let Some(f) = self.fused.filter(|_| matches!(self.kind, Kind::Values)) {
             return self.convert_part(src, f, p, raw, bufs);
+        }
+        if let Some(j) = self.join.as_ref().filter(|_| matches!(self.kind, Kind::Values)) {
+            let HfBufs { values, ordered, out, .. } = bufs;
+            j.convert(src, (p.first as u64, n, cols), raw, values, ordered)?;
+            out.clear();
+            encode_f32(ordered, t.dtype, out);
+            return Ok(out);
         }
         let HfBufs { values, ordered, row, out } = bufs;
         out.clear();

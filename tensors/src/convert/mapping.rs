@@ -122,13 +122,56 @@ impl TryFrom<RawExpertRule> for ExpertRule {
 /// One fused HF tensor written as `gguf.len()` GGUF tensors, in order: the equal parts of its second-to-last axis
 /// (transformers 5's `mlp.experts.gate_up_proj`, split at `shape[-2] // 2` into gate and up), or its last axis
 /// dealt out element by element (gpt-oss's `gate_up_proj_bias`, gate = `[..., ::2]`, up = `[..., 1::2]`).
+///
+/// The way back (GGUF → HF) joins the GGUF tensors into the HF one again, named by `back` (with `{b}` to fill) or,
+/// when the regex is a plain name around group `b`, by the regex itself.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "RawFusedRule")]
 pub struct FusedRule {
     pub hf: AnchoredRegex,
     pub gguf: Vec<String>,
-    #[serde(default)]
     pub parts: FusedParts,
+    /// The HF name the way back writes (`{b}` to fill); `None` when neither `back` nor the regex gives one.
+    pub hf_template: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFusedRule {
+    hf: AnchoredRegex,
+    gguf: Vec<String>,
+    #[serde(default)]
+    parts: FusedParts,
+    #[serde(default)]
+    back: Option<String>,
+}
+
+impl TryFrom<RawFusedRule> for FusedRule {
+    type Error = String;
+    fn try_from(r: RawFusedRule) -> std::result::Result<Self, String> {
+        if r.gguf.is_empty() {
+            return Err(format!("fused rule {:?}: gguf lists at least one tensor", r.hf.0.as_str()));
+        }
+        let hf_template = match r.back {
+            Some(t) if !r.hf.is_match(&t.replace("{b}", "0")) => {
+                return Err(format!("fused rule {:?}: back {t:?} is not a name the regex matches", r.hf.0.as_str()))
+            }
+            Some(t) => Some(t),
+            None => plain_template(r.hf.0.as_str(), &["b"]),
+        };
+        Ok(FusedRule { hf: r.hf, gguf: r.gguf, parts: r.parts, hf_template })
+    }
+}
+
+/// A GGUF tensor that is part `index` of the HF tensor a `fused` rule joins from `sources` (the way back).
+#[derive(Debug, PartialEq)]
+pub struct Unfused {
+    /// The HF name; `None` when the rule gives no plain name.
+    pub hf: Option<String>,
+    /// Every part's GGUF name, in order.
+    pub sources: Vec<String>,
+    pub parts: FusedParts,
+    pub index: usize,
 }
 
 /// How a fused tensor's parts lie in it.
@@ -1243,6 +1286,30 @@ impl Mapping {
                 if !b.is_empty() && b.bytes().all(|c| c.is_ascii_digit()) {
                     return Some(template.replace("{b}", b).replace("{w}", w));
                 }
+            }
+        }
+        None
+    }
+
+    /// The `fused` rule that writes GGUF tensor `gguf` as one of its parts, for the way back.
+    pub fn unfuse(&self, gguf: &str) -> Option<Unfused> {
+        for r in &self.fused {
+            for (index, g) in r.gguf.iter().enumerate() {
+                let b = match g.split_once("{b}") {
+                    None if g == gguf => None,
+                    None => continue,
+                    Some((head, tail)) => match gguf.strip_prefix(head).and_then(|rest| rest.strip_suffix(tail)) {
+                        Some(b) if !b.is_empty() && b.bytes().all(|c| c.is_ascii_digit()) => Some(b),
+                        _ => continue,
+                    },
+                };
+                let fill = |t: &String| b.map_or_else(|| t.clone(), |b| t.replace("{b}", b));
+                return Some(Unfused {
+                    hf: r.hf_template.as_ref().map(fill),
+                    sources: r.gguf.iter().map(fill).collect(),
+                    parts: r.parts,
+                    index,
+                });
             }
         }
         None

@@ -10,6 +10,7 @@
 mod authorship;
 pub mod generate;
 mod hf;
+mod hf_join;
 mod hf_pieces;
 mod hf_to_mlx;
 mod hf_tokenizer;

@@ -50,6 +50,34 @@ pub struct HfTensor {
     /// One expert's matrix of a stacked 3-D source (GGUF `ffn_*_exps`, experts along the first axis): the way
     /// back to per-expert HF tensors; `shape` is the matrix's.
     pub expert: Option<ExpertOf>,
+    /// Joined from several source tensors, `source` the first of them: the way back of a mapping's `fused` rule
+    /// (Qwen3.5-MoE's `experts.gate_up_proj`, gpt-oss's dequantized experts and their biases).
+    pub join: Option<JoinOf>,
+}
+
+/// The parts an HF tensor is joined from (each with the shape [`PartOf::shape`] gives), laid out as `layout`
+/// says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JoinOf {
+    pub layout: super::mapping::FusedParts,
+    /// Every part's source name, in order.
+    pub sources: Vec<String>,
+}
+
+impl JoinOf {
+    /// The joined shape from one part's, the inverse of [`PartOf::shape`]; `None` when the part has too few axes.
+    pub fn shape(&self, part: &[u64]) -> Option<Vec<u64>> {
+        use super::mapping::FusedParts;
+        let (n, of) = (part.len(), self.sources.len() as u64);
+        let mut out = part.to_vec();
+        match self.layout {
+            FusedParts::Halves if n >= 2 => out[n - 2] *= of,
+            FusedParts::InterleavedColumns if n >= 1 => out[n - 1] *= of,
+            FusedParts::TransposedRows if n >= 2 => (out[n - 2], out[n - 1]) = (part[n - 1], part[n - 2] * of),
+            _ => return None,
+        }
+        Some(out)
+    }
 }
 
 /// Expert `expert` of the `of` stacked along a source's first axis: a run of its rows.
@@ -104,6 +132,7 @@ impl HfTensor {
             values: None,
             part: None,
             expert: None,
+            join: None,
         }
     }
 }
@@ -227,6 +256,17 @@ async fn plan_from_gguf(src: &TensorSource, dtype: Dtype, target: Target) -> Res
     config.insert("model_type".into(), hc.model_type.clone().into());
     let eval = Eval { file: &file, arch: &arch, kv };
     eval.object(&hc.fields, &hc.required, &mut config)?;
+    // A required field within an object (`rope_parameters.mscale_all_dim`).
+    for (path, (parents, last)) in hc.required.iter().filter_map(|r| Some((r, r.rsplit_once('.')?))) {
+        let parent = parents.split('.').try_fold(&config, |o, k| o.get(k)?.as_object());
+        if parent.and_then(|o| o.get(last)).is_none() {
+            return Err(Error::format(
+                &file,
+                path,
+                format!("missing: a {} config.json needs it (its GGUF key is absent)", hc.model_type),
+            ));
+        }
+    }
     for (field, v) in &hc.literals {
         config.insert(field.clone(), v.clone());
     }
@@ -311,6 +351,33 @@ async fn plan_from_gguf(src: &TensorSource, dtype: Dtype, target: Target) -> Res
                 }
                 continue;
             }
+        }
+        // A part of a fused HF tensor goes back joined with its siblings, under the first part; MLX keeps them
+        // apart (mlx-lm's sanitize splits them too).
+        if let Some(j) = m.unfuse(&info.name).filter(|_| target == Target::Hf) {
+            let bad = |msg: String| Error::format(&file, &info.name, msg);
+            if j.index > 0 {
+                if !model.tensors().any(|t| t.info.name == j.sources[0]) {
+                    return Err(bad(format!(
+                        "is part {} of a fused tensor whose part 0, {}, is missing",
+                        j.index, j.sources[0]
+                    )));
+                }
+                continue;
+            }
+            let hf = j.hf.ok_or_else(|| Error::Mapping {
+                file: m.file.clone(),
+                msg: format!(
+                    "the fused rule writing {} has no plain HF name to write it back to (add `back:`)",
+                    info.name
+                ),
+            })?;
+            let join = JoinOf { layout: j.parts, sources: j.sources };
+            let part_shape: Vec<u64> = info.dims.iter().rev().copied().collect();
+            let shape =
+                join.shape(&part_shape).ok_or_else(|| bad(format!("shape {part_shape:?} has too few axes to join")))?;
+            tensors.push(HfTensor { join: Some(join), ..HfTensor::plain(&hf, &info.name, shape, dtype) });
+            continue;
         }
         let u = m.unmap_tensor(&info.name)?;
         let rule = u.rule;
@@ -402,6 +469,7 @@ async fn plan_from_gguf(src: &TensorSource, dtype: Dtype, target: Target) -> Res
             values: rule.values,
             part: None,
             expert: None,
+            join: None,
         });
     }
     tensors.sort_by(|a, b| a.name.cmp(&b.name));
