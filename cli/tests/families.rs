@@ -16,6 +16,17 @@ use serde_json::Value;
 
 const LADDER: [&str; 3] = ["Q8_0", "Q4_K_M", "IQ4_XS"];
 
+/// The ladder a release of `name` asks for: gpt-oss's MXFP4 checkpoint has one rung that keeps its experts as they
+/// are (MXFP4_MOE, the rest Q8_0); another type would requantize them, which both llama-quantize and quantfarm
+/// refuse.
+fn ladder(name: &str) -> &'static [&'static str] {
+    if name == "gpt_oss" {
+        &["MXFP4_MOE"]
+    } else {
+        &LADDER
+    }
+}
+
 /// A release's MLX rung (8 bits).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum MlxRung {
@@ -118,7 +129,7 @@ fn release_of(
              \x20 - {{name: kld, levels: all, check: 'kld.mean <= 100'}}\n\
              \x20 - {{name: probes, levels: all, check: 'probe.truncated >= 0'}}\n{greedy_gate}",
             source.display(),
-            LADDER.join(", "),
+            ladder(name).join(", "),
             text.display(),
             text.display(),
             prompts.display(),
@@ -147,7 +158,7 @@ fn release_of(
         assert_eq!((sum["state"].as_str(), names.as_slice()), (Some("gate_failed"), expect_failed), "{arch}: {sum:#}");
         eprintln!("{arch}: failed as expected: {failed:#?}");
     }
-    for ty in LADDER {
+    for &ty in ladder(name) {
         let a = sum["artifacts"]
             .as_array()
             .unwrap()
@@ -483,10 +494,7 @@ fn family_ladders_equal_llama_quantize() {
         };
         let o = Command::new(env!("CARGO_BIN_EXE_quantfarm")).arg("convert").arg(&hf).arg(&bf16).output().unwrap();
         assert!(o.status.success(), "quantfarm convert {arch}: {}", String::from_utf8_lossy(&o.stderr));
-        // gpt-oss's MXFP4 experts: MXFP4_MOE keeps them as they are (the rest Q8_0); another type would requantize
-        // them, which both tools refuse without --allow-requantize.
-        let ladder: &[&str] = if arch == "gpt_oss" { &["MXFP4_MOE"] } else { &LADDER };
-        for &ty in ladder {
+        for &ty in ladder(arch) {
             let theirs = dir.path().join(format!("{arch}-{ty}.ref.gguf"));
             let o = Command::new(llama_bin().join("llama-quantize"))
                 .arg(&bf16)
@@ -508,4 +516,16 @@ fn family_ladders_equal_llama_quantize() {
             eprintln!("{arch} {ty}: identical to llama-quantize");
         }
     }
+}
+
+/// gpt-oss as OpenAI ships it (MXFP4 experts, no adapter: a LoRA merges into a dequantized checkpoint, and a
+/// quantized base is refused): its GGUF keeps the experts MXFP4 (MOSTLY_MXFP4_MOE), and the rung that keeps them
+/// is made, verified, measured and released. An MLX rung is refused by name (quantfarm does not write mlx's mxfp4
+/// weights yet), and with it the mlx-lm link.
+#[test]
+fn gpt_oss_mxfp4_release() {
+    let _cpu = quantfarm_e2e::cpu_bound();
+    let dir = tempfile::tempdir().unwrap();
+    let hf = checkpoint("gpt_oss", dir.path());
+    release_of("gpt_oss", &hf, None, dir.path(), MlxRung::None, &[]);
 }

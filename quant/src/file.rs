@@ -24,7 +24,11 @@ pub enum FileError {
     NotGguf { file: String, format: &'static str },
     #[error("{file}: metadata {key}: {msg}")]
     Metadata { file: String, key: String, msg: String },
-    #[error("tensor {tensor:?}: requantizing from {from} to {to} is disabled (pass --allow-requantize)")]
+    #[error(
+        "tensor {tensor:?}: requantizing from {from} to {to} is disabled: the source is quantized already (`quantfarm \
+         quantize --allow-requantize`, as llama-quantize's; or a file type that keeps the tensor, such as MXFP4_MOE for \
+         MXFP4 experts; or a float source: `quantfarm convert MODEL.gguf --to hf` dequantizes one)"
+    )]
     Requantize { tensor: String, from: GgmlType, to: GgmlType },
     #[error("tensor {tensor:?}: {ftype} gives it type {ty}, which quantfarm cannot produce yet")]
     Unsupported { tensor: String, ftype: FileType, ty: GgmlType },

@@ -265,3 +265,20 @@ fn gpt_oss_bf16_mlx_equals_mlx_lms_own_layout() {
     std::fs::rename(&ours_q4, &mlx).unwrap();
     assert!(mlx_to_gguf_as_dequantized(&mlx, &deq, d).starts_with("dequantized"));
 }
+
+/// gpt-oss's MXFP4 checkpoint to MLX is refused by name, before anything is written: mlx-lm keeps the expert
+/// blocks as mlx's mxfp4 weights, which quantfarm does not write yet (a dequantized checkpoint converts: above).
+#[test]
+fn gpt_oss_mxfp4_to_mlx_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let mxfp4 = checkpoint("gpt_oss", dir.path());
+    let out = dir.path().join("mlx");
+    let done = rt().block_on(async {
+        let src = TensorSource::open(&Location::local(&mxfp4)).await.unwrap();
+        quantize_mlx_checkpoint(&src, &Location::local(&out), &MlxOptions::new(4, 64)).await
+    });
+    let Err(e) = done else { panic!("gpt-oss's MXFP4 checkpoint converted to MLX") };
+    let e = e.to_string();
+    assert!(e.contains("_blocks") && e.contains("MXFP4") && e.contains("dequantize it to bf16"), "{e}");
+    assert!(!out.exists(), "nothing written: {e}");
+}
