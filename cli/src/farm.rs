@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use anyhow::{bail, Context as _, Result};
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
-use quantfarm_coordinator::report::model::{Kld, MergeCheck};
-use quantfarm_coordinator::signing::{self, SigningKey};
 use quantfarm_coordinator::{Coordinator, CoordinatorConfig, SchedConfig};
 use quantfarm_proto::releases_client::ReleasesClient;
 use quantfarm_proto::{self as pb, ReleaseState, PROTOCOL_VERSION};
+use quantfarm_report::model::{Kld, MergeCheck};
+use quantfarm_report::signing::{self, SigningKey};
 use quantfarm_store::Location;
 use quantfarm_worker::{AddToken, WorkerConfig};
 use tokio::sync::watch;
@@ -446,10 +446,10 @@ async fn conclude(
         Ok(ReleaseState::GateFailed) => EXIT_GATE_FAILED,
         _ => EXIT_ERROR,
     };
-    let parsed = (!report.report_json.is_empty()).then(|| quantfarm_coordinator::report::parse(&report.report_json));
+    let parsed = (!report.report_json.is_empty()).then(|| quantfarm_report::parse(&report.report_json));
     let parsed = match parsed {
         Some(Err(e)) => {
-            println!("release {id}: its report does not fit {}: {e}", quantfarm_coordinator::report::FORMAT);
+            println!("release {id}: its report does not fit {}: {e}", quantfarm_report::FORMAT);
             None
         }
         Some(Ok(r)) => Some(r),

@@ -8,8 +8,8 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result};
-use quantfarm_coordinator::attestation;
-use quantfarm_coordinator::signing::{self, PublicKey, SigningKey};
+use quantfarm_report::attestation;
+use quantfarm_report::signing::{self, PublicKey, SigningKey};
 
 /// Arguments of `quantfarm keygen`.
 #[derive(clap::Args)]
@@ -34,11 +34,11 @@ pub struct RenderArgs {
 pub fn render(args: RenderArgs) -> Result<()> {
     let name = args.report.display();
     let text = std::fs::read_to_string(&args.report).with_context(|| format!("cannot read report {name}"))?;
-    let report = quantfarm_coordinator::report::parse(&text)
-        .map_err(|e| anyhow::anyhow!("report {name} is not a {} report: {e}", quantfarm_coordinator::report::FORMAT))?;
+    let report = quantfarm_report::parse(&text)
+        .map_err(|e| anyhow::anyhow!("report {name} is not a {} report: {e}", quantfarm_report::FORMAT))?;
     let out = args.out.unwrap_or_else(|| args.report.parent().map(Path::to_path_buf).unwrap_or_default());
     std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
-    for (file, body) in quantfarm_coordinator::views::render_all(&report) {
+    for (file, body) in quantfarm_report::views::render_all(&report) {
         let path = out.join(file);
         // Staged beside the target and renamed over it: a reader never sees half a file.
         let staged = out.join(format!(".{file}.partial"));

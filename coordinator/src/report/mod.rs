@@ -2,16 +2,16 @@
 //! bits per weight), every task's inputs, outputs, worker and duration, the gates with their inputs and results,
 //! and the verdict.
 //!
-//! - [`model`]: the report as types ([`Report`]), which the views read;
+//! - [`model`]: the report as types ([`Report`]), which the views read (`quantfarm-report`);
 //! - [`build()`]: a finished release's report, with the gates evaluated;
 //! - [`publish()`]: signed by [`crate::signing`] over its RFC 8785 canonical form, staged with its views and DSSE
 //!   envelope, committed last.
 
 mod build;
-pub mod model;
 mod publish;
 mod tasks;
 
 pub use build::build;
-pub use model::{Report, FORMAT};
-pub use publish::{parse, publish};
+pub use publish::publish;
+pub use quantfarm_report::model;
+pub use quantfarm_report::{parse, Report, FORMAT};

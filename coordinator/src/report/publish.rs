@@ -1,24 +1,10 @@
-//! Publishing a report: signed, rendered, staged and committed, report.json last; and reading one back.
+//! Publishing a report: signed, rendered, staged and committed, report.json last.
 
 use quantfarm_store::{Location, StagedSink};
 
 use super::model::Report;
 use crate::canonical::canonical_json;
-
-/// Reads a report (`report.json`, signed or not) into its types; an error names the member that does not fit
-/// (`artifacts[2].kld.mean_kld: invalid type: string "x", expected f64`).
-pub fn parse(text: &str) -> Result<Report, String> {
-    let mut de = serde_json::Deserializer::from_str(text);
-    serde_path_to_error::deserialize(&mut de).map_err(|e| {
-        let path = e.path().to_string();
-        let inner = e.into_inner();
-        if path == "." {
-            inner.to_string()
-        } else {
-            format!("{path}: {inner}")
-        }
-    })
-}
+use quantfarm_report::parse;
 
 /// Signs `report` with `key` and publishes it at `target` (`…/report.json`) with its views (`report.html`, the
 /// model card, …) and its DSSE envelope beside it. Every file is staged before any is committed, and report.json is

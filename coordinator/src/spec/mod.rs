@@ -309,22 +309,7 @@ pub struct Split {
 
 pub use crate::gates::Gate;
 
-/// The model card's front matter and introduction (`README.md` beside the report).
-#[derive(Clone, Debug, Deserialize, Serialize, Default)]
-#[serde(deny_unknown_fields)]
-pub struct ModelCard {
-    /// The licence identifier (`apache-2.0`), as the base model's.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub license: Option<String>,
-    /// The base model's repository id (default: `base_name`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub base_model: Option<String>,
-    /// A paragraph under the title.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub description: Option<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tags: Vec<String>,
-}
+pub use quantfarm_report::ModelCard;
 
 impl ReleaseSpec {
     /// The quants' importance matrix, if any.

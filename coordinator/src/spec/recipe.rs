@@ -362,6 +362,19 @@ impl Serialize for Rung {
     }
 }
 
+/// The recipe as the report records it.
+impl From<&Recipe> for quantfarm_report::model::RecipeDoc {
+    fn from(r: &Recipe) -> Self {
+        quantfarm_report::model::RecipeDoc {
+            base: r.base.name().to_string(),
+            tensor_types: r.tensor_types.iter().map(|t| t.arg()).collect(),
+            output_tensor_type: r.output_tensor_type.map(|t| t.name().to_string()),
+            token_embedding_type: r.token_embedding_type.map(|t| t.name().to_string()),
+            llama_quantize_args: r.args(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -59,7 +59,7 @@ pub struct ReleaseInfo {
     pub name: String,
     pub spec_file: String,
     pub spec_sha256: String,
-    /// The release's spec as the coordinator resolved it (`crate::spec::Spec` serialized).
+    /// The release's spec as the coordinator resolved it (the coordinator's `spec::Spec` serialized).
     pub spec: Value,
 }
 
@@ -298,18 +298,6 @@ pub struct RecipeDoc {
     pub token_embedding_type: Option<String>,
     /// The llama-quantize command line's flags that make the same bytes (less files and `--imatrix`).
     pub llama_quantize_args: Vec<String>,
-}
-
-impl From<&crate::spec::Recipe> for RecipeDoc {
-    fn from(r: &crate::spec::Recipe) -> RecipeDoc {
-        RecipeDoc {
-            base: r.base.name().to_string(),
-            tensor_types: r.tensor_types.iter().map(|t| t.arg()).collect(),
-            output_tensor_type: r.output_tensor_type.map(|t| t.name().to_string()),
-            token_embedding_type: r.token_embedding_type.map(|t| t.name().to_string()),
-            llama_quantize_args: r.args(),
-        }
-    }
 }
 
 /// A level's KL divergence against the GGUF BF16, or why its chunk groups do not make one.

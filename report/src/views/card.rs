@@ -8,8 +8,8 @@ use serde_json::Value;
 
 use super::markdown::cell;
 use super::{fig, or_dash, or_null, rows, signer, size, verdict};
-use crate::report::model::{Container, Report};
-use crate::spec::ModelCard;
+use crate::model::{Container, Report};
+use crate::ModelCard;
 
 /// A YAML scalar in double quotes (front matter values may hold ':' or '#').
 fn yaml_str(s: &str) -> String {

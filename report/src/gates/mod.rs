@@ -14,7 +14,7 @@ pub mod expr;
 use std::collections::BTreeMap;
 use std::sync::OnceLock;
 
-use crate::report::model::{GateInput, GateRecord};
+use crate::model::{GateInput, GateRecord};
 use serde::{Deserialize, Serialize};
 
 pub use expr::{Check, FigureValue, Figures, Outcome};
@@ -503,7 +503,7 @@ mod tests {
         let line = r.iter().find(|g| g.name == "probes" && g.level.as_deref() == Some("Q4_K_M")).unwrap().record();
         assert_eq!(line.detail, "Q4_K_M: probe.pass_rate = 0.5 < baseline - noise = 0.65");
         assert_eq!(line.threshold, Some(0.65));
-        assert_eq!(line.inputs["baseline"], crate::report::model::GateInput::Number(0.75));
+        assert_eq!(line.inputs["baseline"], crate::model::GateInput::Number(0.75));
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 
 use super::svg::{esc, Chart};
 use super::{identity_chain, or_dash, reference_probe, rows, signer, size, verdict};
-use crate::report::model::{GreedySummary, KldFigures, Report, Verdict};
+use crate::model::{GreedySummary, KldFigures, Report, Verdict};
 
 const CSS: &str = r#"
 :root { color-scheme: light; --ok: #1a7f37; --bad: #cf222e; --ink: #1f2328; --muted: #59636e; --line: #d1d9e0; }
@@ -145,7 +145,7 @@ fn ladder_chart(h: &mut String, report: &Report) {
     // The GGUF ladder joined in order of size (a recipe among its file types where its bytes put it), under the points.
     let mut gguf: Vec<(f64, f64)> = measured
         .iter()
-        .filter(|r| r.a.container == crate::report::model::Container::Gguf)
+        .filter(|r| r.a.container == crate::model::Container::Gguf)
         .filter_map(|r| r.kld.map(|(m, _)| (r.bytes as f64 / 1e6, m)))
         .filter(|&(_, m)| m > 0.0)
         .collect();
@@ -312,7 +312,7 @@ fn ladder_table(h: &mut String, report: &Report) {
 
 /// Link 2 across runtimes: the bf16 weights and each MLX rung in mlx-lm, beside llama.cpp's figures.
 fn cross_runtime(h: &mut String, report: &Report) {
-    use crate::report::model::{CrossRuntime, Kld};
+    use crate::model::{CrossRuntime, Kld};
     let Some(c) = &report.cross_runtime else { return };
     h.push_str("<h2>Cross-runtime check (link 2): llama.cpp and mlx-lm</h2>");
     let f = match c {

@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 
 use super::{fig, identity_chain, or_dash, or_null, rows, signer, size, verdict};
-use crate::report::model::{MergeCheck, Report};
+use crate::model::{MergeCheck, Report};
 
 /// Escapes what would break a table cell or start Markdown markup.
 pub(crate) fn cell(s: &str) -> String {
@@ -172,7 +172,7 @@ fn cross_runtime(md: &mut String, report: &Report) {
     let Some(c) = &report.cross_runtime else { return };
     let _ = writeln!(md, "\n## Cross-runtime check (link 2): llama.cpp and mlx-lm\n");
     let Some(f) = c.figures() else {
-        if let crate::report::model::CrossRuntime::Unmeasured { error } = c {
+        if let crate::model::CrossRuntime::Unmeasured { error } = c {
             let _ = writeln!(md, "{}", cell(error));
         }
         return;
@@ -193,7 +193,7 @@ fn cross_runtime(md: &mut String, report: &Report) {
     for (s, with) in std::iter::once((&f.bf16, "llama.cpp GGUF BF16")).chain(f.rungs.iter().map(|r| (r, "mlx-lm BF16")))
     {
         let k = match &s.kld {
-            Some(crate::report::model::Kld::Measured(k)) => Some(k),
+            Some(crate::model::Kld::Measured(k)) => Some(k),
             _ => None,
         };
         let loaded = match (&s.load_error, s.upcast) {

@@ -9,7 +9,7 @@ pub mod html;
 pub mod markdown;
 mod svg;
 
-use crate::report::model::{Artifact, GateInput, GateRecord, KldFigures, Report};
+use crate::model::{Artifact, GateInput, GateRecord, KldFigures, Report};
 
 /// A view's files, by name (`report.md`, `report.html`, `README.md`).
 pub fn render_all(report: &Report) -> Vec<(&'static str, String)> {
@@ -99,7 +99,7 @@ pub(crate) fn probe_cell(r: &Row<'_>) -> String {
 }
 
 /// A model's probe results on mlx_lm.server, as [`probe_cell`] shows llama.cpp's.
-pub(crate) fn mlx_lm_probes(s: &crate::report::model::MlxLmSubject) -> String {
+pub(crate) fn mlx_lm_probes(s: &crate::model::MlxLmSubject) -> String {
     match &s.probes {
         Some(p) => match p.scored() {
             Some((m, sd)) => format!("{:.1} ± {:.1} %", 100.0 * m, 100.0 * sd),
@@ -183,7 +183,7 @@ pub(crate) fn identity_chain(report: &Report) -> Vec<(String, Vec<ChainFile>)> {
 pub(crate) mod sample {
     use serde_json::{json, Value};
 
-    use crate::report::model::Report;
+    use crate::model::Report;
 
     /// Every KL-divergence figure, scaled from a mean.
     fn kld(m: f64) -> Value {
@@ -354,6 +354,6 @@ pub(crate) mod sample {
 
     /// The sample as the views read it.
     pub fn report() -> Report {
-        crate::report::parse(&json().to_string()).expect("the sample fits the report's types")
+        crate::parse(&json().to_string()).expect("the sample fits the report's types")
     }
 }
