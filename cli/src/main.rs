@@ -1,5 +1,7 @@
 //! `quantfarm`: prove that every quantized artifact of a fine-tune still behaves like the model that was trained.
 
+#![forbid(unsafe_code)]
+
 mod convert;
 mod cp;
 mod eval;

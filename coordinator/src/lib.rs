@@ -5,6 +5,8 @@
 //! It never touches tensor bytes: planning, conversion, quantization and verification run on workers; the
 //! coordinator only writes the report.
 
+#![forbid(unsafe_code)]
+
 pub mod affinity;
 pub mod graph;
 pub mod history;

@@ -166,98 +166,104 @@ impl Collector {
 
     /// `ask`: whether llama-imatrix would collect this node.
     unsafe fn wants(&self, t: &sys::ggml_tensor) -> bool {
-        if t.op == sys::GGML_OP_MUL_MAT_ID {
-            return true;
+        // SAFETY: `t` is a node of the graph being computed; its sources are valid tensors while the callback runs.
+        unsafe {
+            if t.op == sys::GGML_OP_MUL_MAT_ID {
+                return true;
+            }
+            if t.op != sys::GGML_OP_MUL_MAT {
+                return false;
+            }
+            let (src0, src1) = (&*t.src[0], &*t.src[1]);
+            if src1.ne[1] < 16 || src1.type_ != sys::GGML_TYPE_F32 {
+                return false;
+            }
+            let name = Self::weight_name(&src0.name);
+            name.starts_with("blk.") || (self.process_output && name == "output.weight")
         }
-        if t.op != sys::GGML_OP_MUL_MAT {
-            return false;
-        }
-        let (src0, src1) = (&*t.src[0], &*t.src[1]);
-        if src1.ne[1] < 16 || src1.type_ != sys::GGML_TYPE_F32 {
-            return false;
-        }
-        let name = Self::weight_name(&src0.name);
-        name.starts_with("blk.") || (self.process_output && name == "output.weight")
     }
 
     /// The collection half of `collect_imatrix`, with the sums in f64 (each square exact).
     unsafe fn collect(&mut self, t: &sys::ggml_tensor) -> std::result::Result<(), String> {
-        let (src0, src1) = (&*t.src[0], &*t.src[1]);
-        let wname = Self::weight_name(&src0.name);
-        if src1.nb[0] != 4 {
-            return Err(format!("{wname}: non-contiguous input rows"));
-        }
-        let data: *const u8 = if sys::ggml_backend_buffer_is_host(src1.buffer) {
-            src1.data as *const u8
-        } else {
-            let n = sys::ggml_nbytes(src1);
-            self.scratch.resize(n, 0);
-            sys::ggml_backend_tensor_get(src1, self.scratch.as_mut_ptr() as *mut c_void, 0, n);
-            self.scratch.as_ptr()
-        };
-        let row = |off: usize| std::slice::from_raw_parts(data.add(off) as *const f32, src1.ne[0] as usize);
-        let ne0 = src1.ne[0] as usize;
-        if t.op == sys::GGML_OP_MUL_MAT_ID {
-            // ids: [n_expert_used, n_tokens] (not contiguous); src1: [cols, n_expert_used or 1, n_tokens].
-            let ids = &*t.src[2];
-            let n_as = src0.ne[2] as usize;
-            let n_ids = ids.ne[0] as usize;
-            if ids.ne[1] != src1.ne[2] || sys::ggml_nrows(src1) != src1.ne[1] * src1.ne[2] {
-                return Err(format!("{wname}: expert routing of an unexpected shape"));
+        // SAFETY: `t` is a computed MUL_MAT(_ID) node; its sources (and ids) are valid tensors whose data, on the host or copied into `scratch`, holds `ne`/`nb` as ggml lays them out while the callback runs.
+        unsafe {
+            let (src0, src1) = (&*t.src[0], &*t.src[1]);
+            let wname = Self::weight_name(&src0.name);
+            if src1.nb[0] != 4 {
+                return Err(format!("{wname}: non-contiguous input rows"));
             }
-            let mut id_bytes = vec![0u8; sys::ggml_nbytes(ids)];
-            sys::ggml_backend_tensor_get(ids, id_bytes.as_mut_ptr() as *mut c_void, 0, id_bytes.len());
-            let e = self
-                .entries
-                .entry(wname.clone())
-                .or_insert_with(|| Stats { values: vec![0.0; ne0 * n_as], counts: vec![0; n_as] });
-            if e.values.len() != ne0 * n_as {
-                return Err(format!("{wname}: inconsistent size ({} vs {})", e.values.len(), ne0 * n_as));
-            }
-            for idx in 0..n_ids {
-                for tok in 0..src1.ne[2] as usize {
-                    let off = tok * ids.nb[1] + idx * ids.nb[0];
-                    let ex = i32::from_le_bytes(id_bytes[off..off + 4].try_into().unwrap_or_default());
-                    if ex < 0 || ex as usize >= n_as {
-                        return Err(format!("{wname}: expert id {ex} out of 0..{n_as}"));
-                    }
-                    let ex = ex as usize;
-                    let i11 = idx % src1.ne[1] as usize;
-                    let x = row(i11 * src1.nb[1] + tok * src1.nb[2]);
-                    e.counts[ex] += 1;
-                    add_squares(&mut e.values[ex * ne0..(ex + 1) * ne0], x, self.f32_sums);
+            let data: *const u8 = if sys::ggml_backend_buffer_is_host(src1.buffer) {
+                src1.data as *const u8
+            } else {
+                let n = sys::ggml_nbytes(src1);
+                self.scratch.resize(n, 0);
+                sys::ggml_backend_tensor_get(src1, self.scratch.as_mut_ptr() as *mut c_void, 0, n);
+                self.scratch.as_ptr()
+            };
+            let row = |off: usize| std::slice::from_raw_parts(data.add(off) as *const f32, src1.ne[0] as usize);
+            let ne0 = src1.ne[0] as usize;
+            if t.op == sys::GGML_OP_MUL_MAT_ID {
+                // ids: [n_expert_used, n_tokens] (not contiguous); src1: [cols, n_expert_used or 1, n_tokens].
+                let ids = &*t.src[2];
+                let n_as = src0.ne[2] as usize;
+                let n_ids = ids.ne[0] as usize;
+                if ids.ne[1] != src1.ne[2] || sys::ggml_nrows(src1) != src1.ne[1] * src1.ne[2] {
+                    return Err(format!("{wname}: expert routing of an unexpected shape"));
                 }
-            }
-            if e.values.iter().any(|v| !v.is_finite()) {
-                return Err(format!("non-finite values detected in {wname}"));
-            }
-        } else {
-            let n_mat = (src0.ne[2] * src0.ne[3]) as usize;
-            let e = self
-                .entries
-                .entry(wname.clone())
-                .or_insert_with(|| Stats { values: vec![0.0; ne0 * n_mat], counts: vec![0; 1] });
-            if e.values.len() != ne0 * n_mat {
-                return Err(format!("{wname}: inconsistent size ({} vs {})", e.values.len(), ne0 * n_mat));
-            }
-            for i3 in 0..src1.ne[3] as usize {
-                for i2 in 0..src1.ne[2] as usize {
-                    // 3-D+ activations on a 2-D weight are flattened onto it.
-                    let mat = (i3 % src0.ne[3] as usize) * src0.ne[2] as usize + (i2 % src0.ne[2] as usize);
-                    let acc = &mut e.values[mat * ne0..(mat + 1) * ne0];
-                    for r in 0..src1.ne[1] as usize {
-                        let x = row(r * src1.nb[1] + i2 * src1.nb[2] + i3 * src1.nb[3]);
-                        add_squares(acc, x, self.f32_sums);
+                let mut id_bytes = vec![0u8; sys::ggml_nbytes(ids)];
+                sys::ggml_backend_tensor_get(ids, id_bytes.as_mut_ptr() as *mut c_void, 0, id_bytes.len());
+                let e = self
+                    .entries
+                    .entry(wname.clone())
+                    .or_insert_with(|| Stats { values: vec![0.0; ne0 * n_as], counts: vec![0; n_as] });
+                if e.values.len() != ne0 * n_as {
+                    return Err(format!("{wname}: inconsistent size ({} vs {})", e.values.len(), ne0 * n_as));
+                }
+                for idx in 0..n_ids {
+                    for tok in 0..src1.ne[2] as usize {
+                        let off = tok * ids.nb[1] + idx * ids.nb[0];
+                        let ex = i32::from_le_bytes(id_bytes[off..off + 4].try_into().unwrap_or_default());
+                        if ex < 0 || ex as usize >= n_as {
+                            return Err(format!("{wname}: expert id {ex} out of 0..{n_as}"));
+                        }
+                        let ex = ex as usize;
+                        let i11 = idx % src1.ne[1] as usize;
+                        let x = row(i11 * src1.nb[1] + tok * src1.nb[2]);
+                        e.counts[ex] += 1;
+                        add_squares(&mut e.values[ex * ne0..(ex + 1) * ne0], x, self.f32_sums);
                     }
                 }
+                if e.values.iter().any(|v| !v.is_finite()) {
+                    return Err(format!("non-finite values detected in {wname}"));
+                }
+            } else {
+                let n_mat = (src0.ne[2] * src0.ne[3]) as usize;
+                let e = self
+                    .entries
+                    .entry(wname.clone())
+                    .or_insert_with(|| Stats { values: vec![0.0; ne0 * n_mat], counts: vec![0; 1] });
+                if e.values.len() != ne0 * n_mat {
+                    return Err(format!("{wname}: inconsistent size ({} vs {})", e.values.len(), ne0 * n_mat));
+                }
+                for i3 in 0..src1.ne[3] as usize {
+                    for i2 in 0..src1.ne[2] as usize {
+                        // 3-D+ activations on a 2-D weight are flattened onto it.
+                        let mat = (i3 % src0.ne[3] as usize) * src0.ne[2] as usize + (i2 % src0.ne[2] as usize);
+                        let acc = &mut e.values[mat * ne0..(mat + 1) * ne0];
+                        for r in 0..src1.ne[1] as usize {
+                            let x = row(r * src1.nb[1] + i2 * src1.nb[2] + i3 * src1.nb[3]);
+                            add_squares(acc, x, self.f32_sums);
+                        }
+                    }
+                }
+                if e.values.iter().any(|v| !v.is_finite()) {
+                    return Err(format!("non-finite values detected in {wname}"));
+                }
+                let rows = (sys::ggml_nrows(src1) as u64) / n_mat as u64;
+                e.counts.iter_mut().for_each(|c| *c += rows);
             }
-            if e.values.iter().any(|v| !v.is_finite()) {
-                return Err(format!("non-finite values detected in {wname}"));
-            }
-            let rows = (sys::ggml_nrows(src1) as u64) / n_mat as u64;
-            e.counts.iter_mut().for_each(|c| *c += rows);
+            Ok(())
         }
-        Ok(())
     }
 }
 
@@ -277,15 +283,19 @@ fn add_squares(acc: &mut [f64], x: &[f32], f32_sums: bool) {
 
 /// `ggml_backend_sched_eval_callback`: asked first whether a node is wanted, then called with it computed.
 unsafe extern "C" fn eval_callback(t: *mut sys::ggml_tensor, ask: bool, user: *mut c_void) -> bool {
-    let (Some(t), Some(state)) = (t.as_ref(), (user as *const Mutex<Collector>).as_ref()) else {
+    // SAFETY: ggml passes a node of the graph being computed (or null), and `user` is the `Mutex<Collector>` the
+    // context was created with, which outlives every decode.
+    let (Some(t), Some(state)) = (unsafe { t.as_ref() }, unsafe { (user as *const Mutex<Collector>).as_ref() }) else {
         return false;
     };
     let mut c = state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     if ask {
-        return c.wants(t);
+        // SAFETY: `t` is a live node (above).
+        return unsafe { c.wants(t) };
     }
     if c.error.is_none() {
-        if let Err(e) = c.collect(t) {
+        // SAFETY: `t` is a live, computed node (above).
+        if let Err(e) = unsafe { c.collect(t) } {
             c.error = Some(e);
         }
     }

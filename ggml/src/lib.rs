@@ -9,7 +9,9 @@
 //! - [`blocks`]: the byte layout of every quantized block quantfarm reads or writes, one `#[repr(C)]` struct per
 //!   format whose size is checked against [`GgmlType::type_size`] at compile time.
 
+#![forbid(unsafe_code)]
 #![cfg_attr(not(test), warn(clippy::unwrap_used))]
+#![warn(missing_debug_implementations)]
 
 pub mod blocks;
 pub mod ftype;

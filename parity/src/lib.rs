@@ -4,6 +4,8 @@
 //! measured into the report. What both sides must agree on lives here: the per-chunk KL-divergence statistics and
 //! their exact merge ([`kld`]).
 
+#![forbid(unsafe_code)]
+
 pub mod kld;
 
 pub use kld::{ChunkStats, Estimate, KldSummary, PositionScore, StatsError};

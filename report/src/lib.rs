@@ -9,6 +9,8 @@
 //! - [`signing`]: keys, signatures and their verification; [`attestation`]: the in-toto DSSE envelope;
 //! - [`views`]: every file rendered from a report, byte for byte the same from its JSON.
 
+#![forbid(unsafe_code)]
+
 pub mod attestation;
 pub mod canonical;
 pub mod gates;

@@ -10,6 +10,7 @@
 //! This crate knows nothing of model formats: the coordinator uses it without linking any tensor code.
 
 #![cfg_attr(not(test), warn(clippy::unwrap_used))]
+#![warn(missing_debug_implementations)]
 
 pub mod blob;
 pub mod error;

@@ -5,6 +5,8 @@
 //! fit a caller's budget, and outputs go through one `StagedSink` so nothing partial is ever visible (both in
 //! `quantfarm-store`).
 
+#![forbid(unsafe_code)]
+
 pub mod convert;
 pub mod dequant;
 pub mod dtype;

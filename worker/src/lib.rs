@@ -9,6 +9,8 @@
 //! (the evaluation runtime) → `failure` and `env`. `runtimes` finds the peer tools a worker advertises; [`mlx_lm`]
 //! runs models in mlx-lm through a helper process (it imports nothing from the worker).
 
+#![forbid(unsafe_code)]
+
 mod cache;
 mod env;
 pub mod exec;
