@@ -238,6 +238,7 @@ pub async fn coordinator(args: CoordinatorArgs) -> Result<()> {
             max_attempts: args.max_attempts,
             backoff: Duration::from_millis(args.backoff_ms),
             fetch_rate: args.fetch_rate.max(1),
+            ..SchedConfig::default()
         },
         token: args.token.clone(),
         key: signing_key(args.key.as_deref())?,
@@ -406,14 +407,7 @@ async fn watch_release(client: &mut Releases, id: &str, show: Show) -> Result<pb
 }
 
 fn state_name(s: i32) -> &'static str {
-    match ReleaseState::try_from(s) {
-        Ok(ReleaseState::Released) => "released",
-        Ok(ReleaseState::GateFailed) => "gate_failed",
-        Ok(ReleaseState::Failed) => "failed",
-        Ok(ReleaseState::Cancelled) => "cancelled",
-        Ok(ReleaseState::Running) => "running",
-        _ => "unknown",
-    }
+    ReleaseState::try_from(s).map_or("unknown", ReleaseState::label)
 }
 
 fn event_json(ev: &pb::ReleaseEvent) -> serde_json::Value {

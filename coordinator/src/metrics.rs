@@ -17,25 +17,9 @@ use crate::Coordinator;
 /// Upper bounds of the task-duration histogram, in seconds.
 const BUCKETS: [f64; 12] = [0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0, 3600.0];
 
-fn release_state(s: ReleaseState) -> &'static str {
-    match s {
-        ReleaseState::Running => "running",
-        ReleaseState::Released => "released",
-        ReleaseState::GateFailed => "gate_failed",
-        ReleaseState::Failed => "failed",
-        ReleaseState::Cancelled => "cancelled",
-        _ => "unknown",
-    }
-}
-
 /// A label value with the exposition format's escapes (backslash, quote, newline).
 fn label(v: &str) -> String {
     v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
-}
-
-/// The task's kind: the first segment of its id (`quantize/Q8_0/0` → `quantize`).
-fn kind(id: &str) -> &str {
-    id.split('/').next().unwrap_or(id)
 }
 
 /// Tasks by state, artifact bytes written and run times by kind: over the releases in memory, plus
@@ -59,7 +43,7 @@ impl History {
             }
             if matches!(t.state, TState::Done) && t.result.is_some() {
                 let secs = t.duration_ms as f64 / 1000.0;
-                let e = self.durations.entry(kind(&t.id).to_string()).or_insert(([0; BUCKETS.len()], 0, 0.0));
+                let e = self.durations.entry(t.key.family().to_string()).or_insert(([0; BUCKETS.len()], 0, 0.0));
                 for (i, b) in BUCKETS.iter().enumerate() {
                     if secs <= *b {
                         e.0[i] += 1;
@@ -86,7 +70,7 @@ pub fn render(s: &Sched, now: Instant) -> String {
     let mut releases = std::collections::BTreeMap::<&str, u64>::new();
     for (&state, &n) in s.release_counts() {
         *releases
-            .entry(release_state(ReleaseState::try_from(state).unwrap_or(ReleaseState::Unspecified)))
+            .entry(ReleaseState::try_from(state).unwrap_or(ReleaseState::Unspecified).label())
             .or_default() += n;
     }
     // Every worker kind, with 0 when none waits: an autoscaler reads "no work" as well as "work".
@@ -99,7 +83,7 @@ pub fn render(s: &Sched, now: Instant) -> String {
             *ready.entry(k.name()).or_default() += 1;
         }
     }
-    let live = s.workers.values().filter(|w| now.duration_since(w.last_seen) <= s.cfg.lease * 2).count();
+    let live = s.workers.values().filter(|w| w.is_live(now, s.cfg.lease)).count();
     let mut out = String::new();
     let _ = writeln!(out, "# HELP quantfarm_tasks Tasks of every release, by state.\n# TYPE quantfarm_tasks gauge");
     for (state, n) in &tasks {

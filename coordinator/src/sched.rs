@@ -31,6 +31,14 @@ pub struct SchedConfig {
     /// for a worker that holds more of its inputs for at most twice the time the asking worker would take to fetch
     /// what it lacks at this rate (see [`Sched::lease`]).
     pub fetch_rate: u64,
+    /// Milliseconds since the Unix epoch, for the times a release records (created, finished, its report's): the
+    /// one wall clock the scheduler and its server read, given like every instant so that tests can set it.
+    pub wall_clock: fn() -> i64,
+}
+
+/// The system's wall clock, in milliseconds since the Unix epoch ([`SchedConfig::wall_clock`]'s default).
+pub fn system_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
 
 impl Default for SchedConfig {
@@ -41,6 +49,7 @@ impl Default for SchedConfig {
             max_attempts: 4,
             backoff: Duration::from_millis(500),
             fetch_rate: 100_000_000,
+            wall_clock: system_ms,
         }
     }
 }
@@ -60,6 +69,25 @@ pub enum TState {
 }
 
 impl TState {
+    /// A journal row's state back ([`TState::name`]'s inverse). A lease from before a restart lives on until
+    /// `deadline` when the row names its lease and worker (its worker may still finish it), else the task is ready
+    /// again; a name this version never writes is an error.
+    pub fn from_journal(name: &str, lease: Option<(&str, &str)>, deadline: Instant) -> Result<TState, String> {
+        Ok(match name {
+            "blocked" => TState::Blocked,
+            "ready" => TState::Ready,
+            "reporting" => TState::Reporting,
+            "done" => TState::Done,
+            "leased" => match lease {
+                Some((lease_id, worker)) => {
+                    TState::Leased { lease_id: lease_id.to_string(), worker: worker.to_string(), deadline }
+                }
+                None => TState::Ready,
+            },
+            other => return Err(format!("unknown task state {other:?}")),
+        })
+    }
+
     pub fn name(&self) -> &'static str {
         match self {
             TState::Blocked => "blocked",
@@ -301,6 +329,9 @@ pub enum SchedError {
     UnknownWorker(String),
     #[error("release {release}: no task {task:?}")]
     NoTask { release: String, task: String },
+    /// A journal row this coordinator cannot read back.
+    #[error("journal: release {release}, task {task:?}: {msg}")]
+    Corrupt { release: String, task: String, msg: String },
 }
 
 pub struct WorkerRec {
@@ -311,6 +342,14 @@ pub struct WorkerRec {
     /// The worker's own byte counts, as it last reported them (lease and heartbeat requests).
     pub bytes_read: u64,
     pub bytes_written: u64,
+}
+
+impl WorkerRec {
+    /// Whether the worker counts as alive: seen within two lease periods (the one definition, for placement and
+    /// for the metrics page).
+    pub fn is_live(&self, now: Instant, lease: Duration) -> bool {
+        now.duration_since(self.last_seen) < lease * 2
+    }
 }
 
 /// What [`Sched::lease`] gave a worker.
@@ -386,10 +425,6 @@ pub struct Sched {
     holdings: Holdings,
     /// Per running release whose ready tasks no live worker can take: since when, and what was last said about it.
     unserved: HashMap<String, (Instant, String)>,
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
 
 fn random_hex(bytes: usize) -> String {
@@ -514,17 +549,13 @@ impl Sched {
         for r in &rows {
             let key = TaskKey::parse(&r.id)
                 .ok_or_else(|| SchedError::NoTask { release: row.id.clone(), task: r.id.clone() })?;
-            let state = match r.state.as_str() {
-                "done" => TState::Done,
-                "ready" => TState::Ready,
-                "reporting" => TState::Reporting,
-                // A lease from before the restart lives on: its worker may still finish it, or it expires.
-                "leased" => match (&r.lease_id, &r.worker) {
-                    (Some(l), Some(w)) => TState::Leased { lease_id: l.clone(), worker: w.clone(), deadline },
-                    _ => TState::Ready,
-                },
-                _ => TState::Blocked,
-            };
+            let corrupt = |msg: String| SchedError::Corrupt { release: row.id.clone(), task: r.id.clone(), msg };
+            let lease = r.lease_id.as_deref().zip(r.worker.as_deref());
+            let state = TState::from_journal(&r.state, lease, deadline).map_err(corrupt)?;
+            let task = r.task.as_deref().map(pb::Task::decode).transpose();
+            let task = task.map_err(|e| corrupt(format!("its task message does not decode: {e}")))?;
+            let result = r.result.as_deref().map(pb::TaskResult::decode).transpose();
+            let result = result.map_err(|e| corrupt(format!("its result does not decode: {e}")))?;
             rel.index.insert(key.clone(), rel.tasks.len());
             let stage = rel.stage_of(&key);
             rel.tasks.push(TaskRec {
@@ -538,8 +569,8 @@ impl Sched {
                 state,
                 attempts: r.attempts,
                 not_before: None,
-                task: r.task.as_deref().and_then(|b| pb::Task::decode(b).ok()),
-                result: r.result.as_deref().and_then(|b| pb::TaskResult::decode(b).ok()),
+                task,
+                result,
                 error: r.error.clone(),
                 worker: r.worker.clone(),
                 duration_ms: r.duration_ms,
@@ -684,7 +715,7 @@ impl Sched {
             error: None,
             report_json: None,
             report_url: None,
-            created_ms: now_ms(),
+            created_ms: (self.cfg.wall_clock)(),
             finished_ms: None,
         };
         let ri = self.releases.len();
@@ -1079,7 +1110,7 @@ impl Sched {
 
     /// Whether worker `w` is live (seen within two lease periods) and offers `kind` and `runtime`.
     fn can_take(&self, w: &WorkerRec, kind: pb::WorkerKind, runtime: Option<&str>, now: Instant) -> bool {
-        now.duration_since(w.last_seen) < self.cfg.lease * 2
+        w.is_live(now, self.cfg.lease)
             && w.kinds.contains(&kind)
             && runtime.is_none_or(|rt| w.info.runtimes.iter().any(|r| r == rt))
     }
@@ -1431,7 +1462,7 @@ impl Sched {
         rel.error = error;
         rel.report_json = report_json;
         rel.report_url = report_url;
-        rel.finished_ms = Some(now_ms());
+        rel.finished_ms = Some((self.cfg.wall_clock)());
         let (id, st, err, rj, ru, fm) = (
             rel.id.clone(),
             rel.state as i32,

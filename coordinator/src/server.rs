@@ -65,7 +65,7 @@ fn status(e: SchedError) -> Status {
         SchedError::NoRelease(_) | SchedError::NoTask { .. } => Status::not_found(e.to_string()),
         SchedError::UnknownWorker(_) => Status::not_found(e.to_string()),
         SchedError::Spec(_) | SchedError::Source(_) => Status::invalid_argument(e.to_string()),
-        SchedError::Journal(_) => Status::internal(e.to_string()),
+        SchedError::Journal(_) | SchedError::Corrupt { .. } => Status::internal(e.to_string()),
     }
 }
 
@@ -134,10 +134,7 @@ impl Coordinator {
             let s = self.lock();
             match s.release(&release_id) {
                 Ok(rel) => {
-                    let now = std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map_or(0, |d| d.as_millis() as i64);
-                    let report = crate::report::build(rel, &s.workers, now);
+                    let report = crate::report::build(rel, &s.workers, (s.cfg.wall_clock)());
                     let target = s.store.child(&format!("releases/{release_id}/report.json"));
                     Some((report, target))
                 }

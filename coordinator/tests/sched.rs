@@ -426,6 +426,45 @@ fn a_restarted_scheduler_resumes_from_the_journal() {
     assert!(s.release(&id).unwrap().index.contains_key(&TaskKey::Report));
 }
 
+/// A journal row the scheduler cannot read back (a state it never writes, a task message that does not decode) stops
+/// the restart with an error naming the release and the task, instead of the task being taken as blocked or its
+/// message dropped.
+#[test]
+fn a_corrupt_journal_row_is_refused_by_name() {
+    let clock = Clock::new();
+    for (column, value, says) in [
+        ("state", rusqlite::types::Value::Text("leasd".into()), "unknown task state \"leasd\""),
+        ("task", rusqlite::types::Value::Blob(vec![0xff, 0xff, 0xff]), "its task message does not decode"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let id = open(dir.path(), &clock).submit(&noop_yaml(2), "r.yaml", "").unwrap();
+        let db = rusqlite::Connection::open(dir.path().join("journal.sqlite")).unwrap();
+        let n = db
+            .execute(&format!("UPDATE tasks SET {column} = ?1 WHERE release_id = ?2 AND id = 'noop/1'"), (&value, &id))
+            .unwrap();
+        assert_eq!(n, 1);
+        drop(db);
+        let journal = Journal::open(&dir.path().join("journal.sqlite")).unwrap();
+        let Err(e) = Sched::open(journal, Location::local(dir.path().join("store")), cfg(), clock.now()) else {
+            panic!("{column}: a corrupt row was read back");
+        };
+        let e = e.to_string();
+        assert!(e.contains(&id) && e.contains("noop/1") && e.contains(says), "{e}");
+    }
+}
+
+/// The times a release records come from the configured wall clock, like every instant the scheduler uses.
+#[test]
+fn a_release_records_the_configured_wall_clock() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Clock::new();
+    let journal = Journal::open(&dir.path().join("journal.sqlite")).unwrap();
+    let cfg = SchedConfig { wall_clock: || 1_234_567, ..cfg() };
+    let mut s = Sched::open(journal, Location::local(dir.path().join("store")), cfg, clock.now()).unwrap();
+    let id = s.submit(&noop_yaml(1), "r.yaml", "").unwrap();
+    assert_eq!(s.release(&id).unwrap().created_ms, 1_234_567);
+}
+
 #[test]
 fn bad_specs_are_refused_with_the_line() {
     let dir = tempfile::tempdir().unwrap();

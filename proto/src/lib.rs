@@ -333,3 +333,18 @@ mod tests {
         assert_eq!(quantfarm_parity::ChunkStats::from(&decoded), stats);
     }
 }
+
+impl ReleaseState {
+    /// The state's name where people and scripts read it (`quantfarm run --json`, the metrics page): `released`,
+    /// `gate_failed`, ….
+    pub fn label(self) -> &'static str {
+        match self {
+            ReleaseState::Unspecified => "unspecified",
+            ReleaseState::Running => "running",
+            ReleaseState::Released => "released",
+            ReleaseState::GateFailed => "gate_failed",
+            ReleaseState::Failed => "failed",
+            ReleaseState::Cancelled => "cancelled",
+        }
+    }
+}

@@ -288,6 +288,33 @@ impl fmt::Display for TaskKey {
 }
 
 impl TaskKey {
+    /// The task's family: the first segment of its id (`quantize/Q8_0/0` → `quantize`), the label the metrics page
+    /// groups run times by.
+    pub fn family(&self) -> &'static str {
+        match self {
+            TaskKey::Plan => "plan",
+            TaskKey::Gguf { .. } => "gguf",
+            TaskKey::Quantize { .. } => "quantize",
+            TaskKey::VerifyGguf { .. }
+            | TaskKey::VerifyQuantize { .. }
+            | TaskKey::VerifyMerge { .. }
+            | TaskKey::VerifyMergeSide
+            | TaskKey::VerifyMlx { .. } => "verify",
+            TaskKey::Noop { .. } => "noop",
+            TaskKey::MergePlan | TaskKey::Merge { .. } | TaskKey::MergeSide => "merge",
+            TaskKey::MergeCheck { .. } => "merge-check",
+            TaskKey::Mlx { .. } => "mlx",
+            TaskKey::ImatrixPlan | TaskKey::Imatrix { .. } | TaskKey::ImatrixMerge => "imatrix",
+            TaskKey::KldPlan | TaskKey::Kld { .. } => "kld",
+            TaskKey::KldBase { .. } => "kld-base",
+            TaskKey::Greedy { .. } => "greedy",
+            TaskKey::Probe { .. } => "probe",
+            TaskKey::PeerBase { .. } | TaskKey::PeerKld { .. } => "peer",
+            TaskKey::MlxLmGreedy { .. } | TaskKey::MlxLmKld { .. } | TaskKey::MlxLmProbe { .. } => "mlx-lm",
+            TaskKey::Report => "report",
+        }
+    }
+
     pub fn parse(id: &str) -> Option<TaskKey> {
         let parts: Vec<&str> = id.split('/').collect();
         let num = |s: &str| s.parse::<u32>().ok();
@@ -503,6 +530,8 @@ mod tests {
             TaskKey::MlxLmProbe { subject: MlxSubject::Bf16 },
         ] {
             assert_eq!(TaskKey::parse(&k.to_string()), Some(k.clone()), "{k}");
+            // The family is the id's first segment, by its own match rather than by splitting the string.
+            assert_eq!(k.to_string().split('/').next(), Some(k.family()), "{k}");
             covered.insert(variant(&k));
         }
         // `parse` is a match on strings, which the compiler cannot check against the keys: `variant` is, so a new
