@@ -2,8 +2,9 @@
 //! the inputs of the tasks it was leased since (it is fetching them), indexed both ways so that the scheduler can
 //! ask "who else holds this task's inputs" without scanning every worker.
 //!
-//! The policy that uses it lives in `sched.rs` (`Sched::lease`): among ready tasks of one priority a worker gets the
-//! one whose inputs it holds the most bytes of, and a task waits a bounded time for a worker that holds more of it.
+//! The policy that uses it lives in `sched/lease.rs` (`Sched::lease`): among ready tasks of one priority a worker
+//! gets the one whose inputs it holds the most bytes of, and a task waits a bounded time for a worker that holds
+//! more of it.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::Instant;

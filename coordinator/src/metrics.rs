@@ -69,9 +69,7 @@ pub fn render(s: &Sched, now: Instant) -> String {
     let (written, durations) = (all.written, all.durations);
     let mut releases = std::collections::BTreeMap::<&str, u64>::new();
     for (&state, &n) in s.release_counts() {
-        *releases
-            .entry(ReleaseState::try_from(state).unwrap_or(ReleaseState::Unspecified).label())
-            .or_default() += n;
+        *releases.entry(ReleaseState::try_from(state).unwrap_or(ReleaseState::Unspecified).label()).or_default() += n;
     }
     // Every worker kind, with 0 when none waits: an autoscaler reads "no work" as well as "work".
     let mut ready = std::collections::BTreeMap::<&str, u64>::new();

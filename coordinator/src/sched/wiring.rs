@@ -1,0 +1,150 @@
+//! The task graph's bookkeeping: tasks added with their dependencies, a task made ready when its last
+//! dependency is done (with the inputs it reads and their digests), and each change journaled.
+
+use super::*;
+
+impl Sched {
+    /// Adds tasks to a release (journalled in one transaction) and readies those with no open dependency.
+    pub(super) fn add_tasks(&mut self, ri: usize, defs: Vec<TaskDef>) -> Result<(), SchedError> {
+        let prio = graph::priorities(&defs);
+        let rel = &mut self.releases[ri];
+        let first_new = rel.tasks.len();
+        for d in &defs {
+            rel.index.insert(d.key.clone(), rel.tasks.len());
+            let stage = rel.stage_of(&d.key);
+            rel.tasks.push(TaskRec {
+                stage,
+                id: d.key.to_string(),
+                key: d.key.clone(),
+                deps: Vec::new(),
+                dependents: Vec::new(),
+                waiting: 0,
+                priority: prio.get(&d.key).copied().unwrap_or(d.cost),
+                state: TState::Blocked,
+                attempts: 0,
+                not_before: None,
+                task: None,
+                result: None,
+                error: None,
+                worker: None,
+                duration_ms: 0,
+                fetch_ms: 0,
+                failed_on: Vec::new(),
+                inputs: Vec::new(),
+                ready_since: None,
+            });
+        }
+        for (k, d) in defs.iter().enumerate() {
+            let i = first_new + k;
+            for dep in &d.deps {
+                let di = rel.index[dep];
+                rel.tasks[i].deps.push(di);
+                rel.tasks[di].dependents.push(i);
+                if rel.tasks[di].state != TState::Done {
+                    rel.tasks[i].waiting += 1;
+                }
+            }
+        }
+        let rel = &self.releases[ri];
+        let rows: Vec<TaskRow> = rel.tasks[first_new..].iter().map(|t| t.row(&rel.tasks)).collect();
+        let id = rel.id.clone();
+        self.journal.batch(|b| {
+            for (k, r) in rows.iter().enumerate() {
+                b.insert_task(&id, first_new + k, r)?;
+            }
+            Ok(())
+        })?;
+        for i in first_new..self.releases[ri].tasks.len() {
+            if self.releases[ri].tasks[i].waiting == 0 {
+                self.ready_up(ri, i)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes an existing task also wait for `deps` (tasks of the same release), journalled.
+    pub(super) fn add_deps(&mut self, ri: usize, key: &TaskKey, deps: &[TaskKey]) -> Result<(), SchedError> {
+        let rel = &mut self.releases[ri];
+        let Some(&ti) = rel.index.get(key) else {
+            return Err(SchedError::NoTask { release: rel.id.clone(), task: key.to_string() });
+        };
+        for dep in deps {
+            let di = *rel
+                .index
+                .get(dep)
+                .ok_or_else(|| SchedError::NoTask { release: rel.id.clone(), task: dep.to_string() })?;
+            rel.tasks[ti].deps.push(di);
+            rel.tasks[di].dependents.push(ti);
+            if rel.tasks[di].state != TState::Done {
+                rel.tasks[ti].waiting += 1;
+            }
+        }
+        self.journal_task(ri, ti)
+    }
+
+    /// A task whose dependencies are all done: build its message and queue it (or queue the report).
+    pub(super) fn ready_up(&mut self, ri: usize, ti: usize) -> Result<(), SchedError> {
+        let rel = &self.releases[ri];
+        let key = rel.tasks[ti].key.clone();
+        if key == TaskKey::Report {
+            let t = &mut self.releases[ri].tasks[ti];
+            t.state = TState::Reporting;
+            t.attempts += 1;
+            self.journal_task(ri, ti)?;
+            self.reports.push(ReportJob { release_id: self.releases[ri].id.clone() });
+            return Ok(());
+        }
+        let built = {
+            let ctx = rel.ctx(&self.store);
+            let results = |k: &TaskKey| rel.result(k);
+            graph::build(&ctx, &key, &results)
+        };
+        match built {
+            Ok(task) => {
+                let t = &mut self.releases[ri].tasks[ti];
+                t.task = Some(task);
+                t.state = TState::Ready;
+                self.journal_task(ri, ti)?;
+                self.make_ready(ri, ti);
+            }
+            Err(e) => self.fail_release(ri, format!("task {key}: cannot be built: {e}"))?,
+        }
+        Ok(())
+    }
+
+    pub(super) fn make_ready(&mut self, ri: usize, ti: usize) {
+        self.ready_changed = true;
+        let inputs = self.inputs_of(self.releases[ri].tasks[ti].task.as_ref());
+        self.releases[ri].tasks[ti].inputs = inputs;
+        self.ready.insert((Reverse(self.releases[ri].tasks[ti].priority), ri, ti));
+    }
+
+    /// The digest and size recorded for the output at `url` (a journal lookup; an unreadable journal is logged and
+    /// reads as unknown).
+    pub(super) fn output(&self, url: &str) -> Option<(String, u64)> {
+        self.journal.output(url).unwrap_or_else(|e| {
+            tracing::error!("{e}");
+            None
+        })
+    }
+
+    /// The farm-made files `task` reads whose digests the farm recorded.
+    pub(super) fn inputs_of(&self, task: Option<&pb::Task>) -> Vec<pb::InputFile> {
+        let Some(task) = task else { return Vec::new() };
+        graph::input_urls(task)
+            .into_iter()
+            .filter_map(|url| {
+                let (sha256, bytes) = self.output(&url)?;
+                Some(pb::InputFile { url, sha256, bytes })
+            })
+            .collect()
+    }
+
+    pub(super) fn journal_task(&mut self, ri: usize, ti: usize) -> Result<(), SchedError> {
+        let rel = &self.releases[ri];
+        let row = rel.tasks[ti].row(&rel.tasks);
+        let id = rel.id.clone();
+        self.journal.batch(|b| b.update_task(&id, &row))?;
+        Ok(())
+    }
+}
