@@ -84,21 +84,8 @@ impl HfCut {
             let c = Join::cut(src, t, j)?;
             let step = rows_per_piece(budget, c.raw_row, c.work_row + extra_row, c.unit) as usize;
             let kind = if c.same { Kind::Same } else { Kind::Values };
-            let (rows, cols, raw_row, work_row) = (c.rows, c.cols, c.raw_row, c.work_row);
-            let join = Some(c.join);
-            return Ok(HfCut {
-                t: t.clone(),
-                kind,
-                rows,
-                cols,
-                raw_row,
-                work_row,
-                hd: None,
-                fused: None,
-                row_base: 0,
-                join,
-                step,
-            });
+            let cut = HfCut::plain(t.clone(), kind, (c.rows, c.cols), (c.raw_row, c.work_row), step);
+            return Ok(HfCut { join: Some(c.join), ..cut });
         }
         let e = src.entry(&t.source)?;
         // Arithmetic on the values (a row permutation alone moves bytes).
@@ -176,19 +163,19 @@ impl HfCut {
             Kind::MlxDequantized { .. } => f32_row + size,
         };
         let step = rows_per_piece(budget, raw_row, work_row + extra_row, hd.unwrap_or(1)) as usize;
-        Ok(HfCut {
-            t,
-            kind,
-            rows,
-            cols: cols as usize,
-            raw_row,
-            work_row,
-            hd,
-            fused: None,
-            row_base: 0,
-            join: None,
-            step,
-        })
+        Ok(HfCut { hd, ..HfCut::plain(t, kind, (rows, cols as usize), (raw_row, work_row), step) })
+    }
+
+    /// A cut of the source's rows in order (no heads, part, expert or join: the callers add theirs), `step` rows a
+    /// piece.
+    fn plain(
+        t: HfTensor,
+        kind: Kind,
+        (rows, cols): (usize, usize),
+        (raw_row, work_row): (u64, u64),
+        step: usize,
+    ) -> HfCut {
+        HfCut { t, kind, rows, cols, raw_row, work_row, hd: None, fused: None, row_base: 0, join: None, step }
     }
 
     /// Part `of` of a fused float tensor (`t.shape` is the part's):
@@ -232,19 +219,7 @@ impl HfCut {
         }
         let fused = Some(Fused { of, stored, src_cols, per });
         let (rows, cols) = (rows as usize, cols as usize);
-        Ok(HfCut {
-            t: t.clone(),
-            kind,
-            rows,
-            cols,
-            raw_row,
-            work_row,
-            hd: None,
-            fused,
-            row_base: 0,
-            join: None,
-            step: step as usize,
-        })
+        Ok(HfCut { fused, ..HfCut::plain(t.clone(), kind, (rows, cols), (raw_row, work_row), step as usize) })
     }
 
     /// The pieces, in order (a transposed part's within one matrix each).

@@ -1274,6 +1274,14 @@ pub enum Mapped<'a> {
     },
 }
 
+/// The block number `{b}` stands for when `name` is `template` with it filled in (digits only); `None` when the
+/// template has no `{b}` or `name` is not one of its names.
+fn block_in<'a>(template: &str, name: &'a str) -> Option<&'a str> {
+    let (head, tail) = template.split_once("{b}")?;
+    let b = name.strip_prefix(head)?.strip_suffix(tail)?;
+    (!b.is_empty() && b.bytes().all(|c| c.is_ascii_digit())).then_some(b)
+}
+
 impl Mapping {
     /// The per-expert HF name (`{e}` left to fill) of a GGUF tensor an `experts` rule stacks, e.g.
     /// `blk.3.ffn_up_exps.weight` → `model.layers.3.mlp.experts.{e}.up_proj.weight`.
@@ -1281,9 +1289,7 @@ impl Mapping {
         for r in &self.experts {
             let Some(template) = &r.hf_template else { continue };
             for (w, g) in &r.gguf {
-                let Some((head, tail)) = g.split_once("{b}") else { continue };
-                let Some(b) = gguf.strip_prefix(head).and_then(|rest| rest.strip_suffix(tail)) else { continue };
-                if !b.is_empty() && b.bytes().all(|c| c.is_ascii_digit()) {
+                if let Some(b) = block_in(g, gguf) {
                     return Some(template.replace("{b}", b).replace("{w}", w));
                 }
             }
@@ -1295,13 +1301,10 @@ impl Mapping {
     pub fn unfuse(&self, gguf: &str) -> Option<Unfused> {
         for r in &self.fused {
             for (index, g) in r.gguf.iter().enumerate() {
-                let b = match g.split_once("{b}") {
+                let b = match block_in(g, gguf) {
+                    Some(b) => Some(b),
                     None if g == gguf => None,
                     None => continue,
-                    Some((head, tail)) => match gguf.strip_prefix(head).and_then(|rest| rest.strip_suffix(tail)) {
-                        Some(b) if !b.is_empty() && b.bytes().all(|c| c.is_ascii_digit()) => Some(b),
-                        _ => continue,
-                    },
                 };
                 let fill = |t: &String| b.map_or_else(|| t.clone(), |b| t.replace("{b}", b));
                 return Some(Unfused {
