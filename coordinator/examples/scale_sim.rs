@@ -32,7 +32,8 @@
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::time::{Duration, Instant};
 
-use quantfarm_coordinator::graph::{self, TaskKey};
+use quantfarm_coordinator::graph;
+use quantfarm_coordinator::kinds::{Gguf, Kld, KldBase, Quantize, TaskKey, Verify};
 use quantfarm_coordinator::journal::Journal;
 use quantfarm_coordinator::sched::{Sched, SchedConfig};
 use quantfarm_proto::{self as pb, complete_request::Outcome, task, task_result};
@@ -194,24 +195,24 @@ impl Model<'_> {
             (b * bpw / 16.0, b / (rate * 1e6 * self.cfg.cores))
         };
         match key {
-            TaskKey::Plan => Work { read: 1e6, ..Work::default() },
-            TaskKey::Gguf { shard } => {
+            &TaskKey::PLAN => Work { read: 1e6, ..Work::default() },
+            TaskKey::Gguf(Gguf { shard }) => {
                 let b = self.shard_bytes[*shard as usize] as f64;
                 Work { read: b, written: b, ..Work::default() }
             }
-            TaskKey::Quantize { level, shard } => {
+            TaskKey::Quantize(Quantize { level, shard }) => {
                 let (written, compute_s) = quant(&level.to_string(), *shard as usize);
                 Work { written, compute_s, ..Work::default() }
             }
-            TaskKey::VerifyGguf { shard } => Work { read: self.shard_bytes[*shard as usize] as f64, ..Work::default() },
-            TaskKey::VerifyQuantize { level, shard } => {
+            TaskKey::Verify(Verify::Gguf { shard }) => Work { read: self.shard_bytes[*shard as usize] as f64, ..Work::default() },
+            TaskKey::Verify(Verify::Quantize { level, shard }) => {
                 Work { compute_s: quant(&level.to_string(), *shard as usize).1, ..Work::default() }
             }
-            TaskKey::KldPlan => Work { read: 20e6, compute_s: 5.0, ..Work::default() },
-            TaskKey::KldBase { .. } => {
+            TaskKey::Kld(Kld::Plan) => Work { read: 20e6, compute_s: 5.0, ..Work::default() },
+            TaskKey::KldBase(KldBase { .. }) => {
                 Work { written: logits_group_bytes, compute_s: self.decode_s("reference"), ..Work::default() }
             }
-            TaskKey::Kld { target, .. } => Work { compute_s: self.decode_s(&target.to_string()), ..Work::default() },
+            TaskKey::Kld(Kld::Measure { target, .. }) => Work { compute_s: self.decode_s(&target.to_string()), ..Work::default() },
             other => panic!("the simulation has no model of task {other}"),
         }
     }
@@ -268,8 +269,8 @@ impl Cache {
 /// The result a worker would send for the task: artifacts at the task's URL with a digest of it.
 fn result_for(t: &pb::Task, key: &TaskKey, plan: &pb::PlanResult, bytes: f64) -> pb::TaskResult {
     let kind = match (key, t.kind.as_ref()) {
-        (TaskKey::Plan, _) => task_result::Kind::Plan(plan.clone()),
-        (TaskKey::KldPlan, _) => task_result::Kind::KldPlan(pb::KldPlanResult {
+        (&TaskKey::PLAN, _) => task_result::Kind::Plan(plan.clone()),
+        (TaskKey::Kld(Kld::Plan), _) => task_result::Kind::KldPlan(pb::KldPlanResult {
             n_chunks: CHUNKS as u32,
             n_seq: (BATCH / CTX) as u32,
             n_vocab: VOCAB as u32,
@@ -277,7 +278,7 @@ fn result_for(t: &pb::Task, key: &TaskKey, plan: &pb::PlanResult, bytes: f64) ->
             tokens_sha256: "sim-tokens".into(),
             bos: Some(1),
         }),
-        (TaskKey::Kld { .. }, _) => task_result::Kind::Kld(pb::KldResult::default()),
+        (TaskKey::Kld(Kld::Measure { .. }), _) => task_result::Kind::Kld(pb::KldResult::default()),
         (_, Some(task::Kind::Verify(_))) => {
             task_result::Kind::Verify(pb::VerifyResult { identical: true, ..Default::default() })
         }
@@ -410,7 +411,7 @@ fn main() {
             }
             let Some(lease) = leased.leases.into_iter().next() else { continue };
             let key = TaskKey::parse(&lease.task_id).expect("a task id");
-            if matches!(key, TaskKey::KldPlan | TaskKey::KldBase { .. } | TaskKey::Kld { .. }) {
+            if matches!(key, TaskKey::Kld(Kld::Plan) | TaskKey::KldBase(KldBase { .. }) | TaskKey::Kld(Kld::Measure { .. })) {
                 first_eval_start.get_or_insert(now);
             }
             let inputs = lease.task.as_ref().map(|t| t.inputs.clone()).unwrap_or_default();

@@ -10,6 +10,7 @@
 pub mod affinity;
 pub mod graph;
 pub mod history;
+pub mod kinds;
 pub mod journal;
 pub mod metrics;
 pub mod report;

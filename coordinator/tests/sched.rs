@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use quantfarm_coordinator::graph::TaskKey;
+use quantfarm_coordinator::kinds::TaskKey;
 use quantfarm_coordinator::journal::Journal;
 use quantfarm_coordinator::sched::{Published, Sched, SchedConfig};
 use quantfarm_proto::{self as pb, complete_request::Outcome, task_result, FailureKind, ReleaseState};
@@ -110,7 +110,7 @@ fn leases_by_capability_and_finishes_through_the_report() {
     }
     assert_eq!(s.reports.len(), 1, "the report task is the coordinator's own, due now");
     assert_eq!(state(&s, &id), ReleaseState::Running);
-    let report = s.release(&id).unwrap().tasks.iter().find(|t| t.key == TaskKey::Report).unwrap();
+    let report = s.release(&id).unwrap().tasks.iter().find(|t| t.key == TaskKey::REPORT).unwrap();
     assert_eq!(report.state.name(), "reporting", "the report is a state of its own, not a lease");
     let published = Published { json: "{}".into(), url: "x/report.json".into(), passed: true };
     s.report_done(&id, Ok(published)).unwrap();
@@ -423,7 +423,7 @@ fn a_restarted_scheduler_resumes_from_the_journal() {
     assert!(s.complete(ok(&held, &w), clock.now()).unwrap());
     assert!(s.complete(ok(&rest[0], &w2), clock.now()).unwrap());
     assert_eq!(s.reports.len(), 1);
-    assert!(s.release(&id).unwrap().index.contains_key(&TaskKey::Report));
+    assert!(s.release(&id).unwrap().index.contains_key(&TaskKey::REPORT));
 }
 
 /// A journal row the scheduler cannot read back (a state it never writes, a task message that does not decode) stops

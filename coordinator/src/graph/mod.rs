@@ -1,40 +1,20 @@
-//! The task graph of a release: which tasks exist (before and after planning), what each depends on, how costly
-//! it is (for critical-path priorities), and the concrete task message a worker receives once its dependencies
-//! have results.
+//! What every task kind builds on (`crate::kinds` holds the kinds): the release as a task sees it ([`Ctx`]), where
+//! outputs live and the files a task message reads.
 //!
-//! Task ids are structured keys (`gguf/2`, `quantize/Q8_0/2`, `verify/quantize/Q8_0/2`, …), parsed back into
-//! [`TaskKey`], so the journal stores only ids and results and the messages are rebuilt the same way after a
-//! restart. Output locations are content-addressed: a folder named by the sha256 of everything the output
-//! depends on, so a task run twice writes (or finds) the same object.
-//!
-//! By concern: [`keys`] (task ids), [`expand`] (which tasks a release starts with and what a finished task adds),
-//! [`messages`] (the message a ready task is sent) and [`naming`] (where outputs live: the one function that names
-//! an artifact), [`inputs`] (the farm-made files a task reads).
+//! Output locations are content-addressed: a folder named by the sha256 of everything the output depends on, so a
+//! task run twice writes (or finds) the same object. By concern: [`naming`] (where outputs live: the one function
+//! that names an artifact) and [`inputs`] (the farm-made files a task reads).
 
-mod expand;
+pub(crate) mod naming;
+
 mod inputs;
-mod keys;
-mod messages;
-mod naming;
 
-pub use expand::{eval_targets, grows, initial, priorities, Growth};
 pub use inputs::{input_urls, shard_file, stored_output};
-pub use keys::{CheckPart, EvalTarget, MlxSubject, Subject, TaskKey, MLX_LM_RUNTIME};
-pub use messages::build;
 pub use naming::{output_url, synthetic_name, written_url};
 
-use quantfarm_proto as pb;
 use quantfarm_store::Location;
 
 use crate::spec::ReleaseSpec;
-
-/// A task as the scheduler needs it: identity, dependencies, and an estimated cost (bytes handled).
-#[derive(Clone, Debug)]
-pub struct TaskDef {
-    pub key: TaskKey,
-    pub deps: Vec<TaskKey>,
-    pub cost: u64,
-}
 
 /// What the graph needs to know about its release.
 pub struct Ctx<'a> {
@@ -57,6 +37,3 @@ pub struct EvalInputs {
     pub prompts: String,
     pub probes: String,
 }
-
-/// Looks up the results of finished tasks.
-pub type Results<'a> = dyn Fn(&TaskKey) -> Option<&'a pb::TaskResult> + 'a;

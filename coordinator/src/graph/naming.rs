@@ -31,12 +31,12 @@ pub fn synthetic_name(source: &str) -> Option<Result<&'static str, String>> {
 /// Where an output lives: `artifacts/HASH/NAME` in the store, `HASH` the short sha256 of `identity` (everything
 /// the output's bytes depend on, led by a versioned tag of the recipe), so a task made twice writes or finds the
 /// same object. The one place that names an artifact.
-pub(super) fn artifact(ctx: &Ctx, identity: &[&str], name: &str) -> Result<Location, String> {
+pub(crate) fn artifact(ctx: &Ctx, identity: &[&str], name: &str) -> Result<Location, String> {
     let folder = short_hash(identity);
     ctx.store.child(&format!("artifacts/{folder}/{name}")).map_err(|e| e.to_string())
 }
 
-pub(super) fn short_hash(parts: &[&str]) -> String {
+pub(crate) fn short_hash(parts: &[&str]) -> String {
     let mut h = Sha256::new();
     for p in parts {
         h.update(p.as_bytes());
@@ -45,7 +45,7 @@ pub(super) fn short_hash(parts: &[&str]) -> String {
     quantfarm_store::hex(&h.finalize()[..16])
 }
 
-pub(super) fn split_text(rule: &Option<pb::SplitRule>) -> String {
+pub(crate) fn split_text(rule: &Option<pb::SplitRule>) -> String {
     match rule.as_ref().and_then(|r| r.rule.as_ref()) {
         None => "one file".into(),
         Some(pb::split_rule::Rule::MaxTensors(n)) => format!("max_tensors {n}"),
@@ -53,7 +53,7 @@ pub(super) fn split_text(rule: &Option<pb::SplitRule>) -> String {
     }
 }
 
-pub(super) fn file_name(prefix: &str, shard: u32, n: u32) -> String {
+pub(crate) fn file_name(prefix: &str, shard: u32, n: u32) -> String {
     if n == 1 {
         format!("{prefix}.gguf")
     } else {

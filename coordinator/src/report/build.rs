@@ -9,26 +9,16 @@ use quantfarm_proto as pb;
 use super::model::*;
 use super::tasks;
 use crate::gates;
-use crate::graph::{CheckPart, MlxSubject, Subject, TaskKey};
+use crate::kinds::{
+    CheckPart, Done, Folded, Gguf, Imatrix as ImatrixKey, Kld as KldKey, Merge as MergeKey, MergeCheck as MergeCheckKey, MlxSubject, Slot, SlotAcc,
+    Subject, TaskKey, MERGE_CHECK,
+};
 use crate::sched::{Release, WorkerRec};
 use crate::spec::Level;
 use quantfarm_parity::{ChunkStats, KldSummary};
 
-/// One published artifact while it is gathered: every file of one output (all split files of one GGUF).
-#[derive(Default)]
-struct ArtifactAcc {
-    files: Vec<FileRef>,
-    bytes: u64,
-    types: BTreeMap<String, (u64, u64, u64)>,
-    verified: Vec<bool>,
-}
-
 fn artifact_result(r: Option<&pb::TaskResult>) -> Option<&pb::Artifact> {
     r?.artifact()
-}
-
-fn verify_result(r: Option<&pb::TaskResult>) -> Option<&pb::VerifyResult> {
-    r?.verify()
 }
 
 fn file_ref(a: &pb::Artifact) -> FileRef {
@@ -36,78 +26,51 @@ fn file_ref(a: &pb::Artifact) -> FileRef {
 }
 
 fn kld_plan_result(rel: &Release) -> Option<&pb::KldPlanResult> {
-    rel.result(&TaskKey::KldPlan)?.kld_plan()
+    rel.result(&KldKey::Plan.into())?.kld_plan()
 }
 
-/// Each measured model's KL-divergence figures (keyed by its artifact `file_type`), merged from its chunk groups'
-/// statistics, or why they cannot be: a chunk missing or given twice.
-fn kld_summaries(rel: &Release) -> BTreeMap<String, Result<KldSummary, String>> {
-    merge_chunks(rel, |k| match k {
-        TaskKey::Kld { target, .. } => Some(target.to_string()),
-        _ => None,
-    })
-}
-
-/// The chunk statistics of the tasks `subject` names (by the subject's name), each subject's merged.
+/// Each subject's chunk statistics merged (by the subject's name), or why they cannot be: a chunk missing or given
+/// twice.
 fn merge_chunks(
     rel: &Release,
-    subject: impl Fn(&TaskKey) -> Option<String>,
+    chunks: &BTreeMap<String, Vec<ChunkStats>>,
 ) -> BTreeMap<String, Result<KldSummary, String>> {
-    let mut chunks: BTreeMap<String, Vec<ChunkStats>> = BTreeMap::new();
-    for t in &rel.tasks {
-        let Some(name) = subject(&t.key) else { continue };
-        let list = chunks.entry(name).or_default();
-        if let Some(k) = t.result.as_ref().and_then(|r| r.kld()) {
-            list.extend(k.chunks.iter().map(ChunkStats::from));
-        }
-    }
     let expected = kld_plan_result(rel).map_or(0, |k| k.n_chunks as u64);
     chunks
-        .into_iter()
+        .iter()
         .map(|(target, list)| {
-            let merged = KldSummary::merge(&list).map_err(|e| e.to_string()).and_then(|s| {
+            let merged = KldSummary::merge(list).map_err(|e| e.to_string()).and_then(|s| {
                 if s.n_chunks == expected {
                     Ok(s)
                 } else {
                     Err(format!("{} of the text's {expected} chunks were measured", s.n_chunks))
                 }
             });
-            (target, merged)
+            (target.clone(), merged)
         })
         .collect()
 }
 
-/// The key of the merge check's greedy summary in [`greedy_summaries`].
-const MERGE_CHECK: &str = "merge-check";
-
 /// Each model's greedy agreement with its reference (keyed by its artifact `file_type`, the merge check's as
 /// [`MERGE_CHECK`]), its shares joined in prompt order: k of N byte-identical, the mean common-prefix fraction, and
 /// every disagreement with where it starts and the reference's top-2 margin there.
-fn greedy_summaries(rel: &Release) -> BTreeMap<String, GreedySummary> {
-    let mut agreements: BTreeMap<String, (Subject, Vec<&pb::PromptAgreement>)> = BTreeMap::new();
-    // Continuations per reference subject: a comparison is complete when it covers every one.
-    let mut n_reference: BTreeMap<String, usize> = BTreeMap::new();
-    for t in &rel.tasks {
-        let TaskKey::Greedy { subject, .. } = &t.key else { continue };
-        let Some(g) = t.result.as_ref().and_then(|r| r.greedy()) else { continue };
-        let key = match subject {
-            Subject::Reference | Subject::Adapter => {
-                *n_reference.entry(subject.to_string()).or_default() += g.continuations.len();
-                continue;
-            }
-            Subject::Model(target) => target.to_string(),
-            Subject::MergedF32 => MERGE_CHECK.to_string(),
-        };
-        agreements.entry(key).or_insert_with(|| (*subject, Vec::new())).1.extend(&g.agreements);
-    }
-    agreements
-        .into_iter()
+fn greedy_summaries(folded: &Folded) -> BTreeMap<String, GreedySummary> {
+    folded
+        .greedy
+        .iter()
         .map(|(target, (subject, list))| {
-            let n_reference =
-                subject.compared_with().and_then(|r| n_reference.get(&r.to_string()).copied()).unwrap_or(0);
-            (target, greedy_summary(list, n_reference))
+            let n_reference = subject
+                .compared_with()
+                .and_then(|r| folded.greedy_references.get(&r.to_string()).copied())
+                .unwrap_or(0);
+            (target.clone(), greedy_summary(list.clone(), n_reference))
         })
         .collect()
+}
+
+/// How many continuations llama.cpp's reference gave: the prompts the evaluation ran.
+fn n_reference_prompts(folded: &Folded) -> usize {
+    folded.greedy_references.get(&Subject::Reference.to_string()).copied().unwrap_or(0)
 }
 
 /// One model's greedy summary from its prompts' agreements (any order) and the count of reference continuations
@@ -143,7 +106,7 @@ fn greedy_summary(mut list: Vec<&pb::PromptAgreement>, n_reference: usize) -> Gr
 
 /// Link 2 across runtimes, from the mlx-lm tasks (`None` for a release that runs none and has no MLX output or no
 /// evaluation; why not, when it turned them off).
-fn cross_runtime(rel: &Release) -> Option<CrossRuntime> {
+fn cross_runtime(rel: &Release, folded: &Folded) -> Option<CrossRuntime> {
     let spec = &rel.spec;
     let e = spec.evaluation.as_ref()?;
     if spec.outputs.mlx.is_none() || spec.outputs.gguf.is_none() {
@@ -154,70 +117,14 @@ fn cross_runtime(rel: &Release) -> Option<CrossRuntime> {
             error: "not measured: evaluation.mlx_lm is false, so no model ran in mlx-lm".into(),
         });
     }
-    let mut klds = merge_chunks(rel, |k| match k {
-        TaskKey::MlxLmKld { subject, .. } => Some(subject.to_string()),
-        _ => None,
-    });
-    // Per subject: its prompts' agreements, how it was loaded; and every runtime seen.
-    #[derive(Default)]
-    struct Acc<'a> {
-        agreements: Vec<&'a pb::PromptAgreement>,
-        continuations: usize,
-        run: Option<&'a pb::MlxLmRun>,
-        ran_greedy: bool,
-        probe: Option<&'a pb::ProbeResult>,
-    }
-    let mut subjects: BTreeMap<MlxSubject, Acc> = BTreeMap::new();
-    let mut runtimes = std::collections::BTreeSet::new();
-    let n_llama_reference: usize = rel
-        .tasks
-        .iter()
-        .filter(|t| matches!(t.key, TaskKey::Greedy { subject: Subject::Reference, .. }))
-        .filter_map(|t| t.result.as_ref()?.greedy().map(|g| g.continuations.len()))
-        .sum();
-    for t in &rel.tasks {
-        let result = t.result.as_ref();
-        let (subject, greedy, probe) = match &t.key {
-            TaskKey::MlxLmGreedy { subject, .. } => (*subject, result.and_then(|r| r.greedy()), None),
-            TaskKey::MlxLmKld { subject, .. } => (*subject, None, None),
-            TaskKey::MlxLmProbe { subject } => (*subject, None, result.and_then(|r| r.probe())),
-            _ => continue,
-        };
-        let run = match result.and_then(|r| r.kind.as_ref()) {
-            Some(pb::task_result::Kind::Greedy(g)) => g.mlx_lm.as_ref(),
-            Some(pb::task_result::Kind::Kld(k)) => k.mlx_lm.as_ref(),
-            Some(pb::task_result::Kind::Probe(p)) => p.mlx_lm.as_ref(),
-            _ => None,
-        };
-        let acc = subjects.entry(subject).or_default();
-        if let Some(g) = greedy {
-            acc.agreements.extend(&g.agreements);
-            acc.continuations += g.continuations.len();
-            acc.ran_greedy = true;
-        }
-        if let Some(p) = probe.filter(|_| run.is_none_or(|r| r.load_error.is_empty())) {
-            acc.probe = Some(p);
-        }
-        if let Some(r) = run {
-            if r.load_error.is_empty() {
-                runtimes.insert(MlxLmRuntime {
-                    mlx: r.mlx.clone(),
-                    mlx_lm: r.mlx_lm.clone(),
-                    device: r.device.clone(),
-                    device_name: r.device_name.clone(),
-                });
-            }
-            // A load error is what the subject's record says, whichever task met it.
-            if acc.run.is_none_or(|a| a.load_error.is_empty()) {
-                acc.run = Some(r);
-            }
-        }
-    }
+    let mut klds = merge_chunks(rel, &folded.mlx_lm_kld);
+    let subjects = &folded.mlx_lm;
+    let n_llama_reference = n_reference_prompts(folded);
     let n_mlx_bf16 = subjects.get(&MlxSubject::Bf16).map_or(0, |a| a.continuations);
     let bf16_probe = subjects.get(&MlxSubject::Bf16).and_then(|a| a.probe);
     let mut bf16 = None;
     let mut rungs = Vec::new();
-    for (subject, acc) in subjects {
+    for (&subject, acc) in subjects {
         let name = subject.to_string();
         let load_error = acc.run.map(|r| r.load_error.clone()).filter(|e| !e.is_empty());
         let n_reference = match subject {
@@ -236,7 +143,7 @@ fn cross_runtime(rel: &Release) -> Option<CrossRuntime> {
             // Nothing to compare with (mlx-lm could not load the bf16 weights a rung is compared with): not
             // measured, rather than 0 of 0 prompts.
             greedy: (acc.ran_greedy && load_error.is_none() && n_reference > 0)
-                .then(|| greedy_summary(acc.agreements, n_reference)),
+                .then(|| greedy_summary(acc.agreements.clone(), n_reference)),
             kld,
             probes: acc.probe.map(|p| {
                 // A rung's pass rate beside mlx-lm's bf16 weights' (the same runtime, the same server).
@@ -273,20 +180,8 @@ fn cross_runtime(rel: &Release) -> Option<CrossRuntime> {
                  llama-perplexity's procedure (a KL divergence across runtimes); on mlx's CPU build a quantized \
                  model's floating parameters are made f32 (upcast)"
             .into(),
-        runtimes: runtimes.into_iter().collect(),
-        model: rel
-            .tasks
-            .iter()
-            .find_map(|t| match (&t.key, t.task.as_ref().and_then(|m| m.kind.as_ref())) {
-                (TaskKey::MlxLmKld { subject: MlxSubject::Bf16, .. }, Some(pb::task::Kind::MlxLmKld(k))) => {
-                    Some(k.model.clone())
-                }
-                (TaskKey::MlxLmGreedy { subject: MlxSubject::Bf16, .. }, Some(pb::task::Kind::MlxLmGreedy(g))) => {
-                    Some(g.model.clone())
-                }
-                _ => None,
-            })
-            .unwrap_or_default(),
+        runtimes: folded.mlx_lm_runtimes.iter().cloned().collect(),
+        model: folded.mlx_lm_model.clone().unwrap_or_default(),
         bf16,
         rungs,
     })))
@@ -305,12 +200,10 @@ fn kld_record(k: Result<KldSummary, String>) -> Kld {
 
 /// Each subject's probe results (keyed by artifact `file_type`, the reference as "BF16"), with the models' pass
 /// rate against the reference's and its noise band.
-fn probe_summaries(rel: &Release) -> BTreeMap<String, ProbeSummary> {
+fn probe_summaries(folded: &Folded) -> BTreeMap<String, ProbeSummary> {
     let mut out = BTreeMap::new();
-    let reference = rel.result(&TaskKey::Probe { subject: Subject::Reference }).and_then(pb::TaskResult::probe);
-    for t in &rel.tasks {
-        let TaskKey::Probe { subject } = &t.key else { continue };
-        let Some(p) = t.result.as_ref().and_then(|r| r.probe()) else { continue };
+    let reference = folded.probes.iter().find(|(s, _)| *s == Subject::Reference).map(|(_, p)| *p);
+    for &(subject, p) in &folded.probes {
         let (key, compared) = match subject {
             // The merge check's subjects run no probes.
             Subject::Adapter | Subject::MergedF32 => continue,
@@ -341,13 +234,11 @@ fn probe_summary(p: &pb::ProbeResult, reference: Option<&pb::ProbeResult>) -> Pr
 /// Each quant level's figures as a peer tool printed them (keyed by artifact `file_type`, then tool), with whether
 /// quantfarm's own figures print the same to every digit the tool prints.
 fn peer_summaries(
-    rel: &Release,
+    folded: &Folded,
     klds: &BTreeMap<String, Result<KldSummary, String>>,
 ) -> BTreeMap<String, BTreeMap<String, PeerFigures>> {
     let mut out: BTreeMap<String, BTreeMap<String, PeerFigures>> = BTreeMap::new();
-    for t in &rel.tasks {
-        let TaskKey::PeerKld { level, .. } = &t.key else { continue };
-        let Some(p) = t.result.as_ref().and_then(|r| r.peer_kld()) else { continue };
+    for &(level, p) in &folded.peers {
         let ours = klds.get(&level.to_string()).and_then(|r| r.as_ref().ok());
         // (label as printed, our figure, decimals printed)
         let compared: Vec<(&str, Option<f64>, usize)> = vec![
@@ -384,7 +275,7 @@ fn adapter(rel: &Release) -> Option<Adapter> {
     if rel.adapter.is_empty() {
         return None;
     }
-    let plan = rel.result(&TaskKey::MergePlan).and_then(pb::TaskResult::merge_plan);
+    let plan = rel.result(&MergeKey::Plan.into()).and_then(pb::TaskResult::merge_plan);
     Some(Adapter {
         url: rel.adapter.clone(),
         format: plan.map(|p| p.format.clone()),
@@ -407,7 +298,7 @@ fn merge_check(rel: &Release, greedy: &BTreeMap<String, GreedySummary>) -> Optio
     let Some(g) = greedy.get(MERGE_CHECK) else {
         return Some(MergeCheck::Unmeasured { error: merge_unmeasured(rel) });
     };
-    let part = |part| artifact_result(rel.result(&TaskKey::MergeCheck { part })).map(file_ref);
+    let part = |part| artifact_result(rel.result(&MergeCheckKey { part }.into())).map(file_ref);
     Some(MergeCheck::Measured(Box::new(MergeCheckFigures {
         method: "greedy continuations of evaluation.prompts at temperature 0 in llama.cpp, all in F32: the merge \
                  (computed as the published one, rounded to f32) against the base with the adapter applied at run \
@@ -422,7 +313,7 @@ fn merge_check(rel: &Release, greedy: &BTreeMap<String, GreedySummary>) -> Optio
 
 /// Why the merge check has no figures (with an adapter).
 fn merge_unmeasured(rel: &Release) -> String {
-    let untied = rel.result(&TaskKey::MergePlan).and_then(pb::TaskResult::merge_plan).is_some_and(|m| m.untied);
+    let untied = rel.result(&MergeKey::Plan.into()).and_then(pb::TaskResult::merge_plan).is_some_and(|m| m.untied);
     if rel.eval.prompts.is_empty() {
         "not measured: the merge check runs on evaluation.prompts, and the release has none".into()
     } else if untied {
@@ -649,7 +540,7 @@ fn cross_runtime_figures(spec: &crate::spec::ReleaseSpec, c: Option<&CrossRuntim
 
 /// The tools that made the release: this coordinator, every worker that ran one of its tasks (version, platform,
 /// the runtimes it found), and each peer tool's version as it reported it.
-fn tools(rel: &Release, workers: &HashMap<String, WorkerRec>) -> Tools {
+fn tools(rel: &Release, folded: &Folded, workers: &HashMap<String, WorkerRec>) -> Tools {
     let ran: std::collections::BTreeSet<&str> = rel.tasks.iter().filter_map(|t| t.worker.as_deref()).collect();
     let workers = ran
         .iter()
@@ -665,29 +556,28 @@ fn tools(rel: &Release, workers: &HashMap<String, WorkerRec>) -> Tools {
             }),
         })
         .collect();
-    let mut peers = BTreeMap::new();
-    for t in &rel.tasks {
-        if let Some(p) = t.result.as_ref().and_then(|r| r.peer_kld()) {
-            peers.insert(p.tool.clone(), p.version.clone());
-        }
-    }
-    Tools { quantfarm: env!("CARGO_PKG_VERSION").to_string(), workers, peers }
+    Tools { quantfarm: env!("CARGO_PKG_VERSION").to_string(), workers, peers: folded.peer_versions.clone() }
 }
 
 /// Builds the unsigned report of a release whose tasks (but the report) are all done. `workers` are the
 /// coordinator's known workers, `now_ms` the report's time.
 pub fn build(rel: &Release, workers: &HashMap<String, WorkerRec>, now_ms: i64) -> Report {
-    let klds = kld_summaries(rel);
-    let greedy = greedy_summaries(rel);
-    let probes = probe_summaries(rel);
-    let mut peers = peer_summaries(rel, &klds);
-    let (artifacts, all_verified) = artifacts(rel, &klds, &greedy, &probes, &mut peers);
-    let cross_runtime = cross_runtime(rel);
+    // Each finished task adds its result by its family's fold.
+    let mut folded = Folded::default();
+    for t in &rel.tasks {
+        t.key.fold(Done { task: t.task.as_ref(), result: t.result.as_ref() }, &mut folded);
+    }
+    let klds = merge_chunks(rel, &folded.kld);
+    let greedy = greedy_summaries(&folded);
+    let probes = probe_summaries(&folded);
+    let mut peers = peer_summaries(&folded, &klds);
+    let (artifacts, all_verified) = artifacts(rel, std::mem::take(&mut folded.slots), &klds, &greedy, &probes, &mut peers);
+    let cross_runtime = cross_runtime(rel, &folded);
     let mut measured = measured(rel, &klds, &greedy, &probes, &artifacts, all_verified);
     cross_runtime_figures(&rel.spec, cross_runtime.as_ref(), &mut measured);
     let results = gates::evaluate(&rel.spec.gates, &measured);
     let passed = results.iter().all(|g| g.outcome.passed);
-    let plan = rel.result(&TaskKey::Plan).and_then(pb::TaskResult::plan);
+    let plan = rel.result(&TaskKey::PLAN).and_then(pb::TaskResult::plan);
     Report {
         format: FORMAT.to_string(),
         quantfarm_version: env!("CARGO_PKG_VERSION").to_string(),
@@ -709,12 +599,12 @@ pub fn build(rel: &Release, workers: &HashMap<String, WorkerRec>, now_ms: i64) -
         links: links(rel),
         adapter: adapter(rel),
         merge_check: merge_check(rel, &greedy),
-        evaluation: evaluation(rel),
+        evaluation: evaluation(rel, &folded),
         cross_runtime,
         artifacts,
         tasks: tasks::records(rel),
         gates: results.iter().map(gates::GateResult::record).collect(),
-        tools: tools(rel, workers),
+        tools: tools(rel, &folded, workers),
         timings: tasks::timings(rel, now_ms),
         verdict: if passed { Verdict::Released } else { Verdict::GateFailed },
         signature: None,
@@ -725,75 +615,30 @@ pub fn build(rel: &Release, workers: &HashMap<String, WorkerRec>, now_ms: i64) -
 /// with its figures; and whether every one was verified.
 fn artifacts(
     rel: &Release,
+    slots: HashMap<Slot, SlotAcc>,
     klds: &BTreeMap<String, Result<KldSummary, String>>,
     greedy: &BTreeMap<String, GreedySummary>,
     probes: &BTreeMap<String, ProbeSummary>,
     peers: &mut BTreeMap<String, BTreeMap<String, PeerFigures>>,
 ) -> (Vec<Artifact>, bool) {
-    /// Where an artifact task's result goes: its slot (order, file type), and whether it made the files or
-    /// verified them.
-    enum Role {
-        Makes,
-        Verifies,
-    }
-    let level_order = |l: &str| {
-        rel.spec.quants().iter().position(|q| q.level().to_string() == l).map_or(u32::MAX - 1, |p| p as u32 + 2)
-    };
-    let merged = || (0, "merged".to_string());
-    let bf16 = || (1, "BF16".to_string());
-    let mlx = |bits: u32| (u32::MAX - 16 + bits, format!("MLX-{bits}bit"));
-    let quant = |name: &str| (level_order(name), name.to_string());
-    let mut slots: BTreeMap<(u32, String), ArtifactAcc> = BTreeMap::new();
-    for t in &rel.tasks {
-        let (slot, role) = match &t.key {
-            TaskKey::Merge { .. } | TaskKey::MergeSide => (merged(), Role::Makes),
-            TaskKey::VerifyMerge { .. } | TaskKey::VerifyMergeSide => (merged(), Role::Verifies),
-            TaskKey::Gguf { .. } => (bf16(), Role::Makes),
-            TaskKey::VerifyGguf { .. } => (bf16(), Role::Verifies),
-            TaskKey::Quantize { level, .. } => (quant(&level.to_string()), Role::Makes),
-            TaskKey::VerifyQuantize { level, .. } => (quant(&level.to_string()), Role::Verifies),
-            TaskKey::Mlx { bits } => (mlx(*bits), Role::Makes),
-            TaskKey::VerifyMlx { bits } => (mlx(*bits), Role::Verifies),
-            // Tasks whose outputs are not published artifacts.
-            TaskKey::Plan
-            | TaskKey::MergePlan
-            | TaskKey::MergeCheck { .. }
-            | TaskKey::Noop { .. }
-            | TaskKey::KldPlan
-            | TaskKey::KldBase { .. }
-            | TaskKey::Kld { .. }
-            | TaskKey::Greedy { .. }
-            | TaskKey::Probe { .. }
-            | TaskKey::PeerKld { .. }
-            | TaskKey::PeerBase { .. }
-            | TaskKey::MlxLmGreedy { .. }
-            | TaskKey::MlxLmKld { .. }
-            | TaskKey::MlxLmProbe { .. }
-            | TaskKey::ImatrixPlan
-            | TaskKey::Imatrix { .. }
-            | TaskKey::ImatrixMerge
-            | TaskKey::Report => continue,
-        };
-        let acc = slots.entry(slot).or_default();
-        match role {
-            Role::Makes => {
-                let Some(a) = artifact_result(t.result.as_ref()) else { continue };
-                acc.files.push(file_ref(a));
-                acc.bytes += a.bytes;
-                for tc in &a.types {
-                    let e = acc.types.entry(tc.ggml_type.clone()).or_default();
-                    e.0 += tc.tensors;
-                    e.1 += tc.elements;
-                    e.2 += tc.bytes;
-                }
+    // Report order: the merge, the GGUF BF16, the quant levels as the spec lists them, the MLX rungs by width.
+    let rank = |slot: &Slot| -> u32 {
+        match slot {
+            Slot::Merged => 0,
+            Slot::Bf16 => 1,
+            Slot::Quant(level) => {
+                rel.spec.quants().iter().position(|q| q.level() == *level).map_or(u32::MAX - 1, |p| p as u32 + 2)
             }
-            Role::Verifies => acc.verified.push(verify_result(t.result.as_ref()).is_some_and(|v| v.identical)),
+            Slot::Mlx { bits } => u32::MAX - 16 + bits,
         }
-    }
+    };
+    let mut slots: Vec<(Slot, SlotAcc)> = slots.into_iter().collect();
+    slots.sort_by_cached_key(|(slot, _)| (rank(slot), slot.file_type()));
     let imatrix = imatrix(rel);
     let mut list = Vec::new();
     let mut all_verified = !slots.is_empty() || rel.spec.outputs.noop.is_some();
-    for ((_, ty), acc) in slots {
+    for (slot, acc) in slots {
+        let ty = slot.file_type();
         let elements: u64 = acc.types.values().map(|t| t.1).sum();
         let tensor_bytes: u64 = acc.types.values().map(|t| t.2).sum();
         let verified =
@@ -801,18 +646,21 @@ fn artifacts(
         all_verified &= verified;
         let bits_per_weight =
             if elements > 0 { (tensor_bytes as f64 * 8.0 / elements as f64 * 10000.0).round() / 10000.0 } else { 0.0 };
-        let container = match ty.as_str() {
-            "merged" => Container::Hf,
-            t if t.starts_with("MLX-") => Container::Mlx,
-            _ => Container::Gguf,
+        let container = match slot {
+            Slot::Merged => Container::Hf,
+            Slot::Bf16 | Slot::Quant(_) => Container::Gguf,
+            Slot::Mlx { .. } => Container::Mlx,
         };
         let kld = klds.get(&ty).map(|k| kld_record(k.clone()));
-        let is_quant = container == Container::Gguf && ty != "BF16";
+        let level = match slot {
+            Slot::Quant(level) => Some(level),
+            Slot::Merged | Slot::Bf16 | Slot::Mlx { .. } => None,
+        };
         list.push(Artifact {
             name: format!("{}-{ty}", rel.spec.prefix()),
             container,
-            files: acc.files,
-            bytes: acc.bytes,
+            files: acc.files.iter().map(file_ref).collect(),
+            bytes: acc.files.iter().map(|a| a.bytes).sum(),
             bits_per_weight,
             type_mix: acc
                 .types
@@ -820,8 +668,8 @@ fn artifacts(
                 .map(|(ggml_type, (tensors, elements, bytes))| TypeCount { ggml_type, tensors, elements, bytes })
                 .collect(),
             verified,
-            imatrix: if is_quant { imatrix.clone() } else { None },
-            recipe: Level::parse(&ty).and_then(|l| rel.spec.rung(l)).and_then(|r| r.recipe()).map(RecipeDoc::from),
+            imatrix: level.and_then(|_| imatrix.clone()),
+            recipe: level.and_then(|l| rel.spec.rung(l)).and_then(|r| r.recipe()).map(RecipeDoc::from),
             kld,
             greedy: greedy.get(&ty).cloned(),
             probes: probes.get(&ty).cloned(),
@@ -865,12 +713,12 @@ fn imatrix(rel: &Release) -> Option<Imatrix> {
     use crate::spec::ImatrixSource;
     match rel.spec.imatrix()? {
         ImatrixSource::File(_) => {
-            let sha256 = rel.result(&TaskKey::Plan).and_then(pb::TaskResult::plan).map(|p| p.imatrix_sha256.clone());
+            let sha256 = rel.result(&TaskKey::PLAN).and_then(pb::TaskResult::plan).map(|p| p.imatrix_sha256.clone());
             Some(Imatrix::File { url: rel.imatrix.clone(), sha256 })
         }
         ImatrixSource::Text { ctx, batch, .. } => {
-            let merged = artifact_result(rel.result(&TaskKey::ImatrixMerge));
-            let plan = rel.result(&TaskKey::ImatrixPlan).and_then(pb::TaskResult::kld_plan);
+            let merged = artifact_result(rel.result(&ImatrixKey::Merge.into()));
+            let plan = rel.result(&ImatrixKey::Plan.into()).and_then(pb::TaskResult::kld_plan);
             Some(Imatrix::Computed {
                 url: merged.map(|a| a.url.clone()),
                 sha256: merged.map(|a| a.sha256.clone()),
@@ -887,14 +735,9 @@ fn imatrix(rel: &Release) -> Option<Imatrix> {
 }
 
 /// What the KL divergence was measured on: the text, its tokenization and chunking, and the reference.
-fn evaluation(rel: &Release) -> Option<Evaluation> {
+fn evaluation(rel: &Release, folded: &Folded) -> Option<Evaluation> {
     let e = rel.spec.evaluation.as_ref()?;
-    let n_prompts: usize = rel
-        .tasks
-        .iter()
-        .filter(|t| matches!(t.key, TaskKey::Greedy { subject: Subject::Reference, .. }))
-        .filter_map(|t| t.result.as_ref()?.greedy().map(|g| g.continuations.len()))
-        .sum();
+    let n_prompts = n_reference_prompts(folded);
     let plan = kld_plan_result(rel);
     Some(Evaluation {
         text: rel.eval.text.clone(),
@@ -904,7 +747,7 @@ fn evaluation(rel: &Release) -> Option<Evaluation> {
         batch: e.batch,
         n_chunks: plan.map(|k| k.n_chunks),
         chunks_per_task: plan.map(|k| k.n_seq),
-        reference: artifact_result(rel.result(&TaskKey::Gguf { shard: 0 })).map(|a| a.url.clone()),
+        reference: artifact_result(rel.result(&Gguf { shard: 0 }.into())).map(|a| a.url.clone()),
         runtime: "llama.cpp (llama-cpp-2), llama-perplexity --kl-divergence's procedure".to_string(),
         prompts: rel.eval.prompts.clone(),
         n_prompts: n_prompts as u64,

@@ -7,14 +7,14 @@ use quantfarm_proto::{self as pb, task, task_result, verify_task};
 use serde_json::{json, Value};
 
 use super::model::{KindTiming, TaskRecord, Timings};
-use crate::graph::TaskKey;
+use crate::kinds::TaskKey;
 use crate::sched::Release;
 
 /// Every task but the report's own, in the release's order.
 pub(super) fn records(rel: &Release) -> Vec<TaskRecord> {
     rel.tasks
         .iter()
-        .filter(|t| t.key != TaskKey::Report)
+        .filter(|t| t.key != TaskKey::REPORT)
         .map(|t| TaskRecord {
             id: t.id.clone(),
             worker: t.worker.clone(),

@@ -39,7 +39,7 @@ impl Sched {
         let mut critical: HashMap<usize, u64> = HashMap::new();
         // Per input set (its first file's digest): tasks left to their holders in this scan so far.
         let mut queued: HashMap<&str, u32> = HashMap::new();
-        let mut run_s: HashMap<(usize, std::mem::Discriminant<TaskKey>), Option<f64>> = HashMap::new();
+        let mut run_s: HashMap<(usize, (&'static str, u64)), Option<f64>> = HashMap::new();
         for &(prio, ri, ti) in self.ready.iter() {
             if cands.len() >= want && cands.last().is_some_and(|c| c.0 .0 != prio) {
                 break;
@@ -69,7 +69,7 @@ impl Sched {
             let family = t.inputs.first().map(|i| i.sha256.as_str()).unwrap_or_default();
             let ahead = queued.get(family).copied().unwrap_or(0);
             let run_s =
-                *run_s.entry((ri, std::mem::discriminant(&t.key))).or_insert_with(|| self.releases[ri].fastest(&t.key));
+                *run_s.entry((ri, t.key.sort())).or_insert_with(|| self.releases[ri].fastest(&t.key));
             if let Some(until) = self.waits_for_holder(t, kind, worker_id, held, critical, ahead, run_s, now) {
                 next_wake = Some(next_wake.map_or(until, |w: Instant| w.min(until)));
                 *queued.entry(family).or_default() += 1;

@@ -31,7 +31,8 @@ use quantfarm_proto::{self as pb, FailureKind, ReleaseState};
 use quantfarm_store::Location;
 
 use crate::affinity::Holdings;
-use crate::graph::{self, Ctx, EvalInputs, TaskDef, TaskKey};
+use crate::graph::{self, Ctx, EvalInputs};
+use crate::kinds::{self, TaskDef, TaskKey};
 use crate::journal::{Batch, Journal, JournalError, ReleaseRow, TaskRow, OUTPUTS_VERSION};
 use crate::metrics::History;
 use crate::spec::{ImatrixSource, ReleaseSpec};
@@ -507,7 +508,7 @@ impl Sched {
         self.by_id.insert(id.clone(), ri);
         let defs = {
             let rel = &self.releases[ri];
-            graph::initial(&rel.ctx(&self.store))
+            kinds::initial(&rel.ctx(&self.store))
         };
         self.journal.batch(|b| b.insert_release(&row))?;
         *self.release_counts.entry(ReleaseState::Running as i32).or_default() += 1;

@@ -176,8 +176,8 @@ impl Sched {
             let results = |k: &TaskKey| rel.result(k);
             let t = &rel.tasks[ti];
             match &t.result {
-                Some(r) => graph::grows(&rel.ctx(&self.store), &t.key, r, &results),
-                None => Ok(graph::Growth::default()),
+                Some(r) => kinds::grows(&rel.ctx(&self.store), &t.key, r, &results),
+                None => Ok(kinds::Growth::default()),
             }
         };
         match growth {
@@ -296,7 +296,7 @@ impl Sched {
         }
         match outcome {
             Ok(Published { json, url, passed }) => {
-                if let Some(&ti) = self.releases[ri].index.get(&TaskKey::Report) {
+                if let Some(&ti) = self.releases[ri].index.get(&TaskKey::REPORT) {
                     let t = &mut self.releases[ri].tasks[ti];
                     t.state = TState::Done;
                     t.worker = Some(COORDINATOR.into());

@@ -146,13 +146,13 @@ impl Release {
             .collect()
     }
 
-    /// The shortest time a finished task of the same kind as `key` (`TaskKey`'s variant) took in this release, its
+    /// The shortest time a finished task of the same sort as `key` ([`TaskKey::sort`]) took in this release, its
     /// fetching left out, in seconds (none yet: `None`).
     pub fn fastest(&self, key: &TaskKey) -> Option<f64> {
-        let kind = std::mem::discriminant(key);
+        let sort = key.sort();
         self.tasks
             .iter()
-            .filter(|t| t.state == TState::Done && t.result.is_some() && std::mem::discriminant(&t.key) == kind)
+            .filter(|t| t.state == TState::Done && t.result.is_some() && t.key.sort() == sort)
             .map(|t| t.duration_ms.saturating_sub(t.fetch_ms) as f64 / 1000.0)
             .reduce(f64::min)
     }

@@ -6,7 +6,7 @@ use super::*;
 impl Sched {
     /// Adds tasks to a release (journalled in one transaction) and readies those with no open dependency.
     pub(super) fn add_tasks(&mut self, ri: usize, defs: Vec<TaskDef>) -> Result<(), SchedError> {
-        let prio = graph::priorities(&defs);
+        let prio = kinds::priorities(&defs);
         let rel = &mut self.releases[ri];
         let first_new = rel.tasks.len();
         for d in &defs {
@@ -86,7 +86,7 @@ impl Sched {
     pub(super) fn ready_up(&mut self, ri: usize, ti: usize) -> Result<(), SchedError> {
         let rel = &self.releases[ri];
         let key = rel.tasks[ti].key.clone();
-        if key == TaskKey::Report {
+        if key == TaskKey::REPORT {
             let t = &mut self.releases[ri].tasks[ti];
             t.state = TState::Reporting;
             t.attempts += 1;
@@ -97,7 +97,7 @@ impl Sched {
         let built = {
             let ctx = rel.ctx(&self.store);
             let results = |k: &TaskKey| rel.result(k);
-            graph::build(&ctx, &key, &results)
+            key.message(&ctx, &results)
         };
         match built {
             Ok(task) => {

@@ -75,7 +75,7 @@ impl Sched {
                 "waiting: no live worker can take {} ready task(s): {}{}",
                 needs.values().sum::<usize>(),
                 what.join("; "),
-                if needs.keys().any(|(_, rt)| *rt == Some(crate::graph::MLX_LM_RUNTIME)) {
+                if needs.keys().any(|(_, rt)| *rt == Some(crate::kinds::MLX_LM_RUNTIME)) {
                     " (start a worker with QUANTFARM_PYTHON set to a Python with mlx-lm, e.g. \
                      scripts/install-mlx-runtime's; or set evaluation.mlx_lm: false)"
                 } else {

@@ -6,28 +6,31 @@ use std::collections::HashMap;
 
 use quantfarm_proto::{self as pb, task_result};
 
-use super::keys::{CheckPart, EvalTarget, MlxSubject, Subject, TaskKey};
-use super::messages::{merge_plan_of, plan_of};
-use super::{Ctx, Results, TaskDef};
-use crate::spec::ImatrixSource;
+use super::lookup::{computes_imatrix, merge_plan_of, plan_of};
+use super::subjects::{CheckPart, EvalTarget, MlxSubject, Subject};
+use super::{
+    Gguf, Greedy, Imatrix, Kld, KldBase, Merge, MergeCheck, Mlx, MlxLm, Noop, PeerRun, Probe, Quantize, Results,
+    TaskDef, TaskKey, Verify,
+};
+use crate::graph::Ctx;
 
 /// The tasks a release starts with: the merge plan when there is an adapter, else planning (and the scheduler's
 /// benchmark no-ops).
 pub fn initial(ctx: &Ctx) -> Vec<TaskDef> {
     let mut out = Vec::new();
     if !ctx.adapter.is_empty() {
-        out.push(TaskDef { key: TaskKey::MergePlan, deps: vec![], cost: 1 });
+        out.push(TaskDef { key: TaskKey::Merge(Merge::Plan), deps: vec![], cost: 1 });
     } else if ctx.spec.converts() {
-        out.push(TaskDef { key: TaskKey::Plan, deps: vec![], cost: 1 });
+        out.push(TaskDef { key: TaskKey::PLAN, deps: vec![], cost: 1 });
     }
     if let Some(noop) = &ctx.spec.outputs.noop {
         for n in 0..noop.tasks {
-            out.push(TaskDef { key: TaskKey::Noop { n }, deps: vec![], cost: noop.sleep_ms as u64 + 1 });
+            out.push(TaskDef { key: TaskKey::Noop(Noop { n }), deps: vec![], cost: noop.sleep_ms as u64 + 1 });
         }
     }
     if !ctx.spec.converts() {
         let deps = out.iter().map(|t| t.key.clone()).collect();
-        out.push(TaskDef { key: TaskKey::Report, deps, cost: 1 });
+        out.push(TaskDef { key: TaskKey::REPORT, deps, cost: 1 });
     }
     out
 }
@@ -40,30 +43,30 @@ fn expand_merge(ctx: &Ctx, mp: &pb::MergePlanResult) -> Vec<TaskDef> {
     let mut out = Vec::new();
     let mut merges = Vec::new();
     for (file, bytes) in (0..mp.files.len() as u32).zip(mp.file_bytes.iter().copied().chain(std::iter::repeat(1))) {
-        let m = TaskKey::Merge { file };
-        out.push(TaskDef { key: m.clone(), deps: vec![TaskKey::MergePlan], cost: bytes });
-        out.push(TaskDef { key: TaskKey::VerifyMerge { file }, deps: vec![m.clone()], cost: bytes });
+        let m = TaskKey::Merge(Merge::File { file });
+        out.push(TaskDef { key: m.clone(), deps: vec![TaskKey::Merge(Merge::Plan)], cost: bytes });
+        out.push(TaskDef { key: TaskKey::Verify(Verify::Merge { file }), deps: vec![m.clone()], cost: bytes });
         merges.push(m);
     }
-    out.push(TaskDef { key: TaskKey::MergeSide, deps: vec![TaskKey::MergePlan], cost: 1 });
-    out.push(TaskDef { key: TaskKey::VerifyMergeSide, deps: vec![TaskKey::MergeSide], cost: 1 });
-    merges.push(TaskKey::MergeSide);
-    out.push(TaskDef { key: TaskKey::Plan, deps: merges, cost: 1 });
+    out.push(TaskDef { key: TaskKey::Merge(Merge::Side), deps: vec![TaskKey::Merge(Merge::Plan)], cost: 1 });
+    out.push(TaskDef { key: TaskKey::Verify(Verify::MergeSide), deps: vec![TaskKey::Merge(Merge::Side)], cost: 1 });
+    merges.push(TaskKey::Merge(Merge::Side));
+    out.push(TaskDef { key: TaskKey::PLAN, deps: merges, cost: 1 });
     if let Some(e) = merge_checked(ctx, mp) {
         // F32 is twice the bytes of a bf16 base.
         let cost = 2 * mp.file_bytes.iter().sum::<u64>().max(1);
         for part in CheckPart::ALL {
-            out.push(TaskDef { key: TaskKey::MergeCheck { part }, deps: vec![TaskKey::MergePlan], cost });
+            out.push(TaskDef { key: TaskKey::MergeCheck(MergeCheck { part }), deps: vec![TaskKey::Merge(Merge::Plan)], cost });
         }
-        let part = |part| TaskKey::MergeCheck { part };
+        let part = |part| TaskKey::MergeCheck(MergeCheck { part });
         for share in 0..e.prompt_shares {
-            let reference = TaskKey::Greedy { subject: Subject::Adapter, share };
+            let reference = TaskKey::Greedy(Greedy { subject: Subject::Adapter, share });
             out.push(TaskDef {
                 key: reference.clone(),
                 deps: vec![part(CheckPart::Lora), part(CheckPart::Base)],
                 cost,
             });
-            let key = TaskKey::Greedy { subject: Subject::MergedF32, share };
+            let key = TaskKey::Greedy(Greedy { subject: Subject::MergedF32, share });
             out.push(TaskDef { key, deps: vec![reference, part(CheckPart::Merged)], cost });
         }
     }
@@ -82,7 +85,7 @@ fn merge_checked<'a>(ctx: &Ctx<'a>, mp: &pb::MergePlanResult) -> Option<&'a crat
 /// The merge check's measurements, which the report waits for.
 fn merge_check_measured(ctx: &Ctx, mp: &pb::MergePlanResult) -> Vec<TaskKey> {
     let shares = merge_checked(ctx, mp).map_or(0, |e| e.prompt_shares);
-    (0..shares).map(|share| TaskKey::Greedy { subject: Subject::MergedF32, share }).collect()
+    (0..shares).map(|share| TaskKey::Greedy(Greedy { subject: Subject::MergedF32, share })).collect()
 }
 
 /// Everything after planning, from the plan's inventory: per split file a conversion and its verification, per
@@ -98,37 +101,37 @@ fn expand(ctx: &Ctx, plan: &pb::PlanResult, results: &Results) -> Vec<TaskDef> {
     let mut out = Vec::new();
     let mut verifies = Vec::new();
     if let Ok(mp) = merge_plan_of(results) {
-        verifies.extend((0..mp.files.len() as u32).map(|file| TaskKey::VerifyMerge { file }));
-        verifies.push(TaskKey::VerifyMergeSide);
+        verifies.extend((0..mp.files.len() as u32).map(|file| TaskKey::Verify(Verify::Merge { file })));
+        verifies.push(TaskKey::Verify(Verify::MergeSide));
         verifies.extend(merge_check_measured(ctx, mp));
     }
     for &bits in ctx.spec.mlx_bits() {
         let bytes = plan.source_bytes;
-        out.push(TaskDef { key: TaskKey::Mlx { bits }, deps: vec![TaskKey::Plan], cost: bytes });
-        out.push(TaskDef { key: TaskKey::VerifyMlx { bits }, deps: vec![TaskKey::Mlx { bits }], cost: bytes });
-        verifies.push(TaskKey::VerifyMlx { bits });
+        out.push(TaskDef { key: TaskKey::Mlx(Mlx { bits }), deps: vec![TaskKey::PLAN], cost: bytes });
+        out.push(TaskDef { key: TaskKey::Verify(Verify::Mlx { bits }), deps: vec![TaskKey::Mlx(Mlx { bits })], cost: bytes });
+        verifies.push(TaskKey::Verify(Verify::Mlx { bits }));
     }
-    let ggufs: Vec<TaskKey> = (0..n).map(|shard| TaskKey::Gguf { shard }).collect();
+    let ggufs: Vec<TaskKey> = (0..n).map(|shard| TaskKey::Gguf(Gguf { shard })).collect();
     for shard in 0..n {
         let bytes = shard_bytes[shard as usize];
-        out.push(TaskDef { key: TaskKey::Gguf { shard }, deps: vec![TaskKey::Plan], cost: bytes });
-        let v = TaskKey::VerifyGguf { shard };
-        out.push(TaskDef { key: v.clone(), deps: vec![TaskKey::Gguf { shard }], cost: bytes });
+        out.push(TaskDef { key: TaskKey::Gguf(Gguf { shard }), deps: vec![TaskKey::PLAN], cost: bytes });
+        let v = TaskKey::Verify(Verify::Gguf { shard });
+        out.push(TaskDef { key: v.clone(), deps: vec![TaskKey::Gguf(Gguf { shard })], cost: bytes });
         verifies.push(v);
     }
     let mut quant_deps = ggufs.clone();
     if computes_imatrix(ctx) && n > 0 {
         // The merge waits for the plan; the plan's result adds the chunk groups before it.
-        out.push(TaskDef { key: TaskKey::ImatrixPlan, deps: ggufs.clone(), cost: plan.source_bytes });
-        out.push(TaskDef { key: TaskKey::ImatrixMerge, deps: vec![TaskKey::ImatrixPlan], cost: 1 });
-        quant_deps.push(TaskKey::ImatrixMerge);
+        out.push(TaskDef { key: TaskKey::Imatrix(Imatrix::Plan), deps: ggufs.clone(), cost: plan.source_bytes });
+        out.push(TaskDef { key: TaskKey::Imatrix(Imatrix::Merge), deps: vec![TaskKey::Imatrix(Imatrix::Plan)], cost: 1 });
+        quant_deps.push(TaskKey::Imatrix(Imatrix::Merge));
     }
     for level in ctx.spec.quants() {
         for shard in 0..n {
             let bytes = shard_bytes[shard as usize] * 2;
-            let q = TaskKey::Quantize { level: level.level(), shard };
+            let q = TaskKey::Quantize(Quantize { level: level.level(), shard });
             out.push(TaskDef { key: q.clone(), deps: quant_deps.clone(), cost: bytes });
-            let v = TaskKey::VerifyQuantize { level: level.level(), shard };
+            let v = TaskKey::Verify(Verify::Quantize { level: level.level(), shard });
             out.push(TaskDef { key: v.clone(), deps: vec![q], cost: bytes });
             verifies.push(v);
         }
@@ -137,18 +140,18 @@ fn expand(ctx: &Ctx, plan: &pb::PlanResult, results: &Results) -> Vec<TaskDef> {
         let cost = plan.source_bytes;
         if e.text.is_some() {
             // The report waits for the KL-divergence plan; the plan's result adds the chunk tasks before it.
-            out.push(TaskDef { key: TaskKey::KldPlan, deps: ggufs.clone(), cost });
-            verifies.push(TaskKey::KldPlan);
+            out.push(TaskDef { key: TaskKey::Kld(Kld::Plan), deps: ggufs.clone(), cost });
+            verifies.push(TaskKey::Kld(Kld::Plan));
         }
         let targets = eval_targets(ctx);
         let mlx_lm = mlx_lm_subjects(ctx);
         // The reference's continuations are only run for models to compare with them.
         if e.prompts.is_some() && !(targets.is_empty() && mlx_lm.is_empty()) {
             for share in 0..e.prompt_shares {
-                let reference = TaskKey::Greedy { subject: Subject::Reference, share };
+                let reference = TaskKey::Greedy(Greedy { subject: Subject::Reference, share });
                 out.push(TaskDef { key: reference.clone(), deps: ggufs.clone(), cost });
                 for &t in &targets {
-                    let key = TaskKey::Greedy { subject: Subject::Model(t), share };
+                    let key = TaskKey::Greedy(Greedy { subject: Subject::Model(t), share });
                     let mut deps = vec![reference.clone()];
                     deps.extend(model_tasks(t, n));
                     out.push(TaskDef { key: key.clone(), deps, cost });
@@ -156,11 +159,11 @@ fn expand(ctx: &Ctx, plan: &pb::PlanResult, results: &Results) -> Vec<TaskDef> {
                 }
                 // In mlx-lm: the bf16 weights against llama.cpp's reference, each MLX rung against mlx-lm's bf16.
                 for &subject in &mlx_lm {
-                    let key = TaskKey::MlxLmGreedy { subject, share };
+                    let key = TaskKey::MlxLm(MlxLm::Greedy { subject, share });
                     let deps = match subject {
                         MlxSubject::Bf16 => vec![reference.clone()],
                         MlxSubject::Rung { bits } => {
-                            vec![TaskKey::MlxLmGreedy { subject: MlxSubject::Bf16, share }, TaskKey::Mlx { bits }]
+                            vec![TaskKey::MlxLm(MlxLm::Greedy { subject: MlxSubject::Bf16, share }), TaskKey::Mlx(Mlx { bits })]
                         }
                     };
                     out.push(TaskDef { key: key.clone(), deps, cost });
@@ -170,10 +173,10 @@ fn expand(ctx: &Ctx, plan: &pb::PlanResult, results: &Results) -> Vec<TaskDef> {
         }
         for &peer in &e.peers {
             // After the KL-divergence plan: its text checksum names the peer's base file.
-            let base = TaskKey::PeerBase { peer };
-            out.push(TaskDef { key: base.clone(), deps: vec![TaskKey::KldPlan], cost });
+            let base = TaskKey::Peer(PeerRun::Base { peer });
+            out.push(TaskDef { key: base.clone(), deps: vec![TaskKey::Kld(Kld::Plan)], cost });
             for level in ctx.spec.quants().iter().map(|l| l.level()).filter(|l| ctx.spec.measures(&l.to_string())) {
-                let key = TaskKey::PeerKld { peer, level };
+                let key = TaskKey::Peer(PeerRun::Kld { peer, level });
                 let mut deps = vec![base.clone()];
                 deps.extend(model_tasks(EvalTarget::Quant(level), n));
                 out.push(TaskDef { key: key.clone(), deps, cost });
@@ -181,37 +184,37 @@ fn expand(ctx: &Ctx, plan: &pb::PlanResult, results: &Results) -> Vec<TaskDef> {
             }
         }
         for &subject in mlx_lm.iter().filter(|_| e.probes.is_some()) {
-            let key = TaskKey::MlxLmProbe { subject };
+            let key = TaskKey::MlxLm(MlxLm::Probe { subject });
             let deps = match subject {
-                MlxSubject::Bf16 => vec![TaskKey::Plan],
-                MlxSubject::Rung { bits } => vec![TaskKey::Mlx { bits }],
+                MlxSubject::Bf16 => vec![TaskKey::PLAN],
+                MlxSubject::Rung { bits } => vec![TaskKey::Mlx(Mlx { bits })],
             };
             out.push(TaskDef { key: key.clone(), deps, cost });
             verifies.push(key);
         }
         if e.probes.is_some() {
-            let reference = TaskKey::Probe { subject: Subject::Reference };
+            let reference = TaskKey::Probe(Probe { subject: Subject::Reference });
             out.push(TaskDef { key: reference.clone(), deps: ggufs.clone(), cost });
             verifies.push(reference);
             for &t in &targets {
-                let key = TaskKey::Probe { subject: Subject::Model(t) };
+                let key = TaskKey::Probe(Probe { subject: Subject::Model(t) });
                 out.push(TaskDef { key: key.clone(), deps: model_tasks(t, n), cost });
                 verifies.push(key);
             }
         }
     }
     if let Some(noop) = &ctx.spec.outputs.noop {
-        verifies.extend((0..noop.tasks).map(|n| TaskKey::Noop { n }));
+        verifies.extend((0..noop.tasks).map(|n| TaskKey::Noop(Noop { n })));
     }
-    out.push(TaskDef { key: TaskKey::Report, deps: verifies, cost: 1 });
+    out.push(TaskDef { key: TaskKey::REPORT, deps: verifies, cost: 1 });
     out
 }
 
 /// The tasks that make a measured model (every split file of a quant level, or the MLX checkpoint).
 fn model_tasks(target: EvalTarget, n_shards: u32) -> Vec<TaskKey> {
     match target {
-        EvalTarget::Quant(level) => (0..n_shards).map(|shard| TaskKey::Quantize { level, shard }).collect(),
-        EvalTarget::Mlx { bits } => vec![TaskKey::Mlx { bits }],
+        EvalTarget::Quant(level) => (0..n_shards).map(|shard| TaskKey::Quantize(Quantize { level, shard })).collect(),
+        EvalTarget::Mlx { bits } => vec![TaskKey::Mlx(Mlx { bits })],
     }
 }
 
@@ -236,18 +239,13 @@ pub fn mlx_lm_subjects(ctx: &Ctx) -> Vec<MlxSubject> {
     std::iter::once(MlxSubject::Bf16).chain(rungs.map(|bits| MlxSubject::Rung { bits })).collect()
 }
 
-/// Whether the farm computes the quants' importance matrix from a text.
-pub(super) fn computes_imatrix(ctx: &Ctx) -> bool {
-    matches!(ctx.spec.imatrix(), Some(ImatrixSource::Text { .. }))
-}
-
 /// After the imatrix plan: one task per chunk group of the calibration text. Returns them, and the merge's new
 /// dependencies.
 fn expand_imatrix(kp: &pb::KldPlanResult, results: &Results) -> (Vec<TaskDef>, Vec<TaskKey>) {
     let cost = plan_of(results).map_or(1, |p| p.source_bytes);
     let groups: Vec<TaskKey> =
-        (0..kp.n_chunks.div_ceil(kp.n_seq.max(1))).map(|group| TaskKey::Imatrix { group }).collect();
-    let defs = groups.iter().map(|k| TaskDef { key: k.clone(), deps: vec![TaskKey::ImatrixPlan], cost }).collect();
+        (0..kp.n_chunks.div_ceil(kp.n_seq.max(1))).map(|group| TaskKey::Imatrix(Imatrix::Group { group })).collect();
+    let defs = groups.iter().map(|k| TaskDef { key: k.clone(), deps: vec![TaskKey::Imatrix(Imatrix::Plan)], cost }).collect();
     (defs, groups)
 }
 
@@ -260,13 +258,13 @@ fn expand_kld(ctx: &Ctx, kp: &pb::KldPlanResult, results: &Results) -> (Vec<Task
     let mut out = Vec::new();
     let mut measured = Vec::new();
     for group in 0..groups {
-        out.push(TaskDef { key: TaskKey::KldBase { group }, deps: vec![TaskKey::KldPlan], cost });
+        out.push(TaskDef { key: TaskKey::KldBase(KldBase { group }), deps: vec![TaskKey::Kld(Kld::Plan)], cost });
     }
     for target in eval_targets(ctx) {
         let model = model_tasks(target, n_shards);
         for group in 0..groups {
-            let key = TaskKey::Kld { target, group };
-            let mut deps = vec![TaskKey::KldBase { group }];
+            let key = TaskKey::Kld(Kld::Measure { target, group });
+            let mut deps = vec![TaskKey::KldBase(KldBase { group })];
             deps.extend(model.iter().cloned());
             out.push(TaskDef { key: key.clone(), deps, cost });
             measured.push(key);
@@ -274,10 +272,10 @@ fn expand_kld(ctx: &Ctx, kp: &pb::KldPlanResult, results: &Results) -> (Vec<Task
     }
     for subject in mlx_lm_subjects(ctx) {
         for group in 0..groups {
-            let key = TaskKey::MlxLmKld { subject, group };
-            let mut deps = vec![TaskKey::KldBase { group }];
+            let key = TaskKey::MlxLm(MlxLm::Kld { subject, group });
+            let mut deps = vec![TaskKey::KldBase(KldBase { group })];
             if let MlxSubject::Rung { bits } = subject {
-                deps.push(TaskKey::Mlx { bits });
+                deps.push(TaskKey::Mlx(Mlx { bits }));
             }
             out.push(TaskDef { key: key.clone(), deps, cost });
             measured.push(key);
@@ -318,13 +316,13 @@ pub fn grows(ctx: &Ctx, key: &TaskKey, result: &pb::TaskResult, results: &Result
             Ok(Growth::tasks(expand(ctx, plan, results)))
         }
         // The same plan message counts the chunks of the evaluation text and of the imatrix's calibration text.
-        K::KldPlan(kp) if *key == TaskKey::ImatrixPlan => {
+        K::KldPlan(kp) if *key == TaskKey::Imatrix(Imatrix::Plan) => {
             if kp.n_chunks == 0 || kp.n_seq == 0 {
                 return Err("imatrix/plan: the calibration text has no whole chunk".into());
             }
             let (tasks, parts) = expand_imatrix(kp, results);
             // The merge now waits for every part.
-            Ok(Growth { tasks, waits: vec![(TaskKey::ImatrixMerge, parts)] })
+            Ok(Growth { tasks, waits: vec![(TaskKey::Imatrix(Imatrix::Merge), parts)] })
         }
         K::KldPlan(kp) => {
             if kp.n_chunks == 0 || kp.n_seq == 0 {
@@ -332,7 +330,7 @@ pub fn grows(ctx: &Ctx, key: &TaskKey, result: &pb::TaskResult, results: &Result
             }
             let (tasks, measured) = expand_kld(ctx, kp, results);
             // The report now waits for every chunk's figures too.
-            Ok(Growth { tasks, waits: vec![(TaskKey::Report, measured)] })
+            Ok(Growth { tasks, waits: vec![(TaskKey::REPORT, measured)] })
         }
         K::Artifact(_) | K::Verify(_) | K::Noop(_) | K::Kld(_) | K::Greedy(_) | K::Probe(_) | K::PeerKld(_) => {
             Ok(Growth::default())
@@ -410,7 +408,7 @@ mod tests {
         let ctx = Ctx { spec: &spec, source: "/m", imatrix: "", adapter: "/a", eval: &eval, store: &store };
         let checks = |untied| {
             let mp = pb::MergePlanResult { files: vec!["model.safetensors".into()], untied, ..Default::default() };
-            expand_merge(&ctx, &mp).iter().filter(|t| matches!(t.key, TaskKey::MergeCheck { .. })).count()
+            expand_merge(&ctx, &mp).iter().filter(|t| matches!(t.key, TaskKey::MergeCheck(MergeCheck { .. }))).count()
         };
         assert_eq!(checks(false), 3, "lora, base and merged GGUFs for the check");
         assert_eq!(checks(true), 0, "llama.cpp cannot apply the adapter at run time: no check to schedule");
@@ -420,18 +418,18 @@ mod tests {
     fn critical_path_prefers_long_chains() {
         let t = |key: TaskKey, deps: Vec<TaskKey>, cost| TaskDef { key, deps, cost };
         let tasks = vec![
-            t(TaskKey::Gguf { shard: 0 }, vec![], 10),
-            t(TaskKey::Gguf { shard: 1 }, vec![], 10),
-            t(TaskKey::Quantize { level: FileType::Q8_0.into(), shard: 0 }, vec![TaskKey::Gguf { shard: 0 }], 100),
+            t(TaskKey::Gguf(Gguf { shard: 0 }), vec![], 10),
+            t(TaskKey::Gguf(Gguf { shard: 1 }), vec![], 10),
+            t(TaskKey::Quantize(Quantize { level: FileType::Q8_0.into(), shard: 0 }), vec![TaskKey::Gguf(Gguf { shard: 0 })], 100),
             t(
-                TaskKey::Report,
-                vec![TaskKey::Quantize { level: FileType::Q8_0.into(), shard: 0 }, TaskKey::Gguf { shard: 1 }],
+                TaskKey::REPORT,
+                vec![TaskKey::Quantize(Quantize { level: FileType::Q8_0.into(), shard: 0 }), TaskKey::Gguf(Gguf { shard: 1 })],
                 1,
             ),
         ];
         let p = priorities(&tasks);
-        assert_eq!(p[&TaskKey::Report], 1);
-        assert_eq!(p[&TaskKey::Gguf { shard: 0 }], 111);
-        assert_eq!(p[&TaskKey::Gguf { shard: 1 }], 11);
+        assert_eq!(p[&TaskKey::REPORT], 1);
+        assert_eq!(p[&TaskKey::Gguf(Gguf { shard: 0 })], 111);
+        assert_eq!(p[&TaskKey::Gguf(Gguf { shard: 1 })], 11);
     }
 }

@@ -1,0 +1,84 @@
+//! `greedy`: greedy continuations of one share of the prompt set in llama.cpp, at temperature 0: the reference's
+//! (the GGUF BF16), or a model's compared with them token by token; and for the merge check, the base with the
+//! adapter at run time and the merge compared with it.
+
+use std::fmt;
+
+use quantfarm_proto::{self as pb, task};
+
+use super::lookup::{artifact_of, greedy_continuations, model_of};
+use super::subjects::{CheckPart, Subject};
+use super::{num, Done, Family, Folded, MergeCheck, Results, MERGE_CHECK};
+use crate::graph::Ctx;
+
+/// One share of the prompts, run on one subject.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Greedy {
+    pub subject: Subject,
+    pub share: u32,
+}
+
+impl Family for Greedy {
+    const NAME: &'static str = "greedy";
+
+    fn write_rest(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "/{}/{}", self.subject, self.share)
+    }
+
+    fn parse(rest: &[&str]) -> Option<Greedy> {
+        match rest {
+            [t, n] => Some(Greedy { subject: Subject::parse(t)?, share: num(n)? }),
+            _ => None,
+        }
+    }
+
+    fn worker_kind(&self) -> Option<pb::WorkerKind> {
+        Some(pb::WorkerKind::Greedy)
+    }
+
+    fn runtime(&self) -> Option<&'static str> {
+        None
+    }
+
+    fn stage(&self) -> String {
+        format!("greedy {}", self.subject)
+    }
+
+    fn message(&self, ctx: &Ctx, results: &Results) -> Result<task::Kind, String> {
+        let Greedy { subject, share } = *self;
+        let e = ctx.spec.evaluation.as_ref().ok_or("the release has no evaluation section")?;
+        let reference = match subject.compared_with() {
+            None => vec![],
+            Some(reference) => greedy_continuations(results, &Greedy { subject: reference, share }.into())?,
+        };
+        let lora = match subject {
+            Subject::Adapter => artifact_of(results, &MergeCheck { part: CheckPart::Lora }.into())?.url.clone(),
+            Subject::Reference | Subject::Model(_) | Subject::MergedF32 => String::new(),
+        };
+        Ok(task::Kind::Greedy(pb::GreedyTask {
+            model: model_of(results, subject)?.url.clone(),
+            prompts: ctx.eval.prompts.clone(),
+            share,
+            n_shares: e.prompt_shares,
+            max_tokens: e.max_tokens,
+            ctx: e.context,
+            reference,
+            lora,
+        }))
+    }
+
+    /// A reference's continuations are counted (a comparison is complete when it covers them all); a model's
+    /// agreements are gathered under its `file_type`, the merge's under [`MERGE_CHECK`].
+    fn fold<'a>(&self, done: Done<'a>, into: &mut Folded<'a>) {
+        let Some(g) = done.result.and_then(pb::TaskResult::greedy) else { return };
+        let key = match self.subject {
+            Subject::Reference | Subject::Adapter => {
+                *into.greedy_references.entry(self.subject.to_string()).or_default() += g.continuations.len();
+                return;
+            }
+            Subject::Model(target) => target.to_string(),
+            Subject::MergedF32 => MERGE_CHECK.to_string(),
+        };
+        into.greedy.entry(key).or_insert_with(|| (self.subject, Vec::new())).1.extend(&g.agreements);
+    }
+}

@@ -1,0 +1,84 @@
+//! `kld`: each level's loss as KL divergence against the reference, by llama-perplexity's procedure (link 3). The
+//! plan tokenizes the evaluation text with the reference and counts its chunks; each (model, chunk group) task
+//! scores the model's logits against the reference's base logits of that group (`kld-base`).
+
+use std::fmt;
+
+use quantfarm_parity::ChunkStats;
+use quantfarm_proto::{self as pb, task};
+
+use super::lookup::{artifact_of, kld_plan_of, kld_settings, model_of, reference_of};
+use super::subjects::{EvalTarget, Subject};
+use super::{num, Done, Family, Folded, KldBase, Results};
+use crate::graph::Ctx;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kld {
+    /// Tokenizes the evaluation text with the reference (GGUF BF16) and counts its chunks.
+    Plan,
+    /// One model's KL-divergence statistics on one chunk group.
+    Measure { target: EvalTarget, group: u32 },
+}
+
+impl Family for Kld {
+    const NAME: &'static str = "kld";
+
+    fn write_rest(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Kld::Plan => write!(f, "/plan"),
+            Kld::Measure { target, group } => write!(f, "/{target}/{group}"),
+        }
+    }
+
+    fn parse(rest: &[&str]) -> Option<Kld> {
+        match rest {
+            ["plan"] => Some(Kld::Plan),
+            [t, g] => Some(Kld::Measure { target: EvalTarget::parse(t)?, group: num(g)? }),
+            _ => None,
+        }
+    }
+
+    fn worker_kind(&self) -> Option<pb::WorkerKind> {
+        Some(pb::WorkerKind::Kld)
+    }
+
+    fn runtime(&self) -> Option<&'static str> {
+        None
+    }
+
+    fn stage(&self) -> String {
+        match self {
+            Kld::Plan => "kld reference".into(),
+            Kld::Measure { target, .. } => format!("kld {target}"),
+        }
+    }
+
+    fn message(&self, ctx: &Ctx, results: &Results) -> Result<task::Kind, String> {
+        Ok(match *self {
+            Kld::Plan => task::Kind::KldPlan(pb::KldPlanTask {
+                reference: reference_of(results)?.url.clone(),
+                settings: Some(kld_settings(ctx)?),
+            }),
+            Kld::Measure { target, group } => {
+                let kp = kld_plan_of(results)?;
+                let base = artifact_of(results, &KldBase { group }.into())?;
+                task::Kind::Kld(pb::KldTask {
+                    model: model_of(results, Subject::Model(target))?.url.clone(),
+                    base: base.url.clone(),
+                    base_sha256: base.sha256.clone(),
+                    first_chunk: group * kp.n_seq,
+                    batch: kld_settings(ctx)?.batch,
+                })
+            }
+        })
+    }
+
+    /// A model's chunk statistics, merged per model by the report; the report reads the plan by its key.
+    fn fold<'a>(&self, done: Done<'a>, into: &mut Folded<'a>) {
+        let Kld::Measure { target, .. } = self else { return };
+        let list = into.kld.entry(target.to_string()).or_default();
+        if let Some(k) = done.result.and_then(pb::TaskResult::kld) {
+            list.extend(k.chunks.iter().map(ChunkStats::from));
+        }
+    }
+}

@@ -1,0 +1,74 @@
+//! `kld-base`: the reference's base logits for one chunk group of the evaluation text (the chunks llama-perplexity
+//! decodes together), which every model's `kld` task of that group is scored against.
+
+use std::fmt;
+
+use quantfarm_proto::{self as pb, task};
+
+use super::lookup::{kld_plan_of, kld_settings, reference_files};
+use super::{num, Done, Family, Folded, Results};
+use crate::graph::naming::artifact;
+use crate::graph::Ctx;
+
+/// The base logits of one chunk group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct KldBase {
+    pub group: u32,
+}
+
+impl Family for KldBase {
+    const NAME: &'static str = "kld-base";
+
+    fn write_rest(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "/{}", self.group)
+    }
+
+    fn parse(rest: &[&str]) -> Option<KldBase> {
+        match rest {
+            [g] => Some(KldBase { group: num(g)? }),
+            _ => None,
+        }
+    }
+
+    fn worker_kind(&self) -> Option<pb::WorkerKind> {
+        Some(pb::WorkerKind::Kld)
+    }
+
+    fn runtime(&self) -> Option<&'static str> {
+        None
+    }
+
+    fn stage(&self) -> String {
+        "kld reference".into()
+    }
+
+    fn message(&self, ctx: &Ctx, results: &Results) -> Result<task::Kind, String> {
+        let group = self.group;
+        let kp = kld_plan_of(results)?;
+        let settings = kld_settings(ctx)?;
+        let first = group * kp.n_seq;
+        if first >= kp.n_chunks {
+            return Err(format!("chunk group {group} starts past the text's {} chunks", kp.n_chunks));
+        }
+        let n_chunks = kp.n_seq.min(kp.n_chunks - first);
+        let refs = reference_files(results)?;
+        let (ctx_s, batch_s, first_s, n_s) =
+            (settings.ctx.to_string(), settings.batch.to_string(), first.to_string(), n_chunks.to_string());
+        let mut parts =
+            vec!["quantfarm kld-base v1", &kp.text_sha256, &kp.tokens_sha256, &ctx_s, &batch_s, &first_s, &n_s];
+        parts.extend(refs.iter().map(|a| a.sha256.as_str()));
+        let name = format!("{}-BF16-kld-base-{first:05}-{n_chunks}.logits", ctx.spec.prefix());
+        let output = artifact(ctx, &parts, &name)?;
+        Ok(task::Kind::KldBase(pb::KldBaseTask {
+            reference: refs[0].url.clone(),
+            settings: Some(settings),
+            first_chunk: first,
+            n_chunks,
+            tokens_sha256: kp.tokens_sha256.clone(),
+            output: output.to_string(),
+        }))
+    }
+
+    /// An intermediate: the `kld` tasks read it.
+    fn fold<'a>(&self, _: Done<'a>, _: &mut Folded<'a>) {}
+}

@@ -1,0 +1,53 @@
+//! `plan`: the source's (or the merge's) inventory, split plan and identity, which the conversions expand from.
+
+use std::fmt;
+
+use quantfarm_proto::{self as pb, task};
+
+use super::lookup::{computes_imatrix, model_source};
+use super::{Done, Family, Folded, Results};
+use crate::graph::{synthetic_name, Ctx};
+
+/// The one plan of a release.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Plan;
+
+impl Family for Plan {
+    const NAME: &'static str = "plan";
+
+    fn write_rest(&self, _: &mut fmt::Formatter<'_>) -> fmt::Result {
+        Ok(())
+    }
+
+    fn parse(rest: &[&str]) -> Option<Plan> {
+        rest.is_empty().then_some(Plan)
+    }
+
+    fn worker_kind(&self) -> Option<pb::WorkerKind> {
+        Some(pb::WorkerKind::Plan)
+    }
+
+    fn runtime(&self) -> Option<&'static str> {
+        None
+    }
+
+    fn stage(&self) -> String {
+        "plan".into()
+    }
+
+    fn message(&self, ctx: &Ctx, results: &Results) -> Result<task::Kind, String> {
+        Ok(task::Kind::Plan(pb::PlanTask {
+            source: model_source(ctx, results)?,
+            split: ctx.spec.split_rule(),
+            // The plan checks and hashes a given file; a computed one is checked by its merge.
+            imatrix: if computes_imatrix(ctx) { String::new() } else { ctx.imatrix.to_string() },
+            synthetic: match synthetic_name(&ctx.spec.source) {
+                Some(Ok(_)) => ctx.spec.source.trim_start_matches("synthetic:").to_string(),
+                _ => String::new(),
+            },
+        }))
+    }
+
+    /// The report reads the plan's result by its key (the source's identity, the imatrix's digest).
+    fn fold<'a>(&self, _: Done<'a>, _: &mut Folded<'a>) {}
+}

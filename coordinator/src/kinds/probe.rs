@@ -1,0 +1,57 @@
+//! `probe`: the probe suite (task probes, link 4) run in llama.cpp on the reference or a measured model.
+
+use std::fmt;
+
+use quantfarm_proto::{self as pb, task};
+
+use super::lookup::model_of;
+use super::subjects::Subject;
+use super::{Done, Family, Folded, Results};
+use crate::graph::Ctx;
+
+/// The probe suite on one subject.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Probe {
+    pub subject: Subject,
+}
+
+impl Family for Probe {
+    const NAME: &'static str = "probe";
+
+    fn write_rest(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "/{}", self.subject)
+    }
+
+    fn parse(rest: &[&str]) -> Option<Probe> {
+        match rest {
+            [t] => Some(Probe { subject: Subject::parse(t)? }),
+            _ => None,
+        }
+    }
+
+    fn worker_kind(&self) -> Option<pb::WorkerKind> {
+        Some(pb::WorkerKind::Probe)
+    }
+
+    fn runtime(&self) -> Option<&'static str> {
+        None
+    }
+
+    fn stage(&self) -> String {
+        format!("probe {}", self.subject)
+    }
+
+    fn message(&self, ctx: &Ctx, results: &Results) -> Result<task::Kind, String> {
+        Ok(task::Kind::Probe(pb::ProbeTask {
+            model: model_of(results, self.subject)?.url.clone(),
+            suite: ctx.eval.probes.clone(),
+            ctx: ctx.spec.evaluation.as_ref().map_or(4096, |e| e.context),
+        }))
+    }
+
+    fn fold<'a>(&self, done: Done<'a>, into: &mut Folded<'a>) {
+        if let Some(p) = done.result.and_then(pb::TaskResult::probe) {
+            into.probes.push((self.subject, p));
+        }
+    }
+}

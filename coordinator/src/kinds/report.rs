@@ -1,0 +1,45 @@
+//! `report`: the coordinator's own last task, which gathers every result, applies the gates and signs
+//! (`crate::report`).
+
+use std::fmt;
+
+use quantfarm_proto::{self as pb, task};
+
+use super::{Done, Family, Folded, Results};
+use crate::graph::Ctx;
+
+/// The one report of a release.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Report;
+
+impl Family for Report {
+    const NAME: &'static str = "report";
+
+    fn write_rest(&self, _: &mut fmt::Formatter<'_>) -> fmt::Result {
+        Ok(())
+    }
+
+    fn parse(rest: &[&str]) -> Option<Report> {
+        rest.is_empty().then_some(Report)
+    }
+
+    /// Run by the coordinator itself, never leased.
+    fn worker_kind(&self) -> Option<pb::WorkerKind> {
+        None
+    }
+
+    fn runtime(&self) -> Option<&'static str> {
+        None
+    }
+
+    fn stage(&self) -> String {
+        "report".into()
+    }
+
+    fn message(&self, _: &Ctx, _: &Results) -> Result<task::Kind, String> {
+        Err("the report is the coordinator's own task".into())
+    }
+
+    /// The report is what the others fold into.
+    fn fold<'a>(&self, _: Done<'a>, _: &mut Folded<'a>) {}
+}

@@ -1,0 +1,154 @@
+//! What a measuring task runs: a GGUF quant level or an MLX rung ([`EvalTarget`]), the reference or a model
+//! ([`Subject`]), what mlx-lm loads ([`MlxSubject`]), and the merge check's inputs ([`CheckPart`]); each printed as
+//! it appears in task ids and parsed back.
+
+use std::fmt;
+
+use quantfarm_proto as pb;
+
+use crate::spec::Level;
+
+/// What mlx-lm runs: the source's bf16 weights as an HF checkpoint (the GGUF BF16's twin: the same weights, another
+/// runtime), or an MLX rung. Ordered as the report lists them: the bf16 weights, then the rungs by width.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum MlxSubject {
+    Bf16,
+    Rung { bits: u32 },
+}
+
+impl fmt::Display for MlxSubject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MlxSubject::Bf16 => write!(f, "BF16"),
+            MlxSubject::Rung { bits } => write!(f, "{}", EvalTarget::Mlx { bits: *bits }),
+        }
+    }
+}
+
+impl MlxSubject {
+    pub fn parse(s: &str) -> Option<MlxSubject> {
+        match s {
+            "BF16" => Some(MlxSubject::Bf16),
+            _ => match EvalTarget::parse(s)? {
+                EvalTarget::Mlx { bits } => Some(MlxSubject::Rung { bits }),
+                EvalTarget::Quant(_) => None,
+            },
+        }
+    }
+}
+
+/// The runtime name workers advertise when the mlx-lm helper answers its handshake.
+pub const MLX_LM_RUNTIME: &str = "mlx_lm";
+
+/// A model measured against the reference: a GGUF quant level or an MLX checkpoint.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EvalTarget {
+    Quant(Level),
+    Mlx { bits: u32 },
+}
+
+/// What a greedy or probe task runs: the reference (the GGUF BF16) or a measured model; or, for the merge check,
+/// the base with the adapter at run time and the merge it is compared with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Subject {
+    Reference,
+    Model(EvalTarget),
+    /// The merge check's reference: the base (F32) with the adapter applied at run time, unmerged.
+    Adapter,
+    /// The merge check's model: the merge rounded to f32.
+    MergedF32,
+}
+
+impl fmt::Display for Subject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Subject::Reference => write!(f, "reference"),
+            Subject::Model(t) => write!(f, "{t}"),
+            Subject::Adapter => write!(f, "adapter"),
+            Subject::MergedF32 => write!(f, "merged-f32"),
+        }
+    }
+}
+
+impl Subject {
+    pub fn parse(s: &str) -> Option<Subject> {
+        match s {
+            "reference" => Some(Subject::Reference),
+            "adapter" => Some(Subject::Adapter),
+            "merged-f32" => Some(Subject::MergedF32),
+            _ => EvalTarget::parse(s).map(Subject::Model),
+        }
+    }
+
+    /// The subject whose continuations this one's are compared with (none for a reference).
+    pub fn compared_with(self) -> Option<Subject> {
+        match self {
+            Subject::Reference | Subject::Adapter => None,
+            Subject::Model(_) => Some(Subject::Reference),
+            Subject::MergedF32 => Some(Subject::Adapter),
+        }
+    }
+}
+
+/// The merge check's inputs, each a GGUF file made from the base and the adapter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CheckPart {
+    /// The adapter as a GGUF LoRA.
+    Lora,
+    /// The base widened to F32.
+    Base,
+    /// The merge rounded to f32.
+    Merged,
+}
+
+impl CheckPart {
+    pub const ALL: [CheckPart; 3] = [CheckPart::Lora, CheckPart::Base, CheckPart::Merged];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            CheckPart::Lora => "lora",
+            CheckPart::Base => "base",
+            CheckPart::Merged => "merged",
+        }
+    }
+
+    pub(crate) fn parse(s: &str) -> Option<CheckPart> {
+        CheckPart::ALL.into_iter().find(|p| p.name() == s)
+    }
+
+    pub(crate) fn proto(self) -> pb::MergeCheckPart {
+        match self {
+            CheckPart::Lora => pb::MergeCheckPart::Lora,
+            CheckPart::Base => pb::MergeCheckPart::Base,
+            CheckPart::Merged => pb::MergeCheckPart::Merged,
+        }
+    }
+
+    /// The GGUF file's name after the release's name.
+    pub(crate) fn file_suffix(self) -> &'static str {
+        match self {
+            CheckPart::Lora => "adapter-lora.gguf",
+            CheckPart::Base => "base-F32.gguf",
+            CheckPart::Merged => "merged-F32.gguf",
+        }
+    }
+}
+
+impl fmt::Display for EvalTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EvalTarget::Quant(level) => write!(f, "{level}"),
+            EvalTarget::Mlx { bits } => write!(f, "MLX-{bits}bit"),
+        }
+    }
+}
+
+impl EvalTarget {
+    /// The inverse of `Display` (also the report's artifact `file_type`).
+    pub fn parse(s: &str) -> Option<EvalTarget> {
+        if let Some(b) = s.strip_prefix("MLX-").and_then(|r| r.strip_suffix("bit")) {
+            return Some(EvalTarget::Mlx { bits: b.parse().ok()? });
+        }
+        Level::parse(s).map(EvalTarget::Quant)
+    }
+}
