@@ -33,8 +33,8 @@ use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::time::{Duration, Instant};
 
 use quantfarm_coordinator::graph;
-use quantfarm_coordinator::kinds::{Gguf, Kld, KldBase, Quantize, TaskKey, Verify};
 use quantfarm_coordinator::journal::Journal;
+use quantfarm_coordinator::kinds::{Gguf, Kld, KldBase, Quantize, TaskKey, Verify};
 use quantfarm_coordinator::sched::{Sched, SchedConfig};
 use quantfarm_proto::{self as pb, complete_request::Outcome, task, task_result};
 use quantfarm_store::Location;
@@ -204,7 +204,9 @@ impl Model<'_> {
                 let (written, compute_s) = quant(&level.to_string(), *shard as usize);
                 Work { written, compute_s, ..Work::default() }
             }
-            TaskKey::Verify(Verify::Gguf { shard }) => Work { read: self.shard_bytes[*shard as usize] as f64, ..Work::default() },
+            TaskKey::Verify(Verify::Gguf { shard }) => {
+                Work { read: self.shard_bytes[*shard as usize] as f64, ..Work::default() }
+            }
             TaskKey::Verify(Verify::Quantize { level, shard }) => {
                 Work { compute_s: quant(&level.to_string(), *shard as usize).1, ..Work::default() }
             }
@@ -212,7 +214,9 @@ impl Model<'_> {
             TaskKey::KldBase(KldBase { .. }) => {
                 Work { written: logits_group_bytes, compute_s: self.decode_s("reference"), ..Work::default() }
             }
-            TaskKey::Kld(Kld::Measure { target, .. }) => Work { compute_s: self.decode_s(&target.to_string()), ..Work::default() },
+            TaskKey::Kld(Kld::Measure { target, .. }) => {
+                Work { compute_s: self.decode_s(&target.to_string()), ..Work::default() }
+            }
             other => panic!("the simulation has no model of task {other}"),
         }
     }
@@ -411,7 +415,10 @@ fn main() {
             }
             let Some(lease) = leased.leases.into_iter().next() else { continue };
             let key = TaskKey::parse(&lease.task_id).expect("a task id");
-            if matches!(key, TaskKey::Kld(Kld::Plan) | TaskKey::KldBase(KldBase { .. }) | TaskKey::Kld(Kld::Measure { .. })) {
+            if matches!(
+                key,
+                TaskKey::Kld(Kld::Plan) | TaskKey::KldBase(KldBase { .. }) | TaskKey::Kld(Kld::Measure { .. })
+            ) {
                 first_eval_start.get_or_insert(now);
             }
             let inputs = lease.task.as_ref().map(|t| t.inputs.clone()).unwrap_or_default();

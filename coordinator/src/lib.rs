@@ -10,8 +10,8 @@
 pub mod affinity;
 pub mod graph;
 pub mod history;
-pub mod kinds;
 pub mod journal;
+pub mod kinds;
 pub mod metrics;
 pub mod report;
 pub mod sched;

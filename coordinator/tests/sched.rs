@@ -7,8 +7,8 @@
 
 use std::time::{Duration, Instant};
 
-use quantfarm_coordinator::kinds::TaskKey;
 use quantfarm_coordinator::journal::Journal;
+use quantfarm_coordinator::kinds::TaskKey;
 use quantfarm_coordinator::sched::{Published, Sched, SchedConfig};
 use quantfarm_proto::{self as pb, complete_request::Outcome, task_result, FailureKind, ReleaseState};
 use quantfarm_store::Location;

@@ -6,7 +6,7 @@ use std::fmt;
 use quantfarm_proto::{self as pb, task};
 
 use super::lookup::{model_source, plan_of};
-use super::{num, Done, Family, Folded, Results, Slot};
+use super::{num, Done, Family, Folded, Grown, Results, Slot, Stage, TaskKey};
 use crate::graph::naming::{artifact, file_name, split_text};
 use crate::graph::Ctx;
 
@@ -71,5 +71,13 @@ impl Family for Gguf {
 
     fn fold<'a>(&self, done: Done<'a>, into: &mut Folded<'a>) {
         into.makes(Slot::Bf16, done);
+    }
+
+    /// After the plan: one per split file.
+    fn grow(stage: Stage, _: &Ctx, _: &Results, out: &mut Grown) {
+        let Stage::Planned(inv) = stage else { return };
+        for shard in 0..inv.n {
+            out.add(Gguf { shard }, vec![TaskKey::PLAN], inv.shard_bytes[shard as usize]);
+        }
     }
 }

@@ -6,9 +6,11 @@ use std::fmt;
 
 use quantfarm_proto::{self as pb, task};
 
+use super::expand::{eval_targets, merge_checked, merged, model_tasks, runs_greedy};
 use super::lookup::{artifact_of, greedy_continuations, model_of};
+use super::merge_check::check_cost;
 use super::subjects::{CheckPart, Subject};
-use super::{num, Done, Family, Folded, MergeCheck, Results, MERGE_CHECK};
+use super::{num, Done, Family, Folded, Grown, MergeCheck, Results, Stage, TaskKey, MERGE_CHECK};
 use crate::graph::Ctx;
 
 /// One share of the prompts, run on one subject.
@@ -80,5 +82,44 @@ impl Family for Greedy {
             Subject::MergedF32 => MERGE_CHECK.to_string(),
         };
         into.greedy.entry(key).or_insert_with(|| (self.subject, Vec::new())).1.extend(&g.agreements);
+    }
+
+    /// After the merge plan, when the release checks its merge: per prompt share the base with the adapter at run
+    /// time, then the merge compared with it. After the plan, when there are prompts and models: per share the
+    /// reference's continuations, then each measured model's compared with them. The report waits for the
+    /// comparisons.
+    fn grow(stage: Stage, ctx: &Ctx, results: &Results, out: &mut Grown) {
+        match stage {
+            Stage::Merged(mp) => {
+                let Some(e) = merge_checked(ctx, mp) else { return };
+                let part = |part| -> TaskKey { MergeCheck { part }.into() };
+                for share in 0..e.prompt_shares {
+                    let reference = Greedy { subject: Subject::Adapter, share };
+                    let deps = vec![part(CheckPart::Lora), part(CheckPart::Base)];
+                    out.add(reference, deps, check_cost(mp));
+                    let deps = vec![reference.into(), part(CheckPart::Merged)];
+                    out.add(Greedy { subject: Subject::MergedF32, share }, deps, check_cost(mp));
+                }
+            }
+            Stage::Planned(inv) => {
+                // The merge check's comparisons, made before the report existed.
+                if let Some(e) = merged(results).and_then(|mp| merge_checked(ctx, mp)) {
+                    let shares = 0..e.prompt_shares;
+                    out.measured.extend(shares.map(|share| Greedy { subject: Subject::MergedF32, share }.into()));
+                }
+                let Some(e) = inv.evaluated(ctx).filter(|e| runs_greedy(ctx, e)) else { return };
+                let cost = inv.plan.source_bytes;
+                for share in 0..e.prompt_shares {
+                    let reference = Greedy { subject: Subject::Reference, share };
+                    out.add(reference, inv.ggufs(), cost);
+                    for target in eval_targets(ctx) {
+                        let mut deps = vec![reference.into()];
+                        deps.extend(model_tasks(target, inv.n));
+                        out.add_measured(Greedy { subject: Subject::Model(target), share }, deps, cost);
+                    }
+                }
+            }
+            Stage::Start | Stage::Calibrated(_) | Stage::TextPlanned(_) => {}
+        }
     }
 }

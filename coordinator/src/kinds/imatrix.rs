@@ -8,8 +8,10 @@ use std::fmt;
 use quantfarm_proto::{self as pb, task};
 use quantfarm_store::Location;
 
+use super::expand::model_cost;
+use super::lookup::computes_imatrix;
 use super::lookup::{artifact_of, imatrix_plan_of, imatrix_settings, reference_of};
-use super::{num, Done, Family, Folded, Results};
+use super::{num, Done, Family, Folded, Grown, Results, Stage, TaskKey};
 use crate::graph::naming::artifact;
 use crate::graph::Ctx;
 
@@ -129,4 +131,26 @@ impl Family for Imatrix {
 
     /// The report reads the plan's and the merge's results by their keys (`imatrix`).
     fn fold<'a>(&self, _: Done<'a>, _: &mut Folded<'a>) {}
+
+    /// After the plan, when the release computes its importance matrix: the plan over the GGUF BF16, and the merge
+    /// after it; after the calibration text's plan, its chunk groups, which the merge then waits for.
+    fn grow(stage: Stage, ctx: &Ctx, results: &Results, out: &mut Grown) {
+        match stage {
+            Stage::Planned(inv) => {
+                if computes_imatrix(ctx) && inv.n > 0 {
+                    out.add(Imatrix::Plan, inv.ggufs(), inv.plan.source_bytes);
+                    out.add(Imatrix::Merge, vec![Imatrix::Plan.into()], 1);
+                }
+            }
+            Stage::Calibrated(kp) => {
+                let groups: Vec<TaskKey> =
+                    (0..kp.n_chunks.div_ceil(kp.n_seq.max(1))).map(|group| Imatrix::Group { group }.into()).collect();
+                for group in &groups {
+                    out.add(group.clone(), vec![Imatrix::Plan.into()], model_cost(results));
+                }
+                out.waits.push((Imatrix::Merge.into(), groups));
+            }
+            Stage::Start | Stage::Merged(_) | Stage::TextPlanned(_) => {}
+        }
+    }
 }

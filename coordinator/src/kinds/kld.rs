@@ -7,9 +7,11 @@ use std::fmt;
 use quantfarm_parity::ChunkStats;
 use quantfarm_proto::{self as pb, task};
 
+use super::expand::{eval_targets, model_cost, model_tasks};
+use super::lookup::plan_of;
 use super::lookup::{artifact_of, kld_plan_of, kld_settings, model_of, reference_of};
 use super::subjects::{EvalTarget, Subject};
-use super::{num, Done, Family, Folded, KldBase, Results};
+use super::{num, Done, Family, Folded, Grown, KldBase, Results, Stage};
 use crate::graph::Ctx;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -79,6 +81,30 @@ impl Family for Kld {
         let list = into.kld.entry(target.to_string()).or_default();
         if let Some(k) = done.result.and_then(pb::TaskResult::kld) {
             list.extend(k.chunks.iter().map(ChunkStats::from));
+        }
+    }
+
+    /// The plan after the plan, over the GGUF BF16, when the release has an evaluation text; after it, per
+    /// (measured model, chunk group) a task after the group's base logits and the model. The report waits for them.
+    fn grow(stage: Stage, ctx: &Ctx, results: &Results, out: &mut Grown) {
+        match stage {
+            Stage::Planned(inv) => {
+                if inv.evaluated(ctx).is_some_and(|e| e.text.is_some()) {
+                    out.add_measured(Kld::Plan, inv.ggufs(), inv.plan.source_bytes);
+                }
+            }
+            Stage::TextPlanned(kp) => {
+                let n_shards = plan_of(results).map_or(0, |p| p.shards.len() as u32);
+                for target in eval_targets(ctx) {
+                    let model = model_tasks(target, n_shards);
+                    for group in 0..kp.n_chunks.div_ceil(kp.n_seq.max(1)) {
+                        let mut deps = vec![KldBase { group }.into()];
+                        deps.extend(model.iter().cloned());
+                        out.add_measured(Kld::Measure { target, group }, deps, model_cost(results));
+                    }
+                }
+            }
+            Stage::Start | Stage::Merged(_) | Stage::Calibrated(_) => {}
         }
     }
 }

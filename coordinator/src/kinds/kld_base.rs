@@ -5,8 +5,9 @@ use std::fmt;
 
 use quantfarm_proto::{self as pb, task};
 
+use super::expand::model_cost;
 use super::lookup::{kld_plan_of, kld_settings, reference_files};
-use super::{num, Done, Family, Folded, Results};
+use super::{num, Done, Family, Folded, Grown, Kld, Results, Stage};
 use crate::graph::naming::artifact;
 use crate::graph::Ctx;
 
@@ -71,4 +72,12 @@ impl Family for KldBase {
 
     /// An intermediate: the `kld` tasks read it.
     fn fold<'a>(&self, _: Done<'a>, _: &mut Folded<'a>) {}
+
+    /// After the evaluation text's plan: one per chunk group.
+    fn grow(stage: Stage, _: &Ctx, results: &Results, out: &mut Grown) {
+        let Stage::TextPlanned(kp) = stage else { return };
+        for group in 0..kp.n_chunks.div_ceil(kp.n_seq.max(1)) {
+            out.add(KldBase { group }, vec![Kld::Plan.into()], model_cost(results));
+        }
+    }
 }

@@ -6,8 +6,9 @@ use std::fmt;
 
 use quantfarm_proto::{self as pb, task};
 
+use super::expand::merge_files;
 use super::lookup::{merge_plan_of, merged_folder};
-use super::{num, Done, Family, Folded, Results, Slot};
+use super::{num, Done, Family, Folded, Grown, Results, Slot, Stage};
 use crate::graph::Ctx;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -101,6 +102,25 @@ impl Family for Merge {
         match self {
             Merge::Plan => {}
             Merge::File { .. } | Merge::Side => into.makes(Slot::Merged, done),
+        }
+    }
+
+    /// The plan at the start of a release with an adapter; after it, one task per safetensors file and one for the
+    /// side files.
+    fn grow(stage: Stage, ctx: &Ctx, _: &Results, out: &mut Grown) {
+        match stage {
+            Stage::Start => {
+                if !ctx.adapter.is_empty() {
+                    out.add(Merge::Plan, vec![], 1);
+                }
+            }
+            Stage::Merged(mp) => {
+                for (file, bytes) in merge_files(mp) {
+                    out.add(Merge::File { file }, vec![Merge::Plan.into()], bytes);
+                }
+                out.add(Merge::Side, vec![Merge::Plan.into()], 1);
+            }
+            Stage::Planned(_) | Stage::Calibrated(_) | Stage::TextPlanned(_) => {}
         }
     }
 }

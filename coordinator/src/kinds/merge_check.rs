@@ -6,9 +6,10 @@ use std::fmt;
 
 use quantfarm_proto::{self as pb, task};
 
+use super::expand::merge_checked;
 use super::lookup::merge_plan_of;
 use super::subjects::CheckPart;
-use super::{Done, Family, Folded, Results};
+use super::{Done, Family, Folded, Grown, Merge, Results, Stage};
 use crate::graph::naming::artifact;
 use crate::graph::Ctx;
 
@@ -16,6 +17,11 @@ use crate::graph::Ctx;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct MergeCheck {
     pub part: CheckPart,
+}
+
+/// The cost of a task over the merge check's F32 files: twice the bytes of a bf16 base.
+pub(super) fn check_cost(mp: &pb::MergePlanResult) -> u64 {
+    2 * mp.file_bytes.iter().sum::<u64>().max(1)
 }
 
 impl Family for MergeCheck {
@@ -61,4 +67,14 @@ impl Family for MergeCheck {
 
     /// The report reads each input's file by its key (`merge_check`).
     fn fold<'a>(&self, _: Done<'a>, _: &mut Folded<'a>) {}
+
+    /// After the merge plan, when the release checks its merge (`expand::merge_checked`).
+    fn grow(stage: Stage, ctx: &Ctx, _: &Results, out: &mut Grown) {
+        let Stage::Merged(mp) = stage else { return };
+        if merge_checked(ctx, mp).is_some() {
+            for part in CheckPart::ALL {
+                out.add(MergeCheck { part }, vec![Merge::Plan.into()], check_cost(mp));
+            }
+        }
+    }
 }

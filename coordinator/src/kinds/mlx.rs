@@ -5,7 +5,7 @@ use std::fmt;
 use quantfarm_proto::{self as pb, task};
 
 use super::lookup::{model_source, plan_of};
-use super::{num, Done, Family, Folded, Results, Slot};
+use super::{num, Done, Family, Folded, Grown, Results, Slot, Stage, TaskKey};
 use crate::graph::naming::artifact;
 use crate::graph::Ctx;
 
@@ -59,5 +59,13 @@ impl Family for Mlx {
 
     fn fold<'a>(&self, done: Done<'a>, into: &mut Folded<'a>) {
         into.makes(Slot::Mlx { bits: self.bits }, done);
+    }
+
+    /// After the plan: one per bit width.
+    fn grow(stage: Stage, ctx: &Ctx, _: &Results, out: &mut Grown) {
+        let Stage::Planned(inv) = stage else { return };
+        for &bits in ctx.spec.mlx_bits() {
+            out.add(Mlx { bits }, vec![TaskKey::PLAN], inv.plan.source_bytes);
+        }
     }
 }

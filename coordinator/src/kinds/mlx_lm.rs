@@ -9,9 +9,10 @@ use quantfarm_parity::ChunkStats;
 use quantfarm_proto::{self as pb, task};
 use quantfarm_report::model::MlxLmRuntime;
 
+use super::expand::{mlx_lm_subjects, model_cost, runs_greedy};
 use super::lookup::{artifact_of, greedy_continuations, kld_plan_of, mlx_lm_model};
 use super::subjects::{MlxSubject, Subject, MLX_LM_RUNTIME};
-use super::{num, Done, Family, Folded, Greedy, KldBase, Results};
+use super::{num, Done, Family, Folded, Greedy, Grown, KldBase, Mlx, Results, Stage, TaskKey};
 use crate::graph::Ctx;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -159,6 +160,53 @@ impl Family for MlxLm {
             if acc.run.is_none_or(|a| a.load_error.is_empty()) {
                 acc.run = Some(r);
             }
+        }
+    }
+
+    /// After the plan: per prompt share each subject's continuations (the bf16 weights after llama.cpp's
+    /// reference, a rung after mlx-lm's bf16 and the rung), and each subject's probes; after the evaluation text's
+    /// plan, per (subject, chunk group) its logits scored against the group's base logits. The report waits for
+    /// them all.
+    fn grow(stage: Stage, ctx: &Ctx, results: &Results, out: &mut Grown) {
+        match stage {
+            Stage::Planned(inv) => {
+                let Some(e) = inv.evaluated(ctx) else { return };
+                let cost = inv.plan.source_bytes;
+                if runs_greedy(ctx, e) {
+                    for share in 0..e.prompt_shares {
+                        for subject in mlx_lm_subjects(ctx) {
+                            let deps = match subject {
+                                MlxSubject::Bf16 => vec![Greedy { subject: Subject::Reference, share }.into()],
+                                MlxSubject::Rung { bits } => {
+                                    vec![MlxLm::Greedy { subject: MlxSubject::Bf16, share }.into(), Mlx { bits }.into()]
+                                }
+                            };
+                            out.add_measured(MlxLm::Greedy { subject, share }, deps, cost);
+                        }
+                    }
+                }
+                if e.probes.is_some() {
+                    for subject in mlx_lm_subjects(ctx) {
+                        let deps = match subject {
+                            MlxSubject::Bf16 => vec![TaskKey::PLAN],
+                            MlxSubject::Rung { bits } => vec![Mlx { bits }.into()],
+                        };
+                        out.add_measured(MlxLm::Probe { subject }, deps, cost);
+                    }
+                }
+            }
+            Stage::TextPlanned(kp) => {
+                for subject in mlx_lm_subjects(ctx) {
+                    for group in 0..kp.n_chunks.div_ceil(kp.n_seq.max(1)) {
+                        let mut deps = vec![KldBase { group }.into()];
+                        if let MlxSubject::Rung { bits } = subject {
+                            deps.push(Mlx { bits }.into());
+                        }
+                        out.add_measured(MlxLm::Kld { subject, group }, deps, model_cost(results));
+                    }
+                }
+            }
+            Stage::Start | Stage::Merged(_) | Stage::Calibrated(_) => {}
         }
     }
 }

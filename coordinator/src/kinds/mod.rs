@@ -9,7 +9,8 @@
 //!
 //! [`kinds!`]'s table below is the one list of families. [`TaskKey`] is generated from it, and every dispatch over
 //! keys is an exhaustive match the table writes: a new family does not compile until it is in the table and
-//! implements [`Family`]. Which tasks a release has, and when they appear, is [`expand`]'s.
+//! implements [`Family`]. When a family's tasks enter a release's graph is its own [`Family::grow`], called at each
+//! [`Stage`] in the table's order (the report last): `expand` holds the stages and what the families share.
 //!
 //! Shared by the families: [`subjects`] (what a measuring task runs) and `lookup` (the earlier results a message
 //! reads).
@@ -41,7 +42,7 @@ use std::hash::{Hash, Hasher};
 
 use quantfarm_proto::{self as pb, task};
 
-pub use expand::{eval_targets, grows, initial, priorities, Growth};
+pub use expand::{eval_targets, grows, initial, priorities, Grown, Growth, Inventory, Stage};
 pub use folded::{Done, Folded, MlxLmAcc, Slot, SlotAcc, MERGE_CHECK};
 pub use gguf::Gguf;
 pub use greedy::Greedy;
@@ -88,6 +89,9 @@ pub trait Family: Sized + Clone + fmt::Debug + PartialEq + Eq + Hash {
 
     /// What the finished task gives the report: its result added to `into`.
     fn fold<'a>(&self, done: Done<'a>, into: &mut Folded<'a>);
+
+    /// The family's tasks that enter the graph at `stage` (what each waits for, its cost), added to `out`.
+    fn grow(stage: Stage, ctx: &Ctx, results: &Results, out: &mut Grown);
 }
 
 /// Looks up the results of finished tasks.
@@ -193,6 +197,11 @@ macro_rules! kinds {
                 Ok(pb::Task { kind: Some(kind), known_output_sha256: String::new(), inputs: Vec::new() })
             }
 
+            /// Every family's tasks that enter the graph at `stage`, in the table's order.
+            fn grow(stage: Stage, ctx: &Ctx, results: &Results, out: &mut Grown) {
+                $(<$ty as Family>::grow(stage, ctx, results, out);)*
+            }
+
             /// Adds the finished task's result to what the report gathers.
             pub fn fold<'a>(&self, done: Done<'a>, into: &mut Folded<'a>) {
                 match self {
@@ -208,21 +217,22 @@ macro_rules! kinds {
 }
 
 kinds! {
-    Plan(Plan),
-    Gguf(Gguf),
-    Quantize(Quantize),
-    Verify(Verify),
-    Noop(Noop),
     Merge(Merge),
+    Plan(Plan),
     MergeCheck(MergeCheck),
     Mlx(Mlx),
+    Gguf(Gguf),
     Imatrix(Imatrix),
+    Quantize(Quantize),
+    Verify(Verify),
     Kld(Kld),
     KldBase(KldBase),
     Greedy(Greedy),
-    Probe(Probe),
-    Peer(PeerRun),
     MlxLm(MlxLm),
+    Peer(PeerRun),
+    Probe(Probe),
+    Noop(Noop),
+    // Last: at the start and after the plan, the report waits for what the others made the report wait for.
     Report(Report),
 }
 

@@ -4,7 +4,7 @@ use std::fmt;
 
 use quantfarm_proto::{self as pb, task};
 
-use super::{num, Done, Family, Folded, Results};
+use super::{num, Done, Family, Folded, Grown, Results, Stage};
 use crate::graph::Ctx;
 
 /// The `n`th no-op of a release.
@@ -45,4 +45,19 @@ impl Family for Noop {
 
     /// Nothing but its task record.
     fn fold<'a>(&self, _: Done<'a>, _: &mut Folded<'a>) {}
+
+    /// At the start, none waiting; the report waits for them.
+    fn grow(stage: Stage, ctx: &Ctx, _: &Results, out: &mut Grown) {
+        let Some(noop) = &ctx.spec.outputs.noop else { return };
+        match stage {
+            Stage::Start => {
+                for n in 0..noop.tasks {
+                    out.add(Noop { n }, vec![], noop.sleep_ms as u64 + 1);
+                }
+            }
+            // Made at the start, before the report existed.
+            Stage::Planned(_) => out.measured.extend((0..noop.tasks).map(|n| Noop { n }.into())),
+            Stage::Merged(_) | Stage::Calibrated(_) | Stage::TextPlanned(_) => {}
+        }
+    }
 }

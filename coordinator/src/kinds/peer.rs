@@ -5,9 +5,10 @@ use std::fmt;
 
 use quantfarm_proto::{self as pb, task, task_result};
 
+use super::expand::model_tasks;
 use super::lookup::{kld_plan_of, kld_settings, model_of, reference_files};
 use super::subjects::{EvalTarget, Subject};
-use super::{Done, Family, Folded, Results};
+use super::{Done, Family, Folded, Grown, Kld, Results, Stage};
 use crate::graph::naming::artifact;
 use crate::graph::Ctx;
 use crate::spec::{Level, Peer};
@@ -80,7 +81,9 @@ impl Family for PeerRun {
             }
             PeerRun::Kld { peer, level } => {
                 let base = match results(&PeerRun::Base { peer }.into()).and_then(|r| r.kind.as_ref()) {
-                    Some(task_result::Kind::PeerKld(p)) => p.base.as_ref().ok_or("the peer's base run wrote no file")?,
+                    Some(task_result::Kind::PeerKld(p)) => {
+                        p.base.as_ref().ok_or("the peer's base run wrote no file")?
+                    }
                     _ => return Err(format!("peer/{}/base has no result", peer.tool())),
                 };
                 pb::PeerKldTask {
@@ -103,6 +106,22 @@ impl Family for PeerRun {
         match *self {
             PeerRun::Base { .. } => {}
             PeerRun::Kld { level, .. } => into.peers.push((level, p)),
+        }
+    }
+
+    /// After the plan, per peer tool of the evaluation: its base run after the KL-divergence plan (whose text
+    /// checksum names the base file), then its run on each measured quant level. The report waits for those.
+    fn grow(stage: Stage, ctx: &Ctx, _: &Results, out: &mut Grown) {
+        let Stage::Planned(inv) = stage else { return };
+        let Some(e) = inv.evaluated(ctx) else { return };
+        let cost = inv.plan.source_bytes;
+        for &peer in &e.peers {
+            out.add(PeerRun::Base { peer }, vec![Kld::Plan.into()], cost);
+            for level in ctx.spec.quants().iter().map(|l| l.level()).filter(|l| ctx.spec.measures(&l.to_string())) {
+                let mut deps = vec![PeerRun::Base { peer }.into()];
+                deps.extend(model_tasks(EvalTarget::Quant(level), inv.n));
+                out.add_measured(PeerRun::Kld { peer, level }, deps, cost);
+            }
         }
     }
 }

@@ -4,8 +4,9 @@ use std::fmt;
 
 use quantfarm_proto::{self as pb, task};
 
+use super::expand::merge_files;
 use super::lookup::{computes_imatrix, model_source};
-use super::{Done, Family, Folded, Results};
+use super::{Done, Family, Folded, Grown, Merge, Results, Stage, TaskKey};
 use crate::graph::{synthetic_name, Ctx};
 
 /// The one plan of a release.
@@ -50,4 +51,22 @@ impl Family for Plan {
 
     /// The report reads the plan's result by its key (the source's identity, the imatrix's digest).
     fn fold<'a>(&self, _: Done<'a>, _: &mut Folded<'a>) {}
+
+    /// At the start when there is no adapter to merge first (and something to convert); after the merge plan,
+    /// waiting for the merge's files.
+    fn grow(stage: Stage, ctx: &Ctx, _: &Results, out: &mut Grown) {
+        match stage {
+            Stage::Start => {
+                if ctx.adapter.is_empty() && ctx.spec.converts() {
+                    out.add(Plan, vec![], 1);
+                }
+            }
+            Stage::Merged(mp) => {
+                let mut deps: Vec<TaskKey> = merge_files(mp).map(|(file, _)| Merge::File { file }.into()).collect();
+                deps.push(Merge::Side.into());
+                out.add(Plan, deps, 1);
+            }
+            Stage::Planned(_) | Stage::Calibrated(_) | Stage::TextPlanned(_) => {}
+        }
+    }
 }

@@ -4,9 +4,10 @@ use std::fmt;
 
 use quantfarm_proto::{self as pb, task};
 
+use super::expand::{eval_targets, model_tasks};
 use super::lookup::model_of;
 use super::subjects::Subject;
-use super::{Done, Family, Folded, Results};
+use super::{Done, Family, Folded, Grown, Results, Stage};
 use crate::graph::Ctx;
 
 /// The probe suite on one subject.
@@ -52,6 +53,20 @@ impl Family for Probe {
     fn fold<'a>(&self, done: Done<'a>, into: &mut Folded<'a>) {
         if let Some(p) = done.result.and_then(pb::TaskResult::probe) {
             into.probes.push((self.subject, p));
+        }
+    }
+
+    /// After the plan, when there are probes: on the reference, and on each measured model after it is made. The
+    /// report waits for them.
+    fn grow(stage: Stage, ctx: &Ctx, _: &Results, out: &mut Grown) {
+        let Stage::Planned(inv) = stage else { return };
+        if inv.evaluated(ctx).is_none_or(|e| e.probes.is_none()) {
+            return;
+        }
+        let cost = inv.plan.source_bytes;
+        out.add_measured(Probe { subject: Subject::Reference }, inv.ggufs(), cost);
+        for target in eval_targets(ctx) {
+            out.add_measured(Probe { subject: Subject::Model(target) }, model_tasks(target, inv.n), cost);
         }
     }
 }

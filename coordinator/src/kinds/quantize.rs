@@ -5,8 +5,8 @@ use std::fmt;
 
 use quantfarm_proto::{self as pb, task};
 
-use super::lookup::{artifact_of, plan_of};
-use super::{num, Done, Family, Folded, Gguf, Imatrix, Results, Slot};
+use super::lookup::{artifact_of, computes_imatrix, plan_of};
+use super::{num, Done, Family, Folded, Gguf, Grown, Imatrix, Results, Slot, Stage};
 use crate::graph::naming::{artifact, file_name};
 use crate::graph::Ctx;
 use crate::spec::{ImatrixSource, Level};
@@ -101,5 +101,20 @@ impl Family for Quantize {
 
     fn fold<'a>(&self, done: Done<'a>, into: &mut Folded<'a>) {
         into.makes(Slot::Quant(self.level), done);
+    }
+
+    /// After the plan: per (level, split file), after every file of the GGUF BF16 (a split file's tensors are
+    /// quantized from the same file; the other files' names are in its metadata) and the computed imatrix.
+    fn grow(stage: Stage, ctx: &Ctx, _: &Results, out: &mut Grown) {
+        let Stage::Planned(inv) = stage else { return };
+        let mut deps = inv.ggufs();
+        if computes_imatrix(ctx) && inv.n > 0 {
+            deps.push(Imatrix::Merge.into());
+        }
+        for level in ctx.spec.quants() {
+            for shard in 0..inv.n {
+                out.add(Quantize { level: level.level(), shard }, deps.clone(), inv.shard_bytes[shard as usize] * 2);
+            }
+        }
     }
 }

@@ -5,7 +5,7 @@ use std::fmt;
 
 use quantfarm_proto::{self as pb, task};
 
-use super::{Done, Family, Folded, Results};
+use super::{Done, Family, Folded, Grown, Results, Stage};
 use crate::graph::Ctx;
 
 /// The one report of a release.
@@ -42,4 +42,22 @@ impl Family for Report {
 
     /// The report is what the others fold into.
     fn fold<'a>(&self, _: Done<'a>, _: &mut Folded<'a>) {}
+
+    /// Last of the table: at the start of a release that converts nothing, after what the start made; after the
+    /// plan, after everything the other families made it wait for.
+    fn grow(stage: Stage, ctx: &Ctx, _: &Results, out: &mut Grown) {
+        match stage {
+            Stage::Start => {
+                if !ctx.spec.converts() {
+                    let deps = out.tasks.iter().map(|t| t.key.clone()).collect();
+                    out.add(Report, deps, 1);
+                }
+            }
+            Stage::Planned(_) => {
+                let deps = std::mem::take(&mut out.measured);
+                out.add(Report, deps, 1);
+            }
+            Stage::Merged(_) | Stage::Calibrated(_) | Stage::TextPlanned(_) => {}
+        }
+    }
 }

@@ -5,10 +5,13 @@ use std::fmt;
 
 use quantfarm_proto::{self as pb, task, verify_task};
 
+use super::expand::{merge_files, merged};
 use super::lookup::artifact_of;
 use super::merge::merge_task;
 use super::subjects::{EvalTarget, Subject};
-use super::{num, Done, Family, Folded, Gguf, Greedy, Kld, Merge, Mlx, Probe, Quantize, Results, Slot, TaskKey};
+use super::{
+    num, Done, Family, Folded, Gguf, Greedy, Grown, Kld, Merge, Mlx, Probe, Quantize, Results, Slot, Stage, TaskKey,
+};
 use crate::graph::Ctx;
 use crate::spec::Level;
 
@@ -119,9 +122,10 @@ impl Family for Verify {
             Verify::Gguf { shard } => {
                 verify_task::What::Gguf(pb::GgufShardTask { output, ..Gguf { shard }.task(ctx, results)? })
             }
-            Verify::Quantize { level, shard } => {
-                verify_task::What::Quantize(pb::QuantizeTask { output, ..Quantize { level, shard }.task(ctx, results)? })
-            }
+            Verify::Quantize { level, shard } => verify_task::What::Quantize(pb::QuantizeTask {
+                output,
+                ..Quantize { level, shard }.task(ctx, results)?
+            }),
             Verify::Merge { file } => {
                 verify_task::What::Merge(pb::MergeTask { output, ..merge_task(ctx, results, Some(file))? })
             }
@@ -137,5 +141,47 @@ impl Family for Verify {
 
     fn fold<'a>(&self, done: Done<'a>, into: &mut Folded<'a>) {
         into.verifies(self.slot(), done);
+    }
+
+    /// After the merge plan, one per merged file and one for the side files; after the plan, one per split file of
+    /// the GGUF BF16, per (level, split file) and per MLX rung. The report waits for every one.
+    fn grow(stage: Stage, ctx: &Ctx, results: &Results, out: &mut Grown) {
+        match stage {
+            Stage::Merged(mp) => {
+                for (file, bytes) in merge_files(mp) {
+                    out.add(Verify::Merge { file }, vec![Merge::File { file }.into()], bytes);
+                }
+                out.add(Verify::MergeSide, vec![Merge::Side.into()], 1);
+            }
+            Stage::Planned(inv) => {
+                // The merge's verifications, made before the report existed.
+                if let Some(mp) = merged(results) {
+                    out.measured.extend(merge_files(mp).map(|(file, _)| Verify::Merge { file }.into()));
+                    out.measured.push(Verify::MergeSide.into());
+                }
+                for &bits in ctx.spec.mlx_bits() {
+                    out.add_measured(Verify::Mlx { bits }, vec![Mlx { bits }.into()], inv.plan.source_bytes);
+                }
+                for shard in 0..inv.n {
+                    out.add_measured(
+                        Verify::Gguf { shard },
+                        vec![Gguf { shard }.into()],
+                        inv.shard_bytes[shard as usize],
+                    );
+                }
+                for level in ctx.spec.quants() {
+                    let level = level.level();
+                    for shard in 0..inv.n {
+                        let bytes = inv.shard_bytes[shard as usize] * 2;
+                        out.add_measured(
+                            Verify::Quantize { level, shard },
+                            vec![Quantize { level, shard }.into()],
+                            bytes,
+                        );
+                    }
+                }
+            }
+            Stage::Start | Stage::Calibrated(_) | Stage::TextPlanned(_) => {}
+        }
     }
 }

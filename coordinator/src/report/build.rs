@@ -10,8 +10,8 @@ use super::model::*;
 use super::tasks;
 use crate::gates;
 use crate::kinds::{
-    CheckPart, Done, Folded, Gguf, Imatrix as ImatrixKey, Kld as KldKey, Merge as MergeKey, MergeCheck as MergeCheckKey, MlxSubject, Slot, SlotAcc,
-    Subject, TaskKey, MERGE_CHECK,
+    CheckPart, Done, Folded, Gguf, Imatrix as ImatrixKey, Kld as KldKey, Merge as MergeKey,
+    MergeCheck as MergeCheckKey, MlxSubject, Slot, SlotAcc, Subject, TaskKey, MERGE_CHECK,
 };
 use crate::sched::{Release, WorkerRec};
 use crate::spec::Level;
@@ -571,7 +571,8 @@ pub fn build(rel: &Release, workers: &HashMap<String, WorkerRec>, now_ms: i64) -
     let greedy = greedy_summaries(&folded);
     let probes = probe_summaries(&folded);
     let mut peers = peer_summaries(&folded, &klds);
-    let (artifacts, all_verified) = artifacts(rel, std::mem::take(&mut folded.slots), &klds, &greedy, &probes, &mut peers);
+    let (artifacts, all_verified) =
+        artifacts(rel, std::mem::take(&mut folded.slots), &klds, &greedy, &probes, &mut peers);
     let cross_runtime = cross_runtime(rel, &folded);
     let mut measured = measured(rel, &klds, &greedy, &probes, &artifacts, all_verified);
     cross_runtime_figures(&rel.spec, cross_runtime.as_ref(), &mut measured);

@@ -68,8 +68,7 @@ impl Sched {
             let critical = *critical.entry(ri).or_insert_with(|| self.releases[ri].critical());
             let family = t.inputs.first().map(|i| i.sha256.as_str()).unwrap_or_default();
             let ahead = queued.get(family).copied().unwrap_or(0);
-            let run_s =
-                *run_s.entry((ri, t.key.sort())).or_insert_with(|| self.releases[ri].fastest(&t.key));
+            let run_s = *run_s.entry((ri, t.key.sort())).or_insert_with(|| self.releases[ri].fastest(&t.key));
             if let Some(until) = self.waits_for_holder(t, kind, worker_id, held, critical, ahead, run_s, now) {
                 next_wake = Some(next_wake.map_or(until, |w: Instant| w.min(until)));
                 *queued.entry(family).or_default() += 1;

@@ -32,8 +32,8 @@ use quantfarm_store::Location;
 
 use crate::affinity::Holdings;
 use crate::graph::{self, Ctx, EvalInputs};
-use crate::kinds::{self, TaskDef, TaskKey};
 use crate::journal::{Batch, Journal, JournalError, ReleaseRow, TaskRow, OUTPUTS_VERSION};
+use crate::kinds::{self, TaskDef, TaskKey};
 use crate::metrics::History;
 use crate::spec::{ImatrixSource, ReleaseSpec};
 
