@@ -510,6 +510,14 @@ fn farm_measures_kld_greedy_and_probes_on_three_workers() {
         let peer = &artifact(ty)["peers"]["llama-perplexity"];
         let f = |label: &str| peer["figures"][label].as_f64().unwrap_or_else(|| panic!("{label}: {peer:#}"));
         assert_eq!(peer["same_as_quantfarm"]["Mean PPL(base)"], true, "{ty}: {peer:#}");
+        // Its figures are the statistics it prints, not its log's `label: value` lines.
+        let labels = peer["figures"].as_object().unwrap_or_else(|| panic!("{peer:#}"));
+        assert!(labels.keys().all(|l| !l.contains("kl_divergence")), "{ty}: log lines among the figures: {peer:#}");
+        // And the report names its version as the tool says it.
+        let version = Command::new(llama_bin().join("llama-perplexity")).arg("--version").output().unwrap();
+        let said = String::from_utf8_lossy(&version.stdout).into_owned() + &String::from_utf8_lossy(&version.stderr);
+        let v = peer["version"].as_str().unwrap_or_default();
+        assert!(!v.is_empty() && said.contains(v), "{ty}: version {v:?}, the tool says {said:?}");
         let live = (f("Mean KLD"), f("Same top p"), f("Mean PPL(Q)"));
         assert_bands(&format!("farm {ty} vs llama-perplexity here"), got.0, got.1, got.2, live);
         eprintln!("{ty}: printed the same as llama-perplexity here: {}", peer["same_as_quantfarm"]);

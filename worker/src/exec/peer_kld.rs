@@ -30,25 +30,37 @@ impl Executor for PeerKld {
 /// Tools a `PeerKldTask` may name.
 pub const TOOLS: [&str; 1] = ["llama-perplexity"];
 
-/// Runs the tool, returning everything it printed; a failure carries the end of its output.
-async fn run_tool(tool: &Path, args: Vec<std::ffi::OsString>) -> Result<String, Failure> {
+/// What the tool printed: its results on stdout, its timestamped log on stderr.
+struct Printed {
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs the tool, returning what it printed; a failure carries the end of its output.
+async fn run_tool(tool: &Path, args: Vec<std::ffi::OsString>) -> Result<Printed, Failure> {
     let mut cmd = Command::new(tool);
     cmd.args(&args);
     let out = tokio::task::spawn_blocking(move || cmd.output())
         .await
         .map_err(|e| Failure::internal(format!("{}: {e}", tool.display())))?
         .map_err(|e| Failure::internal(format!("cannot run {}: {e}", tool.display())))?;
-    let all = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let printed = Printed {
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    };
     if !out.status.success() {
+        let all = format!("{}{}", printed.stdout, printed.stderr);
         let tail: String =
             all.lines().rev().take(12).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
         return Err(Failure::input(format!("{} failed ({}):\n{tail}", tool.display(), out.status)));
     }
-    Ok(all)
+    Ok(printed)
 }
 
 /// llama-perplexity's final statistics: every `label: value` line after "Perplexity statistics", the label's runs
-/// of spaces collapsed ("Mean    KLD" → "Mean KLD"), the value the first number (without a trailing %).
+/// of spaces collapsed ("Mean    KLD" → "Mean KLD"), the value the first number (without a trailing %). `output` is
+/// what it printed on stdout: its log on stderr has `label: value` lines too (`0.00.703.930 I kl_divergence: 0.12
+/// seconds per pass`), which are not figures.
 pub fn parse_final_figures(output: &str) -> HashMap<String, f64> {
     let mut figures = HashMap::new();
     let Some(start) = output.find("====== Perplexity statistics ======") else { return figures };
@@ -63,6 +75,17 @@ pub fn parse_final_figures(output: &str) -> HashMap<String, f64> {
         }
     }
     figures
+}
+
+/// The tool's version as it prints it (`build: 4567 (abcdef0) ...` in older llama.cpp builds, `version: 0.5.0-dev
+/// (build 0, commit unknown)` in newer ones).
+fn version_line(printed: &Printed) -> Option<String> {
+    [&printed.stdout, &printed.stderr]
+        .into_iter()
+        .flat_map(|o| o.lines())
+        .map(str::trim)
+        .find(|l| l.starts_with("build:") || l.starts_with("version:"))
+        .map(str::to_string)
 }
 
 fn name_of(p: &Path) -> String {
@@ -120,8 +143,12 @@ async fn peer_kld(t: &pb::PeerKldTask, env: &Env) -> Result<pb::PeerKldResult, F
         }))
         .collect::<Vec<_>>()
         .join(" ");
-    let output = run_tool(&tool, args).await?;
-    let version = output.lines().find(|l| l.trim_start().starts_with("build:")).unwrap_or("").trim().to_string();
+    let printed = run_tool(&tool, args).await?;
+    let version = match version_line(&printed) {
+        Some(v) => v,
+        // Builds that no longer log their version on a run say it when asked.
+        None => version_line(&run_tool(&tool, vec!["--version".into()]).await?).unwrap_or_default(),
+    };
     let mut result = pb::PeerKldResult { tool: t.tool.clone(), version, command, ..Default::default() };
     if base_run {
         let out = Location::parse(&t.output)?;
@@ -132,7 +159,7 @@ async fn peer_kld(t: &pb::PeerKldTask, env: &Env) -> Result<pb::PeerKldResult, F
         };
         result.base = Some(pb::Artifact { url: out.to_string(), sha256, bytes, types: vec![] });
     } else {
-        result.figures = parse_final_figures(&output);
+        result.figures = parse_final_figures(&printed.stdout);
         if !result.figures.contains_key("Mean KLD") {
             return Err(Failure::internal(format!("{}: printed no final KL-divergence statistics", t.tool)));
         }
