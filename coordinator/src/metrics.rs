@@ -4,56 +4,20 @@
 //! Everything is computed from the scheduler's state when scraped — tasks by state, releases by state, workers
 //! known and live, bytes of artifacts written, task durations by kind, ready tasks by worker kind — so there is no
 //! second bookkeeping to drift from the journal's truth. Releases by state cover the journal's whole history; the
-//! task figures cover the releases in memory and those finished since the coordinator started ([`History`]).
+//! task figures cover the releases in memory and those finished since the coordinator started (`sched::tally`).
 
 use std::fmt::Write as _;
 use std::time::Instant;
 
-use quantfarm_proto::{task_result, ReleaseState};
+use quantfarm_proto::ReleaseState;
 
-use crate::sched::{Release, Sched, TState};
+use crate::sched::tally::BUCKETS;
+use crate::sched::{Sched, TState};
 use crate::Coordinator;
-
-/// Upper bounds of the task-duration histogram, in seconds.
-const BUCKETS: [f64; 12] = [0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0, 3600.0];
 
 /// A label value with the exposition format's escapes (backslash, quote, newline).
 fn label(v: &str) -> String {
     v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
-}
-
-/// Tasks by state, artifact bytes written and run times by kind: over the releases in memory, plus
-/// [`History`] for those evicted since the coordinator started.
-#[derive(Clone, Default)]
-pub struct History {
-    tasks: std::collections::BTreeMap<&'static str, u64>,
-    written: u64,
-    durations: std::collections::BTreeMap<String, ([u64; BUCKETS.len()], u64, f64)>,
-}
-
-impl History {
-    /// Adds a release's tasks.
-    pub fn add(&mut self, r: &Release) {
-        for t in &r.tasks {
-            *self.tasks.entry(t.state.name()).or_default() += 1;
-            if let Some(task_result::Kind::Artifact(a)) = t.result.as_ref().and_then(|r| r.kind.as_ref()) {
-                if !a.cache_hit {
-                    self.written += a.artifact.as_ref().map_or(0, |a| a.bytes);
-                }
-            }
-            if matches!(t.state, TState::Done) && t.result.is_some() {
-                let secs = t.duration_ms as f64 / 1000.0;
-                let e = self.durations.entry(t.key.family().to_string()).or_insert(([0; BUCKETS.len()], 0, 0.0));
-                for (i, b) in BUCKETS.iter().enumerate() {
-                    if secs <= *b {
-                        e.0[i] += 1;
-                    }
-                }
-                e.1 += 1;
-                e.2 += secs;
-            }
-        }
-    }
 }
 
 /// The metrics page for the scheduler's current state.

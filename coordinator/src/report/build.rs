@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use quantfarm_proto as pb;
 
+use super::figures::{cross_runtime_figures, measured};
 use super::model::*;
 use super::tasks;
 use crate::gates;
@@ -14,7 +15,6 @@ use crate::kinds::{
     MergeCheck as MergeCheckKey, MlxSubject, Slot, SlotAcc, Subject, TaskKey, MERGE_CHECK,
 };
 use crate::sched::{Release, WorkerRec};
-use crate::spec::Level;
 use quantfarm_parity::{ChunkStats, KldSummary};
 
 fn artifact_result(r: Option<&pb::TaskResult>) -> Option<&pb::Artifact> {
@@ -312,7 +312,7 @@ fn merge_check(rel: &Release, greedy: &BTreeMap<String, GreedySummary>) -> Optio
 }
 
 /// Why the merge check has no figures (with an adapter).
-fn merge_unmeasured(rel: &Release) -> String {
+pub(super) fn merge_unmeasured(rel: &Release) -> String {
     let untied = rel.result(&MergeKey::Plan.into()).and_then(pb::TaskResult::merge_plan).is_some_and(|m| m.untied);
     if rel.eval.prompts.is_empty() {
         "not measured: the merge check runs on evaluation.prompts, and the release has none".into()
@@ -323,218 +323,6 @@ fn merge_unmeasured(rel: &Release) -> String {
             .into()
     } else {
         "not measured: no merge-check greedy task ran".into()
-    }
-}
-
-/// A greedy summary's figures, or why it has none.
-fn greedy_figures(s: Option<&GreedySummary>, why_none: &str) -> (Result<f64, String>, Result<f64, String>) {
-    match s {
-        Some(s) if s.complete => (Ok(s.agree), Ok(s.mean_prefix_fraction)),
-        Some(s) => {
-            let e = format!("incomplete: {} prompts compared", s.n);
-            (Err(e.clone()), Err(e))
-        }
-        None => (Err(why_none.to_string()), Err(why_none.to_string())),
-    }
-}
-
-/// A probe summary's pass rate for the gates, or why it has none (`whose` names the subject).
-fn probe_pass_rate(p: &ProbeSummary, whose: &str) -> Result<f64, String> {
-    p.scored().map(|(m, _)| m).ok_or_else(|| {
-        format!(
-            "{whose} probe answers were all cut off by their token cap ({} truncated): no score; raise the probes' max_tokens",
-            p.truncated
-        )
-    })
-}
-
-/// Every figure the gates read, per level and release-wide, each with why it is missing where it is.
-fn measured(
-    rel: &Release,
-    klds: &BTreeMap<String, Result<KldSummary, String>>,
-    greedy: &BTreeMap<String, GreedySummary>,
-    probes: &BTreeMap<String, ProbeSummary>,
-    artifacts: &[Artifact],
-    all_verified: bool,
-) -> gates::Measured {
-    let spec = &rel.spec;
-    let eval = spec.evaluation.as_ref();
-    let reference_probe = probes.get("BF16");
-    let mut levels = Vec::new();
-    for level in spec.levels() {
-        let mut f = gates::LevelFigures::default();
-        let unmeasured = |what: &str, input: Option<&String>| -> String {
-            if eval.is_some() && !spec.measures(&level) {
-                "not measured: evaluation.skip lists it".to_string()
-            } else if input.is_none() {
-                format!("not measured: the release has no evaluation.{what}")
-            } else {
-                format!("not measured: no {what} task ran for it")
-            }
-        };
-        match klds.get(&level) {
-            Some(Ok(k)) => {
-                let pct = |p: f32| k.kld_percentile(p);
-                for (name, v) in [
-                    ("kld.mean", Some(k.mean_kld.value)),
-                    ("kld.mean_unc", Some(k.mean_kld.unc)),
-                    ("kld.median", Some(k.median_kld)),
-                    ("kld.max", Some(k.max_kld)),
-                    ("kld.p90", pct(0.90)),
-                    ("kld.p95", pct(0.95)),
-                    ("kld.p99", pct(0.99)),
-                    ("kld.p99_9", pct(0.999)),
-                    // Percent, as the report's kld figures and llama-perplexity print them.
-                    ("kld.same_top_p", Some(100.0 * k.same_top_p.value)),
-                    ("kld.rms_dp", Some(100.0 * k.rms_dp.value)),
-                    ("kld.ppl", Some(k.mean_ppl_q.value)),
-                    ("kld.ppl_ratio", Some(k.mean_ppl_ratio.value)),
-                    ("kld.ln_ppl_ratio", Some(k.mean_ln_ppl_ratio.value)),
-                ] {
-                    f.set(name, v.ok_or_else(|| "no such percentile".to_string()));
-                }
-            }
-            other => {
-                let why = match other {
-                    Some(Err(e)) => format!("not measured: {e}"),
-                    _ => unmeasured("text", eval.and_then(|e| e.text.as_ref())),
-                };
-                for name in gates::LEVEL_FIGURES.iter().map(|(n, _)| *n).filter(|n| n.starts_with("kld.")) {
-                    f.set(name, Err(why.clone()));
-                }
-            }
-        }
-        let (agree, prefix) =
-            greedy_figures(greedy.get(&level), &unmeasured("prompts", eval.and_then(|e| e.prompts.as_ref())));
-        f.set("greedy.agree", agree);
-        f.set("greedy.prefix", prefix);
-        match probes.get(&level) {
-            Some(p) => {
-                f.set("probe.pass_rate", probe_pass_rate(p, "the level's"));
-                f.set("probe.spread", Ok(p.score_spread));
-                f.set("probe.truncated", Ok(f64::from(p.truncated)));
-                match reference_probe {
-                    Some(r) => {
-                        f.set("baseline", probe_pass_rate(r, "the reference's"));
-                        f.set("noise", Ok(r.score_spread.max(p.score_spread)));
-                    }
-                    None => {
-                        f.set("baseline", Err("the reference's probes did not run".into()));
-                        f.set("noise", Err("the reference's probes did not run".into()));
-                    }
-                }
-            }
-            None => {
-                let why = unmeasured("probes", eval.and_then(|e| e.probes.as_ref()));
-                for name in ["probe.pass_rate", "probe.spread", "probe.truncated", "baseline", "noise"] {
-                    f.set(name, Err(why.clone()));
-                }
-            }
-        }
-        match artifacts.iter().find(|a| a.file_type == level) {
-            Some(a) => {
-                f.set("bits_per_weight", Ok(a.bits_per_weight));
-                f.set("bytes", Ok(a.bytes as f64));
-                f.verified = Some(a.verified);
-            }
-            None => {
-                f.set("bits_per_weight", Err("the artifact was not made".into()));
-                f.set("bytes", Err("the artifact was not made".into()));
-            }
-        }
-        // A recipe is held to its base file type's limit.
-        let limit_of = match Level::parse(&level).and_then(|l| rel.spec.rung(l)) {
-            Some(r) => r.base().to_string(),
-            None => level.clone(),
-        };
-        f.set(
-            "default.kld.mean",
-            gates::default_kld_max(&limit_of).ok_or_else(|| format!("no default limit for {limit_of}")),
-        );
-        levels.push((level, f));
-    }
-    let mut global = BTreeMap::new();
-    let merge_why =
-        if rel.adapter.is_empty() { "no adapter: nothing was merged".to_string() } else { merge_unmeasured(rel) };
-    let (agree, prefix) = greedy_figures(greedy.get(MERGE_CHECK), &merge_why);
-    global.insert("merge.greedy.agree", agree);
-    global.insert("merge.greedy.prefix", prefix);
-    let base_ppl = klds.values().find_map(|k| k.as_ref().ok()).map(|k| k.mean_ppl_base.value);
-    global.insert("reference.kld.ppl", base_ppl.ok_or_else(|| "no KL-divergence pass ran".to_string()));
-    global.insert(
-        "reference.probe.pass_rate",
-        reference_probe.map_or_else(
-            || Err("the reference's probes did not run".into()),
-            |r| probe_pass_rate(r, "the reference's"),
-        ),
-    );
-    gates::Measured { levels, global, all_verified, has_adapter: !rel.adapter.is_empty(), has_mlx_lm: false }
-}
-
-/// The cross-runtime link's figures for the gates: release-wide, the bf16 weights in mlx-lm against llama.cpp
-/// (`cross_runtime.*`); per MLX rung, its own in mlx-lm (`mlx_lm.*`), which its `measured` gate then requires.
-fn cross_runtime_figures(spec: &crate::spec::ReleaseSpec, c: Option<&CrossRuntime>, m: &mut gates::Measured) {
-    let why = match c {
-        None => "not applicable: the release has no MLX output, GGUF output or evaluation".to_string(),
-        Some(CrossRuntime::Unmeasured { error }) => error.clone(),
-        Some(CrossRuntime::Measured(_)) => String::new(),
-    };
-    let figures = c.and_then(CrossRuntime::figures);
-    m.has_mlx_lm = figures.is_some();
-    let subject_figures = |s: Option<&MlxLmSubject>| -> [(&'static str, Result<f64, String>); 6] {
-        let unmeasured = |what: &str| match s.and_then(|s| s.load_error.as_ref()) {
-            Some(e) => format!("not measured: {e}"),
-            None if !why.is_empty() => why.clone(),
-            None => format!("not measured: no mlx-lm {what} task ran for it"),
-        };
-        let kld = match s.and_then(|s| s.kld.as_ref()) {
-            Some(Kld::Measured(k)) => Ok((k.mean_kld, k.same_top_p)),
-            Some(Kld::Unmeasured { error }) => Err(error.clone()),
-            None => Err(unmeasured("kld")),
-        };
-        let (agree, prefix) = greedy_figures(s.and_then(|s| s.greedy.as_ref()), &unmeasured("greedy"));
-        let probes = s.and_then(|s| s.probes.as_ref());
-        [
-            ("kld.mean", kld.clone().map(|k| k.0)),
-            ("kld.same_top_p", kld.map(|k| k.1)),
-            ("greedy.agree", agree),
-            ("greedy.prefix", prefix),
-            ("probe.pass_rate", probes.map_or_else(|| Err(unmeasured("probe")), |p| probe_pass_rate(p, "the mlx-lm"))),
-            ("probe.truncated", probes.map(|p| f64::from(p.truncated)).ok_or_else(|| unmeasured("probe"))),
-        ]
-    };
-    for (name, v) in subject_figures(figures.map(|f| &f.bf16)) {
-        let global = match name {
-            "kld.mean" => "cross_runtime.kld.mean",
-            "kld.same_top_p" => "cross_runtime.kld.same_top_p",
-            "greedy.agree" => "cross_runtime.greedy.agree",
-            "greedy.prefix" => "cross_runtime.greedy.prefix",
-            "probe.pass_rate" => "cross_runtime.probe.pass_rate",
-            _ => continue,
-        };
-        m.global.insert(global, v);
-    }
-    if figures.is_none() {
-        return;
-    }
-    for (level, f) in m.levels.iter_mut() {
-        let Some(MlxSubject::Rung { bits }) = MlxSubject::parse(level) else { continue };
-        if !spec.measures(level) {
-            continue;
-        }
-        let rung = figures.and_then(|c| c.rungs.iter().find(|r| r.file_type == MlxSubject::Rung { bits }.to_string()));
-        for (name, v) in subject_figures(rung) {
-            let level_name = match name {
-                "kld.mean" => "mlx_lm.kld.mean",
-                "kld.same_top_p" => "mlx_lm.kld.same_top_p",
-                "greedy.agree" => "mlx_lm.greedy.agree",
-                "greedy.prefix" => "mlx_lm.greedy.prefix",
-                "probe.pass_rate" => "mlx_lm.probe.pass_rate",
-                _ => "mlx_lm.probe.truncated",
-            };
-            f.set(level_name, v);
-        }
-        f.in_mlx_lm = true;
     }
 }
 
@@ -756,61 +544,4 @@ fn evaluation(rel: &Release, folded: &Folded) -> Option<Evaluation> {
         probes: rel.eval.probes.clone(),
         context: e.context,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// An MLX rung mlx-lm could not load fails its `measured` gate with mlx-lm's message, though llama.cpp measured
-    /// its exact conversion; the bf16 weights' link-2 figures still reach the gates.
-    #[test]
-    fn a_rung_mlx_lm_cannot_load_is_not_measured() {
-        let spec: crate::spec::ReleaseSpec = serde_norway::from_str(
-            "name: t\nsource: s\noutputs:\n  gguf: {quants: [Q8_0]}\n  mlx: {bits: [4]}\nevaluation: {text: t.txt, prompts: p.json, probes: p.yaml}\n",
-        )
-        .unwrap();
-        let mut f = gates::LevelFigures::default();
-        f.set("kld.mean", Ok(0.3));
-        f.set("probe.truncated", Ok(0.0));
-        let mut m = gates::Measured { levels: vec![("MLX-4bit".into(), f)], ..Default::default() };
-        let error = "mlx_lm.load(/w/MLX-4bit): ValueError: Received 1 parameters not in model: lm_head.biases";
-        let subject = |file_type: &str, load_error: Option<&str>| MlxLmSubject {
-            file_type: file_type.into(),
-            quantized: None,
-            upcast: None,
-            converted: None,
-            load_error: load_error.map(str::to_string),
-            greedy: None,
-            kld: None,
-            probes: None,
-        };
-        let mut bf16 = subject("BF16", None);
-        bf16.kld = Some(Kld::Unmeasured { error: "2 of the text's 3 chunks were measured".into() });
-        let c = CrossRuntime::Measured(Box::new(CrossRuntimeFigures {
-            method: String::new(),
-            runtimes: vec![],
-            model: String::new(),
-            bf16,
-            rungs: vec![subject("MLX-4bit", Some(error))],
-        }));
-        cross_runtime_figures(&spec, Some(&c), &mut m);
-        assert!(m.has_mlx_lm);
-        assert_eq!(m.global["cross_runtime.kld.mean"], Err("2 of the text's 3 chunks were measured".into()));
-        let gates = gates::evaluate(&[], &m);
-        let measured = gates.iter().find(|g| g.name == gates::MEASURED).unwrap();
-        assert!(!measured.outcome.passed);
-        assert!(
-            measured.outcome.detail.contains(&format!("no KL-divergence figure in mlx-lm (not measured: {error})")),
-            "{}",
-            measured.outcome.detail
-        );
-        assert!(gates.iter().any(|g| g.name == "cross-runtime-kld" && !g.outcome.passed));
-        // Turned off, the link is said to be unmeasured and its gates do not apply.
-        let mut m = gates::Measured::default();
-        let off = CrossRuntime::Unmeasured { error: "not measured: evaluation.mlx_lm is false".into() };
-        cross_runtime_figures(&spec, Some(&off), &mut m);
-        assert!(!m.has_mlx_lm);
-        assert!(gates::evaluate(&[], &m).iter().all(|g| !g.name.starts_with("cross-runtime")));
-    }
 }

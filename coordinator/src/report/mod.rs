@@ -8,6 +8,7 @@
 //!   envelope, committed last.
 
 mod build;
+mod figures;
 mod publish;
 mod tasks;
 

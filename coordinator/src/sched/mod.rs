@@ -16,11 +16,13 @@
 mod lease;
 mod outcome;
 pub mod release;
+pub mod tally;
 mod wiring;
 mod workers;
 
 use release::QueueEntry;
 pub use release::{Release, Slots, TState, TaskRec};
+pub use tally::History;
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -34,7 +36,6 @@ use crate::affinity::Holdings;
 use crate::graph::{self, Ctx, EvalInputs};
 use crate::journal::{Batch, Journal, JournalError, ReleaseRow, TaskRow, OUTPUTS_VERSION};
 use crate::kinds::{self, TaskDef, TaskKey};
-use crate::metrics::History;
 use crate::spec::{ImatrixSource, ReleaseSpec};
 
 #[derive(Clone, Debug)]

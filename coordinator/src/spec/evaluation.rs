@@ -1,0 +1,89 @@
+//! `evaluation:` of a release: how each level is measured against the reference (the KL-divergence text, greedy
+//! prompts, probes, the peer tools run beside, the levels skipped), with its defaults.
+
+use serde::{Deserialize, Serialize};
+
+/// The KL-divergence pass: llama-perplexity's `--kl-divergence` over one text, spread over the farm by chunk group.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Evaluation {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    #[serde(default = "default_ctx")]
+    pub ctx: u32,
+    #[serde(default = "default_batch")]
+    pub batch: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chunks: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompts: Option<String>,
+    #[serde(default = "default_max_tokens")]
+    pub max_tokens: u32,
+    #[serde(default = "default_prompt_shares")]
+    pub prompt_shares: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probes: Option<String>,
+    #[serde(default = "default_context")]
+    pub context: u32,
+    /// Levels made but not measured (`Q6_K`, `MLX-4bit`): no KL-divergence, greedy or probe task runs for them, so
+    /// they fail the built-in `measured` gate — a level that was not measured never passes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skip: Vec<String>,
+    /// Peer tools run beside quantfarm's own measurement, on workers that advertise them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub peers: Vec<Peer>,
+    /// With MLX outputs: run the source's bf16 weights and every measured MLX rung in mlx-lm too, on workers that
+    /// advertise the `mlx_lm` runtime (the cross-runtime link). On by default; `false` leaves it out, and the report
+    /// says so.
+    #[serde(default = "yes", skip_serializing_if = "is_yes")]
+    pub mlx_lm: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+fn is_yes(b: &bool) -> bool {
+    *b
+}
+
+/// A peer runtime whose own figures a release can ask for.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq, Hash)]
+pub enum Peer {
+    /// llama.cpp's `llama-perplexity --kl-divergence`, on the GGUF BF16 and every GGUF quant.
+    #[serde(rename = "llama-perplexity")]
+    LlamaPerplexity,
+}
+
+impl Peer {
+    /// The tool's name, as workers advertise it among their runtimes.
+    pub fn tool(self) -> &'static str {
+        match self {
+            Peer::LlamaPerplexity => "llama-perplexity",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Peer> {
+        (s == "llama-perplexity").then_some(Peer::LlamaPerplexity)
+    }
+}
+
+fn default_max_tokens() -> u32 {
+    64
+}
+
+fn default_prompt_shares() -> u32 {
+    2
+}
+
+fn default_context() -> u32 {
+    4096
+}
+
+fn default_ctx() -> u32 {
+    512
+}
+
+fn default_batch() -> u32 {
+    2048
+}
