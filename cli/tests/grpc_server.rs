@@ -156,7 +156,7 @@ async fn finished_releases_live_in_the_journal_not_in_memory() {
     let cfg = config(dir.path(), SigningKey::generate().unwrap());
     quantfarm_coordinator::history::fill(&cfg.journal, 10_000, 2_000).unwrap();
     let coord = Coordinator::open(&cfg).unwrap();
-    assert!(coord.with_sched(|s| s.releases.is_empty()), "finished releases were loaded at start-up");
+    assert!(coord.with_sched(|s| s.releases().is_empty()), "finished releases were loaded at start-up");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://127.0.0.1:{}", listener.local_addr().unwrap().port());
     let c2 = coord.clone();
@@ -189,7 +189,7 @@ async fn finished_releases_live_in_the_journal_not_in_memory() {
     }
     let _ = stop_tx.send(());
     tokio::time::timeout(Duration::from_secs(20), w).await.unwrap().unwrap().unwrap();
-    assert!(c2.with_sched(|s| s.releases.is_empty()), "the finished release stayed in memory");
+    assert!(c2.with_sched(|s| s.releases().is_empty()), "the finished release stayed in memory");
 
     // The one just finished and the oldest of the history: watch gives the final state and the progress by stage,
     // GetReport the report.
@@ -248,7 +248,7 @@ async fn a_worker_stopping_now_does_not_wait_for_a_gone_coordinator() {
     // The coordinator goes away while the task runs; the worker then holds an outcome it cannot deliver.
     let t0 = std::time::Instant::now();
     while !c2
-        .with_sched(|s| s.releases.iter().any(|r| r.tasks.iter().any(|t| matches!(t.state, TState::Leased { .. }))))
+        .with_sched(|s| s.releases().iter().any(|r| r.tasks.iter().any(|t| matches!(t.state, TState::Leased { .. }))))
     {
         assert!(t0.elapsed() < Duration::from_secs(30), "the task was never leased");
         tokio::time::sleep(Duration::from_millis(20)).await;

@@ -474,7 +474,13 @@ fn main() {
     }
     let sched_real = real.elapsed();
     let rel = s.release(&id).expect("the release");
-    assert_eq!(s.reports.len(), 1, "the release did not reach its report: state {:?}, {:?}", rel.state, rel.error);
+    assert_eq!(
+        s.effects().reports.len(),
+        1,
+        "the release did not reach its report: state {:?}, {:?}",
+        rel.state,
+        rel.error
+    );
     let n_tasks = rel.tasks.len() - 1;
     let journal_bytes = std::fs::metadata(&journal_path).map(|m| m.len()).unwrap_or(0)
         + std::fs::metadata(dir.path().join("journal.sqlite-wal")).map(|m| m.len()).unwrap_or(0);

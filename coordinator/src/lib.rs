@@ -7,7 +7,7 @@
 
 #![forbid(unsafe_code)]
 
-pub mod affinity;
+mod affinity;
 pub mod graph;
 pub mod history;
 pub mod journal;

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use quantfarm_proto::ReleaseState;
 
-use crate::sched::tally::BUCKETS;
+use crate::sched::BUCKETS;
 use crate::sched::{Sched, TState};
 use crate::Coordinator;
 
@@ -22,8 +22,8 @@ fn label(v: &str) -> String {
 
 /// The metrics page for the scheduler's current state.
 pub fn render(s: &Sched, now: Instant) -> String {
-    let mut all = s.history.clone();
-    for r in s.releases.iter() {
+    let mut all = s.history().clone();
+    for r in s.releases().iter() {
         all.add(r);
     }
     let mut tasks = all.tasks;
@@ -40,12 +40,12 @@ pub fn render(s: &Sched, now: Instant) -> String {
     for k in quantfarm_proto::WorkerKind::ALL {
         ready.insert(k.name(), 0);
     }
-    for t in s.releases.iter().flat_map(|r| r.tasks.iter()) {
+    for t in s.releases().iter().flat_map(|r| r.tasks.iter()) {
         if let (TState::Ready, Some(k)) = (&t.state, t.key.worker_kind()) {
             *ready.entry(k.name()).or_default() += 1;
         }
     }
-    let live = s.workers.values().filter(|w| w.is_live(now, s.cfg.lease)).count();
+    let live = s.workers().values().filter(|w| w.is_live(now, s.cfg().lease)).count();
     let mut out = String::new();
     let _ = writeln!(out, "# HELP quantfarm_tasks Tasks of every release, by state.\n# TYPE quantfarm_tasks gauge");
     for (state, n) in &tasks {
@@ -66,13 +66,13 @@ pub fn render(s: &Sched, now: Instant) -> String {
     let _ = writeln!(
         out,
         "# HELP quantfarm_workers Workers that registered since the coordinator started.\n# TYPE quantfarm_workers gauge\nquantfarm_workers {}",
-        s.workers.len()
+        s.workers().len()
     );
     let _ = writeln!(
         out,
         "# HELP quantfarm_workers_live Workers heard from within two lease periods.\n# TYPE quantfarm_workers_live gauge\nquantfarm_workers_live {live}"
     );
-    let mut workers: Vec<_> = s.workers.values().collect();
+    let mut workers: Vec<_> = s.workers().values().collect();
     workers.sort_by(|a, b| a.info.name.cmp(&b.info.name));
     for (metric, help, get) in [
         ("quantfarm_worker_bytes_read_total", "Bytes a worker read from the object store since it started (tensors, headers, fetched files; local files, its cache included, are not counted).", (|w: &crate::sched::WorkerRec| w.bytes_read) as fn(&crate::sched::WorkerRec) -> u64),

@@ -16,7 +16,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
 use crate::journal::Journal;
-use crate::sched::{Sched, SchedConfig, SchedError};
+use crate::sched::{Effects, Sched, SchedConfig, SchedError};
 use crate::signing::SigningKey;
 
 pub struct CoordinatorConfig {
@@ -100,14 +100,11 @@ impl Coordinator {
 
     /// Publishes what the last transitions produced: events, woken lease waiters, reports to make.
     fn after(&self, mut s: MutexGuard<'_, Sched>) {
-        let events = std::mem::take(&mut s.events);
-        // Finished releases leave memory once their last events are taken (the journal keeps them).
+        let Effects { events, reports, sweeps, ready_changed: woke } = s.take_effects();
+        // Finished releases leave memory once their last events are taken (the journal keeps them). Only news of
+        // ready work wakes the lease waiters (waking them on every change would have idle waiters wake each other
+        // forever).
         s.evict_finished();
-        let reports = std::mem::take(&mut s.reports);
-        let sweeps = std::mem::take(&mut s.sweeps);
-        // Only news of ready work wakes the lease waiters (waking them on every change would have idle waiters
-        // wake each other forever).
-        let woke = std::mem::take(&mut s.ready_changed);
         drop(s);
         for e in events {
             let _ = self.shared.events.send(e);
@@ -134,8 +131,8 @@ impl Coordinator {
             let s = self.lock();
             match s.release(&release_id) {
                 Ok(rel) => {
-                    let report = crate::report::build(rel, &s.workers, (s.cfg.wall_clock)());
-                    let target = s.store.child(&format!("releases/{release_id}/report.json"));
+                    let report = crate::report::build(rel, s.workers(), (s.cfg().wall_clock)());
+                    let target = s.store().child(&format!("releases/{release_id}/report.json"));
                     Some((report, target))
                 }
                 Err(_) => None,
@@ -157,7 +154,7 @@ impl Coordinator {
     async fn expiry_loop(self) {
         let period = {
             let s = self.lock();
-            (s.cfg.lease / 4).clamp(Duration::from_millis(50), Duration::from_millis(500))
+            (s.cfg().lease / 4).clamp(Duration::from_millis(50), Duration::from_millis(500))
         };
         loop {
             tokio::time::sleep(period).await;
@@ -285,7 +282,7 @@ impl Farm for FarmSvc {
         }
         let mut s = self.0.lock();
         let id = s.register(info, Instant::now());
-        let (hb, lease) = (s.cfg.heartbeat.as_millis() as u32, s.cfg.lease.as_millis() as u32);
+        let (hb, lease) = (s.cfg().heartbeat.as_millis() as u32, s.cfg().lease.as_millis() as u32);
         tracing::info!("worker {id} registered");
         drop(s);
         Ok(Response::new(pb::RegisterResponse { worker_id: id, heartbeat_ms: hb, lease_ms: lease }))

@@ -108,7 +108,7 @@ fn leases_by_capability_and_finishes_through_the_report() {
     for l in leases.iter().chain(&more) {
         assert!(s.complete(ok(l, &w), clock.now()).unwrap());
     }
-    assert_eq!(s.reports.len(), 1, "the report task is the coordinator's own, due now");
+    assert_eq!(s.effects().reports.len(), 1, "the report task is the coordinator's own, due now");
     assert_eq!(state(&s, &id), ReleaseState::Running);
     let report = s.release(&id).unwrap().tasks.iter().find(|t| t.key == TaskKey::REPORT).unwrap();
     assert_eq!(report.state.name(), "reporting", "the report is a state of its own, not a lease");
@@ -201,9 +201,9 @@ fn expired_leases_are_retried_and_a_late_result_is_discarded() {
     assert_eq!(state(&s, &id), ReleaseState::Running);
     let t = &s.release(&id).unwrap().tasks[0];
     assert!(t.result.is_none() && t.state.name() == "leased", "{:?}", t.state);
-    assert!(s.events.iter().any(|e| e.message.contains("discarded a late outcome")), "no event says so");
+    assert!(s.effects().events.iter().any(|e| e.message.contains("discarded a late outcome")), "no event says so");
     assert!(s.complete(ok(&second[0], &w2), clock.now()).unwrap());
-    assert_eq!(s.reports.len(), 1);
+    assert_eq!(s.effects().reports.len(), 1);
 }
 
 #[test]
@@ -284,12 +284,12 @@ fn a_dead_lease_has_the_staging_of_its_output_swept_then_again_before_the_report
     let mut s = open(dir.path(), &clock);
     let w = worker(&mut s, &["plan", "gguf", "quantize", "verify"], &clock);
     let (id, gguf) = gguf_release(&mut s, &w, &clock);
-    assert!(s.sweeps.is_empty());
+    assert!(s.effects().sweeps.is_empty());
     // The worker is killed mid-write: its lease expires, and the output it was making is to be swept as of then.
     clock.advance(cfg().lease.as_millis() as u64 + 1);
     let died = clock.now();
     s.expire(died).unwrap();
-    let sweeps = std::mem::take(&mut s.sweeps);
+    let sweeps = s.take_effects().sweeps;
     assert_eq!(sweeps.len(), 1, "{sweeps:?}");
     assert_eq!((sweeps[0].url.as_str(), sweeps[0].died), (output(&gguf).as_str(), died));
     // The task that took two tries is swept again before its release's report (the tries are journaled).
@@ -323,7 +323,7 @@ fn a_dead_plan_that_writes_the_synthetic_model_has_that_folder_swept() {
     clock.advance(cfg().lease.as_millis() as u64 + 1);
     let died = clock.now();
     s.expire(died).unwrap();
-    let sweeps = std::mem::take(&mut s.sweeps);
+    let sweeps = s.take_effects().sweeps;
     assert_eq!(sweeps.iter().map(|w| (w.url.clone(), w.died)).collect::<Vec<_>>(), vec![(folder.clone(), died)]);
     clock.advance(cfg().backoff.as_millis() as u64);
     assert_eq!(lease(&mut s, &w, 1, &clock)[0].task_id, "plan");
@@ -422,7 +422,7 @@ fn a_restarted_scheduler_resumes_from_the_journal() {
     assert_eq!(rest.len(), 1, "only the never-leased task is ready");
     assert!(s.complete(ok(&held, &w), clock.now()).unwrap());
     assert!(s.complete(ok(&rest[0], &w2), clock.now()).unwrap());
-    assert_eq!(s.reports.len(), 1);
+    assert_eq!(s.effects().reports.len(), 1);
     assert!(s.release(&id).unwrap().index.contains_key(&TaskKey::REPORT));
 }
 
@@ -485,19 +485,19 @@ fn a_release_whose_tasks_no_worker_can_take_says_so() {
     let mut s = open(dir.path(), &clock);
     let _plan_only = worker(&mut s, &["plan"], &clock);
     s.submit(&noop_yaml(2), "release.yaml", dir.path().to_str().unwrap()).unwrap();
-    s.events.clear();
+    s.take_effects();
     s.note_unserved(clock.now());
-    assert!(s.events.is_empty(), "said before a lease period passed: {:?}", s.events);
+    assert!(s.effects().events.is_empty(), "said before a lease period passed: {:?}", s.effects().events);
     clock.advance(250);
     s.note_unserved(clock.now());
-    let said: Vec<String> = s.events.drain(..).map(|e| e.message).collect();
+    let said: Vec<String> = s.take_effects().events.into_iter().map(|e| e.message).collect();
     assert_eq!(said, ["waiting: no live worker can take 2 ready task(s): 2 of kind noop"]);
     clock.advance(100);
     s.note_unserved(clock.now());
-    assert!(s.events.is_empty(), "said twice: {:?}", s.events);
+    assert!(s.effects().events.is_empty(), "said twice: {:?}", s.effects().events);
     let w = worker(&mut s, &["noop"], &clock);
     s.note_unserved(clock.now());
-    let said: Vec<String> = s.events.drain(..).map(|e| e.message).collect();
+    let said: Vec<String> = s.take_effects().events.into_iter().map(|e| e.message).collect();
     assert_eq!(said, ["a worker for the waiting tasks joined"]);
     assert_eq!(lease(&mut s, &w, 4, &clock).len(), 2);
 }
@@ -525,9 +525,9 @@ fn mlx_lm_tasks_go_only_to_workers_with_the_mlx_lm_runtime() {
     assert!(!got.is_empty() && got.iter().all(|id| !id.starts_with("mlx-lm/")), "{got:?}");
     s.note_unserved(clock.now());
     clock.advance(250);
-    s.events.clear();
+    s.take_effects();
     s.note_unserved(clock.now());
-    let said: Vec<String> = s.events.drain(..).map(|e| e.message).collect();
+    let said: Vec<String> = s.take_effects().events.into_iter().map(|e| e.message).collect();
     assert_eq!(said.len(), 1, "{said:?}");
     assert!(
         said[0].contains("1 of kind mlx-lm need the mlx_lm runtime") && said[0].contains("QUANTFARM_PYTHON"),

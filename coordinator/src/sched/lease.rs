@@ -131,7 +131,7 @@ impl Sched {
         for l in &out {
             let ri = self.by_id[&l.release_id];
             let ev = self.releases[ri].event(format!("{} started on {worker_id}", l.task_id));
-            self.events.push(ev);
+            self.effects.events.push(ev);
         }
         Ok(Leases { leases: out, next_wake })
     }
@@ -203,7 +203,7 @@ impl Sched {
             self.end_lease(ri, ti);
             // Its worker may have been killed mid-write.
             if let Some(url) = self.releases[ri].tasks[ti].task.as_ref().and_then(graph::written_url) {
-                self.sweeps.push(Sweep { url: url.to_string(), died: now });
+                self.effects.sweeps.push(Sweep { url: url.to_string(), died: now });
             }
             self.releases[ri].tasks[ti].failed_on.push(worker.clone());
             let msg = format!("lease expired: worker {worker} stopped heartbeating");

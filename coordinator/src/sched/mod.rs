@@ -15,14 +15,15 @@
 
 mod lease;
 mod outcome;
-pub mod release;
-pub mod tally;
+mod release;
+mod tally;
 mod wiring;
 mod workers;
 
 use release::QueueEntry;
 pub use release::{Release, Slots, TState, TaskRec};
 pub use tally::History;
+pub(crate) use tally::BUCKETS;
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -161,29 +162,37 @@ pub struct ReportJob {
     pub release_id: String,
 }
 
+/// What transitions ask of the world beyond the scheduler's state, gathered until the server takes them: the
+/// scheduler itself does no I/O.
+#[derive(Debug, Default)]
+pub struct Effects {
+    /// Events to broadcast to the release's watchers.
+    pub events: Vec<pb::ReleaseEvent>,
+    /// Reports to make (the coordinator's own task).
+    pub reports: Vec<ReportJob>,
+    /// Staging of dead writers to sweep.
+    pub sweeps: Vec<Sweep>,
+    /// A task became ready (it wakes waiting leases).
+    pub ready_changed: bool,
+}
+
 pub struct Sched {
-    pub cfg: SchedConfig,
-    pub store: Location,
+    cfg: SchedConfig,
+    store: Location,
     journal: Journal,
     /// The releases in memory: those running, and those finished since the server last evicted them
     /// ([`Sched::evict_finished`]). Finished releases live in the journal ([`Sched::summary`]).
-    pub releases: Slots,
+    releases: Slots,
     by_id: HashMap<String, usize>,
     /// Releases by state (the stored `ReleaseState` number), all history included.
     release_counts: BTreeMap<i32, u64>,
     /// What the evicted releases add to the metrics (since the coordinator started).
-    pub history: History,
+    history: History,
     ready: BTreeSet<QueueEntry>,
     leases: HashMap<String, (usize, usize)>,
-    pub workers: HashMap<String, WorkerRec>,
-    /// Events produced by the last transitions, for the server to broadcast.
-    pub events: Vec<pb::ReleaseEvent>,
-    /// Reports to produce.
-    pub reports: Vec<ReportJob>,
-    /// Staging of dead writers to sweep.
-    pub sweeps: Vec<Sweep>,
-    /// A task became ready since the server last looked (it wakes waiting leases).
-    pub ready_changed: bool,
+    workers: HashMap<String, WorkerRec>,
+    /// What the transitions since the server last took them ask of the world ([`Sched::take_effects`]).
+    effects: Effects,
     // The sha256 recorded for every output URL a task made (all releases) is the journal's `outputs` table
     // ([`Sched::output`]). Outputs are content-addressed, so a URL has one right content: a task that makes it again
     // must give the same digest, and a worker that finds it stored with another digest knows the stored copy is
@@ -272,10 +281,7 @@ impl Sched {
             leases: HashMap::new(),
             holdings: Holdings::default(),
             workers: HashMap::new(),
-            events: Vec::new(),
-            reports: Vec::new(),
-            sweeps: Vec::new(),
-            ready_changed: false,
+            effects: Effects::default(),
             unserved: HashMap::new(),
         };
         for (rel, tasks) in rows {
@@ -444,6 +450,40 @@ impl Sched {
         &self.release_counts
     }
 
+    /// What the transitions since the last call ask of the world (events, reports, sweeps, woken leases), taken.
+    pub fn take_effects(&mut self) -> Effects {
+        std::mem::take(&mut self.effects)
+    }
+
+    /// What the transitions since [`Sched::take_effects`] ask of the world, left in place.
+    pub fn effects(&self) -> &Effects {
+        &self.effects
+    }
+
+    pub fn cfg(&self) -> &SchedConfig {
+        &self.cfg
+    }
+
+    /// The store the releases' outputs go to.
+    pub fn store(&self) -> &Location {
+        &self.store
+    }
+
+    /// The releases in memory: those running, and those finished since the server last evicted them.
+    pub fn releases(&self) -> &Slots {
+        &self.releases
+    }
+
+    /// What the evicted releases add to the metrics (since the coordinator started).
+    pub fn history(&self) -> &History {
+        &self.history
+    }
+
+    /// The workers known since the coordinator started, by id.
+    pub fn workers(&self) -> &HashMap<String, WorkerRec> {
+        &self.workers
+    }
+
     /// Lets the finished releases go from memory (their figures join `history`); the journal keeps them, and
     /// [`Sched::summary`] reads them from there. Called by the server once their events are out.
     pub fn evict_finished(&mut self) {
@@ -515,7 +555,7 @@ impl Sched {
         *self.release_counts.entry(ReleaseState::Running as i32).or_default() += 1;
         self.add_tasks(ri, defs)?;
         let ev = self.releases[ri].event(format!("release {id} submitted"));
-        self.events.push(ev);
+        self.effects.events.push(ev);
         Ok(id)
     }
 }

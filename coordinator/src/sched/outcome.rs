@@ -33,7 +33,7 @@ impl Sched {
             );
             tracing::warn!(release = %rel.id, "{msg}");
             let ev = rel.event(msg);
-            self.events.push(ev);
+            self.effects.events.push(ev);
             return Ok(false);
         }
         self.end_lease(ri, ti);
@@ -140,7 +140,7 @@ impl Sched {
             }
         }
         let ev = self.releases[ri].event(format!("{id}: {msg}; {pid} makes it again"));
-        self.events.push(ev);
+        self.effects.events.push(ev);
         Ok(())
     }
 
@@ -200,7 +200,7 @@ impl Sched {
         }
         let rel = &self.releases[ri];
         let ev = rel.event(format!("{} done on {worker} in {:.1} s", rel.tasks[ti].id, duration_ms as f64 / 1000.0));
-        self.events.push(ev);
+        self.effects.events.push(ev);
         Ok(())
     }
 
@@ -242,7 +242,7 @@ impl Sched {
         self.journal_task(ri, ti)?;
         self.make_ready(ri, ti);
         let ev = self.releases[ri].event(format!("{id} failed, retrying in {:.1} s: {msg}", delay.as_secs_f64()));
-        self.events.push(ev);
+        self.effects.events.push(ev);
         Ok(())
     }
 
@@ -284,7 +284,7 @@ impl Sched {
         );
         self.journal.batch(|b: &Batch| b.finish_release(&id, st, err.as_deref(), rj.as_deref(), ru.as_deref(), fm))?;
         let ev = self.releases[ri].event(format!("release {id}: {}", state.as_str_name()));
-        self.events.push(ev);
+        self.effects.events.push(ev);
         Ok(())
     }
 

@@ -91,7 +91,7 @@ impl Sched {
             t.state = TState::Reporting;
             t.attempts += 1;
             self.journal_task(ri, ti)?;
-            self.reports.push(ReportJob { release_id: self.releases[ri].id.clone() });
+            self.effects.reports.push(ReportJob { release_id: self.releases[ri].id.clone() });
             return Ok(());
         }
         let built = {
@@ -113,7 +113,7 @@ impl Sched {
     }
 
     pub(super) fn make_ready(&mut self, ri: usize, ti: usize) {
-        self.ready_changed = true;
+        self.effects.ready_changed = true;
         let inputs = self.inputs_of(self.releases[ri].tasks[ti].task.as_ref());
         self.releases[ri].tasks[ti].inputs = inputs;
         self.ready.insert((Reverse(self.releases[ri].tasks[ti].priority), ri, ti));

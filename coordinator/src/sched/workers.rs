@@ -59,7 +59,7 @@ impl Sched {
                 if let Some((_, said)) = self.unserved.remove(&id) {
                     if !said.is_empty() && !self.releases[ri].finished() {
                         let ev = self.releases[ri].event("a worker for the waiting tasks joined".into());
-                        self.events.push(ev);
+                        self.effects.events.push(ev);
                     }
                 }
                 continue;
@@ -87,7 +87,7 @@ impl Sched {
                 entry.1 = msg.clone();
                 tracing::warn!(release = %self.releases[ri].id, "{msg}");
                 let ev = self.releases[ri].event(msg);
-                self.events.push(ev);
+                self.effects.events.push(ev);
             }
         }
     }
