@@ -292,80 +292,40 @@ impl Sched {
 
     fn restore(&mut self, row: ReleaseRow, rows: Vec<TaskRow>, now: Instant) -> Result<(), SchedError> {
         let spec = ReleaseSpec::parse(&row.yaml, &row.file_name)?;
-        let source = source_location(&spec.source, &row.base, &self.store)?;
-        let imatrix = imatrix_location(&spec, &row.base);
-        let adapter = spec.adapter.as_deref().map_or_else(String::new, |a| resolve_source(a, &row.base));
-        let eval = eval_inputs(&spec, &row.base);
-        let state = ReleaseState::try_from(row.state).unwrap_or(ReleaseState::Failed);
         let ri = self.releases.len();
-        let mut rel = Release {
-            id: row.id.clone(),
-            yaml: row.yaml,
-            file_name: row.file_name,
-            base: row.base,
-            spec,
-            source,
-            imatrix,
-            adapter,
-            eval,
-            state,
-            tasks: Vec::new(),
-            index: HashMap::new(),
-            stage_names: Vec::new(),
-            error: row.error,
-            report_json: row.report_json,
-            report_url: row.report_url,
-            created_ms: row.created_ms,
-            finished_ms: row.finished_ms,
-        };
+        let mut rel = Release::from_row(row, spec, &self.store)?;
         let deadline = now + self.cfg.lease;
+        let release_id = rel.id.clone();
+        let no_task = |task: &str| SchedError::NoTask { release: release_id.clone(), task: task.to_string() };
+        let mut restored = Vec::with_capacity(rows.len());
         for r in &rows {
-            let key = TaskKey::parse(&r.id)
-                .ok_or_else(|| SchedError::NoTask { release: row.id.clone(), task: r.id.clone() })?;
-            let corrupt = |msg: String| SchedError::Corrupt { release: row.id.clone(), task: r.id.clone(), msg };
+            let key = TaskKey::parse(&r.id).ok_or_else(|| no_task(&r.id))?;
+            let corrupt = |msg: String| SchedError::Corrupt { release: release_id.clone(), task: r.id.clone(), msg };
             let lease = r.lease_id.as_deref().zip(r.worker.as_deref());
             let state = TState::from_journal(&r.state, lease, deadline).map_err(corrupt)?;
             let task = r.task.as_deref().map(pb::Task::decode).transpose();
             let task = task.map_err(|e| corrupt(format!("its task message does not decode: {e}")))?;
             let result = r.result.as_deref().map(pb::TaskResult::decode).transpose();
             let result = result.map_err(|e| corrupt(format!("its result does not decode: {e}")))?;
-            rel.index.insert(key.clone(), rel.tasks.len());
-            let stage = rel.stage_of(&key);
-            rel.tasks.push(TaskRec {
-                key,
-                stage,
-                id: r.id.clone(),
-                deps: Vec::new(),
-                dependents: Vec::new(),
-                waiting: 0,
-                priority: r.priority,
-                state,
-                attempts: r.attempts,
-                not_before: None,
-                task,
-                result,
-                error: r.error.clone(),
-                worker: r.worker.clone(),
-                duration_ms: r.duration_ms,
-                fetch_ms: 0,
-                failed_on: Vec::new(),
-                inputs: Vec::new(),
-                ready_since: None,
-            });
+            let mut t = TaskRec::new(key, r.priority);
+            t.id = r.id.clone();
+            t.state = state;
+            t.attempts = r.attempts;
+            t.task = task;
+            t.result = result;
+            t.error = r.error.clone();
+            t.worker = r.worker.clone();
+            t.duration_ms = r.duration_ms;
+            restored.push(t);
+        }
+        for t in restored {
+            rel.push_task(t);
         }
         for (i, r) in rows.iter().enumerate() {
             for d in &r.deps {
-                let key =
-                    TaskKey::parse(d).ok_or_else(|| SchedError::NoTask { release: row.id.clone(), task: d.clone() })?;
-                let di = *rel
-                    .index
-                    .get(&key)
-                    .ok_or_else(|| SchedError::NoTask { release: row.id.clone(), task: d.clone() })?;
-                rel.tasks[i].deps.push(di);
-                rel.tasks[di].dependents.push(i);
-                if rel.tasks[di].state != TState::Done {
-                    rel.tasks[i].waiting += 1;
-                }
+                let key = TaskKey::parse(d).ok_or_else(|| no_task(d))?;
+                let di = rel.task_index(&key)?;
+                rel.wire(i, di);
             }
         }
         let running = rel.state == ReleaseState::Running;
@@ -505,10 +465,6 @@ impl Sched {
     /// Accepts a release: parses its spec and creates its first tasks.
     pub fn submit(&mut self, yaml: &str, file_name: &str, base: &str) -> Result<String, SchedError> {
         let spec = ReleaseSpec::parse(yaml, file_name)?;
-        let source = source_location(&spec.source, base, &self.store)?;
-        let imatrix = imatrix_location(&spec, base);
-        let adapter = spec.adapter.as_deref().map_or_else(String::new, |a| resolve_source(a, base));
-        let eval = eval_inputs(&spec, base);
         let mut id = format!("{}-{}", spec.name, &random_hex(4));
         while self.by_id.contains_key(&id) || self.journal.release_exists(&id)? {
             id = format!("{}-{}", spec.name, &random_hex(4));
@@ -526,26 +482,7 @@ impl Sched {
             finished_ms: None,
         };
         let ri = self.releases.len();
-        self.releases.push(Release {
-            id: id.clone(),
-            yaml: row.yaml.clone(),
-            file_name: row.file_name.clone(),
-            base: row.base.clone(),
-            spec,
-            source,
-            imatrix,
-            adapter,
-            eval,
-            state: ReleaseState::Running,
-            tasks: Vec::new(),
-            index: HashMap::new(),
-            stage_names: Vec::new(),
-            error: None,
-            report_json: None,
-            report_url: None,
-            created_ms: row.created_ms,
-            finished_ms: None,
-        });
+        self.releases.push(Release::from_row(row.clone(), spec, &self.store)?);
         self.by_id.insert(id.clone(), ri);
         let defs = {
             let rel = &self.releases[ri];

@@ -110,8 +110,7 @@ impl Sched {
         self.make_ready(ri, pi);
         if !self.releases[ri].tasks[pi].dependents.contains(&ti) {
             // It read the output without depending on its task (not a graph this planner makes): it does now.
-            self.releases[ri].tasks[pi].dependents.push(ti);
-            self.releases[ri].tasks[ti].deps.push(pi);
+            self.releases[ri].link(ti, pi);
         }
         // Dependents that have not started wait for it again; the failed task gives its try back.
         for d in self.releases[ri].tasks[pi].dependents.clone() {

@@ -77,6 +77,31 @@ pub struct TaskRec {
 }
 
 impl TaskRec {
+    /// A new task of `key`, blocked, of critical-path `priority`.
+    pub(super) fn new(key: TaskKey, priority: u64) -> TaskRec {
+        TaskRec {
+            id: key.to_string(),
+            key,
+            stage: 0,
+            deps: Vec::new(),
+            dependents: Vec::new(),
+            waiting: 0,
+            priority,
+            state: TState::Blocked,
+            attempts: 0,
+            not_before: None,
+            task: None,
+            result: None,
+            error: None,
+            worker: None,
+            duration_ms: 0,
+            fetch_ms: 0,
+            failed_on: Vec::new(),
+            inputs: Vec::new(),
+            ready_since: None,
+        }
+    }
+
     pub(super) fn row(&self, tasks: &[TaskRec]) -> TaskRow {
         let (lease_id, worker) = match &self.state {
             TState::Leased { lease_id, worker, .. } => (Some(lease_id.clone()), Some(worker.clone())),
@@ -123,6 +148,67 @@ pub struct Release {
 }
 
 impl Release {
+    /// The release of a journal row (as submitted or restored) and its parsed spec, its inputs resolved against
+    /// the submitter's folder (`row.base`) and the store; no tasks yet.
+    pub(super) fn from_row(row: ReleaseRow, spec: ReleaseSpec, store: &Location) -> Result<Release, SchedError> {
+        let source = source_location(&spec.source, &row.base, store)?;
+        let imatrix = imatrix_location(&spec, &row.base);
+        let adapter = spec.adapter.as_deref().map_or_else(String::new, |a| resolve_source(a, &row.base));
+        let eval = eval_inputs(&spec, &row.base);
+        Ok(Release {
+            id: row.id,
+            yaml: row.yaml,
+            file_name: row.file_name,
+            base: row.base,
+            spec,
+            source,
+            imatrix,
+            adapter,
+            eval,
+            state: ReleaseState::try_from(row.state).unwrap_or(ReleaseState::Failed),
+            tasks: Vec::new(),
+            index: HashMap::new(),
+            stage_names: Vec::new(),
+            error: row.error,
+            report_json: row.report_json,
+            report_url: row.report_url,
+            created_ms: row.created_ms,
+            finished_ms: row.finished_ms,
+        })
+    }
+
+    /// Adds a task (indexed by its key, its stage counted); returns its index.
+    pub(super) fn push_task(&mut self, mut t: TaskRec) -> usize {
+        let ti = self.tasks.len();
+        t.stage = self.stage_of(&t.key);
+        self.index.insert(t.key.clone(), ti);
+        self.tasks.push(t);
+        ti
+    }
+
+    /// The index of task `key`.
+    pub(super) fn task_index(&self, key: &TaskKey) -> Result<usize, SchedError> {
+        self.index
+            .get(key)
+            .copied()
+            .ok_or_else(|| SchedError::NoTask { release: self.id.clone(), task: key.to_string() })
+    }
+
+    /// Task `ti` depends on task `di` (an edge both ways; its open count unchanged).
+    pub(super) fn link(&mut self, ti: usize, di: usize) {
+        self.tasks[ti].deps.push(di);
+        self.tasks[di].dependents.push(ti);
+    }
+
+    /// Task `ti` waits for task `di`: the edge, and one more open dependency while `di` is not done. The one place
+    /// a dependency is wired (new tasks, new waits, a restart).
+    pub(super) fn wire(&mut self, ti: usize, di: usize) {
+        self.link(ti, di);
+        if self.tasks[di].state != TState::Done {
+            self.tasks[ti].waiting += 1;
+        }
+    }
+
     pub fn ctx<'a>(&'a self, store: &'a Location) -> Ctx<'a> {
         Ctx {
             spec: &self.spec,

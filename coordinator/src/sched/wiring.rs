@@ -10,39 +10,12 @@ impl Sched {
         let rel = &mut self.releases[ri];
         let first_new = rel.tasks.len();
         for d in &defs {
-            rel.index.insert(d.key.clone(), rel.tasks.len());
-            let stage = rel.stage_of(&d.key);
-            rel.tasks.push(TaskRec {
-                stage,
-                id: d.key.to_string(),
-                key: d.key.clone(),
-                deps: Vec::new(),
-                dependents: Vec::new(),
-                waiting: 0,
-                priority: prio.get(&d.key).copied().unwrap_or(d.cost),
-                state: TState::Blocked,
-                attempts: 0,
-                not_before: None,
-                task: None,
-                result: None,
-                error: None,
-                worker: None,
-                duration_ms: 0,
-                fetch_ms: 0,
-                failed_on: Vec::new(),
-                inputs: Vec::new(),
-                ready_since: None,
-            });
+            rel.push_task(TaskRec::new(d.key.clone(), prio.get(&d.key).copied().unwrap_or(d.cost)));
         }
         for (k, d) in defs.iter().enumerate() {
-            let i = first_new + k;
             for dep in &d.deps {
-                let di = rel.index[dep];
-                rel.tasks[i].deps.push(di);
-                rel.tasks[di].dependents.push(i);
-                if rel.tasks[di].state != TState::Done {
-                    rel.tasks[i].waiting += 1;
-                }
+                let di = rel.task_index(dep)?;
+                rel.wire(first_new + k, di);
             }
         }
         let rel = &self.releases[ri];
@@ -65,19 +38,10 @@ impl Sched {
     /// Makes an existing task also wait for `deps` (tasks of the same release), journalled.
     pub(super) fn add_deps(&mut self, ri: usize, key: &TaskKey, deps: &[TaskKey]) -> Result<(), SchedError> {
         let rel = &mut self.releases[ri];
-        let Some(&ti) = rel.index.get(key) else {
-            return Err(SchedError::NoTask { release: rel.id.clone(), task: key.to_string() });
-        };
+        let ti = rel.task_index(key)?;
         for dep in deps {
-            let di = *rel
-                .index
-                .get(dep)
-                .ok_or_else(|| SchedError::NoTask { release: rel.id.clone(), task: dep.to_string() })?;
-            rel.tasks[ti].deps.push(di);
-            rel.tasks[di].dependents.push(ti);
-            if rel.tasks[di].state != TState::Done {
-                rel.tasks[ti].waiting += 1;
-            }
+            let di = rel.task_index(dep)?;
+            rel.wire(ti, di);
         }
         self.journal_task(ri, ti)
     }
