@@ -29,12 +29,20 @@ impl Sched {
     pub fn lease(&mut self, worker_id: &str, slots: u32, now: Instant) -> Result<Leases, SchedError> {
         let w = self.workers.get_mut(worker_id).ok_or_else(|| SchedError::UnknownWorker(worker_id.into()))?;
         w.last_seen = now;
-        let kinds = w.kinds.clone();
-        let runtimes: Vec<String> = w.info.runtimes.clone();
-        let want = slots.max(1) as usize;
+        let (picked, next_wake) = self.pick(worker_id, slots.max(1) as usize, now);
+        let leases = self.grant(worker_id, picked, now)?;
+        Ok(Leases { leases, next_wake })
+    }
+
+    /// The ready tasks `worker_id` gets, at most `want` of them in the order [`Sched::lease`] says; and, for the
+    /// caller's wait, the earliest time a task passed over now (backed off, or left to a holder) may be taken.
+    fn pick(&mut self, worker_id: &str, want: usize, now: Instant) -> (Vec<QueueEntry>, Option<Instant>) {
+        let Some(w) = self.workers.get(worker_id) else { return (Vec::new(), None) };
+        let (kinds, runtimes) = (w.kinds.clone(), w.info.runtimes.clone());
         // (queue position, bytes held): every candidate of the priorities scanned until `want` were found.
         let mut cands: Vec<(QueueEntry, u64)> = Vec::new();
         let mut next_wake: Option<Instant> = None;
+        let mut wake_at = |at: Instant| next_wake = Some(next_wake.map_or(at, |w: Instant| w.min(at)));
         let mut first_seen = Vec::new();
         let mut critical: HashMap<usize, u64> = HashMap::new();
         // Per input set (its first file's digest): tasks left to their holders in this scan so far.
@@ -45,18 +53,13 @@ impl Sched {
                 break;
             }
             let t = &self.releases[ri].tasks[ti];
-            let Some(kind) = t.key.worker_kind() else { continue };
-            if !kinds.contains(&kind) {
-                continue;
-            }
+            let Some(kind) = t.key.worker_kind().filter(|k| kinds.contains(k)) else { continue };
             if t.key.runtime().is_some_and(|rt| !runtimes.iter().any(|r| r == rt)) {
                 continue;
             }
-            if let Some(nb) = t.not_before {
-                if nb > now {
-                    next_wake = Some(next_wake.map_or(nb, |w: Instant| w.min(nb)));
-                    continue;
-                }
+            if let Some(nb) = t.not_before.filter(|&nb| nb > now) {
+                wake_at(nb);
+                continue;
             }
             if t.failed_on.iter().any(|w| w == worker_id) && self.another_worker_for(t, kind, now) {
                 continue;
@@ -70,7 +73,7 @@ impl Sched {
             let ahead = queued.get(family).copied().unwrap_or(0);
             let run_s = *run_s.entry((ri, t.key.sort())).or_insert_with(|| self.releases[ri].fastest(&t.key));
             if let Some(until) = self.waits_for_holder(t, kind, worker_id, held, critical, ahead, run_s, now) {
-                next_wake = Some(next_wake.map_or(until, |w: Instant| w.min(until)));
+                wake_at(until);
                 *queued.entry(family).or_default() += 1;
                 continue;
             }
@@ -81,7 +84,12 @@ impl Sched {
         }
         // Within one priority the worker's held bytes decide (stable: otherwise the queue's order).
         cands.sort_by(|a, b| a.0 .0.cmp(&b.0 .0).then(b.1.cmp(&a.1)));
-        let picked: Vec<QueueEntry> = cands.into_iter().take(want).map(|c| c.0).collect();
+        (cands.into_iter().take(want).map(|c| c.0).collect(), next_wake)
+    }
+
+    /// Leases the `picked` tasks to `worker_id`: each leased with its output's known digest and its inputs, its
+    /// inputs counted as the worker's holdings, journaled in one transaction, and said in an event.
+    fn grant(&mut self, worker_id: &str, picked: Vec<QueueEntry>, now: Instant) -> Result<Vec<pb::Lease>, SchedError> {
         let mut out = Vec::with_capacity(picked.len());
         let lease_ms = self.cfg.lease.as_millis() as u32;
         let mut rows = Vec::with_capacity(picked.len());
@@ -133,7 +141,7 @@ impl Sched {
             let ev = self.releases[ri].event(format!("{} started on {worker_id}", l.task_id));
             self.effects.events.push(ev);
         }
-        Ok(Leases { leases: out, next_wake })
+        Ok(out)
     }
 
     /// Until when `t` waits for a live worker that holds more of its inputs than `worker` (which holds `held` bytes of
