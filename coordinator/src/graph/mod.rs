@@ -21,19 +21,19 @@ pub struct Ctx<'a> {
     pub spec: &'a ReleaseSpec,
     /// The source, resolved against the submitter's folder.
     pub source: &'a str,
-    /// The importance matrix, or its calibration text when the farm computes it, resolved likewise ("" for none).
-    pub imatrix: &'a str,
-    /// The adapter merged into the source, resolved likewise ("" for none).
-    pub adapter: &'a str,
+    /// The importance matrix, or its calibration text when the farm computes it, resolved likewise.
+    pub imatrix: Option<&'a str>,
+    /// The adapter merged into the source, resolved likewise.
+    pub adapter: Option<&'a str>,
     /// The evaluation's inputs, resolved likewise.
     pub eval: &'a EvalInputs,
     pub store: &'a Location,
 }
 
-/// The evaluation's input files, resolved against the submitter's folder ("" for none).
+/// The evaluation's input files, resolved against the submitter's folder.
 #[derive(Clone, Debug, Default)]
 pub struct EvalInputs {
-    pub text: String,
-    pub prompts: String,
-    pub probes: String,
+    pub text: Option<String>,
+    pub prompts: Option<String>,
+    pub probes: Option<String>,
 }

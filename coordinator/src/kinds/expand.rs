@@ -190,7 +190,7 @@ pub(super) fn runs_greedy(ctx: &Ctx, e: &Evaluation) -> bool {
 /// was not made and the `merge` gate fails with that reason.
 pub(super) fn merge_checked<'a>(ctx: &Ctx<'a>, mp: &pb::MergePlanResult) -> Option<&'a Evaluation> {
     let e = ctx.spec.evaluation.as_ref()?;
-    (!ctx.adapter.is_empty() && e.prompts.is_some() && !mp.untied).then_some(e)
+    (ctx.adapter.is_some() && e.prompts.is_some() && !mp.untied).then_some(e)
 }
 
 /// The merge plan's files with their sizes (1 where the plan gives none).
@@ -274,9 +274,9 @@ mod tests {
         let yaml =
             "name: r\nsource: ./m\nadapter: ./a\noutputs:\n  gguf: {quants: [Q8_0]}\nevaluation: {prompts: p.json}\n";
         let spec = ReleaseSpec::parse(yaml, "r.yaml").unwrap();
-        let eval = EvalInputs { text: String::new(), prompts: "/p.json".into(), probes: String::new() };
+        let eval = EvalInputs { text: None, prompts: Some("/p.json".into()), probes: None };
         let store = Location::local("/tmp/store");
-        let ctx = Ctx { spec: &spec, source: "/m", imatrix: "", adapter: "/a", eval: &eval, store: &store };
+        let ctx = Ctx { spec: &spec, source: "/m", imatrix: None, adapter: Some("/a"), eval: &eval, store: &store };
         let checks = |untied| {
             let mp = pb::MergePlanResult { files: vec!["model.safetensors".into()], untied, ..Default::default() };
             let grown = grow(Stage::Merged(&mp), &ctx, &|_| None);

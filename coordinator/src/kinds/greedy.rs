@@ -59,7 +59,7 @@ impl Family for Greedy {
         };
         Ok(task::Kind::Greedy(pb::GreedyTask {
             model: model_of(results, subject)?.url.clone(),
-            prompts: ctx.eval.prompts.clone(),
+            prompts: ctx.eval.prompts.clone().ok_or("the release's evaluation has no prompts")?,
             share,
             n_shares: e.prompt_shares,
             max_tokens: e.max_tokens,

@@ -27,7 +27,8 @@ pub enum Imatrix {
 
 /// The calibration text's name as recorded in the file (llama-imatrix records `-f` as given; the farm, the name).
 fn dataset(ctx: &Ctx) -> Result<String, String> {
-    Ok(Location::parse(ctx.imatrix).map_err(|e| e.to_string())?.file_name().to_string())
+    let text = ctx.imatrix.ok_or("the release computes no importance matrix")?;
+    Ok(Location::parse(text).map_err(|e| e.to_string())?.file_name().to_string())
 }
 
 fn group_task(ctx: &Ctx, results: &Results, group: u32) -> Result<pb::ImatrixTask, String> {

@@ -60,10 +60,9 @@ pub(super) fn merged_folder(ctx: &Ctx, results: &Results) -> Result<Location, St
 
 /// The model the conversions read: the merged checkpoint when there is an adapter, else the source.
 pub(super) fn model_source(ctx: &Ctx, results: &Results) -> Result<String, String> {
-    if ctx.adapter.is_empty() {
-        Ok(ctx.source.to_string())
-    } else {
-        Ok(merged_folder(ctx, results)?.to_string())
+    match ctx.adapter {
+        None => Ok(ctx.source.to_string()),
+        Some(_) => Ok(merged_folder(ctx, results)?.to_string()),
     }
 }
 
@@ -103,7 +102,7 @@ pub(super) fn mlx_lm_model(ctx: &Ctx, results: &Results, subject: MlxSubject) ->
 pub(super) fn kld_settings(ctx: &Ctx) -> Result<pb::KldSettings, String> {
     let e = ctx.spec.evaluation.as_ref().ok_or("the release has no evaluation section")?;
     Ok(pb::KldSettings {
-        text: ctx.eval.text.clone(),
+        text: ctx.eval.text.clone().ok_or("the release's evaluation has no text")?,
         ctx: e.ctx,
         batch: e.batch,
         max_chunks: e.chunks.unwrap_or(0),
@@ -115,7 +114,7 @@ pub(super) fn kld_settings(ctx: &Ctx) -> Result<pb::KldSettings, String> {
 pub(super) fn imatrix_settings(ctx: &Ctx) -> Result<pb::KldSettings, String> {
     match ctx.spec.imatrix() {
         Some(ImatrixSource::Text { chunks, ctx: c, batch, .. }) => Ok(pb::KldSettings {
-            text: ctx.imatrix.to_string(),
+            text: ctx.imatrix.ok_or("the release computes no importance matrix")?.to_string(),
             ctx: *c,
             batch: *batch,
             max_chunks: chunks.unwrap_or(0),

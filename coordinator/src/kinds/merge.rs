@@ -45,7 +45,7 @@ pub(super) fn merge_task(ctx: &Ctx, results: &Results, file: Option<u32>) -> Res
     };
     Ok(pb::MergeTask {
         base: ctx.source.to_string(),
-        adapter: ctx.adapter.to_string(),
+        adapter: ctx.adapter.unwrap_or_default().to_string(),
         base_name: ctx.spec.base_name.clone().unwrap_or_default(),
         plan_digest: mp.plan_digest.clone(),
         file: file.unwrap_or(0),
@@ -90,7 +90,7 @@ impl Family for Merge {
         Ok(match self {
             Merge::Plan => task::Kind::MergePlan(pb::MergePlanTask {
                 base: ctx.source.to_string(),
-                adapter: ctx.adapter.to_string(),
+                adapter: ctx.adapter.unwrap_or_default().to_string(),
                 base_name: ctx.spec.base_name.clone().unwrap_or_default(),
             }),
             Merge::File { .. } | Merge::Side => task::Kind::Merge(merge_task(ctx, results, self.file())?),
@@ -110,7 +110,7 @@ impl Family for Merge {
     fn grow(stage: Stage, ctx: &Ctx, _: &Results, out: &mut Grown) {
         match stage {
             Stage::Start => {
-                if !ctx.adapter.is_empty() {
+                if ctx.adapter.is_some() {
                     out.add(Merge::Plan, vec![], 1);
                 }
             }

@@ -58,7 +58,7 @@ impl Family for MergeCheck {
             artifact(ctx, &["quantfarm merge-check v1", part.name(), &mp.inputs_identity, &mp.plan_digest], &name)?;
         Ok(task::Kind::MergeCheck(pb::MergeCheckTask {
             base: ctx.source.to_string(),
-            adapter: ctx.adapter.to_string(),
+            adapter: ctx.adapter.unwrap_or_default().to_string(),
             base_name: ctx.spec.base_name.clone().unwrap_or_default(),
             part: part.proto() as i32,
             output: output.to_string(),

@@ -102,7 +102,7 @@ impl Family for MlxLm {
             }
             MlxLm::Probe { subject } => task::Kind::MlxLmProbe(pb::MlxLmProbeTask {
                 model: mlx_lm_model(ctx, results, subject)?,
-                suite: ctx.eval.probes.clone(),
+                suite: ctx.eval.probes.clone().ok_or("the release's evaluation has no probes")?,
             }),
         })
     }

@@ -41,7 +41,7 @@ impl Family for Plan {
             source: model_source(ctx, results)?,
             split: ctx.spec.split_rule(),
             // The plan checks and hashes a given file; a computed one is checked by its merge.
-            imatrix: if computes_imatrix(ctx) { String::new() } else { ctx.imatrix.to_string() },
+            imatrix: if computes_imatrix(ctx) { String::new() } else { ctx.imatrix.unwrap_or_default().to_string() },
             synthetic: match synthetic_name(&ctx.spec.source) {
                 Some(Ok(_)) => ctx.spec.source.trim_start_matches("synthetic:").to_string(),
                 _ => String::new(),
@@ -57,7 +57,7 @@ impl Family for Plan {
     fn grow(stage: Stage, ctx: &Ctx, _: &Results, out: &mut Grown) {
         match stage {
             Stage::Start => {
-                if ctx.adapter.is_empty() && ctx.spec.converts() {
+                if ctx.adapter.is_none() && ctx.spec.converts() {
                     out.add(Plan, vec![], 1);
                 }
             }

@@ -45,7 +45,7 @@ impl Family for Probe {
     fn message(&self, ctx: &Ctx, results: &Results) -> Result<task::Kind, String> {
         Ok(task::Kind::Probe(pb::ProbeTask {
             model: model_of(results, self.subject)?.url.clone(),
-            suite: ctx.eval.probes.clone(),
+            suite: ctx.eval.probes.clone().ok_or("the release's evaluation has no probes")?,
             ctx: ctx.spec.evaluation.as_ref().map_or(4096, |e| e.context),
         }))
     }

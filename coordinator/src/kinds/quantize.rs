@@ -29,7 +29,7 @@ impl Quantize {
             (0..n).map(|s| artifact_of(results, &Gguf { shard: s }.into())).collect::<Result<_, _>>()?;
         let (imatrix, imatrix_sha256) = match ctx.spec.imatrix() {
             None => (String::new(), String::new()),
-            Some(ImatrixSource::File(_)) => (ctx.imatrix.to_string(), plan.imatrix_sha256.clone()),
+            Some(ImatrixSource::File(_)) => (ctx.imatrix.unwrap_or_default().to_string(), plan.imatrix_sha256.clone()),
             Some(ImatrixSource::Text { .. }) => {
                 let a = artifact_of(results, &Imatrix::Merge.into())?;
                 (a.url.clone(), a.sha256.clone())

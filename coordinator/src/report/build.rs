@@ -272,12 +272,10 @@ fn peer_summaries(
 /// The adapter merged into the source: its location, format, every file with its content's sha256, and what the
 /// merge changes (null without one).
 fn adapter(rel: &Release) -> Option<Adapter> {
-    if rel.adapter.is_empty() {
-        return None;
-    }
+    let url = rel.adapter.clone()?;
     let plan = rel.result(&MergeKey::Plan.into()).and_then(pb::TaskResult::merge_plan);
     Some(Adapter {
-        url: rel.adapter.clone(),
+        url,
         format: plan.map(|p| p.format.clone()),
         files: plan.map(|p| {
             p.adapter_files
@@ -292,9 +290,7 @@ fn adapter(rel: &Release) -> Option<Adapter> {
 
 /// Link 1: the merge check's inputs and greedy agreement, or why it was not measured (null without an adapter).
 fn merge_check(rel: &Release, greedy: &BTreeMap<String, GreedySummary>) -> Option<MergeCheck> {
-    if rel.adapter.is_empty() {
-        return None;
-    }
+    rel.adapter.as_ref()?;
     let Some(g) = greedy.get(MERGE_CHECK) else {
         return Some(MergeCheck::Unmeasured { error: merge_unmeasured(rel) });
     };
@@ -314,7 +310,7 @@ fn merge_check(rel: &Release, greedy: &BTreeMap<String, GreedySummary>) -> Optio
 /// Why the merge check has no figures (with an adapter).
 pub(super) fn merge_unmeasured(rel: &Release) -> String {
     let untied = rel.result(&MergeKey::Plan.into()).and_then(pb::TaskResult::merge_plan).is_some_and(|m| m.untied);
-    if rel.eval.prompts.is_empty() {
+    if rel.eval.prompts.is_none() {
         "not measured: the merge check runs on evaluation.prompts, and the release has none".into()
     } else if untied {
         "not measured: the adapter changes the embeddings of a base with tied embeddings, and llama.cpp cannot apply \
@@ -472,12 +468,10 @@ fn artifacts(
 /// What each link of the parity method did, in words.
 fn links(rel: &Release) -> Links {
     Links {
-        merge: if rel.adapter.is_empty() {
-            "not applicable: no adapter".to_string()
-        } else if rel.eval.prompts.is_empty() {
-            format!("adapter {} merged exactly (f64, rounded once); each file recomputed and compared byte for byte; greedy agreement not measured (no evaluation.prompts)", rel.adapter)
-        } else {
-            format!("adapter {} merged exactly (f64, rounded once); each file recomputed and compared byte for byte; the merge's greedy agreement with the base plus the adapter at run time in merge_check", rel.adapter)
+        merge: match (&rel.adapter, &rel.eval.prompts) {
+            (None, _) => "not applicable: no adapter".to_string(),
+            (Some(adapter), None) => format!("adapter {adapter} merged exactly (f64, rounded once); each file recomputed and compared byte for byte; greedy agreement not measured (no evaluation.prompts)"),
+            (Some(adapter), Some(_)) => format!("adapter {adapter} merged exactly (f64, rounded once); each file recomputed and compared byte for byte; the merge's greedy agreement with the base plus the adapter at run time in merge_check"),
         },
         conversion: "GGUF BF16 written from the source by the mapping; each file recomputed and compared byte for byte"
             .to_string(),
@@ -487,7 +481,7 @@ fn links(rel: &Release) -> Links {
             "llama-quantize's algorithms; each file recomputed and compared byte for byte; information loss not measured (no evaluation section)"
         }
         .to_string(),
-        probes: if rel.eval.probes.is_empty() {
+        probes: if rel.eval.probes.is_none() {
             "not measured (no evaluation.probes)"
         } else {
             "the probe suite run on the reference and every model in llama.cpp (artifacts[].probes)"
@@ -503,7 +497,7 @@ fn imatrix(rel: &Release) -> Option<Imatrix> {
     match rel.spec.imatrix()? {
         ImatrixSource::File(_) => {
             let sha256 = rel.result(&TaskKey::PLAN).and_then(pb::TaskResult::plan).map(|p| p.imatrix_sha256.clone());
-            Some(Imatrix::File { url: rel.imatrix.clone(), sha256 })
+            Some(Imatrix::File { url: rel.imatrix.clone().unwrap_or_default(), sha256 })
         }
         ImatrixSource::Text { ctx, batch, .. } => {
             let merged = artifact_result(rel.result(&ImatrixKey::Merge.into()));
@@ -511,7 +505,7 @@ fn imatrix(rel: &Release) -> Option<Imatrix> {
             Some(Imatrix::Computed {
                 url: merged.map(|a| a.url.clone()),
                 sha256: merged.map(|a| a.sha256.clone()),
-                text: rel.imatrix.clone(),
+                text: rel.imatrix.clone().unwrap_or_default(),
                 text_sha256: plan.map(|p| p.text_sha256.clone()),
                 tokens_sha256: plan.map(|p| p.tokens_sha256.clone()),
                 chunks: plan.map(|p| p.n_chunks),
@@ -529,7 +523,7 @@ fn evaluation(rel: &Release, folded: &Folded) -> Option<Evaluation> {
     let n_prompts = n_reference_prompts(folded);
     let plan = kld_plan_result(rel);
     Some(Evaluation {
-        text: rel.eval.text.clone(),
+        text: rel.eval.text.clone().unwrap_or_default(),
         text_sha256: plan.map(|k| k.text_sha256.clone()),
         tokens_sha256: plan.map(|k| k.tokens_sha256.clone()),
         ctx: e.ctx,
@@ -538,10 +532,10 @@ fn evaluation(rel: &Release, folded: &Folded) -> Option<Evaluation> {
         chunks_per_task: plan.map(|k| k.n_seq),
         reference: artifact_result(rel.result(&Gguf { shard: 0 }.into())).map(|a| a.url.clone()),
         runtime: "llama.cpp (llama-cpp-2), llama-perplexity --kl-divergence's procedure".to_string(),
-        prompts: rel.eval.prompts.clone(),
+        prompts: rel.eval.prompts.clone().unwrap_or_default(),
         n_prompts: n_prompts as u64,
         max_tokens: e.max_tokens,
-        probes: rel.eval.probes.clone(),
+        probes: rel.eval.probes.clone().unwrap_or_default(),
         context: e.context,
     })
 }

@@ -141,7 +141,7 @@ pub(super) fn measured(
     }
     let mut global = BTreeMap::new();
     let merge_why =
-        if rel.adapter.is_empty() { "no adapter: nothing was merged".to_string() } else { merge_unmeasured(rel) };
+        if rel.adapter.is_none() { "no adapter: nothing was merged".to_string() } else { merge_unmeasured(rel) };
     let (agree, prefix) = greedy_figures(greedy.get(MERGE_CHECK), &merge_why);
     global.insert("merge.greedy.agree", agree);
     global.insert("merge.greedy.prefix", prefix);
@@ -154,7 +154,7 @@ pub(super) fn measured(
             |r| probe_pass_rate(r, "the reference's"),
         ),
     );
-    gates::Measured { levels, global, all_verified, has_adapter: !rel.adapter.is_empty(), has_mlx_lm: false }
+    gates::Measured { levels, global, all_verified, has_adapter: rel.adapter.is_some(), has_mlx_lm: false }
 }
 
 /// The cross-runtime link's figures for the gates: release-wide, the bf16 weights in mlx-lm against llama.cpp

@@ -224,15 +224,14 @@ pub fn source_location(source: &str, base: &str, store: &Location) -> Result<Str
 
 fn eval_inputs(spec: &ReleaseSpec, base: &str) -> EvalInputs {
     let Some(e) = &spec.evaluation else { return EvalInputs::default() };
-    let resolve = |v: &Option<String>| v.as_deref().map_or_else(String::new, |v| resolve_source(v, base));
+    let resolve = |v: &Option<String>| v.as_deref().map(|v| resolve_source(v, base));
     EvalInputs { text: resolve(&e.text), prompts: resolve(&e.prompts), probes: resolve(&e.probes) }
 }
 
-/// The imatrix file, or the text the farm computes it from, resolved ("" for none).
-fn imatrix_location(spec: &ReleaseSpec, base: &str) -> String {
-    match spec.imatrix() {
-        None => String::new(),
-        Some(ImatrixSource::File(p) | ImatrixSource::Text { text: p, .. }) => resolve_source(p, base),
+/// The imatrix file, or the text the farm computes it from, resolved.
+fn imatrix_location(spec: &ReleaseSpec, base: &str) -> Option<String> {
+    match spec.imatrix()? {
+        ImatrixSource::File(p) | ImatrixSource::Text { text: p, .. } => Some(resolve_source(p, base)),
     }
 }
 

@@ -130,10 +130,10 @@ pub struct Release {
     pub base: String,
     pub spec: ReleaseSpec,
     pub source: String,
-    /// The importance matrix's location, or its calibration text's when the farm computes it ("" for none).
-    pub imatrix: String,
-    /// The adapter's location ("" for none).
-    pub adapter: String,
+    /// The importance matrix's location, or its calibration text's when the farm computes it.
+    pub imatrix: Option<String>,
+    /// The adapter's location.
+    pub adapter: Option<String>,
     /// The evaluation's input files.
     pub eval: EvalInputs,
     pub state: ReleaseState,
@@ -153,7 +153,7 @@ impl Release {
     pub(super) fn from_row(row: ReleaseRow, spec: ReleaseSpec, store: &Location) -> Result<Release, SchedError> {
         let source = source_location(&spec.source, &row.base, store)?;
         let imatrix = imatrix_location(&spec, &row.base);
-        let adapter = spec.adapter.as_deref().map_or_else(String::new, |a| resolve_source(a, &row.base));
+        let adapter = spec.adapter.as_deref().map(|a| resolve_source(a, &row.base));
         let eval = eval_inputs(&spec, &row.base);
         Ok(Release {
             id: row.id,
@@ -213,8 +213,8 @@ impl Release {
         Ctx {
             spec: &self.spec,
             source: &self.source,
-            imatrix: &self.imatrix,
-            adapter: &self.adapter,
+            imatrix: self.imatrix.as_deref(),
+            adapter: self.adapter.as_deref(),
             eval: &self.eval,
             store,
         }
