@@ -163,7 +163,7 @@ pub fn eval_targets(ctx: &Ctx) -> Vec<EvalTarget> {
     let quants = ctx.spec.quants().iter().map(|q| EvalTarget::Quant(q.level()));
     quants
         .chain(ctx.spec.mlx_bits().iter().map(|&bits| EvalTarget::Mlx { bits }))
-        .filter(|t| ctx.spec.measures(&t.to_string()))
+        .filter(|&t| ctx.spec.measures(t))
         .collect()
 }
 
@@ -173,8 +173,7 @@ pub(super) fn mlx_lm_subjects(ctx: &Ctx) -> Vec<MlxSubject> {
     if !ctx.spec.runs_mlx_lm() {
         return Vec::new();
     }
-    let rungs =
-        ctx.spec.mlx_bits().iter().copied().filter(|&bits| ctx.spec.measures(&EvalTarget::Mlx { bits }.to_string()));
+    let rungs = ctx.spec.mlx_bits().iter().copied().filter(|&bits| ctx.spec.measures(EvalTarget::Mlx { bits }));
     std::iter::once(MlxSubject::Bf16).chain(rungs.map(|bits| MlxSubject::Rung { bits })).collect()
 }
 

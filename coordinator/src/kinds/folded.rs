@@ -18,13 +18,13 @@ pub struct Done<'a> {
     pub result: Option<&'a pb::TaskResult>,
 }
 
-/// A published artifact: the merged checkpoint, the GGUF BF16, a quant level or an MLX rung.
+/// A published artifact: the merged checkpoint, the GGUF BF16, or a measured rung (a quant level or an MLX
+/// checkpoint).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Slot {
     Merged,
     Bf16,
-    Quant(Level),
-    Mlx { bits: u32 },
+    Rung(EvalTarget),
 }
 
 impl Slot {
@@ -33,8 +33,7 @@ impl Slot {
         match self {
             Slot::Merged => "merged".into(),
             Slot::Bf16 => "BF16".into(),
-            Slot::Quant(level) => level.to_string(),
-            Slot::Mlx { bits } => EvalTarget::Mlx { bits }.to_string(),
+            Slot::Rung(target) => target.to_string(),
         }
     }
 }

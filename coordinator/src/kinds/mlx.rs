@@ -8,6 +8,7 @@ use super::lookup::{model_source, plan_of};
 use super::{num, Done, Family, Folded, Grown, Results, Slot, Stage, TaskKey};
 use crate::graph::naming::artifact;
 use crate::graph::Ctx;
+use crate::spec::EvalTarget;
 
 /// The MLX rung of `bits` bits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -22,7 +23,7 @@ impl Mlx {
         let plan = plan_of(results)?;
         let group_size = ctx.spec.outputs.mlx.as_ref().map_or(64, |m| m.group_size);
         let identity = ["quantfarm mlx v1", &bits.to_string(), &group_size.to_string(), &plan.source_identity];
-        let output = artifact(ctx, &identity, &format!("{}-MLX-{bits}bit", ctx.spec.prefix()))?;
+        let output = artifact(ctx, &identity, &format!("{}-{}", ctx.spec.prefix(), EvalTarget::Mlx { bits }))?;
         Ok(pb::MlxTask { source: model_source(ctx, results)?, bits, group_size, output: output.to_string() })
     }
 }
@@ -58,7 +59,7 @@ impl Family for Mlx {
     }
 
     fn fold<'a>(&self, done: Done<'a>, into: &mut Folded<'a>) {
-        into.makes(Slot::Mlx { bits: self.bits }, done);
+        into.makes(Slot::Rung(EvalTarget::Mlx { bits: self.bits }), done);
     }
 
     /// After the plan: one per bit width.

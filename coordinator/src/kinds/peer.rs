@@ -117,7 +117,9 @@ impl Family for PeerRun {
         let cost = inv.plan.source_bytes;
         for &peer in &e.peers {
             out.add(PeerRun::Base { peer }, vec![Kld::Plan.into()], cost);
-            for level in ctx.spec.quants().iter().map(|l| l.level()).filter(|l| ctx.spec.measures(&l.to_string())) {
+            for level in
+                ctx.spec.quants().iter().map(|l| l.level()).filter(|&l| ctx.spec.measures(EvalTarget::Quant(l)))
+            {
                 let mut deps = vec![PeerRun::Base { peer }.into()];
                 deps.extend(model_tasks(EvalTarget::Quant(level), inv.n));
                 out.add_measured(PeerRun::Kld { peer, level }, deps, cost);

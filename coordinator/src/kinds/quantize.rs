@@ -9,7 +9,7 @@ use super::lookup::{artifact_of, computes_imatrix, plan_of};
 use super::{num, Done, Family, Folded, Gguf, Grown, Imatrix, Results, Slot, Stage};
 use crate::graph::naming::{artifact, file_name};
 use crate::graph::Ctx;
-use crate::spec::{ImatrixSource, Level};
+use crate::spec::{EvalTarget, ImatrixSource, Level};
 
 /// One split file of one quant level.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -100,7 +100,7 @@ impl Family for Quantize {
     }
 
     fn fold<'a>(&self, done: Done<'a>, into: &mut Folded<'a>) {
-        into.makes(Slot::Quant(self.level), done);
+        into.makes(Slot::Rung(EvalTarget::Quant(self.level)), done);
     }
 
     /// After the plan: per (level, split file), after every file of the GGUF BF16 (a split file's tensors are

@@ -1,4 +1,4 @@
-//! What a measuring task runs: a GGUF quant level or an MLX rung ([`EvalTarget`]), the reference or a model
+//! What a measuring task runs: a GGUF quant level or an MLX rung ([`EvalTarget`], the spec's), the reference or a model
 //! ([`Subject`]), what mlx-lm loads ([`MlxSubject`]), and the merge check's inputs ([`CheckPart`]); each printed as
 //! it appears in task ids and parsed back.
 
@@ -6,7 +6,7 @@ use std::fmt;
 
 use quantfarm_proto as pb;
 
-use crate::spec::Level;
+pub use crate::spec::EvalTarget;
 
 /// What mlx-lm runs: the source's bf16 weights as an HF checkpoint (the GGUF BF16's twin: the same weights, another
 /// runtime), or an MLX rung. Ordered as the report lists them: the bf16 weights, then the rungs by width.
@@ -39,13 +39,6 @@ impl MlxSubject {
 
 /// The runtime name workers advertise when the mlx-lm helper answers its handshake.
 pub const MLX_LM_RUNTIME: &str = "mlx_lm";
-
-/// A model measured against the reference: a GGUF quant level or an MLX checkpoint.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum EvalTarget {
-    Quant(Level),
-    Mlx { bits: u32 },
-}
 
 /// What a greedy or probe task runs: the reference (the GGUF BF16) or a measured model; or, for the merge check,
 /// the base with the adapter at run time and the merge it is compared with.
@@ -131,24 +124,5 @@ impl CheckPart {
             CheckPart::Base => "base-F32.gguf",
             CheckPart::Merged => "merged-F32.gguf",
         }
-    }
-}
-
-impl fmt::Display for EvalTarget {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            EvalTarget::Quant(level) => write!(f, "{level}"),
-            EvalTarget::Mlx { bits } => write!(f, "MLX-{bits}bit"),
-        }
-    }
-}
-
-impl EvalTarget {
-    /// The inverse of `Display` (also the report's artifact `file_type`).
-    pub fn parse(s: &str) -> Option<EvalTarget> {
-        if let Some(b) = s.strip_prefix("MLX-").and_then(|r| r.strip_suffix("bit")) {
-            return Some(EvalTarget::Mlx { bits: b.parse().ok()? });
-        }
-        Level::parse(s).map(EvalTarget::Quant)
     }
 }

@@ -41,9 +41,9 @@ impl Verify {
     fn slot(self) -> Slot {
         match self {
             Verify::Gguf { .. } => Slot::Bf16,
-            Verify::Quantize { level, .. } => Slot::Quant(level),
+            Verify::Quantize { level, .. } => Slot::Rung(EvalTarget::Quant(level)),
             Verify::Merge { .. } | Verify::MergeSide => Slot::Merged,
-            Verify::Mlx { bits } => Slot::Mlx { bits },
+            Verify::Mlx { bits } => Slot::Rung(EvalTarget::Mlx { bits }),
         }
     }
 }
@@ -61,7 +61,7 @@ fn stored_checker(ctx: &Ctx, v: Verify) -> Option<TaskKey> {
         Verify::Gguf { .. } => e.text.is_some().then_some(Kld::Plan.into()),
         Verify::Quantize { level, .. } => {
             let target = EvalTarget::Quant(level);
-            if !ctx.spec.measures(&target.to_string()) {
+            if !ctx.spec.measures(target) {
                 None
             } else if e.text.is_some() {
                 Some(Kld::Measure { target, group: 0 }.into())

@@ -15,6 +15,7 @@ use crate::kinds::{
     MergeCheck as MergeCheckKey, MlxSubject, Slot, SlotAcc, Subject, TaskKey, MERGE_CHECK,
 };
 use crate::sched::{Release, WorkerRec};
+use crate::spec::EvalTarget;
 use quantfarm_parity::{ChunkStats, KldSummary};
 
 fn artifact_result(r: Option<&pb::TaskResult>) -> Option<&pb::Artifact> {
@@ -411,10 +412,10 @@ fn artifacts(
         match slot {
             Slot::Merged => 0,
             Slot::Bf16 => 1,
-            Slot::Quant(level) => {
+            Slot::Rung(EvalTarget::Quant(level)) => {
                 rel.spec.quants().iter().position(|q| q.level() == *level).map_or(u32::MAX - 1, |p| p as u32 + 2)
             }
-            Slot::Mlx { bits } => u32::MAX - 16 + bits,
+            Slot::Rung(EvalTarget::Mlx { bits }) => u32::MAX - 16 + bits,
         }
     };
     let mut slots: Vec<(Slot, SlotAcc)> = slots.into_iter().collect();
@@ -433,13 +434,13 @@ fn artifacts(
             if elements > 0 { (tensor_bytes as f64 * 8.0 / elements as f64 * 10000.0).round() / 10000.0 } else { 0.0 };
         let container = match slot {
             Slot::Merged => Container::Hf,
-            Slot::Bf16 | Slot::Quant(_) => Container::Gguf,
-            Slot::Mlx { .. } => Container::Mlx,
+            Slot::Bf16 | Slot::Rung(EvalTarget::Quant(_)) => Container::Gguf,
+            Slot::Rung(EvalTarget::Mlx { .. }) => Container::Mlx,
         };
         let kld = klds.get(&ty).map(|k| kld_record(k.clone()));
         let level = match slot {
-            Slot::Quant(level) => Some(level),
-            Slot::Merged | Slot::Bf16 | Slot::Mlx { .. } => None,
+            Slot::Rung(EvalTarget::Quant(level)) => Some(level),
+            Slot::Merged | Slot::Bf16 | Slot::Rung(EvalTarget::Mlx { .. }) => None,
         };
         list.push(Artifact {
             name: format!("{}-{ty}", rel.spec.prefix()),

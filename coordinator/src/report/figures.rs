@@ -10,7 +10,7 @@ use super::model::*;
 use crate::gates;
 use crate::kinds::{MlxSubject, MERGE_CHECK};
 use crate::sched::Release;
-use crate::spec::Level;
+use crate::spec::EvalTarget;
 
 /// A greedy summary's figures, or why it has none.
 fn greedy_figures(s: Option<&GreedySummary>, why_none: &str) -> (Result<f64, String>, Result<f64, String>) {
@@ -47,10 +47,12 @@ pub(super) fn measured(
     let eval = spec.evaluation.as_ref();
     let reference_probe = probes.get("BF16");
     let mut levels = Vec::new();
-    for level in spec.levels() {
+    for target in spec.levels() {
+        // The gates and the report's sections name it (the JSON boundary).
+        let level = target.to_string();
         let mut f = gates::LevelFigures::default();
         let unmeasured = |what: &str, input: Option<&String>| -> String {
-            if eval.is_some() && !spec.measures(&level) {
+            if eval.is_some() && !spec.measures(target) {
                 "not measured: evaluation.skip lists it".to_string()
             } else if input.is_none() {
                 format!("not measured: the release has no evaluation.{what}")
@@ -129,9 +131,9 @@ pub(super) fn measured(
             }
         }
         // A recipe is held to its base file type's limit.
-        let limit_of = match Level::parse(&level).and_then(|l| rel.spec.rung(l)) {
-            Some(r) => r.base().to_string(),
-            None => level.clone(),
+        let limit_of = match target {
+            EvalTarget::Quant(l) => rel.spec.rung(l).map_or_else(|| level.clone(), |r| r.base().to_string()),
+            EvalTarget::Mlx { .. } => level.clone(),
         };
         f.set(
             "default.kld.mean",
@@ -209,7 +211,7 @@ pub(super) fn cross_runtime_figures(
     }
     for (level, f) in m.levels.iter_mut() {
         let Some(MlxSubject::Rung { bits }) = MlxSubject::parse(level) else { continue };
-        if !spec.measures(level) {
+        if !spec.measures(EvalTarget::Mlx { bits }) {
             continue;
         }
         let rung = figures.and_then(|c| c.rungs.iter().find(|r| r.file_type == MlxSubject::Rung { bits }.to_string()));

@@ -50,10 +50,12 @@
 
 mod evaluation;
 mod recipe;
+mod target;
 
 pub use evaluation::{Evaluation, Peer};
 pub use recipe::{Level, Recipe, RecipeName, Rung, TensorTypeRule};
 use serde::{Deserialize, Serialize};
+pub use target::EvalTarget;
 
 #[derive(Debug, thiserror::Error)]
 #[error("{file}: {msg}")]
@@ -369,7 +371,7 @@ impl ReleaseSpec {
                 return Err("evaluation: the reference is the GGUF BF16; add outputs.gguf".into());
             }
         }
-        let levels = self.levels();
+        let levels: Vec<String> = self.levels().iter().map(EvalTarget::to_string).collect();
         if let Some(e) = &self.evaluation {
             for (i, l) in e.skip.iter().enumerate() {
                 if !levels.contains(l) || e.skip[..i].contains(l) {
@@ -402,15 +404,15 @@ impl ReleaseSpec {
         Ok(())
     }
 
-    /// Every measured output's name, in report order: the GGUF quant levels, then the MLX checkpoints (`MLX-4bit`).
-    pub fn levels(&self) -> Vec<String> {
-        let quants = self.quants().iter().map(|q| q.level().to_string());
-        quants.chain(self.mlx_bits().iter().map(|b| format!("MLX-{b}bit"))).collect()
+    /// Every measured output, in report order: the GGUF quant levels, then the MLX checkpoints.
+    pub fn levels(&self) -> Vec<EvalTarget> {
+        let quants = self.quants().iter().map(|q| EvalTarget::Quant(q.level()));
+        quants.chain(self.mlx_bits().iter().map(|&bits| EvalTarget::Mlx { bits })).collect()
     }
 
-    /// Whether a level is measured (not in `evaluation.skip`).
-    pub fn measures(&self, level: &str) -> bool {
-        self.evaluation.as_ref().is_some_and(|e| !e.skip.iter().any(|s| s == level))
+    /// Whether an output is measured: the release has an evaluation, and `evaluation.skip` does not name it.
+    pub fn measures(&self, target: EvalTarget) -> bool {
+        self.evaluation.as_ref().is_some_and(|e| !e.skip.iter().any(|s| EvalTarget::parse(s) == Some(target)))
     }
 
     pub fn prefix(&self) -> &str {
@@ -526,7 +528,7 @@ mod tests {
         assert_eq!(s.quants(), &[Rung::File(quantfarm_ggml::FileType::Q8_0)]);
         assert!(s.gates.is_empty(), "the defaults are added when the gates are evaluated");
         assert_eq!(s.prefix(), "smollm2");
-        assert_eq!(s.levels(), ["Q8_0"]);
+        assert_eq!(s.levels().iter().map(EvalTarget::to_string).collect::<Vec<_>>(), ["Q8_0"]);
     }
 
     #[test]
@@ -568,7 +570,7 @@ mod tests {
     fn recipes_are_rungs_named_apart_and_refused_without_the_imatrix_they_need() {
         let recipe = "{name: Q4_K_XL, base: Q4_K_M, tensor_types: {ffn_down: q6_k}}";
         let s = ReleaseSpec::parse(&GOOD.replace("[Q8_0]", &format!("[Q8_0, {recipe}]")), "r").unwrap();
-        assert_eq!(s.levels(), ["Q8_0", "Q4_K_XL"]);
+        assert_eq!(s.levels().iter().map(EvalTarget::to_string).collect::<Vec<_>>(), ["Q8_0", "Q4_K_XL"]);
         let xl = s.rung(Level::parse("Q4_K_XL").unwrap()).unwrap();
         assert_eq!(xl.base(), quantfarm_ggml::FileType::Q4_K_M);
         // Written back and read again (the journal keeps the spec so), the same rungs.
@@ -612,8 +614,9 @@ mod tests {
                     gates:\n  - {name: merge-exact, check: 'merge.greedy.agree >= 1'}\n";
         let s = ReleaseSpec::parse(text, "r").unwrap();
         assert_eq!(s.gates[0].check, "merge.greedy.agree >= 1");
-        assert_eq!(s.levels(), ["Q8_0", "MLX-4bit"]);
-        assert!(s.measures("Q8_0") && !s.measures("MLX-4bit"));
+        assert_eq!(s.levels().iter().map(EvalTarget::to_string).collect::<Vec<_>>(), ["Q8_0", "MLX-4bit"]);
+        let q8 = EvalTarget::parse("Q8_0").unwrap();
+        assert!(s.measures(q8) && !s.measures(EvalTarget::Mlx { bits: 4 }));
         for (bad, says) in [
             (text.replace(">= 1", ">= "), "right-hand side"),
             (text.replace("check:", "rule:"), "unknown field `rule`"),
