@@ -7,7 +7,7 @@ use quantfarm_parity::KldSummary;
 
 use super::build::merge_unmeasured;
 use super::model::*;
-use crate::gates;
+use crate::gates::{self, Figure, GlobalFigure};
 use crate::kinds::{MlxSubject, MERGE_CHECK};
 use crate::sched::Release;
 use crate::spec::EvalTarget;
@@ -64,20 +64,20 @@ pub(super) fn measured(
             Some(Ok(k)) => {
                 let pct = |p: f32| k.kld_percentile(p);
                 for (name, v) in [
-                    ("kld.mean", Some(k.mean_kld.value)),
-                    ("kld.mean_unc", Some(k.mean_kld.unc)),
-                    ("kld.median", Some(k.median_kld)),
-                    ("kld.max", Some(k.max_kld)),
-                    ("kld.p90", pct(0.90)),
-                    ("kld.p95", pct(0.95)),
-                    ("kld.p99", pct(0.99)),
-                    ("kld.p99_9", pct(0.999)),
+                    (Figure::KldMean, Some(k.mean_kld.value)),
+                    (Figure::KldMeanUnc, Some(k.mean_kld.unc)),
+                    (Figure::KldMedian, Some(k.median_kld)),
+                    (Figure::KldMax, Some(k.max_kld)),
+                    (Figure::KldP90, pct(0.90)),
+                    (Figure::KldP95, pct(0.95)),
+                    (Figure::KldP99, pct(0.99)),
+                    (Figure::KldP999, pct(0.999)),
                     // Percent, as the report's kld figures and llama-perplexity print them.
-                    ("kld.same_top_p", Some(100.0 * k.same_top_p.value)),
-                    ("kld.rms_dp", Some(100.0 * k.rms_dp.value)),
-                    ("kld.ppl", Some(k.mean_ppl_q.value)),
-                    ("kld.ppl_ratio", Some(k.mean_ppl_ratio.value)),
-                    ("kld.ln_ppl_ratio", Some(k.mean_ln_ppl_ratio.value)),
+                    (Figure::KldSameTopP, Some(100.0 * k.same_top_p.value)),
+                    (Figure::KldRmsDp, Some(100.0 * k.rms_dp.value)),
+                    (Figure::KldPpl, Some(k.mean_ppl_q.value)),
+                    (Figure::KldPplRatio, Some(k.mean_ppl_ratio.value)),
+                    (Figure::KldLnPplRatio, Some(k.mean_ln_ppl_ratio.value)),
                 ] {
                     f.set(name, v.ok_or_else(|| "no such percentile".to_string()));
                 }
@@ -87,47 +87,48 @@ pub(super) fn measured(
                     Some(Err(e)) => format!("not measured: {e}"),
                     _ => unmeasured("text", eval.and_then(|e| e.text.as_ref())),
                 };
-                for name in gates::LEVEL_FIGURES.iter().map(|(n, _)| *n).filter(|n| n.starts_with("kld.")) {
-                    f.set(name, Err(why.clone()));
+                for &figure in Figure::ALL.iter().filter(|f| f.name().starts_with("kld.")) {
+                    f.set(figure, Err(why.clone()));
                 }
             }
         }
         let (agree, prefix) =
             greedy_figures(greedy.get(&level), &unmeasured("prompts", eval.and_then(|e| e.prompts.as_ref())));
-        f.set("greedy.agree", agree);
-        f.set("greedy.prefix", prefix);
+        f.set(Figure::GreedyAgree, agree);
+        f.set(Figure::GreedyPrefix, prefix);
         match probes.get(&level) {
             Some(p) => {
-                f.set("probe.pass_rate", probe_pass_rate(p, "the level's"));
-                f.set("probe.spread", Ok(p.score_spread));
-                f.set("probe.truncated", Ok(f64::from(p.truncated)));
+                f.set(Figure::ProbePassRate, probe_pass_rate(p, "the level's"));
+                f.set(Figure::ProbeSpread, Ok(p.score_spread));
+                f.set(Figure::ProbeTruncated, Ok(f64::from(p.truncated)));
                 match reference_probe {
                     Some(r) => {
-                        f.set("baseline", probe_pass_rate(r, "the reference's"));
-                        f.set("noise", Ok(r.score_spread.max(p.score_spread)));
+                        f.set(Figure::Baseline, probe_pass_rate(r, "the reference's"));
+                        f.set(Figure::Noise, Ok(r.score_spread.max(p.score_spread)));
                     }
                     None => {
-                        f.set("baseline", Err("the reference's probes did not run".into()));
-                        f.set("noise", Err("the reference's probes did not run".into()));
+                        f.set(Figure::Baseline, Err("the reference's probes did not run".into()));
+                        f.set(Figure::Noise, Err("the reference's probes did not run".into()));
                     }
                 }
             }
             None => {
                 let why = unmeasured("probes", eval.and_then(|e| e.probes.as_ref()));
-                for name in ["probe.pass_rate", "probe.spread", "probe.truncated", "baseline", "noise"] {
-                    f.set(name, Err(why.clone()));
+                use Figure::{Baseline, Noise, ProbePassRate, ProbeSpread, ProbeTruncated};
+                for figure in [ProbePassRate, ProbeSpread, ProbeTruncated, Baseline, Noise] {
+                    f.set(figure, Err(why.clone()));
                 }
             }
         }
         match artifacts.iter().find(|a| a.file_type == level) {
             Some(a) => {
-                f.set("bits_per_weight", Ok(a.bits_per_weight));
-                f.set("bytes", Ok(a.bytes as f64));
+                f.set(Figure::BitsPerWeight, Ok(a.bits_per_weight));
+                f.set(Figure::Bytes, Ok(a.bytes as f64));
                 f.verified = Some(a.verified);
             }
             None => {
-                f.set("bits_per_weight", Err("the artifact was not made".into()));
-                f.set("bytes", Err("the artifact was not made".into()));
+                f.set(Figure::BitsPerWeight, Err("the artifact was not made".into()));
+                f.set(Figure::Bytes, Err("the artifact was not made".into()));
             }
         }
         // A recipe is held to its base file type's limit.
@@ -136,7 +137,7 @@ pub(super) fn measured(
             EvalTarget::Mlx { .. } => level.clone(),
         };
         f.set(
-            "default.kld.mean",
+            Figure::DefaultKldMean,
             gates::default_kld_max(&limit_of).ok_or_else(|| format!("no default limit for {limit_of}")),
         );
         levels.push((level, f));
@@ -145,18 +146,28 @@ pub(super) fn measured(
     let merge_why =
         if rel.adapter.is_none() { "no adapter: nothing was merged".to_string() } else { merge_unmeasured(rel) };
     let (agree, prefix) = greedy_figures(greedy.get(MERGE_CHECK), &merge_why);
-    global.insert("merge.greedy.agree", agree);
-    global.insert("merge.greedy.prefix", prefix);
+    global.insert(GlobalFigure::MergeGreedyAgree, agree);
+    global.insert(GlobalFigure::MergeGreedyPrefix, prefix);
     let base_ppl = klds.values().find_map(|k| k.as_ref().ok()).map(|k| k.mean_ppl_base.value);
-    global.insert("reference.kld.ppl", base_ppl.ok_or_else(|| "no KL-divergence pass ran".to_string()));
+    global.insert(GlobalFigure::ReferenceKldPpl, base_ppl.ok_or_else(|| "no KL-divergence pass ran".to_string()));
     global.insert(
-        "reference.probe.pass_rate",
+        GlobalFigure::ReferenceProbePassRate,
         reference_probe.map_or_else(
             || Err("the reference's probes did not run".into()),
             |r| probe_pass_rate(r, "the reference's"),
         ),
     );
     gates::Measured { levels, global, all_verified, has_adapter: rel.adapter.is_some(), has_mlx_lm: false }
+}
+
+/// One subject's figures in mlx-lm, each a value or why it has none.
+struct SubjectFigures {
+    kld_mean: Result<f64, String>,
+    same_top_p: Result<f64, String>,
+    agree: Result<f64, String>,
+    prefix: Result<f64, String>,
+    pass_rate: Result<f64, String>,
+    truncated: Result<f64, String>,
 }
 
 /// The cross-runtime link's figures for the gates: release-wide, the bf16 weights in mlx-lm against llama.cpp
@@ -173,7 +184,7 @@ pub(super) fn cross_runtime_figures(
     };
     let figures = c.and_then(CrossRuntime::figures);
     m.has_mlx_lm = figures.is_some();
-    let subject_figures = |s: Option<&MlxLmSubject>| -> [(&'static str, Result<f64, String>); 6] {
+    let subject_figures = |s: Option<&MlxLmSubject>| -> SubjectFigures {
         let unmeasured = |what: &str| match s.and_then(|s| s.load_error.as_ref()) {
             Some(e) => format!("not measured: {e}"),
             None if !why.is_empty() => why.clone(),
@@ -186,26 +197,22 @@ pub(super) fn cross_runtime_figures(
         };
         let (agree, prefix) = greedy_figures(s.and_then(|s| s.greedy.as_ref()), &unmeasured("greedy"));
         let probes = s.and_then(|s| s.probes.as_ref());
-        [
-            ("kld.mean", kld.clone().map(|k| k.0)),
-            ("kld.same_top_p", kld.map(|k| k.1)),
-            ("greedy.agree", agree),
-            ("greedy.prefix", prefix),
-            ("probe.pass_rate", probes.map_or_else(|| Err(unmeasured("probe")), |p| probe_pass_rate(p, "the mlx-lm"))),
-            ("probe.truncated", probes.map(|p| f64::from(p.truncated)).ok_or_else(|| unmeasured("probe"))),
-        ]
+        SubjectFigures {
+            kld_mean: kld.clone().map(|k| k.0),
+            same_top_p: kld.map(|k| k.1),
+            agree,
+            prefix,
+            pass_rate: probes.map_or_else(|| Err(unmeasured("probe")), |p| probe_pass_rate(p, "the mlx-lm")),
+            truncated: probes.map(|p| f64::from(p.truncated)).ok_or_else(|| unmeasured("probe")),
+        }
     };
-    for (name, v) in subject_figures(figures.map(|f| &f.bf16)) {
-        let global = match name {
-            "kld.mean" => "cross_runtime.kld.mean",
-            "kld.same_top_p" => "cross_runtime.kld.same_top_p",
-            "greedy.agree" => "cross_runtime.greedy.agree",
-            "greedy.prefix" => "cross_runtime.greedy.prefix",
-            "probe.pass_rate" => "cross_runtime.probe.pass_rate",
-            _ => continue,
-        };
-        m.global.insert(global, v);
-    }
+    // The bf16 weights in mlx-lm: the release's cross-runtime figures (its probes' truncations are not gated).
+    let bf16 = subject_figures(figures.map(|f| &f.bf16));
+    m.global.insert(GlobalFigure::CrossRuntimeKldMean, bf16.kld_mean);
+    m.global.insert(GlobalFigure::CrossRuntimeKldSameTopP, bf16.same_top_p);
+    m.global.insert(GlobalFigure::CrossRuntimeGreedyAgree, bf16.agree);
+    m.global.insert(GlobalFigure::CrossRuntimeGreedyPrefix, bf16.prefix);
+    m.global.insert(GlobalFigure::CrossRuntimeProbePassRate, bf16.pass_rate);
     if figures.is_none() {
         return;
     }
@@ -215,17 +222,13 @@ pub(super) fn cross_runtime_figures(
             continue;
         }
         let rung = figures.and_then(|c| c.rungs.iter().find(|r| r.file_type == MlxSubject::Rung { bits }.to_string()));
-        for (name, v) in subject_figures(rung) {
-            let level_name = match name {
-                "kld.mean" => "mlx_lm.kld.mean",
-                "kld.same_top_p" => "mlx_lm.kld.same_top_p",
-                "greedy.agree" => "mlx_lm.greedy.agree",
-                "greedy.prefix" => "mlx_lm.greedy.prefix",
-                "probe.pass_rate" => "mlx_lm.probe.pass_rate",
-                _ => "mlx_lm.probe.truncated",
-            };
-            f.set(level_name, v);
-        }
+        let r = subject_figures(rung);
+        f.set(Figure::MlxLmKldMean, r.kld_mean);
+        f.set(Figure::MlxLmKldSameTopP, r.same_top_p);
+        f.set(Figure::MlxLmGreedyAgree, r.agree);
+        f.set(Figure::MlxLmGreedyPrefix, r.prefix);
+        f.set(Figure::MlxLmProbePassRate, r.pass_rate);
+        f.set(Figure::MlxLmProbeTruncated, r.truncated);
         f.in_mlx_lm = true;
     }
 }
@@ -243,8 +246,8 @@ mod tests {
         )
         .unwrap();
         let mut f = gates::LevelFigures::default();
-        f.set("kld.mean", Ok(0.3));
-        f.set("probe.truncated", Ok(0.0));
+        f.set(Figure::KldMean, Ok(0.3));
+        f.set(Figure::ProbeTruncated, Ok(0.0));
         let mut m = gates::Measured { levels: vec![("MLX-4bit".into(), f)], ..Default::default() };
         let error = "mlx_lm.load(/w/MLX-4bit): ValueError: Received 1 parameters not in model: lm_head.biases";
         let subject = |file_type: &str, load_error: Option<&str>| MlxLmSubject {
@@ -268,7 +271,7 @@ mod tests {
         }));
         cross_runtime_figures(&spec, Some(&c), &mut m);
         assert!(m.has_mlx_lm);
-        assert_eq!(m.global["cross_runtime.kld.mean"], Err("2 of the text's 3 chunks were measured".into()));
+        assert_eq!(m.global[&GlobalFigure::CrossRuntimeKldMean], Err("2 of the text's 3 chunks were measured".into()));
         let gates = gates::evaluate(&[], &m);
         let measured = gates.iter().find(|g| g.name == gates::MEASURED).unwrap();
         assert!(!measured.outcome.passed);

@@ -49,63 +49,95 @@ pub enum When {
     MlxLm,
 }
 
-/// Figures every level has (a level's GGUF quant or MLX checkpoint against the GGUF BF16 reference).
-pub const LEVEL_FIGURES: &[(&str, &str)] = &[
-    ("kld.mean", "mean KL divergence (nats per token), llama-perplexity's Mean KLD"),
-    ("kld.mean_unc", "its uncertainty (±)"),
-    ("kld.median", "median KL divergence"),
-    ("kld.max", "largest KL divergence of one token"),
-    ("kld.p90", "90th percentile of the KL divergence"),
-    ("kld.p95", "95th percentile"),
-    ("kld.p99", "99th percentile"),
-    ("kld.p99_9", "99.9th percentile"),
-    ("kld.same_top_p", "percent of tokens whose most likely next token is the reference's (Same top p)"),
-    ("kld.rms_dp", "RMS of the change in the correct token's probability, percent (RMS Δp)"),
-    ("kld.ppl", "the level's perplexity, Mean PPL(Q)"),
-    ("kld.ppl_ratio", "Mean PPL(Q)/PPL(base)"),
-    ("kld.ln_ppl_ratio", "Mean ln(PPL(Q)/PPL(base))"),
-    ("greedy.agree", "fraction of prompts whose greedy continuation is byte-identical to the reference's"),
-    ("greedy.prefix", "mean common-prefix fraction of the greedy continuations"),
-    ("probe.pass_rate", "mean fraction of scored probes passed over the suite's repeated passes"),
-    ("probe.spread", "standard deviation of that fraction over the passes"),
-    ("probe.truncated", "probe answers cut off by their token cap (never scored)"),
-    ("baseline", "the reference's probe.pass_rate"),
-    ("noise", "the probes' noise band: the larger of the reference's and the level's probe.spread"),
-    ("bits_per_weight", "tensor bits per weight of the artifact"),
-    ("bytes", "the artifact's bytes, every file"),
-    ("verified", "yes/no: every file of the artifact was recomputed from its input with identical bytes"),
-    ("default.kld.mean", "the level's default limit on kld.mean (defaults.yaml)"),
-    ("mlx_lm.kld.mean", "an MLX rung in mlx-lm: mean KL divergence against the GGUF BF16's logits in llama.cpp"),
-    ("mlx_lm.kld.same_top_p", "an MLX rung in mlx-lm: percent of tokens with the GGUF BF16's most likely token"),
-    ("mlx_lm.greedy.agree", "an MLX rung in mlx-lm: fraction of prompts identical to mlx-lm's bf16 continuation"),
-    ("mlx_lm.greedy.prefix", "an MLX rung in mlx-lm: mean common-prefix fraction against mlx-lm's bf16"),
-    ("mlx_lm.probe.pass_rate", "an MLX rung on mlx_lm.server: the probe suite's pass rate"),
-    ("mlx_lm.probe.truncated", "an MLX rung on mlx_lm.server: probe answers cut off by their token cap"),
-];
+/// One enum of figure names from one table: each variant's name and meaning, `ALL`, `parse`, and the table as
+/// (name, meaning) pairs for the docs (`$table`).
+macro_rules! figures {
+    ($(#[$doc:meta])* $enum:ident, $table:ident: $($variant:ident = $name:literal: $about:literal,)*) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        pub enum $enum {
+            $($variant,)*
+        }
 
-/// Figures of the release as a whole; besides these, `<level>.<figure>` names any level's figure, the level written
-/// in lower case with `-` as `_` (`q4_k_m.kld.mean`, `mlx_4bit.probe.pass_rate`).
-pub const GLOBAL_FIGURES: &[(&str, &str)] = &[
-    ("verified", "yes/no: every artifact was recomputed from its inputs with identical bytes"),
-    ("merge.greedy.agree", "merge check: fraction of prompts identical, the merge vs the base + adapter at run time"),
-    ("merge.greedy.prefix", "merge check: mean common-prefix fraction"),
-    ("reference.kld.ppl", "the reference's perplexity, Mean PPL(base)"),
-    ("reference.probe.pass_rate", "the reference's probe pass rate"),
-    (
-        "cross_runtime.greedy.agree",
-        "link 2: fraction of prompts identical, the bf16 weights in mlx-lm vs the GGUF BF16 in llama.cpp",
-    ),
-    ("cross_runtime.greedy.prefix", "link 2: mean common-prefix fraction of those continuations"),
-    (
-        "cross_runtime.kld.mean",
-        "link 2: mean KL divergence of the bf16 weights in mlx-lm against the GGUF BF16 in llama.cpp",
-    ),
-    (
-        "cross_runtime.kld.same_top_p",
-        "link 2: percent of tokens whose most likely next token is the same in both runtimes",
-    ),
-    ("cross_runtime.probe.pass_rate", "the bf16 weights on mlx_lm.server: the probe suite's pass rate"),
-];
+        impl $enum {
+            pub const ALL: &'static [$enum] = &[$($enum::$variant,)*];
+
+            /// The figure's name in gate checks (`kld.mean`).
+            pub fn name(self) -> &'static str {
+                match self {
+                    $($enum::$variant => $name,)*
+                }
+            }
+
+            /// What it measures, in words.
+            pub fn about(self) -> &'static str {
+                match self {
+                    $($enum::$variant => $about,)*
+                }
+            }
+
+            /// The figure a gate check names.
+            pub fn parse(name: &str) -> Option<$enum> {
+                Self::ALL.iter().copied().find(|f| f.name() == name)
+            }
+        }
+
+        /// The figures' (name, meaning) pairs, in order.
+        pub const $table: &[(&str, &str)] = &[$(($name, $about),)*];
+    };
+}
+
+figures! {
+    /// A figure every level has (a level's GGUF quant or MLX checkpoint against the GGUF BF16 reference).
+    Figure, LEVEL_FIGURES:
+    KldMean = "kld.mean": "mean KL divergence (nats per token), llama-perplexity's Mean KLD",
+    KldMeanUnc = "kld.mean_unc": "its uncertainty (±)",
+    KldMedian = "kld.median": "median KL divergence",
+    KldMax = "kld.max": "largest KL divergence of one token",
+    KldP90 = "kld.p90": "90th percentile of the KL divergence",
+    KldP95 = "kld.p95": "95th percentile",
+    KldP99 = "kld.p99": "99th percentile",
+    KldP999 = "kld.p99_9": "99.9th percentile",
+    KldSameTopP = "kld.same_top_p": "percent of tokens whose most likely next token is the reference's (Same top p)",
+    KldRmsDp = "kld.rms_dp": "RMS of the change in the correct token's probability, percent (RMS Δp)",
+    KldPpl = "kld.ppl": "the level's perplexity, Mean PPL(Q)",
+    KldPplRatio = "kld.ppl_ratio": "Mean PPL(Q)/PPL(base)",
+    KldLnPplRatio = "kld.ln_ppl_ratio": "Mean ln(PPL(Q)/PPL(base))",
+    GreedyAgree = "greedy.agree": "fraction of prompts whose greedy continuation is byte-identical to the reference's",
+    GreedyPrefix = "greedy.prefix": "mean common-prefix fraction of the greedy continuations",
+    ProbePassRate = "probe.pass_rate": "mean fraction of scored probes passed over the suite's repeated passes",
+    ProbeSpread = "probe.spread": "standard deviation of that fraction over the passes",
+    ProbeTruncated = "probe.truncated": "probe answers cut off by their token cap (never scored)",
+    Baseline = "baseline": "the reference's probe.pass_rate",
+    Noise = "noise": "the probes' noise band: the larger of the reference's and the level's probe.spread",
+    BitsPerWeight = "bits_per_weight": "tensor bits per weight of the artifact",
+    Bytes = "bytes": "the artifact's bytes, every file",
+    Verified = "verified": "yes/no: every file of the artifact was recomputed from its input with identical bytes",
+    DefaultKldMean = "default.kld.mean": "the level's default limit on kld.mean (defaults.yaml)",
+    MlxLmKldMean = "mlx_lm.kld.mean": "an MLX rung in mlx-lm: mean KL divergence against the GGUF BF16's logits in llama.cpp",
+    MlxLmKldSameTopP = "mlx_lm.kld.same_top_p": "an MLX rung in mlx-lm: percent of tokens with the GGUF BF16's most likely token",
+    MlxLmGreedyAgree = "mlx_lm.greedy.agree": "an MLX rung in mlx-lm: fraction of prompts identical to mlx-lm's bf16 continuation",
+    MlxLmGreedyPrefix = "mlx_lm.greedy.prefix": "an MLX rung in mlx-lm: mean common-prefix fraction against mlx-lm's bf16",
+    MlxLmProbePassRate = "mlx_lm.probe.pass_rate": "an MLX rung on mlx_lm.server: the probe suite's pass rate",
+    MlxLmProbeTruncated = "mlx_lm.probe.truncated": "an MLX rung on mlx_lm.server: probe answers cut off by their token cap",
+}
+
+// Besides the release's own figures, `<level>.<figure>` names any level's figure, the level written in lower case
+// with `-` as `_` (`q4_k_m.kld.mean`, `mlx_4bit.probe.pass_rate`).
+figures! {
+    /// A figure of the release as a whole.
+    GlobalFigure, GLOBAL_FIGURES:
+    Verified = "verified": "yes/no: every artifact was recomputed from its inputs with identical bytes",
+    MergeGreedyAgree = "merge.greedy.agree": "merge check: fraction of prompts identical, the merge vs the base + adapter at run time",
+    MergeGreedyPrefix = "merge.greedy.prefix": "merge check: mean common-prefix fraction",
+    ReferenceKldPpl = "reference.kld.ppl": "the reference's perplexity, Mean PPL(base)",
+    ReferenceProbePassRate = "reference.probe.pass_rate": "the reference's probe pass rate",
+    CrossRuntimeGreedyAgree = "cross_runtime.greedy.agree": "link 2: fraction of prompts identical, the bf16 weights in mlx-lm vs the GGUF BF16 in llama.cpp",
+    CrossRuntimeGreedyPrefix = "cross_runtime.greedy.prefix": "link 2: mean common-prefix fraction of those continuations",
+    CrossRuntimeKldMean = "cross_runtime.kld.mean": "link 2: mean KL divergence of the bf16 weights in mlx-lm against the GGUF BF16 in llama.cpp",
+    CrossRuntimeKldSameTopP = "cross_runtime.kld.same_top_p": "link 2: percent of tokens whose most likely next token is the same in both runtimes",
+    CrossRuntimeProbePassRate = "cross_runtime.probe.pass_rate": "the bf16 weights on mlx_lm.server: the probe suite's pass rate",
+}
 
 const FLAGS: &[&str] = &["verified"];
 
@@ -135,11 +167,11 @@ pub fn level_prefix(level: &str) -> String {
 }
 
 fn is_level_figure(name: &str) -> bool {
-    LEVEL_FIGURES.iter().any(|(n, _)| *n == name)
+    Figure::parse(name).is_some()
 }
 
 fn is_global_figure(name: &str, levels: &[String]) -> bool {
-    GLOBAL_FIGURES.iter().any(|(n, _)| *n == name)
+    GlobalFigure::parse(name).is_some()
         || levels.iter().any(|l| name.strip_prefix(&format!("{}.", level_prefix(l))).is_some_and(is_level_figure))
 }
 
@@ -216,7 +248,7 @@ pub const MEASURED: &str = "measured";
 /// One level's figures, each a value or why it has none.
 #[derive(Clone, Debug, Default)]
 pub struct LevelFigures {
-    pub numbers: BTreeMap<&'static str, Result<f64, String>>,
+    pub numbers: BTreeMap<Figure, Result<f64, String>>,
     pub verified: Option<bool>,
     /// The level is an MLX rung the release also runs in mlx-lm: `measured` requires its `mlx_lm.kld.mean` too
     /// (a checkpoint mlx-lm cannot load is not measured, whatever llama.cpp measured on its conversion).
@@ -224,9 +256,13 @@ pub struct LevelFigures {
 }
 
 impl LevelFigures {
-    pub fn set(&mut self, name: &'static str, v: Result<f64, String>) {
-        debug_assert!(is_level_figure(name), "{name}");
-        self.numbers.insert(name, v);
+    pub fn set(&mut self, figure: Figure, v: Result<f64, String>) {
+        self.numbers.insert(figure, v);
+    }
+
+    /// The figure a gate check names, if the level has it.
+    fn get(&self, name: &str) -> Option<&Result<f64, String>> {
+        self.numbers.get(&Figure::parse(name)?)
     }
 }
 
@@ -235,7 +271,7 @@ impl LevelFigures {
 pub struct Measured {
     /// In report order, by level name (`Q8_0`, `MLX-4bit`).
     pub levels: Vec<(String, LevelFigures)>,
-    pub global: BTreeMap<&'static str, Result<f64, String>>,
+    pub global: BTreeMap<GlobalFigure, Result<f64, String>>,
     pub all_verified: bool,
     pub has_adapter: bool,
     /// The release ran models in mlx-lm (the gates `when: mlx_lm` apply).
@@ -259,7 +295,7 @@ fn missing(name: &str) -> String {
 
 impl Scope<'_> {
     fn level_number(level: &str, f: &LevelFigures, name: &str) -> Result<f64, String> {
-        f.numbers.get(name).cloned().unwrap_or_else(|| Err(format!("{level}: {}", missing(name))))
+        f.get(name).cloned().unwrap_or_else(|| Err(format!("{level}: {}", missing(name))))
     }
 }
 
@@ -270,7 +306,7 @@ impl Figures for Scope<'_> {
                 return Scope::level_number(level, f, name);
             }
         }
-        if let Some(v) = self.m.global.get(name) {
+        if let Some(v) = GlobalFigure::parse(name).and_then(|g| self.m.global.get(&g)) {
             return v.clone();
         }
         for (level, f) in &self.m.levels {
@@ -348,7 +384,7 @@ fn measured_gate(level: &str, f: &LevelFigures) -> GateResult {
         required.push(("mlx_lm.probe.truncated", "no probe results on mlx_lm.server"));
     }
     for (name, what) in required {
-        match f.numbers.get(name) {
+        match f.get(name) {
             Some(Ok(v)) => inputs.push((name.to_string(), FigureValue::Number(*v))),
             Some(Err(e)) => {
                 inputs.push((name.to_string(), FigureValue::Missing(e.clone())));
@@ -447,17 +483,17 @@ mod tests {
     fn level(kld: Option<f64>, pass: Option<f64>) -> LevelFigures {
         let mut f = LevelFigures { verified: Some(true), ..Default::default() };
         if let Some(k) = kld {
-            f.set("kld.mean", Ok(k));
+            f.set(Figure::KldMean, Ok(k));
         } else {
-            f.set("kld.mean", Err("no KL-divergence task ran (evaluation.skip)".into()));
+            f.set(Figure::KldMean, Err("no KL-divergence task ran (evaluation.skip)".into()));
         }
         if let Some(p) = pass {
-            f.set("probe.pass_rate", Ok(p));
-            f.set("probe.truncated", Ok(0.0));
-            f.set("baseline", Ok(0.75));
-            f.set("noise", Ok(0.1));
+            f.set(Figure::ProbePassRate, Ok(p));
+            f.set(Figure::ProbeTruncated, Ok(0.0));
+            f.set(Figure::Baseline, Ok(0.75));
+            f.set(Figure::Noise, Ok(0.1));
         }
-        f.set("default.kld.mean", Ok(0.1));
+        f.set(Figure::DefaultKldMean, Ok(0.1));
         f
     }
 
