@@ -8,6 +8,7 @@
 //! The digest recorded for every output URL (content addressing's "one URL, one content") is a table of its own,
 //! looked up by URL.
 
+use quantfarm_store::Digest;
 use std::path::Path;
 
 use rusqlite::{params, Connection, OptionalExtension};
@@ -179,10 +180,12 @@ impl Journal {
     }
 
     /// The digest and size recorded for the output at `url`, if it was ever made.
-    pub fn output(&self, url: &str) -> Result<Option<(String, u64)>, JournalError> {
+    pub fn output(&self, url: &str) -> Result<Option<Digest>, JournalError> {
         self.conn
             .prepare_cached("SELECT sha256, bytes FROM outputs WHERE url = ?1")
-            .and_then(|mut st| st.query_row([url], |r| Ok((r.get(0)?, r.get::<_, i64>(1)? as u64))).optional())
+            .and_then(|mut st| {
+                st.query_row([url], |r| Ok(Digest { sha256: r.get(0)?, bytes: r.get::<_, i64>(1)? as u64 })).optional()
+            })
             .map_err(|e| self.err(e))
     }
 

@@ -13,6 +13,7 @@
 #![warn(missing_debug_implementations)]
 
 pub mod blob;
+pub mod digest;
 pub mod error;
 pub mod io_counters;
 pub mod location;
@@ -21,6 +22,7 @@ pub mod sink;
 pub mod staging;
 
 pub use blob::Blob;
+pub use digest::Digest;
 pub use error::{Error, Result};
 pub use location::Location;
 pub use sink::{Committed, StagedSink};

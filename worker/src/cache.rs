@@ -30,8 +30,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use quantfarm_proto as pb;
-use quantfarm_store::{Blob, Location};
-use sha2::{Digest, Sha256};
+use quantfarm_store::{Blob, Digest, Location};
+use sha2::{Digest as _, Sha256};
 
 use crate::failure::Failure;
 
@@ -265,7 +265,7 @@ impl Cache {
         };
         if let Some(is_dir) = hit {
             let pin = Pinned { cache: self.clone(), sha256: sha.clone(), path: path.clone(), fetched: false };
-            let (found, bytes) = digest_local(&path, is_dir, budget).await?;
+            let Digest { sha256: found, bytes } = digest_local(&path, is_dir, budget).await?;
             if found == *sha {
                 touch(&path);
                 self.count(|s| {
@@ -357,7 +357,7 @@ impl Cache {
         if hit {
             let pin = Pinned { cache: self.clone(), sha256: key.to_string(), path: path.clone(), fetched: false };
             let want = std::fs::read_to_string(&sidecar).unwrap_or_default();
-            let (found, bytes) = digest_local(&path, true, budget).await?;
+            let Digest { sha256: found, bytes } = digest_local(&path, true, budget).await?;
             if found == want.trim() {
                 touch(&path);
                 self.count(|s| {
@@ -395,7 +395,7 @@ impl Cache {
         remove(&partial);
         let made = async {
             make(partial.clone()).await?;
-            let (digest, bytes) = digest_local(&partial, true, budget).await?;
+            let Digest { sha256: digest, bytes } = digest_local(&partial, true, budget).await?;
             // The sidecar first: a folder in place always has its digest beside it.
             std::fs::write(&sidecar, format!("{digest}\n")).map_err(|e| io(&sidecar, e))?;
             std::fs::rename(&partial, &path).map_err(|e| io(&path, e))?;
@@ -450,13 +450,14 @@ impl Cache {
         remove(&partial);
         let from = Location::parse(&input.url).map_err(Failure::from)?;
         let result = async {
-            let (sha, bytes) = match folder {
+            let Digest { sha256: sha, bytes } = match folder {
                 None => download(&from, &partial, budget).await?,
                 Some(names) => {
                     std::fs::create_dir_all(&partial).map_err(|e| io(&partial, e))?;
                     let mut files = Vec::with_capacity(names.len());
                     for name in names {
-                        let (sha, bytes) = download(&from.child(name)?, &partial.join(name), budget).await?;
+                        let Digest { sha256: sha, bytes } =
+                            download(&from.child(name)?, &partial.join(name), budget).await?;
                         files.push((name.clone(), sha, bytes));
                     }
                     digest_lines(files)
@@ -496,18 +497,18 @@ fn dir_bytes(dir: &Path) -> std::io::Result<u64> {
 
 /// The folder digest of files given as (name, sha256, bytes): sha256 over their `sha256  name` lines sorted by name
 /// (as `worker/src/outputs.rs` records a folder output).
-pub fn digest_lines(mut files: Vec<(String, String, u64)>) -> (String, u64) {
+pub fn digest_lines(mut files: Vec<(String, String, u64)>) -> Digest {
     files.sort();
     let mut h = Sha256::new();
     for (name, sha, _) in &files {
         h.update(format!("{sha}  {name}\n").as_bytes());
     }
-    (quantfarm_store::hex(&h.finalize()), files.iter().map(|f| f.2).sum())
+    Digest::new(quantfarm_store::hex(&h.finalize()), files.iter().map(|f| f.2).sum())
 }
 
 /// Copies one object to a local file in pieces of at most `budget` bytes, hashing it on the way: its sha256 and
 /// bytes.
-pub async fn download(from: &Location, to: &Path, budget: u64) -> Result<(String, u64), Failure> {
+pub async fn download(from: &Location, to: &Path, budget: u64) -> Result<Digest, Failure> {
     let mut out = std::io::BufWriter::new(File::create(to).map_err(|e| io(to, e))?);
     let got = read_hashing(from, Some((&mut out, to)), budget).await?;
     out.flush().map_err(|e| io(to, e))?;
@@ -520,7 +521,7 @@ pub async fn read_hashing(
     from: &Location,
     mut out: Option<(&mut (dyn Write + Send), &Path)>,
     budget: u64,
-) -> Result<(String, u64), Failure> {
+) -> Result<Digest, Failure> {
     let blob = Blob::open(from).await?;
     let mut buf = vec![0u8; budget.clamp(1 << 16, 64 << 20).min(blob.len().max(1)) as usize];
     let mut h = Sha256::new();
@@ -534,16 +535,16 @@ pub async fn read_hashing(
         }
         off += n as u64;
     }
-    Ok((quantfarm_store::hex(&h.finalize()), blob.len()))
+    Ok(Digest::new(quantfarm_store::hex(&h.finalize()), blob.len()))
 }
 
 /// The sha256 and bytes of a local file, or the folder digest of a local folder's files.
-async fn digest_local(path: &Path, is_dir: bool, budget: u64) -> Result<(String, u64), Failure> {
+async fn digest_local(path: &Path, is_dir: bool, budget: u64) -> Result<Digest, Failure> {
     let path = path.to_path_buf();
     let shown = path.display().to_string();
     let buf_len = budget.clamp(1 << 16, 64 << 20) as usize;
     tokio::task::spawn_blocking(move || {
-        let hash_file = |p: &Path| -> Result<(String, u64), Failure> {
+        let hash_file = |p: &Path| -> Result<Digest, Failure> {
             let mut f = File::open(p).map_err(|e| io(p, e))?;
             let mut buf = vec![0u8; buf_len];
             let mut h = Sha256::new();
@@ -556,7 +557,7 @@ async fn digest_local(path: &Path, is_dir: bool, budget: u64) -> Result<(String,
                 h.update(&buf[..k]);
                 n += k as u64;
             }
-            Ok((quantfarm_store::hex(&h.finalize()), n))
+            Ok(Digest::new(quantfarm_store::hex(&h.finalize()), n))
         };
         if !is_dir {
             return hash_file(&path);
@@ -565,7 +566,7 @@ async fn digest_local(path: &Path, is_dir: bool, budget: u64) -> Result<(String,
         for e in std::fs::read_dir(&path).map_err(|e| io(&path, e))? {
             let e = e.map_err(|e| io(&path, e))?;
             let name = e.file_name().to_string_lossy().into_owned();
-            let (sha, bytes) = hash_file(&e.path())?;
+            let Digest { sha256: sha, bytes } = hash_file(&e.path())?;
             files.push((name, sha, bytes));
         }
         Ok(digest_lines(files))
@@ -704,7 +705,7 @@ mod tests {
         std::fs::write(model.join("config.json"), b"{}").unwrap();
         std::fs::write(model.join("model.safetensors"), [5u8; 64]).unwrap();
         let names = vec!["config.json".to_string(), "model.safetensors".to_string()];
-        let (digest, bytes) = digest_lines(vec![
+        let Digest { sha256: digest, bytes } = digest_lines(vec![
             ("config.json".into(), sha(b"{}"), 2),
             ("model.safetensors".into(), sha(&[5u8; 64]), 64),
         ]);

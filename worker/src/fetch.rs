@@ -8,10 +8,10 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use quantfarm_store::{Blob, Location};
+use quantfarm_store::{Blob, Digest, Location};
 use quantfarm_tensors::gguf::split::{parse_split_file_name, split_file_name};
 use quantfarm_tensors::TensorSource;
-use sha2::{Digest, Sha256};
+use sha2::{Digest as _, Sha256};
 
 use crate::cache::{digest_lines, download, read_hashing, Pinned};
 use crate::env::Env;
@@ -28,7 +28,7 @@ pub async fn exists(loc: &Location) -> bool {
 }
 
 /// Reads a whole object within `budget` and hashes it.
-pub async fn hash_object(loc: &Location, budget: u64) -> Result<(String, u64), Failure> {
+pub async fn hash_object(loc: &Location, budget: u64) -> Result<Digest, Failure> {
     read_hashing(loc, None, budget).await
 }
 
@@ -70,7 +70,7 @@ async fn place(url: &str, from: &Location, to: &Path, env: &Env) -> Result<(), F
             return Ok(());
         }
     }
-    let (sha, _) = download(from, to, env.budget).await?;
+    let Digest { sha256: sha, .. } = download(from, to, env.budget).await?;
     env.fetched_for(start.elapsed());
     if sha != input.sha256 {
         return Err(Failure::corrupt(url, &sha, &input.sha256));
@@ -113,12 +113,12 @@ pub async fn local_model(url: &str, dir: &Path, env: &Env) -> Result<PathBuf, Fa
         std::fs::create_dir_all(&folder).map_err(|e| Failure::transient(folder.display(), e))?;
         let mut files = Vec::with_capacity(names.len());
         for name in &names {
-            let (sha, bytes) = download(&loc.child(name)?, &folder.join(name), env.budget).await?;
+            let Digest { sha256: sha, bytes } = download(&loc.child(name)?, &folder.join(name), env.budget).await?;
             files.push((name.clone(), sha, bytes));
         }
         env.fetched_for(start.elapsed());
         if let Some(input) = env.input(url) {
-            let (digest, _) = digest_lines(files);
+            let Digest { sha256: digest, .. } = digest_lines(files);
             if digest != input.sha256 {
                 return Err(Failure::corrupt(url, &digest, &input.sha256));
             }
@@ -175,13 +175,13 @@ pub async fn gguf_source(first: &str, env: &Env) -> Result<TensorSource, Failure
 
 /// The sha256 and bytes of the stored object at `url`: through the worker's cache when the task lists it among its
 /// inputs (fetched and checked against the recorded digest, or an entry checked again), else read and hashed.
-pub async fn stored_digest(url: &str, env: &Env) -> Result<(String, u64), Failure> {
+pub async fn stored_digest(url: &str, env: &Env) -> Result<Digest, Failure> {
     if let (Some(input), Some(cache)) = (env.input(url), env.cache.as_ref()) {
         if location(url)?.local_path().is_none() {
             let start = Instant::now();
             if let Some(pin) = cache.get(input, None, env.budget).await? {
                 keep(env, pin, start);
-                return Ok((input.sha256.clone(), input.bytes));
+                return Ok(Digest::new(input.sha256.clone(), input.bytes));
             }
         }
     }

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use quantfarm_proto as pb;
-use quantfarm_store::{Blob, Location, StagedSink};
+use quantfarm_store::{Blob, Digest, Location, StagedSink};
 use quantfarm_tensors::gguf::GgufHeader;
 use quantfarm_tensors::TensorSource;
 
@@ -17,7 +17,7 @@ use crate::failure::Failure;
 use crate::fetch::{exists, hash_object, location};
 
 /// The artifact at `out`, just written (`cache_hit` false) or found there.
-pub fn artifact_result(out: &Location, (sha256, bytes): (String, u64), cache_hit: bool) -> pb::ArtifactResult {
+pub fn artifact_result(out: &Location, Digest { sha256, bytes }: Digest, cache_hit: bool) -> pb::ArtifactResult {
     pb::ArtifactResult {
         artifact: Some(pb::Artifact { url: out.to_string(), sha256, bytes, types: vec![] }),
         cache_hit,
@@ -37,12 +37,12 @@ pub fn found_intact(out: &Location, digest: &str, env: &Env) -> bool {
 }
 
 /// The output already at `out`, if it is intact (see [`found_intact`]); a corrupt one is removed.
-pub async fn cached(out: &Location, env: &Env) -> Result<Option<(String, u64)>, Failure> {
+pub async fn cached(out: &Location, env: &Env) -> Result<Option<Digest>, Failure> {
     if !exists(out).await {
         return Ok(None);
     }
     let found = hash_object(out, env.budget).await?;
-    if found_intact(out, &found.0, env) {
+    if found_intact(out, &found.sha256, env) {
         return Ok(Some(found));
     }
     out.remove().await?;
@@ -52,7 +52,7 @@ pub async fn cached(out: &Location, env: &Env) -> Result<Option<(String, u64)>, 
 /// Makes the content-addressed output at `url` with `write`, unless it is already there (a cache hit).
 pub async fn produce<F>(url: &str, env: &Env, write: impl FnOnce(Location) -> F) -> Result<pb::ArtifactResult, Failure>
 where
-    F: std::future::Future<Output = Result<(String, u64), Failure>>,
+    F: std::future::Future<Output = Result<Digest, Failure>>,
 {
     let out = location(url)?;
     if let Some(found) = cached(&out, env).await? {
@@ -69,7 +69,7 @@ where
 }
 
 /// [`artifact_result`] with the type mix of a GGUF or safetensors output (other outputs have none).
-async fn typed(out: &Location, digest: (String, u64), cache_hit: bool) -> Result<pb::ArtifactResult, Failure> {
+async fn typed(out: &Location, digest: Digest, cache_hit: bool) -> Result<pb::ArtifactResult, Failure> {
     let mut r = artifact_result(out, digest, cache_hit);
     let name = out.file_name();
     if name.ends_with(".gguf") || name.ends_with(".safetensors") {
@@ -112,10 +112,10 @@ fn count_types(tensors: Vec<(String, u64, u64)>) -> Vec<pb::TypeCount> {
 }
 
 /// sha256 over the `sha256  name` lines (sorted by name) of files `names` in folder `dir`, and their total bytes.
-pub async fn folder_digest(dir: &Location, names: &[String], env: &Env) -> Result<(String, u64), Failure> {
+pub async fn folder_digest(dir: &Location, names: &[String], env: &Env) -> Result<Digest, Failure> {
     let mut files = Vec::with_capacity(names.len());
     for name in names {
-        let (sha, bytes) = hash_object(&dir.child(name)?, env.budget).await?;
+        let Digest { sha256: sha, bytes } = hash_object(&dir.child(name)?, env.budget).await?;
         files.push((name.clone(), sha, bytes));
     }
     Ok(digest_lines(files))
@@ -123,7 +123,7 @@ pub async fn folder_digest(dir: &Location, names: &[String], env: &Env) -> Resul
 
 /// Copies a local file into the store through the staged sink (nothing is visible there until it is whole);
 /// returns its sha256 and bytes.
-pub async fn upload(path: &Path, out: &Location, env: &Env) -> Result<(String, u64), Failure> {
+pub async fn upload(path: &Path, out: &Location, env: &Env) -> Result<Digest, Failure> {
     let blob = Blob::open(&Location::local(path)).await?;
     let mut sink = StagedSink::create(out, false).await?;
     let mut buf = vec![0u8; env.budget.clamp(1 << 16, 64 << 20).min(blob.len().max(1)) as usize];
@@ -135,5 +135,5 @@ pub async fn upload(path: &Path, out: &Location, env: &Env) -> Result<(String, u
         off += n as u64;
     }
     let c = sink.commit().await?;
-    Ok((c.sha256, c.bytes))
+    Ok(Digest::new(c.sha256, c.bytes))
 }

@@ -7,7 +7,7 @@ use quantfarm_quant::file::{quantize_gguf_shard, Options};
 use quantfarm_quant::imatrix::Imatrix;
 use quantfarm_quant::mixture::TensorType;
 use quantfarm_quant::{FileType, GgmlType};
-use quantfarm_store::{Location, StagedSink};
+use quantfarm_store::{Digest, Location, StagedSink};
 use quantfarm_tensors::convert::{self, GgufPlan, SplitRule};
 use quantfarm_tensors::merge::MergeOptions;
 use quantfarm_tensors::TensorSource;
@@ -32,7 +32,7 @@ pub async fn open_plan(source: &str) -> Result<(TensorSource, GgufPlan), Failure
 }
 
 /// Writes split file `g.shard` of the conversion at `out`; returns its sha256 and bytes.
-pub async fn write_gguf(g: &pb::GgufShardTask, out: &Location, env: &Env) -> Result<(String, u64), Failure> {
+pub async fn write_gguf(g: &pb::GgufShardTask, out: &Location, env: &Env) -> Result<Digest, Failure> {
     let (src, plan) = open_plan(&g.source).await?;
     if plan.digest() != g.plan_digest {
         return Err(Failure::input(format!(
@@ -53,11 +53,11 @@ pub async fn write_gguf(g: &pb::GgufShardTask, out: &Location, env: &Env) -> Res
         )));
     }
     let c = convert::write_gguf_shard(&plan, &src, &ranges, g.shard as usize, out, env.budget, false).await?;
-    Ok((c.sha256, c.bytes))
+    Ok(Digest::new(c.sha256, c.bytes))
 }
 
 /// Writes split file `q.shard` of the quantized model at `out`; returns its sha256 and bytes.
-pub async fn write_quantized(q: &pb::QuantizeTask, out: &Location, env: &Env) -> Result<(String, u64), Failure> {
+pub async fn write_quantized(q: &pb::QuantizeTask, out: &Location, env: &Env) -> Result<Digest, Failure> {
     let ftype = FileType::from_name(&q.file_type)
         .ok_or_else(|| Failure::input(format!("unknown file type {:?}", q.file_type)))?;
     let src = gguf_source(&q.input, env).await?;
@@ -69,7 +69,7 @@ pub async fn write_quantized(q: &pb::QuantizeTask, out: &Location, env: &Env) ->
         None
     } else {
         let loc = location(&q.imatrix)?;
-        let (sha, _) = hash_object(&loc, 8 << 20).await?;
+        let Digest { sha256: sha, .. } = hash_object(&loc, 8 << 20).await?;
         if sha != q.imatrix_sha256 {
             return Err(Failure::input(format!(
                 "{}: the importance matrix changed since the release was planned (sha256 {sha}, planned {})",
@@ -104,7 +104,7 @@ pub async fn write_quantized(q: &pb::QuantizeTask, out: &Location, env: &Env) ->
         ..Options::new(ftype)
     };
     let done = quantize_gguf_shard(&src, q.shard as usize, out, &opts).await?;
-    Ok((done.committed.sha256, done.committed.bytes))
+    Ok(Digest::new(done.committed.sha256, done.committed.bytes))
 }
 
 /// The merge's options for a task naming the base as `base_name` (empty: the folder's name).
@@ -119,7 +119,7 @@ pub fn merge_options(base_name: &str, env: &Env) -> MergeOptions {
 
 /// Writes one file of the merge at `out` (or the side files into folder `out`); returns its sha256 (the folder's
 /// digest for side files) and bytes.
-pub async fn write_merge(m: &pb::MergeTask, out: &Location, env: &Env) -> Result<(String, u64), Failure> {
+pub async fn write_merge(m: &pb::MergeTask, out: &Location, env: &Env) -> Result<Digest, Failure> {
     let (base, adapter) = (location(&m.base)?, location(&m.adapter)?);
     let plan = quantfarm_tensors::merge::plan_merge(&base, &adapter, &merge_options(&m.base_name, env)).await?;
     if plan.digest() != m.plan_digest {
@@ -155,11 +155,11 @@ pub async fn write_merge(m: &pb::MergeTask, out: &Location, env: &Env) -> Result
     }
     let w = plan.stage_file(file, out, env.budget, false).await?;
     let c = w.finish().await?;
-    Ok((c.sha256, c.bytes))
+    Ok(Digest::new(c.sha256, c.bytes))
 }
 
 /// Writes the MLX checkpoint of `m.source` into folder `out`; returns its folder digest and bytes.
-pub async fn write_mlx(m: &pb::MlxTask, out: &Location, env: &Env) -> Result<(String, u64), Failure> {
+pub async fn write_mlx(m: &pb::MlxTask, out: &Location, env: &Env) -> Result<Digest, Failure> {
     use quantfarm_quant::mlx_file::{gguf_to_mlx, quantize_mlx_checkpoint, MlxOptions};
     let src = TensorSource::open(&location(&m.source)?).await?;
     // A folder left by a lease that died between commits holds some of the (deterministic) files: replace them.

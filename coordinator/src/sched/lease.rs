@@ -98,7 +98,7 @@ impl Sched {
             let lease_id = random_hex(12);
             let known = {
                 let t = &self.releases[ri].tasks[ti];
-                t.task.as_ref().and_then(graph::output_url).and_then(|u| self.output(u)).map(|k| k.0)
+                t.task.as_ref().and_then(graph::output_url).and_then(|u| self.output(u)).map(|k| k.sha256)
             };
             let rel = &mut self.releases[ri];
             let t = &mut rel.tasks[ti];

@@ -67,7 +67,7 @@ impl Sched {
     /// content); another means a task that is not deterministic, or an output changed while the task ran.
     pub(super) fn check_output(&self, result: &pb::TaskResult) -> Result<(), String> {
         let Some(a) = result.artifact() else { return Ok(()) };
-        match self.output(&a.url).map(|o| o.0) {
+        match self.output(&a.url).map(|o| o.sha256) {
             Some(known) if known != a.sha256 => Err(format!(
                 "{} has sha256 {}, but it was made before with sha256 {known}: the output is not reproducible",
                 a.url, a.sha256

@@ -1,6 +1,7 @@
 //! The task graph's bookkeeping: tasks added with their dependencies, a task made ready when its last
 //! dependency is done (with the inputs it reads and their digests), and each change journaled.
 
+use quantfarm_store::Digest;
 use super::*;
 
 impl Sched {
@@ -85,7 +86,7 @@ impl Sched {
 
     /// The digest and size recorded for the output at `url` (a journal lookup; an unreadable journal is logged and
     /// reads as unknown).
-    pub(super) fn output(&self, url: &str) -> Option<(String, u64)> {
+    pub(super) fn output(&self, url: &str) -> Option<Digest> {
         self.journal.output(url).unwrap_or_else(|e| {
             tracing::error!("{e}");
             None
@@ -98,7 +99,7 @@ impl Sched {
         graph::input_urls(task)
             .into_iter()
             .filter_map(|url| {
-                let (sha256, bytes) = self.output(&url)?;
+                let Digest { sha256, bytes } = self.output(&url)?;
                 Some(pb::InputFile { url, sha256, bytes })
             })
             .collect()

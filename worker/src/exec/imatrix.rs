@@ -3,6 +3,7 @@
 
 use quantfarm_eval::imatrix::{collect as collect_imatrix, CollectOptions};
 use quantfarm_proto::{self as pb, task_result, WorkerKind};
+use quantfarm_store::Digest;
 use quantfarm_store::Location;
 
 use super::Executor;
@@ -24,7 +25,7 @@ impl Executor for Imatrix {
     }
 }
 
-async fn write_imatrix_part(t: &pb::ImatrixTask, out: &Location, env: &Env) -> Result<(String, u64), Failure> {
+async fn write_imatrix_part(t: &pb::ImatrixTask, out: &Location, env: &Env) -> Result<Digest, Failure> {
     let s = settings(&t.settings)?.clone();
     let dir = task_dir(env)?;
     let reference = local_model(&t.reference, dir.path(), env).await?;
@@ -47,5 +48,5 @@ async fn write_imatrix_part(t: &pb::ImatrixTask, out: &Location, env: &Env) -> R
     })
     .await?;
     let done = part.write(out, true, false).await?;
-    Ok((done.sha256, done.bytes))
+    Ok(Digest::new(done.sha256, done.bytes))
 }

@@ -3,6 +3,7 @@
 
 use quantfarm_proto::{self as pb, task_result, WorkerKind};
 use quantfarm_quant::imatrix::sums::ImatrixSums;
+use quantfarm_store::Digest;
 
 use super::Executor;
 use crate::env::Env;
@@ -21,7 +22,7 @@ impl Executor for ImatrixMerge {
             let mut sums = ImatrixSums::default();
             for a in &t.parts {
                 let loc = location(&a.url)?;
-                let (sha, _) = hash_object(&loc, env.budget).await?;
+                let Digest { sha256: sha, .. } = hash_object(&loc, env.budget).await?;
                 if sha != a.sha256 {
                     return Err(Failure::corrupt(&a.url, &sha, &a.sha256));
                 }
@@ -32,7 +33,7 @@ impl Executor for ImatrixMerge {
                 return Err(Failure::input("imatrix/merge: no part holds any statistics"));
             }
             let done = sums.write(&out, false, false).await?;
-            Ok((done.sha256, done.bytes))
+            Ok(Digest::new(done.sha256, done.bytes))
         })
         .await?;
         Ok(task_result::Kind::Artifact(made))

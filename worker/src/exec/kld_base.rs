@@ -2,6 +2,7 @@
 //! stores their base logits as a base-logits file of their own. A group is never split: llama.cpp's logits for a
 //! chunk depend on which chunks share its decode, and only llama-perplexity's grouping gives its figures exactly.
 
+use quantfarm_store::Digest;
 use std::io::BufWriter;
 
 use quantfarm_eval::kld::{chunks_per_decode, write_base};
@@ -28,7 +29,7 @@ impl Executor for KldBase {
 }
 
 /// Writes the base-logits part of one chunk group to `out` (staged; a failed run leaves nothing there).
-async fn write_base_part(t: &pb::KldBaseTask, out: &Location, env: &Env) -> Result<(String, u64), Failure> {
+async fn write_base_part(t: &pb::KldBaseTask, out: &Location, env: &Env) -> Result<Digest, Failure> {
     let s = settings(&t.settings)?.clone();
     let dir = task_dir(env)?;
     let reference = local_model(&t.reference, dir.path(), env).await?;

@@ -26,7 +26,7 @@ async fn merge(m: &pb::MergeTask, env: &Env) -> Result<pb::ArtifactResult, Failu
     }
     let out = location(&m.output)?;
     let mut digest = write_merge(m, &out, env).await?;
-    if !found_intact(&out, &digest.0, env) {
+    if !found_intact(&out, &digest.sha256, env) {
         // Side files already there are kept as found: remove them all, then write them again.
         for name in out.list().await? {
             out.child(&name)?.remove().await?;

@@ -9,7 +9,7 @@
 //! already check.
 
 use quantfarm_proto::{self as pb, task_result, MergeCheckPart, WorkerKind};
-use quantfarm_store::{Committed, Location};
+use quantfarm_store::{Committed, Digest, Location};
 use quantfarm_tensors::convert::{plan_hf_to_gguf, write_gguf_shard, OutType};
 use quantfarm_tensors::merge::{adapter_to_gguf, merge_adapter};
 use quantfarm_tensors::TensorSource;
@@ -39,7 +39,7 @@ async fn write_part(
     part: MergeCheckPart,
     out: &Location,
     env: &Env,
-) -> Result<(String, u64), Failure> {
+) -> Result<Digest, Failure> {
     let (base, adapter) = (location(&m.base)?, location(&m.adapter)?);
     let opts = quantfarm_tensors::merge::MergeOptions { widen: true, ..merge_options(&m.base_name, env) };
     let done = match part {
@@ -62,7 +62,7 @@ async fn write_part(
             return Err(Failure::input(format!("merge check: part {} is not one this worker knows", m.part)))
         }
     };
-    Ok((done.sha256, done.bytes))
+    Ok(Digest::new(done.sha256, done.bytes))
 }
 
 /// The HF checkpoint folder `src` as one F32 GGUF file at `out` (bf16 weights widened exactly).

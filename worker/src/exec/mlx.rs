@@ -1,6 +1,7 @@
 //! `mlx`: makes an MLX affine checkpoint folder (config.json committed last: a folder that has it is complete).
 
 use quantfarm_proto::{self as pb, task_result, WorkerKind};
+use quantfarm_store::Digest;
 
 use super::Executor;
 use crate::env::Env;
@@ -23,11 +24,13 @@ impl Executor for Mlx {
 async fn mlx(m: &pb::MlxTask, env: &Env) -> Result<pb::ArtifactResult, Failure> {
     let out = location(&m.output)?;
     let found = match exists(&out.child("config.json")?).await {
-        true => Some(folder_digest(&out, &out.list().await?, env).await?).filter(|d| found_intact(&out, &d.0, env)),
+        true => {
+            Some(folder_digest(&out, &out.list().await?, env).await?).filter(|d| found_intact(&out, &d.sha256, env))
+        }
         false => None,
     };
     // A corrupt folder is written over: the writer replaces every file of the checkpoint.
-    let (cache_hit, (sha256, bytes)) = match found {
+    let (cache_hit, Digest { sha256, bytes }) = match found {
         Some(d) => (true, d),
         None => (false, write_mlx(m, &out, env).await?),
     };

@@ -6,6 +6,7 @@
 use quantfarm_eval::kld::base_file::BaseFile;
 use quantfarm_eval::kld::{chunk_input, score_rows};
 use quantfarm_proto::{self as pb, task_result, WorkerKind};
+use quantfarm_store::Digest;
 
 use super::Executor;
 use crate::env::Env;
@@ -26,7 +27,7 @@ impl Executor for MlxLmKld {
 
 async fn kld(t: &pb::MlxLmKldTask, env: &Env) -> Result<pb::KldResult, Failure> {
     let dir = task_dir(env)?;
-    let (sha, _) = hash_object(&location(&t.base)?, env.budget).await?;
+    let Digest { sha256: sha, .. } = hash_object(&location(&t.base)?, env.budget).await?;
     if sha != t.base_sha256 {
         return Err(Failure::corrupt(&t.base, &sha, &t.base_sha256));
     }

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::Command;
 
 use quantfarm_proto::{self as pb, task_result, FailureKind, WorkerKind};
-use quantfarm_store::Location;
+use quantfarm_store::{Digest, Location};
 
 use super::Executor;
 use crate::env::Env;
@@ -119,7 +119,7 @@ async fn peer_kld(t: &pb::PeerKldTask, env: &Env) -> Result<pb::PeerKldResult, F
         }
         dir.path().join("peer-base.logits")
     } else {
-        let (sha, _) = hash_object(&Location::parse(&t.base)?, env.budget).await?;
+        let Digest { sha256: sha, .. } = hash_object(&Location::parse(&t.base)?, env.budget).await?;
         if sha != t.base_sha256 {
             return Err(Failure::input(format!(
                 "{}: the base logits changed since they were written (sha256 {sha}, expected {})",
@@ -152,7 +152,7 @@ async fn peer_kld(t: &pb::PeerKldTask, env: &Env) -> Result<pb::PeerKldResult, F
     let mut result = pb::PeerKldResult { tool: t.tool.clone(), version, command, ..Default::default() };
     if base_run {
         let out = Location::parse(&t.output)?;
-        let (sha256, bytes) = if exists(&out).await {
+        let Digest { sha256, bytes } = if exists(&out).await {
             hash_object(&out, env.budget).await?
         } else {
             upload(&base_path, &out, env).await?

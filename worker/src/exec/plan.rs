@@ -65,7 +65,7 @@ async fn plan(p: &pb::PlanTask) -> Result<pb::PlanResult, Failure> {
     } else {
         let loc = location(&p.imatrix)?;
         Imatrix::load(&loc).await?;
-        hash_object(&loc, 8 << 20).await?.0
+        hash_object(&loc, 8 << 20).await?.sha256
     };
     Ok(pb::PlanResult {
         architecture: src.architecture().unwrap_or_default(),

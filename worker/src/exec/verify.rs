@@ -41,12 +41,12 @@ async fn verify(v: &pb::VerifyTask, env: &Env) -> Result<pb::VerifyResult, Failu
         let stored = match what {
             // A folder: its files, as the recomputation names them.
             verify_task::What::Mlx(_) | verify_task::What::Merge(pb::MergeTask { side_files: true, .. }) => {
-                folder_digest(&stored_loc, &scratch.list().await?, env).await?.0
+                folder_digest(&stored_loc, &scratch.list().await?, env).await?.sha256
             }
             // Through the worker's cache when it keeps the file: fetched and checked against the recorded digest (a
             // stored copy without it is reported corrupt there, as below), or an entry checked again.
             verify_task::What::Gguf(_) | verify_task::What::Quantize(_) | verify_task::What::Merge(_) => {
-                stored_digest(&stored_url, env).await?.0
+                stored_digest(&stored_url, env).await?.sha256
             }
         };
         if stored != v.expect_sha256 {
@@ -58,27 +58,27 @@ async fn verify(v: &pb::VerifyTask, env: &Env) -> Result<pb::VerifyResult, Failu
         None
     };
     // The stored copy (read or checked elsewhere) is the recorded digest's.
-    let identical = recomputed.0 == v.expect_sha256;
+    let identical = recomputed.sha256 == v.expect_sha256;
     let detail = match (&stored, identical) {
-        (Some(_), true) => format!("{stored_url}: recomputed {} bytes, identical", recomputed.1),
+        (Some(_), true) => format!("{stored_url}: recomputed {} bytes, identical", recomputed.bytes),
         (None, true) => format!(
             "{stored_url}: recomputed {} bytes, identical to the digest its producer recorded; the stored copy is \
              checked against it by {}",
-            recomputed.1, v.stored_checked_by
+            recomputed.bytes, v.stored_checked_by
         ),
         (Some(stored), false) => format!(
             "{stored_url}: stored {stored}, recomputed {}, the producer reported {}",
-            recomputed.0, v.expect_sha256
+            recomputed.sha256, v.expect_sha256
         ),
         (None, false) => {
-            format!("{stored_url}: recomputed {}, the producer reported {}", recomputed.0, v.expect_sha256)
+            format!("{stored_url}: recomputed {}, the producer reported {}", recomputed.sha256, v.expect_sha256)
         }
     };
     Ok(pb::VerifyResult {
         identical,
         expected_sha256: v.expect_sha256.clone(),
         stored_sha256: stored.unwrap_or_default(),
-        recomputed_sha256: recomputed.0,
+        recomputed_sha256: recomputed.sha256,
         detail,
     })
 }
