@@ -10,6 +10,9 @@ pub mod v1 {
 
 pub use v1::*;
 
+mod reads;
+mod record;
+
 /// The protocol version this build speaks; a coordinator refuses any other.
 pub const PROTOCOL_VERSION: u32 = 1;
 
@@ -311,6 +314,21 @@ impl From<&KldChunkStats> for quantfarm_parity::ChunkStats {
     }
 }
 
+impl ReleaseState {
+    /// The state's name where people and scripts read it (`quantfarm run --json`, the metrics page): `released`,
+    /// `gate_failed`, ….
+    pub fn label(self) -> &'static str {
+        match self {
+            ReleaseState::Unspecified => "unspecified",
+            ReleaseState::Running => "running",
+            ReleaseState::Released => "released",
+            ReleaseState::GateFailed => "gate_failed",
+            ReleaseState::Failed => "failed",
+            ReleaseState::Cancelled => "cancelled",
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -331,20 +349,5 @@ mod tests {
         let wire = KldChunkStats::from(&stats);
         let decoded = KldChunkStats::decode(wire.encode_to_vec().as_slice()).unwrap();
         assert_eq!(quantfarm_parity::ChunkStats::from(&decoded), stats);
-    }
-}
-
-impl ReleaseState {
-    /// The state's name where people and scripts read it (`quantfarm run --json`, the metrics page): `released`,
-    /// `gate_failed`, ….
-    pub fn label(self) -> &'static str {
-        match self {
-            ReleaseState::Unspecified => "unspecified",
-            ReleaseState::Running => "running",
-            ReleaseState::Released => "released",
-            ReleaseState::GateFailed => "gate_failed",
-            ReleaseState::Failed => "failed",
-            ReleaseState::Cancelled => "cancelled",
-        }
     }
 }

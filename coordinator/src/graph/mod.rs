@@ -1,15 +1,10 @@
-//! What every task kind builds on (`crate::kinds` holds the kinds): the release as a task sees it ([`Ctx`]), where
-//! outputs live and the files a task message reads.
-//!
-//! Output locations are content-addressed: a folder named by the sha256 of everything the output depends on, so a
-//! task run twice writes (or finds) the same object. By concern: [`naming`] (where outputs live: the one function
-//! that names an artifact) and [`inputs`] (the farm-made files a task reads).
+//! What every task kind builds on (`crate::kinds` holds the kinds): the release as a task sees it ([`Ctx`]) and
+//! where outputs live ([`naming`]: the one function that names an artifact). Output locations are content-addressed:
+//! a folder named by the sha256 of everything the output depends on, so a task run twice writes (or finds) the same
+//! object. (What a task message reads is the message's own: `task::Kind::reads` in the protocol crate.)
 
 pub(crate) mod naming;
 
-mod inputs;
-
-pub use inputs::{input_urls, shard_file, stored_output};
 pub use naming::{output_url, synthetic_name, written_url};
 
 use quantfarm_store::Location;

@@ -5,11 +5,11 @@
 
 use std::collections::HashMap;
 
-use quantfarm_proto::{self as pb, task_result};
+use quantfarm_proto as pb;
 
 use super::lookup::{merge_plan_of, plan_of};
 use super::subjects::{EvalTarget, MlxSubject};
-use super::{Imatrix, Mlx, Quantize, Results, TaskDef, TaskKey};
+use super::{Mlx, Quantize, Results, TaskDef, TaskKey};
 use crate::graph::Ctx;
 use crate::spec::Evaluation;
 
@@ -110,43 +110,40 @@ pub fn initial(ctx: &Ctx) -> Vec<TaskDef> {
     grow(Stage::Start, ctx, &|_| None).tasks
 }
 
-/// What task `key`'s `result` adds: a plan's result expands the graph, every other result adds nothing. An error
-/// says why the result cannot be expanded; the release fails with it. `results` holds the finished tasks' results,
-/// this one's included.
+/// What a finished task's result opens ([`super::Family::opens`]): a stage at which the families add tasks.
+#[derive(Clone, Copy, Debug)]
+pub enum Opens<'r> {
+    Nothing,
+    Merged(&'r pb::MergePlanResult),
+    Planned(&'r pb::PlanResult),
+    Calibrated(&'r pb::KldPlanResult),
+    TextPlanned(&'r pb::KldPlanResult),
+}
+
+/// What task `key`'s `result` adds: a plan's result expands the graph (the task's family says which stage it
+/// opens), every other result adds nothing. An error says why the result cannot be expanded; the release fails with
+/// it. `results` holds the finished tasks' results, this one's included.
 pub fn grows(ctx: &Ctx, key: &TaskKey, result: &pb::TaskResult, results: &Results) -> Result<Growth, String> {
-    use task_result::Kind as K;
-    let Some(kind) = &result.kind else { return Ok(Growth::default()) };
     let inventory;
-    let stage = match kind {
-        K::MergePlan(mp) => {
-            if mp.files.is_empty() {
-                return Err("merge plan: the base has no safetensors files".into());
-            }
-            Stage::Merged(mp)
-        }
-        K::Plan(plan) => {
-            check_plan(plan).map_err(|e| format!("plan: {e}"))?;
+    let stage = match key.opens(result)? {
+        Opens::Nothing => return Ok(Growth::default()),
+        Opens::Merged(mp) => Stage::Merged(mp),
+        Opens::Planned(plan) => {
             inventory = Inventory::new(ctx, plan);
             Stage::Planned(&inventory)
         }
-        // The same plan message counts the chunks of the evaluation text and of the imatrix's calibration text.
-        K::KldPlan(kp) if *key == Imatrix::Plan.into() => {
-            if kp.n_chunks == 0 || kp.n_seq == 0 {
-                return Err("imatrix/plan: the calibration text has no whole chunk".into());
-            }
-            Stage::Calibrated(kp)
-        }
-        K::KldPlan(kp) => {
-            if kp.n_chunks == 0 || kp.n_seq == 0 {
-                return Err("kld/plan: the evaluation text has no whole chunk".into());
-            }
-            Stage::TextPlanned(kp)
-        }
-        K::Artifact(_) | K::Verify(_) | K::Noop(_) | K::Kld(_) | K::Greedy(_) | K::Probe(_) | K::PeerKld(_) => {
-            return Ok(Growth::default())
-        }
+        Opens::Calibrated(kp) => Stage::Calibrated(kp),
+        Opens::TextPlanned(kp) => Stage::TextPlanned(kp),
     };
     Ok(grow(stage, ctx, results))
+}
+
+/// A text plan's result, checked: it has a whole chunk (`what` names the plan and its text in the error).
+pub(super) fn chunked<'r>(result: &'r pb::TaskResult, what: &str) -> Result<Option<&'r pb::KldPlanResult>, String> {
+    match result.kld_plan() {
+        Some(kp) if kp.n_chunks == 0 || kp.n_seq == 0 => Err(format!("{what} has no whole chunk")),
+        other => Ok(other),
+    }
 }
 
 /// The tasks that make a measured model (every split file of a quant level, or the MLX checkpoint).
@@ -208,7 +205,7 @@ pub(super) fn model_cost(results: &Results) -> u64 {
 }
 
 /// A plan's split ranges cover its tensors in order, each file holding at least one.
-fn check_plan(p: &pb::PlanResult) -> Result<(), String> {
+pub(super) fn check_plan(p: &pb::PlanResult) -> Result<(), String> {
     if p.shards.is_empty() || p.tensors.is_empty() {
         return Err("the source has no tensors".into());
     }

@@ -8,10 +8,10 @@ use std::fmt;
 use quantfarm_proto::{self as pb, task};
 use quantfarm_store::Location;
 
-use super::expand::model_cost;
+use super::expand::{chunked, model_cost};
 use super::lookup::computes_imatrix;
 use super::lookup::{artifact_of, imatrix_plan_of, imatrix_settings, reference_of};
-use super::{num, Done, Family, Folded, Grown, Results, Stage, TaskKey};
+use super::{num, Done, Family, Folded, Grown, Opens, Results, Stage, TaskKey};
 use crate::graph::naming::artifact;
 use crate::graph::Ctx;
 
@@ -132,6 +132,16 @@ impl Family for Imatrix {
 
     /// The report reads the plan's and the merge's results by their keys (`imatrix`).
     fn fold<'a>(&self, _: Done<'a>, _: &mut Folded<'a>) {}
+
+    /// The plan's result opens the calibration text's stage (its chunk groups are known).
+    fn opens<'r>(&self, result: &'r pb::TaskResult) -> Result<Opens<'r>, String> {
+        match self {
+            Imatrix::Plan => {
+                Ok(chunked(result, "imatrix/plan: the calibration text")?.map_or(Opens::Nothing, Opens::Calibrated))
+            }
+            Imatrix::Group { .. } | Imatrix::Merge => Ok(Opens::Nothing),
+        }
+    }
 
     /// After the plan, when the release computes its importance matrix: the plan over the GGUF BF16, and the merge
     /// after it; after the calibration text's plan, its chunk groups, which the merge then waits for.

@@ -7,11 +7,11 @@ use std::fmt;
 use quantfarm_parity::ChunkStats;
 use quantfarm_proto::{self as pb, task};
 
-use super::expand::{eval_targets, model_cost, model_tasks};
+use super::expand::{chunked, eval_targets, model_cost, model_tasks};
 use super::lookup::plan_of;
 use super::lookup::{artifact_of, kld_plan_of, kld_settings, model_of, reference_of};
 use super::subjects::{EvalTarget, Subject};
-use super::{num, Done, Family, Folded, Grown, KldBase, Results, Stage};
+use super::{num, Done, Family, Folded, Grown, KldBase, Opens, Results, Stage};
 use crate::graph::Ctx;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -81,6 +81,16 @@ impl Family for Kld {
         let list = into.kld.entry(target.to_string()).or_default();
         if let Some(k) = done.result.and_then(pb::TaskResult::kld) {
             list.extend(k.chunks.iter().map(ChunkStats::from));
+        }
+    }
+
+    /// The plan's result opens the evaluation text's stage (its chunk groups are known).
+    fn opens<'r>(&self, result: &'r pb::TaskResult) -> Result<Opens<'r>, String> {
+        match self {
+            Kld::Plan => {
+                Ok(chunked(result, "kld/plan: the evaluation text")?.map_or(Opens::Nothing, Opens::TextPlanned))
+            }
+            Kld::Measure { .. } => Ok(Opens::Nothing),
         }
     }
 

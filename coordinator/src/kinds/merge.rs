@@ -8,7 +8,7 @@ use quantfarm_proto::{self as pb, task};
 
 use super::expand::merge_files;
 use super::lookup::{merge_plan_of, merged_folder};
-use super::{num, Done, Family, Folded, Grown, Results, Slot, Stage};
+use super::{num, Done, Family, Folded, Grown, Opens, Results, Slot, Stage};
 use crate::graph::Ctx;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -102,6 +102,17 @@ impl Family for Merge {
         match self {
             Merge::Plan => {}
             Merge::File { .. } | Merge::Side => into.makes(Slot::Merged, done),
+        }
+    }
+
+    /// The merge plan opens the merge's stage (its files are known).
+    fn opens<'r>(&self, result: &'r pb::TaskResult) -> Result<Opens<'r>, String> {
+        match (self, result.merge_plan()) {
+            (Merge::Plan, Some(mp)) if mp.files.is_empty() => {
+                Err("merge plan: the base has no safetensors files".into())
+            }
+            (Merge::Plan, Some(mp)) => Ok(Opens::Merged(mp)),
+            (Merge::Plan | Merge::File { .. } | Merge::Side, _) => Ok(Opens::Nothing),
         }
     }
 

@@ -42,7 +42,7 @@ use std::hash::{Hash, Hasher};
 
 use quantfarm_proto::{self as pb, task};
 
-pub use expand::{eval_targets, grows, initial, priorities, Grown, Growth, Inventory, Stage};
+pub use expand::{eval_targets, grows, initial, priorities, Grown, Growth, Inventory, Opens, Stage};
 pub use folded::{Done, Folded, MlxLmAcc, Slot, SlotAcc, MERGE_CHECK};
 pub use gguf::Gguf;
 pub use greedy::Greedy;
@@ -92,6 +92,11 @@ pub trait Family: Sized + Clone + fmt::Debug + PartialEq + Eq + Hash {
 
     /// The family's tasks that enter the graph at `stage` (what each waits for, its cost), added to `out`.
     fn grow(stage: Stage, ctx: &Ctx, results: &Results, out: &mut Grown);
+
+    /// The stage the finished task's `result` opens, if any (the plans'), or why the result cannot be expanded.
+    fn opens<'r>(&self, _result: &'r pb::TaskResult) -> Result<Opens<'r>, String> {
+        Ok(Opens::Nothing)
+    }
 }
 
 /// Looks up the results of finished tasks.
@@ -200,6 +205,13 @@ macro_rules! kinds {
             /// Every family's tasks that enter the graph at `stage`, in the table's order.
             fn grow(stage: Stage, ctx: &Ctx, results: &Results, out: &mut Grown) {
                 $(<$ty as Family>::grow(stage, ctx, results, out);)*
+            }
+
+            /// The stage the finished task's `result` opens, if any.
+            pub fn opens<'r>(&self, result: &'r pb::TaskResult) -> Result<Opens<'r>, String> {
+                match self {
+                    $(TaskKey::$variant(k) => k.opens(result),)*
+                }
             }
 
             /// Adds the finished task's result to what the report gathers.

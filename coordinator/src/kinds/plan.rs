@@ -4,9 +4,9 @@ use std::fmt;
 
 use quantfarm_proto::{self as pb, task};
 
-use super::expand::merge_files;
+use super::expand::{check_plan, merge_files};
 use super::lookup::{computes_imatrix, model_source};
-use super::{Done, Family, Folded, Grown, Merge, Results, Stage, TaskKey};
+use super::{Done, Family, Folded, Grown, Merge, Opens, Results, Stage, TaskKey};
 use crate::graph::{synthetic_name, Ctx};
 
 /// The one plan of a release.
@@ -51,6 +51,13 @@ impl Family for Plan {
 
     /// The report reads the plan's result by its key (the source's identity, the imatrix's digest).
     fn fold<'a>(&self, _: Done<'a>, _: &mut Folded<'a>) {}
+
+    /// Its result opens the plan's stage (the tensors and split files are known), once checked.
+    fn opens<'r>(&self, result: &'r pb::TaskResult) -> Result<Opens<'r>, String> {
+        let Some(plan) = result.plan() else { return Ok(Opens::Nothing) };
+        check_plan(plan).map_err(|e| format!("plan: {e}"))?;
+        Ok(Opens::Planned(plan))
+    }
 
     /// At the start when there is no adapter to merge first (and something to convert); after the merge plan,
     /// waiting for the merge's files.

@@ -3,8 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use quantfarm_proto::{self as pb, task, task_result, verify_task};
-use serde_json::{json, Value};
+use quantfarm_proto::{task, task_result};
+use serde_json::Value;
 
 use super::model::{KindTiming, TaskRecord, Timings};
 use crate::kinds::TaskKey;
@@ -20,8 +20,8 @@ pub(super) fn records(rel: &Release) -> Vec<TaskRecord> {
             worker: t.worker.clone(),
             attempts: t.attempts,
             duration_ms: t.duration_ms,
-            inputs: inputs_json(t.task.as_ref()),
-            outputs: outputs_json(t.result.as_ref()),
+            inputs: t.task.as_ref().and_then(|t| t.kind.as_ref()).map_or(Value::Null, task::Kind::record),
+            outputs: t.result.as_ref().and_then(|r| r.kind.as_ref()).map_or(Value::Null, task_result::Kind::record),
         })
         .collect()
 }
@@ -30,8 +30,7 @@ pub(super) fn records(rel: &Release) -> Vec<TaskRecord> {
 pub(super) fn timings(rel: &Release, now_ms: i64) -> Timings {
     let mut by_kind: BTreeMap<String, KindTiming> = BTreeMap::new();
     for t in rel.tasks.iter().filter(|t| t.result.is_some()) {
-        let kind = t.id.split('/').next().unwrap_or(&t.id);
-        let e = by_kind.entry(kind.to_string()).or_insert(KindTiming { tasks: 0, total_ms: 0, max_ms: 0 });
+        let e = by_kind.entry(t.key.family().to_string()).or_insert(KindTiming { tasks: 0, total_ms: 0, max_ms: 0 });
         e.tasks += 1;
         e.total_ms += t.duration_ms;
         e.max_ms = e.max_ms.max(t.duration_ms);
@@ -42,179 +41,5 @@ pub(super) fn timings(rel: &Release, now_ms: i64) -> Timings {
         wall_ms: (now_ms - rel.created_ms).max(0),
         task_ms: by_kind.values().map(|v| v.total_ms).sum(),
         by_kind,
-    }
-}
-
-fn split_json(rule: &Option<pb::SplitRule>) -> Value {
-    match rule.as_ref().and_then(|r| r.rule.as_ref()) {
-        None => Value::Null,
-        Some(pb::split_rule::Rule::MaxTensors(n)) => json!({"max_tensors": n}),
-        Some(pb::split_rule::Rule::MaxBytes(n)) => json!({"max_bytes": n}),
-    }
-}
-
-fn settings_json(s: &Option<pb::KldSettings>) -> Value {
-    s.as_ref()
-        .map_or(Value::Null, |s| json!({"text": s.text, "ctx": s.ctx, "batch": s.batch, "max_chunks": s.max_chunks}))
-}
-
-/// A task's inputs, as the report shows them.
-fn inputs_json(t: Option<&pb::Task>) -> Value {
-    let Some(kind) = t.and_then(|t| t.kind.as_ref()) else { return Value::Null };
-    match kind {
-        task::Kind::Plan(p) => json!({"source": p.source, "split": split_json(&p.split), "imatrix": p.imatrix}),
-        task::Kind::Gguf(g) => json!({
-            "source": g.source, "plan_digest": g.plan_digest, "shard": g.shard, "n_shards": g.n_shards,
-            "split": split_json(&g.split)
-        }),
-        task::Kind::Quantize(q) => {
-            let mut v = json!({"input": q.input, "file_type": q.file_type, "shard": q.shard, "n_shards": q.n_shards,
-                   "imatrix": q.imatrix, "imatrix_sha256": q.imatrix_sha256});
-            // A recipe's flags, only where there are some (a plain file type's inputs read as before).
-            if !q.tensor_types.is_empty() {
-                v["tensor_types"] = json!(q.tensor_types);
-            }
-            for (key, t) in
-                [("output_tensor_type", &q.output_tensor_type), ("token_embedding_type", &q.token_embedding_type)]
-            {
-                if !t.is_empty() {
-                    v[key] = json!(t);
-                }
-            }
-            v
-        }
-        task::Kind::Verify(v) => {
-            let (artifact, what) = match &v.what {
-                Some(verify_task::What::Gguf(g)) => (g.output.clone(), "gguf"),
-                Some(verify_task::What::Quantize(q)) => (q.output.clone(), "quantize"),
-                Some(verify_task::What::Merge(m)) => (m.output.clone(), "merge"),
-                Some(verify_task::What::Mlx(m)) => (m.output.clone(), "mlx"),
-                None => (String::new(), "none"),
-            };
-            json!({"artifact": artifact, "recompute": what, "expect_sha256": v.expect_sha256})
-        }
-        task::Kind::Noop(n) => json!({"sleep_ms": n.sleep_ms}),
-        task::Kind::MergePlan(m) => json!({"base": m.base, "adapter": m.adapter, "base_name": m.base_name}),
-        task::Kind::Merge(m) => json!({
-            "base": m.base, "adapter": m.adapter, "plan_digest": m.plan_digest,
-            "file": if m.side_files { Value::Null } else { json!(m.file) }, "side_files": m.side_files
-        }),
-        task::Kind::Mlx(m) => json!({"source": m.source, "bits": m.bits, "group_size": m.group_size}),
-        task::Kind::MergeCheck(m) => json!({
-            "base": m.base, "adapter": m.adapter, "base_name": m.base_name,
-            "part": pb::MergeCheckPart::try_from(m.part).map_or("unknown", |p| p.as_str_name())
-        }),
-        task::Kind::KldPlan(k) => json!({"reference": k.reference, "settings": settings_json(&k.settings)}),
-        task::Kind::Imatrix(t) => json!({
-            "reference": t.reference, "settings": settings_json(&t.settings), "first_chunk": t.first_chunk,
-            "n_chunks": t.n_chunks, "tokens_sha256": t.tokens_sha256, "dataset": t.dataset
-        }),
-        task::Kind::ImatrixMerge(t) => json!({
-            "parts": t.parts.iter().map(|a| json!({"url": a.url, "sha256": a.sha256})).collect::<Vec<_>>()
-        }),
-        task::Kind::KldBase(k) => json!({
-            "reference": k.reference, "settings": settings_json(&k.settings), "first_chunk": k.first_chunk,
-            "n_chunks": k.n_chunks, "tokens_sha256": k.tokens_sha256
-        }),
-        task::Kind::Kld(k) => json!({
-            "model": k.model, "base": k.base, "base_sha256": k.base_sha256, "first_chunk": k.first_chunk,
-            "batch": k.batch
-        }),
-        task::Kind::Greedy(g) => json!({
-            "model": g.model, "prompts": g.prompts, "share": g.share, "n_shares": g.n_shares,
-            "max_tokens": g.max_tokens, "ctx": g.ctx, "reference_continuations": g.reference.len(),
-            "lora": g.lora
-        }),
-        task::Kind::Probe(p) => json!({"model": p.model, "suite": p.suite, "ctx": p.ctx}),
-        task::Kind::PeerKld(p) => json!({
-            "tool": p.tool, "model": p.model, "settings": settings_json(&p.settings), "base": p.base,
-            "base_sha256": p.base_sha256
-        }),
-        task::Kind::MlxLmGreedy(g) => json!({
-            "runtime": "mlx-lm", "model": g.model, "max_tokens": g.max_tokens,
-            "reference_continuations": g.reference.len()
-        }),
-        task::Kind::MlxLmProbe(p) => json!({"runtime": "mlx_lm.server", "model": p.model, "suite": p.suite}),
-        task::Kind::MlxLmKld(k) => json!({
-            "runtime": "mlx-lm", "model": k.model, "base": k.base, "base_sha256": k.base_sha256,
-            "first_chunk": k.first_chunk, "bos": k.bos
-        }),
-    }
-}
-
-/// `outputs` with how mlx-lm ran the task's model, when it did (a member only then, so the outputs of llama.cpp's
-/// tasks read as they always have).
-fn with_mlx_lm(mut outputs: Value, r: Option<&pb::MlxLmRun>) -> Value {
-    if let Some(r) = r {
-        outputs["mlx_lm"] = json!({
-            "mlx": r.mlx, "mlx_lm": r.mlx_lm, "device": r.device, "device_name": r.device_name,
-            "quantized": r.quantized, "upcast": r.upcast, "load_error": r.load_error
-        });
-    }
-    outputs
-}
-
-fn outputs_json(r: Option<&pb::TaskResult>) -> Value {
-    let Some(kind) = r.and_then(|r| r.kind.as_ref()) else { return Value::Null };
-    match kind {
-        task_result::Kind::Plan(p) => json!({
-            "architecture": p.architecture, "format": p.format, "plan_digest": p.plan_digest,
-            "source_identity": p.source_identity, "source_bytes": p.source_bytes, "tensors": p.tensors.len(),
-            "imatrix_sha256": p.imatrix_sha256,
-            "split_files": p.shards.len()
-        }),
-        task_result::Kind::Artifact(a) => {
-            let art = a.artifact.as_ref();
-            json!({
-                "url": art.map(|a| a.url.clone()), "sha256": art.map(|a| a.sha256.clone()),
-                "bytes": art.map(|a| a.bytes), "cache_hit": a.cache_hit
-            })
-        }
-        task_result::Kind::Verify(v) => json!({
-            "identical": v.identical, "stored_sha256": v.stored_sha256, "recomputed_sha256": v.recomputed_sha256,
-            "detail": v.detail
-        }),
-        task_result::Kind::Noop(_) => json!({}),
-        task_result::Kind::MergePlan(m) => json!({
-            "format": m.format, "plan_digest": m.plan_digest, "inputs_identity": m.inputs_identity,
-            "adapter_files": m.adapter_files.iter().map(|f| json!({"url": f.url, "sha256": f.sha256, "bytes": f.bytes})).collect::<Vec<_>>(),
-            "files": m.files, "changed": m.changed.len(), "untied": m.untied
-        }),
-        task_result::Kind::KldPlan(k) => json!({
-            "n_chunks": k.n_chunks, "n_seq": k.n_seq, "n_vocab": k.n_vocab, "text_sha256": k.text_sha256,
-            "tokens_sha256": k.tokens_sha256
-        }),
-        // Sums only: the per-token values are in the artifact's merged figures.
-        task_result::Kind::Kld(k) => with_mlx_lm(
-            json!({
-                "chunks": k.chunks.iter().map(|c| json!({
-                    "chunk": c.chunk, "tokens": c.count, "sum_kld": c.sum_kld, "same_top": c.n_same_top
-                })).collect::<Vec<_>>(),
-                "note": k.note
-            }),
-            k.mlx_lm.as_ref(),
-        ),
-        task_result::Kind::Greedy(g) => with_mlx_lm(
-            json!({
-                "continuations": g.continuations.iter().map(|c| json!({
-                    "index": c.index, "prompt_tokens": c.prompt_tokens.len(), "tokens": c.tokens.len()
-                })).collect::<Vec<_>>(),
-                "agreements": g.agreements.iter().map(|a| json!({"index": a.index, "identical": a.identical})).collect::<Vec<_>>(),
-                "note": g.note
-            }),
-            g.mlx_lm.as_ref(),
-        ),
-        task_result::Kind::PeerKld(p) => json!({
-            "tool": p.tool, "version": p.version, "command": p.command,
-            "figures": p.figures.iter().collect::<BTreeMap<_, _>>(),
-            "base": p.base.as_ref().map(|a| json!({"url": a.url, "sha256": a.sha256, "bytes": a.bytes}))
-        }),
-        task_result::Kind::Probe(p) => with_mlx_lm(
-            json!({
-                "suite": p.suite, "passed": p.passed, "failed": p.failed, "truncated": p.truncated,
-                "mean_score": p.mean_score, "score_spread": p.score_spread, "note": p.note
-            }),
-            p.mlx_lm.as_ref(),
-        ),
     }
 }

@@ -1,8 +1,8 @@
 //! The task graph's bookkeeping: tasks added with their dependencies, a task made ready when its last
 //! dependency is done (with the inputs it reads and their digests), and each change journaled.
 
-use quantfarm_store::Digest;
 use super::*;
+use quantfarm_store::Digest;
 
 impl Sched {
     /// Adds tasks to a release (journalled in one transaction) and readies those with no open dependency.
@@ -95,8 +95,8 @@ impl Sched {
 
     /// The farm-made files `task` reads whose digests the farm recorded.
     pub(super) fn inputs_of(&self, task: Option<&pb::Task>) -> Vec<pb::InputFile> {
-        let Some(task) = task else { return Vec::new() };
-        graph::input_urls(task)
+        let Some(kind) = task.and_then(|t| t.kind.as_ref()) else { return Vec::new() };
+        kind.reads()
             .into_iter()
             .filter_map(|url| {
                 let Digest { sha256, bytes } = self.output(&url)?;

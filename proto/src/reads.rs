@@ -1,19 +1,24 @@
-//! What a task reads that the farm made: the files behind each input URL of its message, so the scheduler can send
-//! their recorded digests with the lease (`Task.inputs`: the worker's cache is content-addressed by them, and every
-//! fetch is checked against them) and lease the task to a worker that already holds them.
+//! What a task reads that the farm may have made: the files behind each input URL of its message, so the scheduler
+//! can send their recorded digests with the lease (`Task.inputs`: the worker's cache is content-addressed by them,
+//! and every fetch is checked against them) and lease the task to a worker that already holds them.
 //!
 //! A model input names a GGUF file (the first of a split set: all its files are read), a single file, or an MLX
 //! checkpoint folder (recorded with its folder digest, `worker/src/outputs.rs::folder_digest`). Inputs the farm did
 //! not make (the release's source, texts, prompt sets) have no recorded digest and are left out by the caller.
 
+use crate::{self as pb, task, verify_task};
 use quantfarm_ggml::split::{parse_split_file_name, split_file_name};
-use quantfarm_proto::{self as pb, task, verify_task};
 
-/// The URLs of the files a task reads that a task of the farm may have made, each once, in reading order.
-pub fn input_urls(t: &pb::Task) -> Vec<String> {
+impl task::Kind {
+    /// The URLs of the files this task reads that a task of the farm may have made, each once, in reading order.
+    pub fn reads(&self) -> Vec<String> {
+        input_urls(self)
+    }
+}
+
+fn input_urls(kind: &task::Kind) -> Vec<String> {
     use task::Kind as K;
     let mut out = Vec::new();
-    let Some(kind) = t.kind.as_ref() else { return out };
     match kind {
         K::Quantize(q) => quantize_inputs(q, &mut out),
         K::Verify(v) => {
@@ -111,6 +116,7 @@ fn model_files(url: &str, out: &mut Vec<String>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate as pb;
 
     #[test]
     fn a_split_model_is_all_its_files_and_a_quantize_task_one() {
@@ -124,7 +130,7 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            input_urls(&t),
+            t.kind.as_ref().unwrap().reads(),
             [
                 "s3://b/artifacts/ab/m-00001-of-00003.gguf",
                 "s3://b/artifacts/ab/m-00002-of-00003.gguf",
@@ -134,17 +140,17 @@ mod tests {
         );
         let q = pb::QuantizeTask { input: first.into(), shard: 2, n_shards: 3, ..Default::default() };
         let t = pb::Task { kind: Some(task::Kind::Quantize(q.clone())), ..Default::default() };
-        assert_eq!(input_urls(&t), ["s3://b/artifacts/ab/m-00003-of-00003.gguf"]);
+        assert_eq!(t.kind.as_ref().unwrap().reads(), ["s3://b/artifacts/ab/m-00003-of-00003.gguf"]);
         // Its verify task reads the same file and the stored copy, unless an evaluation task checks that.
         let mut v = pb::VerifyTask {
             what: Some(verify_task::What::Quantize(pb::QuantizeTask { output: "s3://b/q/x.gguf".into(), ..q })),
             ..Default::default()
         };
         let t = pb::Task { kind: Some(task::Kind::Verify(v.clone())), ..Default::default() };
-        assert_eq!(input_urls(&t), ["s3://b/artifacts/ab/m-00003-of-00003.gguf", "s3://b/q/x.gguf"]);
+        assert_eq!(t.kind.as_ref().unwrap().reads(), ["s3://b/artifacts/ab/m-00003-of-00003.gguf", "s3://b/q/x.gguf"]);
         v.stored_checked_by = "kld/Q8_0/0".into();
         let t = pb::Task { kind: Some(task::Kind::Verify(v)), ..Default::default() };
-        assert_eq!(input_urls(&t), ["s3://b/artifacts/ab/m-00003-of-00003.gguf"]);
+        assert_eq!(t.kind.as_ref().unwrap().reads(), ["s3://b/artifacts/ab/m-00003-of-00003.gguf"]);
         // One file: itself.
         assert_eq!(shard_file("/s/m.gguf", 0, 1), "/s/m.gguf");
     }
