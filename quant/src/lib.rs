@@ -22,6 +22,7 @@
 //! (Q1_0, Q2_0), `blockwise` (rows walked block by block).
 
 mod blockwise;
+pub mod compressed_tensors;
 pub mod edits;
 pub mod file;
 mod float;

@@ -105,6 +105,12 @@ pub fn convert_python() -> PathBuf {
     installer(&repo_root().join("scripts").join("install-convert-oracle"))
 }
 
+/// compressed-tensors 0.20.1 and loguru, unpacked for the converter's venv (`scripts/install-compressed-tensors`):
+/// the folder to put on `PYTHONPATH` when running `tests/py/ct_oracle.py` with [`convert_python`].
+pub fn compressed_tensors_site() -> PathBuf {
+    installer(&repo_root().join("scripts").join("install-compressed-tensors"))
+}
+
 /// The cache folder holding the independent checkers of reports and deploy files (`scripts/install-check-tools`):
 /// `node-check/` (playwright-core, driving Debian's /usr/bin/chromium) and `venv-check/` (securesystemslib,
 /// jsonschema, kubernetes-validate, check-jsonschema); Debian's docker-compose and systemd-analyze beside them.
