@@ -14,6 +14,7 @@ mod mlx;
 mod quantize;
 mod units;
 mod verify;
+mod vllm;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -48,6 +49,9 @@ enum Command {
     Convert(convert::Args),
     /// Quantize a Hugging Face checkpoint to MLX affine bits (the checkpoint mlx_lm.convert -q writes).
     Mlx(mlx::Args),
+    /// Quantize a Hugging Face bf16 checkpoint for vLLM: FP8_DYNAMIC or W4A16, the compressed-tensors checkpoint
+    /// llm-compressor writes (round to nearest, no calibration data).
+    Vllm(vllm::Args),
     /// Merge a LoRA/DoRA adapter (PEFT or mlx-lm) into an HF base exactly (f64, rounded once).
     Merge(merge::Args),
     /// Convert a LoRA/DoRA adapter between PEFT and mlx-lm (factors transposed, same bytes per value).
@@ -130,6 +134,7 @@ fn main() -> std::process::ExitCode {
             Command::Quantize(args) => ok(quantize::run(args).await),
             Command::Convert(args) => ok(convert::run(args).await),
             Command::Mlx(args) => ok(mlx::run(args).await),
+            Command::Vllm(args) => ok(vllm::run(args).await),
             Command::Merge(args) => ok(merge::run(args).await),
             Command::LoraGguf(args) => ok(merge::lora_gguf(args).await),
             Command::Verify(mut args) => {

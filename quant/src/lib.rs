@@ -44,6 +44,7 @@ pub mod mlx;
 pub mod mlx_file;
 mod ternary;
 pub mod verify;
+pub mod vllm_file;
 
 pub use float::{f32_to_bf16_bits, f32_to_f16_bits};
 pub use helpers::nearest_int;

@@ -105,6 +105,12 @@ pub fn convert_python() -> PathBuf {
     installer(&repo_root().join("scripts").join("install-convert-oracle"))
 }
 
+/// The Python of llm-compressor 0.14.0.1's venv (`scripts/install-llm-compressor`): compressed-tensors 0.19.0,
+/// transformers 5.17.0, and the converter venv's torch 2.11.0.
+pub fn llm_compressor_python() -> PathBuf {
+    installer(&repo_root().join("scripts").join("install-llm-compressor"))
+}
+
 /// compressed-tensors 0.20.1 and loguru, unpacked for the converter's venv (`scripts/install-compressed-tensors`):
 /// the folder to put on `PYTHONPATH` when running `tests/py/ct_oracle.py` with [`convert_python`].
 pub fn compressed_tensors_site() -> PathBuf {

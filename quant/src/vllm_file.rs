@@ -1,0 +1,452 @@
+//! A Hugging Face bf16 checkpoint as the compressed-tensors checkpoint llm-compressor writes for vLLM: its Linear
+//! weights quantized FP8_DYNAMIC or W4A16 (`crate::compressed_tensors`), everything else as it is, and
+//! `config.json`'s `quantization_config`, which vLLM and transformers read the format from.
+//!
+//! Which weights: every 2-D `*.weight` of a module that is not a norm (its name ends in `norm`) or the token
+//! embedding (`embed_tokens`), nor named in `ignore` (by default `lm_head`, as llm-compressor's examples and vLLM's
+//! loaders expect) — the decoder's Linear layers. Per quantized module `M`:
+//! - FP8_DYNAMIC (`float-quantized`): `M.weight` F8_E4M3 `[out, in]`, `M.weight_scale` BF16 `[out, 1]`;
+//! - W4A16 (`pack-quantized`, group `g`): `M.weight_packed` I32 `[out, ceil(in/8)]`, `M.weight_scale` BF16
+//!   `[out, in/g]`, `M.weight_shape` I64 `[2]`.
+//!
+//! The output keeps the source's files (each shard file holds what it held, its quantized weights in place) and
+//! index; the tokenizer and generation files are copied. Rows are read and written in pieces within the memory
+//! budget; a weight's scales (one or `in/g` per row) are held until the weight's codes are written.
+
+use serde_json::{json, Map, Value as Json};
+
+use quantfarm_store::sink::StagedSink;
+use quantfarm_store::{Blob, Committed, Location};
+use quantfarm_tensors::mlx::CARRIED_FILES;
+use quantfarm_tensors::safetensors::StTensorDesc;
+use quantfarm_tensors::write::{copy_tensor, SafetensorsWriter};
+use quantfarm_tensors::{Dtype, Format, TensorSource, TensorType};
+
+use crate::compressed_tensors as ct;
+
+/// The compressed-tensors version whose minimal `quantization_config` form is written (what its 0.19 and 0.20
+/// readers both accept: `QuantizationArgs` parse with `extra="forbid"`).
+pub const CT_FORMAT_VERSION: &str = "0.20.1";
+
+/// A vLLM quantization scheme, as llm-compressor names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VllmScheme {
+    /// 8-bit float weights with a scale per output row; activations quantized per token at run time.
+    Fp8Dynamic,
+    /// Symmetric 4-bit integer weights with a scale per group of `group_size` input columns; 16-bit activations.
+    W4A16 { group_size: u32 },
+}
+
+impl VllmScheme {
+    pub fn name(self) -> &'static str {
+        match self {
+            VllmScheme::Fp8Dynamic => "FP8_DYNAMIC",
+            VllmScheme::W4A16 { .. } => "W4A16",
+        }
+    }
+
+    /// compressed-tensors' format name for the scheme's weights.
+    fn format(self) -> &'static str {
+        match self {
+            VllmScheme::Fp8Dynamic => "float-quantized",
+            VllmScheme::W4A16 { .. } => "pack-quantized",
+        }
+    }
+
+    /// The `quantization_config` block of `config.json` for this scheme, leaving `ignore` out.
+    pub fn quantization_config(self, ignore: &[String]) -> Json {
+        let (weights, activations) = match self {
+            VllmScheme::Fp8Dynamic => (
+                json!({"dynamic": false, "group_size": null, "num_bits": 8, "strategy": "channel", "symmetric": true, "type": "float"}),
+                json!({"dynamic": true, "group_size": null, "num_bits": 8, "strategy": "token", "symmetric": true, "type": "float"}),
+            ),
+            VllmScheme::W4A16 { group_size } => (
+                json!({"dynamic": false, "group_size": group_size, "num_bits": 4, "strategy": "group", "symmetric": true, "type": "int"}),
+                Json::Null,
+            ),
+        };
+        json!({
+            "config_groups": {"group_0": {
+                "format": self.format(),
+                "input_activations": activations,
+                "output_activations": null,
+                "targets": ["Linear"],
+                "weights": weights,
+            }},
+            "format": self.format(),
+            "global_compression_ratio": null,
+            "ignore": ignore,
+            "kv_cache_scheme": null,
+            "quant_method": "compressed-tensors",
+            "quantization_status": "compressed",
+            "sparsity_config": {},
+            "transform_config": {},
+            "version": CT_FORMAT_VERSION,
+        })
+    }
+}
+
+/// Which of llm-compressor's two entry points the checkpoint is made like. They quantize the same weights to the
+/// same bytes and differ in two things only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Anchor {
+    /// `oneshot` over the model loaded in transformers: the tensors left unquantized are in the config's dtype (an
+    /// f32 norm of a bf16 model is saved bf16), and an exact -0.0 weight comes out +0 in FP8 (the symmetric zero
+    /// point is added while compressing).
+    Oneshot,
+    /// `model_free_ptq` over the safetensors files: unquantized tensors keep their stored dtype and bytes, and -0.0
+    /// stays -0.
+    ModelFree,
+}
+
+#[derive(Clone, Debug)]
+pub struct VllmOptions {
+    pub scheme: VllmScheme,
+    pub like: Anchor,
+    /// Modules left unquantized, by name (`lm_head`).
+    pub ignore: Vec<String>,
+    /// Bytes of rows read at once.
+    pub budget: u64,
+    pub overwrite: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum VllmFileError {
+    #[error(transparent)]
+    Tensors(#[from] quantfarm_tensors::Error),
+    #[error(transparent)]
+    Store(#[from] quantfarm_store::Error),
+    #[error("{file}: the vLLM destination reads a Hugging Face safetensors folder, this is {format}")]
+    NotHf { file: String, format: &'static str },
+    #[error("{file}: config.json already has a quantization_config: the checkpoint is quantized")]
+    AlreadyQuantized { file: String },
+    #[error("tensor {tensor:?}: {scheme} quantizes bf16 weights, this one is {dtype}")]
+    Dtype { tensor: String, scheme: &'static str, dtype: String },
+    #[error("tensor {tensor:?}: W4A16 groups of {group_size} columns must divide its {cols} columns (use 32 or 64)")]
+    Group { tensor: String, group_size: u32, cols: u64 },
+    #[error("tensor {tensor:?}: a NaN or infinite weight at row {row}")]
+    NotFinite { tensor: String, row: u64 },
+    #[error("{scheme}: group size {group_size}: compressed-tensors takes a positive multiple of 8 up to the row")]
+    GroupSize { scheme: &'static str, group_size: u32 },
+    #[error("config.json: dtype {dtype:?}: expected bfloat16, float16 or float32")]
+    ConfigDtype { dtype: String },
+}
+
+/// What was written.
+#[derive(Debug)]
+pub struct VllmWritten {
+    pub files: Vec<Committed>,
+    /// The modules quantized.
+    pub quantized: Vec<String>,
+}
+
+/// Whether tensor `name` of `shape` is a Linear weight the scheme quantizes (see the module's overview).
+pub fn is_target(name: &str, shape: &[u64], ignore: &[String]) -> bool {
+    let Some(module) = name.strip_suffix(".weight") else { return false };
+    let last = module.rsplit('.').next().unwrap_or(module);
+    shape.len() == 2 && !last.ends_with("norm") && last != "embed_tokens" && !ignore.iter().any(|i| i == module)
+}
+
+/// The config's floating dtype (`dtype`, or `torch_dtype` as older transformers wrote it), if it names one.
+fn config_dtype(config: &Map<String, Json>) -> Result<Option<Dtype>, VllmFileError> {
+    let Some(name) = config.get("dtype").or_else(|| config.get("torch_dtype")).and_then(Json::as_str) else {
+        return Ok(None);
+    };
+    match name {
+        "bfloat16" => Ok(Some(Dtype::BF16)),
+        "float16" => Ok(Some(Dtype::F16)),
+        "float32" => Ok(Some(Dtype::F32)),
+        other => Err(VllmFileError::ConfigDtype { dtype: other.to_string() }),
+    }
+}
+
+/// The dtype an unquantized tensor is saved in: the config's, for a floating tensor made like `oneshot`.
+fn saved_dtype(stored: Dtype, like: Anchor, config: Option<Dtype>) -> Dtype {
+    let floating = matches!(stored, Dtype::F32 | Dtype::F16 | Dtype::BF16);
+    match (like, config) {
+        (Anchor::Oneshot, Some(c)) if floating => c,
+        (Anchor::Oneshot | Anchor::ModelFree, _) => stored,
+    }
+}
+
+/// The tensors one source tensor becomes.
+fn outputs(name: &str, shape: &[u64], dtype: Dtype, scheme: Option<VllmScheme>) -> Vec<StTensorDesc> {
+    let d = |n: String, dtype, shape: Vec<u64>| StTensorDesc { name: n, dtype, shape };
+    let module = name.trim_end_matches(".weight");
+    match scheme {
+        None => vec![d(name.to_string(), dtype, shape.to_vec())],
+        Some(VllmScheme::Fp8Dynamic) => vec![
+            d(name.to_string(), Dtype::F8E4M3, shape.to_vec()),
+            d(format!("{module}.weight_scale"), Dtype::BF16, vec![shape[0], 1]),
+        ],
+        Some(VllmScheme::W4A16 { group_size }) => vec![
+            d(
+                format!("{module}.weight_packed"),
+                Dtype::I32,
+                vec![shape[0], ct::packed_words(shape[1] as usize) as u64],
+            ),
+            d(format!("{module}.weight_scale"), Dtype::BF16, vec![shape[0], shape[1] / u64::from(group_size)]),
+            d(format!("{module}.weight_shape"), Dtype::I64, vec![2]),
+        ],
+    }
+}
+
+/// The pre-flight of [`write_vllm_checkpoint`], before any compute: the folder is an unquantized Hugging Face
+/// checkpoint, every weight to quantize is bf16 and, for W4A16, its columns divide into groups. Returns the modules
+/// that would be quantized, in the checkpoint's order.
+pub async fn check(src_dir: &Location, opts: &VllmOptions) -> Result<Vec<String>, VllmFileError> {
+    let src = TensorSource::open(src_dir).await?;
+    preflight(&src, src_dir, opts)?;
+    Ok(src
+        .tensors()
+        .iter()
+        .filter(|e| is_target(&e.name, &e.shape, &opts.ignore))
+        .map(|e| e.name.trim_end_matches(".weight").to_string())
+        .collect())
+}
+
+fn preflight(src: &TensorSource, src_dir: &Location, opts: &VllmOptions) -> Result<(), VllmFileError> {
+    let file = src_dir.to_string();
+    if src.format() != Format::Safetensors || src.safetensors().is_none() {
+        return Err(VllmFileError::NotHf { file, format: src.format().name() });
+    }
+    if src.metadata().contains_key("quantization_config") {
+        return Err(VllmFileError::AlreadyQuantized { file });
+    }
+    if let VllmScheme::W4A16 { group_size } = opts.scheme {
+        if group_size == 0 || group_size % 8 != 0 {
+            return Err(VllmFileError::GroupSize { scheme: opts.scheme.name(), group_size });
+        }
+    }
+    for e in src.tensors().iter().filter(|e| is_target(&e.name, &e.shape, &opts.ignore)) {
+        if e.ty != TensorType::Dtype(Dtype::BF16) {
+            return Err(VllmFileError::Dtype {
+                tensor: e.name.clone(),
+                scheme: opts.scheme.name(),
+                dtype: e.ty.to_string(),
+            });
+        }
+        if let VllmScheme::W4A16 { group_size } = opts.scheme {
+            if e.shape[1] % u64::from(group_size) != 0 {
+                return Err(VllmFileError::Group { tensor: e.name.clone(), group_size, cols: e.shape[1] });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Writes the vLLM checkpoint of the Hugging Face folder `src_dir` into `dst_dir`.
+pub async fn write_vllm_checkpoint(
+    src_dir: &Location,
+    dst_dir: &Location,
+    opts: &VllmOptions,
+) -> Result<VllmWritten, VllmFileError> {
+    let src = TensorSource::open(src_dir).await?;
+    preflight(&src, src_dir, opts)?;
+    let Some(model) = src.safetensors() else {
+        return Err(VllmFileError::NotHf { file: src_dir.to_string(), format: src.format().name() });
+    };
+    let mut config = src.metadata();
+    let cast_to = config_dtype(&config)?;
+    let mut files = Vec::new();
+    let mut quantized = Vec::new();
+    let mut all_descs: Vec<(String, StTensorDesc)> = Vec::new();
+    let mut buf = Vec::new();
+    for (blob, header) in &model.files {
+        let mut descs = Vec::new();
+        for t in &header.tensors {
+            let scheme = is_target(&t.name, &t.shape, &opts.ignore).then_some(opts.scheme);
+            descs.extend(outputs(&t.name, &t.shape, saved_dtype(t.dtype, opts.like, cast_to), scheme));
+        }
+        let metadata: Vec<(String, String)> = header.metadata.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        let file_name = blob.location().file_name().to_string();
+        let target = dst_dir.child(&file_name)?;
+        let mut w = SafetensorsWriter::create(&target, &descs, &metadata, opts.overwrite).await?;
+        for t in &header.tensors {
+            if is_target(&t.name, &t.shape, &opts.ignore) {
+                quantize_tensor(&src, &t.name, &t.shape, opts, &mut w).await?;
+                quantized.push(t.name.trim_end_matches(".weight").to_string());
+            } else if saved_dtype(t.dtype, opts.like, cast_to) != t.dtype {
+                let to = saved_dtype(t.dtype, opts.like, cast_to);
+                cast_tensor(&src, &t.name, &t.shape, to, opts.budget, &mut w).await?;
+            } else {
+                copy_tensor(&src, &t.name, opts.budget, &mut buf, &mut w).await?;
+            }
+        }
+        files.push(w.finish().await?);
+        all_descs.extend(descs.into_iter().map(|d| (file_name.clone(), d)));
+    }
+    if model.files.len() > 1 {
+        files.push(write_index(dst_dir, &all_descs, opts.overwrite).await?);
+    }
+    // oneshot lists the Linear modules it left (lm_head, even when tied and absent from the files); model_free_ptq
+    // the names it was told to leave, which must include the token embedding (it targets weights by name).
+    let ignore: Vec<String> = match opts.like {
+        Anchor::Oneshot => opts.ignore.clone(),
+        Anchor::ModelFree => src
+            .tensors()
+            .iter()
+            .filter_map(|e| e.name.strip_suffix(".weight").filter(|m| m.rsplit('.').next() == Some("embed_tokens")))
+            .map(str::to_string)
+            .chain(opts.ignore.iter().cloned())
+            .collect(),
+    };
+    config.insert("quantization_config".into(), opts.scheme.quantization_config(&ignore));
+    let text = serde_json::to_string_pretty(&Json::Object(sorted(config))).expect("JSON serializes") + "\n";
+    files.push(write_file(dst_dir, "config.json", text.as_bytes(), opts.overwrite).await?);
+    let present = src_dir.list().await.unwrap_or_default();
+    for name in CARRIED_FILES.iter().filter(|n| present.iter().any(|p| p == *n)) {
+        let blob = Blob::open(&src_dir.child(name)?).await?;
+        let bytes = blob.read_vec(0, blob.len()).await?;
+        files.push(write_file(dst_dir, name, &bytes, opts.overwrite).await?);
+    }
+    Ok(VllmWritten { files, quantized })
+}
+
+/// Quantizes weight `name` (`[out, in]` bf16) into `w`: its codes row piece by row piece, then its scales (and for
+/// W4A16 its shape).
+async fn quantize_tensor(
+    src: &TensorSource,
+    name: &str,
+    shape: &[u64],
+    opts: &VllmOptions,
+    w: &mut SafetensorsWriter,
+) -> Result<(), VllmFileError> {
+    let (rows, cols) = (shape[0], shape[1] as usize);
+    let per_piece = (opts.budget / (cols as u64 * 4)).clamp(1, rows);
+    let mut values = Vec::new();
+    let mut scratch = Vec::new();
+    let mut scales: Vec<u8> = Vec::new();
+    let mut out: Vec<u8> = Vec::new();
+    let mut first = 0;
+    while first < rows {
+        let n = per_piece.min(rows - first);
+        values.resize(n as usize * cols, 0.0);
+        src.read_f32_rows(name, first, &mut values, &mut scratch).await?;
+        out.clear();
+        for (r, row) in values.chunks_exact(cols).enumerate() {
+            if row.iter().any(|x| !x.is_finite()) {
+                return Err(VllmFileError::NotFinite { tensor: name.to_string(), row: first + r as u64 });
+            }
+            match opts.scheme {
+                VllmScheme::Fp8Dynamic => {
+                    let s = ct::fp8_row_scale(row);
+                    scales.extend_from_slice(&ct::bf16_bits(s).to_le_bytes());
+                    let start = out.len();
+                    out.resize(start + cols, 0);
+                    ct::fp8_row(row, s, &mut out[start..]);
+                    if opts.like == Anchor::Oneshot {
+                        // oneshot adds the symmetric zero point (+0) to the scaled weight: -0 becomes +0.
+                        for b in &mut out[start..] {
+                            if *b == 0x80 {
+                                *b = 0x00;
+                            }
+                        }
+                    }
+                }
+                VllmScheme::W4A16 { group_size } => {
+                    let mut ints = vec![0i8; cols];
+                    for (g, group) in row.chunks_exact(group_size as usize).enumerate() {
+                        let s = ct::int4_group_scale(group);
+                        scales.extend_from_slice(&ct::bf16_bits(s).to_le_bytes());
+                        for (k, &x) in group.iter().enumerate() {
+                            ints[g * group_size as usize + k] = ct::int4_value(x, s);
+                        }
+                    }
+                    let mut words = vec![0i32; ct::packed_words(cols)];
+                    ct::pack_int4_row(&ints, &mut words);
+                    out.extend(words.iter().flat_map(|w| w.to_le_bytes()));
+                }
+            }
+        }
+        w.write(&out).await?;
+        first += n;
+    }
+    w.write(&scales).await?;
+    if let VllmScheme::W4A16 { .. } = opts.scheme {
+        let shape_bytes: Vec<u8> = [rows as i64, cols as i64].iter().flat_map(|v| v.to_le_bytes()).collect();
+        w.write(&shape_bytes).await?;
+    }
+    Ok(())
+}
+
+/// Writes floating tensor `name` cast to `to` (round to nearest even, as torch's `.to()`), row piece by row piece.
+async fn cast_tensor(
+    src: &TensorSource,
+    name: &str,
+    shape: &[u64],
+    to: Dtype,
+    budget: u64,
+    w: &mut SafetensorsWriter,
+) -> Result<(), VllmFileError> {
+    let cols = shape.last().copied().unwrap_or(1).max(1);
+    let rows = shape.iter().product::<u64>() / cols;
+    let per_piece = (budget / (cols * 4)).clamp(1, rows.max(1));
+    let (mut values, mut scratch, mut out) = (Vec::new(), Vec::new(), Vec::new());
+    let mut first = 0;
+    while first < rows {
+        let n = per_piece.min(rows - first);
+        values.resize((n * cols) as usize, 0.0);
+        src.read_f32_rows(name, first, &mut values, &mut scratch).await?;
+        out.clear();
+        for &x in &values {
+            match to {
+                Dtype::BF16 => out.extend_from_slice(&ct::bf16_bits(x).to_le_bytes()),
+                Dtype::F16 => out.extend_from_slice(&crate::float::f32_to_f16_bits(x).to_le_bytes()),
+                Dtype::F32 => out.extend_from_slice(&x.to_le_bytes()),
+                other => return Err(VllmFileError::ConfigDtype { dtype: other.to_string() }),
+            }
+        }
+        w.write(&out).await?;
+        first += n;
+    }
+    Ok(())
+}
+
+/// `model.safetensors.index.json` for the tensors written, each with its file.
+async fn write_index(
+    dir: &Location,
+    descs: &[(String, StTensorDesc)],
+    overwrite: bool,
+) -> Result<Committed, VllmFileError> {
+    let weight_map: Map<String, Json> = {
+        let mut m: Vec<(&String, &String)> = descs.iter().map(|(f, d)| (&d.name, f)).collect();
+        m.sort();
+        m.into_iter().map(|(n, f)| (n.clone(), Json::String(f.clone()))).collect()
+    };
+    let total: u64 = descs.iter().map(|(_, d)| d.nbytes()).sum();
+    let index = json!({"metadata": {"total_size": total}, "weight_map": weight_map});
+    let text = serde_json::to_string_pretty(&index).expect("JSON serializes") + "\n";
+    write_file(dir, "model.safetensors.index.json", text.as_bytes(), overwrite).await
+}
+
+/// A JSON object with its keys sorted (transformers writes `config.json` with `sort_keys=True`).
+fn sorted(m: Map<String, Json>) -> Map<String, Json> {
+    let mut v: Vec<(String, Json)> = m.into_iter().collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v.into_iter().collect()
+}
+
+async fn write_file(dir: &Location, name: &str, bytes: &[u8], overwrite: bool) -> Result<Committed, VllmFileError> {
+    let mut sink = StagedSink::create(&dir.child(name)?, overwrite).await?;
+    sink.write(bytes).await?;
+    Ok(sink.commit().await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_decoder_linears_are_the_targets() {
+        let ignore = vec!["lm_head".to_string()];
+        let two = [8, 8];
+        assert!(is_target("model.layers.0.self_attn.q_proj.weight", &two, &ignore));
+        assert!(is_target("model.layers.0.mlp.down_proj.weight", &two, &ignore));
+        assert!(!is_target("model.layers.0.input_layernorm.weight", &[8], &ignore));
+        assert!(!is_target("model.norm.weight", &two, &ignore));
+        assert!(!is_target("model.embed_tokens.weight", &two, &ignore));
+        assert!(!is_target("lm_head.weight", &two, &ignore));
+        assert!(!is_target("model.layers.0.self_attn.q_proj.bias", &[8], &ignore));
+    }
+}

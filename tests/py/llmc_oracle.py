@@ -1,0 +1,66 @@
+"""The oracle of quantfarm's vLLM checkpoints: llm-compressor's own, on the CPU (its eager torch path).
+
+    llmc_oracle.py ENTRY SCHEME GROUP HF_DIR OUT_DIR
+
+ENTRY is `oneshot` (the model loaded in transformers, QuantizationModifier(targets="Linear", ignore=["lm_head"]),
+saved compressed) or `model_free` (model_free_ptq over the safetensors files, ignoring the embeddings and
+lm_head, as its examples do). SCHEME is FP8_DYNAMIC or W4A16 (GROUP: its group size; 0 for FP8_DYNAMIC).
+
+Run with scripts/install-llm-compressor's venv (llmcompressor 0.14.0.1, compressed-tensors 0.19.0,
+transformers 5.17.0, torch 2.11.0). Prints the versions it ran.
+"""
+
+import sys
+
+import compressed_tensors
+import llmcompressor
+import torch
+import transformers
+from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme
+
+
+def scheme_of(name: str, group: int):
+    if name == "FP8_DYNAMIC":
+        return "FP8_DYNAMIC"
+    if name == "W4A16":
+        weights = QuantizationArgs(num_bits=4, type="int", strategy="group", group_size=group, symmetric=True)
+        return QuantizationScheme(targets=["Linear"], weights=weights)
+    raise SystemExit(f"unknown scheme {name!r}")
+
+
+def main() -> None:
+    entry, scheme_name, group, hf, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
+    scheme = scheme_of(scheme_name, group)
+    torch.manual_seed(0)
+    if entry == "oneshot":
+        from llmcompressor import oneshot
+        from llmcompressor.modifiers.quantization import QuantizationModifier
+
+        model = transformers.AutoModelForCausalLM.from_pretrained(hf, dtype=torch.bfloat16)
+        if isinstance(scheme, str):
+            recipe = QuantizationModifier(targets="Linear", scheme=scheme, ignore=["lm_head"])
+        else:
+            recipe = QuantizationModifier(config_groups={"group_0": scheme}, ignore=["lm_head"])
+        oneshot(model=model, recipe=recipe)
+        model.save_pretrained(out, save_compressed=True)
+    elif entry == "model_free":
+        from llmcompressor import model_free_ptq
+
+        model_free_ptq(
+            model_stub=hf,
+            save_directory=out,
+            scheme=scheme,
+            ignore=["model.embed_tokens", "lm_head"],
+            max_workers=1,
+            device="cpu",
+        )
+    else:
+        raise SystemExit(f"unknown entry {entry!r}")
+    print(
+        f"llmcompressor {llmcompressor.__version__}, compressed-tensors {compressed_tensors.__version__}, "
+        f"transformers {transformers.__version__}, torch {torch.__version__}"
+    )
+
+
+if __name__ == "__main__":
+    main()
