@@ -105,3 +105,28 @@ fn a_group_that_does_not_divide_the_columns_is_refused_before_any_compute() {
     );
     assert!(!out.exists(), "nothing written");
 }
+
+#[test]
+fn fused_experts_that_would_stay_unquantized_are_refused_naming_the_tensor() {
+    let dir = tempfile::tempdir().unwrap();
+    let hf = quantfarm_e2e::synthetic_hf("qwen3_moe_fused", &dir.path().join("hf"));
+    let out = dir.path().join("fp8");
+    let o = Command::new(bin()).arg("vllm").arg(&hf).arg(&out).args(["--scheme", "FP8_DYNAMIC"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("model.layers.0.mlp.experts.") && err.contains("fused 3-D expert weights"), "{err}");
+    assert!(!out.exists(), "nothing written");
+    // Per-expert (2-D) experts are quantized, every one.
+    let hf = quantfarm_e2e::synthetic_hf("qwen3_moe", &dir.path().join("hf2"));
+    let o = Command::new(bin())
+        .arg("vllm")
+        .arg(&hf)
+        .arg(&out)
+        .args(["--scheme", "FP8_DYNAMIC", "--dry-run"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let said = String::from_utf8_lossy(&o.stdout);
+    let experts = said.lines().filter(|l| l.contains(".mlp.experts.")).count();
+    assert!(experts > 0 && said.contains("model.layers.0.mlp.experts.0.down_proj"), "{said}");
+}

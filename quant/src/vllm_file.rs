@@ -128,6 +128,12 @@ pub enum VllmFileError {
     NotFinite { tensor: String, row: u64 },
     #[error("{scheme}: group size {group_size}: compressed-tensors takes a positive multiple of 8 up to the row")]
     GroupSize { scheme: &'static str, group_size: u32 },
+    #[error(
+        "tensor {tensor:?}: fused 3-D expert weights are not quantized by this version, and a checkpoint whose \
+         experts stayed {dtype} beside quantized layers is what vLLM users find silently wrong; per-expert (2-D) \
+         experts are quantized"
+    )]
+    FusedExperts { tensor: String, dtype: String },
     #[error("config.json: dtype {dtype:?}: expected bfloat16, float16 or float32")]
     ConfigDtype { dtype: String },
 }
@@ -217,6 +223,12 @@ fn preflight(src: &TensorSource, src_dir: &Location, opts: &VllmOptions) -> Resu
         if group_size == 0 || group_size % 8 != 0 {
             return Err(VllmFileError::GroupSize { scheme: opts.scheme.name(), group_size });
         }
+    }
+    // Weights of 3 dimensions are fused experts (transformers 5's `mlp.experts.gate_up_proj`): refused rather
+    // than left unquantized.
+    let floating = |ty: &TensorType| matches!(ty, TensorType::Dtype(Dtype::BF16 | Dtype::F16 | Dtype::F32));
+    if let Some(e) = src.tensors().iter().find(|e| e.shape.len() == 3 && floating(&e.ty)) {
+        return Err(VllmFileError::FusedExperts { tensor: e.name.clone(), dtype: e.ty.to_string() });
     }
     for e in src.tensors().iter().filter(|e| is_target(&e.name, &e.shape, &opts.ignore)) {
         if e.ty != TensorType::Dtype(Dtype::BF16) {
