@@ -130,3 +130,76 @@ fn fused_experts_that_would_stay_unquantized_are_refused_naming_the_tensor() {
     let experts = said.lines().filter(|l| l.contains(".mlp.experts.")).count();
     assert!(experts > 0 && said.contains("model.layers.0.mlp.experts.0.down_proj"), "{said}");
 }
+
+/// Little-endian values of a tensor's bytes.
+fn le<const N: usize, T>(b: &[u8], f: fn([u8; N]) -> T) -> Vec<T> {
+    b.chunks_exact(N).map(|c| f(c.try_into().unwrap())).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transformers_decompresses_them_to_what_quantfarm_dequantizes() {
+    use quantfarm_quant::compressed_tensors as ct;
+    if quantfarm_e2e::skip_unless_long(
+        "transformers_decompresses_them_to_what_quantfarm_dequantizes",
+        "SmolLM2 FP8_DYNAMIC and W4A16 loaded by transformers 5.17 + compressed-tensors 0.19 on the CPU, its 210 \
+         decompressed Linear weights against quantfarm's dequantization (35 s)",
+    ) {
+        return;
+    }
+    let hf = quantfarm_e2e::smollm2_derived().join("smollm2-hf");
+    let dir = tempfile::tempdir().unwrap();
+    for (scheme, group) in [("FP8_DYNAMIC", 0u32), ("W4A16", 64)] {
+        let ours = dir.path().join(scheme);
+        let o = Command::new(bin())
+            .arg("vllm")
+            .arg(&hf)
+            .arg(&ours)
+            .args(["--scheme", scheme, "--group-size", &group.max(8).to_string()])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        // transformers + compressed-tensors load it on the CPU and decompress every quantized Linear to bf16.
+        let dump = dir.path().join(format!("{scheme}-loaded.safetensors"));
+        let l = Command::new(quantfarm_e2e::llm_compressor_python())
+            .arg(quantfarm_e2e::repo_root().join("tests/py/ct_load.py"))
+            .arg(&ours)
+            .arg(&dump)
+            .output()
+            .unwrap();
+        assert!(l.status.success(), "{scheme}: transformers cannot load it:\n{}", String::from_utf8_lossy(&l.stderr));
+        eprintln!("{scheme}: {}", String::from_utf8_lossy(&l.stdout).trim());
+        let (mine, loaded) = (tensors(&ours).await, tensors(&dump).await);
+        assert_eq!(loaded.len(), 210, "{scheme}: every quantized Linear loaded");
+        for (name, (_, shape, bytes)) in &loaded {
+            let module = name.trim_end_matches(".weight");
+            let (rows, cols) = (shape[0] as usize, shape[1] as usize);
+            let scales: Vec<f32> = le(&mine[&format!("{module}.weight_scale")].2, u16::from_le_bytes)
+                .into_iter()
+                .map(ct::bf16_value)
+                .collect();
+            let want: Vec<u16> = match scheme {
+                "FP8_DYNAMIC" => {
+                    let q = &mine[name].2;
+                    (0..rows * cols).map(|i| ct::fp8_dequant(q[i], scales[i / cols])).collect()
+                }
+                _ => {
+                    let words = le(&mine[&format!("{module}.weight_packed")].2, i32::from_le_bytes);
+                    let per_row = ct::packed_words(cols);
+                    let mut ints = vec![0i8; cols];
+                    let mut v = Vec::with_capacity(rows * cols);
+                    for r in 0..rows {
+                        ct::unpack_int4_row(&words[r * per_row..(r + 1) * per_row], cols, &mut ints);
+                        let groups = cols / group as usize;
+                        v.extend(
+                            ints.iter()
+                                .enumerate()
+                                .map(|(c, &q)| ct::int4_dequant(q, scales[r * groups + c / group as usize])),
+                        );
+                    }
+                    v
+                }
+            };
+            assert!(le(bytes, u16::from_le_bytes) == want, "{scheme}: {name} as transformers decompressed it");
+        }
+    }
+}

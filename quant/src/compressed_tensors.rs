@@ -138,6 +138,24 @@ pub fn packed_words(cols: usize) -> usize {
     cols.div_ceil(8)
 }
 
+/// Unpacks one row of `cols` int4 values from its words ([`pack_int4_row`]'s inverse).
+pub fn unpack_int4_row(words: &[i32], cols: usize, out: &mut [i8]) {
+    for (i, o) in out.iter_mut().enumerate().take(cols) {
+        *o = ((words[i / 8] as u32 >> (4 * (i % 8))) & 0xF) as i8 - 8;
+    }
+}
+
+/// FP8_DYNAMIC's dequantization as compressed-tensors does it (`_dequantize`): the e4m3fn value in bf16 (exact)
+/// times the row's bf16 scale, the f32 product rounded to bf16; bf16 bits.
+pub fn fp8_dequant(b: u8, scale: f32) -> u16 {
+    bf16_bits(fp8_e4m3fn_value(b) * scale)
+}
+
+/// W4A16's dequantization: the int in bf16 times its group's bf16 scale, rounded to bf16; bf16 bits.
+pub fn int4_dequant(q: i8, scale: f32) -> u16 {
+    bf16_bits(f32::from(q) * scale)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -166,5 +184,8 @@ mod tests {
         pack_int4_row(&q, &mut out);
         assert_eq!(out[0] as u32, 0xCBA9_F810);
         assert_eq!(out[1], 0xD);
+        let mut back = vec![0i8; q.len()];
+        unpack_int4_row(&out, q.len(), &mut back);
+        assert_eq!(back, q);
     }
 }
