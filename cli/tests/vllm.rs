@@ -26,13 +26,14 @@ async fn tensors(dir: &Path) -> BTreeMap<String, (String, Vec<u64>, Vec<u8>)> {
     out
 }
 
-fn llm_compressor(entry: &str, scheme: &str, group: u32, hf: &Path, out: &Path) {
+fn llm_compressor(entry: &str, scheme: &str, group: u32, hf: &Path, out: &Path, extra_ignore: &[String]) {
     let python = quantfarm_e2e::llm_compressor_python();
     let o = Command::new(&python)
         .arg(quantfarm_e2e::repo_root().join("tests/py/llmc_oracle.py"))
         .args([entry, scheme, &group.to_string()])
         .arg(hf)
         .arg(out)
+        .arg(extra_ignore.join(","))
         .output()
         .expect("run llmc_oracle.py");
     assert!(o.status.success(), "llm-compressor {entry} {scheme}:\n{}", String::from_utf8_lossy(&o.stderr));
@@ -47,10 +48,40 @@ fn llm_compressor(entry: &str, scheme: &str, group: u32, hf: &Path, out: &Path) 
     assert_eq!(String::from_utf8_lossy(&c.stdout).trim(), "{}", "{entry} {scheme}: quantization_config differs");
 }
 
+/// `quantfarm vllm` of `hf` against llm-compressor, for each (scheme, group) like each entry point: the same tensors,
+/// `quantized` modules of them quantized. `routers`: the modules model_free_ptq is told to leave, as its users do.
+async fn against_llm_compressor(hf: &Path, schemes: &[(&str, u32)], quantized: usize, routers: &[String]) {
+    let dir = tempfile::tempdir().unwrap();
+    for &(scheme, group) in schemes {
+        for (like, entry) in [("oneshot", "oneshot"), ("model-free", "model_free")] {
+            let theirs = dir.path().join(format!("{entry}-{scheme}-{group}"));
+            let ours = theirs.with_extension("ours");
+            let mut cmd = Command::new(bin());
+            cmd.arg("vllm").arg(hf).arg(&ours).args(["--scheme", scheme, "--like", like]);
+            if group > 0 {
+                cmd.args(["--group-size", &group.to_string()]);
+            }
+            let o = cmd.output().unwrap();
+            assert!(o.status.success(), "quantfarm vllm {scheme} {like}:\n{}", String::from_utf8_lossy(&o.stderr));
+            let extra = if entry == "model_free" { routers } else { &[] };
+            llm_compressor(entry, scheme, group, hf, &theirs, extra);
+            let (a, b) = (tensors(&ours).await, tensors(&theirs).await);
+            assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>(), "{entry} {scheme}: tensor names");
+            let mut n = 0;
+            for (name, (dt, shape, bytes)) in &a {
+                let (dt2, shape2, bytes2) = &b[name];
+                assert_eq!((dt, shape), (dt2, shape2), "{entry} {scheme} g{group}: {name}'s dtype and shape");
+                assert!(bytes == bytes2, "{entry} {scheme} g{group}: {name}'s bytes differ");
+                n += usize::from(name.ends_with("weight_scale"));
+            }
+            assert_eq!(n, quantized, "{entry} {scheme}: the modules quantized");
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fp8_dynamic_and_w4a16_equal_llm_compressor_tensor_for_tensor() {
     let hf = quantfarm_e2e::smollm2_derived().join("smollm2-hf");
-    let dir = tempfile::tempdir().unwrap();
     // W4A16's group of 32 is the same code with another number: only in the long run.
     let mut schemes = vec![("FP8_DYNAMIC", 0), ("W4A16", 64)];
     if std::env::var_os("QUANTFARM_LONG").is_some() {
@@ -58,30 +89,23 @@ async fn fp8_dynamic_and_w4a16_equal_llm_compressor_tensor_for_tensor() {
     } else {
         eprintln!("W4A16 group 32 against llm-compressor runs with QUANTFARM_LONG=1 (scripts/test --long)");
     }
-    for (scheme, group) in schemes {
-        for (like, entry) in [("oneshot", "oneshot"), ("model-free", "model_free")] {
-            let theirs = dir.path().join(format!("{entry}-{scheme}-{group}"));
-            let ours = theirs.with_extension("ours");
-            let mut cmd = Command::new(bin());
-            cmd.arg("vllm").arg(&hf).arg(&ours).args(["--scheme", scheme, "--like", like]);
-            if group > 0 {
-                cmd.args(["--group-size", &group.to_string()]);
-            }
-            let o = cmd.output().unwrap();
-            assert!(o.status.success(), "quantfarm vllm {scheme} {like}:\n{}", String::from_utf8_lossy(&o.stderr));
-            llm_compressor(entry, scheme, group, &hf, &theirs);
-            let (a, b) = (tensors(&ours).await, tensors(&theirs).await);
-            assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>(), "{entry} {scheme}: tensor names");
-            let mut quantized = 0;
-            for (name, (dt, shape, bytes)) in &a {
-                let (dt2, shape2, bytes2) = &b[name];
-                assert_eq!((dt, shape), (dt2, shape2), "{entry} {scheme} g{group}: {name}'s dtype and shape");
-                assert!(bytes == bytes2, "{entry} {scheme} g{group}: {name}'s bytes differ");
-                quantized += usize::from(name.ends_with("weight_scale"));
-            }
-            assert_eq!(quantized, 30 * 7, "{entry} {scheme}: every Linear of the 30 layers quantized");
-        }
-    }
+    // Every Linear of the 30 layers.
+    against_llm_compressor(&hf, &schemes, 30 * 7, &[]).await;
+}
+
+/// A mixture of experts with per-expert weights (the tiny synthetic Qwen3-MoE): every expert quantized, the routers
+/// left as oneshot leaves them (and as model_free_ptq's users tell it to).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mixture_of_experts_has_every_expert_quantized_and_its_routers_left() {
+    let dir = tempfile::tempdir().unwrap();
+    let hf = quantfarm_e2e::synthetic_hf("qwen3_moe", &dir.path().join("hf"));
+    let src = TensorSource::open(&Location::local(&hf)).await.unwrap();
+    let routers = quantfarm_quant::vllm_file::routers(&src);
+    let layers = routers.len();
+    assert!(layers > 0, "the synthetic MoE has routers");
+    let experts = src.tensors().iter().filter(|e| e.name.contains(".experts.")).count();
+    // Attention's four Linear per layer, and every expert's three.
+    against_llm_compressor(&hf, &[("FP8_DYNAMIC", 0), ("W4A16", 32)], layers * 4 + experts, &routers).await;
 }
 
 #[test]

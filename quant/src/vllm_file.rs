@@ -2,9 +2,10 @@
 //! weights quantized FP8_DYNAMIC or W4A16 (`crate::compressed_tensors`), everything else as it is, and
 //! `config.json`'s `quantization_config`, which vLLM and transformers read the format from.
 //!
-//! Which weights: every 2-D `*.weight` of a module that is not a norm (its name ends in `norm`) or the token
-//! embedding (`embed_tokens`), nor named in `ignore` (by default `lm_head`, as llm-compressor's examples and vLLM's
-//! loaders expect) — the decoder's Linear layers. Per quantized module `M`:
+//! Which weights: every 2-D `*.weight` of a module that is not a norm (its name ends in `norm`), the token
+//! embedding (`embed_tokens`) or a mixture of experts' router ([`routers`]), nor named in `ignore` (by default
+//! `lm_head`, as llm-compressor's examples and vLLM's loaders expect) — the decoder's Linear layers, every expert's
+//! included. Fused 3-D experts are refused. Per quantized module `M`:
 //! - FP8_DYNAMIC (`float-quantized`): `M.weight` F8_E4M3 `[out, in]`, `M.weight_scale` BF16 `[out, 1]`;
 //! - W4A16 (`pack-quantized`, group `g`): `M.weight_packed` I32 `[out, ceil(in/8)]`, `M.weight_scale` BF16
 //!   `[out, in/g]`, `M.weight_shape` I64 `[2]`.
@@ -175,6 +176,24 @@ fn saved_dtype(stored: Dtype, like: Anchor, config: Option<Dtype>) -> Dtype {
     }
 }
 
+/// The routers of a mixture of experts: modules `P.gate` whose parent `P` holds experts (`P.experts.…`). They are
+/// left unquantized, as `oneshot` leaves them (transformers' router is not a Linear) and as vLLM loads them (its MoE
+/// gate takes no quantization), and recorded in `ignore`.
+pub fn routers(src: &TensorSource) -> Vec<String> {
+    let names: Vec<&str> = src.tensors().iter().map(|e| e.name.as_str()).collect();
+    src.tensors()
+        .iter()
+        .filter_map(|e| e.name.strip_suffix(".gate.weight").filter(|_| e.shape.len() == 2))
+        .filter(|parent| names.iter().any(|n| n.starts_with(&format!("{parent}.experts."))))
+        .map(|parent| format!("{parent}.gate"))
+        .collect()
+}
+
+/// The modules left unquantized by name: the routers, then the user's.
+fn left_alone(src: &TensorSource, opts: &VllmOptions) -> Vec<String> {
+    routers(src).into_iter().chain(opts.ignore.iter().cloned()).collect()
+}
+
 /// The tensors one source tensor becomes.
 fn outputs(name: &str, shape: &[u64], dtype: Dtype, scheme: Option<VllmScheme>) -> Vec<StTensorDesc> {
     let d = |n: String, dtype, shape: Vec<u64>| StTensorDesc { name: n, dtype, shape };
@@ -203,10 +222,11 @@ fn outputs(name: &str, shape: &[u64], dtype: Dtype, scheme: Option<VllmScheme>) 
 pub async fn check(src_dir: &Location, opts: &VllmOptions) -> Result<Vec<String>, VllmFileError> {
     let src = TensorSource::open(src_dir).await?;
     preflight(&src, src_dir, opts)?;
+    let left = left_alone(&src, opts);
     Ok(src
         .tensors()
         .iter()
-        .filter(|e| is_target(&e.name, &e.shape, &opts.ignore))
+        .filter(|e| is_target(&e.name, &e.shape, &left))
         .map(|e| e.name.trim_end_matches(".weight").to_string())
         .collect())
 }
@@ -230,7 +250,8 @@ fn preflight(src: &TensorSource, src_dir: &Location, opts: &VllmOptions) -> Resu
     if let Some(e) = src.tensors().iter().find(|e| e.shape.len() == 3 && floating(&e.ty)) {
         return Err(VllmFileError::FusedExperts { tensor: e.name.clone(), dtype: e.ty.to_string() });
     }
-    for e in src.tensors().iter().filter(|e| is_target(&e.name, &e.shape, &opts.ignore)) {
+    let left = left_alone(src, opts);
+    for e in src.tensors().iter().filter(|e| is_target(&e.name, &e.shape, &left)) {
         if e.ty != TensorType::Dtype(Dtype::BF16) {
             return Err(VllmFileError::Dtype {
                 tensor: e.name.clone(),
@@ -260,6 +281,7 @@ pub async fn write_vllm_checkpoint(
     };
     let mut config = src.metadata();
     let cast_to = config_dtype(&config)?;
+    let left = left_alone(&src, opts);
     let mut files = Vec::new();
     let mut quantized = Vec::new();
     let mut all_descs: Vec<(String, StTensorDesc)> = Vec::new();
@@ -267,7 +289,7 @@ pub async fn write_vllm_checkpoint(
     for (blob, header) in &model.files {
         let mut descs = Vec::new();
         for t in &header.tensors {
-            let scheme = is_target(&t.name, &t.shape, &opts.ignore).then_some(opts.scheme);
+            let scheme = is_target(&t.name, &t.shape, &left).then_some(opts.scheme);
             descs.extend(outputs(&t.name, &t.shape, saved_dtype(t.dtype, opts.like, cast_to), scheme));
         }
         let metadata: Vec<(String, String)> = header.metadata.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
@@ -275,7 +297,7 @@ pub async fn write_vllm_checkpoint(
         let target = dst_dir.child(&file_name)?;
         let mut w = SafetensorsWriter::create(&target, &descs, &metadata, opts.overwrite).await?;
         for t in &header.tensors {
-            if is_target(&t.name, &t.shape, &opts.ignore) {
+            if is_target(&t.name, &t.shape, &left) {
                 quantize_tensor(&src, &t.name, &t.shape, opts, &mut w).await?;
                 quantized.push(t.name.trim_end_matches(".weight").to_string());
             } else if saved_dtype(t.dtype, opts.like, cast_to) != t.dtype {
@@ -294,13 +316,13 @@ pub async fn write_vllm_checkpoint(
     // oneshot lists the Linear modules it left (lm_head, even when tied and absent from the files); model_free_ptq
     // the names it was told to leave, which must include the token embedding (it targets weights by name).
     let ignore: Vec<String> = match opts.like {
-        Anchor::Oneshot => opts.ignore.clone(),
+        Anchor::Oneshot => left.clone(),
         Anchor::ModelFree => src
             .tensors()
             .iter()
             .filter_map(|e| e.name.strip_suffix(".weight").filter(|m| m.rsplit('.').next() == Some("embed_tokens")))
             .map(str::to_string)
-            .chain(opts.ignore.iter().cloned())
+            .chain(left.iter().cloned())
             .collect(),
     };
     config.insert("quantization_config".into(), opts.scheme.quantization_config(&ignore));

@@ -1,10 +1,10 @@
 """The oracle of quantfarm's vLLM checkpoints: llm-compressor's own, on the CPU (its eager torch path).
 
-    llmc_oracle.py ENTRY SCHEME GROUP HF_DIR OUT_DIR
+    llmc_oracle.py ENTRY SCHEME GROUP HF_DIR OUT_DIR [IGNORE,...]
 
 ENTRY is `oneshot` (the model loaded in transformers, QuantizationModifier(targets="Linear", ignore=["lm_head"]),
 saved compressed) or `model_free` (model_free_ptq over the safetensors files, ignoring the embeddings and
-lm_head, as its examples do). SCHEME is FP8_DYNAMIC or W4A16 (GROUP: its group size; 0 for FP8_DYNAMIC).
+lm_head, as its examples do, and the extra modules IGNORE names: a mixture of experts' routers). SCHEME is FP8_DYNAMIC or W4A16 (GROUP: its group size; 0 for FP8_DYNAMIC).
 
 Run with scripts/install-llm-compressor's venv (llmcompressor 0.14.0.1, compressed-tensors 0.19.0,
 transformers 5.17.0, torch 2.11.0). Prints the versions it ran.
@@ -30,6 +30,7 @@ def scheme_of(name: str, group: int):
 
 def main() -> None:
     entry, scheme_name, group, hf, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
+    extra = [m for m in (sys.argv[6] if len(sys.argv) > 6 else "").split(",") if m]
     scheme = scheme_of(scheme_name, group)
     torch.manual_seed(0)
     if entry == "oneshot":
@@ -50,7 +51,7 @@ def main() -> None:
             model_stub=hf,
             save_directory=out,
             scheme=scheme,
-            ignore=["model.embed_tokens", "lm_head"],
+            ignore=["model.embed_tokens", "lm_head", *extra],
             max_workers=1,
             device="cpu",
         )
