@@ -57,10 +57,6 @@ impl Family for Gguf {
         Some(pb::WorkerKind::Gguf)
     }
 
-    fn runtime(&self) -> Option<&'static str> {
-        None
-    }
-
     fn stage(&self) -> String {
         "gguf BF16".into()
     }

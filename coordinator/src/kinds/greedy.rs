@@ -38,10 +38,6 @@ impl Family for Greedy {
         Some(pb::WorkerKind::Greedy)
     }
 
-    fn runtime(&self) -> Option<&'static str> {
-        None
-    }
-
     fn stage(&self) -> String {
         format!("greedy {}", self.subject)
     }

@@ -111,10 +111,6 @@ impl Family for Imatrix {
         }
     }
 
-    fn runtime(&self) -> Option<&'static str> {
-        None
-    }
-
     fn stage(&self) -> String {
         "imatrix".into()
     }

@@ -44,10 +44,6 @@ impl Family for Kld {
         Some(pb::WorkerKind::Kld)
     }
 
-    fn runtime(&self) -> Option<&'static str> {
-        None
-    }
-
     fn stage(&self) -> String {
         match self {
             Kld::Plan => "kld reference".into(),

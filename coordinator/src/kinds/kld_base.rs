@@ -35,10 +35,6 @@ impl Family for KldBase {
         Some(pb::WorkerKind::Kld)
     }
 
-    fn runtime(&self) -> Option<&'static str> {
-        None
-    }
-
     fn stage(&self) -> String {
         "kld reference".into()
     }

@@ -78,10 +78,6 @@ impl Family for Merge {
         Some(pb::WorkerKind::Merge)
     }
 
-    fn runtime(&self) -> Option<&'static str> {
-        None
-    }
-
     fn stage(&self) -> String {
         "merge".into()
     }

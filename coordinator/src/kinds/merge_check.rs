@@ -42,10 +42,6 @@ impl Family for MergeCheck {
         Some(pb::WorkerKind::Merge)
     }
 
-    fn runtime(&self) -> Option<&'static str> {
-        None
-    }
-
     fn stage(&self) -> String {
         "merge check".into()
     }

@@ -46,10 +46,6 @@ impl Family for Mlx {
         Some(pb::WorkerKind::Mlx)
     }
 
-    fn runtime(&self) -> Option<&'static str> {
-        None
-    }
-
     fn stage(&self) -> String {
         format!("mlx {}-bit", self.bits)
     }

@@ -78,8 +78,10 @@ pub trait Family: Sized + Clone + fmt::Debug + PartialEq + Eq + Hash {
     /// The worker kind that runs the task (what workers advertise), or `None` for the coordinator's own tasks.
     fn worker_kind(&self) -> Option<pb::WorkerKind>;
 
-    /// The runtime a worker must advertise besides its kind (a peer tool, mlx-lm), if any.
-    fn runtime(&self) -> Option<&'static str>;
+    /// The runtime a worker must advertise besides its kind (a peer tool, mlx-lm); most kinds need none.
+    fn runtime(&self) -> Option<&'static str> {
+        None
+    }
 
     /// The progress stage the task counts towards.
     fn stage(&self) -> String;

@@ -31,10 +31,6 @@ impl Family for Noop {
         Some(pb::WorkerKind::Noop)
     }
 
-    fn runtime(&self) -> Option<&'static str> {
-        None
-    }
-
     fn stage(&self) -> String {
         "noop".into()
     }

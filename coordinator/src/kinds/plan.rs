@@ -28,10 +28,6 @@ impl Family for Plan {
         Some(pb::WorkerKind::Plan)
     }
 
-    fn runtime(&self) -> Option<&'static str> {
-        None
-    }
-
     fn stage(&self) -> String {
         "plan".into()
     }

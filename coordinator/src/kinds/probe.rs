@@ -34,10 +34,6 @@ impl Family for Probe {
         Some(pb::WorkerKind::Probe)
     }
 
-    fn runtime(&self) -> Option<&'static str> {
-        None
-    }
-
     fn stage(&self) -> String {
         format!("probe {}", self.subject)
     }

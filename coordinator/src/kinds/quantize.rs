@@ -87,10 +87,6 @@ impl Family for Quantize {
         Some(pb::WorkerKind::Quantize)
     }
 
-    fn runtime(&self) -> Option<&'static str> {
-        None
-    }
-
     fn stage(&self) -> String {
         format!("quantize {}", self.level)
     }

@@ -28,10 +28,6 @@ impl Family for Report {
         None
     }
 
-    fn runtime(&self) -> Option<&'static str> {
-        None
-    }
-
     fn stage(&self) -> String {
         "report".into()
     }

@@ -105,10 +105,6 @@ impl Family for Verify {
         Some(pb::WorkerKind::Verify)
     }
 
-    fn runtime(&self) -> Option<&'static str> {
-        None
-    }
-
     fn stage(&self) -> String {
         "verify".into()
     }
