@@ -1,8 +1,9 @@
 //! `quantfarm vllm` against llm-compressor 0.14.0.1 itself (compressed-tensors 0.19.0, transformers 5.17.0, torch
-//! 2.11.0, on the CPU: `scripts/install-llm-compressor`), on the real SmolLM2-135M-Instruct: FP8_DYNAMIC and W4A16
-//! (group 64, and 32 in the long run), each made like `oneshot` and like `model_free_ptq`, equal to what that entry point writes
-//! tensor for tensor (names, dtypes, shapes, bytes), with a `quantization_config` its compressed-tensors parses to
-//! the same configuration. And SmolLM2's 576 columns refused for W4A16 groups of 128, naming the tensor and the rule.
+//! 2.11.0, on the CPU: `scripts/install-llm-compressor`), on the real SmolLM2-135M-Instruct and a tiny MoE:
+//! FP8_DYNAMIC and W4A16 (group 64, and 32 in the long run), made like `oneshot` and like `model_free_ptq` (the whole
+//! grid in the long run), equal to what that entry point writes tensor for tensor (names, dtypes, shapes, bytes),
+//! with a `quantization_config` its compressed-tensors parses to the same configuration. And what cannot be made
+//! (SmolLM2's 576 columns in W4A16 groups of 128, fused 3-D experts) refused, naming the tensor and the rule.
 
 mod common;
 
@@ -13,6 +14,17 @@ use std::process::Command;
 use common::bin;
 use quantfarm_store::Location;
 use quantfarm_tensors::TensorSource;
+
+/// Whether the long run's extra cases run (`QUANTFARM_LONG`, `scripts/test --long`); says so when they do not.
+fn long() -> bool {
+    let on = std::env::var_os("QUANTFARM_LONG").is_some();
+    if !on {
+        eprintln!(
+            "more schemes and entry points against llm-compressor run with QUANTFARM_LONG=1 (scripts/test --long)"
+        );
+    }
+    on
+}
 
 /// Every tensor of the safetensors folder `dir`: name → (dtype, shape, bytes).
 async fn tensors(dir: &Path) -> BTreeMap<String, (String, Vec<u64>, Vec<u8>)> {
@@ -48,12 +60,13 @@ fn llm_compressor(entry: &str, scheme: &str, group: u32, hf: &Path, out: &Path, 
     assert_eq!(String::from_utf8_lossy(&c.stdout).trim(), "{}", "{entry} {scheme}: quantization_config differs");
 }
 
-/// `quantfarm vllm` of `hf` against llm-compressor, for each (scheme, group) like each entry point: the same tensors,
+/// `quantfarm vllm` of `hf` against llm-compressor, for each (scheme, group, entry point): the same tensors,
 /// `quantized` modules of them quantized. `routers`: the modules model_free_ptq is told to leave, as its users do.
-async fn against_llm_compressor(hf: &Path, schemes: &[(&str, u32)], quantized: usize, routers: &[String]) {
+async fn against_llm_compressor(hf: &Path, runs: &[(&str, u32, &str)], quantized: usize, routers: &[String]) {
     let dir = tempfile::tempdir().unwrap();
-    for &(scheme, group) in schemes {
-        for (like, entry) in [("oneshot", "oneshot"), ("model-free", "model_free")] {
+    for &(scheme, group, entry) in runs {
+        {
+            let like = if entry == "oneshot" { "oneshot" } else { "model-free" };
             let theirs = dir.path().join(format!("{entry}-{scheme}-{group}"));
             let ours = theirs.with_extension("ours");
             let mut cmd = Command::new(bin());
@@ -82,15 +95,14 @@ async fn against_llm_compressor(hf: &Path, schemes: &[(&str, u32)], quantized: u
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fp8_dynamic_and_w4a16_equal_llm_compressor_tensor_for_tensor() {
     let hf = quantfarm_e2e::smollm2_derived().join("smollm2-hf");
-    // W4A16's group of 32 is the same code with another number: only in the long run.
-    let mut schemes = vec![("FP8_DYNAMIC", 0), ("W4A16", 64)];
-    if std::env::var_os("QUANTFARM_LONG").is_some() {
-        schemes.push(("W4A16", 32));
-    } else {
-        eprintln!("W4A16 group 32 against llm-compressor runs with QUANTFARM_LONG=1 (scripts/test --long)");
+    // Each scheme like each entry point; the rest of the grid (W4A16 like model_free_ptq, group 32) is the same code
+    // with other numbers: in the long run, to keep the suite inside its time.
+    let mut runs = vec![("FP8_DYNAMIC", 0, "oneshot"), ("FP8_DYNAMIC", 0, "model_free"), ("W4A16", 64, "oneshot")];
+    if long() {
+        runs.extend([("W4A16", 64, "model_free"), ("W4A16", 32, "oneshot"), ("W4A16", 32, "model_free")]);
     }
     // Every Linear of the 30 layers.
-    against_llm_compressor(&hf, &schemes, 30 * 7, &[]).await;
+    against_llm_compressor(&hf, &runs, 30 * 7, &[]).await;
 }
 
 /// A mixture of experts with per-expert weights (the tiny synthetic Qwen3-MoE): every expert quantized, the routers
@@ -104,8 +116,12 @@ async fn a_mixture_of_experts_has_every_expert_quantized_and_its_routers_left() 
     let layers = routers.len();
     assert!(layers > 0, "the synthetic MoE has routers");
     let experts = src.tensors().iter().filter(|e| e.name.contains(".experts.")).count();
-    // Attention's four Linear per layer, and every expert's three.
-    against_llm_compressor(&hf, &[("FP8_DYNAMIC", 0), ("W4A16", 32)], layers * 4 + experts, &routers).await;
+    // Attention's four Linear per layer, and every expert's three. W4A16 in the long run.
+    let mut runs = vec![("FP8_DYNAMIC", 0, "oneshot"), ("FP8_DYNAMIC", 0, "model_free")];
+    if long() {
+        runs.extend([("W4A16", 32, "oneshot"), ("W4A16", 32, "model_free")]);
+    }
+    against_llm_compressor(&hf, &runs, layers * 4 + experts, &routers).await;
 }
 
 #[test]
