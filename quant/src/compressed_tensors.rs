@@ -28,11 +28,11 @@ pub fn bf16_value(bits: u16) -> f32 {
 /// f32 → bf16 bits as torch rounds it (c10's `round_to_nearest_even`; any NaN → `0x7FC0`).
 #[inline]
 pub fn bf16_bits(x: f32) -> u16 {
+    // The rounding is ggml's too (`float::f32_to_bf16_bits`); only NaN's encoding differs.
     if x.is_nan() {
         return 0x7FC0;
     }
-    let u = x.to_bits();
-    (u.wrapping_add(((u >> 16) & 1) + 0x7FFF) >> 16) as u16
+    crate::float::f32_to_bf16_bits(x)
 }
 
 /// `a / b` for two bf16 values, as torch computes it: the f32 quotient rounded to bf16 (returned as its value).

@@ -425,7 +425,13 @@ pub fn unquantized_config(mut config: Map<String, Json>) -> Map<String, Json> {
     config
 }
 
-async fn write_file(dir: &Location, name: &str, bytes: &[u8], overwrite: bool) -> Result<Committed, MlxFileError> {
+/// Writes `bytes` as file `name` of `dir` through the staged sink (whole or not at all).
+pub(crate) async fn write_file(
+    dir: &Location,
+    name: &str,
+    bytes: &[u8],
+    overwrite: bool,
+) -> Result<Committed, quantfarm_tensors::Error> {
     let mut sink = StagedSink::create(&dir.child(name)?, overwrite).await?;
     sink.write(bytes).await?;
     Ok(sink.commit().await?)

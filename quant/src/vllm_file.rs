@@ -16,7 +16,6 @@
 
 use serde_json::{json, Map, Value as Json};
 
-use quantfarm_store::sink::StagedSink;
 use quantfarm_store::{Blob, Committed, Location};
 use quantfarm_tensors::mlx::CARRIED_FILES;
 use quantfarm_tensors::safetensors::StTensorDesc;
@@ -24,6 +23,7 @@ use quantfarm_tensors::write::{copy_tensor, SafetensorsWriter};
 use quantfarm_tensors::{Dtype, Format, TensorSource, TensorType};
 
 use crate::compressed_tensors as ct;
+use crate::mlx_file::write_file;
 
 /// The compressed-tensors version whose minimal `quantization_config` form is written (what its 0.19 and 0.20
 /// readers both accept: `QuantizationArgs` parse with `extra="forbid"`).
@@ -451,7 +451,7 @@ async fn write_index(
     let total: u64 = descs.iter().map(|(_, d)| d.nbytes()).sum();
     let index = json!({"metadata": {"total_size": total}, "weight_map": weight_map});
     let text = serde_json::to_string_pretty(&index).expect("JSON serializes") + "\n";
-    write_file(dir, "model.safetensors.index.json", text.as_bytes(), overwrite).await
+    Ok(write_file(dir, "model.safetensors.index.json", text.as_bytes(), overwrite).await?)
 }
 
 /// A JSON object with its keys sorted (transformers writes `config.json` with `sort_keys=True`).
@@ -459,12 +459,6 @@ fn sorted(m: Map<String, Json>) -> Map<String, Json> {
     let mut v: Vec<(String, Json)> = m.into_iter().collect();
     v.sort_by(|a, b| a.0.cmp(&b.0));
     v.into_iter().collect()
-}
-
-async fn write_file(dir: &Location, name: &str, bytes: &[u8], overwrite: bool) -> Result<Committed, VllmFileError> {
-    let mut sink = StagedSink::create(&dir.child(name)?, overwrite).await?;
-    sink.write(bytes).await?;
-    Ok(sink.commit().await?)
 }
 
 #[cfg(test)]
