@@ -172,17 +172,14 @@ fn fused_experts_that_would_stay_unquantized_are_refused_naming_the_tensor() {
 }
 
 /// Little-endian values of a tensor's bytes.
-fn le<const N: usize, T>(b: &[u8], f: fn([u8; N]) -> T) -> Vec<T> {
-    b.chunks_exact(N).map(|c| f(c.try_into().unwrap())).collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transformers_decompresses_them_to_what_quantfarm_dequantizes() {
-    use quantfarm_quant::compressed_tensors as ct;
+    use quantfarm_quant::vllm_read::dequantize_vllm_checkpoint;
     if quantfarm_e2e::skip_unless_long(
         "transformers_decompresses_them_to_what_quantfarm_dequantizes",
-        "SmolLM2 FP8_DYNAMIC and W4A16 loaded by transformers 5.17 + compressed-tensors 0.19 on the CPU, its 210 \
-         decompressed Linear weights against quantfarm's dequantization (35 s)",
+        "SmolLM2 FP8_DYNAMIC and W4A16 loaded by transformers 5.17 + compressed-tensors 0.19 on the CPU: every \
+         tensor it holds (the 210 decompressed Linear weights among them) against quantfarm's dequantized \
+         checkpoint (35 s)",
     ) {
         return;
     }
@@ -208,38 +205,25 @@ async fn transformers_decompresses_them_to_what_quantfarm_dequantizes() {
             .unwrap();
         assert!(l.status.success(), "{scheme}: transformers cannot load it:\n{}", String::from_utf8_lossy(&l.stderr));
         eprintln!("{scheme}: {}", String::from_utf8_lossy(&l.stdout).trim());
-        let (mine, loaded) = (tensors(&ours).await, tensors(&dump).await);
-        assert_eq!(loaded.len(), 210, "{scheme}: every quantized Linear loaded");
-        for (name, (_, shape, bytes)) in &loaded {
-            let module = name.trim_end_matches(".weight");
-            let (rows, cols) = (shape[0] as usize, shape[1] as usize);
-            let scales: Vec<f32> = le(&mine[&format!("{module}.weight_scale")].2, u16::from_le_bytes)
-                .into_iter()
-                .map(ct::bf16_value)
-                .collect();
-            let want: Vec<u16> = match scheme {
-                "FP8_DYNAMIC" => {
-                    let q = &mine[name].2;
-                    (0..rows * cols).map(|i| ct::fp8_dequant(q[i], scales[i / cols])).collect()
-                }
-                _ => {
-                    let words = le(&mine[&format!("{module}.weight_packed")].2, i32::from_le_bytes);
-                    let per_row = ct::packed_words(cols);
-                    let mut ints = vec![0i8; cols];
-                    let mut v = Vec::with_capacity(rows * cols);
-                    for r in 0..rows {
-                        ct::unpack_int4_row(&words[r * per_row..(r + 1) * per_row], cols, &mut ints);
-                        let groups = cols / group as usize;
-                        v.extend(
-                            ints.iter()
-                                .enumerate()
-                                .map(|(c, &q)| ct::int4_dequant(q, scales[r * groups + c / group as usize])),
-                        );
-                    }
-                    v
-                }
-            };
-            assert!(le(bytes, u16::from_le_bytes) == want, "{scheme}: {name} as transformers decompressed it");
+        // quantfarm's reading of the checkpoint (what llama.cpp measures): the bf16 checkpoint it stands for.
+        let deq = dir.path().join(format!("{scheme}-dequantized"));
+        let d = dequantize_vllm_checkpoint(&Location::local(&ours), &Location::local(&deq), 32 << 20, false)
+            .await
+            .unwrap_or_else(|e| panic!("{scheme}: {e}"));
+        assert_eq!(d.modules, 210, "{scheme}: every quantized Linear dequantized");
+        let (mine, loaded) = (tensors(&deq).await, tensors(&dump).await);
+        let only = |a: &BTreeMap<String, _>, b: &BTreeMap<String, _>| {
+            a.keys().filter(|k| !b.contains_key(*k)).cloned().collect::<Vec<String>>()
+        };
+        let (ours_only, theirs_only) = (only(&mine, &loaded), only(&loaded, &mine));
+        assert!(
+            ours_only.is_empty() && theirs_only.is_empty(),
+            "{scheme}: tensors only quantfarm's dequantization has: {ours_only:?}; only transformers': {theirs_only:?}"
+        );
+        for (name, (ty, shape, bytes)) in &loaded {
+            let m = &mine[name];
+            assert_eq!((&m.0, &m.1), (ty, shape), "{scheme}: {name}");
+            assert!(&m.2 == bytes, "{scheme}: {name} as transformers holds it");
         }
     }
 }

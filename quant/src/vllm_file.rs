@@ -137,6 +137,12 @@ pub enum VllmFileError {
     FusedExperts { tensor: String, dtype: String },
     #[error("config.json: dtype {dtype:?}: expected bfloat16, float16 or float32")]
     ConfigDtype { dtype: String },
+    #[error("{file}: has no compressed-tensors quantization_config: the checkpoint is not one for vLLM")]
+    NotCompressed { file: String },
+    #[error("config.json: {key}: {msg}")]
+    Unsupported { key: String, msg: String },
+    #[error("tensor {tensor:?}: {msg}")]
+    Layout { tensor: String, msg: String },
 }
 
 /// What was written.
@@ -325,15 +331,16 @@ pub async fn write_vllm_checkpoint(
             .chain(left.iter().cloned())
             .collect(),
     };
-    config.insert("quantization_config".into(), opts.scheme.quantization_config(&ignore));
-    let text = serde_json::to_string_pretty(&Json::Object(sorted(config))).expect("JSON serializes") + "\n";
-    files.push(write_file(dst_dir, "config.json", text.as_bytes(), opts.overwrite).await?);
     let present = src_dir.list().await.unwrap_or_default();
     for name in CARRIED_FILES.iter().filter(|n| present.iter().any(|p| p == *n)) {
         let blob = Blob::open(&src_dir.child(name)?).await?;
         let bytes = blob.read_vec(0, blob.len()).await?;
         files.push(write_file(dst_dir, name, &bytes, opts.overwrite).await?);
     }
+    // Last: a folder that has its config.json is whole (what the farm's executor takes for a finished output).
+    config.insert("quantization_config".into(), opts.scheme.quantization_config(&ignore));
+    let text = serde_json::to_string_pretty(&Json::Object(sorted(config))).expect("JSON serializes") + "\n";
+    files.push(write_file(dst_dir, "config.json", text.as_bytes(), opts.overwrite).await?);
     Ok(VllmWritten { files, quantized })
 }
 
@@ -438,7 +445,7 @@ async fn cast_tensor(
 }
 
 /// `model.safetensors.index.json` for the tensors written, each with its file.
-async fn write_index(
+pub(crate) async fn write_index(
     dir: &Location,
     descs: &[(String, StTensorDesc)],
     overwrite: bool,
@@ -455,7 +462,7 @@ async fn write_index(
 }
 
 /// A JSON object with its keys sorted (transformers writes `config.json` with `sort_keys=True`).
-fn sorted(m: Map<String, Json>) -> Map<String, Json> {
+pub(crate) fn sorted(m: Map<String, Json>) -> Map<String, Json> {
     let mut v: Vec<(String, Json)> = m.into_iter().collect();
     v.sort_by(|a, b| a.0.cmp(&b.0));
     v.into_iter().collect()
