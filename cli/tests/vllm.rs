@@ -4,11 +4,13 @@
 //! grid in the long run), equal to what that entry point writes tensor for tensor (names, dtypes, shapes, bytes),
 //! with a `quantization_config` its compressed-tensors parses to the same configuration. And what cannot be made
 //! (SmolLM2's 576 columns in W4A16 groups of 128, fused 3-D experts) refused, naming the tensor and the rule.
+//! And the farm's `outputs.vllm`: made, verified and measured like every rung, refused at its plan when it cannot be
+//! made.
 
 mod common;
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use common::bin;
@@ -171,7 +173,6 @@ fn fused_experts_that_would_stay_unquantized_are_refused_naming_the_tensor() {
     assert!(experts > 0 && said.contains("model.layers.0.mlp.experts.0.down_proj"), "{said}");
 }
 
-/// Little-endian values of a tensor's bytes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transformers_decompresses_them_to_what_quantfarm_dequantizes() {
     use quantfarm_quant::vllm_read::dequantize_vllm_checkpoint;
@@ -226,4 +227,139 @@ async fn transformers_decompresses_them_to_what_quantfarm_dequantizes() {
             assert!(&m.2 == bytes, "{scheme}: {name} as transformers holds it");
         }
     }
+}
+
+/// (file name, sha256) of every file of a folder.
+fn folder_files(dir: &Path) -> BTreeMap<String, String> {
+    use sha2::{Digest, Sha256};
+    std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .map(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            (name, format!("{:x}", Sha256::digest(std::fs::read(&p).unwrap())))
+        })
+        .collect()
+}
+
+/// `outputs.vllm` on the farm: a SmolLM2 release with FP8_DYNAMIC and W4A16 (group 64) beside its GGUF BF16 reference,
+/// run by `quantfarm run` on two workers. Each vLLM rung's folder is file for file what `quantfarm vllm` writes (which
+/// the tests above hold equal to llm-compressor's), recomputed by a verify task, measured in llama.cpp on the same
+/// chunks with the same figures as one `quantfarm kld` process over the folder, held to its default KLD limit, and
+/// named in the model card with the `vllm serve` command that loads it. A group size that does not divide a weight
+/// fails the release at its plan, before any conversion, naming the tensor and the rule.
+#[test]
+fn a_release_makes_verifies_and_measures_its_vllm_rungs() {
+    let _cpu = quantfarm_e2e::cpu_bound();
+    let dir = tempfile::tempdir().unwrap();
+    let hf = quantfarm_e2e::smollm2_derived().join("smollm2-hf");
+    let text = quantfarm_e2e::fixtures_dir().join("texts/gpl3.txt");
+    let release = dir.path().join("release.yaml");
+    let spec = |group: u32| {
+        format!(
+            "name: smollm2-vllm\nsource: {}\noutputs:\n  gguf: {{quants: []}}\n  vllm: {{schemes: [FP8_DYNAMIC, W4A16], \
+             group_size: {group}}}\nevaluation:\n  text: {}\n  ctx: 256\n  batch: 256\n  chunks: 2\n  probes: {}\n",
+            hf.display(),
+            text.display(),
+            quantfarm_e2e::repo_root().join("examples/probes-smollm2.yaml").display()
+        )
+    };
+    std::fs::write(&release, spec(64)).unwrap();
+    let bin = Path::new(bin());
+    let out = quantfarm_e2e::farm_run_output(bin, &release, 2, dir.path());
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let sum: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("{e}: {stdout}\n{stderr}"));
+    // Released, or held by a probe gate: W4A16 on this 135M model may lose a probe the reference passes (what the
+    // `probes` gate is for); which one depends on a CPU's last bits, so the verdict is not asserted, the figures are.
+    assert!(["released", "gate_failed"].contains(&sum["state"].as_str().unwrap_or_default()), "{sum:#}\n{stderr}");
+    let artifact = |ty: &str| {
+        sum["artifacts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["file_type"] == ty)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {ty} artifact: {sum:#}"))
+    };
+    let gate = |name: &str| sum["gates"].as_array().unwrap().iter().find(|g| g["name"] == name).cloned().unwrap();
+    let gates =
+        |name: &str| sum["gates"].as_array().unwrap().iter().filter(|g| g["name"] == name).cloned().collect::<Vec<_>>();
+    assert_eq!(gate("reproducible")["passed"], true, "{sum:#}");
+    // Both rungs measured (their KLD and probe results), each within its default KLD limit.
+    for g in gates("measured").iter().chain(&gates("kld")) {
+        assert_eq!(g["passed"], true, "{g:#}");
+    }
+    assert_eq!(gates("measured").len(), 2, "{sum:#}");
+    let reference = PathBuf::from(artifact("BF16")["files"][0]["url"].as_str().unwrap());
+    let card_url = sum["report_url"].as_str().unwrap().replace("report.json", "README.md");
+    let card = std::fs::read_to_string(&card_url).unwrap_or_default();
+    for (scheme, group) in [("FP8_DYNAMIC", 0u32), ("W4A16", 64)] {
+        let ty = format!("vLLM-{scheme}");
+        let a = artifact(&ty);
+        assert_eq!(a["container"], "vllm", "{a:#}");
+        assert_eq!(a["verified"], true, "{a:#}");
+        let folder = PathBuf::from(a["files"][0]["url"].as_str().unwrap());
+        let single = dir.path().join(format!("single-{scheme}"));
+        let o = Command::new(bin)
+            .arg("vllm")
+            .arg(&hf)
+            .arg(&single)
+            .args(["--scheme", scheme, "--group-size", &group.max(8).to_string()])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert_eq!(folder_files(&folder), folder_files(&single), "{ty}: the farm's folder and `quantfarm vllm`'s");
+        // Measured on the release's chunks: the same figures as one `quantfarm kld` process over the folder.
+        let k = &a["kld"];
+        assert_eq!(k["n_chunks"], 2, "{k:#}");
+        assert!(a["probes"]["passed"].as_u64().is_some(), "{ty}: its probes ran: {a:#}");
+        let one = Command::new(bin)
+            .arg("kld")
+            .arg("--reference")
+            .arg(&reference)
+            .arg("--model")
+            .arg(&folder)
+            .arg("--text")
+            .arg(&text)
+            .args(["--ctx", "256", "--batch", "256", "--chunks", "2", "--threads", "2", "--json"])
+            .output()
+            .unwrap();
+        assert!(one.status.success(), "{}", String::from_utf8_lossy(&one.stderr));
+        let one: serde_json::Value = serde_json::from_slice(&one.stdout).unwrap();
+        for key in ["mean_kld", "same_top_p", "mean_ppl_q", "mean_ppl_base"] {
+            assert_eq!(one[key].as_f64(), k[key].as_f64(), "{ty} {key}: one process and the farm differ");
+        }
+        assert!(card.contains(&format!("vllm serve ./smollm2-vllm-{ty}")), "{ty} in the card:\n{card}");
+    }
+    // The size columns count each quantized weight once, its scales with it: FP8 a little over 8 bits per weight
+    // (the bf16 embedding, kept, pulls it up), W4A16 group 64 a little over 4.25 (its scales).
+    let mix = |ty: &str, t: &str| {
+        artifact(ty)["type_mix"].as_array().unwrap().iter().find(|m| m["type"] == t).cloned().unwrap_or_default()
+    };
+    assert_eq!(mix("vLLM-FP8_DYNAMIC", "FP8_E4M3_CHANNEL")["tensors"], 210, "{sum:#}");
+    assert_eq!(mix("vLLM-W4A16", "INT4_G64")["tensors"], 210, "{sum:#}");
+    let int4 = mix("vLLM-W4A16", "INT4_G64");
+    let bpw = int4["bytes"].as_f64().unwrap() * 8.0 / int4["elements"].as_f64().unwrap();
+    assert!(bpw > 4.25 && bpw < 4.26, "{int4:#}");
+    // W4A16 loses more than FP8 on the same chunks.
+    let kld = |ty: &str| artifact(ty)["kld"]["mean_kld"].as_f64().unwrap();
+    assert!(0.0 < kld("vLLM-FP8_DYNAMIC") && kld("vLLM-FP8_DYNAMIC") < kld("vLLM-W4A16"), "{sum:#}");
+
+    // Groups of 128 do not divide SmolLM2's 576 columns: the plan refuses the release, nothing is converted.
+    let dir2 = tempfile::tempdir().unwrap();
+    let release = dir2.path().join("release.yaml");
+    std::fs::write(&release, spec(128)).unwrap();
+    let out = quantfarm_e2e::farm_run_output(bin, &release, 1, dir2.path());
+    let said = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{said}");
+    assert!(
+        said.contains("outputs.vllm: W4A16 cannot be made")
+            && said.contains("model.layers.0.mlp.gate_proj.weight")
+            && said.contains("groups of 128 columns must divide its 576"),
+        "{said}"
+    );
+    let tasks: Vec<String> = std::fs::read_dir(dir2.path().join("data"))
+        .map_or_else(|_| Vec::new(), |d| d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect());
+    assert!(!tasks.iter().any(|t| t == "artifacts"), "something was converted: {tasks:?}");
 }

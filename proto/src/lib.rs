@@ -52,6 +52,8 @@ pub enum WorkerKind {
     Merge,
     /// Makes an MLX affine checkpoint.
     Mlx,
+    /// Makes a compressed-tensors checkpoint for vLLM.
+    Vllm,
     /// Tokenizes an evaluation text, makes base logits and measures KL divergence (llama.cpp).
     Kld,
     /// Computes and merges importance-matrix parts (llama.cpp).
@@ -67,7 +69,7 @@ pub enum WorkerKind {
 }
 
 impl WorkerKind {
-    pub const ALL: [WorkerKind; 13] = [
+    pub const ALL: [WorkerKind; 14] = [
         WorkerKind::Plan,
         WorkerKind::Gguf,
         WorkerKind::Quantize,
@@ -75,6 +77,7 @@ impl WorkerKind {
         WorkerKind::Noop,
         WorkerKind::Merge,
         WorkerKind::Mlx,
+        WorkerKind::Vllm,
         WorkerKind::Kld,
         WorkerKind::Imatrix,
         WorkerKind::Greedy,
@@ -93,6 +96,7 @@ impl WorkerKind {
             WorkerKind::Noop => "noop",
             WorkerKind::Merge => "merge",
             WorkerKind::Mlx => "mlx",
+            WorkerKind::Vllm => "vllm",
             WorkerKind::Kld => "kld",
             WorkerKind::Imatrix => "imatrix",
             WorkerKind::Greedy => "greedy",
@@ -140,6 +144,7 @@ impl task::Kind {
             K::Noop(_) => WorkerKind::Noop,
             K::MergePlan(_) | K::Merge(_) | K::MergeCheck(_) => WorkerKind::Merge,
             K::Mlx(_) => WorkerKind::Mlx,
+            K::Vllm(_) => WorkerKind::Vllm,
             // The imatrix's plan is a KldPlan over the calibration text.
             K::KldPlan(_) | K::KldBase(_) | K::Kld(_) => WorkerKind::Kld,
             K::Imatrix(_) | K::ImatrixMerge(_) => WorkerKind::Imatrix,
@@ -167,6 +172,7 @@ impl task::Kind {
             K::Quantize(q) => Some(&q.output),
             K::Merge(m) => Some(&m.output),
             K::Mlx(m) => Some(&m.output),
+            K::Vllm(v) => Some(&v.output),
             K::MergeCheck(m) => Some(&m.output),
             K::KldBase(k) => Some(&k.output),
             K::Imatrix(i) => Some(&i.output),
@@ -196,6 +202,7 @@ impl task::Kind {
             | K::Merge(_)
             | K::MergeCheck(_)
             | K::Mlx(_)
+            | K::Vllm(_)
             | K::KldBase(_)
             | K::Imatrix(_)
             | K::ImatrixMerge(_) => ResultShape::Artifact,

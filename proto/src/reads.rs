@@ -25,7 +25,13 @@ fn input_urls(kind: &task::Kind) -> Vec<String> {
             match &v.what {
                 Some(verify_task::What::Quantize(q)) => quantize_inputs(q, &mut out),
                 // The source (the user's checkpoint or the merge's files): read by tensor, not as whole files.
-                Some(verify_task::What::Gguf(_) | verify_task::What::Merge(_) | verify_task::What::Mlx(_)) | None => {}
+                Some(
+                    verify_task::What::Gguf(_)
+                    | verify_task::What::Merge(_)
+                    | verify_task::What::Mlx(_)
+                    | verify_task::What::Vllm(_),
+                )
+                | None => {}
             }
             // The stored copy, unless an evaluation task checks it as it fetches it.
             if v.stored_checked_by.is_empty() {
@@ -59,7 +65,14 @@ fn input_urls(kind: &task::Kind) -> Vec<String> {
         K::MlxLmGreedy(g) => model_files(&g.model, &mut out),
         K::MlxLmProbe(p) => model_files(&p.model, &mut out),
         K::ImatrixMerge(m) => out.extend(m.parts.iter().map(|a| a.url.clone())),
-        K::Plan(_) | K::Gguf(_) | K::Noop(_) | K::MergePlan(_) | K::Merge(_) | K::MergeCheck(_) | K::Mlx(_) => {}
+        K::Plan(_)
+        | K::Gguf(_)
+        | K::Noop(_)
+        | K::MergePlan(_)
+        | K::Merge(_)
+        | K::MergeCheck(_)
+        | K::Mlx(_)
+        | K::Vllm(_) => {}
     }
     out.retain(|u| !u.is_empty());
     let mut seen = std::collections::HashSet::new();
@@ -74,6 +87,7 @@ pub fn stored_output(w: &verify_task::What) -> Option<&str> {
         verify_task::What::Quantize(q) => Some(&q.output),
         verify_task::What::Merge(m) => Some(&m.output),
         verify_task::What::Mlx(m) => Some(&m.output),
+        verify_task::What::Vllm(v) => Some(&v.output),
     }
 }
 

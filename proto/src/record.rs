@@ -20,6 +20,10 @@ fn settings_json(s: &Option<pb::KldSettings>) -> Value {
         .map_or(Value::Null, |s| json!({"text": s.text, "ctx": s.ctx, "batch": s.batch, "max_chunks": s.max_chunks}))
 }
 
+fn vllm_scheme_json(s: &pb::VllmScheme) -> Value {
+    json!({"scheme": s.scheme, "group_size": s.group_size, "ignore": s.ignore, "like": s.like})
+}
+
 impl task::Kind {
     /// The task's inputs as a release's record shows them: the message, minus what is too large to repeat (tensor
     /// lists, continuations' tokens).
@@ -38,7 +42,14 @@ impl task_result::Kind {
 
 fn inputs_json(kind: &task::Kind) -> Value {
     match kind {
-        task::Kind::Plan(p) => json!({"source": p.source, "split": split_json(&p.split), "imatrix": p.imatrix}),
+        task::Kind::Plan(p) => {
+            let mut v = json!({"source": p.source, "split": split_json(&p.split), "imatrix": p.imatrix});
+            // The vLLM pre-flight, only where there is one (a plan without it reads as before).
+            if !p.vllm.is_empty() {
+                v["vllm"] = json!(p.vllm.iter().map(vllm_scheme_json).collect::<Vec<_>>());
+            }
+            v
+        }
         task::Kind::Gguf(g) => json!({
             "source": g.source, "plan_digest": g.plan_digest, "shard": g.shard, "n_shards": g.n_shards,
             "split": split_json(&g.split)
@@ -65,6 +76,7 @@ fn inputs_json(kind: &task::Kind) -> Value {
                 Some(verify_task::What::Quantize(q)) => (q.output.clone(), "quantize"),
                 Some(verify_task::What::Merge(m)) => (m.output.clone(), "merge"),
                 Some(verify_task::What::Mlx(m)) => (m.output.clone(), "mlx"),
+                Some(verify_task::What::Vllm(t)) => (t.output.clone(), "vllm"),
                 None => (String::new(), "none"),
             };
             json!({"artifact": artifact, "recompute": what, "expect_sha256": v.expect_sha256})
@@ -76,6 +88,9 @@ fn inputs_json(kind: &task::Kind) -> Value {
             "file": if m.side_files { Value::Null } else { json!(m.file) }, "side_files": m.side_files
         }),
         task::Kind::Mlx(m) => json!({"source": m.source, "bits": m.bits, "group_size": m.group_size}),
+        task::Kind::Vllm(t) => {
+            json!({"source": t.source, "scheme": t.scheme.as_ref().map_or(Value::Null, vllm_scheme_json)})
+        }
         task::Kind::MergeCheck(m) => json!({
             "base": m.base, "adapter": m.adapter, "base_name": m.base_name,
             "part": pb::MergeCheckPart::try_from(m.part).map_or("unknown", |p| p.as_str_name())

@@ -171,6 +171,37 @@ async fn module_of(src: &TensorSource, tensor: &str, scheme: Compressed) -> Resu
     Ok(Some(Module { name: module.to_string(), rows, cols, group: cols / groups }))
 }
 
+/// Each logical tensor of a compressed-tensors checkpoint as (type, weights, stored bytes): a quantized module's
+/// tensors as one, typed by its scheme (`FP8_E4M3_CHANNEL`, `INT4_G64`), its scales' and shape's bytes counted with
+/// its codes (so bits per weight are the rung's, as MLX's `MLX_Q4_G64` counts its scales); every other tensor as
+/// stored. What the report's type mix and size columns sum.
+pub async fn type_mix(src: &TensorSource) -> Result<Vec<(String, u64, u64)>, VllmFileError> {
+    let Some(scheme) = compressed(&src.metadata())? else {
+        return Ok(src.tensors().iter().map(|e| (e.ty.to_string(), e.elements(), e.bytes)).collect());
+    };
+    let mut modules = Vec::new();
+    for e in src.tensors() {
+        if let Some(m) = module_of(src, &e.name, scheme).await? {
+            modules.push(m);
+        }
+    }
+    let mut stored = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    for m in &modules {
+        let bytes: u64 = m.stored(scheme).iter().map(|t| src.entry(t).map_or(0, |e| e.bytes)).sum();
+        stored.extend(m.stored(scheme));
+        let ty = match scheme {
+            Compressed::Fp8Channel => "FP8_E4M3_CHANNEL".to_string(),
+            Compressed::Int4Group => format!("INT4_G{}", m.group),
+        };
+        out.push((ty, m.rows * m.cols, bytes));
+    }
+    out.extend(
+        src.tensors().iter().filter(|e| !stored.contains(&e.name)).map(|e| (e.ty.to_string(), e.elements(), e.bytes)),
+    );
+    Ok(out)
+}
+
 /// What was written.
 #[derive(Debug)]
 pub struct Dequantized {

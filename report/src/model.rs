@@ -258,6 +258,8 @@ pub enum Container {
     Hf,
     Gguf,
     Mlx,
+    /// A compressed-tensors checkpoint vLLM loads (safetensors with `quantization_config`).
+    Vllm,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]

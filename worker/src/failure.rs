@@ -94,6 +94,17 @@ impl From<quantfarm_quant::mlx_file::MlxFileError> for Failure {
     }
 }
 
+impl From<quantfarm_quant::vllm_file::VllmFileError> for Failure {
+    fn from(e: quantfarm_quant::vllm_file::VllmFileError) -> Failure {
+        use quantfarm_quant::vllm_file::VllmFileError as E;
+        match e {
+            E::Tensors(t) => t.into(),
+            E::Store(s) => s.into(),
+            other => Failure::input(other.to_string()),
+        }
+    }
+}
+
 impl From<quantfarm_eval::Error> for Failure {
     /// llama.cpp's I/O and an unreachable endpoint may pass; everything else is the input's.
     fn from(e: quantfarm_eval::Error) -> Failure {

@@ -99,6 +99,13 @@ pub async fn mlx_type_mix(dir: &Location) -> Result<Vec<pb::TypeCount>, Failure>
     Ok(count_types(src.tensors().iter().map(|e| (e.ty.to_string(), e.elements(), e.bytes)).collect()))
 }
 
+/// A vLLM checkpoint's type mix: each quantized module counted once, its scales with its codes
+/// (`vllm_read::type_mix`).
+pub async fn vllm_type_mix(dir: &Location) -> Result<Vec<pb::TypeCount>, Failure> {
+    let src = TensorSource::open(dir).await?;
+    Ok(count_types(quantfarm_quant::vllm_read::type_mix(&src).await?))
+}
+
 /// (type, elements, bytes) of each tensor, summed per type in name order.
 fn count_types(tensors: Vec<(String, u64, u64)>) -> Vec<pb::TypeCount> {
     let mut mix: BTreeMap<String, pb::TypeCount> = BTreeMap::new();

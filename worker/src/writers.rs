@@ -1,11 +1,12 @@
 //! How each deterministic output is made from its task message: a GGUF split file of the conversion, a quantized
-//! split file, one file (or the side files) of a merge, an MLX checkpoint. The executor that produces the output and
+//! split file, one file (or the side files) of a merge, an MLX checkpoint, a vLLM checkpoint. The executor that produces the output and
 //! the verify executor that recomputes it both call these, so what is checked is what was made.
 
 use quantfarm_proto as pb;
 use quantfarm_quant::file::{quantize_gguf_shard, Options};
 use quantfarm_quant::imatrix::Imatrix;
 use quantfarm_quant::mixture::TensorType;
+use quantfarm_quant::vllm_file::{write_vllm_checkpoint, Anchor, VllmOptions, VllmScheme};
 use quantfarm_quant::{FileType, GgmlType};
 use quantfarm_store::{Digest, Location, StagedSink};
 use quantfarm_tensors::convert::{self, GgufPlan, SplitRule};
@@ -174,6 +175,34 @@ pub async fn write_mlx(m: &pb::MlxTask, out: &Location, env: &Env) -> Result<Dig
             quantize_mlx_checkpoint(&src, out, &opts).await?
         }
     };
+    let name = |c: &quantfarm_store::Committed| {
+        Location::parse(&c.location).map(|l| l.file_name().to_string()).unwrap_or_default()
+    };
+    Ok(digest_lines(done.files.iter().map(|c| (name(c), c.sha256.clone(), c.bytes)).collect()))
+}
+
+/// The options of a vLLM scheme as the task carries it (`scheme.like` empty: `oneshot`, the default).
+pub fn vllm_options(s: &Option<pb::VllmScheme>, env: &Env) -> Result<VllmOptions, Failure> {
+    let s = s.as_ref().ok_or_else(|| Failure::input("the vLLM task names no scheme"))?;
+    let scheme = match s.scheme.as_str() {
+        "FP8_DYNAMIC" => VllmScheme::Fp8Dynamic,
+        "W4A16" => VllmScheme::W4A16 { group_size: s.group_size },
+        other => return Err(Failure::input(format!("vLLM scheme {other:?}: expected FP8_DYNAMIC or W4A16"))),
+    };
+    let like = match s.like.as_str() {
+        "" | "oneshot" => Anchor::Oneshot,
+        "model-free" => Anchor::ModelFree,
+        other => return Err(Failure::input(format!("vLLM like {other:?}: expected oneshot or model-free"))),
+    };
+    Ok(VllmOptions { scheme, like, ignore: s.ignore.clone(), budget: env.budget, overwrite: true })
+}
+
+/// Writes the vLLM checkpoint folder of `v.source` at `out` (config.json last: a folder that has it is complete);
+/// returns the folder digest over its files.
+pub async fn write_vllm(v: &pb::VllmTask, out: &Location, env: &Env) -> Result<Digest, Failure> {
+    let opts = vllm_options(&v.scheme, env)?;
+    // A folder left by a lease that died between commits holds some of the (deterministic) files: replace them.
+    let done = write_vllm_checkpoint(&location(&v.source)?, out, &opts).await?;
     let name = |c: &quantfarm_store::Committed| {
         Location::parse(&c.location).map(|l| l.file_name().to_string()).unwrap_or_default()
     };

@@ -9,7 +9,7 @@ use quantfarm_proto as pb;
 
 use super::lookup::{merge_plan_of, plan_of};
 use super::subjects::{EvalTarget, MlxSubject};
-use super::{Mlx, Quantize, Results, TaskDef, TaskKey};
+use super::{Mlx, Quantize, Results, TaskDef, TaskKey, Vllm};
 use crate::graph::Ctx;
 use crate::spec::Evaluation;
 
@@ -151,17 +151,14 @@ pub(super) fn model_tasks(target: EvalTarget, n_shards: u32) -> Vec<TaskKey> {
     match target {
         EvalTarget::Quant(level) => (0..n_shards).map(|shard| Quantize { level, shard }.into()).collect(),
         EvalTarget::Mlx { bits } => vec![Mlx { bits }.into()],
+        EvalTarget::Vllm(rung) => vec![Vllm { rung }.into()],
     }
 }
 
-/// The models measured against the reference: every GGUF quant level, then every MLX checkpoint, less those the
-/// release skips (`evaluation.skip`).
+/// The models measured against the reference: every GGUF quant level, then every MLX checkpoint and every vLLM one,
+/// less those the release skips (`evaluation.skip`).
 pub fn eval_targets(ctx: &Ctx) -> Vec<EvalTarget> {
-    let quants = ctx.spec.quants().iter().map(|q| EvalTarget::Quant(q.level()));
-    quants
-        .chain(ctx.spec.mlx_bits().iter().map(|&bits| EvalTarget::Mlx { bits }))
-        .filter(|&t| ctx.spec.measures(t))
-        .collect()
+    ctx.spec.levels().into_iter().filter(|&t| ctx.spec.measures(t)).collect()
 }
 
 /// What the release runs in mlx-lm: the bf16 weights, then every measured MLX rung (none when it runs nothing

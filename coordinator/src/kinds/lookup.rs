@@ -5,7 +5,7 @@ use quantfarm_proto::{self as pb, task_result};
 use quantfarm_store::Location;
 
 use super::subjects::{CheckPart, EvalTarget, MlxSubject, Subject};
-use super::{Gguf, Imatrix, Kld, MergeCheck, Mlx, Quantize, Results, TaskKey};
+use super::{Gguf, Imatrix, Kld, MergeCheck, Mlx, Quantize, Results, TaskKey, Vllm};
 use crate::graph::naming::artifact;
 use crate::graph::Ctx;
 use crate::spec::ImatrixSource;
@@ -86,6 +86,7 @@ pub(super) fn model_of<'a>(results: &Results<'a>, subject: Subject) -> Result<&'
         Subject::MergedF32 => artifact_of(results, &MergeCheck { part: CheckPart::Merged }.into()),
         Subject::Model(EvalTarget::Quant(level)) => artifact_of(results, &Quantize { level, shard: 0 }.into()),
         Subject::Model(EvalTarget::Mlx { bits }) => artifact_of(results, &Mlx { bits }.into()),
+        Subject::Model(EvalTarget::Vllm(rung)) => artifact_of(results, &Vllm { rung }.into()),
     }
 }
 

@@ -36,6 +36,7 @@ mod probe;
 mod quantize;
 mod report;
 mod verify;
+mod vllm;
 
 use std::fmt;
 use std::hash::{Hash, Hasher};
@@ -61,6 +62,7 @@ pub use quantize::Quantize;
 pub use report::Report;
 pub use subjects::{CheckPart, EvalTarget, MlxSubject, Subject, MLX_LM_RUNTIME};
 pub use verify::Verify;
+pub use vllm::Vllm;
 
 use crate::graph::Ctx;
 
@@ -235,6 +237,7 @@ kinds! {
     Plan(Plan),
     MergeCheck(MergeCheck),
     Mlx(Mlx),
+    Vllm(Vllm),
     Gguf(Gguf),
     Imatrix(Imatrix),
     Quantize(Quantize),

@@ -38,6 +38,12 @@ impl Family for Plan {
             split: ctx.spec.split_rule(),
             // The plan checks and hashes a given file; a computed one is checked by its merge.
             imatrix: if computes_imatrix(ctx) { String::new() } else { ctx.imatrix.unwrap_or_default().to_string() },
+            vllm: ctx
+                .spec
+                .outputs
+                .vllm
+                .as_ref()
+                .map_or_else(Vec::new, |v| v.schemes.iter().map(|&r| v.proto(r)).collect()),
             synthetic: match synthetic_name(&ctx.spec.source) {
                 Some(Ok(_)) => ctx.spec.source.trim_start_matches("synthetic:").to_string(),
                 _ => String::new(),

@@ -31,7 +31,7 @@ impl MlxSubject {
             "BF16" => Some(MlxSubject::Bf16),
             _ => match EvalTarget::parse(s)? {
                 EvalTarget::Mlx { bits } => Some(MlxSubject::Rung { bits }),
-                EvalTarget::Quant(_) => None,
+                EvalTarget::Quant(_) | EvalTarget::Vllm(_) => None,
             },
         }
     }

@@ -1,7 +1,7 @@
 use quantfarm_ggml::FileType;
 
 use super::*;
-use crate::spec::{Level, Peer, RecipeName};
+use crate::spec::{Level, Peer, RecipeName, VllmRung};
 
 fn q(f: FileType) -> Level {
     Level::File(f)
@@ -27,6 +27,11 @@ fn keys_round_trip() {
         MergeCheck { part: CheckPart::Lora }.into(),
         MergeCheck { part: CheckPart::Merged }.into(),
         Mlx { bits: 4 }.into(),
+        Vllm { rung: VllmRung::Fp8Dynamic }.into(),
+        Vllm { rung: VllmRung::W4A16 }.into(),
+        Verify::Vllm { rung: VllmRung::W4A16 }.into(),
+        Kld::Measure { target: EvalTarget::Vllm(VllmRung::Fp8Dynamic), group: 1 }.into(),
+        Probe { subject: Subject::Model(EvalTarget::Vllm(VllmRung::W4A16)) }.into(),
         Imatrix::Plan.into(),
         Imatrix::Group { group: 4 }.into(),
         Imatrix::Merge.into(),
@@ -69,6 +74,18 @@ fn keys_round_trip() {
     assert_eq!(TaskKey::parse("plan/1"), None);
     assert_eq!(TaskKey::parse("nothing/1"), None);
     assert_eq!(TaskKey::parse("mlx-lm/kld/Q8_0/0"), None, "mlx-lm runs BF16 and MLX rungs only");
+    assert_eq!(TaskKey::parse("mlx-lm/kld/vLLM-W4A16/0"), None, "mlx-lm runs BF16 and MLX rungs only");
+    assert_eq!(TaskKey::parse("vllm/fp8_dynamic"), None);
+}
+
+/// Every vLLM rung has a default KLD limit (a rung without one could never pass its `kld` gate).
+#[test]
+fn every_vllm_rung_has_a_default_kld_limit() {
+    for r in VllmRung::ALL {
+        let name = EvalTarget::Vllm(r).to_string();
+        assert!(crate::gates::default_kld_max(&name).is_some(), "no default limit for {name}");
+        assert_eq!(EvalTarget::parse(&name), Some(EvalTarget::Vllm(r)));
+    }
 }
 
 #[test]

@@ -1,5 +1,5 @@
 //! `verify`: an output recomputed into scratch by another worker and compared byte for byte with the stored one
-//! (the GGUF BF16's files, a quant level's, the merge's, an MLX rung's).
+//! (the GGUF BF16's files, a quant level's, the merge's, an MLX or vLLM rung's).
 
 use std::fmt;
 
@@ -11,9 +11,10 @@ use super::merge::merge_task;
 use super::subjects::{EvalTarget, Subject};
 use super::{
     num, Done, Family, Folded, Gguf, Greedy, Grown, Kld, Merge, Mlx, Probe, Quantize, Results, Slot, Stage, TaskKey,
+    Vllm,
 };
 use crate::graph::Ctx;
-use crate::spec::Level;
+use crate::spec::{Level, VllmRung};
 
 /// The verification of one output, named after the task that made it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -23,6 +24,7 @@ pub enum Verify {
     Merge { file: u32 },
     MergeSide,
     Mlx { bits: u32 },
+    Vllm { rung: VllmRung },
 }
 
 impl Verify {
@@ -34,6 +36,7 @@ impl Verify {
             Verify::Merge { file } => Merge::File { file }.into(),
             Verify::MergeSide => Merge::Side.into(),
             Verify::Mlx { bits } => Mlx { bits }.into(),
+            Verify::Vllm { rung } => Vllm { rung }.into(),
         }
     }
 
@@ -44,6 +47,7 @@ impl Verify {
             Verify::Quantize { level, .. } => Slot::Rung(EvalTarget::Quant(level)),
             Verify::Merge { .. } | Verify::MergeSide => Slot::Merged,
             Verify::Mlx { bits } => Slot::Rung(EvalTarget::Mlx { bits }),
+            Verify::Vllm { rung } => Slot::Rung(EvalTarget::Vllm(rung)),
         }
     }
 }
@@ -73,7 +77,7 @@ fn stored_checker(ctx: &Ctx, v: Verify) -> Option<TaskKey> {
                 None
             }
         }
-        Verify::Merge { .. } | Verify::MergeSide | Verify::Mlx { .. } => None,
+        Verify::Merge { .. } | Verify::MergeSide | Verify::Mlx { .. } | Verify::Vllm { .. } => None,
     }
 }
 
@@ -87,6 +91,7 @@ impl Family for Verify {
             Verify::Merge { file } => write!(f, "/merge/{file}"),
             Verify::MergeSide => write!(f, "/merge/side"),
             Verify::Mlx { bits } => write!(f, "/mlx/{bits}"),
+            Verify::Vllm { rung } => write!(f, "/vllm/{rung}"),
         }
     }
 
@@ -97,6 +102,7 @@ impl Family for Verify {
             ["merge", "side"] => Verify::MergeSide,
             ["merge", f] => Verify::Merge { file: num(f)? },
             ["mlx", b] => Verify::Mlx { bits: num(b)? },
+            ["vllm", r] => Verify::Vllm { rung: VllmRung::parse(r)? },
             _ => return None,
         })
     }
@@ -127,6 +133,9 @@ impl Family for Verify {
             }
             Verify::MergeSide => verify_task::What::Merge(pb::MergeTask { output, ..merge_task(ctx, results, None)? }),
             Verify::Mlx { bits } => verify_task::What::Mlx(pb::MlxTask { output, ..Mlx { bits }.task(ctx, results)? }),
+            Verify::Vllm { rung } => {
+                verify_task::What::Vllm(pb::VllmTask { output, ..Vllm { rung }.task(ctx, results)? })
+            }
         };
         Ok(task::Kind::Verify(pb::VerifyTask {
             what: Some(what),
@@ -140,7 +149,7 @@ impl Family for Verify {
     }
 
     /// After the merge plan, one per merged file and one for the side files; after the plan, one per split file of
-    /// the GGUF BF16, per (level, split file) and per MLX rung. The report waits for every one.
+    /// the GGUF BF16, per (level, split file) and per MLX and vLLM rung. The report waits for every one.
     fn grow(stage: Stage, ctx: &Ctx, results: &Results, out: &mut Grown) {
         match stage {
             Stage::Merged(mp) => {
@@ -157,6 +166,9 @@ impl Family for Verify {
                 }
                 for &bits in ctx.spec.mlx_bits() {
                     out.add_measured(Verify::Mlx { bits }, vec![Mlx { bits }.into()], inv.plan.source_bytes);
+                }
+                for &rung in ctx.spec.vllm_rungs() {
+                    out.add_measured(Verify::Vllm { rung }, vec![Vllm { rung }.into()], inv.plan.source_bytes);
                 }
                 for shard in 0..inv.n {
                     out.add_measured(

@@ -397,7 +397,7 @@ pub fn build(rel: &Release, workers: &HashMap<String, WorkerRec>, now_ms: i64) -
     }
 }
 
-/// The artifacts in report order (the merged checkpoint, GGUF BF16, the GGUF quants, the MLX checkpoints), each
+/// The artifacts in report order (the merged checkpoint, GGUF BF16, the GGUF quants, the MLX and vLLM checkpoints), each
 /// with its figures; and whether every one was verified.
 fn artifacts(
     rel: &Release,
@@ -407,7 +407,8 @@ fn artifacts(
     probes: &BTreeMap<String, ProbeSummary>,
     peers: &mut BTreeMap<String, BTreeMap<String, PeerFigures>>,
 ) -> (Vec<Artifact>, bool) {
-    // Report order: the merge, the GGUF BF16, the quant levels as the spec lists them, the MLX rungs by width.
+    // Report order: the merge, the GGUF BF16, the quant levels as the spec lists them, the MLX rungs by width, the
+    // vLLM ones by scheme.
     let rank = |slot: &Slot| -> u32 {
         match slot {
             Slot::Merged => 0,
@@ -415,7 +416,8 @@ fn artifacts(
             Slot::Rung(EvalTarget::Quant(level)) => {
                 rel.spec.quants().iter().position(|q| q.level() == *level).map_or(u32::MAX - 1, |p| p as u32 + 2)
             }
-            Slot::Rung(EvalTarget::Mlx { bits }) => u32::MAX - 16 + bits,
+            Slot::Rung(EvalTarget::Mlx { bits }) => u32::MAX - 32 + bits,
+            Slot::Rung(EvalTarget::Vllm(rung)) => u32::MAX - 8 + *rung as u32,
         }
     };
     let mut slots: Vec<(Slot, SlotAcc)> = slots.into_iter().collect();
@@ -436,11 +438,12 @@ fn artifacts(
             Slot::Merged => Container::Hf,
             Slot::Bf16 | Slot::Rung(EvalTarget::Quant(_)) => Container::Gguf,
             Slot::Rung(EvalTarget::Mlx { .. }) => Container::Mlx,
+            Slot::Rung(EvalTarget::Vllm(_)) => Container::Vllm,
         };
         let kld = klds.get(&ty).map(|k| kld_record(k.clone()));
         let level = match slot {
             Slot::Rung(EvalTarget::Quant(level)) => Some(level),
-            Slot::Merged | Slot::Bf16 | Slot::Rung(EvalTarget::Mlx { .. }) => None,
+            Slot::Merged | Slot::Bf16 | Slot::Rung(EvalTarget::Mlx { .. } | EvalTarget::Vllm(_)) => None,
         };
         list.push(Artifact {
             name: format!("{}-{ty}", rel.spec.prefix()),

@@ -134,7 +134,7 @@ pub(super) fn measured(
         // A recipe is held to its base file type's limit.
         let limit_of = match target {
             EvalTarget::Quant(l) => rel.spec.rung(l).map_or_else(|| level.clone(), |r| r.base().to_string()),
-            EvalTarget::Mlx { .. } => level.clone(),
+            EvalTarget::Mlx { .. } | EvalTarget::Vllm(_) => level.clone(),
         };
         f.set(
             Figure::DefaultKldMean,

@@ -24,6 +24,8 @@
 //!   mlx:
 //!     bits: [4, 8]              # MLX affine checkpoints (mlx_lm.convert -q), one per bit width
 //!     group_size: 64            # 32, 64 or 128 (default 64)
+//!   vllm:                       # compressed-tensors checkpoints vLLM loads, as llm-compressor writes them
+//!     schemes: [FP8_DYNAMIC, W4A16]   # one per scheme (spec/vllm.rs: group_size, ignore, like)
 //! evaluation:                   # optional: every quant (and MLX checkpoint) measured against the GGUF BF16
 //!   text: texts/gpl3.txt        # KL divergence on this text, as llama-perplexity (path relative to this file,
 //!                               # file:// or s3://)
@@ -51,11 +53,13 @@
 mod evaluation;
 mod recipe;
 mod target;
+mod vllm;
 
 pub use evaluation::{Evaluation, Peer};
 pub use recipe::{Level, Recipe, RecipeName, Rung, TensorTypeRule};
 use serde::{Deserialize, Serialize};
 pub use target::EvalTarget;
+pub use vllm::{VllmLike, VllmOutputs, VllmRung};
 
 #[derive(Debug, thiserror::Error)]
 #[error("{file}: {msg}")]
@@ -95,6 +99,8 @@ pub struct Outputs {
     pub gguf: Option<GgufOutputs>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mlx: Option<MlxOutputs>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vllm: Option<VllmOutputs>,
     /// Tasks that do nothing but sleep: for measuring the farm's scheduling, not for releases.
     #[serde(default)]
     pub noop: Option<NoopOutputs>,
@@ -260,11 +266,20 @@ impl ReleaseSpec {
             }
         }
         let empty = GgufOutputs { prefix: None, split: None, quants: vec![], imatrix: None };
-        let gguf = match (&self.outputs.gguf, &self.outputs.noop, &self.outputs.mlx) {
-            (Some(g), _, _) => g,
-            (None, Some(_), _) | (None, None, Some(_)) => &empty,
-            (None, None, None) => return Err("outputs: names no output (add outputs.gguf or outputs.mlx)".into()),
-        };
+        let gguf =
+            match (&self.outputs.gguf, &self.outputs.noop, self.outputs.mlx.is_some() || self.outputs.vllm.is_some()) {
+                (Some(g), _, _) => g,
+                (None, Some(_), _) | (None, None, true) => &empty,
+                (None, None, false) => {
+                    return Err("outputs: names no output (add outputs.gguf, outputs.mlx or outputs.vllm)".into())
+                }
+            };
+        if let Some(v) = &self.outputs.vllm {
+            v.check()?;
+            if self.source.starts_with("synthetic:") {
+                return Err("outputs.vllm: quantizes an HF bf16 checkpoint; a synthetic source is not one".into());
+            }
+        }
         if let Some(m) = &self.outputs.mlx {
             if m.bits.is_empty() {
                 return Err("outputs.mlx.bits: names no bit width".into());
@@ -286,7 +301,7 @@ impl ReleaseSpec {
             return Err("adapter: a synthetic source has no adapter to merge; give an HF checkpoint folder".into());
         }
         if self.adapter.is_some() && !self.converts() {
-            return Err("adapter: the merged model needs an output (outputs.gguf or outputs.mlx)".into());
+            return Err("adapter: the merged model needs an output (outputs.gguf, outputs.mlx or outputs.vllm)".into());
         }
         if self.base_name.is_some() && self.adapter.is_none() {
             return Err("base_name: names the base an adapter was trained on; there is no adapter".into());
@@ -404,10 +419,16 @@ impl ReleaseSpec {
         Ok(())
     }
 
-    /// Every measured output, in report order: the GGUF quant levels, then the MLX checkpoints.
+    /// Every measured output, in report order: the GGUF quant levels, the MLX checkpoints, then the vLLM ones.
     pub fn levels(&self) -> Vec<EvalTarget> {
         let quants = self.quants().iter().map(|q| EvalTarget::Quant(q.level()));
-        quants.chain(self.mlx_bits().iter().map(|&bits| EvalTarget::Mlx { bits })).collect()
+        let mlx = self.mlx_bits().iter().map(|&bits| EvalTarget::Mlx { bits });
+        quants.chain(mlx).chain(self.vllm_rungs().iter().map(|&r| EvalTarget::Vllm(r))).collect()
+    }
+
+    /// The vLLM schemes to make (none when there is no vLLM output).
+    pub fn vllm_rungs(&self) -> &[VllmRung] {
+        self.outputs.vllm.as_ref().map_or(&[], |v| &v.schemes)
     }
 
     /// Whether an output is measured: the release has an evaluation, and `evaluation.skip` does not name it.
@@ -430,9 +451,9 @@ impl ReleaseSpec {
         self.outputs.mlx.is_some() && self.outputs.gguf.is_some() && self.evaluation.as_ref().is_some_and(|e| e.mlx_lm)
     }
 
-    /// Whether the release converts the source at all (a plan, then GGUF and/or MLX outputs).
+    /// Whether the release converts the source at all (a plan, then GGUF, MLX and/or vLLM outputs).
     pub fn converts(&self) -> bool {
-        self.outputs.gguf.is_some() || self.outputs.mlx.is_some()
+        self.outputs.gguf.is_some() || self.outputs.mlx.is_some() || self.outputs.vllm.is_some()
     }
 
     pub fn quants(&self) -> &[Rung] {

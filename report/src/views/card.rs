@@ -27,6 +27,8 @@ pub fn render(report: &Report) -> String {
     let artifacts = rows(report);
     let has_gguf = artifacts.iter().any(|r| r.a.container == Container::Gguf);
     let has_mlx = artifacts.iter().any(|r| r.a.container == Container::Mlx);
+    let vllm: Vec<&str> =
+        artifacts.iter().filter(|r| r.a.container == Container::Vllm).map(|r| r.a.name.as_str()).collect();
 
     let mut md = String::from("---\n");
     if let Some(l) = license {
@@ -37,7 +39,9 @@ pub fn render(report: &Report) -> String {
         let _ = writeln!(md, "base_model_relation: quantized");
     }
     md.push_str("tags:\n");
-    for t in ["quantized", "quantfarm"].into_iter().chain(has_gguf.then_some("gguf")).chain(has_mlx.then_some("mlx")) {
+    let vllm_tags = (!vllm.is_empty()).then_some(["vllm", "compressed-tensors"]).into_iter().flatten();
+    let tags = ["quantized", "quantfarm"].into_iter().chain(has_gguf.then_some("gguf")).chain(has_mlx.then_some("mlx"));
+    for t in tags.chain(vllm_tags) {
         let _ = writeln!(md, "  - {t}");
     }
     for t in &card.tags {
@@ -114,6 +118,22 @@ pub fn render(report: &Report) -> String {
             "- MLX checkpoints quantized as `mlx_lm.convert -q` (affine, group size {}).",
             spec.pointer("/outputs/mlx/group_size").and_then(Value::as_u64).unwrap_or(64)
         );
+    }
+    if !vllm.is_empty() {
+        let _ = writeln!(
+            md,
+            "- vLLM checkpoints in compressed-tensors' format, the bytes llm-compressor's `{}` writes (round to \
+             nearest, no calibration data; W4A16 group size {}). vLLM reads the format from `config.json`, so no \
+             `--quantization` flag is needed:",
+            match spec.pointer("/outputs/vllm/like").and_then(Value::as_str) {
+                Some("model-free") => "model_free_ptq",
+                _ => "oneshot",
+            },
+            spec.pointer("/outputs/vllm/group_size").and_then(Value::as_u64).unwrap_or(64)
+        );
+        for name in &vllm {
+            let _ = writeln!(md, "  `vllm serve ./{}`", name.replace('`', "'"));
+        }
     }
     if let Some(e) = &report.evaluation {
         md.push_str("\n## Dataset\n\n");

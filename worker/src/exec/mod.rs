@@ -28,6 +28,7 @@ mod plan;
 mod probe;
 mod quantize;
 mod verify;
+mod vllm;
 
 use std::future::Future;
 
@@ -80,6 +81,7 @@ executors! {
     Merge => merge::Merge,
     MergeCheck => merge_check::MergeCheck,
     Mlx => mlx::Mlx,
+    Vllm => vllm::Vllm,
     KldPlan => kld_plan::KldPlan,
     KldBase => kld_base::KldBase,
     Kld => kld::Kld,

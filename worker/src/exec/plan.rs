@@ -1,8 +1,10 @@
 //! `plan`: reads a source's headers (writing the built-in synthetic model first when the release names one) and
-//! returns its tensor inventory, its split into GGUF files and the importance matrix's sha256.
+//! returns its tensor inventory, its split into GGUF files and the importance matrix's sha256; runs the vLLM
+//! outputs' pre-flight.
 
-use quantfarm_proto::{self as pb, task_result, WorkerKind};
+use quantfarm_proto::{self as pb, task_result, FailureKind, WorkerKind};
 use quantfarm_quant::imatrix::Imatrix;
+use quantfarm_quant::vllm_file::check;
 use quantfarm_store::Location;
 use quantfarm_tensors::{convert, TensorSource};
 use sha2::{Digest, Sha256};
@@ -11,7 +13,7 @@ use super::Executor;
 use crate::env::Env;
 use crate::failure::Failure;
 use crate::fetch::{hash_object, location};
-use crate::writers::{open_plan, split_rule};
+use crate::writers::{open_plan, split_rule, vllm_options};
 
 pub struct Plan;
 
@@ -19,8 +21,8 @@ impl Executor for Plan {
     type Task = pb::PlanTask;
     const KIND: WorkerKind = WorkerKind::Plan;
 
-    async fn run(p: &pb::PlanTask, _env: &Env) -> Result<task_result::Kind, Failure> {
-        Ok(task_result::Kind::Plan(plan(p).await?))
+    async fn run(p: &pb::PlanTask, env: &Env) -> Result<task_result::Kind, Failure> {
+        Ok(task_result::Kind::Plan(plan(p, env).await?))
     }
 }
 
@@ -51,10 +53,28 @@ async fn materialize(name: &str, dir: &Location) -> Result<(), Failure> {
     }
 }
 
-async fn plan(p: &pb::PlanTask) -> Result<pb::PlanResult, Failure> {
+/// The vLLM schemes' pre-flight on the source's headers (`vllm_file::check`): a scheme that cannot be made is the
+/// input's fault, named by tensor and rule, before any compute.
+async fn vllm_preflight(p: &pb::PlanTask, env: &Env) -> Result<(), Failure> {
+    for s in &p.vllm {
+        let opts = vllm_options(&Some(s.clone()), env)?;
+        if let Err(e) = check(&location(&p.source)?, &opts).await {
+            return Err(match Failure::from(e) {
+                f if f.kind == FailureKind::Input => {
+                    Failure::input(format!("outputs.vllm: {} cannot be made: {}", s.scheme, f.message))
+                }
+                f => f,
+            });
+        }
+    }
+    Ok(())
+}
+
+async fn plan(p: &pb::PlanTask, env: &Env) -> Result<pb::PlanResult, Failure> {
     if !p.synthetic.is_empty() {
         materialize(&p.synthetic, &location(&p.source)?).await?;
     }
+    vllm_preflight(p, env).await?;
     let (src, plan) = open_plan(&p.source).await?;
     let nbytes: Vec<u64> = plan.tensors.iter().map(|t| t.nbytes).collect();
     let ranges = convert::split_ranges(&nbytes, split_rule(&p.split));

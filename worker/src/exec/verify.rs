@@ -9,7 +9,7 @@ use crate::env::Env;
 use crate::failure::Failure;
 use crate::fetch::{location, stored_digest};
 use crate::outputs::folder_digest;
-use crate::writers::{write_gguf, write_merge, write_mlx, write_quantized};
+use crate::writers::{write_gguf, write_merge, write_mlx, write_quantized, write_vllm};
 
 pub struct Verify;
 
@@ -32,6 +32,7 @@ async fn verify(v: &pb::VerifyTask, env: &Env) -> Result<pb::VerifyResult, Failu
         verify_task::What::Quantize(q) => (q.output.clone(), write_quantized(q, &scratch, env).await?),
         verify_task::What::Merge(m) => (m.output.clone(), write_merge(m, &scratch, env).await?),
         verify_task::What::Mlx(m) => (m.output.clone(), write_mlx(m, &scratch, env).await?),
+        verify_task::What::Vllm(t) => (t.output.clone(), write_vllm(t, &scratch, env).await?),
     };
     // The stored copy's digest, read here, or `None` when an evaluation task of the release reads the copy whole and
     // checks it against the recorded digest as it fetches it (reporting it corrupt otherwise): then the
@@ -40,7 +41,9 @@ async fn verify(v: &pb::VerifyTask, env: &Env) -> Result<pb::VerifyResult, Failu
         let stored_loc = location(&stored_url)?;
         let stored = match what {
             // A folder: its files, as the recomputation names them.
-            verify_task::What::Mlx(_) | verify_task::What::Merge(pb::MergeTask { side_files: true, .. }) => {
+            verify_task::What::Mlx(_)
+            | verify_task::What::Vllm(_)
+            | verify_task::What::Merge(pb::MergeTask { side_files: true, .. }) => {
                 folder_digest(&stored_loc, &scratch.list().await?, env).await?.sha256
             }
             // Through the worker's cache when it keeps the file: fetched and checked against the recorded digest (a
