@@ -105,6 +105,19 @@ impl From<quantfarm_quant::vllm_file::VllmFileError> for Failure {
     }
 }
 
+impl From<crate::helper::Error> for Failure {
+    /// A helper that died or could not start may run elsewhere (transient); a request the helper refused will be
+    /// refused again (input); anything else is a bug (internal).
+    fn from(e: crate::helper::Error) -> Failure {
+        use crate::helper::Error as E;
+        match e {
+            E::Start { runtime, .. } | E::Died { runtime, .. } => Failure::transient(runtime, &e),
+            E::Input { .. } => Failure::input(e.to_string()),
+            E::Runtime { .. } | E::Protocol { .. } => Failure::internal(e.to_string()),
+        }
+    }
+}
+
 impl From<quantfarm_eval::Error> for Failure {
     /// llama.cpp's I/O and an unreachable endpoint may pass; everything else is the input's.
     fn from(e: quantfarm_eval::Error) -> Failure {

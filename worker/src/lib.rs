@@ -16,6 +16,7 @@ mod env;
 pub mod exec;
 mod failure;
 mod fetch;
+pub mod helper;
 mod llama;
 pub mod mlx_lm;
 mod mlx_run;

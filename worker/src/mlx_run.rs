@@ -80,11 +80,7 @@ pub async fn checkpoint(url: &str, model: PathBuf, dir: &Path, env: &Env) -> Res
 /// The helper's errors by what a retry can do: a helper that died or could not start may run elsewhere (transient);
 /// a request the helper refused will be refused again (input); anything else is a bug (internal).
 pub fn failure(e: Error) -> Failure {
-    match e {
-        Error::Start { .. } | Error::Died { .. } => Failure::transient("mlx-lm", &e),
-        Error::Input { .. } => Failure::input(e.to_string()),
-        Error::Runtime { .. } | Error::Protocol { .. } => Failure::internal(e.to_string()),
-    }
+    e.into()
 }
 
 /// What opening a model gave: a helper ready to run it, or mlx-lm's refusal to load it.
@@ -114,7 +110,7 @@ pub async fn open(model: &Checkpoint, scratch: &Path) -> Result<Opened, Failure>
             run.upcast = loaded.upcast;
             Ok(Opened::Ready(Box::new(helper), run))
         }
-        Err(Error::Input { msg }) => {
+        Err(Error::Input { msg, .. }) => {
             helper.stop().await;
             run.load_error = msg;
             Ok(Opened::Refused(run))
@@ -142,11 +138,11 @@ mod tests {
     fn helper_errors_keep_their_meaning_as_failures() {
         let msg = || "m".to_string();
         for (e, kind) in [
-            (Error::Died { msg: msg() }, FailureKind::Transient),
-            (Error::Start { python: "p".into(), msg: msg() }, FailureKind::Transient),
-            (Error::Input { msg: msg() }, FailureKind::Input),
-            (Error::Runtime { msg: msg() }, FailureKind::Internal),
-            (Error::Protocol { op: "greedy", msg: msg() }, FailureKind::Internal),
+            (Error::Died { runtime: "mlx-lm", msg: msg() }, FailureKind::Transient),
+            (Error::Start { runtime: "mlx-lm", python: "p".into(), msg: msg() }, FailureKind::Transient),
+            (Error::Input { runtime: "mlx-lm", msg: msg() }, FailureKind::Input),
+            (Error::Runtime { runtime: "mlx-lm", msg: msg() }, FailureKind::Internal),
+            (Error::Protocol { runtime: "mlx-lm", op: "greedy", msg: msg() }, FailureKind::Internal),
         ] {
             let text = e.to_string();
             let f = failure(e);
