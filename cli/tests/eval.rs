@@ -445,13 +445,18 @@ fn probes_on_llama_server_honour_thinking_off_and_flag_truncation() {
     assert!(cut["prompt_tokens"].as_u64().is_some(), "{cut:#}");
 }
 
-/// Workers advertise the peer runtimes they find, so a release can ask for llama.cpp's or mlx-lm's own figures.
+/// Workers advertise the peer runtimes they find, so a release can ask for llama.cpp's, mlx-lm's or transformers'
+/// own figures: transformers only where a Python was named for it whose helper answers the handshake.
 #[test]
 fn workers_advertise_the_peer_runtimes_they_find() {
-    let found = quantfarm_worker::runtimes_in(&[llama_bin()], &quantfarm_e2e::peers_python());
+    let (llmc, peers) = (quantfarm_e2e::llm_compressor_python(), quantfarm_e2e::peers_python());
+    let found = quantfarm_worker::runtimes_in(&[llama_bin()], &peers, Some(&llmc));
+    assert_eq!(found, ["llama-perplexity", "llama-server", "llama-completion", "mlx_lm", "transformers"]);
+    let found = quantfarm_worker::runtimes_in(&[llama_bin()], &peers, None);
     assert_eq!(found, ["llama-perplexity", "llama-server", "llama-completion", "mlx_lm"]);
     let empty = tempfile::tempdir().unwrap();
-    let none = quantfarm_worker::runtimes_in(&[empty.path().to_path_buf()], &empty.path().join("python3"));
+    let python = empty.path().join("python3");
+    let none = quantfarm_worker::runtimes_in(&[empty.path().to_path_buf()], &python, Some(&python));
     assert!(none.is_empty(), "{none:?}");
 }
 

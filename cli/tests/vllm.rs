@@ -246,8 +246,11 @@ fn folder_files(dir: &Path) -> BTreeMap<String, String> {
 /// run by `quantfarm run` on two workers. Each vLLM rung's folder is file for file what `quantfarm vllm` writes (which
 /// the tests above hold equal to llm-compressor's), recomputed by a verify task, measured in llama.cpp on the same
 /// chunks with the same figures as one `quantfarm kld` process over the folder, held to its default KLD limit, and
-/// named in the model card with the `vllm serve` command that loads it. A group size that does not divide a weight
-/// fails the release at its plan, before any conversion, naming the tensor and the rule.
+/// named in the model card with the `vllm serve` command that loads it. With `evaluation.transformers`, the bf16
+/// checkpoint and each rung (FP8 as saved and weight-only) also run in transformers on workers given llm-compressor's
+/// environment: each KLD equal to what torch and NumPy compute over the same tokens, the report valid against its
+/// schema and the default `transformers-kld` gate read. A group size that does not divide a weight fails the release
+/// at its plan, before any conversion, naming the tensor and the rule.
 #[test]
 fn a_release_makes_verifies_and_measures_its_vllm_rungs() {
     let _cpu = quantfarm_e2e::cpu_bound();
@@ -255,18 +258,24 @@ fn a_release_makes_verifies_and_measures_its_vllm_rungs() {
     let hf = quantfarm_e2e::smollm2_derived().join("smollm2-hf");
     let text = quantfarm_e2e::fixtures_dir().join("texts/gpl3.txt");
     let release = dir.path().join("release.yaml");
+    let prompts = quantfarm_e2e::prompts(4, dir.path());
     let spec = |group: u32| {
         format!(
             "name: smollm2-vllm\nsource: {}\noutputs:\n  gguf: {{quants: []}}\n  vllm: {{schemes: [FP8_DYNAMIC, W4A16], \
-             group_size: {group}}}\nevaluation:\n  text: {}\n  ctx: 256\n  batch: 256\n  chunks: 2\n  probes: {}\n",
+             group_size: {group}}}\nevaluation:\n  text: {}\n  ctx: 256\n  batch: 512\n  chunks: 2\n  probes: {}\n\
+             \x20 prompts: {}\n  max_tokens: 16\n  prompt_shares: 1\n  transformers: true\n",
             hf.display(),
             text.display(),
-            quantfarm_e2e::repo_root().join("examples/probes-smollm2.yaml").display()
+            quantfarm_e2e::repo_root().join("examples/probes-smollm2.yaml").display(),
+            prompts.display()
         )
     };
     std::fs::write(&release, spec(64)).unwrap();
     let bin = Path::new(bin());
-    let out = quantfarm_e2e::farm_run_output(bin, &release, 2, dir.path());
+    // The workers run transformers in llm-compressor's pinned environment (torch, transformers, compressed-tensors).
+    let python = quantfarm_e2e::llm_compressor_python();
+    let env = [("QUANTFARM_TRANSFORMERS_PYTHON", python.as_os_str())];
+    let out = quantfarm_e2e::farm_run_output_env(bin, &release, 2, dir.path(), &env);
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     let sum: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())
         .unwrap_or_else(|e| panic!("{e}: {stdout}\n{stderr}"));
@@ -322,7 +331,7 @@ fn a_release_makes_verifies_and_measures_its_vllm_rungs() {
             .arg(&folder)
             .arg("--text")
             .arg(&text)
-            .args(["--ctx", "256", "--batch", "256", "--chunks", "2", "--threads", "2", "--json"])
+            .args(["--ctx", "256", "--batch", "512", "--chunks", "2", "--threads", "2", "--json"])
             .output()
             .unwrap();
         assert!(one.status.success(), "{}", String::from_utf8_lossy(&one.stderr));
@@ -345,6 +354,71 @@ fn a_release_makes_verifies_and_measures_its_vllm_rungs() {
     // W4A16 loses more than FP8 on the same chunks.
     let kld = |ty: &str| artifact(ty)["kld"]["mean_kld"].as_f64().unwrap();
     assert!(0.0 < kld("vLLM-FP8_DYNAMIC") && kld("vLLM-FP8_DYNAMIC") < kld("vLLM-W4A16"), "{sum:#}");
+
+    // In transformers: the bf16 checkpoint and each rung, FP8 as saved (W8A8 emulated) and weight-only, each one's
+    // KL divergence against llama.cpp's base logits equal to what torch and NumPy compute from the definition over
+    // the same tokens and the same base file.
+    let report_path = PathBuf::from(sum["report_url"].as_str().unwrap());
+    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report_path).unwrap()).unwrap();
+    // The report, its vLLM rungs and transformers section included, is valid against the published (strict) schema.
+    let check = Command::new(quantfarm_e2e::check_tools().join("venv-check/bin/python"))
+        .arg(quantfarm_e2e::repo_root().join("tests/py/check_schema.py"))
+        .arg(quantfarm_e2e::repo_root().join("docs/report.schema.json"))
+        .arg(&report_path)
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
+    );
+    let tf = &report["transformers"];
+    let subjects: Vec<&serde_json::Value> =
+        std::iter::once(&tf["bf16"]).chain(tf["rungs"].as_array().unwrap()).collect();
+    let names: Vec<&str> = subjects.iter().map(|s| s["subject"].as_str().unwrap()).collect();
+    assert_eq!(names, ["BF16", "vLLM-FP8_DYNAMIC", "vLLM-FP8_DYNAMIC-weight-only", "vLLM-W4A16"], "{tf:#}");
+    assert!(tf["runtimes"][0]["compressed_tensors"].as_str().is_some_and(|v| !v.is_empty()), "{tf:#}");
+    let task = |id: &str| {
+        report["tasks"].as_array().unwrap().iter().find(|t| t["id"] == id).cloned().unwrap_or_else(|| panic!("{id}"))
+    };
+    // One oracle process for the four subjects (torch imported once), each subject's model, activations, base file
+    // and BOS as its KLD task names them.
+    let mut oracle = Command::new(&python);
+    oracle.arg(quantfarm_e2e::repo_root().join("tests/py/tf_kld_oracle.py"));
+    for s in &subjects {
+        let name = s["subject"].as_str().unwrap();
+        assert!(s["load_error"].is_null(), "{s:#}");
+        assert_eq!(s["greedy"]["n"], 4, "{name}: its greedy continuations: {s:#}");
+        assert_eq!(s["kld"]["n_chunks"], 2, "{name}: {s:#}");
+        let t = task(&format!("transformers/kld/{name}/0"));
+        let bos = t["inputs"]["bos"].as_i64().unwrap().to_string();
+        let (model, base) = (t["inputs"]["model"].as_str().unwrap(), t["inputs"]["base"].as_str().unwrap());
+        oracle.args([model, s["activations"].as_str().unwrap(), base, &bos]);
+    }
+    let o = oracle.output().unwrap();
+    assert!(o.status.success(), "the oracle: {}", String::from_utf8_lossy(&o.stderr));
+    let wants: Vec<serde_json::Value> =
+        String::from_utf8_lossy(&o.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(wants.len(), subjects.len(), "{}", String::from_utf8_lossy(&o.stdout));
+    let mut means = BTreeMap::new();
+    for (s, want) in subjects.iter().zip(&wants) {
+        let (name, k) = (s["subject"].as_str().unwrap(), &s["kld"]);
+        let (got, exact) = (k["mean_kld"].as_f64().unwrap(), want["mean_kld"].as_f64().unwrap());
+        eprintln!("transformers {name}: mean KLD {got} (torch/NumPy {exact}), same top {} %", k["same_top_p"]);
+        assert!((got - exact).abs() <= 1e-6 + 1e-4 * exact, "{name}: the farm's {got}, torch/NumPy's {exact}");
+        // The same positions agree (a percentage, computed in another order: equal to the last bits).
+        let (top, want_top) = (k["same_top_p"].as_f64().unwrap(), want["same_top_p"].as_f64().unwrap());
+        assert!((top - want_top).abs() < 1e-9, "{name}: the farm's top {top} %, torch/NumPy's {want_top} %");
+        means.insert(name.to_string(), got);
+    }
+    // FP8 with its inputs quantized per token loses more than with bf16 inputs, and both lose something.
+    let (w8a8, w8a16) = (means["vLLM-FP8_DYNAMIC"], means["vLLM-FP8_DYNAMIC-weight-only"]);
+    assert!(w8a16 > 0.0 && w8a8 != w8a16, "{means:?}");
+    // The default gate on the bf16 checkpoint across runtimes read that figure, and passed.
+    let g = gate("transformers-kld");
+    assert_eq!(g["inputs"]["transformers.bf16.kld.mean"].as_f64(), Some(means["BF16"]), "{g:#}");
+    assert_eq!(g["passed"], true, "{g:#}");
 
     // Groups of 128 do not divide SmolLM2's 576 columns: the plan refuses the release, nothing is converted.
     let dir2 = tempfile::tempdir().unwrap();

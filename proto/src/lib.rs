@@ -66,10 +66,13 @@ pub enum WorkerKind {
     Peer,
     /// Greedy continuations and logits in mlx-lm (the runtime `mlx_lm`): the cross-runtime link.
     MlxLm,
+    /// Greedy continuations and logits in transformers (the runtime `transformers`): the vLLM rungs as vLLM
+    /// computes them, activations included.
+    Transformers,
 }
 
 impl WorkerKind {
-    pub const ALL: [WorkerKind; 14] = [
+    pub const ALL: [WorkerKind; 15] = [
         WorkerKind::Plan,
         WorkerKind::Gguf,
         WorkerKind::Quantize,
@@ -84,6 +87,7 @@ impl WorkerKind {
         WorkerKind::Probe,
         WorkerKind::Peer,
         WorkerKind::MlxLm,
+        WorkerKind::Transformers,
     ];
 
     /// The name workers advertise (`WorkerInfo.task_kinds`).
@@ -103,6 +107,7 @@ impl WorkerKind {
             WorkerKind::Probe => "probe",
             WorkerKind::Peer => "peer",
             WorkerKind::MlxLm => "mlx-lm",
+            WorkerKind::Transformers => "transformers",
         }
     }
 
@@ -152,6 +157,7 @@ impl task::Kind {
             K::Probe(_) => WorkerKind::Probe,
             K::PeerKld(_) => WorkerKind::Peer,
             K::MlxLmGreedy(_) | K::MlxLmKld(_) | K::MlxLmProbe(_) => WorkerKind::MlxLm,
+            K::TransformersGreedy(_) | K::TransformersKld(_) => WorkerKind::Transformers,
         }
     }
 
@@ -188,7 +194,9 @@ impl task::Kind {
             | K::PeerKld(_)
             | K::MlxLmGreedy(_)
             | K::MlxLmKld(_)
-            | K::MlxLmProbe(_) => None,
+            | K::MlxLmProbe(_)
+            | K::TransformersGreedy(_)
+            | K::TransformersKld(_) => None,
         }
     }
 
@@ -210,8 +218,8 @@ impl task::Kind {
             K::Noop(_) => ResultShape::Noop,
             K::MergePlan(_) => ResultShape::MergePlan,
             K::KldPlan(_) => ResultShape::KldPlan,
-            K::Kld(_) | K::MlxLmKld(_) => ResultShape::Kld,
-            K::Greedy(_) | K::MlxLmGreedy(_) => ResultShape::Greedy,
+            K::Kld(_) | K::MlxLmKld(_) | K::TransformersKld(_) => ResultShape::Kld,
+            K::Greedy(_) | K::MlxLmGreedy(_) | K::TransformersGreedy(_) => ResultShape::Greedy,
             K::Probe(_) | K::MlxLmProbe(_) => ResultShape::Probe,
             K::PeerKld(_) => ResultShape::PeerKld,
         }

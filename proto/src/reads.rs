@@ -55,6 +55,11 @@ fn input_urls(kind: &task::Kind) -> Vec<String> {
             model_files(&k.model, &mut out);
             out.push(k.base.clone());
         }
+        K::TransformersKld(k) => {
+            model_files(&k.model, &mut out);
+            out.push(k.base.clone());
+        }
+        K::TransformersGreedy(g) => model_files(&g.model, &mut out),
         K::Greedy(g) => {
             model_files(&g.model, &mut out);
             if !g.lora.is_empty() {

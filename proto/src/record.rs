@@ -130,6 +130,14 @@ fn inputs_json(kind: &task::Kind) -> Value {
             "runtime": "mlx-lm", "model": k.model, "base": k.base, "base_sha256": k.base_sha256,
             "first_chunk": k.first_chunk, "bos": k.bos
         }),
+        task::Kind::TransformersGreedy(g) => json!({
+            "runtime": "transformers", "model": g.model, "max_tokens": g.max_tokens,
+            "reference_continuations": g.reference.len(), "activations": g.activations
+        }),
+        task::Kind::TransformersKld(k) => json!({
+            "runtime": "transformers", "model": k.model, "base": k.base, "base_sha256": k.base_sha256,
+            "first_chunk": k.first_chunk, "bos": k.bos, "activations": k.activations
+        }),
     }
 }
 
@@ -140,6 +148,18 @@ fn with_mlx_lm(mut outputs: Value, r: Option<&pb::MlxLmRun>) -> Value {
         outputs["mlx_lm"] = json!({
             "mlx": r.mlx, "mlx_lm": r.mlx_lm, "device": r.device, "device_name": r.device_name,
             "quantized": r.quantized, "upcast": r.upcast, "load_error": r.load_error
+        });
+    }
+    outputs
+}
+
+/// `outputs` with how transformers ran the task's model, when it did.
+fn with_transformers(mut outputs: Value, r: Option<&pb::TransformersRun>) -> Value {
+    if let Some(r) = r {
+        outputs["transformers"] = json!({
+            "torch": r.torch, "transformers": r.transformers, "compressed_tensors": r.compressed_tensors,
+            "peft": r.peft, "device": r.device, "device_name": r.device_name, "quantized": r.quantized,
+            "scheme": r.scheme, "activations": r.activations, "dtype": r.dtype, "load_error": r.load_error
         });
     }
     outputs
@@ -175,24 +195,30 @@ fn outputs_json(kind: &task_result::Kind) -> Value {
             "tokens_sha256": k.tokens_sha256
         }),
         // Sums only: the per-token values are in the artifact's merged figures.
-        task_result::Kind::Kld(k) => with_mlx_lm(
-            json!({
-                "chunks": k.chunks.iter().map(|c| json!({
-                    "chunk": c.chunk, "tokens": c.count, "sum_kld": c.sum_kld, "same_top": c.n_same_top
-                })).collect::<Vec<_>>(),
-                "note": k.note
-            }),
-            k.mlx_lm.as_ref(),
+        task_result::Kind::Kld(k) => with_transformers(
+            with_mlx_lm(
+                json!({
+                    "chunks": k.chunks.iter().map(|c| json!({
+                        "chunk": c.chunk, "tokens": c.count, "sum_kld": c.sum_kld, "same_top": c.n_same_top
+                    })).collect::<Vec<_>>(),
+                    "note": k.note
+                }),
+                k.mlx_lm.as_ref(),
+            ),
+            k.transformers.as_ref(),
         ),
-        task_result::Kind::Greedy(g) => with_mlx_lm(
-            json!({
-                "continuations": g.continuations.iter().map(|c| json!({
-                    "index": c.index, "prompt_tokens": c.prompt_tokens.len(), "tokens": c.tokens.len()
-                })).collect::<Vec<_>>(),
-                "agreements": g.agreements.iter().map(|a| json!({"index": a.index, "identical": a.identical})).collect::<Vec<_>>(),
-                "note": g.note
-            }),
-            g.mlx_lm.as_ref(),
+        task_result::Kind::Greedy(g) => with_transformers(
+            with_mlx_lm(
+                json!({
+                    "continuations": g.continuations.iter().map(|c| json!({
+                        "index": c.index, "prompt_tokens": c.prompt_tokens.len(), "tokens": c.tokens.len()
+                    })).collect::<Vec<_>>(),
+                    "agreements": g.agreements.iter().map(|a| json!({"index": a.index, "identical": a.identical})).collect::<Vec<_>>(),
+                    "note": g.note
+                }),
+                g.mlx_lm.as_ref(),
+            ),
+            g.transformers.as_ref(),
         ),
         task_result::Kind::PeerKld(p) => json!({
             "tool": p.tool, "version": p.version, "command": p.command,

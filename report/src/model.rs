@@ -41,6 +41,10 @@ pub struct Report {
     /// mlx-lm. Left out of a release with no MLX output or no evaluation (and of reports made before it existed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cross_runtime: Option<CrossRuntime>,
+    /// The HF bf16 checkpoint and each vLLM rung in Hugging Face transformers (W8A8 emulated and weight-only). Left
+    /// out of a release with no vLLM output or no evaluation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transformers: Option<TransformersFigures>,
     /// In report order: the merged checkpoint, GGUF BF16, the GGUF quants in ladder order, the MLX checkpoints.
     pub artifacts: Vec<Artifact>,
     pub tasks: Vec<TaskRecord>,
@@ -193,6 +197,48 @@ pub struct MlxLmSubject {
     pub kld: Option<Kld>,
     /// The probe suite on `mlx_lm.server`; a rung's beside mlx-lm's bf16 weights'.
     pub probes: Option<ProbeSummary>,
+}
+
+/// The models run in Hugging Face transformers, and what was measured on them.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct TransformersFigures {
+    pub method: String,
+    /// Every transformers the workers ran (versions and device), as their helpers reported them.
+    pub runtimes: Vec<TransformersRuntime>,
+    /// The HF checkpoint loaded as the bf16 weights (the source, or the merge).
+    pub model: String,
+    /// The bf16 checkpoint in transformers against the GGUF BF16 in llama.cpp.
+    pub bf16: TransformersSubject,
+    /// Each measured vLLM rung: as saved (FP8_DYNAMIC's W8A8, emulated), and weight-only where that differs.
+    pub rungs: Vec<TransformersSubject>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+pub struct TransformersRuntime {
+    pub torch: String,
+    pub transformers: String,
+    pub compressed_tensors: String,
+    pub peft: String,
+    pub device: String,
+    pub device_name: String,
+}
+
+/// One model in transformers: how it was loaded and what was measured on it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct TransformersSubject {
+    /// `BF16`, `vLLM-FP8_DYNAMIC`, `vLLM-FP8_DYNAMIC-weight-only`.
+    pub subject: String,
+    /// The artifact it is: `BF16` or `vLLM-SCHEME`.
+    pub file_type: String,
+    /// `as-saved` or `weight-only`.
+    pub activations: String,
+    /// The checkpoint's weights' scheme as transformers read it (`float8/channel`), `null` for the bf16 checkpoint or
+    /// when no task loaded it.
+    pub scheme: Option<String>,
+    /// transformers' own message when it could not load the checkpoint.
+    pub load_error: Option<String>,
+    pub greedy: Option<GreedySummary>,
+    pub kld: Option<Kld>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]

@@ -16,9 +16,9 @@ import sys
 import numpy as np
 
 
-def main():
-    base, chunk, logits = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-    raw = open(base, "rb").read()
+def score(raw, chunk, rows):
+    """One chunk's sums, from the base file's bytes `raw` and the model's float32 logits `rows` (positions
+    n_ctx/2 .., `n_vocab` each)."""
     assert raw[:8] == b"_logits_", "not a base-logits file"
     n_ctx, n_vocab, n_chunk = np.frombuffer(raw[8:20], dtype="<u4")
     n_ctx, n_vocab, n_chunk = int(n_ctx), int(n_vocab), int(n_chunk)
@@ -31,24 +31,26 @@ def main():
     head = rec[:, :4].copy().view("<f4")
     scale, minlp = head[:, 0].astype(np.float64), head[:, 1].astype(np.float64)
     lb = scale[:, None] * rec[:, 4 : 4 + n_vocab].astype(np.float64) + minlp[:, None]
-    rows = np.fromfile(logits, dtype="<f4").reshape(-1, n_vocab)[:scored].astype(np.float64)
+    rows = np.asarray(rows, dtype="<f4").reshape(-1, n_vocab)[:scored].astype(np.float64)
     m = rows.max(axis=1, keepdims=True)
     logq = rows - (m + np.log(np.exp(rows - m).sum(axis=1, keepdims=True)))
     targets = tokens[chunk * n_ctx + first + 1 : (chunk + 1) * n_ctx]
     idx = np.arange(scored)
     keep = lb > -16.0
     kld = np.where(keep, np.exp(lb) * (lb - logq), 0.0).sum(axis=1)
-    print(
-        json.dumps(
-            {
-                "count": scored,
-                "sum_kld": float(kld.sum()),
-                "sum_nll": float(-logq[idx, targets].sum()),
-                "sum_nll_base": float(-lb[idx, targets].sum()),
-                "n_same_top": int((rows.argmax(axis=1) == lb.argmax(axis=1)).sum()),
-            }
-        )
-    )
+    return {
+        "count": scored,
+        "sum_kld": float(kld.sum()),
+        "sum_nll": float(-logq[idx, targets].sum()),
+        "sum_nll_base": float(-lb[idx, targets].sum()),
+        "n_same_top": int((rows.argmax(axis=1) == lb.argmax(axis=1)).sum()),
+    }
+
+
+def main():
+    base, chunk, logits = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    raw = open(base, "rb").read()
+    print(json.dumps(score(raw, chunk, np.fromfile(logits, dtype="<f4"))))
 
 
 if __name__ == "__main__":

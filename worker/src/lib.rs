@@ -23,6 +23,8 @@ mod mlx_run;
 mod outputs;
 mod runtimes;
 mod scratch;
+pub mod transformers;
+mod transformers_run;
 mod writers;
 
 use std::collections::HashMap;

@@ -1,5 +1,5 @@
 //! The external runtimes this machine has: llama.cpp's tools (for peer tasks, which run them as they are) and
-//! mlx-lm, found once at registration and advertised with the worker's kinds.
+//! mlx-lm and transformers, found once at registration and advertised with the worker's kinds.
 
 use std::path::{Path, PathBuf};
 
@@ -18,10 +18,11 @@ pub fn find_tool(name: &str) -> Option<PathBuf> {
 }
 
 /// The external runtimes this machine has, so a release can ask for a peer tool's own figures beside quantfarm's
-/// (link 2 across real runtimes): llama.cpp's tools on PATH or in `$QUANTFARM_LLAMA_BIN`, and mlx-lm run by
-/// `python3` (or `$QUANTFARM_PYTHON`, e.g. the environment `scripts/install-mlx-runtime` makes).
+/// (link 2 across real runtimes): llama.cpp's tools on PATH or in `$QUANTFARM_LLAMA_BIN`, mlx-lm run by
+/// `python3` (or `$QUANTFARM_PYTHON`, e.g. the environment `scripts/install-mlx-runtime` makes), and transformers
+/// run by `$QUANTFARM_TRANSFORMERS_PYTHON` (`scripts/install-llm-compressor`'s environment).
 pub fn runtimes() -> Vec<String> {
-    runtimes_in(&tool_dirs(), &python())
+    runtimes_in(&tool_dirs(), &python(), crate::transformers::python().as_deref())
 }
 
 /// The Python that runs the mlx-lm helper: `$QUANTFARM_PYTHON`, else `python3`.
@@ -30,8 +31,9 @@ pub fn python() -> PathBuf {
 }
 
 /// Names a worker advertises: `llama-perplexity`, `llama-server`, `llama-completion` (each when found in `dirs`),
-/// `mlx_lm` (when the mlx-lm helper, run by `python`, answers the version handshake: `crate::mlx_lm::handshake`).
-pub fn runtimes_in(dirs: &[PathBuf], python: &Path) -> Vec<String> {
+/// `mlx_lm` (when the mlx-lm helper, run by `python`, answers the version handshake: `crate::mlx_lm::handshake`),
+/// `transformers` (when `transformers_python` is given and its transformers helper answers its own handshake).
+pub fn runtimes_in(dirs: &[PathBuf], python: &Path, transformers_python: Option<&Path>) -> Vec<String> {
     let mut out = Vec::new();
     for tool in ["llama-perplexity", "llama-server", "llama-completion"] {
         if dirs.iter().any(|d| d.join(tool).is_file()) {
@@ -46,6 +48,16 @@ pub fn runtimes_in(dirs: &[PathBuf], python: &Path) -> Vec<String> {
         // Said out loud when a Python was named for it: the user expected mlx-lm.
         Err(e) if std::env::var_os("QUANTFARM_PYTHON").is_some() => tracing::warn!("no mlx-lm runtime: {e}"),
         Err(e) => tracing::debug!("no mlx-lm runtime: {e}"),
+    }
+    if let Some(python) = transformers_python {
+        match crate::transformers::handshake(python, &std::env::temp_dir().join("quantfarm-transformers")) {
+            Ok(v) => {
+                tracing::debug!(torch = %v.torch, transformers = %v.transformers, "transformers runtime found");
+                out.push(crate::transformers::RUNTIME.to_string());
+            }
+            // Said out loud: a Python was named for it, so the user expected transformers.
+            Err(e) => tracing::warn!("no transformers runtime: {e}"),
+        }
     }
     out
 }

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use quantfarm_proto as pb;
 
 use super::lookup::{merge_plan_of, plan_of};
-use super::subjects::{EvalTarget, MlxSubject};
+use super::subjects::{EvalTarget, MlxSubject, TfSubject};
 use super::{Mlx, Quantize, Results, TaskDef, TaskKey, Vllm};
 use crate::graph::Ctx;
 use crate::spec::Evaluation;
@@ -171,10 +171,25 @@ pub(super) fn mlx_lm_subjects(ctx: &Ctx) -> Vec<MlxSubject> {
     std::iter::once(MlxSubject::Bf16).chain(rungs.map(|bits| MlxSubject::Rung { bits })).collect()
 }
 
+/// What the release runs in transformers: the bf16 checkpoint, then every measured vLLM rung as saved, and weight-only
+/// where its scheme quantizes activations (none when it runs nothing there, `ReleaseSpec::runs_transformers`).
+pub(super) fn tf_subjects(ctx: &Ctx) -> Vec<TfSubject> {
+    if !ctx.spec.runs_transformers() {
+        return Vec::new();
+    }
+    let rungs = ctx.spec.vllm_rungs().iter().copied().filter(|&r| ctx.spec.measures(EvalTarget::Vllm(r)));
+    let rungs = rungs.flat_map(|rung| {
+        let weight_only = rung.quantizes_activations().then_some(TfSubject::Rung { rung, weight_only: true });
+        std::iter::once(TfSubject::Rung { rung, weight_only: false }).chain(weight_only)
+    });
+    std::iter::once(TfSubject::Bf16).chain(rungs).collect()
+}
+
 /// Whether the greedy continuations run: the release has prompts and a model to compare (in llama.cpp or mlx-lm).
 /// The reference's continuations are only run for models to compare with them.
 pub(super) fn runs_greedy(ctx: &Ctx, e: &Evaluation) -> bool {
-    e.prompts.is_some() && !(eval_targets(ctx).is_empty() && mlx_lm_subjects(ctx).is_empty())
+    e.prompts.is_some()
+        && !(eval_targets(ctx).is_empty() && mlx_lm_subjects(ctx).is_empty() && tf_subjects(ctx).is_empty())
 }
 
 /// The evaluation settings when the release checks its merge: it has an adapter, prompts to check it on, and the

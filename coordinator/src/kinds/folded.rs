@@ -1,14 +1,14 @@
 //! What the report gathers from a release's finished tasks, each family adding its own ([`super::Family::fold`]):
 //! the files of every published artifact and their verifications, chunk statistics, greedy agreements, probe
-//! results, peer figures and mlx-lm runs. `report/build.rs` turns it into the report's sections.
+//! results, peer figures, mlx-lm and transformers runs. `report/build.rs` turns it into the report's sections.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use quantfarm_parity::ChunkStats;
 use quantfarm_proto as pb;
-use quantfarm_report::model::MlxLmRuntime;
+use quantfarm_report::model::{MlxLmRuntime, TransformersRuntime};
 
-use super::subjects::{EvalTarget, MlxSubject, Subject};
+use super::subjects::{EvalTarget, MlxSubject, Subject, TfSubject};
 use crate::spec::Level;
 
 /// A finished task as its family's fold sees it: the message it ran and its result (either may be missing).
@@ -59,6 +59,16 @@ pub struct MlxLmAcc<'a> {
     pub probe: Option<&'a pb::ProbeResult>,
 }
 
+/// One transformers subject's runs, as gathered.
+#[derive(Debug, Default)]
+pub struct RuntimeAcc<'a> {
+    pub agreements: Vec<&'a pb::PromptAgreement>,
+    pub continuations: usize,
+    /// How transformers loaded it; the run that met a load error where one did.
+    pub run: Option<&'a pb::TransformersRun>,
+    pub ran_greedy: bool,
+}
+
 /// Everything the report gathers from the finished tasks.
 #[derive(Debug, Default)]
 pub struct Folded<'a> {
@@ -82,6 +92,13 @@ pub struct Folded<'a> {
     pub mlx_lm_runtimes: BTreeSet<MlxLmRuntime>,
     /// What mlx-lm loaded for the bf16 weights (the first task that names it).
     pub mlx_lm_model: Option<String>,
+    /// Per transformers subject: its chunk groups' statistics against llama.cpp's base logits.
+    pub transformers_kld: BTreeMap<TfSubject, Vec<ChunkStats>>,
+    pub transformers: BTreeMap<TfSubject, RuntimeAcc<'a>>,
+    /// The runtime of every transformers run that loaded its model.
+    pub transformers_runtimes: BTreeSet<TransformersRuntime>,
+    /// What transformers loaded for the bf16 checkpoint (the first task that names it).
+    pub transformers_model: Option<String>,
 }
 
 impl<'a> Folded<'a> {

@@ -35,6 +35,7 @@ mod plan;
 mod probe;
 mod quantize;
 mod report;
+mod transformers;
 mod verify;
 mod vllm;
 
@@ -44,7 +45,7 @@ use std::hash::{Hash, Hasher};
 use quantfarm_proto::{self as pb, task};
 
 pub use expand::{eval_targets, grows, initial, priorities, Grown, Growth, Inventory, Opens, Stage};
-pub use folded::{Done, Folded, MlxLmAcc, Slot, SlotAcc, MERGE_CHECK};
+pub use folded::{Done, Folded, MlxLmAcc, RuntimeAcc, Slot, SlotAcc, MERGE_CHECK};
 pub use gguf::Gguf;
 pub use greedy::Greedy;
 pub use imatrix::Imatrix;
@@ -60,7 +61,8 @@ pub use plan::Plan;
 pub use probe::Probe;
 pub use quantize::Quantize;
 pub use report::Report;
-pub use subjects::{CheckPart, EvalTarget, MlxSubject, Subject, MLX_LM_RUNTIME};
+pub use subjects::{CheckPart, EvalTarget, MlxSubject, Subject, TfSubject, MLX_LM_RUNTIME, TRANSFORMERS_RUNTIME};
+pub use transformers::Transformers;
 pub use verify::Verify;
 pub use vllm::Vllm;
 
@@ -246,6 +248,7 @@ kinds! {
     KldBase(KldBase),
     Greedy(Greedy),
     MlxLm(MlxLm),
+    Transformers(Transformers),
     Peer(PeerRun),
     Probe(Probe),
     Noop(Noop),

@@ -1,12 +1,13 @@
-//! What a measuring task runs: a GGUF quant level or an MLX rung ([`EvalTarget`], the spec's), the reference or a model
-//! ([`Subject`]), what mlx-lm loads ([`MlxSubject`]), and the merge check's inputs ([`CheckPart`]); each printed as
-//! it appears in task ids and parsed back.
+//! What a measuring task runs: a GGUF quant level, an MLX or a vLLM rung ([`EvalTarget`], the spec's), the reference
+//! or a model ([`Subject`]), what mlx-lm loads ([`MlxSubject`]), what transformers loads ([`TfSubject`]), and the merge
+//! check's inputs ([`CheckPart`]); each printed as it appears in task ids and parsed back.
 
 use std::fmt;
 
 use quantfarm_proto as pb;
 
 pub use crate::spec::EvalTarget;
+use crate::spec::VllmRung;
 
 /// What mlx-lm runs: the source's bf16 weights as an HF checkpoint (the GGUF BF16's twin: the same weights, another
 /// runtime), or an MLX rung. Ordered as the report lists them: the bf16 weights, then the rungs by width.
@@ -36,6 +37,54 @@ impl MlxSubject {
         }
     }
 }
+
+/// What transformers runs: the source's bf16 checkpoint (the GGUF BF16's twin), or a vLLM rung with the activations
+/// it runs with. Ordered as the report lists them: the bf16 checkpoint, then the rungs by scheme, each as saved
+/// before weight-only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TfSubject {
+    Bf16,
+    Rung { rung: VllmRung, weight_only: bool },
+}
+
+impl fmt::Display for TfSubject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TfSubject::Bf16 => write!(f, "BF16"),
+            TfSubject::Rung { rung, weight_only: false } => write!(f, "{}", EvalTarget::Vllm(*rung)),
+            TfSubject::Rung { rung, weight_only: true } => write!(f, "{}-weight-only", EvalTarget::Vllm(*rung)),
+        }
+    }
+}
+
+impl TfSubject {
+    pub fn parse(s: &str) -> Option<TfSubject> {
+        if s == "BF16" {
+            return Some(TfSubject::Bf16);
+        }
+        let (name, weight_only) = match s.strip_suffix("-weight-only") {
+            Some(n) => (n, true),
+            None => (s, false),
+        };
+        match EvalTarget::parse(name)? {
+            EvalTarget::Vllm(rung) if !weight_only || rung.quantizes_activations() => {
+                Some(TfSubject::Rung { rung, weight_only })
+            }
+            EvalTarget::Vllm(_) | EvalTarget::Quant(_) | EvalTarget::Mlx { .. } => None,
+        }
+    }
+
+    /// The activations the helper loads the model with.
+    pub fn activations(self) -> &'static str {
+        match self {
+            TfSubject::Rung { weight_only: true, .. } => "weight-only",
+            TfSubject::Bf16 | TfSubject::Rung { weight_only: false, .. } => "as-saved",
+        }
+    }
+}
+
+/// The runtime name workers advertise when the transformers helper answers its handshake.
+pub const TRANSFORMERS_RUNTIME: &str = "transformers";
 
 /// The runtime name workers advertise when the mlx-lm helper answers its handshake.
 pub const MLX_LM_RUNTIME: &str = "mlx_lm";

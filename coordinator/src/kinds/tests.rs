@@ -54,6 +54,13 @@ fn keys_round_trip() {
         MlxLm::Kld { subject: MlxSubject::Bf16, group: 0 }.into(),
         MlxLm::Probe { subject: MlxSubject::Rung { bits: 6 } }.into(),
         MlxLm::Probe { subject: MlxSubject::Bf16 }.into(),
+        Transformers::Greedy { subject: TfSubject::Bf16, share: 0 }.into(),
+        Transformers::Greedy { subject: TfSubject::Rung { rung: VllmRung::W4A16, weight_only: false }, share: 1 }
+            .into(),
+        Transformers::Kld { subject: TfSubject::Rung { rung: VllmRung::Fp8Dynamic, weight_only: true }, group: 1 }
+            .into(),
+        Transformers::Kld { subject: TfSubject::Rung { rung: VllmRung::Fp8Dynamic, weight_only: false }, group: 0 }
+            .into(),
     ];
     let mut families = std::collections::BTreeSet::new();
     let mut ids = std::collections::BTreeSet::new();
@@ -76,6 +83,9 @@ fn keys_round_trip() {
     assert_eq!(TaskKey::parse("mlx-lm/kld/Q8_0/0"), None, "mlx-lm runs BF16 and MLX rungs only");
     assert_eq!(TaskKey::parse("mlx-lm/kld/vLLM-W4A16/0"), None, "mlx-lm runs BF16 and MLX rungs only");
     assert_eq!(TaskKey::parse("vllm/fp8_dynamic"), None);
+    // W4A16 quantizes no activations: it has no weight-only twin.
+    assert_eq!(TaskKey::parse("transformers/kld/vLLM-W4A16-weight-only/0"), None);
+    assert_eq!(TaskKey::parse("transformers/kld/Q8_0/0"), None, "transformers runs BF16 and vLLM rungs only");
 }
 
 /// Every vLLM rung has a default KLD limit (a rung without one could never pass its `kld` gate).

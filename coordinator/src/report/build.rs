@@ -32,7 +32,7 @@ fn kld_plan_result(rel: &Release) -> Option<&pb::KldPlanResult> {
 
 /// Each subject's chunk statistics merged (by the subject's name), or why they cannot be: a chunk missing or given
 /// twice.
-fn merge_chunks(
+pub(super) fn merge_chunks(
     rel: &Release,
     chunks: &BTreeMap<String, Vec<ChunkStats>>,
 ) -> BTreeMap<String, Result<KldSummary, String>> {
@@ -70,13 +70,13 @@ fn greedy_summaries(folded: &Folded) -> BTreeMap<String, GreedySummary> {
 }
 
 /// How many continuations llama.cpp's reference gave: the prompts the evaluation ran.
-fn n_reference_prompts(folded: &Folded) -> usize {
+pub(super) fn n_reference_prompts(folded: &Folded) -> usize {
     folded.greedy_references.get(&Subject::Reference.to_string()).copied().unwrap_or(0)
 }
 
 /// One model's greedy summary from its prompts' agreements (any order) and the count of reference continuations
 /// they should cover.
-fn greedy_summary(mut list: Vec<&pb::PromptAgreement>, n_reference: usize) -> GreedySummary {
+pub(super) fn greedy_summary(mut list: Vec<&pb::PromptAgreement>, n_reference: usize) -> GreedySummary {
     list.sort_by_key(|a| a.index);
     let n = list.len();
     let identical = list.iter().filter(|a| a.identical).count();
@@ -189,7 +189,7 @@ fn cross_runtime(rel: &Release, folded: &Folded) -> Option<CrossRuntime> {
 }
 
 /// A merged KL-divergence summary as the report records it.
-fn kld_record(k: Result<KldSummary, String>) -> Kld {
+pub(super) fn kld_record(k: Result<KldSummary, String>) -> Kld {
     match k {
         Ok(s) => match serde_json::from_value::<KldFigures>(s.to_json()) {
             Ok(f) => Kld::Measured(Box::new(f)),
@@ -359,8 +359,10 @@ pub fn build(rel: &Release, workers: &HashMap<String, WorkerRec>, now_ms: i64) -
     let (artifacts, all_verified) =
         artifacts(rel, std::mem::take(&mut folded.slots), &klds, &greedy, &probes, &mut peers);
     let cross_runtime = cross_runtime(rel, &folded);
+    let transformers = super::transformers::section(rel, &folded);
     let mut measured = measured(rel, &klds, &greedy, &probes, &artifacts, all_verified);
     cross_runtime_figures(&rel.spec, cross_runtime.as_ref(), &mut measured);
+    super::transformers::figures(&rel.spec, transformers.as_ref(), &mut measured);
     let results = gates::evaluate(&rel.spec.gates, &measured);
     let passed = results.iter().all(|g| g.outcome.passed);
     let plan = rel.result(&TaskKey::PLAN).and_then(pb::TaskResult::plan);
@@ -387,6 +389,7 @@ pub fn build(rel: &Release, workers: &HashMap<String, WorkerRec>, now_ms: i64) -
         merge_check: merge_check(rel, &greedy),
         evaluation: evaluation(rel, &folded),
         cross_runtime,
+        transformers,
         artifacts,
         tasks: tasks::records(rel),
         gates: results.iter().map(gates::GateResult::record).collect(),

@@ -13,7 +13,7 @@ use crate::sched::Release;
 use crate::spec::EvalTarget;
 
 /// A greedy summary's figures, or why it has none.
-fn greedy_figures(s: Option<&GreedySummary>, why_none: &str) -> (Result<f64, String>, Result<f64, String>) {
+pub(super) fn greedy_figures(s: Option<&GreedySummary>, why_none: &str) -> (Result<f64, String>, Result<f64, String>) {
     match s {
         Some(s) if s.complete => (Ok(s.agree), Ok(s.mean_prefix_fraction)),
         Some(s) => {
@@ -157,7 +157,14 @@ pub(super) fn measured(
             |r| probe_pass_rate(r, "the reference's"),
         ),
     );
-    gates::Measured { levels, global, all_verified, has_adapter: rel.adapter.is_some(), has_mlx_lm: false }
+    gates::Measured {
+        levels,
+        global,
+        all_verified,
+        has_adapter: rel.adapter.is_some(),
+        has_mlx_lm: false,
+        has_transformers: false,
+    }
 }
 
 /// One subject's figures in mlx-lm, each a value or why it has none.

@@ -11,6 +11,7 @@ mod build;
 mod figures;
 mod publish;
 mod tasks;
+mod transformers;
 
 pub use build::build;
 pub use publish::publish;

@@ -40,6 +40,9 @@
 //!   context: 4096               # context of greedy continuations and probes (default 4096)
 //!   peers: [llama-perplexity]   # also run llama.cpp's own tool on the same files, on workers that have it
 //!   skip: [Q2_K]                # levels made but not measured (they then fail the built-in `measured` gate)
+//!   transformers: true          # with vLLM outputs (default false): the bf16 checkpoint and each vLLM rung also
+//!                               # run in transformers (W8A8 emulated and weight-only), on workers with the
+//!                               # transformers runtime: greedy agreement and KL divergence against the GGUF BF16
 //!   mlx_lm: true                # with MLX outputs (default true): the source's bf16 weights and each MLX rung
 //!                               # also run in mlx-lm, on workers with the mlx_lm runtime: greedy agreement and KL
 //!                               # divergence against the GGUF BF16 in llama.cpp (the cross-runtime link)
@@ -449,6 +452,14 @@ impl ReleaseSpec {
     /// compare with, an evaluation, and does not turn it off (`evaluation.mlx_lm: false`).
     pub fn runs_mlx_lm(&self) -> bool {
         self.outputs.mlx.is_some() && self.outputs.gguf.is_some() && self.evaluation.as_ref().is_some_and(|e| e.mlx_lm)
+    }
+
+    /// Whether the release runs models in transformers: it has vLLM outputs, a GGUF BF16 to compare with, an
+    /// evaluation, and asks for it (`evaluation.transformers: true`).
+    pub fn runs_transformers(&self) -> bool {
+        self.outputs.vllm.is_some()
+            && self.outputs.gguf.is_some()
+            && self.evaluation.as_ref().is_some_and(|e| e.transformers)
     }
 
     /// Whether the release converts the source at all (a plan, then GGUF, MLX and/or vLLM outputs).

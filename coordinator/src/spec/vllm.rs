@@ -39,6 +39,15 @@ impl VllmRung {
     pub fn parse(s: &str) -> Option<VllmRung> {
         VllmRung::ALL.into_iter().find(|r| r.scheme() == s)
     }
+
+    /// Whether the scheme quantizes activations at run time (FP8_DYNAMIC's per-token inputs): then it also runs
+    /// weight-only where the hardware has no such path.
+    pub fn quantizes_activations(self) -> bool {
+        match self {
+            VllmRung::Fp8Dynamic => true,
+            VllmRung::W4A16 => false,
+        }
+    }
 }
 
 impl fmt::Display for VllmRung {

@@ -47,6 +47,8 @@ pub enum When {
     Adapter,
     /// The release runs models in mlx-lm (`ReleaseSpec::runs_mlx_lm`).
     MlxLm,
+    /// The release runs models in transformers (`ReleaseSpec::runs_transformers`).
+    Transformers,
 }
 
 /// One enum of figure names from one table: each variant's name and meaning, `ALL`, `parse`, and the table as
@@ -120,6 +122,10 @@ figures! {
     MlxLmGreedyPrefix = "mlx_lm.greedy.prefix": "an MLX rung in mlx-lm: mean common-prefix fraction against mlx-lm's bf16",
     MlxLmProbePassRate = "mlx_lm.probe.pass_rate": "an MLX rung on mlx_lm.server: the probe suite's pass rate",
     MlxLmProbeTruncated = "mlx_lm.probe.truncated": "an MLX rung on mlx_lm.server: probe answers cut off by their token cap",
+    TransformersKldMean = "transformers.kld.mean": "a vLLM rung in transformers as saved (FP8_DYNAMIC's W8A8, emulated): mean KL divergence against the GGUF BF16's logits in llama.cpp",
+    TransformersKldSameTopP = "transformers.kld.same_top_p": "a vLLM rung in transformers as saved: percent of tokens with the GGUF BF16's most likely token",
+    TransformersWeightOnlyKldMean = "transformers.weight_only.kld.mean": "an FP8_DYNAMIC rung in transformers with bf16 inputs (vLLM's weight-only path): mean KL divergence against the GGUF BF16",
+    TransformersGreedyAgree = "transformers.greedy.agree": "a vLLM rung in transformers as saved: fraction of prompts identical to transformers' bf16 continuation",
 }
 
 // Besides the release's own figures, `<level>.<figure>` names any level's figure, the level written in lower case
@@ -137,6 +143,8 @@ figures! {
     CrossRuntimeKldMean = "cross_runtime.kld.mean": "link 2: mean KL divergence of the bf16 weights in mlx-lm against the GGUF BF16 in llama.cpp",
     CrossRuntimeKldSameTopP = "cross_runtime.kld.same_top_p": "link 2: percent of tokens whose most likely next token is the same in both runtimes",
     CrossRuntimeProbePassRate = "cross_runtime.probe.pass_rate": "the bf16 weights on mlx_lm.server: the probe suite's pass rate",
+    TransformersBf16KldMean = "transformers.bf16.kld.mean": "the bf16 checkpoint in transformers against the GGUF BF16 in llama.cpp: mean KL divergence",
+    TransformersBf16GreedyAgree = "transformers.bf16.greedy.agree": "the bf16 checkpoint in transformers: fraction of prompts identical to llama.cpp's GGUF BF16",
 }
 
 const FLAGS: &[&str] = &["verified"];
@@ -253,6 +261,9 @@ pub struct LevelFigures {
     /// The level is an MLX rung the release also runs in mlx-lm: `measured` requires its `mlx_lm.kld.mean` too
     /// (a checkpoint mlx-lm cannot load is not measured, whatever llama.cpp measured on its conversion).
     pub in_mlx_lm: bool,
+    /// The level is a vLLM rung the release also runs in transformers: `measured` requires its
+    /// `transformers.kld.mean` too.
+    pub in_transformers: bool,
 }
 
 impl LevelFigures {
@@ -276,6 +287,8 @@ pub struct Measured {
     pub has_adapter: bool,
     /// The release ran models in mlx-lm (the gates `when: mlx_lm` apply).
     pub has_mlx_lm: bool,
+    /// The release ran models in transformers (the gates `when: transformers` apply).
+    pub has_transformers: bool,
 }
 
 impl Measured {
@@ -383,6 +396,9 @@ fn measured_gate(level: &str, f: &LevelFigures) -> GateResult {
         required.push(("mlx_lm.kld.mean", "no KL-divergence figure in mlx-lm"));
         required.push(("mlx_lm.probe.truncated", "no probe results on mlx_lm.server"));
     }
+    if f.in_transformers {
+        required.push(("transformers.kld.mean", "no KL-divergence figure in transformers"));
+    }
     for (name, what) in required {
         match f.get(name) {
             Some(Ok(v)) => inputs.push((name.to_string(), FigureValue::Number(*v))),
@@ -398,10 +414,10 @@ fn measured_gate(level: &str, f: &LevelFigures) -> GateResult {
     }
     let passed = why.is_empty();
     let detail = if passed {
-        if f.in_mlx_lm {
-            "KL divergence and probes measured, in llama.cpp and in mlx-lm"
-        } else {
-            "KL divergence and probes measured"
+        match (f.in_mlx_lm, f.in_transformers) {
+            (true, _) => "KL divergence and probes measured, in llama.cpp and in mlx-lm",
+            (false, true) => "KL divergence and probes measured in llama.cpp, KL divergence in transformers",
+            (false, false) => "KL divergence and probes measured",
         }
         .to_string()
     } else {
@@ -431,6 +447,7 @@ pub fn evaluate(release_gates: &[Gate], m: &Measured) -> Vec<GateResult> {
             None => true,
             Some(When::Adapter) => m.has_adapter,
             Some(When::MlxLm) => m.has_mlx_lm,
+            Some(When::Transformers) => m.has_transformers,
         })
         .map(|g| (g, "default"));
     for (g, source) in defaults.chain(release_gates.iter().map(|g| (g, "release"))) {
@@ -507,6 +524,7 @@ mod tests {
             all_verified: true,
             has_adapter: false,
             has_mlx_lm: false,
+            has_transformers: false,
         }
     }
 

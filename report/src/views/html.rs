@@ -90,6 +90,7 @@ pub fn render(report: &Report) -> String {
     h.push_str("</div>");
     ladder_table(&mut h, report);
     cross_runtime(&mut h, report);
+    transformers(&mut h, report);
     divergences(&mut h, report);
     chain(&mut h, report);
     h.push_str("</body></html>\n");
@@ -369,6 +370,63 @@ fn cross_runtime(h: &mut String, report: &Report) {
             esc(&or_dash(k.map(|k| format!("{:.3} %", k.same_top_p)))),
             esc(&or_dash(if s.file_type == "BF16" { None } else { in_llama(&s.file_type) }.map(|v| format!("{v:.6}")))),
             esc(&super::mlx_lm_probes(s)),
+            esc(&loaded),
+        );
+    }
+    h.push_str("</table>");
+}
+
+/// The bf16 checkpoint and each vLLM rung in transformers (as saved and weight-only), beside llama.cpp's figures.
+fn transformers(h: &mut String, report: &Report) {
+    use crate::model::Kld;
+    let Some(f) = &report.transformers else { return };
+    h.push_str("<h2>transformers: the vLLM rungs as vLLM computes them</h2>");
+    let runtimes: Vec<String> = f
+        .runtimes
+        .iter()
+        .map(|r| {
+            format!(
+                "torch {} / transformers {} / compressed-tensors {} on {}",
+                r.torch, r.transformers, r.compressed_tensors, r.device
+            )
+        })
+        .collect();
+    let _ = write!(
+        h,
+        "<p class=\"meta\">The GGUF BF16's source checkpoint (<code>{}</code>) and each vLLM rung in {}, fed the token ids \
+         llama.cpp was fed; <em>as-saved</em> quantizes FP8_DYNAMIC's inputs per token (vLLM's W8A8 path, emulated), \
+         <em>weight-only</em> runs the decompressed weights with bf16 inputs.</p>",
+        esc(&f.model),
+        esc(&if runtimes.is_empty() { "transformers".to_string() } else { runtimes.join(", ") }),
+    );
+    h.push_str("<table><tr><th>Model in transformers</th><th>Activations</th><th>Greedy compared with</th><th>Greedy identical</th><th>Mean KLD vs llama.cpp BF16</th><th>99% KLD</th><th>Same top p</th><th>Mean KLD in llama.cpp</th><th>Loaded</th></tr>");
+    let in_llama = |ty: &str| {
+        rows(report).into_iter().find(|r| r.name.ends_with(&format!("-{ty}"))).and_then(|r| r.kld.map(|(m, _)| m))
+    };
+    for (s, with) in
+        std::iter::once((&f.bf16, "llama.cpp GGUF BF16")).chain(f.rungs.iter().map(|r| (r, "transformers BF16")))
+    {
+        let k = match &s.kld {
+            Some(Kld::Measured(k)) => Some(k),
+            _ => None,
+        };
+        let loaded = match (&s.load_error, &s.scheme) {
+            (Some(e), _) => format!("failed: {e}"),
+            (None, Some(scheme)) => format!("decompressed ({scheme})"),
+            (None, None) => "bf16".to_string(),
+        };
+        let _ = write!(
+            h,
+            "<tr{}><td>{}</td><td>{}</td><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td>{}</td></tr>",
+            if s.load_error.is_some() { " class=\"fail\"" } else { "" },
+            esc(&s.file_type),
+            esc(&s.activations),
+            with,
+            esc(&or_dash(s.greedy.as_ref().map(|g| format!("{}/{}", g.identical, g.n)))),
+            esc(&or_dash(k.map(|k| format!("{:.6} ± {:.6}", k.mean_kld, k.mean_kld_unc)))),
+            esc(&or_dash(k.map(|k| k.kld_p99).filter(|v| v.is_finite()).map(|v| format!("{v:.4}")))),
+            esc(&or_dash(k.map(|k| format!("{:.3} %", k.same_top_p)))),
+            esc(&or_dash(if s.file_type == "BF16" { None } else { in_llama(&s.file_type) }.map(|v| format!("{v:.6}")))),
             esc(&loaded),
         );
     }

@@ -129,6 +129,7 @@ pub fn render(report: &Report) -> String {
     }
 
     cross_runtime(&mut md, report);
+    transformers(&mut md, report);
 
     let mut diverged = String::new();
     for r in rows(report) {
@@ -165,6 +166,60 @@ pub fn render(report: &Report) -> String {
         }
     }
     md
+}
+
+/// The bf16 checkpoint and each vLLM rung in transformers (as saved and weight-only).
+fn transformers(md: &mut String, report: &Report) {
+    let Some(f) = &report.transformers else { return };
+    let _ = writeln!(md, "\n## transformers: the vLLM rungs as vLLM computes them\n");
+    let runtimes: Vec<String> = f
+        .runtimes
+        .iter()
+        .map(|r| {
+            format!(
+                "torch {} / transformers {} / compressed-tensors {} on {}",
+                r.torch,
+                r.transformers,
+                if r.compressed_tensors.is_empty() { "—" } else { &r.compressed_tensors },
+                r.device
+            )
+        })
+        .collect();
+    let _ = writeln!(
+        md,
+        "The GGUF BF16's source checkpoint (`{}`) and each vLLM rung run in {}; fed the token ids llama.cpp was fed. \
+         *as-saved* quantizes FP8_DYNAMIC's inputs per token (vLLM's W8A8 path, emulated); *weight-only* runs the \
+         decompressed weights with bf16 inputs.\n",
+        f.model.replace('`', "'"),
+        if runtimes.is_empty() { "transformers".to_string() } else { cell(&runtimes.join(", ")) }
+    );
+    let _ = writeln!(md, "| Model in transformers | Activations | Compared with | Greedy identical | Mean prefix | Mean KLD vs llama.cpp BF16 | Same top p | Loaded |");
+    let _ = writeln!(md, "|---|---|---|---:|---:|---:|---:|---|");
+    for (s, with) in
+        std::iter::once((&f.bf16, "llama.cpp GGUF BF16")).chain(f.rungs.iter().map(|r| (r, "transformers BF16")))
+    {
+        let k = match &s.kld {
+            Some(crate::model::Kld::Measured(k)) => Some(k),
+            _ => None,
+        };
+        let loaded = match (&s.load_error, &s.scheme) {
+            (Some(e), _) => format!("**failed**: {}", cell(e)),
+            (None, Some(scheme)) => format!("decompressed ({})", cell(scheme)),
+            (None, None) => "bf16".to_string(),
+        };
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            cell(&s.file_type),
+            cell(&s.activations),
+            with,
+            or_dash(s.greedy.as_ref().map(|g| format!("{}/{}", g.identical, g.n))),
+            or_dash(s.greedy.as_ref().map(|g| format!("{:.3}", g.mean_prefix_fraction))),
+            or_dash(k.map(|k| format!("{:.6} ± {:.6}", k.mean_kld, k.mean_kld_unc))),
+            or_dash(k.map(|k| format!("{:.2} %", k.same_top_p))),
+            loaded,
+        );
+    }
 }
 
 /// Link 2 across runtimes: the bf16 weights and each MLX rung in mlx-lm, with each divergence of the bf16 run.

@@ -48,7 +48,7 @@ async fn kld(t: &pb::KldTask, env: &Env) -> Result<pb::KldResult, Failure> {
             Ok(())
         })?;
         drop(dir);
-        Ok(pb::KldResult { chunks: out, note: note.unwrap_or_default(), mlx_lm: None })
+        Ok(pb::KldResult { chunks: out, note: note.unwrap_or_default(), ..Default::default() })
     })
     .await
 }

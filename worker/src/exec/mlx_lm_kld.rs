@@ -60,5 +60,5 @@ async fn kld(t: &pb::MlxLmKldTask, env: &Env) -> Result<pb::KldResult, Failure> 
     }
     helper.stop().await;
     drop(dir);
-    Ok(pb::KldResult { chunks, note: String::new(), mlx_lm: Some(run) })
+    Ok(pb::KldResult { chunks, mlx_lm: Some(run), ..Default::default() })
 }

@@ -5,7 +5,8 @@
 //!
 //! Executors are thin calls into `tensors`, `quant` and `eval`, and import only the worker's service modules below
 //! them: [`crate::fetch`] (inputs), [`crate::outputs`] (content-addressed outputs), [`crate::writers`] (how each
-//! deterministic output is made), [`crate::llama`] (the evaluation runtime), [`crate::mlx_run`] (mlx-lm, another runtime), [`crate::failure`] and
+//! deterministic output is made), [`crate::llama`] (the evaluation runtime), [`crate::mlx_run`] (mlx-lm, another
+//! runtime), [`crate::transformers_run`] (transformers, a third), [`crate::failure`] and
 //! [`crate::env`]. The lease loop (`lib.rs`) knows none of them: it calls [`run`].
 
 mod gguf;
@@ -27,6 +28,8 @@ mod peer_kld;
 mod plan;
 mod probe;
 mod quantize;
+mod transformers_greedy;
+mod transformers_kld;
 mod verify;
 mod vllm;
 
@@ -93,6 +96,8 @@ executors! {
     MlxLmGreedy => mlx_lm_greedy::MlxLmGreedy,
     MlxLmKld => mlx_lm_kld::MlxLmKld,
     MlxLmProbe => mlx_lm_probe::MlxLmProbe,
+    TransformersGreedy => transformers_greedy::TransformersGreedy,
+    TransformersKld => transformers_kld::TransformersKld,
 }
 
 /// The worker kinds this build's executors declare, each once: what the worker advertises.

@@ -1,0 +1,206 @@
+//! `transformers`: the vLLM rungs measured where fine-tunes are trained, and the HF bf16 checkpoint across runtimes.
+//! The source's bf16 checkpoint (the GGUF BF16's twin) and each vLLM rung, run in Hugging Face transformers on the
+//! workers' helper (with compressed-tensors: FP8_DYNAMIC with its inputs quantized per token as vLLM's W8A8 path does,
+//! emulated, and weight-only), fed the token ids llama.cpp was fed: greedy continuations (the bf16 checkpoint compared
+//! with llama.cpp's reference, each rung with transformers' bf16) and logits of each chunk group scored against
+//! llama.cpp's base logits.
+
+use std::fmt;
+
+use quantfarm_parity::ChunkStats;
+use quantfarm_proto::{self as pb, task};
+use quantfarm_report::model::TransformersRuntime;
+
+use super::expand::{model_cost, runs_greedy, tf_subjects};
+use super::lookup::{artifact_of, greedy_continuations, kld_plan_of, model_source};
+use super::subjects::{Subject, TfSubject, TRANSFORMERS_RUNTIME};
+use super::{num, Done, Family, Folded, Greedy, Grown, KldBase, Results, Stage, TaskKey, Vllm};
+use crate::graph::Ctx;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Transformers {
+    /// Greedy continuations of one share of the prompts, compared with llama.cpp's reference (for the bf16
+    /// checkpoint) or with transformers' bf16 run (for a rung).
+    Greedy { subject: TfSubject, share: u32 },
+    /// transformers' logits of one chunk group, scored against llama.cpp's base logits of the same group.
+    Kld { subject: TfSubject, group: u32 },
+}
+
+impl Transformers {
+    fn subject(self) -> TfSubject {
+        match self {
+            Transformers::Greedy { subject, .. } | Transformers::Kld { subject, .. } => subject,
+        }
+    }
+}
+
+/// What transformers loads for a subject: the HF checkpoint the GGUF BF16 was converted from (the source, or the
+/// merge), or a vLLM rung's folder.
+fn model(ctx: &Ctx, results: &Results, subject: TfSubject) -> Result<String, String> {
+    match subject {
+        TfSubject::Bf16 => model_source(ctx, results),
+        TfSubject::Rung { rung, .. } => Ok(artifact_of(results, &Vllm { rung }.into())?.url.clone()),
+    }
+}
+
+/// What a rung's tasks wait for besides their inputs: the rung itself.
+fn made(subject: TfSubject) -> Option<TaskKey> {
+    match subject {
+        TfSubject::Bf16 => None,
+        TfSubject::Rung { rung, .. } => Some(Vllm { rung }.into()),
+    }
+}
+
+impl Family for Transformers {
+    const NAME: &'static str = "transformers";
+
+    fn write_rest(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Transformers::Greedy { subject, share } => write!(f, "/greedy/{subject}/{share}"),
+            Transformers::Kld { subject, group } => write!(f, "/kld/{subject}/{group}"),
+        }
+    }
+
+    fn parse(rest: &[&str]) -> Option<Transformers> {
+        Some(match rest {
+            ["greedy", t, n] => Transformers::Greedy { subject: TfSubject::parse(t)?, share: num(n)? },
+            ["kld", t, g] => Transformers::Kld { subject: TfSubject::parse(t)?, group: num(g)? },
+            _ => return None,
+        })
+    }
+
+    fn worker_kind(&self) -> Option<pb::WorkerKind> {
+        Some(pb::WorkerKind::Transformers)
+    }
+
+    fn runtime(&self) -> Option<&'static str> {
+        Some(TRANSFORMERS_RUNTIME)
+    }
+
+    fn stage(&self) -> String {
+        match self {
+            Transformers::Greedy { subject, .. } => format!("transformers greedy {subject}"),
+            Transformers::Kld { subject, .. } => format!("transformers kld {subject}"),
+        }
+    }
+
+    fn message(&self, ctx: &Ctx, results: &Results) -> Result<task::Kind, String> {
+        Ok(match *self {
+            Transformers::Greedy { subject, share } => {
+                let e = ctx.spec.evaluation.as_ref().ok_or("the release has no evaluation section")?;
+                let compared_with = match subject {
+                    TfSubject::Bf16 => Greedy { subject: Subject::Reference, share }.into(),
+                    TfSubject::Rung { .. } => Transformers::Greedy { subject: TfSubject::Bf16, share }.into(),
+                };
+                task::Kind::TransformersGreedy(pb::TransformersGreedyTask {
+                    model: model(ctx, results, subject)?,
+                    reference: greedy_continuations(results, &compared_with)?,
+                    max_tokens: e.max_tokens,
+                    keep_continuations: subject == TfSubject::Bf16,
+                    activations: subject.activations().to_string(),
+                })
+            }
+            Transformers::Kld { subject, group } => {
+                let kp = kld_plan_of(results)?;
+                let bos = kp.bos.ok_or(
+                    "the kld/plan result predates the token id of the chunks' BOS (made by an older worker): run the \
+                     release again",
+                )?;
+                let base = artifact_of(results, &KldBase { group }.into())?;
+                task::Kind::TransformersKld(pb::TransformersKldTask {
+                    model: model(ctx, results, subject)?,
+                    base: base.url.clone(),
+                    base_sha256: base.sha256.clone(),
+                    first_chunk: group * kp.n_seq,
+                    bos,
+                    activations: subject.activations().to_string(),
+                })
+            }
+        })
+    }
+
+    /// Per subject: its chunk statistics, its prompts' agreements and how transformers loaded it (a load error is
+    /// what the subject's record says, whichever task met it); and every runtime that loaded a model.
+    fn fold<'a>(&self, done: Done<'a>, into: &mut Folded<'a>) {
+        let subject = self.subject();
+        let result = done.result;
+        let (greedy, run) = match self {
+            Transformers::Kld { .. } => {
+                let list: &mut Vec<ChunkStats> = into.transformers_kld.entry(subject).or_default();
+                let k = result.and_then(pb::TaskResult::kld);
+                if let Some(k) = k {
+                    list.extend(k.chunks.iter().map(ChunkStats::from));
+                }
+                (None, k.and_then(|k| k.transformers.as_ref()))
+            }
+            Transformers::Greedy { .. } => {
+                let g = result.and_then(pb::TaskResult::greedy);
+                (g, g.and_then(|g| g.transformers.as_ref()))
+            }
+        };
+        if subject == TfSubject::Bf16 && into.transformers_model.is_none() {
+            if let Some(
+                task::Kind::TransformersKld(pb::TransformersKldTask { model, .. })
+                | task::Kind::TransformersGreedy(pb::TransformersGreedyTask { model, .. }),
+            ) = done.task.and_then(|t| t.kind.as_ref())
+            {
+                into.transformers_model = Some(model.clone());
+            }
+        }
+        let acc = into.transformers.entry(subject).or_default();
+        if let Some(g) = greedy {
+            acc.agreements.extend(&g.agreements);
+            acc.continuations += g.continuations.len();
+            acc.ran_greedy = true;
+        }
+        if let Some(r) = run {
+            if r.load_error.is_empty() {
+                into.transformers_runtimes.insert(TransformersRuntime {
+                    torch: r.torch.clone(),
+                    transformers: r.transformers.clone(),
+                    compressed_tensors: r.compressed_tensors.clone(),
+                    peft: r.peft.clone(),
+                    device: r.device.clone(),
+                    device_name: r.device_name.clone(),
+                });
+            }
+            if acc.run.is_none_or(|a| a.load_error.is_empty()) {
+                acc.run = Some(r);
+            }
+        }
+    }
+
+    /// After the plan: per prompt share each subject's continuations (the bf16 checkpoint after llama.cpp's
+    /// reference, a rung after transformers' bf16 and the rung); after the evaluation text's plan, per (subject,
+    /// chunk group) its logits scored against the group's base logits. The report waits for them all.
+    fn grow(stage: Stage, ctx: &Ctx, results: &Results, out: &mut Grown) {
+        match stage {
+            Stage::Planned(inv) => {
+                let Some(e) = inv.evaluated(ctx) else { return };
+                if !runs_greedy(ctx, e) {
+                    return;
+                }
+                for share in 0..e.prompt_shares {
+                    for subject in tf_subjects(ctx) {
+                        let deps = match made(subject) {
+                            None => vec![Greedy { subject: Subject::Reference, share }.into()],
+                            Some(rung) => {
+                                vec![Transformers::Greedy { subject: TfSubject::Bf16, share }.into(), rung]
+                            }
+                        };
+                        out.add_measured(Transformers::Greedy { subject, share }, deps, inv.plan.source_bytes);
+                    }
+                }
+            }
+            Stage::TextPlanned(kp) => {
+                for subject in tf_subjects(ctx) {
+                    for group in 0..kp.n_chunks.div_ceil(kp.n_seq.max(1)) {
+                        let deps = std::iter::once(KldBase { group }.into()).chain(made(subject)).collect();
+                        out.add_measured(Transformers::Kld { subject, group }, deps, model_cost(results));
+                    }
+                }
+            }
+            Stage::Start | Stage::Merged(_) | Stage::Calibrated(_) => {}
+        }
+    }
+}
