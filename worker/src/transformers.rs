@@ -125,6 +125,11 @@ impl Transformers {
         self.helper.decode(sequences).await
     }
 
+    /// The helper client itself, for the loops the runtimes share (`crate::exec`'s `helper_runs`).
+    pub fn helper(&mut self) -> &mut Helper {
+        &mut self.helper
+    }
+
     /// Stops the helper.
     pub async fn stop(self) {
         self.helper.stop().await

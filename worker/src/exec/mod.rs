@@ -11,6 +11,7 @@
 
 mod gguf;
 mod greedy;
+mod helper_runs;
 mod imatrix;
 mod imatrix_merge;
 mod kld;

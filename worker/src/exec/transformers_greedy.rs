@@ -3,14 +3,13 @@
 //! GGUF BF16 (across runtimes), a vLLM rung against transformers' HF checkpoint. Continuations are compared as ids
 //! and as the text transformers' tokenizer decodes them to.
 
-use quantfarm_eval::greedy::agreement;
 use quantfarm_proto::{self as pb, task_result, WorkerKind};
 
+use super::helper_runs::continue_greedily;
 use super::Executor;
 use crate::env::Env;
 use crate::failure::Failure;
 use crate::fetch::{local_model, task_dir};
-use crate::mlx_run::ids;
 use crate::transformers_run::{activations, open, Opened};
 
 pub struct TransformersGreedy;
@@ -35,29 +34,8 @@ async fn greedy(t: &pb::TransformersGreedyTask, env: &Env) -> Result<pb::GreedyR
         Opened::Ready(helper, run) => (helper, run),
         Opened::Refused(run) => return Ok(pb::GreedyResult { transformers: Some(run), ..Default::default() }),
     };
-    let mut result = pb::GreedyResult::default();
-    for r in &t.reference {
-        let what = format!("{}: prompt {}", t.model, r.index);
-        let prompt = ids(&r.prompt_tokens, &what)?;
-        let reference = ids(&r.tokens, &what)?;
-        let c = helper.greedy(&prompt, t.max_tokens, None).await?;
-        let texts = helper.decode(&[&reference, &c.tokens]).await?;
-        let tokens: Vec<i32> = c.tokens.iter().map(|&t| t as i32).collect();
-        let a = agreement(
-            r.index as usize,
-            (&r.tokens, &r.margins, texts[0].clone().into_bytes()),
-            (&tokens, texts[1].clone().into_bytes()),
-        );
-        result.agreements.push(super::greedy::agreement_proto(a));
-        if t.keep_continuations {
-            result.continuations.push(pb::GreedyContinuation {
-                index: r.index,
-                prompt_tokens: r.prompt_tokens.clone(),
-                tokens,
-                margins: c.margins,
-            });
-        }
-    }
+    let mut result =
+        continue_greedily(helper.helper(), &t.model, &t.reference, t.max_tokens, t.keep_continuations).await?;
     helper.stop().await;
     drop(dir);
     result.transformers = Some(run);
