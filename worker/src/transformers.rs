@@ -10,7 +10,7 @@ use std::path::Path;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::helper::{self, Continuation, Error, Helper, LogitRows, Script};
+use crate::helper::{self, Error, Helper, Script};
 
 /// The helper program, as shipped in the repository.
 pub const HELPER: &str = include_str!("../transformers/quantfarm_transformers.py");
@@ -102,27 +102,6 @@ impl Transformers {
         });
         let v = self.helper.call("load", req).await?;
         self.helper.parse("load", v)
-    }
-
-    /// One forward pass over `tokens`; the logits of positions `first..` written to `out`.
-    pub async fn logits(&mut self, tokens: &[u32], first: usize, out: &Path) -> Result<LogitRows, Error> {
-        self.helper.logits(tokens, first, out).await
-    }
-
-    /// A greedy continuation of `tokens` (temperature 0), at most `max_tokens`, ending with the first of `stop`
-    /// (`None`: the generation config's end-of-sequence ids).
-    pub async fn greedy(
-        &mut self,
-        tokens: &[u32],
-        max_tokens: u32,
-        stop: Option<&[u32]>,
-    ) -> Result<Continuation, Error> {
-        self.helper.greedy(tokens, max_tokens, stop).await
-    }
-
-    /// The loaded model's tokenizer's text of each sequence.
-    pub async fn decode(&mut self, sequences: &[&[u32]]) -> Result<Vec<String>, Error> {
-        self.helper.decode(sequences).await
     }
 
     /// The helper client itself, for the loops the runtimes share (`crate::exec`'s `helper_runs`).

@@ -9,9 +9,26 @@ use quantfarm_eval::kld::base_file::BaseFile;
 use quantfarm_eval::kld::{chunk_input, score_rows};
 use quantfarm_proto as pb;
 
+use crate::env::Env;
 use crate::failure::Failure;
+use crate::fetch::{hash_object, local_file, location};
 use crate::helper::Helper;
 use crate::mlx_run::ids;
+
+/// The base-logits file at `url` fetched into `dir`, after its digest was checked against the one the farm recorded
+/// (`sha256`).
+pub(super) async fn checked_base(
+    url: &str,
+    sha256: &str,
+    dir: &Path,
+    env: &Env,
+) -> Result<std::path::PathBuf, Failure> {
+    let quantfarm_store::Digest { sha256: sha, .. } = hash_object(&location(url)?, env.budget).await?;
+    if sha != sha256 {
+        return Err(Failure::corrupt(url, &sha, sha256));
+    }
+    local_file(url, dir, env).await
+}
 
 /// Every chunk of `base` scored against the helper's logits of the same token ids (each chunk's first one `bos` when
 /// given, as llama-perplexity decodes it) by llama-perplexity's procedure; one chunk's logits pass through

@@ -5,13 +5,12 @@
 
 use quantfarm_eval::kld::base_file::BaseFile;
 use quantfarm_proto::{self as pb, task_result, WorkerKind};
-use quantfarm_store::Digest;
 
-use super::helper_runs::score_chunks;
+use super::helper_runs::{checked_base, score_chunks};
 use super::Executor;
 use crate::env::Env;
 use crate::failure::Failure;
-use crate::fetch::{hash_object, local_file, local_model, location, task_dir};
+use crate::fetch::{local_model, task_dir};
 use crate::mlx_run::{checkpoint, open, Opened};
 
 pub struct MlxLmKld;
@@ -27,11 +26,7 @@ impl Executor for MlxLmKld {
 
 async fn kld(t: &pb::MlxLmKldTask, env: &Env) -> Result<pb::KldResult, Failure> {
     let dir = task_dir(env)?;
-    let Digest { sha256: sha, .. } = hash_object(&location(&t.base)?, env.budget).await?;
-    if sha != t.base_sha256 {
-        return Err(Failure::corrupt(&t.base, &sha, &t.base_sha256));
-    }
-    let base_path = local_file(&t.base, dir.path(), env).await?;
+    let base_path = checked_base(&t.base, &t.base_sha256, dir.path(), env).await?;
     let model = checkpoint(&t.model, local_model(&t.model, dir.path(), env).await?, dir.path(), env).await?;
     let (mut helper, run) = match open(&model, &env.scratch).await? {
         Opened::Ready(helper, run) => (helper, run),

@@ -5,13 +5,12 @@
 
 use quantfarm_eval::kld::base_file::BaseFile;
 use quantfarm_proto::{self as pb, task_result, WorkerKind};
-use quantfarm_store::Digest;
 
-use super::helper_runs::score_chunks;
+use super::helper_runs::{checked_base, score_chunks};
 use super::Executor;
 use crate::env::Env;
 use crate::failure::Failure;
-use crate::fetch::{hash_object, local_file, local_model, location, task_dir};
+use crate::fetch::{local_model, task_dir};
 use crate::transformers_run::{activations, open, Opened};
 
 pub struct TransformersKld;
@@ -28,11 +27,7 @@ impl Executor for TransformersKld {
 async fn kld(t: &pb::TransformersKldTask, env: &Env) -> Result<pb::KldResult, Failure> {
     let acts = activations(&t.activations)?;
     let dir = task_dir(env)?;
-    let Digest { sha256: sha, .. } = hash_object(&location(&t.base)?, env.budget).await?;
-    if sha != t.base_sha256 {
-        return Err(Failure::corrupt(&t.base, &sha, &t.base_sha256));
-    }
-    let base_path = local_file(&t.base, dir.path(), env).await?;
+    let base_path = checked_base(&t.base, &t.base_sha256, dir.path(), env).await?;
     let model = local_model(&t.model, dir.path(), env).await?;
     let (mut helper, run) = match open(&model, acts, env).await? {
         Opened::Ready(helper, run) => (helper, run),
