@@ -1,10 +1,12 @@
 //! `quantfarm mlx`: a Hugging Face checkpoint to an MLX affine-quantized checkpoint, the tensors and config that
 //! `mlx_lm.convert --hf-path IN -q --q-bits B --q-group-size G` writes (mlx-lm's choice of quantized modules,
 //! `mlx.core.quantize`'s arithmetic and packing); with `--unquantized`, what it writes without `-q` (the model's
-//! parameters in its config's dtype, in mlx-lm's layout).
+//! parameters in its config's dtype, in mlx-lm's layout); with `--recipe mixed_4_6`, what `--quant-predicate
+//! mixed_4_6` writes (some modules at more bits, as `quantfarm_quant::mlx_recipe` says).
 
 use anyhow::{Context, Result};
 use quantfarm_quant::mlx_file::{quantize_mlx_checkpoint, MlxOptions};
+use quantfarm_quant::mlx_recipe::MixedRecipe;
 use quantfarm_store::Location;
 use quantfarm_tensors::TensorSource;
 
@@ -22,9 +24,13 @@ pub struct Args {
     /// Weights per scale/bias group: 32, 64 or 128.
     #[arg(long, default_value_t = 64)]
     group_size: usize,
+    /// mlx-lm's mixed-bit recipe (`--quant-predicate`): mixed_2_6, mixed_3_4, mixed_3_6 or mixed_4_6 (the low and
+    /// high bits; llama.cpp Q4_K_M's choice of modules that get the high ones).
+    #[arg(long, conflicts_with = "bits", value_parser = parse_recipe)]
+    recipe: Option<MixedRecipe>,
     /// Write the model's parameters unquantized, in the config's dtype (`mlx_lm.convert` without -q): for a model
     /// mlx-lm cannot load from its HF layout (gpt-oss fine-tunes saved in bf16).
-    #[arg(long, conflicts_with_all = ["bits", "group_size"])]
+    #[arg(long, conflicts_with_all = ["bits", "group_size", "recipe"])]
     unquantized: bool,
     /// Replace existing outputs.
     #[arg(long)]
@@ -37,18 +43,31 @@ pub struct Args {
 pub async fn run(args: Args) -> Result<()> {
     let src = TensorSource::open(&Location::parse(&args.input)?).await?;
     let dst = Location::parse(&args.output_dir)?;
-    let base = if args.unquantized { MlxOptions::unquantized() } else { MlxOptions::new(args.bits, args.group_size) };
+    let (base, what) = match (args.unquantized, args.recipe) {
+        (true, _) => (MlxOptions::unquantized(), "unquantized".to_string()),
+        (false, Some(r)) => (MlxOptions::mixed(r, args.group_size), r.to_string()),
+        (false, None) => (MlxOptions::new(args.bits, args.group_size), format!("{}-bit", args.bits)),
+    };
     let opts = MlxOptions { budget: args.budget, overwrite: args.overwrite, ..base };
-    let what = if args.unquantized { "unquantized".to_string() } else { format!("{}-bit", args.bits) };
     let done = quantize_mlx_checkpoint(&src, &dst, &opts)
         .await
         .with_context(|| format!("cannot convert {} to MLX ({what})", args.input))?;
     match opts.quant {
-        Some(q) => println!("{} modules quantized to {} bits (group size {})", done.quantized, q.bits, q.group_size),
+        Some(q) => match q.recipe {
+            Some(r) => println!("{} modules quantized by {r} (group size {})", done.quantized, q.group_size),
+            None => println!("{} modules quantized to {} bits (group size {})", done.quantized, q.bits, q.group_size),
+        },
         None => println!("unquantized: {} parameters", done.total_parameters),
     }
     for c in &done.files {
         println!("{}  {}  {}", c.sha256, human(c.bytes), c.location);
     }
     Ok(())
+}
+
+fn parse_recipe(s: &str) -> Result<MixedRecipe, String> {
+    MixedRecipe::parse(s).ok_or_else(|| {
+        let names: Vec<&str> = MixedRecipe::ALL.iter().map(|r| r.name()).collect();
+        format!("{s:?} is not one of mlx-lm's recipes ({})", names.join(", "))
+    })
 }

@@ -39,6 +39,7 @@ use quantfarm_tensors::{Dtype, Format, TensorSource, TensorType};
 
 pub(crate) use crate::mlx::round_to;
 use crate::mlx::{check_params, MlxQuantError};
+use crate::mlx_recipe::{MixedRecipe, RecipeError};
 
 mod stream;
 
@@ -65,6 +66,12 @@ pub enum MlxFileError {
     Config { file: String, msg: String },
     #[error("{file}: {what} is not converted as mlx-lm converts it")]
     Unsupported { file: String, what: String },
+    #[error("{file}: {source}")]
+    Recipe {
+        file: String,
+        #[source]
+        source: RecipeError,
+    },
 }
 
 /// A store error (a missing object, a dropped connection) is a tensors error about that file.
@@ -89,14 +96,26 @@ pub struct MlxOptions {
 /// Affine quantization's parameters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MlxQuant {
+    /// `--q-bits`: every module's bits, or with a recipe only the global entry of `config.json`'s `quantization`.
     pub bits: u32,
     pub group_size: usize,
+    /// `--quant-predicate`: the bits of each module by mlx-lm's mixed recipe (`crate::mlx_recipe`), which replaces
+    /// the model's own predicate.
+    pub recipe: Option<MixedRecipe>,
 }
 
 impl MlxOptions {
     /// Quantized to `bits` in groups of `group_size` (mlx-lm's defaults for affine mode: 4 bits, groups of 64).
     pub fn new(bits: u32, group_size: usize) -> MlxOptions {
-        MlxOptions { quant: Some(MlxQuant { bits, group_size }), dtype: None, budget: 256 << 20, overwrite: false }
+        let quant = MlxQuant { bits, group_size, recipe: None };
+        MlxOptions { quant: Some(quant), dtype: None, budget: 256 << 20, overwrite: false }
+    }
+
+    /// `mlx_lm.convert -q --q-group-size GROUP --quant-predicate RECIPE` (no `--q-bits`: the global entry says
+    /// mlx-lm's default, 4).
+    pub fn mixed(recipe: MixedRecipe, group_size: usize) -> MlxOptions {
+        let quant = MlxQuant { bits: 4, group_size, recipe: Some(recipe) };
+        MlxOptions { quant: Some(quant), ..MlxOptions::new(4, group_size) }
     }
 
     /// Cast and saved, not quantized: the checkpoint mlx-lm loads as the model's bf16 weights.
@@ -257,7 +276,17 @@ async fn convert(input: Input<'_>, dst_dir: &Location, opts: &MlxOptions) -> Res
     if let Some(q) = opts.quant {
         check_params(q.group_size, q.bits, q.group_size, cast.unwrap_or(Dtype::F32)).map_err(MlxFileError::Params)?;
     }
-    let (quantize_3d, overrides) = input.quant_rules();
+    let (quantize_3d, model_overrides) = input.quant_rules();
+    // A recipe replaces the model's predicate: it needs every module's name (it looks for `down_proj` among them)
+    // and the number of blocks.
+    let recipe = match opts.quant.and_then(|q| q.recipe) {
+        None => None,
+        Some(r) => {
+            let modules: Vec<&str> = tensors.iter().filter_map(|t| t.name.strip_suffix(".weight")).collect();
+            Some(r.plan(&modules).map_err(|source| MlxFileError::Recipe { file: file.clone(), source })?)
+        }
+    };
+    let overrides: &[(String, u32, usize)] = if recipe.is_some() { &[] } else { model_overrides };
 
     // Plan (sanitized by the input's plan): cast, predicate. Sorted by name, a quantized module's three tensors
     // together.
@@ -286,9 +315,16 @@ async fn convert(input: Input<'_>, dst_dir: &Location, opts: &MlxOptions) -> Res
         }
         let module = name.strip_suffix(".weight");
         let cols = shape.last().copied().unwrap_or(1);
-        let quant = opts.quant.map(|q| {
-            module.and_then(|m| overrides.iter().find(|o| o.0 == m)).map_or((q.bits, q.group_size), |o| (o.1, o.2))
-        });
+        let quant = match (opts.quant, recipe, module) {
+            (None, ..) => None,
+            (Some(q), Some(plan), Some(m)) => {
+                let bits = plan.bits_for(m).map_err(|source| MlxFileError::Recipe { file: file.clone(), source })?;
+                Some((bits, q.group_size))
+            }
+            (Some(q), ..) => Some(
+                module.and_then(|m| overrides.iter().find(|o| o.0 == m)).map_or((q.bits, q.group_size), |o| (o.1, o.2)),
+            ),
+        };
         let quantizable = |m: &str| shape.len() == 2 || shape.len() == 3 && quantize_3d.iter().any(|q| q == m);
         match (module, quant) {
             (Some(m), Some((bits, group_size)))
@@ -392,7 +428,23 @@ async fn convert(input: Input<'_>, dst_dir: &Location, opts: &MlxOptions) -> Res
     files.push(write_file(dst_dir, "model.safetensors.index.json", &python_json(&index), opts.overwrite).await?);
 
     let config = match opts.quant {
-        Some(q) => mlx_config(config, q.bits, q.group_size, overrides),
+        Some(q) => match recipe {
+            // Every quantized module has its entry, in mlx-lm's module order.
+            Some(plan) => {
+                let modules = items
+                    .iter()
+                    .filter_map(|i| match i {
+                        Item::Quant { module, .. } => Some(module.clone()),
+                        Item::Plain { .. } => None,
+                    })
+                    .collect();
+                let entries = plan
+                    .config_entries(modules, q.group_size)
+                    .map_err(|source| MlxFileError::Recipe { file: file.clone(), source })?;
+                mlx_config(config, &q, &entries)
+            }
+            None => mlx_config(config, &q, overrides),
+        },
         None => unquantized_config(config),
     };
     files.push(write_file(dst_dir, "config.json", &python_json(&Json::Object(config)), opts.overwrite).await?);
@@ -400,17 +452,20 @@ async fn convert(input: Input<'_>, dst_dir: &Location, opts: &MlxOptions) -> Res
 }
 
 /// `quantize_model` + `save_config`: the global `quantization` block (and its `quantization_config` copy), with an
-/// entry per module the model's `quant_predicate` gives other parameters (`modules`: full path, bits, group size),
-/// without `_name_or_path` and `vision_config`, top-level keys sorted.
+/// entry per module the predicate gives parameters (`modules`: full path, bits, group size, in order): the model's
+/// `quant_predicate` only for modules it treats otherwise, a recipe for every quantized module (and with the
+/// mode); without `_name_or_path` and `vision_config`, top-level keys sorted.
 pub fn mlx_config(
     mut config: Map<String, Json>,
-    bits: u32,
-    group_size: usize,
+    quant: &MlxQuant,
     modules: &[(String, u32, usize)],
 ) -> Map<String, Json> {
-    let mut q = serde_json::json!({ "group_size": group_size, "bits": bits, "mode": "affine" });
+    let mut q = serde_json::json!({ "group_size": quant.group_size, "bits": quant.bits, "mode": "affine" });
     for (module, bits, group_size) in modules {
-        q[module.as_str()] = serde_json::json!({ "group_size": group_size, "bits": bits });
+        q[module.as_str()] = match quant.recipe {
+            Some(_) => serde_json::json!({ "group_size": group_size, "bits": bits, "mode": "affine" }),
+            None => serde_json::json!({ "group_size": group_size, "bits": bits }),
+        };
     }
     config.insert("quantization".into(), q.clone());
     config.insert("quantization_config".into(), q);

@@ -17,7 +17,8 @@ use quantfarm_tensors::write::{copy_tensor, PieceWriter};
 use quantfarm_tensors::{Dtype, Format, TensorSource, TensorType};
 
 use crate::mlx::{quantize_affine, MlxQuantError};
-use crate::mlx_file::{mlx_config, round_to, unquantized_config};
+use crate::mlx_file::{mlx_config, round_to, unquantized_config, MlxQuant};
+use crate::mlx_recipe::MixedRecipe;
 use quantfarm_tensors::convert::transform::encode_f32;
 use quantfarm_tensors::dequant::float_values;
 use quantfarm_tensors::mlx::CARRIED_FILES;
@@ -151,7 +152,11 @@ pub async fn verify_mlx_conversion(
     match mlx.config.get("quantization").and_then(|q| Some((q.get("bits")?.as_u64()?, q.get("group_size")?.as_u64()?)))
     {
         Some((bits, group)) => {
-            let want = mlx_config(base_config, bits as u32, group as usize, &overrides);
+            let quant = MlxQuant { bits: bits as u32, group_size: group as usize, recipe: None };
+            let want = match mixed_recipe_config(&mlx.config, &base_config, quant, &refs, out) {
+                Some(want) => want,
+                None => mlx_config(base_config, &quant, &overrides),
+            };
             tv::compare_json_object(&mut v, "config.json", &want, &mlx.config);
         }
         // An unquantized checkpoint (`mlx_lm.convert` without -q), which holds no quantized tensor.
@@ -246,6 +251,43 @@ pub async fn verify_mlx_conversion(
 
 /// An MLX affine tensor `name` of a quantized MLX source, read as `mx.dequantize` gives it in `dtype` (its scales'
 /// dtype), as the MLX writer quantizes such a source again; `None` for any other tensor.
+/// The `config.json` a mixed recipe would write, when the output's per-module entries carry a mode (which only a
+/// recipe's do: `crate::mlx_recipe`): that of the recipe whose config is the output's, else of the first that
+/// applies (so the comparison names the first difference); `None` for a checkpoint made without a recipe.
+fn mixed_recipe_config(
+    got: &serde_json::Map<String, serde_json::Value>,
+    base: &serde_json::Map<String, serde_json::Value>,
+    quant: MlxQuant,
+    refs: &[(String, Reference)],
+    out: &TensorSource,
+) -> Option<serde_json::Map<String, serde_json::Value>> {
+    let q = got.get("quantization")?.as_object()?;
+    if !q.values().any(|e| e.get("mode").is_some()) {
+        return None;
+    }
+    let modules: Vec<&str> = refs.iter().filter_map(|(n, _)| n.strip_suffix(".weight")).collect();
+    let quantized: Vec<String> = out
+        .tensors()
+        .iter()
+        .filter(|e| matches!(e.ty, TensorType::MlxAffine { .. }))
+        .filter_map(|e| e.name.strip_suffix(".weight").map(str::to_string))
+        .collect();
+    let mut first = None;
+    for recipe in MixedRecipe::ALL {
+        let quant = MlxQuant { recipe: Some(recipe), ..quant };
+        let Ok(entries) = recipe.plan(&modules).and_then(|p| p.config_entries(quantized.clone(), quant.group_size))
+        else {
+            continue;
+        };
+        let want = mlx_config(base.clone(), &quant, &entries);
+        if &want == got {
+            return Some(want);
+        }
+        first.get_or_insert(want);
+    }
+    first
+}
+
 fn dequantized(src: &TensorSource, name: &str, dtype: Dtype) -> Result<Option<HfTensor>, VerifyError> {
     let e = src.entry(name)?;
     Ok(match e.ty {

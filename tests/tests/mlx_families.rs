@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use quantfarm_e2e::run_py;
 use quantfarm_quant::mlx_file::{quantize_mlx_checkpoint, MlxOptions};
+use quantfarm_quant::mlx_recipe::MixedRecipe;
 use quantfarm_store::Location;
 use quantfarm_tensors::TensorSource;
 use serde_json::Value;
@@ -30,16 +31,23 @@ fn stored(dir: &Path) -> serde_json::Map<String, Value> {
 
 /// Ours from `hf`, mlx-lm's from `oracle_input` (the same checkpoint, or the layout mlx-lm loads of it).
 fn check_with(arch: &str, hf: &Path, oracle_input: &Path, dir: &Path, quantized: usize) {
-    let theirs = dir.join(format!("{arch}-mlx-lm"));
+    check_rung(arch, hf, oracle_input, dir, quantized, None);
+}
+
+/// [`check_with`] at 4 bits, or by mlx-lm's mixed `recipe` (`--quant-predicate`).
+fn check_rung(arch: &str, hf: &Path, oracle_input: &Path, dir: &Path, quantized: usize, recipe: Option<MixedRecipe>) {
+    let what = recipe.map_or("4".to_string(), |r| r.to_string());
+    let theirs = dir.join(format!("{arch}-{what}-mlx-lm"));
     run_py(
         "mlx_checkpoint.py",
-        &[OsStr::new("convert"), oracle_input.as_os_str(), theirs.as_os_str(), OsStr::new("4"), OsStr::new("64")],
+        &[OsStr::new("convert"), oracle_input.as_os_str(), theirs.as_os_str(), OsStr::new(&what), OsStr::new("64")],
     );
-    let ours = dir.join(format!("{arch}-ours"));
+    let ours = dir.join(format!("{arch}-{what}-ours"));
     let done = rt().block_on(async {
         let src = TensorSource::open(&Location::local(hf)).await.unwrap();
         // A small budget, so tensors (and a stacked tensor's experts) are read in several pieces.
-        let opts = MlxOptions { budget: 64 << 10, ..MlxOptions::new(4, 64) };
+        let base = recipe.map_or_else(|| MlxOptions::new(4, 64), |r| MlxOptions::mixed(r, 64));
+        let opts = MlxOptions { budget: 64 << 10, ..base };
         quantize_mlx_checkpoint(&src, &Location::local(&ours), &opts).await.unwrap_or_else(|e| panic!("{arch}: {e}"))
     });
     let (a, b) = (stored(&ours), stored(&theirs));
@@ -59,7 +67,54 @@ fn check_with(arch: &str, hf: &Path, oracle_input: &Path, dir: &Path, quantized:
         );
     }
     quantfarm_e2e::assert_verified_identical(&quantfarm_e2e::verify(hf, &ours, None));
-    eprintln!("{arch}: {} tensors identical to mlx_lm.convert -q, {quantized} modules quantized", a.len());
+    eprintln!("{arch} {what}: {} tensors identical to mlx_lm.convert -q, {quantized} modules quantized", a.len());
+}
+
+/// mlx-lm's mixed recipes (`--quant-predicate`): the high bits on v_proj (and a fused qkv_proj, whose name contains
+/// it) and down_proj of the first and last eighth of the blocks and every third between, and on lm_head; every
+/// quantized module listed in config.json in mlx-lm's module order; the model's own predicate replaced (Qwen3-MoE's
+/// 8-bit router gets the recipe's bits); a multimodal wrapper's prefix. Tensors, config.json and the index byte for
+/// byte, then `quantfarm verify`, which recognizes the recipe from config.json.
+fn check_recipe(arch: &str, recipe: MixedRecipe, quantized: usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let hf = checkpoint(arch, dir.path());
+    check_rung(arch, &hf, &hf, dir.path(), quantized, Some(recipe));
+}
+
+/// Also: a config.json whose recipe entry contradicts its module's tensors (a 6-bit module said to be at 4 bits)
+/// fails `quantfarm verify`, naming the tensor.
+#[test]
+fn llama3_mixed_4_6_equals_mlx_lm() {
+    let dir = tempfile::tempdir().unwrap();
+    let hf = checkpoint("llama3", dir.path());
+    check_rung("llama3", &hf, &hf, dir.path(), 15, Some(MixedRecipe::Mixed4_6));
+    let ours = dir.path().join("llama3-mixed_4_6-ours");
+    let path = ours.join("config.json");
+    let text = std::fs::read_to_string(&path).unwrap();
+    // Block 1 of 2 is in the last eighth: its v_proj has 6 bits.
+    let entry = "\"model.layers.1.self_attn.v_proj\": {\n            \"group_size\": 64,\n            \"bits\": 6,";
+    assert!(text.contains(entry), "{text}");
+    std::fs::write(&path, text.replace(entry, &entry.replace("\"bits\": 6", "\"bits\": 4"))).unwrap();
+    let opts = quantfarm_quant::verify::VerifyOptions { budget: 8 << 20, adapter: None, base_name: None };
+    let got = rt().block_on(quantfarm_quant::verify::verify(&Location::local(&hf), &Location::local(&ours), &opts));
+    // The reader finds the entry at odds with the stored tensors before anything is recomputed.
+    let e = got.expect_err("a config.json at odds with its tensors verified").to_string();
+    assert!(e.contains("model.layers.1.self_attn.v_proj.scales") && e.contains("for 4 bits"), "{e}");
+}
+
+#[test]
+fn phi3_mixed_3_6_equals_mlx_lm() {
+    check_recipe("phi3", MixedRecipe::Mixed3_6, 2 * 4 + 2);
+}
+
+#[test]
+fn qwen3_moe_mixed_2_6_equals_mlx_lm() {
+    check_recipe("qwen3_moe", MixedRecipe::Mixed2_6, 2 * 7 + 2);
+}
+
+#[test]
+fn ministral3_multimodal_mixed_3_4_equals_mlx_lm() {
+    check_recipe("ministral3_mm", MixedRecipe::Mixed3_4, 16);
 }
 
 fn check(arch: &str, quantized: usize) {
