@@ -212,7 +212,7 @@ fn mlx_lm_logits_are_scored_against_llama_cpps_base_as_numpy_scores_them() {
 /// the versions the handshake gave, and whether the rung was upcast; the gates read those figures. The tiny Llama's
 /// weights are random, so its near-uniform outputs make greedy continuations part at near-ties: the greedy gate is
 /// relaxed here (SmolLM2's figures are the acceptance run's), while the bf16 weights' KLD across runtimes must be
-/// near zero.
+/// near zero. A second rung, mlx-lm's mixed recipe mixed_4_6, is made, verified and measured in both runtimes too.
 #[test]
 fn a_release_runs_its_bf16_weights_and_mlx_rung_in_mlx_lm() {
     let _cpu = quantfarm_e2e::cpu_bound();
@@ -222,7 +222,7 @@ fn a_release_runs_its_bf16_weights_and_mlx_rung_in_mlx_lm() {
     std::fs::write(
         &release,
         format!(
-            "name: tiny-mlx\nsource: synthetic:tiny-llama\noutputs:\n  gguf: {{quants: [Q8_0]}}\n  mlx: {{bits: [4]}}\n\
+            "name: tiny-mlx\nsource: synthetic:tiny-llama\noutputs:\n  gguf: {{quants: [Q8_0]}}\n  mlx: {{bits: [4], recipes: [mixed_4_6]}}\n\
              evaluation:\n  text: {}\n  ctx: 128\n  chunks: 3\n  batch: 256\n  prompts: {}\n  max_tokens: 8\n\
              \x20 probes: {}\n  context: 256\n\
              gates:\n  - {{name: probes, levels: all, check: 'probe.truncated <= 4'}}\n\
@@ -298,6 +298,16 @@ fn a_release_runs_its_bf16_weights_and_mlx_rung_in_mlx_lm() {
         assert_eq!(answered, 4, "{p:#}");
     }
     assert_eq!(measured["inputs"]["mlx_lm.probe.truncated"], rung["probes"]["truncated"], "{measured:#}");
+    // The recipe's rung: verified, and measured in mlx-lm and through its exact conversion in llama.cpp alike.
+    let mixed = &c["rungs"][1];
+    assert_eq!(mixed["file_type"], "MLX-mixed_4_6", "{c:#}");
+    assert_eq!((mixed["greedy"]["n"].as_u64(), mixed["kld"]["n_chunks"].as_u64()), (Some(20), Some(n_chunks)));
+    let artifact = r["artifacts"].as_array().unwrap().iter().find(|a| a["file_type"] == "MLX-mixed_4_6").unwrap();
+    assert_eq!(artifact["verified"], true, "{artifact:#}");
+    let (in_mlx_lm, in_llama) =
+        (mixed["kld"]["mean_kld"].as_f64().unwrap(), artifact["kld"]["mean_kld"].as_f64().unwrap());
+    assert!((in_mlx_lm - in_llama).abs() <= 0.2 * in_llama, "MLX-mixed_4_6: mlx-lm {in_mlx_lm}, llama.cpp {in_llama}");
+    assert_eq!(gate("measured", Some("MLX-mixed_4_6"))["passed"], true);
     assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
     for view in ["report.html", "report.md"] {
         let text = std::fs::read_to_string(Path::new(report).with_file_name(view)).unwrap();

@@ -164,7 +164,18 @@ pub async fn write_mlx(m: &pb::MlxTask, out: &Location, env: &Env) -> Result<Dig
     use quantfarm_quant::mlx_file::{gguf_to_mlx, quantize_mlx_checkpoint, MlxOptions};
     let src = TensorSource::open(&location(&m.source)?).await?;
     // A folder left by a lease that died between commits holds some of the (deterministic) files: replace them.
-    let opts = MlxOptions { budget: env.budget, overwrite: true, ..MlxOptions::new(m.bits, m.group_size as usize) };
+    let base = match m.recipe.as_str() {
+        "" => MlxOptions::new(m.bits, m.group_size as usize),
+        r => match quantfarm_quant::mlx_recipe::MixedRecipe::parse(r) {
+            Some(recipe) => MlxOptions::mixed(recipe, m.group_size as usize),
+            None => {
+                return Err(Failure::input(format!(
+                    "MLX recipe {r:?}: expected mixed_2_6, mixed_3_4, mixed_3_6 or mixed_4_6"
+                )))
+            }
+        },
+    };
+    let opts = MlxOptions { budget: env.budget, overwrite: true, ..base };
     let done = match src.format() {
         // A GGUF source: each tensor as its GGUF → HF conversion makes it in bf16 (`quantfarm convert --to mlx`).
         quantfarm_tensors::Format::Gguf => {

@@ -150,7 +150,7 @@ pub(super) fn chunked<'r>(result: &'r pb::TaskResult, what: &str) -> Result<Opti
 pub(super) fn model_tasks(target: EvalTarget, n_shards: u32) -> Vec<TaskKey> {
     match target {
         EvalTarget::Quant(level) => (0..n_shards).map(|shard| Quantize { level, shard }.into()).collect(),
-        EvalTarget::Mlx { bits } => vec![Mlx { bits }.into()],
+        EvalTarget::Mlx(rung) => vec![Mlx { rung }.into()],
         EvalTarget::Vllm(rung) => vec![Vllm { rung }.into()],
     }
 }
@@ -167,8 +167,8 @@ pub(super) fn mlx_lm_subjects(ctx: &Ctx) -> Vec<MlxSubject> {
     if !ctx.spec.runs_mlx_lm() {
         return Vec::new();
     }
-    let rungs = ctx.spec.mlx_bits().iter().copied().filter(|&bits| ctx.spec.measures(EvalTarget::Mlx { bits }));
-    std::iter::once(MlxSubject::Bf16).chain(rungs.map(|bits| MlxSubject::Rung { bits })).collect()
+    let rungs = ctx.spec.mlx_rungs().into_iter().filter(|&rung| ctx.spec.measures(EvalTarget::Mlx(rung)));
+    std::iter::once(MlxSubject::Bf16).chain(rungs.map(|rung| MlxSubject::Rung { rung })).collect()
 }
 
 /// What the release runs in transformers: the bf16 checkpoint, then every measured vLLM rung as saved, and weight-only

@@ -85,7 +85,7 @@ pub(super) fn model_of<'a>(results: &Results<'a>, subject: Subject) -> Result<&'
         Subject::Adapter => artifact_of(results, &MergeCheck { part: CheckPart::Base }.into()),
         Subject::MergedF32 => artifact_of(results, &MergeCheck { part: CheckPart::Merged }.into()),
         Subject::Model(EvalTarget::Quant(level)) => artifact_of(results, &Quantize { level, shard: 0 }.into()),
-        Subject::Model(EvalTarget::Mlx { bits }) => artifact_of(results, &Mlx { bits }.into()),
+        Subject::Model(EvalTarget::Mlx(rung)) => artifact_of(results, &Mlx { rung }.into()),
         Subject::Model(EvalTarget::Vllm(rung)) => artifact_of(results, &Vllm { rung }.into()),
     }
 }
@@ -95,7 +95,7 @@ pub(super) fn model_of<'a>(results: &Results<'a>, subject: Subject) -> Result<&'
 pub(super) fn mlx_lm_model(ctx: &Ctx, results: &Results, subject: MlxSubject) -> Result<String, String> {
     match subject {
         MlxSubject::Bf16 => model_source(ctx, results),
-        MlxSubject::Rung { bits } => Ok(artifact_of(results, &Mlx { bits }.into())?.url.clone()),
+        MlxSubject::Rung { rung } => Ok(artifact_of(results, &Mlx { rung }.into())?.url.clone()),
     }
 }
 

@@ -1,4 +1,5 @@
-//! `mlx`: an MLX affine checkpoint of `bits` bits, converted from the source (or the merge).
+//! `mlx`: an MLX affine checkpoint (every module at `bits` bits, or by an mlx-lm mixed recipe), converted from the
+//! source (or the merge).
 
 use std::fmt;
 
@@ -8,23 +9,29 @@ use super::lookup::{model_source, plan_of};
 use super::{num, Done, Family, Folded, Grown, Results, Slot, Stage, TaskKey};
 use crate::graph::naming::artifact;
 use crate::graph::Ctx;
-use crate::spec::EvalTarget;
+use crate::spec::{EvalTarget, MlxRung};
 
-/// The MLX rung of `bits` bits.
+/// An MLX rung.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Mlx {
-    pub bits: u32,
+    pub rung: MlxRung,
 }
 
 impl Mlx {
     /// The message that makes the checkpoint (its verification recomputes it with the same one).
     pub(super) fn task(self, ctx: &Ctx, results: &Results) -> Result<pb::MlxTask, String> {
-        let bits = self.bits;
+        let (rung, bits) = (self.rung, self.rung.bits());
         let plan = plan_of(results)?;
         let group_size = ctx.spec.outputs.mlx.as_ref().map_or(64, |m| m.group_size);
-        let identity = ["quantfarm mlx v1", &bits.to_string(), &group_size.to_string(), &plan.source_identity];
-        let output = artifact(ctx, &identity, &format!("{}-{}", ctx.spec.prefix(), EvalTarget::Mlx { bits }))?;
-        Ok(pb::MlxTask { source: model_source(ctx, results)?, bits, group_size, output: output.to_string() })
+        // A uniform rung's identity is its bits (as before recipes existed, so its cached artifacts still count).
+        let what = match rung.recipe() {
+            None => bits.to_string(),
+            Some(r) => r.to_string(),
+        };
+        let identity = ["quantfarm mlx v1", &what, &group_size.to_string(), &plan.source_identity];
+        let output = artifact(ctx, &identity, &format!("{}-{}", ctx.spec.prefix(), EvalTarget::Mlx(rung)))?;
+        let recipe = rung.recipe().map(|r| r.to_string()).unwrap_or_default();
+        Ok(pb::MlxTask { source: model_source(ctx, results)?, bits, group_size, output: output.to_string(), recipe })
     }
 }
 
@@ -32,12 +39,12 @@ impl Family for Mlx {
     const NAME: &'static str = "mlx";
 
     fn write_rest(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "/{}", self.bits)
+        write!(f, "/{}", MlxKey(self.rung))
     }
 
     fn parse(rest: &[&str]) -> Option<Mlx> {
         match rest {
-            [b] => Some(Mlx { bits: num(b)? }),
+            [r] => Some(Mlx { rung: MlxKey::parse(r)? }),
             _ => None,
         }
     }
@@ -47,7 +54,10 @@ impl Family for Mlx {
     }
 
     fn stage(&self) -> String {
-        format!("mlx {}-bit", self.bits)
+        match self.rung {
+            MlxRung::Bits(b) => format!("mlx {b}-bit"),
+            MlxRung::Mixed(r) => format!("mlx {r}"),
+        }
     }
 
     fn message(&self, ctx: &Ctx, results: &Results) -> Result<task::Kind, String> {
@@ -55,14 +65,36 @@ impl Family for Mlx {
     }
 
     fn fold<'a>(&self, done: Done<'a>, into: &mut Folded<'a>) {
-        into.makes(Slot::Rung(EvalTarget::Mlx { bits: self.bits }), done);
+        into.makes(Slot::Rung(EvalTarget::Mlx(self.rung)), done);
     }
 
     /// After the plan: one per bit width.
     fn grow(stage: Stage, ctx: &Ctx, _: &Results, out: &mut Grown) {
         let Stage::Planned(inv) = stage else { return };
-        for &bits in ctx.spec.mlx_bits() {
-            out.add(Mlx { bits }, vec![TaskKey::PLAN], inv.plan.source_bytes);
+        for rung in ctx.spec.mlx_rungs() {
+            out.add(Mlx { rung }, vec![TaskKey::PLAN], inv.plan.source_bytes);
+        }
+    }
+}
+
+/// How a rung shows in task keys: its bits (`mlx/4`, as before recipes existed), or the recipe's name
+/// (`mlx/mixed_4_6`).
+pub(super) struct MlxKey(pub MlxRung);
+
+impl fmt::Display for MlxKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            MlxRung::Bits(b) => write!(f, "{b}"),
+            MlxRung::Mixed(r) => write!(f, "{r}"),
+        }
+    }
+}
+
+impl MlxKey {
+    pub(super) fn parse(s: &str) -> Option<MlxRung> {
+        match crate::spec::MixedRecipe::parse(s) {
+            Some(r) => Some(MlxRung::Mixed(r)),
+            None => num(s).map(MlxRung::Bits),
         }
     }
 }

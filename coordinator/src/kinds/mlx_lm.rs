@@ -177,8 +177,8 @@ impl Family for MlxLm {
                         for subject in mlx_lm_subjects(ctx) {
                             let deps = match subject {
                                 MlxSubject::Bf16 => vec![Greedy { subject: Subject::Reference, share }.into()],
-                                MlxSubject::Rung { bits } => {
-                                    vec![MlxLm::Greedy { subject: MlxSubject::Bf16, share }.into(), Mlx { bits }.into()]
+                                MlxSubject::Rung { rung } => {
+                                    vec![MlxLm::Greedy { subject: MlxSubject::Bf16, share }.into(), Mlx { rung }.into()]
                                 }
                             };
                             out.add_measured(MlxLm::Greedy { subject, share }, deps, cost);
@@ -189,7 +189,7 @@ impl Family for MlxLm {
                     for subject in mlx_lm_subjects(ctx) {
                         let deps = match subject {
                             MlxSubject::Bf16 => vec![TaskKey::PLAN],
-                            MlxSubject::Rung { bits } => vec![Mlx { bits }.into()],
+                            MlxSubject::Rung { rung } => vec![Mlx { rung }.into()],
                         };
                         out.add_measured(MlxLm::Probe { subject }, deps, cost);
                     }
@@ -199,8 +199,8 @@ impl Family for MlxLm {
                 for subject in mlx_lm_subjects(ctx) {
                     for group in 0..kp.n_chunks.div_ceil(kp.n_seq.max(1)) {
                         let mut deps = vec![KldBase { group }.into()];
-                        if let MlxSubject::Rung { bits } = subject {
-                            deps.push(Mlx { bits }.into());
+                        if let MlxSubject::Rung { rung } = subject {
+                            deps.push(Mlx { rung }.into());
                         }
                         out.add_measured(MlxLm::Kld { subject, group }, deps, model_cost(results));
                     }

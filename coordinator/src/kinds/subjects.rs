@@ -7,21 +7,21 @@ use std::fmt;
 use quantfarm_proto as pb;
 
 pub use crate::spec::EvalTarget;
-use crate::spec::VllmRung;
+use crate::spec::{MlxRung, VllmRung};
 
 /// What mlx-lm runs: the source's bf16 weights as an HF checkpoint (the GGUF BF16's twin: the same weights, another
 /// runtime), or an MLX rung. Ordered as the report lists them: the bf16 weights, then the rungs by width.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum MlxSubject {
     Bf16,
-    Rung { bits: u32 },
+    Rung { rung: MlxRung },
 }
 
 impl fmt::Display for MlxSubject {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             MlxSubject::Bf16 => write!(f, "BF16"),
-            MlxSubject::Rung { bits } => write!(f, "{}", EvalTarget::Mlx { bits: *bits }),
+            MlxSubject::Rung { rung } => write!(f, "{}", EvalTarget::Mlx(*rung)),
         }
     }
 }
@@ -31,7 +31,7 @@ impl MlxSubject {
         match s {
             "BF16" => Some(MlxSubject::Bf16),
             _ => match EvalTarget::parse(s)? {
-                EvalTarget::Mlx { bits } => Some(MlxSubject::Rung { bits }),
+                EvalTarget::Mlx(rung) => Some(MlxSubject::Rung { rung }),
                 EvalTarget::Quant(_) | EvalTarget::Vllm(_) => None,
             },
         }

@@ -1,7 +1,7 @@
 use quantfarm_ggml::FileType;
 
 use super::*;
-use crate::spec::{Level, Peer, RecipeName, VllmRung};
+use crate::spec::{Level, MlxRung, Peer, RecipeName, VllmRung};
 
 fn q(f: FileType) -> Level {
     Level::File(f)
@@ -20,13 +20,13 @@ fn keys_round_trip() {
         Verify::Quantize { level: q(FileType::Q8_0), shard: 2 }.into(),
         Verify::Merge { file: 0 }.into(),
         Verify::MergeSide.into(),
-        Verify::Mlx { bits: 8 }.into(),
+        Verify::Mlx { rung: MlxRung::Bits(8) }.into(),
         Merge::Plan.into(),
         Merge::File { file: 1 }.into(),
         Merge::Side.into(),
         MergeCheck { part: CheckPart::Lora }.into(),
         MergeCheck { part: CheckPart::Merged }.into(),
-        Mlx { bits: 4 }.into(),
+        Mlx { rung: MlxRung::Bits(4) }.into(),
         Vllm { rung: VllmRung::Fp8Dynamic }.into(),
         Vllm { rung: VllmRung::W4A16 }.into(),
         Verify::Vllm { rung: VllmRung::W4A16 }.into(),
@@ -37,22 +37,22 @@ fn keys_round_trip() {
         Imatrix::Merge.into(),
         Kld::Plan.into(),
         Kld::Measure { target: EvalTarget::Quant(q(FileType::Q4_K_M)), group: 3 }.into(),
-        Kld::Measure { target: EvalTarget::Mlx { bits: 4 }, group: 0 }.into(),
+        Kld::Measure { target: EvalTarget::Mlx(MlxRung::Bits(4)), group: 0 }.into(),
         Kld::Measure { target: EvalTarget::Quant(Level::Recipe(RecipeName::new("UD-IQ2").unwrap())), group: 0 }.into(),
         KldBase { group: 2 }.into(),
         Greedy { subject: Subject::Reference, share: 1 }.into(),
         Greedy { subject: Subject::Model(EvalTarget::Quant(q(FileType::Q8_0))), share: 0 }.into(),
         Greedy { subject: Subject::Adapter, share: 0 }.into(),
         Greedy { subject: Subject::MergedF32, share: 1 }.into(),
-        Probe { subject: Subject::Model(EvalTarget::Mlx { bits: 8 }) }.into(),
+        Probe { subject: Subject::Model(EvalTarget::Mlx(MlxRung::Bits(8))) }.into(),
         Probe { subject: Subject::Reference }.into(),
         PeerRun::Base { peer: Peer::LlamaPerplexity }.into(),
         PeerRun::Kld { peer: Peer::LlamaPerplexity, level: q(FileType::Q6_K) }.into(),
         MlxLm::Greedy { subject: MlxSubject::Bf16, share: 1 }.into(),
-        MlxLm::Greedy { subject: MlxSubject::Rung { bits: 4 }, share: 0 }.into(),
-        MlxLm::Kld { subject: MlxSubject::Rung { bits: 8 }, group: 2 }.into(),
+        MlxLm::Greedy { subject: MlxSubject::Rung { rung: MlxRung::Bits(4) }, share: 0 }.into(),
+        MlxLm::Kld { subject: MlxSubject::Rung { rung: MlxRung::Bits(8) }, group: 2 }.into(),
         MlxLm::Kld { subject: MlxSubject::Bf16, group: 0 }.into(),
-        MlxLm::Probe { subject: MlxSubject::Rung { bits: 6 } }.into(),
+        MlxLm::Probe { subject: MlxSubject::Rung { rung: MlxRung::Bits(6) } }.into(),
         MlxLm::Probe { subject: MlxSubject::Bf16 }.into(),
         Transformers::Greedy { subject: TfSubject::Bf16, share: 0 }.into(),
         Transformers::Greedy { subject: TfSubject::Rung { rung: VllmRung::W4A16, weight_only: false }, share: 1 }

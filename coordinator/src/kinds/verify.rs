@@ -8,13 +8,14 @@ use quantfarm_proto::{self as pb, task, verify_task};
 use super::expand::{merge_files, merged};
 use super::lookup::artifact_of;
 use super::merge::merge_task;
+use super::mlx::MlxKey;
 use super::subjects::{EvalTarget, Subject};
 use super::{
     num, Done, Family, Folded, Gguf, Greedy, Grown, Kld, Merge, Mlx, Probe, Quantize, Results, Slot, Stage, TaskKey,
     Vllm,
 };
 use crate::graph::Ctx;
-use crate::spec::{Level, VllmRung};
+use crate::spec::{Level, MlxRung, VllmRung};
 
 /// The verification of one output, named after the task that made it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -23,7 +24,7 @@ pub enum Verify {
     Quantize { level: Level, shard: u32 },
     Merge { file: u32 },
     MergeSide,
-    Mlx { bits: u32 },
+    Mlx { rung: MlxRung },
     Vllm { rung: VllmRung },
 }
 
@@ -35,7 +36,7 @@ impl Verify {
             Verify::Quantize { level, shard } => Quantize { level, shard }.into(),
             Verify::Merge { file } => Merge::File { file }.into(),
             Verify::MergeSide => Merge::Side.into(),
-            Verify::Mlx { bits } => Mlx { bits }.into(),
+            Verify::Mlx { rung } => Mlx { rung }.into(),
             Verify::Vllm { rung } => Vllm { rung }.into(),
         }
     }
@@ -46,7 +47,7 @@ impl Verify {
             Verify::Gguf { .. } => Slot::Bf16,
             Verify::Quantize { level, .. } => Slot::Rung(EvalTarget::Quant(level)),
             Verify::Merge { .. } | Verify::MergeSide => Slot::Merged,
-            Verify::Mlx { bits } => Slot::Rung(EvalTarget::Mlx { bits }),
+            Verify::Mlx { rung } => Slot::Rung(EvalTarget::Mlx(rung)),
             Verify::Vllm { rung } => Slot::Rung(EvalTarget::Vllm(rung)),
         }
     }
@@ -90,7 +91,7 @@ impl Family for Verify {
             Verify::Quantize { level, shard } => write!(f, "/quantize/{level}/{shard}"),
             Verify::Merge { file } => write!(f, "/merge/{file}"),
             Verify::MergeSide => write!(f, "/merge/side"),
-            Verify::Mlx { bits } => write!(f, "/mlx/{bits}"),
+            Verify::Mlx { rung } => write!(f, "/mlx/{}", MlxKey(*rung)),
             Verify::Vllm { rung } => write!(f, "/vllm/{rung}"),
         }
     }
@@ -101,7 +102,7 @@ impl Family for Verify {
             ["quantize", l, s] => Verify::Quantize { level: Level::parse(l)?, shard: num(s)? },
             ["merge", "side"] => Verify::MergeSide,
             ["merge", f] => Verify::Merge { file: num(f)? },
-            ["mlx", b] => Verify::Mlx { bits: num(b)? },
+            ["mlx", r] => Verify::Mlx { rung: MlxKey::parse(r)? },
             ["vllm", r] => Verify::Vllm { rung: VllmRung::parse(r)? },
             _ => return None,
         })
@@ -132,7 +133,7 @@ impl Family for Verify {
                 verify_task::What::Merge(pb::MergeTask { output, ..merge_task(ctx, results, Some(file))? })
             }
             Verify::MergeSide => verify_task::What::Merge(pb::MergeTask { output, ..merge_task(ctx, results, None)? }),
-            Verify::Mlx { bits } => verify_task::What::Mlx(pb::MlxTask { output, ..Mlx { bits }.task(ctx, results)? }),
+            Verify::Mlx { rung } => verify_task::What::Mlx(pb::MlxTask { output, ..Mlx { rung }.task(ctx, results)? }),
             Verify::Vllm { rung } => {
                 verify_task::What::Vllm(pb::VllmTask { output, ..Vllm { rung }.task(ctx, results)? })
             }
@@ -164,8 +165,8 @@ impl Family for Verify {
                     out.measured.extend(merge_files(mp).map(|(file, _)| Verify::Merge { file }.into()));
                     out.measured.push(Verify::MergeSide.into());
                 }
-                for &bits in ctx.spec.mlx_bits() {
-                    out.add_measured(Verify::Mlx { bits }, vec![Mlx { bits }.into()], inv.plan.source_bytes);
+                for rung in ctx.spec.mlx_rungs() {
+                    out.add_measured(Verify::Mlx { rung }, vec![Mlx { rung }.into()], inv.plan.source_bytes);
                 }
                 for &rung in ctx.spec.vllm_rungs() {
                     out.add_measured(Verify::Vllm { rung }, vec![Vllm { rung }.into()], inv.plan.source_bytes);

@@ -15,7 +15,7 @@ use crate::kinds::{
     MergeCheck as MergeCheckKey, MlxSubject, Slot, SlotAcc, Subject, TaskKey, MERGE_CHECK,
 };
 use crate::sched::{Release, WorkerRec};
-use crate::spec::EvalTarget;
+use crate::spec::{EvalTarget, MlxRung};
 use quantfarm_parity::{ChunkStats, KldSummary};
 
 fn artifact_result(r: Option<&pb::TaskResult>) -> Option<&pb::Artifact> {
@@ -410,8 +410,8 @@ fn artifacts(
     probes: &BTreeMap<String, ProbeSummary>,
     peers: &mut BTreeMap<String, BTreeMap<String, PeerFigures>>,
 ) -> (Vec<Artifact>, bool) {
-    // Report order: the merge, the GGUF BF16, the quant levels as the spec lists them, the MLX rungs by width, the
-    // vLLM ones by scheme.
+    // Report order: the merge, the GGUF BF16, the quant levels as the spec lists them, the MLX rungs by width then
+    // the recipes, the vLLM ones by scheme.
     let rank = |slot: &Slot| -> u32 {
         match slot {
             Slot::Merged => 0,
@@ -419,7 +419,8 @@ fn artifacts(
             Slot::Rung(EvalTarget::Quant(level)) => {
                 rel.spec.quants().iter().position(|q| q.level() == *level).map_or(u32::MAX - 1, |p| p as u32 + 2)
             }
-            Slot::Rung(EvalTarget::Mlx { bits }) => u32::MAX - 32 + bits,
+            Slot::Rung(EvalTarget::Mlx(MlxRung::Bits(bits))) => u32::MAX - 32 + bits,
+            Slot::Rung(EvalTarget::Mlx(MlxRung::Mixed(recipe))) => u32::MAX - 20 + *recipe as u32,
             Slot::Rung(EvalTarget::Vllm(rung)) => u32::MAX - 8 + *rung as u32,
         }
     };

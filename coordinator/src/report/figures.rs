@@ -224,11 +224,11 @@ pub(super) fn cross_runtime_figures(
         return;
     }
     for (level, f) in m.levels.iter_mut() {
-        let Some(MlxSubject::Rung { bits }) = MlxSubject::parse(level) else { continue };
-        if !spec.measures(EvalTarget::Mlx { bits }) {
+        let Some(MlxSubject::Rung { rung }) = MlxSubject::parse(level) else { continue };
+        if !spec.measures(EvalTarget::Mlx(rung)) {
             continue;
         }
-        let rung = figures.and_then(|c| c.rungs.iter().find(|r| r.file_type == MlxSubject::Rung { bits }.to_string()));
+        let rung = figures.and_then(|c| c.rungs.iter().find(|r| r.file_type == MlxSubject::Rung { rung }.to_string()));
         let r = subject_figures(rung);
         f.set(Figure::MlxLmKldMean, r.kld_mean);
         f.set(Figure::MlxLmKldSameTopP, r.same_top_p);

@@ -23,6 +23,8 @@
 //!     #   batch 2048: batch/ctx chunks per `imatrix/G` task), as llama-imatrix -f -c -b --chunks
 //!   mlx:
 //!     bits: [4, 8]              # MLX affine checkpoints (mlx_lm.convert -q), one per bit width
+//!     recipes: [mixed_3_6]      # and one per mlx-lm mixed recipe (--quant-predicate: mixed_2_6, mixed_3_4,
+//!                               # mixed_3_6, mixed_4_6); bits, recipes or both
 //!     group_size: 64            # 32, 64 or 128 (default 64)
 //!   vllm:                       # compressed-tensors checkpoints vLLM loads, as llm-compressor writes them
 //!     schemes: [FP8_DYNAMIC, W4A16]   # one per scheme (spec/vllm.rs: group_size, ignore, like)
@@ -54,14 +56,16 @@
 //! ```
 
 mod evaluation;
+mod mlx;
 mod recipe;
 mod target;
 mod vllm;
 
 pub use evaluation::{Evaluation, Peer};
+pub use mlx::MlxOutputs;
 pub use recipe::{Level, Recipe, RecipeName, Rung, TensorTypeRule};
 use serde::{Deserialize, Serialize};
-pub use target::EvalTarget;
+pub use target::{EvalTarget, MixedRecipe, MlxRung};
 pub use vllm::{VllmLike, VllmOutputs, VllmRung};
 
 #[derive(Debug, thiserror::Error)]
@@ -211,19 +215,6 @@ impl From<ImatrixSource> for ImatrixFields {
     }
 }
 
-/// MLX affine checkpoints, as `mlx_lm.convert -q --q-bits B --q-group-size G` writes them.
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct MlxOutputs {
-    pub bits: Vec<u32>,
-    #[serde(default = "default_group_size")]
-    pub group_size: u32,
-}
-
-fn default_group_size() -> u32 {
-    64
-}
-
 /// gguf-split's two rules; exactly one is given.
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -284,18 +275,7 @@ impl ReleaseSpec {
             }
         }
         if let Some(m) = &self.outputs.mlx {
-            if m.bits.is_empty() {
-                return Err("outputs.mlx.bits: names no bit width".into());
-            }
-            let mut seen = std::collections::HashSet::new();
-            for &b in &m.bits {
-                if ![2, 3, 4, 5, 6, 8].contains(&b) || !seen.insert(b) {
-                    return Err(format!("outputs.mlx.bits: {b} is not one of 2, 3, 4, 5, 6, 8 (each once)"));
-                }
-            }
-            if ![32, 64, 128].contains(&m.group_size) {
-                return Err(format!("outputs.mlx.group_size: {} is not 32, 64 or 128", m.group_size));
-            }
+            m.check()?;
         }
         if self.adapter.as_deref().is_some_and(|a| a.trim().is_empty()) {
             return Err("adapter: is empty".into());
@@ -425,7 +405,7 @@ impl ReleaseSpec {
     /// Every measured output, in report order: the GGUF quant levels, the MLX checkpoints, then the vLLM ones.
     pub fn levels(&self) -> Vec<EvalTarget> {
         let quants = self.quants().iter().map(|q| EvalTarget::Quant(q.level()));
-        let mlx = self.mlx_bits().iter().map(|&bits| EvalTarget::Mlx { bits });
+        let mlx = self.mlx_rungs().into_iter().map(EvalTarget::Mlx);
         quants.chain(mlx).chain(self.vllm_rungs().iter().map(|&r| EvalTarget::Vllm(r))).collect()
     }
 
@@ -443,9 +423,9 @@ impl ReleaseSpec {
         self.outputs.gguf.as_ref().and_then(|g| g.prefix.as_deref()).unwrap_or(&self.name)
     }
 
-    /// The MLX bit widths to make (none when there is no MLX output).
-    pub fn mlx_bits(&self) -> &[u32] {
-        self.outputs.mlx.as_ref().map_or(&[], |m| &m.bits)
+    /// The MLX rungs to make, bit widths first (none when there is no MLX output).
+    pub fn mlx_rungs(&self) -> Vec<MlxRung> {
+        self.outputs.mlx.as_ref().map_or_else(Vec::new, MlxOutputs::rungs)
     }
 
     /// Whether the release runs models in mlx-lm (the cross-runtime link): it has MLX outputs, a GGUF BF16 to
@@ -626,12 +606,16 @@ mod tests {
     fn adapter_and_mlx_outputs() {
         let text = "name: r\nsource: ./m\nadapter: ./a\nbase_name: org/m\noutputs:\n  mlx: {bits: [4, 8]}\n";
         let s = ReleaseSpec::parse(text, "r").unwrap();
-        assert_eq!((s.adapter.as_deref(), s.mlx_bits(), s.converts()), (Some("./a"), &[4, 8][..], true));
+        let rungs = [MlxRung::Bits(4), MlxRung::Bits(8)];
+        assert_eq!((s.adapter.as_deref(), s.mlx_rungs(), s.converts()), (Some("./a"), rungs.to_vec(), true));
         assert_eq!(s.outputs.mlx.as_ref().unwrap().group_size, 64);
         for (bad, says) in [
             (text.replace("[4, 8]", "[7]"), "outputs.mlx.bits: 7"),
             (text.replace("[4, 8]", "[4, 4]"), "outputs.mlx.bits: 4"),
             (text.replace("{bits: [4, 8]}", "{bits: [4], group_size: 48}"), "outputs.mlx.group_size: 48"),
+            (text.replace("{bits: [4, 8]}", "{}"), "outputs.mlx: names no bit width"),
+            (text.replace("{bits: [4, 8]}", "{recipes: [mixed_3_6, mixed_3_6]}"), "mixed_3_6 is named twice"),
+            (text.replace("{bits: [4, 8]}", "{recipes: [mixed_4_8]}"), "mixed_4_8"),
             (text.replace("adapter: ./a\n", ""), "base_name: names the base"),
         ] {
             let e = ReleaseSpec::parse(&bad, "r").unwrap_err().to_string();
@@ -648,7 +632,7 @@ mod tests {
         assert_eq!(s.gates[0].check, "merge.greedy.agree >= 1");
         assert_eq!(s.levels().iter().map(EvalTarget::to_string).collect::<Vec<_>>(), ["Q8_0", "MLX-4bit"]);
         let q8 = EvalTarget::parse("Q8_0").unwrap();
-        assert!(s.measures(q8) && !s.measures(EvalTarget::Mlx { bits: 4 }));
+        assert!(s.measures(q8) && !s.measures(EvalTarget::Mlx(MlxRung::Bits(4))));
         for (bad, says) in [
             (text.replace(">= 1", ">= "), "right-hand side"),
             (text.replace("check:", "rule:"), "unknown field `rule`"),
