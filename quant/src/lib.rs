@@ -42,6 +42,7 @@ mod low_bit;
 pub mod mixture;
 pub mod mlx;
 pub mod mlx_file;
+pub mod mlx_fp;
 pub mod mlx_recipe;
 mod ternary;
 pub mod verify;

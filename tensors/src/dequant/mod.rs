@@ -11,8 +11,8 @@
 //! Files: `float.rs` (F32, F16, BF16, F64, integers), `legacy.rs` (the 32-element formats), `kquants.rs`
 //! (Q2_K…Q8_K), `iq1.rs` (IQ1_S, IQ1_M), `iq2.rs` (IQ2_XXS, IQ2_XS, IQ2_S), `iq3.rs` (IQ3_XXS, IQ3_S), `iq4.rs`
 //! (IQ4_NL, IQ4_XS), `fp4.rs` (MXFP4, NVFP4), `ternary.rs` (TQ1_0, TQ2_0), `low_bit.rs` (Q1_0, Q2_0), `mlx.rs` (MLX
-//! affine). The block layouts are `quantfarm_ggml::blocks`, shared with the quantizer; the grids of the i-quants are
-//! `quantfarm_ggml::grids`.
+//! affine), `mlx_fp.rs` (MLX's mxfp4, nvfp4, mxfp8). The block layouts are `quantfarm_ggml::blocks`, shared with the
+//! quantizer; the grids of the i-quants are `quantfarm_ggml::grids`.
 
 mod float;
 mod fp4;
@@ -24,10 +24,12 @@ mod kquants;
 mod legacy;
 mod low_bit;
 mod mlx;
+mod mlx_fp;
 mod ternary;
 
 pub use float::{bf16_bits_to_f32, bf16_to_f32, f16_bits_to_f32, f16_to_f32, float_values};
 pub use mlx::{dequantize_mlx_affine, dequantize_mlx_affine_as};
+pub use mlx_fp::{dequantize_fp, mlx_from_fp8, FpMode, E2M1};
 
 use quantfarm_ggml::blocks::Block;
 
