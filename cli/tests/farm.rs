@@ -398,7 +398,8 @@ fn a_release_with_an_importance_matrix_matches_llama_quantize() {
 /// `quantfarm imatrix` writes in one process; the Q4_K_M made with it is the one `quantfarm quantize --imatrix`
 /// makes with that file, and the report names the imatrix, its text and chunks beside the quant. The text's first 6
 /// chunks (a group of 4 and a last one of 2, so two `imatrix/G` parts) show the split and the merge; the imatrix's arithmetic over a
-/// whole text is checked against llama-imatrix in cli/tests/imatrix.rs.
+/// whole text is checked against llama-imatrix in cli/tests/imatrix.rs. The run on one worker only with
+/// QUANTFARM_LONG (`scripts/test --long`): the default run compares the three workers' file with the one process's.
 #[test]
 fn a_release_computes_its_importance_matrix_the_same_on_1_and_3_workers() {
     let _cpu = quantfarm_e2e::cpu_bound();
@@ -415,7 +416,11 @@ fn a_release_computes_its_importance_matrix_the_same_on_1_and_3_workers() {
     )
     .unwrap();
     let mut runs = Vec::new();
-    for workers in [1, 3] {
+    let long = std::env::var_os("QUANTFARM_LONG").is_some();
+    if !long {
+        eprintln!("SKIP the 1-worker release: set QUANTFARM_LONG=1 (scripts/test --long) to run it");
+    }
+    for &workers in if long { &[1, 3][..] } else { &[3][..] } {
         let dir = tmp.path().join(format!("w{workers}"));
         std::fs::create_dir_all(&dir).unwrap();
         let out = Command::new(bin())
@@ -438,11 +443,10 @@ fn a_release_computes_its_importance_matrix_the_same_on_1_and_3_workers() {
         assert_eq!(im["sha256"].as_str().unwrap(), hex(&Sha256::digest(&bytes)));
         runs.push((bytes, q4));
     }
-    assert!(runs[0].0 == runs[1].0, "the imatrix differs between 1 and 3 workers");
-    assert_eq!(
-        runs[0].1["files"][0]["sha256"], runs[1].1["files"][0]["sha256"],
-        "the Q4_K_M differs between 1 and 3 workers"
-    );
+    if let [one, three] = &runs[..] {
+        assert!(one.0 == three.0, "the imatrix differs between 1 and 3 workers");
+        assert_eq!(one.1["files"][0]["sha256"], three.1["files"][0]["sha256"], "the Q4_K_M differs on 1 and 3 workers");
+    }
     // One process, same text name: the same bytes.
     let bf16 = quantfarm_e2e::smollm2_derived().join("smollm2-bf16.gguf");
     let local = tmp.path().join("local.gguf");
