@@ -281,11 +281,7 @@ fn merge_check_passes_an_exact_merge_and_fails_a_wrong_one() {
         let adapter = dir.path().join(format!("{name}-adapter"));
         std::fs::create_dir_all(&adapter).unwrap();
         let expected = dir.path().join(format!("{name}-expected.safetensors"));
-        let mut args = vec![arg("peft-attn"), hf.as_os_str(), adapter.as_os_str(), expected.as_os_str()];
-        if let Some(f) = flaw {
-            args.push(arg(f));
-        }
-        quantfarm_e2e::run_py("lora_adapters.py", &args);
+        quantfarm_e2e::lora_adapters("peft-attn", &hf, &adapter, &expected, flaw);
         let out = dir.path().join(format!("{name}-merged"));
         ok(
             quantfarm(&[

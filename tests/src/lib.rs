@@ -308,8 +308,70 @@ pub fn run_py_with(python: &Path, script: &str, args: &[&std::ffi::OsStr]) -> St
 pub fn lora_adapter(kind: &str, hf: &Path, dir: &Path) -> PathBuf {
     let adapter = dir.join(format!("{kind}-adapter"));
     let expected = dir.join(format!("{kind}-expected.safetensors"));
-    run_py("lora_adapters.py", &[kind.as_ref(), hf.as_os_str(), adapter.as_os_str(), expected.as_os_str()]);
+    lora_adapters(kind, hf, &adapter, &expected, None);
     adapter
+}
+
+/// `tests/py/lora_adapters.py FORMAT BASE ADAPTER EXPECTED [FLAW]`: the adapter folder and, unflawed, its float64
+/// reference merge. The script is deterministic (seeded numpy) but slow on a real base (a float64 product per adapted
+/// matrix: seconds on SmolLM2), and the suite asks for the same adapters of the same bases many times, so each is made
+/// once per set of inputs into `$QUANTFARM_CACHE/lora-adapters/` (keyed by the sha256 of the script, the format, the
+/// flaw, every byte of the base folder and the Python's installed packages) and copied from there.
+pub fn lora_adapters(format: &str, base: &Path, adapter: &Path, expected: &Path, flaw: Option<&str>) {
+    use sha2::Digest as _;
+    let python = peers_python();
+    let mut h = sha2::Sha256::new();
+    h.update(std::fs::read(repo_root().join("tests/py/lora_adapters.py")).expect("lora_adapters.py"));
+    let mut files: Vec<PathBuf> = std::fs::read_dir(base)
+        .unwrap_or_else(|e| panic!("read {}: {e}", base.display()))
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    let names: Vec<Vec<u8>> =
+        files.iter().map(|f| f.file_name().unwrap_or_default().as_encoded_bytes().to_vec()).collect();
+    let mut parts: Vec<Vec<u8>> = vec![format.as_bytes().to_vec(), flaw.unwrap_or("").as_bytes().to_vec()];
+    parts.push(python.as_os_str().as_encoded_bytes().to_vec());
+    for (f, name) in files.iter().zip(names) {
+        parts.push(name);
+        parts.push(std::fs::read(f).unwrap_or_else(|e| panic!("read {}: {e}", f.display())));
+    }
+    for part in &parts {
+        h.update((part.len() as u64).to_le_bytes());
+        h.update(part);
+    }
+    let venv = python.parent().and_then(Path::parent).expect("the venv of the peers' python");
+    let mut packages: Vec<String> =
+        walk_names(&venv.join("lib"), 3).into_iter().filter(|n| n.ends_with(".dist-info")).collect();
+    packages.sort();
+    h.update(packages.join("\n").as_bytes());
+    let key: String = h.finalize().iter().take(12).map(|b| format!("{b:02x}")).collect();
+    let dir = cache_dir().join("lora-adapters").join(format!("{format}-{}-{key}", flaw.unwrap_or("ok")));
+    if !dir.join(".complete").exists() {
+        // Made in a staging folder and renamed into place: a killed run or a concurrent one leaves no half entry.
+        let parent = dir.parent().expect("cache folder");
+        std::fs::create_dir_all(parent).expect("create the lora-adapters cache");
+        let staging = tempfile::tempdir_in(parent).expect("a staging folder");
+        let made = staging.path().join("entry");
+        std::fs::create_dir_all(&made).expect("create the staging entry");
+        let (a, e) = (made.join("adapter"), made.join("expected.safetensors"));
+        let mut args = vec![OsStr::new(format), base.as_os_str(), a.as_os_str(), e.as_os_str()];
+        if let Some(f) = flaw {
+            args.push(OsStr::new(f));
+        }
+        run_py_with(&python, "lora_adapters.py", &args);
+        std::fs::write(made.join(".complete"), b"").expect("mark the entry complete");
+        if std::fs::rename(&made, &dir).is_err() && !dir.join(".complete").exists() {
+            panic!("cannot move {} to {}", made.display(), dir.display());
+        }
+    }
+    copy_tree(&dir.join("adapter"), adapter);
+    let cached = dir.join("expected.safetensors");
+    if cached.exists() {
+        std::fs::copy(&cached, expected)
+            .unwrap_or_else(|err| panic!("copy {} to {}: {err}", cached.display(), expected.display()));
+    }
 }
 
 /// The first `n` prompts of `examples/prompts-20.json`, written as a prompt file into `dir`. Greedy agreement is

@@ -358,10 +358,7 @@ fn an_mlx_4bit_fused_checkpoint_converts_and_runs_in_llama_cpp() {
     );
     let adapter = dir.path().join("adapter");
     let unused = dir.path().join("unused.safetensors");
-    quantfarm_e2e::run_py(
-        "lora_adapters.py",
-        &[OsStr::new("mlx-lora"), hf.as_os_str(), adapter.as_os_str(), unused.as_os_str()],
-    );
+    quantfarm_e2e::lora_adapters("mlx-lora", &hf, &adapter, &unused, None);
     let fused = dir.path().join("SmolLM2-fused");
     let out = Command::new(quantfarm_e2e::peers_python())
         .args(["-m", "mlx_lm", "fuse", "--model"])

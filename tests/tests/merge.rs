@@ -9,10 +9,9 @@
 //! would be off by the size of the delta itself.
 
 use std::collections::{BTreeMap, HashMap};
-use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
-use quantfarm_e2e::{convert_python, peers_python, run_py, run_py_with, smollm2_derived, tensor_bytes};
+use quantfarm_e2e::{convert_python, peers_python, run_py_with, smollm2_derived, tensor_bytes};
 use quantfarm_store::Location;
 use quantfarm_tensors::merge::{merge_adapter, MergeOptions};
 use quantfarm_tensors::TensorSource;
@@ -30,12 +29,7 @@ fn base() -> PathBuf {
 /// Writes the adapter (and, unflawed, the reference merge) with `lora_adapters.py`.
 fn adapter(format: &str, dir: &Path, flaw: Option<&str>) -> (PathBuf, PathBuf) {
     let (a, e) = (dir.join(format!("{format}-adapter")), dir.join(format!("{format}-expected.safetensors")));
-    let b = base();
-    let mut args = vec![OsStr::new(format), b.as_os_str(), a.as_os_str(), e.as_os_str()];
-    if let Some(f) = flaw {
-        args.push(OsStr::new(f));
-    }
-    run_py("lora_adapters.py", &args);
+    quantfarm_e2e::lora_adapters(format, &base(), &a, &e, flaw);
     (a, e)
 }
 
