@@ -181,7 +181,7 @@ pub struct MlxLmRuntime {
 /// One model in mlx-lm: how it was loaded and what was measured on it.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct MlxLmSubject {
-    /// `BF16` or `MLX-{bits}bit`.
+    /// `BF16`, `MLX-{bits}bit` or an mlx-lm recipe's rung (`MLX-mixed_4_6`).
     pub file_type: String,
     /// The checkpoint is quantized; its floating parameters were made f32 (the CPU build), `null` when no task
     /// loaded it.
@@ -266,7 +266,7 @@ pub struct Artifact {
     /// `{prefix}-{file_type}`.
     pub name: String,
     pub container: Container,
-    /// `merged`, `BF16`, a GGUF file type (`Q4_K_M`) or `MLX-{bits}bit`.
+    /// `merged`, `BF16`, a GGUF file type (`Q4_K_M`), `MLX-{bits}bit` or `MLX-mixed_4_6`.
     pub file_type: String,
     pub files: Vec<FileRef>,
     pub bytes: u64,
