@@ -226,13 +226,8 @@ fn synthetic_hf_cached(arch: &str) -> PathBuf {
     let dims = std::env::var("QF_SYNTHETIC_DIMS").unwrap_or_default();
     h.update((dims.len() as u64).to_le_bytes());
     h.update(dims.as_bytes());
-    // The packages the script imports (transformers, tokenizers, gguf, sentencepiece, quicktok-v1, …), by the
-    // names of their installed metadata folders (name and version).
-    let venv = python.parent().and_then(Path::parent).expect("the venv of the converter's python");
-    let mut packages: Vec<String> =
-        walk_names(&venv.join("lib"), 3).into_iter().filter(|n| n.ends_with(".dist-info")).collect();
-    packages.sort();
-    h.update(packages.join("\n").as_bytes());
+    // The packages the script imports (transformers, tokenizers, gguf, sentencepiece, quicktok-v1, …).
+    h.update(installed_packages(&python).as_bytes());
     let key: String = h.finalize().iter().take(12).map(|b| format!("{b:02x}")).collect();
     let dir = cache_dir().join("synthetic-hf").join(format!("{arch}-{key}"));
     if dir.join(".complete").exists() {
@@ -249,6 +244,16 @@ fn synthetic_hf_cached(arch: &str) -> PathBuf {
         panic!("cannot move {} to {}", made.display(), dir.display());
     }
     dir
+}
+
+/// The packages installed in the venv of `python`, by the names of their metadata folders (name and version), sorted
+/// and one per line: part of a cache key, so that a new version of any makes the cached output again.
+fn installed_packages(python: &Path) -> String {
+    let venv = python.parent().and_then(Path::parent).expect("the venv of a python in bin/");
+    let mut packages: Vec<String> =
+        walk_names(&venv.join("lib"), 3).into_iter().filter(|n| n.ends_with(".dist-info")).collect();
+    packages.sort();
+    packages.join("\n")
 }
 
 /// The names of the entries under `dir`, `depth` levels deep.
@@ -341,11 +346,7 @@ pub fn lora_adapters(format: &str, base: &Path, adapter: &Path, expected: &Path,
         h.update((part.len() as u64).to_le_bytes());
         h.update(part);
     }
-    let venv = python.parent().and_then(Path::parent).expect("the venv of the peers' python");
-    let mut packages: Vec<String> =
-        walk_names(&venv.join("lib"), 3).into_iter().filter(|n| n.ends_with(".dist-info")).collect();
-    packages.sort();
-    h.update(packages.join("\n").as_bytes());
+    h.update(installed_packages(&python).as_bytes());
     let key: String = h.finalize().iter().take(12).map(|b| format!("{b:02x}")).collect();
     let dir = cache_dir().join("lora-adapters").join(format!("{format}-{}-{key}", flaw.unwrap_or("ok")));
     if !dir.join(".complete").exists() {
