@@ -254,10 +254,15 @@ fn quantize_groups(
 
 /// `x.astype(dtype)` for values already widened to f32 (round to nearest even).
 pub(crate) fn round_to(vals: &mut [f32], dtype: Dtype) {
+    vals.iter_mut().for_each(|x| *x = round_value(*x, dtype));
+}
+
+/// `x` rounded to `dtype` (bf16 and f16 to nearest even; f32 as it is), as an f32.
+pub(crate) fn round_value(x: f32, dtype: Dtype) -> f32 {
     match dtype {
-        Dtype::BF16 => vals.iter_mut().for_each(|x| *x = f32::from_bits(u32::from(f32_to_bf16_bits(*x)) << 16)),
-        Dtype::F16 => vals.iter_mut().for_each(|x| *x = f16_bits_to_f32(f32_to_f16_bits(*x))),
-        _ => {}
+        Dtype::BF16 => f32::from_bits(u32::from(f32_to_bf16_bits(x)) << 16),
+        Dtype::F16 => f16_bits_to_f32(f32_to_f16_bits(x)),
+        _ => x,
     }
 }
 

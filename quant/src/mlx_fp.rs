@@ -26,7 +26,7 @@ pub use quantfarm_tensors::dequant::{dequantize_fp, mlx_from_fp8, FpMode, E2M1};
 use quantfarm_tensors::Dtype;
 
 use crate::compressed_tensors::fp8_e4m3fn_bits;
-use crate::float::{f32_to_bf16_bits, f32_to_f16_bits};
+use crate::mlx::round_value as round_to;
 
 /// Why a floating-point quantization was refused.
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -50,15 +50,6 @@ pub struct FpQuantized {
     pub packed: Vec<u32>,
     /// `rows × cols/group_size` scale bytes (`P.scales`).
     pub scales: Vec<u8>,
-}
-
-/// `x` rounded to `dtype` (bf16 and f16 to nearest even), as an f32.
-fn round_to(x: f32, dtype: Dtype) -> f32 {
-    match dtype {
-        Dtype::BF16 => f32::from_bits(u32::from(f32_to_bf16_bits(x)) << 16),
-        Dtype::F16 => quantfarm_tensors::dequant::f16_bits_to_f32(f32_to_f16_bits(x)),
-        _ => x,
-    }
 }
 
 /// `⌈log2 s⌉` for a positive finite `s`, exactly: the exponent of the smallest power of two at least `s`.

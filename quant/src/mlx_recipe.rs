@@ -138,7 +138,13 @@ impl MixedPlan {
         group_size: usize,
     ) -> Result<Vec<(String, u32, usize)>, RecipeError> {
         in_module_order(self.recipe, &mut quantized)?;
-        quantized.into_iter().map(|m| Ok((self.bits_for(&m)?, m)).map(|(b, m)| (m, b, group_size))).collect()
+        quantized
+            .into_iter()
+            .map(|m| {
+                let bits = self.bits_for(&m)?;
+                Ok((m, bits, group_size))
+            })
+            .collect()
     }
 }
 

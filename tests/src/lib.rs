@@ -334,17 +334,17 @@ pub fn lora_adapters(format: &str, base: &Path, adapter: &Path, expected: &Path,
         .filter(|p| p.is_file())
         .collect();
     files.sort();
-    let names: Vec<Vec<u8>> =
-        files.iter().map(|f| f.file_name().unwrap_or_default().as_encoded_bytes().to_vec()).collect();
-    let mut parts: Vec<Vec<u8>> = vec![format.as_bytes().to_vec(), flaw.unwrap_or("").as_bytes().to_vec()];
-    parts.push(python.as_os_str().as_encoded_bytes().to_vec());
-    for (f, name) in files.iter().zip(names) {
-        parts.push(name);
-        parts.push(std::fs::read(f).unwrap_or_else(|e| panic!("read {}: {e}", f.display())));
-    }
-    for part in &parts {
-        h.update((part.len() as u64).to_le_bytes());
-        h.update(part);
+    // Each part length-prefixed, one file's bytes in memory at a time.
+    let mut part = |bytes: &[u8]| {
+        h.update((bytes.len() as u64).to_le_bytes());
+        h.update(bytes);
+    };
+    part(format.as_bytes());
+    part(flaw.unwrap_or("").as_bytes());
+    part(python.as_os_str().as_encoded_bytes());
+    for f in &files {
+        part(f.file_name().unwrap_or_default().as_encoded_bytes());
+        part(&std::fs::read(f).unwrap_or_else(|e| panic!("read {}: {e}", f.display())));
     }
     h.update(installed_packages(&python).as_bytes());
     let key: String = h.finalize().iter().take(12).map(|b| format!("{b:02x}")).collect();
