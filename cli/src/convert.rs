@@ -298,8 +298,12 @@ fn describe(plan: &GgufPlan, input: &str, dst: &Location, prefix: &str, rule: Op
         );
         for t in &plan.tensors[r.clone()] {
             let mut ops = Vec::new();
-            if let TensorType::MlxAffine { bits, group_size, .. } = t.source_type {
-                ops.push(format!("dequantize (MLX {bits}-bit, groups of {group_size})"));
+            match t.source_type {
+                TensorType::MlxAffine { bits, group_size, .. } => {
+                    ops.push(format!("dequantize (MLX {bits}-bit, groups of {group_size})"))
+                }
+                TensorType::MlxFp { mode } => ops.push(format!("dequantize (MLX {})", mode.name())),
+                TensorType::Dtype(_) | TensorType::Ggml(_) => {}
             }
             if let Some(h) = t.permute_heads {
                 ops.push(format!("permute rows in {h} heads"));

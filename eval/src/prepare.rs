@@ -72,6 +72,8 @@ pub fn prepare(input: &Path, workdir: Option<&Path>) -> Result<Prepared> {
             !matches!(d, Dtype::F16 | Dtype::F32 | Dtype::F64 | Dtype::F8E4M3 | Dtype::F8E5M2 | Dtype::F8E8M0)
         }
         TensorType::MlxAffine { scale_dtype, .. } => scale_dtype == Dtype::BF16,
+        // Every value of a floating-point mode is exact in bf16.
+        TensorType::MlxFp { .. } => true,
         TensorType::Ggml(_) => false,
     });
     let out = if all_bf16 { OutType::Bf16 } else { OutType::F32 };

@@ -39,7 +39,9 @@ use quantfarm_tensors::{Dtype, Format, TensorSource, TensorType};
 
 pub(crate) use crate::mlx::round_to;
 use crate::mlx::{check_params, MlxQuantError};
+use crate::mlx_fp::{FpMode, FpQuantError};
 use crate::mlx_recipe::{MixedRecipe, RecipeError};
+use quantfarm_tensors::mlx::{AffineParams, ModuleQuant};
 
 mod stream;
 
@@ -52,11 +54,19 @@ pub enum MlxFileError {
     Tensors(#[from] quantfarm_tensors::Error),
     #[error(transparent)]
     Params(MlxQuantError),
+    #[error("{} takes {} bits in groups of {} (mx.quantize refuses others), not {bits} bits in groups of {group_size}", mode.name(), mode.bits(), mode.group_size())]
+    FpParams { mode: FpMode, bits: u32, group_size: usize },
     #[error("tensor {tensor:?}: {source}")]
     Quant {
         tensor: String,
         #[source]
         source: MlxQuantError,
+    },
+    #[error("tensor {tensor:?}: {source}")]
+    FpQuant {
+        tensor: String,
+        #[source]
+        source: FpQuantError,
     },
     #[error("{file}: mlx conversion reads Hugging Face or MLX safetensors folders, this is {format}")]
     NotSafetensors { file: String, format: &'static str },
@@ -93,29 +103,63 @@ pub struct MlxOptions {
     pub overwrite: bool,
 }
 
-/// Affine quantization's parameters.
+/// Quantization's parameters: `--q-bits`, `--q-group-size` and what else decides each module's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MlxQuant {
     /// `--q-bits`: every module's bits, or with a recipe only the global entry of `config.json`'s `quantization`.
     pub bits: u32,
     pub group_size: usize,
+    pub scheme: MlxScheme,
+}
+
+/// How modules are quantized beyond the global bits and group size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MlxScheme {
+    /// `--q-mode affine`: every module at the global bits, but those the model's own predicate treats otherwise.
+    Affine,
     /// `--quant-predicate`: the bits of each module by mlx-lm's mixed recipe (`crate::mlx_recipe`), which replaces
-    /// the model's own predicate.
-    pub recipe: Option<MixedRecipe>,
+    /// the model's own predicate (affine only, as in mlx-lm).
+    Mixed(MixedRecipe),
+    /// `--q-mode mxfp4|nvfp4|mxfp8` (`crate::mlx_fp`): every module in that mode (its one bit width and group
+    /// size), but those the model's own predicate gives affine parameters (Qwen3-MoE's 8-bit router).
+    Fp(FpMode),
+}
+
+impl MlxQuant {
+    pub fn recipe(&self) -> Option<MixedRecipe> {
+        match self.scheme {
+            MlxScheme::Mixed(r) => Some(r),
+            MlxScheme::Affine | MlxScheme::Fp(_) => None,
+        }
+    }
+
+    /// The global entry's `mode`.
+    pub fn mode_name(&self) -> &'static str {
+        match self.scheme {
+            MlxScheme::Affine | MlxScheme::Mixed(_) => "affine",
+            MlxScheme::Fp(m) => m.name(),
+        }
+    }
 }
 
 impl MlxOptions {
     /// Quantized to `bits` in groups of `group_size` (mlx-lm's defaults for affine mode: 4 bits, groups of 64).
     pub fn new(bits: u32, group_size: usize) -> MlxOptions {
-        let quant = MlxQuant { bits, group_size, recipe: None };
+        let quant = MlxQuant { bits, group_size, scheme: MlxScheme::Affine };
         MlxOptions { quant: Some(quant), dtype: None, budget: 256 << 20, overwrite: false }
     }
 
     /// `mlx_lm.convert -q --q-group-size GROUP --quant-predicate RECIPE` (no `--q-bits`: the global entry says
     /// mlx-lm's default, 4).
     pub fn mixed(recipe: MixedRecipe, group_size: usize) -> MlxOptions {
-        let quant = MlxQuant { bits: 4, group_size, recipe: Some(recipe) };
+        let quant = MlxQuant { bits: 4, group_size, scheme: MlxScheme::Mixed(recipe) };
         MlxOptions { quant: Some(quant), ..MlxOptions::new(4, group_size) }
+    }
+
+    /// `mlx_lm.convert -q --q-mode MODE` (the mode's own bits and group size, mlx-lm's defaults for it).
+    pub fn fp(mode: FpMode) -> MlxOptions {
+        let quant = MlxQuant { bits: mode.bits(), group_size: mode.group_size(), scheme: MlxScheme::Fp(mode) };
+        MlxOptions { quant: Some(quant), ..MlxOptions::new(4, 64) }
     }
 
     /// Cast and saved, not quantized: the checkpoint mlx-lm loads as the model's bf16 weights.
@@ -137,8 +181,8 @@ pub struct MlxConverted {
 enum Item {
     /// Stored as `dtype` under `name` (cast when it differs from the source's), read from `sources` in order.
     Plain { name: String, sources: Vec<String>, dtype: Dtype, shape: Vec<u64> },
-    /// Quantized into `module.weight`, `module.scales`, `module.biases`: `rows` rows of `cols` values, shaped
-    /// `lead + [cols]` (`lead` is `[rows]`, or `[experts, out]` for a 3-D `SwitchLinear` weight).
+    /// Quantized into `module.weight`, `module.scales` and (affine) `module.biases`: `rows` rows of `cols` values,
+    /// shaped `lead + [cols]` (`lead` is `[rows]`, or `[experts, out]` for a 3-D `SwitchLinear` weight).
     Quant {
         name: String,
         sources: Vec<String>,
@@ -147,8 +191,7 @@ enum Item {
         rows: u64,
         cols: u64,
         dtype: Dtype,
-        bits: u32,
-        group_size: usize,
+        quant: ModuleQuant,
     },
 }
 
@@ -260,7 +303,7 @@ async fn convert(input: Input<'_>, dst_dir: &Location, opts: &MlxOptions) -> Res
     let mlx_source = matches!(input, Input::Hf(s, _) if s.format() == Format::Mlx);
     if let Some(t) = tensors.iter().find(|t| match t.stored {
         TensorType::Dtype(_) => false,
-        TensorType::MlxAffine { .. } => !mlx_source,
+        TensorType::MlxAffine { .. } | TensorType::MlxFp { .. } => !mlx_source,
         TensorType::Ggml(_) => true,
     }) {
         return Err(MlxFileError::AlreadyQuantized { file, what: format!("tensor {:?} is {}", t.name, t.stored) });
@@ -274,12 +317,20 @@ async fn convert(input: Input<'_>, dst_dir: &Location, opts: &MlxOptions) -> Res
     }
     let cast = opts.dtype.or_else(|| mlx_cast_dtype(&config));
     if let Some(q) = opts.quant {
-        check_params(q.group_size, q.bits, q.group_size, cast.unwrap_or(Dtype::F32)).map_err(MlxFileError::Params)?;
+        let dtype = cast.unwrap_or(Dtype::F32);
+        match q.scheme {
+            MlxScheme::Fp(mode) if (q.bits, q.group_size) != (mode.bits(), mode.group_size()) => {
+                return Err(MlxFileError::FpParams { mode, bits: q.bits, group_size: q.group_size })
+            }
+            MlxScheme::Fp(mode) => check_quant(ModuleQuant::Fp(mode), dtype),
+            MlxScheme::Affine | MlxScheme::Mixed(_) => check_params(q.group_size, q.bits, q.group_size, dtype),
+        }
+        .map_err(MlxFileError::Params)?;
     }
     let (quantize_3d, model_overrides) = input.quant_rules();
     // A recipe replaces the model's predicate: it needs every module's name (it looks for `down_proj` among them)
     // and the number of blocks.
-    let recipe = match opts.quant.and_then(|q| q.recipe) {
+    let recipe = match opts.quant.and_then(|q| q.recipe()) {
         None => None,
         Some(r) => {
             let modules: Vec<&str> = tensors.iter().filter_map(|t| t.name.strip_suffix(".weight")).collect();
@@ -298,6 +349,8 @@ async fn convert(input: Input<'_>, dst_dir: &Location, opts: &MlxOptions) -> Res
         let (stored, dequantized) = match t.stored {
             TensorType::Dtype(d) => (d, false),
             TensorType::MlxAffine { scale_dtype, .. } => (scale_dtype, true),
+            // `mx.dequantize` of uint8 scales gives bfloat16 (every such value exactly).
+            TensorType::MlxFp { .. } => (Dtype::BF16, true),
             TensorType::Ggml(_) => unreachable!("checked above"),
         };
         let floating = matches!(stored, Dtype::F32 | Dtype::F16 | Dtype::BF16);
@@ -319,18 +372,20 @@ async fn convert(input: Input<'_>, dst_dir: &Location, opts: &MlxOptions) -> Res
             (None, ..) => None,
             (Some(q), Some(plan), Some(m)) => {
                 let bits = plan.bits_for(m).map_err(|source| MlxFileError::Recipe { file: file.clone(), source })?;
-                Some((bits, q.group_size))
+                Some(module_quant(&q, bits, q.group_size))
             }
-            (Some(q), ..) => Some(
-                module.and_then(|m| overrides.iter().find(|o| o.0 == m)).map_or((q.bits, q.group_size), |o| (o.1, o.2)),
-            ),
+            // The model's predicate gives `{group_size, bits}` without a mode: affine, whatever the global mode.
+            (Some(q), ..) => Some(match module.and_then(|m| overrides.iter().find(|o| o.0 == m)) {
+                Some(o) => ModuleQuant::Affine(AffineParams { bits: o.1 as u8, group_size: o.2 as u32 }),
+                None => module_quant(&q, q.bits, q.group_size),
+            }),
         };
         let quantizable = |m: &str| shape.len() == 2 || shape.len() == 3 && quantize_3d.iter().any(|q| q == m);
         match (module, quant) {
-            (Some(m), Some((bits, group_size)))
-                if floating && quantizable(m) && cols.is_multiple_of(group_size as u64) =>
+            (Some(m), Some(quant))
+                if floating && quantizable(m) && cols.is_multiple_of(u64::from(quant.group_size())) =>
             {
-                check_params(group_size, bits, group_size, dtype).map_err(MlxFileError::Params)?;
+                check_quant(quant, dtype).map_err(MlxFileError::Params)?;
                 let lead = shape[..shape.len() - 1].to_vec();
                 items.push(Item::Quant {
                     name: name.clone(),
@@ -340,8 +395,7 @@ async fn convert(input: Input<'_>, dst_dir: &Location, opts: &MlxOptions) -> Res
                     lead,
                     cols,
                     dtype,
-                    bits,
-                    group_size,
+                    quant,
                 })
             }
             _ => items.push(Item::Plain { name: name.clone(), sources: sources.clone(), dtype, shape: shape.clone() }),
@@ -356,17 +410,25 @@ async fn convert(input: Input<'_>, dst_dir: &Location, opts: &MlxOptions) -> Res
                 total_parameters += shape.iter().product::<u64>();
                 descs.push(StTensorDesc { name: name.clone(), dtype: *dtype, shape: shape.clone() });
             }
-            Item::Quant { module, lead, rows, cols, dtype, bits, group_size, .. } => {
+            Item::Quant { module, lead, rows, cols, dtype, quant, .. } => {
                 total_parameters += rows * cols;
                 let with_last = |last: u64| lead.iter().copied().chain([last]).collect::<Vec<_>>();
-                let groups = with_last(cols / *group_size as u64);
+                let groups = with_last(cols / u64::from(quant.group_size()));
                 descs.push(StTensorDesc {
                     name: format!("{module}.weight"),
                     dtype: Dtype::U32,
-                    shape: with_last(cols * u64::from(*bits) / 32),
+                    shape: with_last(cols * u64::from(quant.bits()) / 32),
                 });
-                descs.push(StTensorDesc { name: format!("{module}.scales"), dtype: *dtype, shape: groups.clone() });
-                descs.push(StTensorDesc { name: format!("{module}.biases"), dtype: *dtype, shape: groups });
+                match quant {
+                    ModuleQuant::Affine(_) => {
+                        let name = format!("{module}.scales");
+                        descs.push(StTensorDesc { name, dtype: *dtype, shape: groups.clone() });
+                        descs.push(StTensorDesc { name: format!("{module}.biases"), dtype: *dtype, shape: groups });
+                    }
+                    ModuleQuant::Fp(_) => {
+                        descs.push(StTensorDesc { name: format!("{module}.scales"), dtype: Dtype::U8, shape: groups })
+                    }
+                }
             }
         }
     }
@@ -451,6 +513,28 @@ async fn convert(input: Input<'_>, dst_dir: &Location, opts: &MlxOptions) -> Res
     Ok(MlxConverted { files, quantized, total_parameters })
 }
 
+/// A module's quantization under `quant` at `bits` and `group_size` (the global ones, or a recipe's bits).
+fn module_quant(quant: &MlxQuant, bits: u32, group_size: usize) -> ModuleQuant {
+    match quant.scheme {
+        MlxScheme::Fp(mode) => ModuleQuant::Fp(mode),
+        MlxScheme::Affine | MlxScheme::Mixed(_) => {
+            ModuleQuant::Affine(AffineParams { bits: bits as u8, group_size: group_size as u32 })
+        }
+    }
+}
+
+/// Refuses what `mx.quantize` refuses: affine's bits and group sizes, a scale dtype that is not a float.
+fn check_quant(quant: ModuleQuant, dtype: Dtype) -> Result<(), MlxQuantError> {
+    match quant {
+        ModuleQuant::Affine(p) => {
+            let g = p.group_size as usize;
+            check_params(g, u32::from(p.bits), g, dtype)
+        }
+        ModuleQuant::Fp(_) if matches!(dtype, Dtype::F32 | Dtype::F16 | Dtype::BF16) => Ok(()),
+        ModuleQuant::Fp(_) => Err(MlxQuantError::ScaleDtype(dtype)),
+    }
+}
+
 /// `quantize_model` + `save_config`: the global `quantization` block (and its `quantization_config` copy), with an
 /// entry per module the predicate gives parameters (`modules`: full path, bits, group size, in order): the model's
 /// `quant_predicate` only for modules it treats otherwise, a recipe for every quantized module (and with the
@@ -460,11 +544,11 @@ pub fn mlx_config(
     quant: &MlxQuant,
     modules: &[(String, u32, usize)],
 ) -> Map<String, Json> {
-    let mut q = serde_json::json!({ "group_size": quant.group_size, "bits": quant.bits, "mode": "affine" });
+    let mut q = serde_json::json!({ "group_size": quant.group_size, "bits": quant.bits, "mode": quant.mode_name() });
     for (module, bits, group_size) in modules {
-        q[module.as_str()] = match quant.recipe {
-            Some(_) => serde_json::json!({ "group_size": group_size, "bits": bits, "mode": "affine" }),
-            None => serde_json::json!({ "group_size": group_size, "bits": bits }),
+        q[module.as_str()] = match quant.scheme {
+            MlxScheme::Mixed(_) => serde_json::json!({ "group_size": group_size, "bits": bits, "mode": "affine" }),
+            MlxScheme::Affine | MlxScheme::Fp(_) => serde_json::json!({ "group_size": group_size, "bits": bits }),
         };
     }
     config.insert("quantization".into(), q.clone());

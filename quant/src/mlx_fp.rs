@@ -43,6 +43,19 @@ pub enum FpQuantError {
     Exponent { row: usize, group: usize, exponent: i32, amax: f32 },
 }
 
+impl FpQuantError {
+    /// The error with its row counted from `first` rows earlier (the input was a piece of a tensor from that row).
+    pub fn from_row(self, first: usize) -> FpQuantError {
+        match self {
+            FpQuantError::NonFinite { row, col, value } => FpQuantError::NonFinite { row: row + first, col, value },
+            FpQuantError::Exponent { row, group, exponent, amax } => {
+                FpQuantError::Exponent { row: row + first, group, exponent, amax }
+            }
+            e => e,
+        }
+    }
+}
+
 /// What `mx.quantize` returns for one of the floating-point modes.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct FpQuantized {

@@ -17,11 +17,13 @@ use quantfarm_tensors::write::{copy_tensor, PieceWriter};
 use quantfarm_tensors::{Dtype, Format, TensorSource, TensorType};
 
 use crate::mlx::{quantize_affine, MlxQuantError};
-use crate::mlx_file::{mlx_config, round_to, unquantized_config, MlxQuant};
+use crate::mlx_file::{mlx_config, round_to, unquantized_config, MlxQuant, MlxScheme};
+use crate::mlx_fp::{quantize_fp, FpMode, FpQuantError};
 use crate::mlx_recipe::MixedRecipe;
 use quantfarm_tensors::convert::transform::encode_f32;
 use quantfarm_tensors::dequant::float_values;
 use quantfarm_tensors::mlx::CARRIED_FILES;
+use quantfarm_tensors::mlx::{AffineParams, ModuleQuant};
 
 #[derive(Debug, thiserror::Error)]
 pub enum VerifyError {
@@ -31,6 +33,8 @@ pub enum VerifyError {
     Direction(String),
     #[error("{tensor}: {source}")]
     Quant { tensor: String, source: MlxQuantError },
+    #[error("{tensor}: {source}")]
+    FpQuant { tensor: String, source: FpQuantError },
 }
 
 /// A store error (a missing object, a dropped connection) is a tensors error about that file.
@@ -111,10 +115,13 @@ pub async fn verify_mlx_conversion(
             _ => None,
         })
         .or_else(|| {
-            out.tensors().iter().find_map(|e| match e.ty {
-                TensorType::Dtype(d @ (Dtype::BF16 | Dtype::F16 | Dtype::F32)) if e.shape.len() == 2 => Some(d),
+            let float = |e: &quantfarm_tensors::TensorEntry| match e.ty {
+                TensorType::Dtype(d @ (Dtype::BF16 | Dtype::F16 | Dtype::F32)) => Some(d),
                 _ => None,
-            })
+            };
+            // A matrix's, else (every matrix in a floating-point mode) a norm's: mlx-lm casts them all.
+            let all = out.tensors();
+            all.iter().filter(|e| e.shape.len() == 2).find_map(float).or_else(|| all.iter().find_map(float))
         })
         .ok_or_else(|| VerifyError::Direction(format!("{out_file}: no float or quantized matrix")))?;
     let mut v = Verification::new(format!("{} -> MLX ({dtype})", src.format().name()));
@@ -152,8 +159,14 @@ pub async fn verify_mlx_conversion(
     match mlx.config.get("quantization").and_then(|q| Some((q.get("bits")?.as_u64()?, q.get("group_size")?.as_u64()?)))
     {
         Some((bits, group)) => {
-            let quant = MlxQuant { bits: bits as u32, group_size: group as usize, recipe: None };
-            let want = match mixed_recipe_config(&mlx.config, &base_config, quant, &refs, out) {
+            let mode = mlx.config["quantization"].get("mode").and_then(|m| m.as_str()).and_then(FpMode::parse);
+            let scheme = mode.map_or(MlxScheme::Affine, MlxScheme::Fp);
+            let quant = MlxQuant { bits: bits as u32, group_size: group as usize, scheme };
+            let recipe = match scheme {
+                MlxScheme::Affine => mixed_recipe_config(&mlx.config, &base_config, quant, &refs, out),
+                MlxScheme::Mixed(_) | MlxScheme::Fp(_) => None,
+            };
+            let want = match recipe {
                 Some(want) => want,
                 None => mlx_config(base_config, &quant, &overrides),
             };
@@ -214,27 +227,18 @@ pub async fn verify_mlx_conversion(
                 c.verdict()
             }
             TensorType::MlxAffine { bits, group_size, scale_dtype } => {
-                let mut check =
-                    AffineCheck::new(out, name, e.row_len() as usize, bits.into(), group_size as usize, scale_dtype);
-                match r {
-                    Reference::Computed(t) => {
-                        let t = HfTensor { dtype: scale_dtype, ..t.clone() };
-                        convert::write_hf_tensor(src, &t, budget, &mut check).await?;
-                    }
-                    Reference::Hf(sources, _) => {
-                        for n in sources {
-                            if let Some(t) = dequantized(src, n, scale_dtype)? {
-                                convert::write_hf_tensor(src, &t, budget, &mut check).await?;
-                                continue;
-                            }
-                            let mut rows = Rows::new(src, n, budget)?;
-                            while let Some(vals) = rows.next(scale_dtype).await? {
-                                check.rows(vals).await?;
-                            }
-                        }
-                    }
-                }
-                check.verdict()
+                let check = QuantCheck::new(
+                    out,
+                    name,
+                    e.row_len() as usize,
+                    ModuleQuant::Affine(AffineParams { bits, group_size }),
+                    scale_dtype,
+                );
+                check_quantized(src, r, check, budget).await?
+            }
+            TensorType::MlxFp { mode } => {
+                let check = QuantCheck::new(out, name, e.row_len() as usize, ModuleQuant::Fp(mode), dtype);
+                check_quantized(src, r, check, budget).await?
             }
             TensorType::Ggml(g) => Verdict::Differs(format!("an MLX checkpoint holding a {g} tensor")),
         };
@@ -274,7 +278,7 @@ fn mixed_recipe_config(
         .collect();
     let mut first = None;
     for recipe in MixedRecipe::ALL {
-        let quant = MlxQuant { recipe: Some(recipe), ..quant };
+        let quant = MlxQuant { scheme: MlxScheme::Mixed(recipe), ..quant };
         let Ok(entries) = recipe.plan(&modules).and_then(|p| p.config_entries(quantized.clone(), quant.group_size))
         else {
             continue;
@@ -286,6 +290,35 @@ fn mixed_recipe_config(
         first.get_or_insert(want);
     }
     first
+}
+
+/// Streams the reference of a quantized output tensor through `check` (in the dtype it quantizes from).
+async fn check_quantized(
+    src: &TensorSource,
+    r: &Reference,
+    mut check: QuantCheck<'_>,
+    budget: u64,
+) -> Result<Verdict, VerifyError> {
+    let dtype = check.dtype;
+    match r {
+        Reference::Computed(t) => {
+            let t = HfTensor { dtype, ..t.clone() };
+            convert::write_hf_tensor(src, &t, budget, &mut check).await?;
+        }
+        Reference::Hf(sources, _) => {
+            for n in sources {
+                if let Some(t) = dequantized(src, n, dtype)? {
+                    convert::write_hf_tensor(src, &t, budget, &mut check).await?;
+                    continue;
+                }
+                let mut rows = Rows::new(src, n, budget)?;
+                while let Some(vals) = rows.next(dtype).await? {
+                    check.rows(vals).await?;
+                }
+            }
+        }
+    }
+    Ok(check.verdict())
 }
 
 fn dequantized(src: &TensorSource, name: &str, dtype: Dtype) -> Result<Option<HfTensor>, VerifyError> {
@@ -336,12 +369,11 @@ impl<'a> Rows<'a> {
 
 /// Compares an MLX affine tensor with reference rows given in order: recomputed bytes first, then the one-step
 /// bound where they differ.
-struct AffineCheck<'a> {
+struct QuantCheck<'a> {
     out: &'a TensorSource,
     name: &'a str,
     cols: usize,
-    bits: u32,
-    group_size: usize,
+    quant: ModuleQuant,
     dtype: Dtype,
     row: u64,
     identical: bool,
@@ -354,14 +386,13 @@ struct AffineCheck<'a> {
     deq: Vec<f32>,
 }
 
-impl<'a> AffineCheck<'a> {
-    fn new(out: &'a TensorSource, name: &'a str, cols: usize, bits: u32, group_size: usize, dtype: Dtype) -> Self {
-        AffineCheck {
+impl<'a> QuantCheck<'a> {
+    fn new(out: &'a TensorSource, name: &'a str, cols: usize, quant: ModuleQuant, dtype: Dtype) -> Self {
+        QuantCheck {
             out,
             name,
             cols,
-            bits,
-            group_size,
+            quant,
             dtype,
             row: 0,
             identical: true,
@@ -382,10 +413,16 @@ impl<'a> AffineCheck<'a> {
             self.worst = f64::INFINITY;
             return Ok(());
         }
-        let q = quantize_affine(vals, self.cols, self.bits, self.group_size, self.dtype)
+        let (bits, group_size) = match self.quant {
+            ModuleQuant::Fp(mode) => return self.fp_rows(vals, mode).await,
+            ModuleQuant::Affine(p) => (u32::from(p.bits), p.group_size as usize),
+        };
+        let q = quantize_affine(vals, self.cols, bits, group_size, self.dtype)
             .map_err(|source| VerifyError::Quant { tensor: self.name.to_string(), source })?;
         let [codes, scales, biases, scratch] = &mut self.bufs;
-        self.out.read_affine_rows(self.name, self.row, n, codes, scales, biases).await?;
+        let mut parts = [std::mem::take(codes), std::mem::take(scales), std::mem::take(biases)];
+        self.out.read_quantized_rows(self.name, self.row, n, &mut parts).await?;
+        [*codes, *scales, *biases] = parts;
         if *codes == q.packed_bytes() && *scales == q.scales && *biases == q.biases {
             self.row += n;
             return Ok(());
@@ -395,7 +432,7 @@ impl<'a> AffineCheck<'a> {
         self.out.read_f32_rows(self.name, self.row, &mut self.deq, scratch).await?;
         let (s_all, b_all) = (float_values(scales, self.dtype), float_values(biases, self.dtype));
         for (i, (&got, &want)) in self.deq.iter().zip(vals).enumerate() {
-            let g = i / self.group_size;
+            let g = i / group_size;
             let (s, b) = (f64::from(s_all[g]).abs(), f64::from(b_all[g]).abs());
             let err = (f64::from(got) - f64::from(want)).abs();
             // The stored scale and bias are rounded to the dtype: allow that much beyond the step.
@@ -421,6 +458,36 @@ impl<'a> AffineCheck<'a> {
         Ok(())
     }
 
+    /// Floating-point modes: the recomputed codes and scales or the first row that differs (a quantizer other than
+    /// mlx 0.32.4's, such as 0.32.1's nearest-rounded scales, is not accepted within a bound: the mode's grid has
+    /// no single step).
+    async fn fp_rows(&mut self, vals: &[f32], mode: FpMode) -> Result<(), VerifyError> {
+        let n = (vals.len() / self.cols) as u64;
+        let q = quantize_fp(vals, self.cols, mode, self.dtype)
+            .map_err(|source| VerifyError::FpQuant { tensor: self.name.to_string(), source })?;
+        let [codes, scales, biases, _] = &mut self.bufs;
+        let mut parts = [std::mem::take(codes), std::mem::take(scales), std::mem::take(biases)];
+        self.out.read_quantized_rows(self.name, self.row, n, &mut parts).await?;
+        [*codes, *scales, *biases] = parts;
+        let want_codes: Vec<u8> = q.packed.iter().flat_map(|w| w.to_le_bytes()).collect();
+        if *codes != want_codes || *scales != q.scales {
+            self.identical = false;
+            self.worst = f64::INFINITY;
+            let code_row = codes.len() / n.max(1) as usize;
+            let scale_row = scales.len() / n.max(1) as usize;
+            let bad = (0..n as usize).find(|&r| {
+                codes[r * code_row..(r + 1) * code_row] != want_codes[r * code_row..(r + 1) * code_row]
+                    || scales[r * scale_row..(r + 1) * scale_row] != q.scales[r * scale_row..(r + 1) * scale_row]
+            });
+            let row = self.row + bad.unwrap_or(0) as u64;
+            self.first_bad.get_or_insert_with(|| {
+                format!("row {row}: its {} codes or scales are not what mx.quantize gives the source", mode.name())
+            });
+        }
+        self.row += n;
+        Ok(())
+    }
+
     fn verdict(&self) -> Verdict {
         let rows = self.out.entry(self.name).map(|e| e.rows()).unwrap_or(0);
         if self.row != rows || !self.pending.is_empty() {
@@ -434,7 +501,7 @@ impl<'a> AffineCheck<'a> {
     }
 }
 
-impl PieceWriter for AffineCheck<'_> {
+impl PieceWriter for QuantCheck<'_> {
     /// Reference bytes in the output dtype, as the GGUF → HF conversion writes them.
     async fn write_piece(&mut self, data: &[u8]) -> quantfarm_tensors::Result<()> {
         self.pending.extend_from_slice(data);

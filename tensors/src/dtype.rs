@@ -2,6 +2,7 @@
 
 use std::fmt;
 
+use crate::dequant::FpMode;
 use crate::GgmlType;
 
 /// A safetensors `dtype` string.
@@ -103,6 +104,11 @@ pub enum TensorType {
         group_size: u32,
         scale_dtype: Dtype,
     },
+    /// An MLX weight in a floating-point mode (`mxfp4`, `nvfp4`, `mxfp8`): packed uint32 codes plus a uint8 scale
+    /// per group.
+    MlxFp {
+        mode: FpMode,
+    },
 }
 
 impl TensorType {
@@ -114,6 +120,7 @@ impl TensorType {
             TensorType::MlxAffine { bits, group_size, scale_dtype } => {
                 f64::from(bits) + (2 * scale_dtype.size() * 8) as f64 / f64::from(group_size)
             }
+            TensorType::MlxFp { mode } => f64::from(mode.bits()) + 8.0 / mode.group_size() as f64,
         }
     }
 }
@@ -124,6 +131,7 @@ impl fmt::Display for TensorType {
             TensorType::Ggml(t) => write!(f, "{t}"),
             TensorType::Dtype(d) => write!(f, "{d}"),
             TensorType::MlxAffine { bits, group_size, .. } => write!(f, "MLX_Q{bits}_G{group_size}"),
+            TensorType::MlxFp { mode } => write!(f, "MLX_{}", mode.name().to_uppercase()),
         }
     }
 }

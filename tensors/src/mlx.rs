@@ -6,41 +6,86 @@
 
 use serde_json::{Map, Value as Json};
 
+use crate::dequant::FpMode;
 use crate::dtype::{Dtype, TensorType};
 use crate::error::{Error, Result};
 use crate::safetensors::{SafetensorsModel, StTensor};
 use quantfarm_store::Blob;
 use quantfarm_store::Location;
 
-/// How one module is quantized.
+/// How one module is affine-quantized.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AffineParams {
     pub bits: u8,
     pub group_size: u32,
 }
 
+/// How one module is quantized: `mode: affine` (scales and biases in the model's dtype) or one of the
+/// floating-point modes (uint8 scales, no biases; each mode has one bit width and one group size).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModuleQuant {
+    Affine(AffineParams),
+    Fp(FpMode),
+}
+
+impl ModuleQuant {
+    pub fn bits(self) -> u32 {
+        match self {
+            ModuleQuant::Affine(p) => u32::from(p.bits),
+            ModuleQuant::Fp(m) => m.bits(),
+        }
+    }
+
+    pub fn group_size(self) -> u32 {
+        match self {
+            ModuleQuant::Affine(p) => p.group_size,
+            ModuleQuant::Fp(m) => m.group_size() as u32,
+        }
+    }
+}
+
 /// The `quantization` block of an MLX `config.json`.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct QuantConfig {
-    pub global: Option<AffineParams>,
+    pub global: Option<ModuleQuant>,
     /// Module path → its parameters, or `None` where the override says the module is not quantized (`false`).
-    pub overrides: Vec<(String, Option<AffineParams>)>,
+    /// An entry without `mode` is affine whatever the global mode (mlx-lm passes the entry to `to_quantized`, whose
+    /// `mode` defaults to `"affine"`).
+    pub overrides: Vec<(String, Option<ModuleQuant>)>,
 }
 
-fn params(obj: &Map<String, Json>, field: &str, file: &str) -> Result<AffineParams> {
-    if let Some(mode) = obj.get("mode") {
-        if mode.as_str() != Some("affine") {
+fn params(obj: &Map<String, Json>, field: &str, file: &str) -> Result<ModuleQuant> {
+    let mode = match obj.get("mode") {
+        None => None,
+        Some(Json::String(m)) if m == "affine" => None,
+        Some(Json::String(m)) if FpMode::parse(m).is_some() => FpMode::parse(m),
+        Some(m) => {
             return Err(Error::format(
                 file,
                 format!("{field}.mode"),
-                format!("{mode} is not supported (only \"affine\")"),
-            ));
+                format!("{m} is not supported (\"affine\", \"mxfp4\", \"nvfp4\" or \"mxfp8\")"),
+            ))
         }
-    }
+    };
     let get = |k: &str| obj.get(k).and_then(Json::as_u64);
     let bits = get("bits").ok_or_else(|| Error::format(file, format!("{field}.bits"), "missing or not an integer"))?;
     let group = get("group_size")
         .ok_or_else(|| Error::format(file, format!("{field}.group_size"), "missing or not an integer"))?;
+    if let Some(mode) = mode {
+        if bits != u64::from(mode.bits()) || group != mode.group_size() as u64 {
+            return Err(Error::format(
+                file,
+                field,
+                format!(
+                    "{} takes bits {} and group_size {}, not {bits} and {group}",
+                    mode.name(),
+                    mode.bits(),
+                    mode.group_size()
+                ),
+            ));
+        }
+        return Ok(ModuleQuant::Fp(mode));
+    }
     if !matches!(bits, 2 | 3 | 4 | 5 | 6 | 8) {
         return Err(Error::format(
             file,
@@ -55,7 +100,7 @@ fn params(obj: &Map<String, Json>, field: &str, file: &str) -> Result<AffinePara
             format!("{group} (MLX affine takes 32, 64 or 128)"),
         ));
     }
-    Ok(AffineParams { bits: bits as u8, group_size: group as u32 })
+    Ok(ModuleQuant::Affine(AffineParams { bits: bits as u8, group_size: group as u32 }))
 }
 
 impl QuantConfig {
@@ -83,19 +128,38 @@ impl QuantConfig {
     }
 
     /// The parameters for module `path`: its override if any, else the global ones.
-    pub fn for_module(&self, path: &str) -> Option<AffineParams> {
+    pub fn for_module(&self, path: &str) -> Option<ModuleQuant> {
         match self.overrides.iter().find(|(k, _)| k == path) {
             Some((_, p)) => *p,
             None => self.global,
         }
     }
+
+    /// The override entry of module `path`: `Some(None)` where it says the module is not quantized.
+    pub fn entry(&self, path: &str) -> Option<Option<ModuleQuant>> {
+        self.overrides.iter().find(|(k, _)| k == path).map(|(_, p)| *p)
+    }
 }
 
-/// Where a logical tensor's bytes are: one stored tensor, or an affine triple.
+/// Where a logical tensor's bytes are: one stored tensor, an affine triple, or a floating-point pair.
 #[derive(Clone, Debug)]
 pub enum MlxParts {
-    Plain { file: usize, tensor: StTensor },
-    Affine { params: AffineParams, weight: (usize, StTensor), scales: (usize, StTensor), biases: (usize, StTensor) },
+    Plain {
+        file: usize,
+        tensor: StTensor,
+    },
+    Affine {
+        params: AffineParams,
+        weight: (usize, StTensor),
+        scales: (usize, StTensor),
+        biases: (usize, StTensor),
+    },
+    /// `mxfp4` / `nvfp4` / `mxfp8`: uint32 codes and uint8 scales.
+    Fp {
+        mode: FpMode,
+        weight: (usize, StTensor),
+        scales: (usize, StTensor),
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -115,6 +179,33 @@ impl MlxTensor {
             MlxParts::Affine { weight, scales, biases, .. } => {
                 weight.1.nbytes() + scales.1.nbytes() + biases.1.nbytes()
             }
+            MlxParts::Fp { weight, scales, .. } => weight.1.nbytes() + scales.1.nbytes(),
+        }
+    }
+
+    /// A quantized weight's stored tensors, each with its bytes per row (of the logical shape's last dimension):
+    /// codes, scales and, for affine, biases, in that order. `None` for a plain tensor.
+    pub fn quantized_parts(&self) -> Option<Vec<(&(usize, StTensor), u64)>> {
+        let cols = self.shape.last().copied().unwrap_or(1);
+        match &self.parts {
+            MlxParts::Plain { .. } => None,
+            MlxParts::Affine { params, weight, scales, biases } => {
+                let group_row = cols / u64::from(params.group_size) * scales.1.dtype.size() as u64;
+                let code_row = cols * u64::from(params.bits) / 8;
+                Some(vec![(weight, code_row), (scales, group_row), (biases, group_row)])
+            }
+            MlxParts::Fp { mode, weight, scales } => {
+                let code_row = cols * u64::from(mode.bits()) / 8;
+                Some(vec![(weight, code_row), (scales, cols / mode.group_size() as u64)])
+            }
+        }
+    }
+
+    /// The stored tensor a plain tensor is, or that holds a quantized weight's codes, with its file's index.
+    pub fn main_part(&self) -> (usize, &StTensor) {
+        match &self.parts {
+            MlxParts::Plain { file, tensor } => (*file, tensor),
+            MlxParts::Affine { weight, .. } | MlxParts::Fp { weight, .. } => (weight.0, &weight.1),
         }
     }
 }
@@ -190,21 +281,56 @@ impl MlxModel {
                 });
                 continue;
             };
-            let biases = find(&format!("{module}.biases")).ok_or_else(|| {
-                Error::format(
-                    fname,
-                    format!("{module}.biases"),
-                    "missing (an affine-quantized module needs weight, scales and biases)",
-                )
-            })?;
-            let params = quant.as_ref().and_then(|q| q.for_module(module)).ok_or_else(|| {
+            let configured = quant.as_ref().and_then(|q| match q.entry(module) {
+                Some(entry) => entry,
+                None => q.global,
+            });
+            let configured = configured.ok_or_else(|| {
                 Error::format(
                     config_name,
                     "quantization",
                     format!("gives no bits/group_size for quantized module {module:?}"),
                 )
             })?;
-            tensors.push(affine_tensor(module, (*file, (*t).clone()), scales, biases, params, fname)?);
+            // mlx-lm 0.32.2 (`utils.py::infer_quant_config`) reads a module the config does not name from its
+            // tensors: uint8 scales are one of the floating-point modes, told apart by `bits × group_size`.
+            let params = match (configured, scales.1.dtype) {
+                (ModuleQuant::Affine(_), Dtype::U8) if quant.as_ref().is_some_and(|q| q.entry(module).is_none()) => {
+                    ModuleQuant::Fp(infer_fp(&t.shape, &scales.1.shape).ok_or_else(|| {
+                        Error::format(
+                            fname,
+                            &scales.1.name,
+                            format!(
+                                "uint8 scales {:?} for codes {:?} are none of mxfp4, nvfp4, mxfp8",
+                                scales.1.shape, t.shape
+                            ),
+                        )
+                    })?)
+                }
+                (p, _) => p,
+            };
+            match params {
+                ModuleQuant::Affine(params) => {
+                    let biases = find(&format!("{module}.biases")).ok_or_else(|| {
+                        Error::format(
+                            fname,
+                            format!("{module}.biases"),
+                            "missing (an affine-quantized module needs weight, scales and biases)",
+                        )
+                    })?;
+                    tensors.push(affine_tensor(module, (*file, (*t).clone()), scales, biases, params, fname)?);
+                }
+                ModuleQuant::Fp(mode) => {
+                    if find(&format!("{module}.biases")).is_some() {
+                        return Err(Error::format(
+                            fname,
+                            format!("{module}.biases"),
+                            format!("present, but {} has no biases", mode.name()),
+                        ));
+                    }
+                    tensors.push(fp_tensor(module, (*file, (*t).clone()), scales, mode, fname)?);
+                }
+            }
         }
         Ok(MlxModel { config, quant, files, tensors })
     }
@@ -269,6 +395,58 @@ fn affine_tensor(
     })
 }
 
+/// The floating-point mode whose `bits × group_size` the shapes give: words per row × 32 / groups per row.
+fn infer_fp(weight: &[u64], scales: &[u64]) -> Option<FpMode> {
+    let (words, groups) = (*weight.last()?, *scales.last()?);
+    if groups == 0 || !(words * 32).is_multiple_of(groups) {
+        return None;
+    }
+    let per_group = words * 32 / groups;
+    FpMode::ALL.into_iter().find(|m| (m.bits() as usize * m.group_size()) as u64 == per_group)
+}
+
+fn fp_tensor(
+    module: &str,
+    weight: (usize, StTensor),
+    scales: (usize, StTensor),
+    mode: FpMode,
+    file: &str,
+) -> Result<MlxTensor> {
+    let w = &weight.1;
+    if w.dtype != Dtype::U32 || w.shape.is_empty() {
+        return Err(Error::format(
+            file,
+            &w.name,
+            format!("is {} {:?}; a quantized weight is uint32 with ≥1 dimension", w.dtype, w.shape),
+        ));
+    }
+    let (bits, group) = (u64::from(mode.bits()), mode.group_size() as u64);
+    let packed = *w.shape.last().expect("non-empty shape");
+    let cols = packed * 32 / bits;
+    let mut group_shape = w.shape.clone();
+    *group_shape.last_mut().expect("non-empty shape") = cols / group;
+    if !cols.is_multiple_of(group) || scales.1.shape != group_shape || scales.1.dtype != Dtype::U8 {
+        return Err(Error::format(
+            file,
+            &scales.1.name,
+            format!(
+                "{} {:?}, expected U8 {group_shape:?} for {} ({bits} bits, groups of {group})",
+                scales.1.dtype,
+                scales.1.shape,
+                mode.name()
+            ),
+        ));
+    }
+    let mut shape = w.shape.clone();
+    *shape.last_mut().expect("non-empty shape") = cols;
+    Ok(MlxTensor {
+        name: format!("{module}.weight"),
+        shape,
+        ty: TensorType::MlxFp { mode },
+        parts: MlxParts::Fp { mode, weight, scales },
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -285,10 +463,31 @@ mod tests {
             "lm_head": false
         }}));
         let q = QuantConfig::from_config(&c, "config.json").unwrap().unwrap();
-        assert_eq!(q.for_module("model.layers.3.self_attn.q_proj"), Some(AffineParams { bits: 4, group_size: 64 }));
-        assert_eq!(q.for_module("model.layers.0.mlp.gate"), Some(AffineParams { bits: 8, group_size: 64 }));
+        let affine = |bits, group_size| Some(ModuleQuant::Affine(AffineParams { bits, group_size }));
+        assert_eq!(q.for_module("model.layers.3.self_attn.q_proj"), affine(4, 64));
+        assert_eq!(q.for_module("model.layers.0.mlp.gate"), affine(8, 64));
         assert_eq!(q.for_module("lm_head"), None);
         assert!(QuantConfig::from_config(&config(serde_json::json!({})), "c").unwrap().is_none());
+    }
+
+    /// `mlx_lm.convert --q-mode mxfp4` of Qwen3-MoE: the global mode is mxfp4, the router's entry (from the
+    /// model's predicate, without `mode`) is affine.
+    #[test]
+    fn a_floating_point_global_with_an_affine_entry() {
+        let c = config(serde_json::json!({"quantization": {
+            "group_size": 32, "bits": 4, "mode": "mxfp4",
+            "model.layers.0.mlp.gate": {"group_size": 64, "bits": 8},
+            "model.layers.0.mlp.up": {"group_size": 16, "bits": 4, "mode": "nvfp4"}
+        }}));
+        let q = QuantConfig::from_config(&c, "config.json").unwrap().unwrap();
+        assert_eq!(q.for_module("model.layers.3.self_attn.q_proj"), Some(ModuleQuant::Fp(FpMode::Mxfp4)));
+        assert_eq!(q.for_module("model.layers.0.mlp.up"), Some(ModuleQuant::Fp(FpMode::Nvfp4)));
+        let affine = ModuleQuant::Affine(AffineParams { bits: 8, group_size: 64 });
+        assert_eq!(q.for_module("model.layers.0.mlp.gate"), Some(affine));
+        assert_eq!(infer_fp(&[8, 16], &[8, 4]), Some(FpMode::Mxfp4));
+        assert_eq!(infer_fp(&[8, 16], &[8, 8]), Some(FpMode::Nvfp4));
+        assert_eq!(infer_fp(&[8, 32], &[8, 4]), Some(FpMode::Mxfp8));
+        assert_eq!(infer_fp(&[8, 16], &[8, 3]), None);
     }
 
     #[test]
@@ -296,7 +495,11 @@ mod tests {
         for (v, field) in [
             (serde_json::json!({"quantization": {"group_size": 64, "bits": 7}}), "quantization.bits"),
             (serde_json::json!({"quantization": {"group_size": 48, "bits": 4}}), "quantization.group_size"),
-            (serde_json::json!({"quantization": {"group_size": 32, "bits": 4, "mode": "mxfp4"}}), "quantization.mode"),
+            (serde_json::json!({"quantization": {"group_size": 32, "bits": 4, "mode": "fp3"}}), "quantization.mode"),
+            (
+                serde_json::json!({"quantization": {"group_size": 64, "bits": 4, "mode": "mxfp4"}}),
+                "takes bits 4 and group_size 32",
+            ),
             (
                 serde_json::json!({"quantization": {"bits": 4, "group_size": 64, "m.x": {"bits": 4}}}),
                 "quantization.m.x.group_size",

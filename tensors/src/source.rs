@@ -221,8 +221,8 @@ impl TensorSource {
     /// Length of the bytes [`TensorSource::read_range`] serves for `e` (for MLX affine: the codes only).
     fn raw_len(&self, e: &TensorEntry) -> u64 {
         match self.mlx().and_then(|m| m.tensors.iter().find(|t| t.name == e.name)) {
-            Some(mlx::MlxTensor { parts: MlxParts::Affine { weight, .. }, .. }) => weight.1.nbytes(),
-            _ => e.bytes,
+            Some(t) => t.main_part().1.nbytes(),
+            None => e.bytes,
         }
     }
 
@@ -256,35 +256,27 @@ impl TensorSource {
             }
             Inner::Mlx(m) => {
                 let t = m.tensors.iter().find(|t| t.name == name).ok_or_else(missing)?;
-                let (f, st) = match &t.parts {
-                    MlxParts::Plain { file, tensor } => (*file, tensor),
-                    MlxParts::Affine { weight, .. } => (weight.0, &weight.1),
-                };
+                let (f, st) = t.main_part();
                 let (blob, h) = &m.files.files[f];
                 Ok((blob, h.data_offset + st.begin, st.nbytes()))
             }
         }
     }
 
-    /// Reads rows `first_row..first_row + rows` of the MLX affine tensor `name` as stored: packed codes, scales
-    /// and biases (each little-endian, scales and biases in the tensor's scale dtype).
-    pub async fn read_affine_rows(
+    /// Reads rows `first_row..first_row + rows` of the MLX quantized tensor `name` as stored: packed codes, scales
+    /// and (affine) biases, into `bufs` in that order (each little-endian); returns how many parts it read.
+    pub async fn read_quantized_rows(
         &self,
         name: &str,
         first_row: u64,
         rows: u64,
-        codes: &mut Vec<u8>,
-        scales: &mut Vec<u8>,
-        biases: &mut Vec<u8>,
-    ) -> Result<()> {
+        bufs: &mut [Vec<u8>; 3],
+    ) -> Result<usize> {
         let e = self.entry(name)?;
-        let not_affine = || Error::format(self.location.to_string(), name, "is not an MLX affine-quantized tensor");
-        let m = self.mlx().ok_or_else(not_affine)?;
-        let Some(mlx::MlxTensor { parts: MlxParts::Affine { params, weight, scales: s, biases: b }, .. }) =
-            m.tensors.iter().find(|t| t.name == name)
-        else {
-            return Err(not_affine());
-        };
+        let not_quantized = || Error::format(self.location.to_string(), name, "is not an MLX quantized tensor");
+        let m = self.mlx().ok_or_else(not_quantized)?;
+        let parts = m.tensors.iter().find(|t| t.name == name).and_then(|t| t.quantized_parts());
+        let parts = parts.ok_or_else(not_quantized)?;
         if first_row + rows > e.rows() {
             return Err(Error::Budget {
                 file: self.location.to_string(),
@@ -292,7 +284,10 @@ impl TensorSource {
                 msg: format!("rows {first_row}..+{rows} are outside its {} rows", e.rows()),
             });
         }
-        read_affine(m, e.row_len(), params, [weight, s, b], first_row, rows, [codes, scales, biases]).await
+        for ((part, row_bytes), buf) in parts.iter().zip(bufs.iter_mut()) {
+            read_part_rows(m, part, first_row, rows, *row_bytes, buf).await?;
+        }
+        Ok(parts.len())
     }
 
     /// Reads rows `first_row..first_row + out.len() / row_len` of tensor `name`, dequantized to f32. `scratch` is
@@ -318,33 +313,22 @@ impl TensorSource {
                 ),
             });
         }
-        if let Some(m) = self.mlx() {
-            if let Some(mlx::MlxTensor { parts: MlxParts::Affine { params, weight, scales, biases }, .. }) =
-                m.tensors.iter().find(|t| t.name == name)
-            {
-                let mut s_raw = Vec::new();
-                let mut b_raw = Vec::new();
-                let sd = scales.1.dtype;
-                read_affine(
-                    m,
-                    row_len,
-                    params,
-                    [weight, scales, biases],
-                    first_row,
-                    rows,
-                    [scratch, &mut s_raw, &mut b_raw],
-                )
-                .await?;
-                let s = to_f32(sd, &s_raw, name)?;
-                let b = to_f32(sd, &b_raw, name)?;
-                dequant::dequantize_mlx_affine(
-                    u32::from(params.bits),
-                    params.group_size as usize,
-                    scratch,
-                    &s,
-                    &b,
-                    out,
-                )?;
+        if let Some(t) = self.mlx().and_then(|m| m.tensors.iter().find(|t| t.name == name)) {
+            if t.quantized_parts().is_some() {
+                let mut bufs = [std::mem::take(scratch), Vec::new(), Vec::new()];
+                self.read_quantized_rows(name, first_row, rows, &mut bufs).await?;
+                let [codes, s_raw, b_raw] = bufs;
+                match &t.parts {
+                    MlxParts::Affine { params, scales, .. } => {
+                        let s = to_f32(scales.1.dtype, &s_raw, name)?;
+                        let b = to_f32(scales.1.dtype, &b_raw, name)?;
+                        let (bits, group) = (u32::from(params.bits), params.group_size as usize);
+                        dequant::dequantize_mlx_affine(bits, group, &codes, &s, &b, out)?;
+                    }
+                    MlxParts::Fp { mode, .. } => dequant::dequantize_fp_into(&codes, &s_raw, *mode, out),
+                    MlxParts::Plain { .. } => unreachable!("a plain tensor has no quantized parts"),
+                }
+                *scratch = codes;
                 return Ok(());
             }
         }
@@ -356,29 +340,12 @@ impl TensorSource {
                 let v = to_f32(d, scratch, name)?;
                 out.copy_from_slice(&v);
             }
-            TensorType::MlxAffine { .. } => unreachable!("MLX affine tensors are handled above"),
+            TensorType::MlxAffine { .. } | TensorType::MlxFp { .. } => {
+                unreachable!("MLX quantized tensors are handled above")
+            }
         }
         Ok(())
     }
-}
-
-/// Reads rows `first_row..first_row + rows` of an affine triple's codes, scales and biases as stored.
-async fn read_affine(
-    m: &MlxModel,
-    row_len: u64,
-    params: &mlx::AffineParams,
-    parts: [&(usize, crate::safetensors::StTensor); 3],
-    first_row: u64,
-    rows: u64,
-    bufs: [&mut Vec<u8>; 3],
-) -> Result<()> {
-    let groups = row_len / u64::from(params.group_size);
-    let code_bytes = row_len * u64::from(params.bits) / 8;
-    let group_bytes = groups * parts[1].1.dtype.size() as u64;
-    let [codes, scales, biases] = bufs;
-    read_part_rows(m, parts[0], first_row, rows, code_bytes, codes).await?;
-    read_part_rows(m, parts[1], first_row, rows, group_bytes, scales).await?;
-    read_part_rows(m, parts[2], first_row, rows, group_bytes, biases).await
 }
 
 /// Reads `rows` rows of `row_bytes` each, from `first_row`, of one stored tensor of an MLX model.
@@ -443,7 +410,7 @@ fn list(inner: &Inner) -> Vec<TensorEntry> {
                         (s, tensor.shape.last().copied().unwrap_or(1) * s)
                     }
                     // Codes are read a whole row at a time (a row is whole groups, and groups start on words).
-                    MlxParts::Affine { weight, .. } => {
+                    MlxParts::Affine { weight, .. } | MlxParts::Fp { weight, .. } => {
                         let r = weight.1.shape.last().copied().unwrap_or(1) * 4;
                         (r, r)
                     }

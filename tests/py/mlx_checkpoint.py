@@ -2,7 +2,7 @@
 
 Usage:
   mlx_checkpoint.py convert HF_DIR OUT_DIR BITS GROUP [DTYPE]   -> runs mlx_lm.convert -q (CPU); BITS may be a mixed
-     recipe's name (mixed_4_6: --quant-predicate mixed_4_6, no --q-bits)
+     recipe's name (mixed_4_6: --quant-predicate mixed_4_6, no --q-bits) or a floating-point mode (mxfp4: --q-mode mxfp4)
   mlx_checkpoint.py dequantize MLX_DIR OUT_DIR DTYPE   -> runs mlx_lm.convert --dequantize --dtype DTYPE
   mlx_checkpoint.py prefix MLX_DIR OUT_DIR PREFIX   -> a copy of the checkpoint with every tensor renamed PREFIX + name
      (as multimodal checkpoints wrap their text model, e.g. language_model.), the index renamed to match
@@ -28,6 +28,10 @@ import numpy as np
 def convert(hf, out, bits, group, dtype=None):
     from mlx_lm import convert as mlx_convert
 
+    if bits in ("mxfp4", "nvfp4", "mxfp8"):
+        # --q-mode MODE, the mode's own bits and group size
+        mlx_convert(hf_path=hf, mlx_path=out, quantize=True, q_mode=bits, dtype=dtype)
+        return
     if bits.startswith("mixed_"):
         # --quant-predicate RECIPE --q-group-size GROUP, without --q-bits
         mlx_convert(hf_path=hf, mlx_path=out, quantize=True, q_group_size=int(group), quant_predicate=bits, dtype=dtype)

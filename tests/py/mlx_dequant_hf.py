@@ -1,4 +1,5 @@
-"""Oracle for MLX checkpoint -> GGUF: MLX itself dequantizes every affine triple of an MLX checkpoint.
+"""Oracle for MLX checkpoint -> GGUF: MLX itself dequantizes every affine triple (and every
+floating-point mode's pair) of an MLX checkpoint.
 
 Usage: mlx_dequant_hf.py MLX_DIR OUT_DIR
 
@@ -31,9 +32,16 @@ for name, arr in weights.items():
     module = name[: -len(".weight")] if name.endswith(".weight") else None
     if module is not None and f"{module}.scales" in weights:
         params = quant.get(module) if isinstance(quant.get(module), dict) else quant
-        scales = weights[f"{module}.scales"].astype(mx.float32)
-        biases = weights[f"{module}.biases"].astype(mx.float32)
-        out[name] = mx.dequantize(arr, scales, biases, group_size=params["group_size"], bits=params["bits"])
+        scales = weights[f"{module}.scales"]
+        if scales.dtype == mx.uint8:
+            # A floating-point mode (mxfp4, nvfp4, mxfp8): an entry without `mode` is affine, so the global one
+            # applies only where the module has no entry (mlx-lm infers it from the shapes there).
+            mode = params.get("mode", "affine") if params is not quant else quant["mode"]
+            out[name] = mx.dequantize(arr, scales, mode=mode, dtype=mx.float32)
+        else:
+            biases = weights[f"{module}.biases"].astype(mx.float32)
+            scales = scales.astype(mx.float32)
+            out[name] = mx.dequantize(arr, scales, biases, group_size=params["group_size"], bits=params["bits"])
         dequantized += 1
     else:
         out[name] = arr

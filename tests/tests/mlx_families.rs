@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use quantfarm_e2e::run_py;
 use quantfarm_quant::mlx_file::{quantize_mlx_checkpoint, MlxOptions};
+use quantfarm_quant::mlx_fp::FpMode;
 use quantfarm_quant::mlx_recipe::MixedRecipe;
 use quantfarm_store::Location;
 use quantfarm_tensors::TensorSource;
@@ -31,12 +32,27 @@ fn stored(dir: &Path) -> serde_json::Map<String, Value> {
 
 /// Ours from `hf`, mlx-lm's from `oracle_input` (the same checkpoint, or the layout mlx-lm loads of it).
 fn check_with(arch: &str, hf: &Path, oracle_input: &Path, dir: &Path, quantized: usize) {
-    check_rung(arch, hf, oracle_input, dir, quantized, None);
+    check_rung(arch, hf, oracle_input, dir, quantized, Rung::Four);
 }
 
-/// [`check_with`] at 4 bits, or by mlx-lm's mixed `recipe` (`--quant-predicate`).
-fn check_rung(arch: &str, hf: &Path, oracle_input: &Path, dir: &Path, quantized: usize, recipe: Option<MixedRecipe>) {
-    let what = recipe.map_or("4".to_string(), |r| r.to_string());
+/// The rungs `mlx_lm.convert -q` is compared at.
+#[derive(Clone, Copy)]
+enum Rung {
+    /// 4 bits, groups of 64.
+    Four,
+    /// `--quant-predicate`.
+    Mixed(MixedRecipe),
+    /// `--q-mode`.
+    Fp(FpMode),
+}
+
+/// [`check_with`] at another rung.
+fn check_rung(arch: &str, hf: &Path, oracle_input: &Path, dir: &Path, quantized: usize, rung: Rung) {
+    let what = match rung {
+        Rung::Four => "4".to_string(),
+        Rung::Mixed(r) => r.to_string(),
+        Rung::Fp(m) => m.name().to_string(),
+    };
     let theirs = dir.join(format!("{arch}-{what}-mlx-lm"));
     run_py(
         "mlx_checkpoint.py",
@@ -46,7 +62,11 @@ fn check_rung(arch: &str, hf: &Path, oracle_input: &Path, dir: &Path, quantized:
     let done = rt().block_on(async {
         let src = TensorSource::open(&Location::local(hf)).await.unwrap();
         // A small budget, so tensors (and a stacked tensor's experts) are read in several pieces.
-        let base = recipe.map_or_else(|| MlxOptions::new(4, 64), |r| MlxOptions::mixed(r, 64));
+        let base = match rung {
+            Rung::Four => MlxOptions::new(4, 64),
+            Rung::Mixed(r) => MlxOptions::mixed(r, 64),
+            Rung::Fp(m) => MlxOptions::fp(m),
+        };
         let opts = MlxOptions { budget: 64 << 10, ..base };
         quantize_mlx_checkpoint(&src, &Location::local(&ours), &opts).await.unwrap_or_else(|e| panic!("{arch}: {e}"))
     });
@@ -78,7 +98,7 @@ fn check_rung(arch: &str, hf: &Path, oracle_input: &Path, dir: &Path, quantized:
 fn check_recipe(arch: &str, recipe: MixedRecipe, quantized: usize) {
     let dir = tempfile::tempdir().unwrap();
     let hf = checkpoint(arch, dir.path());
-    check_rung(arch, &hf, &hf, dir.path(), quantized, Some(recipe));
+    check_rung(arch, &hf, &hf, dir.path(), quantized, Rung::Mixed(recipe));
 }
 
 /// Also: a config.json whose recipe entry contradicts its module's tensors (a 6-bit module said to be at 4 bits)
@@ -87,7 +107,7 @@ fn check_recipe(arch: &str, recipe: MixedRecipe, quantized: usize) {
 fn llama3_mixed_4_6_equals_mlx_lm() {
     let dir = tempfile::tempdir().unwrap();
     let hf = checkpoint("llama3", dir.path());
-    check_rung("llama3", &hf, &hf, dir.path(), 15, Some(MixedRecipe::Mixed4_6));
+    check_rung("llama3", &hf, &hf, dir.path(), 15, Rung::Mixed(MixedRecipe::Mixed4_6));
     let ours = dir.path().join("llama3-mixed_4_6-ours");
     let path = ours.join("config.json");
     let text = std::fs::read_to_string(&path).unwrap();
@@ -115,6 +135,34 @@ fn qwen3_moe_mixed_2_6_equals_mlx_lm() {
 #[test]
 fn ministral3_multimodal_mixed_3_4_equals_mlx_lm() {
     check_recipe("ministral3_mm", MixedRecipe::Mixed3_4, 16);
+}
+
+/// `--q-mode mxfp4|nvfp4|mxfp8`: uint32 codes and uint8 scales, no biases; config.json's global entry names the
+/// mode while the model's own predicate still gives affine entries without one (Qwen3-MoE's 8-bit router), and the
+/// 32-wide expert rows that groups of 64 leave in bf16 are quantized in the modes' groups of 16 or 32. Then the
+/// checkpoint converts to GGUF as `mx.dequantize` gives its values (how a release measures the rung in llama.cpp).
+fn check_fp(arch: &str, mode: FpMode, quantized: usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let hf = checkpoint(arch, dir.path());
+    check_rung(arch, &hf, &hf, dir.path(), quantized, Rung::Fp(mode));
+    let ours = dir.path().join(format!("{arch}-{}-ours", mode.name()));
+    let deq = dir.path().join(format!("deq/{arch}-{}-ours", mode.name()));
+    assert_eq!(mlx_to_gguf_as_dequantized(&ours, &deq, dir.path()), format!("dequantized {quantized}"));
+}
+
+#[test]
+fn llama3_mxfp4_equals_mlx_lm() {
+    check_fp("llama3", FpMode::Mxfp4, 15);
+}
+
+#[test]
+fn qwen3_moe_nvfp4_equals_mlx_lm() {
+    check_fp("qwen3_moe", FpMode::Nvfp4, 2 * 8 + 2);
+}
+
+#[test]
+fn gemma3_mxfp8_equals_mlx_lm() {
+    check_fp("gemma3", FpMode::Mxfp8, 15);
 }
 
 fn check(arch: &str, quantized: usize) {

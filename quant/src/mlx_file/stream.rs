@@ -13,12 +13,17 @@ use quantfarm_tensors::write::SafetensorsWriter;
 
 use super::{Input, Item, MlxFileError};
 use crate::mlx::{quantize_affine_into, AffineBytes, AffineInput};
+use crate::mlx_fp::quantize_fp;
+use quantfarm_tensors::dequant::float_values_into;
+use quantfarm_tensors::mlx::ModuleQuant;
 
 /// Bytes of codes a row of item `item` quantizes into (none for a tensor kept as it is).
+/// For a floating-point mode this counts the piece's values widened to f32 too, which `quantize_fp` takes.
 fn codes_row(item: &Item) -> u64 {
     match item {
         Item::Plain { .. } => 0,
-        Item::Quant { cols, bits, .. } => cols * u64::from(*bits) / 8,
+        Item::Quant { cols, quant: ModuleQuant::Affine(p), .. } => cols * u64::from(p.bits) / 8,
+        Item::Quant { cols, quant: ModuleQuant::Fp(m), .. } => cols * u64::from(m.bits()) / 8 + 4 * cols,
     }
 }
 
@@ -56,6 +61,7 @@ pub(super) async fn write_tensors(
     }
     let mut reads = reads.start(budget);
     let (mut bufs, mut quantized) = (HfBufs::default(), AffineBytes::default());
+    let mut widened = Vec::new();
     let mut next_desc = 0usize;
     for (item, item_cuts) in items.iter().zip(&cuts) {
         match item {
@@ -67,7 +73,31 @@ pub(super) async fn write_tensors(
                     w.write(cut.convert(src, p, raw, &mut bufs)?).await?;
                 }
             }
-            Item::Quant { name, cols, dtype, bits, group_size, .. } => {
+            Item::Quant { name, cols, dtype, quant: ModuleQuant::Fp(mode), .. } => {
+                // The two tensors are adjacent, so they are in one shard unless the shard planner split them.
+                let shard = [0, 1].map(|k| shard_of_desc[next_desc + k]);
+                next_desc += 2;
+                quantized.scales.clear();
+                let mut before = 0;
+                for cut in item_cuts {
+                    for p in cut.pieces() {
+                        let raw = reads.next().await?;
+                        let values = cut.convert(src, p, raw, &mut bufs)?;
+                        widened.resize(values.len() / dtype.size(), 0.0);
+                        float_values_into(values, *dtype, &mut widened);
+                        let row = before + p.first;
+                        let q = quantize_fp(&widened, *cols as usize, *mode, *dtype)
+                            .map_err(|e| MlxFileError::FpQuant { tensor: name.clone(), source: e.from_row(row) })?;
+                        quantized.scales.extend_from_slice(&q.scales);
+                        let codes: Vec<u8> = q.packed.iter().flat_map(|w| w.to_le_bytes()).collect();
+                        writers[shard[0]].write(&codes).await?;
+                    }
+                    before += cut.pieces().map(|p| p.rows).sum::<usize>();
+                }
+                writers[shard[1]].write(&quantized.scales).await?;
+            }
+            Item::Quant { name, cols, dtype, quant: ModuleQuant::Affine(params), .. } => {
+                let (bits, group_size) = (u32::from(params.bits), params.group_size as usize);
                 // The three tensors are adjacent, so they are in one shard unless the shard planner split them.
                 let shard = [0, 1, 2].map(|k| shard_of_desc[next_desc + k]);
                 next_desc += 3;
@@ -84,7 +114,7 @@ pub(super) async fn write_tensors(
                         quantized.codes.clear();
                         let input = AffineInput::Bytes(values, *dtype);
                         let row = before + p.first;
-                        quantize_affine_into(input, *cols as usize, *bits, *group_size, *dtype, &mut quantized)
+                        quantize_affine_into(input, *cols as usize, bits, group_size, *dtype, &mut quantized)
                             .map_err(|e| MlxFileError::Quant { tensor: name.clone(), source: e.from_row(row) })?;
                         writers[shard[0]].write(&quantized.codes).await?;
                     }

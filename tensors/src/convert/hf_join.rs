@@ -76,14 +76,14 @@ impl Join {
             let (block, block_bytes) = match e.ty {
                 TensorType::Ggml(g) => (g.block_size() as u64, g.type_size() as u64),
                 TensorType::Dtype(d) => (1, d.size() as u64),
-                ty @ TensorType::MlxAffine { .. } => {
+                ty @ (TensorType::MlxAffine { .. } | TensorType::MlxFp { .. }) => {
                     return Err(bad(name, format!("is {ty}: only a GGUF's tensors are joined")));
                 }
             };
             let same = match e.ty {
                 TensorType::Ggml(g) => t.dtype.as_ggml() == Some(g),
                 TensorType::Dtype(d) => d == t.dtype,
-                TensorType::MlxAffine { .. } => false,
+                TensorType::MlxAffine { .. } | TensorType::MlxFp { .. } => false,
             };
             parts.push(Part { name: name.clone(), row_bytes: e.row_bytes(), block, block_bytes, same });
         }

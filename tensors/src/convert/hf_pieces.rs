@@ -144,6 +144,7 @@ impl HfCut {
             TensorType::MlxAffine { bits, group_size, scale_dtype } => {
                 cols * u64::from(bits) / 8 + 2 * (cols / u64::from(group_size)) * scale_dtype.size() as u64
             }
+            TensorType::MlxFp { mode } => cols * u64::from(mode.bits()) / 8 + cols / mode.group_size() as u64,
             _ => e.row_bytes(),
         };
         let hd = t.unpermute_heads.map(|h| rows as u64 / h.max(1));

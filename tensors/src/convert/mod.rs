@@ -43,7 +43,6 @@ pub use tokenizer::pre_tokenizer_sha256;
 use crate::dtype::{Dtype, TensorType};
 use crate::error::{Error, Result};
 use crate::gguf::{encode_header, TensorDesc, Value};
-use crate::mlx::MlxParts;
 use crate::source::{Format, TensorSource};
 use crate::GgmlType;
 use quantfarm_store::Committed;
@@ -277,10 +276,7 @@ pub async fn plan_hf_to_gguf_with(source: &TensorSource, options: ConvertOptions
             let mut per_file = vec![Vec::new(); m.files.files.len()];
             for t in &m.tensors {
                 // An affine triple belongs to the file that holds its codes.
-                let file = match &t.parts {
-                    MlxParts::Plain { file, .. } => *file,
-                    MlxParts::Affine { weight, .. } => weight.0,
-                };
+                let file = t.main_part().0;
                 if let Some(f) = per_file.get_mut(file) {
                     f.push((t.name.as_str(), t.ty, &t.shape[..]));
                 }
@@ -374,9 +370,13 @@ pub async fn plan_hf_to_gguf_with(source: &TensorSource, options: ConvertOptions
             // uint8 only as one of an MXFP4 pair (checked where it is mapped).
             if !matches!(
                 source_type,
-                TensorType::Dtype(Dtype::BF16 | Dtype::F16 | Dtype::F32 | Dtype::U8) | TensorType::MlxAffine { .. }
+                TensorType::Dtype(Dtype::BF16 | Dtype::F16 | Dtype::F32 | Dtype::U8)
+                    | TensorType::MlxAffine { .. }
+                    | TensorType::MlxFp { .. }
             ) {
-                return Err(bad(format!("type {source_type} cannot be converted (BF16, F16, F32 or MLX affine only)")));
+                return Err(bad(format!(
+                    "type {source_type} cannot be converted (BF16, F16, F32 or MLX quantized only)"
+                )));
             }
             let ne: Vec<u64> = shape.iter().rev().copied().collect();
             let renamed = match (&m.nextn, first_nextn) {

@@ -771,6 +771,8 @@ pub fn plan_mlx_to_hf(src: &TensorSource) -> Result<HfPlan> {
     for t in &mlx.tensors {
         let dtype = match t.ty {
             crate::dtype::TensorType::MlxAffine { scale_dtype, .. } => scale_dtype,
+            // `mx.dequantize` of uint8 scales defaults to bfloat16, which holds every such value exactly.
+            crate::dtype::TensorType::MlxFp { .. } => Dtype::BF16,
             crate::dtype::TensorType::Dtype(d) => d,
             crate::dtype::TensorType::Ggml(g) => {
                 return Err(Error::format(&file, &t.name, format!("a {g} tensor in an MLX checkpoint")))

@@ -211,12 +211,16 @@ impl<'a> Cut<'a> {
                 let rows = e.shape.first().copied().unwrap_or(1).max(1);
                 (rows, d, e.bytes / rows, e.bytes / rows)
             }
-            TensorType::MlxAffine { .. } if t.rows != RowSource::Direct => {
-                return Err(shape_err("(an MLX affine tensor is not stacked or split)".into()));
+            TensorType::MlxAffine { .. } | TensorType::MlxFp { .. } if t.rows != RowSource::Direct => {
+                return Err(shape_err("(an MLX quantized tensor is not stacked or split)".into()));
             }
             TensorType::MlxAffine { bits, group_size, scale_dtype } => {
                 let params = cols / u64::from(group_size) * scale_dtype.size() as u64;
                 (e.rows().max(1), Dtype::F32, cols * 4, cols * u64::from(bits) / 8 + 2 * params)
+            }
+            TensorType::MlxFp { mode } => {
+                let raw = cols * u64::from(mode.bits()) / 8 + cols / mode.group_size() as u64;
+                (e.rows().max(1), Dtype::F32, cols * 4, raw)
             }
             // A GGUF source (the release's reference made from a GGUF): float tensors as they are, quantized ones
             // decoded to f32 row by row, as MLX affine ones are.
@@ -232,7 +236,7 @@ impl<'a> Cut<'a> {
             },
         };
         let affine = match e.ty {
-            TensorType::MlxAffine { .. } => true,
+            TensorType::MlxAffine { .. } | TensorType::MlxFp { .. } => true,
             TensorType::Ggml(g) => Dtype::from_ggml(g).is_none(),
             TensorType::Dtype(_) => false,
         };

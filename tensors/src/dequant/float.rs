@@ -47,14 +47,19 @@ pub fn bf16_to_f32(data: &[u8], out: &mut [f32]) {
 
 /// Little-endian values of a float `dtype` (BF16, F16, F32) widened to f32, exactly.
 pub fn float_values(bytes: &[u8], dtype: crate::dtype::Dtype) -> Vec<f32> {
-    use crate::dtype::Dtype;
     let mut out = vec![0f32; bytes.len() / dtype.size().max(1)];
-    match dtype {
-        Dtype::BF16 => bf16_to_f32(bytes, &mut out),
-        Dtype::F16 => f16_to_f32(bytes, &mut out),
-        _ => f32_le(bytes, &mut out),
-    }
+    float_values_into(bytes, dtype, &mut out);
     out
+}
+
+/// [`float_values`] into `out` (`bytes.len() / dtype.size()` values).
+pub fn float_values_into(bytes: &[u8], dtype: crate::dtype::Dtype, out: &mut [f32]) {
+    use crate::dtype::Dtype;
+    match dtype {
+        Dtype::BF16 => bf16_to_f32(bytes, out),
+        Dtype::F16 => f16_to_f32(bytes, out),
+        _ => f32_le(bytes, out),
+    }
 }
 
 pub(super) fn f32_le(data: &[u8], out: &mut [f32]) {

@@ -63,21 +63,31 @@ pub fn mlx_from_fp8(b: u8) -> f32 {
 /// The values `mx.dequantize(w, scales, mode=MODE)` gives back, as f32 (exact: each is a table value times a power
 /// of two or an e4m3 scale).
 pub fn dequantize_fp(packed: &[u32], scales: &[u8], mode: FpMode) -> Vec<f32> {
+    let bytes: Vec<u8> = packed.iter().flat_map(|w| w.to_le_bytes()).collect();
+    let mut out = vec![0f32; packed.len() * 32 / mode.bits() as usize];
+    dequantize_fp_into(&bytes, scales, mode, &mut out);
+    out
+}
+
+/// [`dequantize_fp`] of the codes as the little-endian bytes a safetensors file holds, into `out` (whose length
+/// says how many values: `codes` holds at least `out.len() · bits / 8` bytes, `scales` one per group).
+pub fn dequantize_fp_into(codes: &[u8], scales: &[u8], mode: FpMode, out: &mut [f32]) {
     let g = mode.group_size();
-    let per_word = 32 / mode.bits() as usize;
-    let mut out = Vec::with_capacity(packed.len() * per_word);
-    for (i, &word) in packed.iter().enumerate() {
+    for ((group, scale), vals) in out.chunks_mut(g).zip(scales).zip(codes.chunks(g * mode.bits() as usize / 8)) {
         let scale = match mode {
-            FpMode::Nvfp4 => mlx_from_fp8(scales[i * per_word / g]),
-            FpMode::Mxfp4 | FpMode::Mxfp8 => 2f32.powi(i32::from(scales[i * per_word / g]) - 127),
+            FpMode::Nvfp4 => mlx_from_fp8(*scale),
+            FpMode::Mxfp4 | FpMode::Mxfp8 => 2f32.powi(i32::from(*scale) - 127),
         };
-        for k in 0..per_word {
-            let v = match mode {
-                FpMode::Mxfp8 => mlx_from_fp8((word >> (8 * k)) as u8),
-                FpMode::Mxfp4 | FpMode::Nvfp4 => E2M1[((word >> (4 * k)) & 0xF) as usize],
-            };
-            out.push(v * scale);
+        match mode {
+            FpMode::Mxfp8 => group.iter_mut().zip(vals).for_each(|(o, &b)| *o = mlx_from_fp8(b) * scale),
+            FpMode::Mxfp4 | FpMode::Nvfp4 => {
+                for (pair, &b) in group.chunks_mut(2).zip(vals) {
+                    pair[0] = E2M1[usize::from(b & 0xF)] * scale;
+                    if let Some(hi) = pair.get_mut(1) {
+                        *hi = E2M1[usize::from(b >> 4)] * scale;
+                    }
+                }
+            }
         }
     }
-    out
 }

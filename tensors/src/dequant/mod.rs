@@ -27,9 +27,9 @@ mod mlx;
 mod mlx_fp;
 mod ternary;
 
-pub use float::{bf16_bits_to_f32, bf16_to_f32, f16_bits_to_f32, f16_to_f32, float_values};
+pub use float::{bf16_bits_to_f32, bf16_to_f32, f16_bits_to_f32, f16_to_f32, float_values, float_values_into};
 pub use mlx::{dequantize_mlx_affine, dequantize_mlx_affine_as};
-pub use mlx_fp::{dequantize_fp, mlx_from_fp8, FpMode, E2M1};
+pub use mlx_fp::{dequantize_fp, dequantize_fp_into, mlx_from_fp8, FpMode, E2M1};
 
 use quantfarm_ggml::blocks::Block;
 

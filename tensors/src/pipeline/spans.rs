@@ -6,7 +6,6 @@ use quantfarm_store::Blob;
 use crate::dequant;
 use crate::dtype::TensorType;
 use crate::error::{Error, Result};
-use crate::mlx::{MlxParts, MlxTensor};
 use crate::source::TensorSource;
 
 /// `len` bytes of one file or object at `offset`.
@@ -52,17 +51,11 @@ pub fn row_spans<'a>(src: &'a TensorSource, name: &str, first: u64, rows: u64) -
             msg: format!("rows {first}..+{rows} are outside its {} rows", e.rows()),
         });
     }
-    let Some((tensor, (bits, group_size))) = affine(src, name) else {
+    let quantized = src.mlx().and_then(|m| Some((m, m.tensors.iter().find(|t| t.name == name)?.quantized_parts()?)));
+    let Some((model, parts)) = quantized else {
         return Ok(vec![byte_span(src, name, first * e.row_bytes(), rows * e.row_bytes())?]);
     };
-    let MlxParts::Affine { weight, scales, biases, .. } = &tensor.parts else {
-        unreachable!("affine() returns affine tensors only")
-    };
-    let model = src.mlx().ok_or_else(|| Error::format(src.location().to_string(), name, "is not in an MLX model"))?;
-    let cols = e.row_len();
-    let code_row = cols * u64::from(bits) / 8;
-    let group_row = cols / u64::from(group_size) * scales.1.dtype.size() as u64;
-    [(weight, code_row), (scales, group_row), (biases, group_row)]
+    parts
         .into_iter()
         .map(|((file, t), row)| {
             let (blob, h) = model.files.files.get(*file).ok_or_else(|| {
@@ -110,19 +103,25 @@ pub fn decode_rows(src: &TensorSource, name: &str, raw: &[u8], out: &mut [f32]) 
                 out,
             )?)
         }
+        TensorType::MlxFp { mode } => {
+            let cols = e.row_len().max(1) as usize;
+            let rows = out.len() / cols;
+            let codes = rows * cols * mode.bits() as usize / 8;
+            let groups = rows * (cols / mode.group_size());
+            if raw.len() != codes + groups || rows * cols != out.len() {
+                return Err(Error::format(
+                    src.location().to_string(),
+                    name,
+                    format!("{} bytes read are not {rows} rows of codes and scales", raw.len()),
+                ));
+            }
+            dequant::dequantize_fp_into(&raw[..codes], &raw[codes..], mode, out);
+            Ok(())
+        }
     }
 }
 
 /// Reads `spans` one after another into `buf` now, without a read stage (for a tensor converted alone).
 pub async fn read_spans(spans: &[Span<'_>], buf: &mut Vec<u8>) -> Result<()> {
     super::read_ahead::read_into(spans.iter().map(|s| (s.blob, s.offset, s.len)), buf).await
-}
-
-/// An MLX affine tensor's entry and (bits, group size).
-fn affine<'a>(src: &'a TensorSource, name: &str) -> Option<(&'a MlxTensor, (u8, u32))> {
-    let t = src.mlx()?.tensors.iter().find(|t| t.name == name)?;
-    match &t.parts {
-        MlxParts::Affine { params, .. } => Some((t, (params.bits, params.group_size))),
-        MlxParts::Plain { .. } => None,
-    }
 }
