@@ -212,7 +212,8 @@ fn mlx_lm_logits_are_scored_against_llama_cpps_base_as_numpy_scores_them() {
 /// the versions the handshake gave, and whether the rung was upcast; the gates read those figures. The tiny Llama's
 /// weights are random, so its near-uniform outputs make greedy continuations part at near-ties: the greedy gate is
 /// relaxed here (SmolLM2's figures are the acceptance run's), while the bf16 weights' KLD across runtimes must be
-/// near zero. A second rung, mlx-lm's mixed recipe mixed_4_6, is made, verified and measured in both runtimes too.
+/// near zero. Two more rungs, mlx-lm's mixed recipe mixed_4_6 and the floating-point mode mxfp4, are made, verified
+/// and measured in both runtimes too.
 #[test]
 fn a_release_runs_its_bf16_weights_and_mlx_rung_in_mlx_lm() {
     let _cpu = quantfarm_e2e::cpu_bound();
@@ -222,7 +223,7 @@ fn a_release_runs_its_bf16_weights_and_mlx_rung_in_mlx_lm() {
     std::fs::write(
         &release,
         format!(
-            "name: tiny-mlx\nsource: synthetic:tiny-llama\noutputs:\n  gguf: {{quants: [Q8_0]}}\n  mlx: {{bits: [4], recipes: [mixed_4_6]}}\n\
+            "name: tiny-mlx\nsource: synthetic:tiny-llama\noutputs:\n  gguf: {{quants: [Q8_0]}}\n  mlx: {{bits: [4], recipes: [mixed_4_6], modes: [mxfp4]}}\n\
              evaluation:\n  text: {}\n  ctx: 128\n  chunks: 3\n  batch: 256\n  prompts: {}\n  max_tokens: 8\n\
              \x20 probes: {}\n  context: 256\n\
              gates:\n  - {{name: probes, levels: all, check: 'probe.truncated <= 4'}}\n\
@@ -308,6 +309,16 @@ fn a_release_runs_its_bf16_weights_and_mlx_rung_in_mlx_lm() {
         (mixed["kld"]["mean_kld"].as_f64().unwrap(), artifact["kld"]["mean_kld"].as_f64().unwrap());
     assert!((in_mlx_lm - in_llama).abs() <= 0.2 * in_llama, "MLX-mixed_4_6: mlx-lm {in_mlx_lm}, llama.cpp {in_llama}");
     assert_eq!(gate("measured", Some("MLX-mixed_4_6"))["passed"], true);
+    // A floating-point mode's rung (mxfp4: uint8 scales, no biases), alike.
+    let fp = &c["rungs"][2];
+    assert_eq!(fp["file_type"], "MLX-mxfp4", "{c:#}");
+    assert_eq!((fp["greedy"]["n"].as_u64(), fp["kld"]["n_chunks"].as_u64()), (Some(20), Some(n_chunks)));
+    let artifact = r["artifacts"].as_array().unwrap().iter().find(|a| a["file_type"] == "MLX-mxfp4").unwrap();
+    assert_eq!(artifact["verified"], true, "{artifact:#}");
+    let (in_mlx_lm, in_llama) =
+        (fp["kld"]["mean_kld"].as_f64().unwrap(), artifact["kld"]["mean_kld"].as_f64().unwrap());
+    assert!((in_mlx_lm - in_llama).abs() <= 0.2 * in_llama, "MLX-mxfp4: mlx-lm {in_mlx_lm}, llama.cpp {in_llama}");
+    assert_eq!(gate("measured", Some("MLX-mxfp4"))["passed"], true);
     assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
     for view in ["report.html", "report.md"] {
         let text = std::fs::read_to_string(Path::new(report).with_file_name(view)).unwrap();

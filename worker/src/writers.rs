@@ -164,9 +164,13 @@ pub async fn write_mlx(m: &pb::MlxTask, out: &Location, env: &Env) -> Result<Dig
     use quantfarm_quant::mlx_file::{gguf_to_mlx, quantize_mlx_checkpoint, MlxOptions};
     let src = TensorSource::open(&location(&m.source)?).await?;
     // A folder left by a lease that died between commits holds some of the (deterministic) files: replace them.
-    let base = match m.recipe.as_str() {
-        "" => MlxOptions::new(m.bits, m.group_size as usize),
-        r => match quantfarm_quant::mlx_recipe::MixedRecipe::parse(r) {
+    let base = match (m.recipe.as_str(), m.mode.as_str()) {
+        ("", "") => MlxOptions::new(m.bits, m.group_size as usize),
+        ("", mode) => match quantfarm_quant::mlx_fp::FpMode::parse(mode) {
+            Some(mode) => MlxOptions::fp(mode),
+            None => return Err(Failure::input(format!("MLX mode {mode:?}: expected mxfp4, nvfp4 or mxfp8"))),
+        },
+        (r, _) => match quantfarm_quant::mlx_recipe::MixedRecipe::parse(r) {
             Some(recipe) => MlxOptions::mixed(recipe, m.group_size as usize),
             None => {
                 return Err(Failure::input(format!(

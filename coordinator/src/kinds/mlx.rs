@@ -1,5 +1,5 @@
-//! `mlx`: an MLX affine checkpoint (every module at `bits` bits, or by an mlx-lm mixed recipe), converted from the
-//! source (or the merge).
+//! `mlx`: an MLX checkpoint (every module at `bits` bits, by an mlx-lm mixed recipe, or in a floating-point mode),
+//! converted from the source (or the merge).
 
 use std::fmt;
 
@@ -24,14 +24,19 @@ impl Mlx {
         let plan = plan_of(results)?;
         let group_size = ctx.spec.outputs.mlx.as_ref().map_or(64, |m| m.group_size);
         // A uniform rung's identity is its bits (as before recipes existed, so its cached artifacts still count).
-        let what = match rung.recipe() {
-            None => bits.to_string(),
-            Some(r) => r.to_string(),
+        let what = match rung {
+            MlxRung::Bits(_) => bits.to_string(),
+            MlxRung::Mixed(r) => r.to_string(),
+            MlxRung::Mode(m) => m.name().to_string(),
         };
         let identity = ["quantfarm mlx v1", &what, &group_size.to_string(), &plan.source_identity];
         let output = artifact(ctx, &identity, &format!("{}-{}", ctx.spec.prefix(), EvalTarget::Mlx(rung)))?;
         let recipe = rung.recipe().map(|r| r.to_string()).unwrap_or_default();
-        Ok(pb::MlxTask { source: model_source(ctx, results)?, bits, group_size, output: output.to_string(), recipe })
+        let mode = rung.mode().map(|m| m.name().to_string()).unwrap_or_default();
+        // A mode has its own group size.
+        let group_size = rung.mode().map_or(group_size, |m| m.group_size() as u32);
+        let source = model_source(ctx, results)?;
+        Ok(pb::MlxTask { source, bits, group_size, output: output.to_string(), recipe, mode })
     }
 }
 
@@ -57,6 +62,7 @@ impl Family for Mlx {
         match self.rung {
             MlxRung::Bits(b) => format!("mlx {b}-bit"),
             MlxRung::Mixed(r) => format!("mlx {r}"),
+            MlxRung::Mode(m) => format!("mlx {}", m.name()),
         }
     }
 
@@ -86,15 +92,17 @@ impl fmt::Display for MlxKey {
         match self.0 {
             MlxRung::Bits(b) => write!(f, "{b}"),
             MlxRung::Mixed(r) => write!(f, "{r}"),
+            MlxRung::Mode(m) => f.write_str(m.name()),
         }
     }
 }
 
 impl MlxKey {
     pub(super) fn parse(s: &str) -> Option<MlxRung> {
-        match crate::spec::MixedRecipe::parse(s) {
-            Some(r) => Some(MlxRung::Mixed(r)),
-            None => num(s).map(MlxRung::Bits),
+        match (crate::spec::MixedRecipe::parse(s), crate::spec::FpMode::parse(s)) {
+            (Some(r), _) => Some(MlxRung::Mixed(r)),
+            (None, Some(m)) => Some(MlxRung::Mode(m)),
+            (None, None) => num(s).map(MlxRung::Bits),
         }
     }
 }

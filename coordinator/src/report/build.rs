@@ -410,8 +410,8 @@ fn artifacts(
     probes: &BTreeMap<String, ProbeSummary>,
     peers: &mut BTreeMap<String, BTreeMap<String, PeerFigures>>,
 ) -> (Vec<Artifact>, bool) {
-    // Report order: the merge, the GGUF BF16, the quant levels as the spec lists them, the MLX rungs by width then
-    // the recipes, the vLLM ones by scheme.
+    // Report order: the merge, the GGUF BF16, the quant levels as the spec lists them, the MLX rungs by width, then
+    // the recipes, then the floating-point modes, the vLLM ones by scheme.
     let rank = |slot: &Slot| -> u32 {
         match slot {
             Slot::Merged => 0,
@@ -421,6 +421,7 @@ fn artifacts(
             }
             Slot::Rung(EvalTarget::Mlx(MlxRung::Bits(bits))) => u32::MAX - 32 + bits,
             Slot::Rung(EvalTarget::Mlx(MlxRung::Mixed(recipe))) => u32::MAX - 20 + *recipe as u32,
+            Slot::Rung(EvalTarget::Mlx(MlxRung::Mode(mode))) => u32::MAX - 14 + *mode as u32,
             Slot::Rung(EvalTarget::Vllm(rung)) => u32::MAX - 8 + *rung as u32,
         }
     };

@@ -65,7 +65,7 @@ pub use evaluation::{Evaluation, Peer};
 pub use mlx::MlxOutputs;
 pub use recipe::{Level, Recipe, RecipeName, Rung, TensorTypeRule};
 use serde::{Deserialize, Serialize};
-pub use target::{EvalTarget, MixedRecipe, MlxRung};
+pub use target::{EvalTarget, FpMode, MixedRecipe, MlxRung};
 pub use vllm::{VllmLike, VllmOutputs, VllmRung};
 
 #[derive(Debug, thiserror::Error)]

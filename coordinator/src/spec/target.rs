@@ -4,16 +4,18 @@
 
 use std::fmt;
 
+pub use quantfarm_quant::mlx_fp::FpMode;
 pub use quantfarm_quant::mlx_recipe::MixedRecipe;
 
 use super::{Level, VllmRung};
 
-/// An MLX affine checkpoint: every module at `bits` (`mlx_lm.convert -q --q-bits`), or by one of mlx-lm's mixed
-/// recipes (`--quant-predicate mixed_4_6`).
+/// An MLX checkpoint: every module affine at `bits` (`mlx_lm.convert -q --q-bits`), by one of mlx-lm's mixed
+/// recipes (`--quant-predicate mixed_4_6`), or in one of mlx's floating-point modes (`--q-mode mxfp4`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum MlxRung {
     Bits(u32),
     Mixed(MixedRecipe),
+    Mode(FpMode),
 }
 
 impl MlxRung {
@@ -22,22 +24,31 @@ impl MlxRung {
         match self {
             MlxRung::Bits(b) => b,
             MlxRung::Mixed(_) => 4,
+            MlxRung::Mode(m) => m.bits(),
         }
     }
 
     /// The recipe, if any.
     pub fn recipe(self) -> Option<MixedRecipe> {
         match self {
-            MlxRung::Bits(_) => None,
+            MlxRung::Bits(_) | MlxRung::Mode(_) => None,
             MlxRung::Mixed(r) => Some(r),
         }
     }
 
-    /// The inverse of `Display` (`4bit`, `mixed_4_6`).
+    /// The floating-point mode, if any.
+    pub fn mode(self) -> Option<FpMode> {
+        match self {
+            MlxRung::Bits(_) | MlxRung::Mixed(_) => None,
+            MlxRung::Mode(m) => Some(m),
+        }
+    }
+
+    /// The inverse of `Display` (`4bit`, `mixed_4_6`, `mxfp4`).
     pub fn parse(s: &str) -> Option<MlxRung> {
         match s.strip_suffix("bit") {
             Some(b) => b.parse().ok().map(MlxRung::Bits),
-            None => MixedRecipe::parse(s).map(MlxRung::Mixed),
+            None => MixedRecipe::parse(s).map(MlxRung::Mixed).or_else(|| FpMode::parse(s).map(MlxRung::Mode)),
         }
     }
 }
@@ -47,6 +58,7 @@ impl fmt::Display for MlxRung {
         match self {
             MlxRung::Bits(b) => write!(f, "{b}bit"),
             MlxRung::Mixed(r) => write!(f, "{r}"),
+            MlxRung::Mode(m) => f.write_str(m.name()),
         }
     }
 }

@@ -5,8 +5,9 @@
 
 use super::float::f16_bits_to_f32;
 
-/// One of MLX's floating-point modes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// One of MLX's floating-point modes (named in YAML and JSON as `mx.quantize` names them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum FpMode {
     Mxfp4,
     Nvfp4,
