@@ -11,6 +11,7 @@ mod inspect;
 mod keys;
 mod merge;
 mod mlx;
+mod publish;
 mod quantize;
 mod units;
 mod verify;
@@ -92,6 +93,9 @@ enum Command {
     /// Signed reports.
     #[command(subcommand)]
     Report(ReportCommand),
+    /// Assemble a release in one folder ready for `hf upload --private`: the model card, the signed report and its
+    /// views, every artifact's files (checked against the report's sha256), SHA256SUMS and VERIFY.md.
+    Publish(publish::Args),
 }
 
 #[derive(Subcommand)]
@@ -135,6 +139,7 @@ fn main() -> std::process::ExitCode {
             Command::Convert(args) => ok(convert::run(args).await),
             Command::Mlx(args) => ok(mlx::run(args).await),
             Command::Vllm(args) => ok(vllm::run(args).await),
+            Command::Publish(args) => ok(publish::run(args).await),
             Command::Merge(args) => ok(merge::run(args).await),
             Command::LoraGguf(args) => ok(merge::lora_gguf(args).await),
             Command::Verify(mut args) => {

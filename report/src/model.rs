@@ -288,6 +288,37 @@ pub struct Artifact {
 }
 
 impl Artifact {
+    /// Where file `f` of this artifact lies in a published release folder (`quantfarm publish`, the model card's
+    /// file table): a GGUF's files at the top, as GGUF repositories hold them; the merged HF checkpoint's files, and
+    /// an MLX or vLLM checkpoint folder, under the artifact's name, which is what `mlx_lm.load` and `vllm serve` are
+    /// given (a folder's path ends in `/`). `None` for a name or file name that is not one plain path component.
+    pub fn published_path(&self, f: &FileRef) -> Option<String> {
+        let plain = |s: &str| !s.is_empty() && s != "." && s != ".." && !s.contains(['/', '\\', '\0']);
+        let file = f.url.trim_end_matches('/').rsplit('/').next().filter(|s| plain(s))?;
+        let name = plain(&self.name).then_some(self.name.as_str());
+        if self.is_folder(f) {
+            return Some(format!("{}/", name?));
+        }
+        match self.container {
+            Container::Gguf => Some(file.to_string()),
+            Container::Hf | Container::Mlx | Container::Vllm => Some(format!("{}/{file}", name?)),
+        }
+    }
+
+    /// Whether `f` is a folder whose `sha256` is a folder digest (`quantfarm_store::Digest::of_folder`): an MLX or
+    /// vLLM checkpoint, or the merged HF checkpoint's side files (config.json, the tokenizer's), whose folder also
+    /// holds the tensor files the artifact lists on their own, which its digest leaves out.
+    pub fn is_folder(&self, f: &FileRef) -> bool {
+        let inside = format!("{}/", f.url.trim_end_matches('/'));
+        self.container.holds_folders() || self.files.iter().any(|g| g.url.starts_with(&inside))
+    }
+
+    /// The files of folder `f` its digest leaves out: the artifact's other files inside it (by name).
+    pub fn listed_apart(&self, f: &FileRef) -> Vec<&str> {
+        let inside = format!("{}/", f.url.trim_end_matches('/'));
+        self.files.iter().filter_map(|g| g.url.strip_prefix(&inside)).collect()
+    }
+
     /// The KL-divergence figures, when measured.
     pub fn kld_figures(&self) -> Option<&KldFigures> {
         match self.kld.as_ref()? {
@@ -306,6 +337,17 @@ pub enum Container {
     Mlx,
     /// A compressed-tensors checkpoint vLLM loads (safetensors with `quantization_config`).
     Vllm,
+}
+
+impl Container {
+    /// Whether each of the artifact's [`FileRef`]s is a folder (an MLX or vLLM checkpoint), whose `sha256` is the
+    /// folder digest: sha256 over its files' `sha256  name` lines sorted by name (`quantfarm_store::Digest::of_folder`).
+    fn holds_folders(self) -> bool {
+        match self {
+            Container::Mlx | Container::Vllm => true,
+            Container::Hf | Container::Gguf => false,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -557,4 +599,48 @@ pub struct Signature {
     pub public_key: String,
     pub fingerprint: String,
     pub value: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn artifact(name: &str, container: Container, urls: &[&str]) -> Artifact {
+        let files = urls.iter().map(|u| FileRef { url: u.to_string(), sha256: "00".into(), bytes: 1 }).collect();
+        Artifact {
+            name: name.into(),
+            container,
+            file_type: "x".into(),
+            files,
+            bytes: 1,
+            bits_per_weight: 0.0,
+            type_mix: Vec::new(),
+            verified: true,
+            imatrix: None,
+            recipe: None,
+            kld: None,
+            greedy: None,
+            probes: None,
+            peers: None,
+        }
+    }
+
+    /// GGUF files at the top; MLX and vLLM folders, and the merged checkpoint's files and side-file folder, under
+    /// the artifact's name; a name that is not one path component has no place.
+    #[test]
+    fn where_published_files_go() {
+        let paths = |a: &Artifact| a.files.iter().map(|f| a.published_path(f)).collect::<Vec<_>>();
+        let g = artifact("m-Q4_K_M", Container::Gguf, &["s3://b/a1/m-Q4_K_M-00001-of-00002.gguf", "/d/x.gguf"]);
+        assert_eq!(paths(&g), [Some("m-Q4_K_M-00001-of-00002.gguf".into()), Some("x.gguf".into())]);
+        let m = artifact("m-MLX-4bit", Container::Mlx, &["s3://b/a2/m-MLX-4bit"]);
+        assert_eq!(paths(&m), [Some("m-MLX-4bit/".into())]);
+        let h = artifact("m-merged", Container::Hf, &["/d/merged/model.safetensors", "/d/merged"]);
+        assert_eq!(paths(&h), [Some("m-merged/model.safetensors".into()), Some("m-merged/".into())]);
+        assert_eq!(h.listed_apart(&h.files[1]), ["model.safetensors"]);
+        assert!(!h.is_folder(&h.files[0]) && h.is_folder(&h.files[1]));
+        let bad = artifact("../x", Container::Vllm, &["/d/v"]);
+        assert_eq!(paths(&bad), [None]);
+        let bad = artifact("ok", Container::Gguf, &["/d/.."]);
+        assert_eq!(paths(&bad), [None]);
+    }
 }

@@ -14,6 +14,18 @@ impl Digest {
     pub fn new(sha256: impl Into<String>, bytes: u64) -> Digest {
         Digest { sha256: sha256.into(), bytes }
     }
+
+    /// The digest of a folder whose files are given as (name, sha256, bytes): sha256 over their `sha256  name`
+    /// lines (as `sha256sum` prints them) sorted by name, and the sum of their sizes.
+    pub fn of_folder(mut files: Vec<(String, String, u64)>) -> Digest {
+        use sha2::{Digest as _, Sha256};
+        files.sort();
+        let mut h = Sha256::new();
+        for (name, sha, _) in &files {
+            h.update(format!("{sha}  {name}\n").as_bytes());
+        }
+        Digest::new(crate::hex(&h.finalize()), files.iter().map(|f| f.2).sum())
+    }
 }
 
 impl fmt::Display for Digest {

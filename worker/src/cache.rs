@@ -495,15 +495,10 @@ fn dir_bytes(dir: &Path) -> std::io::Result<u64> {
     Ok(n)
 }
 
-/// The folder digest of files given as (name, sha256, bytes): sha256 over their `sha256  name` lines sorted by name
-/// (as `worker/src/outputs.rs` records a folder output).
-pub fn digest_lines(mut files: Vec<(String, String, u64)>) -> Digest {
-    files.sort();
-    let mut h = Sha256::new();
-    for (name, sha, _) in &files {
-        h.update(format!("{sha}  {name}\n").as_bytes());
-    }
-    Digest::new(quantfarm_store::hex(&h.finalize()), files.iter().map(|f| f.2).sum())
+/// The folder digest of files given as (name, sha256, bytes) (as `worker/src/outputs.rs` records a folder output):
+/// [`Digest::of_folder`].
+pub fn digest_lines(files: Vec<(String, String, u64)>) -> Digest {
+    Digest::of_folder(files)
 }
 
 /// Copies one object to a local file in pieces of at most `budget` bytes, hashing it on the way: its sha256 and

@@ -113,10 +113,21 @@ pub fn render(report: &Report) -> String {
         }
     }
     if has_mlx {
+        let mlx: Vec<&str> = artifacts.iter().filter(|r| r.a.container == Container::Mlx).map(|r| r.name).collect();
+        let mut how = format!(
+            "affine, group size {}",
+            spec.pointer("/outputs/mlx/group_size").and_then(Value::as_u64).unwrap_or(64)
+        );
+        if mlx.iter().any(|n| n.contains("MLX-mixed_")) {
+            how.push_str("; `MLX-mixed_*` by mlx-lm's `--quant-predicate` recipe");
+        }
+        if mlx.iter().any(|n| ["MLX-mxfp4", "MLX-nvfp4", "MLX-mxfp8"].iter().any(|m| n.ends_with(m))) {
+            how.push_str("; `MLX-mxfp4`, `MLX-nvfp4`, `MLX-mxfp8` by `--q-mode`, in their own group sizes");
+        }
         let _ = writeln!(
             md,
-            "- MLX checkpoints quantized as `mlx_lm.convert -q` (affine, group size {}).",
-            spec.pointer("/outputs/mlx/group_size").and_then(Value::as_u64).unwrap_or(64)
+            "- MLX checkpoints quantized as `mlx_lm.convert -q` writes them ({how}); each folder loads with \
+             `mlx_lm.generate --model ./FOLDER`."
         );
     }
     if !vllm.is_empty() {
@@ -163,9 +174,15 @@ pub fn render(report: &Report) -> String {
     md.push_str("\n## Files\n\n| File | sha256 |\n|---|---|\n");
     for r in &artifacts {
         for f in &r.a.files {
-            let file = f.url.rsplit('/').next().unwrap_or(&f.url);
+            let file = r.a.published_path(f).unwrap_or_else(|| f.url.clone());
             let _ = writeln!(md, "| `{}` | `{}` |", file.replace('`', "'"), f.sha256);
         }
+    }
+    if artifacts.iter().any(|r| r.a.files.iter().any(|f| r.a.is_folder(f))) {
+        md.push_str(
+            "\nA folder's sha256 is its folder digest: the sha256 of its files' `sha256  name` lines (as `sha256sum` \
+             prints them) sorted by name.\n",
+        );
     }
     let _ = writeln!(
         md,
