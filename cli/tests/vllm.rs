@@ -284,7 +284,12 @@ fn a_release_makes_verifies_and_measures_its_vllm_rungs() {
     let bin = Path::new(bin());
     // The workers run transformers in llm-compressor's pinned environment (torch, transformers, compressed-tensors).
     let python = quantfarm_e2e::llm_compressor_python();
-    let env = [("QUANTFARM_TRANSFORMERS_PYTHON", python.as_os_str())];
+    // In the long run the MLX rung is measured in mlx-lm too (the peers' Python), as every MLX rung is by default.
+    let peers = quantfarm_e2e::peers_python();
+    let mut env = vec![("QUANTFARM_TRANSFORMERS_PYTHON", python.as_os_str())];
+    if greedy {
+        env.push(("QUANTFARM_PYTHON", peers.as_os_str()));
+    }
     let out = quantfarm_e2e::farm_run_output_env(bin, &release, 2, dir.path(), &env);
     let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     let sum: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap_or_default())

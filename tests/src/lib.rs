@@ -284,16 +284,74 @@ fn copy_tree(from: &Path, to: &Path) {
 
 /// convert_hf_to_gguf.py (the llama.cpp source the peer tools are built from) on the HF checkpoint `hf`, writing
 /// `--outtype outtype` to the file `out`; panics with its stderr on failure.
+///
+/// The converter is deterministic and the suite runs it on the same small checkpoints many times (each run starts
+/// Python and imports torch: seconds), so the output for a checkpoint of at most 256 MiB is made once per set of
+/// inputs into `$QUANTFARM_CACHE/convert-hf-to-gguf/` — keyed by the sha256 of the script, the llama.cpp source
+/// tree's path (its pinned version), the out type, the folder's name (`general.name` comes from it), every file of
+/// the folder and the converter venv's installed packages — and copied from there; larger checkpoints are converted
+/// each time.
 pub fn convert_hf_to_gguf_py(hf: &Path, outtype: &str, out: &Path) {
+    use sha2::Digest as _;
     let script = llama_src().join("convert_hf_to_gguf.py");
-    let o = Command::new(convert_python())
-        .arg(&script)
-        .arg(hf)
-        .args(["--outtype", outtype, "--outfile"])
-        .arg(out)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
-    assert!(o.status.success(), "convert_hf_to_gguf.py on {}:\n{}", hf.display(), String::from_utf8_lossy(&o.stderr));
+    let python = convert_python();
+    let run = |to: &Path| {
+        let o = Command::new(&python)
+            .arg(&script)
+            .arg(hf)
+            .args(["--outtype", outtype, "--outfile"])
+            .arg(to)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+        assert!(
+            o.status.success(),
+            "convert_hf_to_gguf.py on {}:\n{}",
+            hf.display(),
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    let mut files: Vec<PathBuf> = std::fs::read_dir(hf)
+        .unwrap_or_else(|e| panic!("read {}: {e}", hf.display()))
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    let total: u64 = files.iter().map(|f| f.metadata().map_or(0, |m| m.len())).sum();
+    if total > 256 << 20 {
+        return run(out);
+    }
+    let mut h = sha2::Sha256::new();
+    let mut part = |bytes: &[u8]| {
+        h.update((bytes.len() as u64).to_le_bytes());
+        h.update(bytes);
+    };
+    part(&std::fs::read(&script).expect("convert_hf_to_gguf.py"));
+    part(script.as_os_str().as_encoded_bytes());
+    part(outtype.as_bytes());
+    part(hf.file_name().unwrap_or_default().as_encoded_bytes());
+    for f in &files {
+        part(f.file_name().unwrap_or_default().as_encoded_bytes());
+        part(&std::fs::read(f).unwrap_or_else(|e| panic!("read {}: {e}", f.display())));
+    }
+    h.update(installed_packages(&python).as_bytes());
+    let key: String = h.finalize().iter().take(12).map(|b| format!("{b:02x}")).collect();
+    let dir = cache_dir().join("convert-hf-to-gguf").join(format!("{outtype}-{key}"));
+    if !dir.join(".complete").exists() {
+        // Made in a staging folder and renamed into place: a killed run or a concurrent one leaves no half entry.
+        let parent = dir.parent().expect("cache folder");
+        std::fs::create_dir_all(parent).expect("create the convert-hf-to-gguf cache");
+        let staging = tempfile::tempdir_in(parent).expect("a staging folder");
+        let made = staging.path().join("entry");
+        std::fs::create_dir_all(&made).expect("create the staging entry");
+        run(&made.join("out.gguf"));
+        std::fs::write(made.join(".complete"), b"").expect("mark the entry complete");
+        if std::fs::rename(&made, &dir).is_err() && !dir.join(".complete").exists() {
+            panic!("cannot move {} to {}", made.display(), dir.display());
+        }
+    }
+    std::fs::copy(dir.join("out.gguf"), out)
+        .unwrap_or_else(|e| panic!("copy the cached conversion of {} to {}: {e}", hf.display(), out.display()));
 }
 
 /// Runs a Python script from `tests/py/` with the given interpreter; panics with its stderr on failure.
