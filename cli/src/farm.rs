@@ -572,6 +572,30 @@ pub async fn run(args: RunArgs) -> Result<u8> {
                 );
             }
         }
+        // The runtimes the release's tasks ask for, found as the local workers will find them.
+        let wanted = [
+            (
+                spec.runs_mlx_lm(),
+                "mlx_lm",
+                "evaluation.mlx_lm (on by default with MLX outputs)",
+                "mlx-lm under $QUANTFARM_PYTHON or python3 (scripts/install-mlx-runtime)",
+            ),
+            (
+                spec.runs_transformers(),
+                "transformers",
+                "evaluation.transformers",
+                "transformers under $QUANTFARM_TRANSFORMERS_PYTHON (scripts/install-llm-compressor)",
+            ),
+        ];
+        if wanted.iter().any(|w| w.0) {
+            let have = tokio::task::spawn_blocking(quantfarm_worker::runtimes).await.context("finding the runtimes")?;
+            for (_, runtime, key, how) in wanted.iter().filter(|w| w.0 && !have.iter().any(|h| h == w.1)) {
+                bail!(
+                    "{name}: {key} asks for {runtime}, which no local worker can run (it needs {how}): its tasks \
+                     would wait for ever. Install it, or set it to false to leave that runtime out of the release"
+                );
+            }
+        }
     }
     let store = store_location(&args.store)?;
     let token = {

@@ -326,6 +326,38 @@ fn a_release_runs_its_bf16_weights_and_mlx_rung_in_mlx_lm() {
     }
 }
 
+/// `quantfarm run`'s workers are the only ones, so a release whose MLX rungs are to be measured in mlx-lm (the
+/// default) on a machine where no worker can run mlx-lm is refused at once, naming the key and what is missing,
+/// rather than left waiting for a worker that never comes.
+#[test]
+fn a_local_release_needing_mlx_lm_without_it_is_refused_at_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let examples = quantfarm_e2e::repo_root().join("examples");
+    let release = tmp.path().join("release.yaml");
+    std::fs::write(
+        &release,
+        format!(
+            "name: no-mlx\nsource: synthetic:tiny-llama\noutputs:\n  gguf: {{quants: [Q8_0]}}\n  mlx: {{bits: [4]}}\n\
+             evaluation:\n  text: {}\n  ctx: 128\n  chunks: 1\n",
+            examples.join("texts/mill.txt").display(),
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_quantfarm"))
+        .arg("run")
+        .arg(&release)
+        .args(["--workers", "1", "--store"])
+        .arg(tmp.path().join("data"))
+        .env("QUANTFARM_KEY_FILE", tmp.path().join("k"))
+        .env("QUANTFARM_PYTHON", "/bin/false")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{said}");
+    assert!(said.contains("evaluation.mlx_lm") && said.contains("no local worker can run"), "{said}");
+    assert!(!tmp.path().join("data/artifacts").exists(), "something was made");
+}
+
 /// A checkpoint mlx-lm cannot load (a 4-bit one whose lm_head lost its scales, the seeds' crash) is not a task
 /// failure: each mlx-lm task answers with mlx-lm's own message naming the folder, so the release goes on and the
 /// report shows the rung as not measured (its `measured` gate fails with the message: the coordinator's unit test
