@@ -336,6 +336,18 @@ impl MlxModel {
     }
 }
 
+/// The words per row of a quantized weight's codes, which are uint32 with at least one dimension.
+fn packed_words(w: &StTensor, file: &str) -> Result<u64> {
+    match (w.dtype, w.shape.last()) {
+        (Dtype::U32, Some(&words)) => Ok(words),
+        _ => Err(Error::format(
+            file,
+            &w.name,
+            format!("is {} {:?}; a quantized weight is uint32 with ≥1 dimension", w.dtype, w.shape),
+        )),
+    }
+}
+
 fn affine_tensor(
     module: &str,
     weight: (usize, StTensor),
@@ -345,14 +357,7 @@ fn affine_tensor(
     file: &str,
 ) -> Result<MlxTensor> {
     let w = &weight.1;
-    if w.dtype != Dtype::U32 || w.shape.is_empty() {
-        return Err(Error::format(
-            file,
-            &w.name,
-            format!("is {} {:?}; a quantized weight is uint32 with ≥1 dimension", w.dtype, w.shape),
-        ));
-    }
-    let packed = *w.shape.last().expect("non-empty shape");
+    let packed = packed_words(w, file)?;
     let cols = packed * 32 / u64::from(params.bits);
     if !(packed * 32).is_multiple_of(u64::from(params.bits)) || !cols.is_multiple_of(u64::from(params.group_size)) {
         return Err(Error::format(
@@ -413,15 +418,8 @@ fn fp_tensor(
     file: &str,
 ) -> Result<MlxTensor> {
     let w = &weight.1;
-    if w.dtype != Dtype::U32 || w.shape.is_empty() {
-        return Err(Error::format(
-            file,
-            &w.name,
-            format!("is {} {:?}; a quantized weight is uint32 with ≥1 dimension", w.dtype, w.shape),
-        ));
-    }
     let (bits, group) = (u64::from(mode.bits()), mode.group_size() as u64);
-    let packed = *w.shape.last().expect("non-empty shape");
+    let packed = packed_words(w, file)?;
     let cols = packed * 32 / bits;
     let mut group_shape = w.shape.clone();
     *group_shape.last_mut().expect("non-empty shape") = cols / group;

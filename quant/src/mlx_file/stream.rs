@@ -18,12 +18,13 @@ use quantfarm_tensors::dequant::float_values_into;
 use quantfarm_tensors::mlx::ModuleQuant;
 
 /// Bytes of codes a row of item `item` quantizes into (none for a tensor kept as it is).
-/// For a floating-point mode this counts the piece's values widened to f32 too, which `quantize_fp` takes.
+/// For a floating-point mode this counts the piece's values widened to f32 too, which `quantize_fp` takes, and
+/// its codes twice (the words it returns and their bytes as written).
 fn codes_row(item: &Item) -> u64 {
     match item {
         Item::Plain { .. } => 0,
         Item::Quant { cols, quant: ModuleQuant::Affine(p), .. } => cols * u64::from(p.bits) / 8,
-        Item::Quant { cols, quant: ModuleQuant::Fp(m), .. } => cols * u64::from(m.bits()) / 8 + 4 * cols,
+        Item::Quant { cols, quant: ModuleQuant::Fp(m), .. } => 2 * cols * u64::from(m.bits()) / 8 + 4 * cols,
     }
 }
 
@@ -175,6 +176,19 @@ mod tests {
         for (what, bytes) in &outputs[1..] {
             assert!(bytes == &outputs[0].1, "{what} differs from {}", outputs[0].0);
         }
+        // A floating-point mode (codes and uint8 scales, no biases) alike, down to one row per piece.
+        let mut fp = Vec::new();
+        for budget in [64u64 << 20, 4000, 1] {
+            let opts = MlxOptions { budget, ..MlxOptions::fp(crate::mlx_fp::FpMode::Nvfp4) };
+            let out = dir.path().join(format!("fp-{budget}"));
+            multi.block_on(async {
+                let src = TensorSource::open(&Location::local(&hf)).await.unwrap();
+                quantize_mlx_checkpoint(&src, &Location::local(&out), &opts).await.unwrap();
+            });
+            fp.push((budget, weights(&out)));
+        }
+        assert!(fp.iter().all(|(_, b)| b == &fp[0].1), "nvfp4: the budgets wrote different checkpoints");
+        assert!(fp[0].1 != outputs[0].1);
     }
 
     /// A value the quantizer refuses is named by its tensor and its row in the tensor, not in the piece.
