@@ -458,7 +458,8 @@ fn a_release_makes_verifies_and_measures_its_vllm_rungs() {
     let dir2 = tempfile::tempdir().unwrap();
     let release = dir2.path().join("release.yaml");
     std::fs::write(&release, spec(128)).unwrap();
-    let out = quantfarm_e2e::farm_run_output(bin, &release, 1, dir2.path());
+    // The same runtimes as above, so that `quantfarm run` gets past its check of them to the plan.
+    let out = quantfarm_e2e::farm_run_output_env(bin, &release, 1, dir2.path(), &env);
     let said = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert_ne!(out.status.code(), Some(0), "{said}");
     assert!(
