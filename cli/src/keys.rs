@@ -60,6 +60,17 @@ pub struct VerifyArgs {
     pub pubkey: Option<String>,
 }
 
+/// The key a report must be signed by, from `--pubkey`: a public key file, or the text `quantfarm-ed25519-public:...`.
+pub fn pinned_key(given: Option<&str>) -> Result<Option<PublicKey>> {
+    Ok(match given {
+        None => None,
+        Some(text) if text.trim_start().starts_with("quantfarm-ed25519-") => {
+            Some(PublicKey::from_text(text).context("--pubkey")?)
+        }
+        Some(path) => Some(PublicKey::load(Path::new(path)).context("--pubkey")?),
+    })
+}
+
 /// Writes a new secret key (mode 0600) and its public key, and prints the public key and fingerprint.
 pub fn keygen(args: KeygenArgs) -> Result<()> {
     let path = args.out.unwrap_or_else(signing::default_key_path);
@@ -84,13 +95,7 @@ pub fn keygen(args: KeygenArgs) -> Result<()> {
 /// when the report or the key cannot be read at all.
 pub fn verify(args: VerifyArgs) -> Result<bool> {
     let name = args.report.display();
-    let pinned = match &args.pubkey {
-        None => None,
-        Some(given) if given.trim_start().starts_with("quantfarm-ed25519-") => {
-            Some(PublicKey::from_text(given).context("--pubkey")?)
-        }
-        Some(path) => Some(PublicKey::load(Path::new(path)).context("--pubkey")?),
-    };
+    let pinned = pinned_key(args.pubkey.as_deref())?;
     let text = std::fs::read_to_string(&args.report).with_context(|| format!("cannot read report {name}"))?;
     let report: serde_json::Value =
         serde_json::from_str(&text).with_context(|| format!("report {name} is not valid JSON"))?;

@@ -15,8 +15,8 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use quantfarm_report::model::{Artifact, FileRef, Report};
-use quantfarm_report::signing::{self, PublicKey};
-use quantfarm_store::{Blob, Digest, Location, StagedSink};
+use quantfarm_report::signing;
+use quantfarm_store::{hex, Blob, Digest, Location, StagedSink};
 use sha2::{Digest as _, Sha256};
 
 use crate::units::{human, parse_size};
@@ -50,13 +50,7 @@ pub async fn run(args: Args) -> Result<()> {
     let text = read_all(&report_loc).await?;
     let value: serde_json::Value =
         serde_json::from_slice(&text).with_context(|| format!("report {report_loc} is not valid JSON"))?;
-    let pinned = match &args.pubkey {
-        None => None,
-        Some(k) if k.trim_start().starts_with("quantfarm-ed25519-") => {
-            Some(PublicKey::from_text(k).context("--pubkey")?)
-        }
-        Some(path) => Some(PublicKey::load(std::path::Path::new(path)).context("--pubkey")?),
-    };
+    let pinned = crate::keys::pinned_key(args.pubkey.as_deref())?;
     let verified = signing::verify_report(&value, pinned.as_ref())
         .with_context(|| format!("{report_loc}: the signature does not hold; nothing was published"))?;
     let report: Report = quantfarm_report::parse(std::str::from_utf8(&text).unwrap_or_default())
@@ -262,10 +256,6 @@ async fn write_file(to: &Location, bytes: &[u8], overwrite: bool) -> Result<()> 
     sink.write(bytes).await?;
     sink.commit().await.with_context(|| format!("cannot commit {to}"))?;
     Ok(())
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// `VERIFY.md`: how a reader checks what they downloaded.

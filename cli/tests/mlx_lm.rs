@@ -343,15 +343,9 @@ fn a_local_release_needing_mlx_lm_without_it_is_refused_at_once() {
         ),
     )
     .unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_quantfarm"))
-        .arg("run")
-        .arg(&release)
-        .args(["--workers", "1", "--store"])
-        .arg(tmp.path().join("data"))
-        .env("QUANTFARM_KEY_FILE", tmp.path().join("k"))
-        .env("QUANTFARM_PYTHON", "/bin/false")
-        .output()
-        .unwrap();
+    let bin = Path::new(env!("CARGO_BIN_EXE_quantfarm"));
+    let env = [("QUANTFARM_PYTHON", std::ffi::OsStr::new("/bin/false"))];
+    let out = quantfarm_e2e::farm_run_output_env(bin, &release, 1, tmp.path(), &env);
     let said = String::from_utf8_lossy(&out.stderr);
     assert_ne!(out.status.code(), Some(0), "{said}");
     assert!(said.contains("evaluation.mlx_lm") && said.contains("no local worker can run"), "{said}");

@@ -220,30 +220,15 @@ fn synthetic_hf_cached(arch: &str) -> PathBuf {
     let mut h = sha2::Sha256::new();
     h.update(std::fs::read(&script).expect("make_synthetic_hf.py"));
     for part in [arch.as_bytes(), src.as_os_str().as_encoded_bytes(), python.as_os_str().as_encoded_bytes()] {
-        h.update((part.len() as u64).to_le_bytes());
-        h.update(part);
+        key_part(&mut h, part);
     }
-    let dims = std::env::var("QF_SYNTHETIC_DIMS").unwrap_or_default();
-    h.update((dims.len() as u64).to_le_bytes());
-    h.update(dims.as_bytes());
+    key_part(&mut h, std::env::var("QF_SYNTHETIC_DIMS").unwrap_or_default().as_bytes());
     // The packages the script imports (transformers, tokenizers, gguf, sentencepiece, quicktok-v1, …).
     h.update(installed_packages(&python).as_bytes());
-    let key: String = h.finalize().iter().take(12).map(|b| format!("{b:02x}")).collect();
-    let dir = cache_dir().join("synthetic-hf").join(format!("{arch}-{key}"));
-    if dir.join(".complete").exists() {
-        return dir;
-    }
-    // Made in a staging folder and renamed into place: a killed run or a concurrent one leaves no half checkpoint.
-    let parent = dir.parent().expect("cache folder");
-    std::fs::create_dir_all(parent).expect("create the synthetic-hf cache");
-    let staging = tempfile::tempdir_in(parent).expect("a staging folder");
-    let made = staging.path().join(arch);
-    run_py_with(&python, "make_synthetic_hf.py", &[OsStr::new(arch), made.as_os_str(), src.as_os_str()]);
-    std::fs::write(made.join(".complete"), b"").expect("mark the checkpoint complete");
-    if std::fs::rename(&made, &dir).is_err() && !dir.join(".complete").exists() {
-        panic!("cannot move {} to {}", made.display(), dir.display());
-    }
-    dir
+    let dir = cache_dir().join("synthetic-hf").join(format!("{arch}-{}", key_name(h)));
+    cached_entry(dir, |made| {
+        run_py_with(&python, "make_synthetic_hf.py", &[OsStr::new(arch), made.as_os_str(), src.as_os_str()]);
+    })
 }
 
 /// The packages installed in the venv of `python`, by the names of their metadata folders (name and version), sorted
@@ -266,6 +251,58 @@ fn walk_names(dir: &Path, depth: u32) -> Vec<String> {
         }
     }
     out
+}
+
+/// Adds `bytes` to a cache key, length-prefixed.
+fn key_part(h: &mut sha2::Sha256, bytes: &[u8]) {
+    use sha2::Digest as _;
+    h.update((bytes.len() as u64).to_le_bytes());
+    h.update(bytes);
+}
+
+/// The regular files of `dir`, sorted by path.
+fn folder_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_file())
+        .collect();
+    files.sort();
+    files
+}
+
+/// Adds every file of `files` to a cache key (its name, then its bytes, one file in memory at a time).
+fn key_files(h: &mut sha2::Sha256, files: &[PathBuf]) {
+    for f in files {
+        key_part(h, f.file_name().unwrap_or_default().as_encoded_bytes());
+        key_part(h, &std::fs::read(f).unwrap_or_else(|e| panic!("read {}: {e}", f.display())));
+    }
+}
+
+/// The cache key's name: the first 12 bytes of the hash, in hex.
+fn key_name(h: sha2::Sha256) -> String {
+    use sha2::Digest as _;
+    h.finalize().iter().take(12).map(|b| format!("{b:02x}")).collect()
+}
+
+/// The cache entry `dir`, made once: `make` fills the folder it is given (not yet created) in a staging folder
+/// beside `dir`, which is then marked complete and renamed into place, so a killed run or a concurrent one leaves
+/// no half entry.
+fn cached_entry(dir: PathBuf, make: impl FnOnce(&Path)) -> PathBuf {
+    if dir.join(".complete").exists() {
+        return dir;
+    }
+    let parent = dir.parent().expect("cache folder");
+    std::fs::create_dir_all(parent).unwrap_or_else(|e| panic!("create {}: {e}", parent.display()));
+    let staging = tempfile::tempdir_in(parent).expect("a staging folder");
+    let made = staging.path().join("entry");
+    make(&made);
+    std::fs::write(made.join(".complete"), b"").expect("mark the entry complete");
+    if std::fs::rename(&made, &dir).is_err() && !dir.join(".complete").exists() {
+        panic!("cannot move {} to {}", made.display(), dir.display());
+    }
+    dir
 }
 
 /// Copies the folder `from` to `to` (created), every file but the cache's `.complete` marker.
@@ -310,46 +347,23 @@ pub fn convert_hf_to_gguf_py(hf: &Path, outtype: &str, out: &Path) {
             String::from_utf8_lossy(&o.stderr)
         );
     };
-    let mut files: Vec<PathBuf> = std::fs::read_dir(hf)
-        .unwrap_or_else(|e| panic!("read {}: {e}", hf.display()))
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.is_file())
-        .collect();
-    files.sort();
+    let files = folder_files(hf);
     let total: u64 = files.iter().map(|f| f.metadata().map_or(0, |m| m.len())).sum();
     if total > 256 << 20 {
         return run(out);
     }
     let mut h = sha2::Sha256::new();
-    let mut part = |bytes: &[u8]| {
-        h.update((bytes.len() as u64).to_le_bytes());
-        h.update(bytes);
-    };
-    part(&std::fs::read(&script).expect("convert_hf_to_gguf.py"));
-    part(script.as_os_str().as_encoded_bytes());
-    part(outtype.as_bytes());
-    part(hf.file_name().unwrap_or_default().as_encoded_bytes());
-    for f in &files {
-        part(f.file_name().unwrap_or_default().as_encoded_bytes());
-        part(&std::fs::read(f).unwrap_or_else(|e| panic!("read {}: {e}", f.display())));
-    }
+    key_part(&mut h, &std::fs::read(&script).expect("convert_hf_to_gguf.py"));
+    key_part(&mut h, script.as_os_str().as_encoded_bytes());
+    key_part(&mut h, outtype.as_bytes());
+    key_part(&mut h, hf.file_name().unwrap_or_default().as_encoded_bytes());
+    key_files(&mut h, &files);
     h.update(installed_packages(&python).as_bytes());
-    let key: String = h.finalize().iter().take(12).map(|b| format!("{b:02x}")).collect();
-    let dir = cache_dir().join("convert-hf-to-gguf").join(format!("{outtype}-{key}"));
-    if !dir.join(".complete").exists() {
-        // Made in a staging folder and renamed into place: a killed run or a concurrent one leaves no half entry.
-        let parent = dir.parent().expect("cache folder");
-        std::fs::create_dir_all(parent).expect("create the convert-hf-to-gguf cache");
-        let staging = tempfile::tempdir_in(parent).expect("a staging folder");
-        let made = staging.path().join("entry");
-        std::fs::create_dir_all(&made).expect("create the staging entry");
+    let dir = cache_dir().join("convert-hf-to-gguf").join(format!("{outtype}-{}", key_name(h)));
+    let dir = cached_entry(dir, |made| {
+        std::fs::create_dir_all(made).expect("create the staging entry");
         run(&made.join("out.gguf"));
-        std::fs::write(made.join(".complete"), b"").expect("mark the entry complete");
-        if std::fs::rename(&made, &dir).is_err() && !dir.join(".complete").exists() {
-            panic!("cannot move {} to {}", made.display(), dir.display());
-        }
-    }
+    });
     std::fs::copy(dir.join("out.gguf"), out)
         .unwrap_or_else(|e| panic!("copy the cached conversion of {} to {}: {e}", hf.display(), out.display()));
 }
@@ -385,46 +399,21 @@ pub fn lora_adapters(format: &str, base: &Path, adapter: &Path, expected: &Path,
     let python = peers_python();
     let mut h = sha2::Sha256::new();
     h.update(std::fs::read(repo_root().join("tests/py/lora_adapters.py")).expect("lora_adapters.py"));
-    let mut files: Vec<PathBuf> = std::fs::read_dir(base)
-        .unwrap_or_else(|e| panic!("read {}: {e}", base.display()))
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.is_file())
-        .collect();
-    files.sort();
-    // Each part length-prefixed, one file's bytes in memory at a time.
-    let mut part = |bytes: &[u8]| {
-        h.update((bytes.len() as u64).to_le_bytes());
-        h.update(bytes);
-    };
-    part(format.as_bytes());
-    part(flaw.unwrap_or("").as_bytes());
-    part(python.as_os_str().as_encoded_bytes());
-    for f in &files {
-        part(f.file_name().unwrap_or_default().as_encoded_bytes());
-        part(&std::fs::read(f).unwrap_or_else(|e| panic!("read {}: {e}", f.display())));
-    }
+    key_part(&mut h, format.as_bytes());
+    key_part(&mut h, flaw.unwrap_or("").as_bytes());
+    key_part(&mut h, python.as_os_str().as_encoded_bytes());
+    key_files(&mut h, &folder_files(base));
     h.update(installed_packages(&python).as_bytes());
-    let key: String = h.finalize().iter().take(12).map(|b| format!("{b:02x}")).collect();
-    let dir = cache_dir().join("lora-adapters").join(format!("{format}-{}-{key}", flaw.unwrap_or("ok")));
-    if !dir.join(".complete").exists() {
-        // Made in a staging folder and renamed into place: a killed run or a concurrent one leaves no half entry.
-        let parent = dir.parent().expect("cache folder");
-        std::fs::create_dir_all(parent).expect("create the lora-adapters cache");
-        let staging = tempfile::tempdir_in(parent).expect("a staging folder");
-        let made = staging.path().join("entry");
-        std::fs::create_dir_all(&made).expect("create the staging entry");
+    let name = format!("{format}-{}-{}", flaw.unwrap_or("ok"), key_name(h));
+    let dir = cached_entry(cache_dir().join("lora-adapters").join(name), |made| {
+        std::fs::create_dir_all(made).expect("create the staging entry");
         let (a, e) = (made.join("adapter"), made.join("expected.safetensors"));
         let mut args = vec![OsStr::new(format), base.as_os_str(), a.as_os_str(), e.as_os_str()];
         if let Some(f) = flaw {
             args.push(OsStr::new(f));
         }
         run_py_with(&python, "lora_adapters.py", &args);
-        std::fs::write(made.join(".complete"), b"").expect("mark the entry complete");
-        if std::fs::rename(&made, &dir).is_err() && !dir.join(".complete").exists() {
-            panic!("cannot move {} to {}", made.display(), dir.display());
-        }
-    }
+    });
     copy_tree(&dir.join("adapter"), adapter);
     let cached = dir.join("expected.safetensors");
     if cached.exists() {
