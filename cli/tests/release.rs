@@ -410,3 +410,78 @@ fn an_i_quant_ladder_with_a_recipe_and_a_farm_imatrix_is_measured_and_equals_lla
     assert_eq!(xs.len(), rungs.len(), "{xs:?}");
     assert!(xs.windows(2).all(|w| w[0] <= w[1]), "in order of size: {xs:?}");
 }
+
+/// Link 1 as the method states it, in the library the adapter was trained with: a PEFT adapter on SmolLM2's
+/// attention and on its tied embeddings (which llama.cpp cannot apply at run time), checked by the farm in
+/// transformers (the base with the adapter unmerged, and the merge, both in f32), with the release's own `merge` gate
+/// on that figure. The oracle: PEFT and transformers' own `generate` on the same prompts, outside the farm, agree on
+/// every continuation, and the base alone on none (so the check can fail). Long: a transformers helper per task.
+#[test]
+fn a_peft_adapter_is_checked_unmerged_in_transformers() {
+    if quantfarm_e2e::skip_unless_long(
+        "a_peft_adapter_is_checked_unmerged_in_transformers",
+        "six model loads in transformers",
+    ) {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let hf = quantfarm_e2e::smollm2_derived().join("smollm2-hf");
+    let adapter = quantfarm_e2e::lora_adapter("peft", &hf, tmp.path());
+    let prompts = quantfarm_e2e::prompts(4, tmp.path());
+    let release = tmp.path().join("release.yaml");
+    std::fs::write(
+        &release,
+        format!(
+            "name: smollm2-peft\nsource: {}\nadapter: {}\nbase_name: HuggingFaceTB/SmolLM2-135M-Instruct\n\
+             outputs:\n  gguf: {{quants: []}}\nevaluation:\n  prompts: {}\n  max_tokens: 16\n  prompt_shares: 1\n  \
+             transformers: true\ngates:\n  - {{name: merge, check: 'merge.transformers.greedy.agree >= 1'}}\n",
+            hf.display(),
+            adapter.display(),
+            prompts.display()
+        ),
+    )
+    .unwrap();
+    // The workers run transformers in llm-compressor's pinned environment (torch, transformers, PEFT).
+    let tf_python = quantfarm_e2e::llm_compressor_python();
+    let env = [("QUANTFARM_TRANSFORMERS_PYTHON", tf_python.as_os_str())];
+    let out = quantfarm_e2e::farm_run_output_env(Path::new(bin()), &release, 2, tmp.path(), &env);
+    let sum = summary(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(sum["state"], "released", "{sum:#}\n{stderr}");
+    let gate = |name: &str| sum["gates"].as_array().unwrap().iter().find(|g| g["name"] == name).cloned();
+    let merge = gate("merge").unwrap_or_else(|| panic!("{sum:#}"));
+    assert_eq!(merge["inputs"]["merge.transformers.greedy.agree"], 1.0, "{merge:#}");
+    // The release's own `merge` gate replaced the default (llama.cpp's check cannot run on a tied embedding's LoRA);
+    // the default `merge-transformers` gate applies beside it.
+    assert_eq!(gate("merge-transformers").unwrap_or_else(|| panic!("{sum:#}"))["passed"], true);
+    let report_path = Path::new(sum["report_url"].as_str().unwrap());
+    let report = sum_report(report_path);
+    // The report, the pair's records included, is valid against the published (strict) schema.
+    let schema = quantfarm_e2e::repo_root().join("docs/report.schema.json");
+    let (rc, msg) = python("check_schema.py", &[schema.as_os_str(), report_path.as_os_str()]);
+    assert_eq!(rc, 0, "{msg}");
+    let error = report["merge_check"]["error"].as_str().unwrap_or_else(|| panic!("{:#}", report["merge_check"]));
+    assert!(error.contains("merge check in transformers measures it"), "{error}");
+    let tf = &report["transformers"];
+    let (a, m) = (&tf["adapter"], &tf["merged_f32"]);
+    assert_eq!((a["dtype"].as_str(), m["dtype"].as_str()), (Some("float32"), Some("float32")), "{tf:#}");
+    assert!(a["load_error"].is_null() && m["load_error"].is_null(), "{tf:#}");
+    assert_eq!((m["greedy"]["n"].as_u64(), m["greedy"]["identical"].as_u64()), (Some(4), Some(4)), "{m:#}");
+    assert_eq!(a["greedy"]["n"], 4, "the adapter's continuations, shown against llama.cpp's: {a:#}");
+    assert!(a["kld"].is_null() && m["kld"].is_null(), "the pair is compared by greedy continuations only: {tf:#}");
+    assert!(tf["runtimes"][0]["peft"].as_str().is_some_and(|v| !v.is_empty()), "{tf:#}");
+    let merged = tf["model"].as_str().unwrap();
+    let o = Command::new(&tf_python)
+        .arg(quantfarm_e2e::repo_root().join("tests/py/peft_greedy_oracle.py"))
+        .args([hf.as_os_str(), adapter.as_os_str(), OsStr::new(merged), prompts.as_os_str(), OsStr::new("16")])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "the oracle: {}", String::from_utf8_lossy(&o.stderr));
+    let want: Value = serde_json::from_slice(&o.stdout).unwrap();
+    eprintln!("PEFT and generate outside the farm: {want}");
+    assert_eq!((want["n"].as_u64(), want["adapter_identical"].as_u64()), (Some(4), Some(4)), "{want}");
+    assert!(want["base_identical"].as_u64() < Some(4), "the adapter changes no continuation: {want}");
+    // The views show the pair.
+    let md = std::fs::read_to_string(sum["report_url"].as_str().unwrap().replace("report.json", "report.md")).unwrap();
+    assert!(md.contains("| base + adapter (PEFT, unmerged) in f32 |") && md.contains("| BF16 in f32 |"), "{md}");
+}

@@ -209,8 +209,28 @@ pub struct TransformersFigures {
     pub model: String,
     /// The bf16 checkpoint in transformers against the GGUF BF16 in llama.cpp.
     pub bf16: TransformersSubject,
+    /// With a PEFT adapter, the merge check in transformers (link 1), both in f32 as llama.cpp's: the base with the
+    /// adapter applied at run time by PEFT, unmerged (its greedy continuations shown against llama.cpp's GGUF BF16),
+    /// and the merge, compared with it. `null` without an adapter, or for an mlx-lm one (PEFT does not load that
+    /// format).
+    #[serde(default)]
+    pub adapter: Option<TransformersSubject>,
+    #[serde(default)]
+    pub merged_f32: Option<TransformersSubject>,
     /// Each measured vLLM rung: as saved (FP8_DYNAMIC's W8A8, emulated), and weight-only where that differs.
     pub rungs: Vec<TransformersSubject>,
+}
+
+impl TransformersFigures {
+    /// Every model run, in the order the views list them, each with the run its greedy continuations were compared
+    /// with: the bf16 checkpoint (with llama.cpp's GGUF BF16), the base with the adapter, then the rungs (each with
+    /// transformers' bf16 checkpoint).
+    pub fn subjects(&self) -> impl Iterator<Item = (&TransformersSubject, &'static str)> {
+        std::iter::once((&self.bf16, "llama.cpp GGUF BF16"))
+            .chain(self.adapter.iter().map(|a| (a, "llama.cpp GGUF BF16")))
+            .chain(self.merged_f32.iter().map(|m| (m, "base + adapter in f32")))
+            .chain(self.rungs.iter().map(|r| (r, "transformers BF16")))
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
@@ -226,12 +246,15 @@ pub struct TransformersRuntime {
 /// One model in transformers: how it was loaded and what was measured on it.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct TransformersSubject {
-    /// `BF16`, `vLLM-FP8_DYNAMIC`, `vLLM-FP8_DYNAMIC-weight-only`.
+    /// `BF16`, `adapter`, `merged-f32`, `vLLM-FP8_DYNAMIC`, `vLLM-FP8_DYNAMIC-weight-only`.
     pub subject: String,
-    /// The artifact it is: `BF16` or `vLLM-SCHEME`.
+    /// The artifact it is: `BF16` (the merge in f32 too) or `vLLM-SCHEME`; `adapter` for the base with the adapter.
     pub file_type: String,
     /// `as-saved` or `weight-only`.
     pub activations: String,
+    /// What it ran in: `bfloat16`, or `float32` for the merge check's pair.
+    #[serde(default = "bfloat16")]
+    pub dtype: String,
     /// The checkpoint's weights' scheme as transformers read it (`float8/channel`), `null` for the bf16 checkpoint or
     /// when no task loaded it.
     pub scheme: Option<String>,
@@ -239,6 +262,21 @@ pub struct TransformersSubject {
     pub load_error: Option<String>,
     pub greedy: Option<GreedySummary>,
     pub kld: Option<Kld>,
+}
+
+fn bfloat16() -> String {
+    "bfloat16".into()
+}
+
+impl TransformersSubject {
+    /// What the views call the model.
+    pub fn label(&self) -> String {
+        let name = if self.file_type == "adapter" { "base + adapter (PEFT, unmerged)" } else { &self.file_type };
+        match self.dtype.as_str() {
+            "float32" => format!("{name} in f32"),
+            _ => name.to_string(),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]

@@ -65,6 +65,32 @@ impl Activations {
     }
 }
 
+/// The dtype a model runs in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dtype {
+    Bf16,
+    /// The weights widened exactly (the merge check's pair: the merge, not bf16 arithmetic, is compared).
+    F32,
+}
+
+impl Dtype {
+    pub fn name(self) -> &'static str {
+        match self {
+            Dtype::Bf16 => "bfloat16",
+            Dtype::F32 => "float32",
+        }
+    }
+
+    /// The inverse of [`Dtype::name`]; empty is bfloat16.
+    pub fn parse(s: &str) -> Option<Dtype> {
+        match s {
+            "" | "bfloat16" => Some(Dtype::Bf16),
+            "float32" => Some(Dtype::F32),
+            _ => None,
+        }
+    }
+}
+
 /// A loaded model: whether it is a compressed-tensors checkpoint, its weights' scheme and the dtype it runs in.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 pub struct Loaded {
@@ -95,10 +121,12 @@ impl Transformers {
         model: &Path,
         activations: Activations,
         adapter: Option<&Path>,
+        dtype: Dtype,
         threads: usize,
     ) -> Result<Loaded, Error> {
         let req = json!({
-            "model": model, "activations": activations.name(), "adapter": adapter, "threads": threads.max(1)
+            "model": model, "activations": activations.name(), "adapter": adapter, "dtype": dtype.name(),
+            "threads": threads.max(1)
         });
         let v = self.helper.call("load", req).await?;
         self.helper.parse("load", v)

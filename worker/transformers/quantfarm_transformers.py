@@ -11,9 +11,11 @@ request, in order: the protocol of the mlx-lm helper (`worker/mlx/quantfarm_mlx.
       -> {"ok": true, "protocol": 1, "torch": V, "transformers": V, "compressed_tensors": V | "", "peft": V | "",
           "device": "cpu" | "cuda", "device_name": ...}
       The version handshake: the worker advertises the runtime only when this answers with its protocol.
-  {"op": "load", "model": PATH, "activations": "as-saved" | "weight-only", "adapter": PATH | null, "threads": N}
+  {"op": "load", "model": PATH, "activations": "as-saved" | "weight-only", "adapter": PATH | null,
+   "dtype": "bfloat16" | "float32" | null, "threads": N}
       -> {"ok": true, "quantized": BOOL, "scheme": TEXT, "dtype": TEXT, "vocab": N}
-      `AutoModelForCausalLM.from_pretrained(PATH, dtype=bfloat16)` on the CPU, run on N threads (the worker's share
+      `AutoModelForCausalLM.from_pretrained(PATH, dtype=DTYPE)` (bfloat16 unless asked: float32 widens the
+      weights exactly, for the merge check) on the CPU, run on N threads (the worker's share
       of the machine: torch's own default takes every core, and two such helpers side by side slow each other
       several times over). A compressed-tensors checkpoint is
       decompressed as transformers does it with `CompressedTensorsConfig(dequantize=True)` (each weight
@@ -97,11 +99,15 @@ class Helper:
         activations = req.get("activations", "as-saved")
         if activations not in ("as-saved", "weight-only"):
             raise InputError(f"activations: {activations!r} is not as-saved or weight-only")
+        dtype_name = req.get("dtype") or "bfloat16"
+        if dtype_name not in ("bfloat16", "float32"):
+            raise InputError(f"dtype: {dtype_name!r} is not bfloat16 or float32")
+        dtype = getattr(torch, dtype_name)
         with open(os.path.join(path, "config.json")) as f:
             config = json.load(f)
         qc = config.get("quantization_config") or {}
         compressed = qc.get("quant_method") == "compressed-tensors"
-        kwargs = {"dtype": torch.bfloat16}
+        kwargs = {"dtype": dtype}
         if compressed:
             from transformers.utils.quantization_config import CompressedTensorsConfig
 
@@ -133,7 +139,7 @@ class Helper:
         model.eval()
         self.model, self.tokenizer, self.path = model, tokenizer, path
         vocab = model.get_output_embeddings().weight.shape[0]
-        return {"quantized": compressed, "scheme": scheme, "dtype": "bfloat16", "vocab": int(vocab)}
+        return {"quantized": compressed, "scheme": scheme, "dtype": dtype_name, "vocab": int(vocab)}
 
     def _need_model(self):
         if self.model is None:

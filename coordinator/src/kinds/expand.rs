@@ -173,7 +173,7 @@ pub(super) fn mlx_lm_subjects(ctx: &Ctx) -> Vec<MlxSubject> {
 
 /// What the release runs in transformers: the bf16 checkpoint, then every measured vLLM rung as saved, and weight-only
 /// where its scheme quantizes activations (none when it runs nothing there, `ReleaseSpec::runs_transformers`).
-pub(super) fn tf_subjects(ctx: &Ctx) -> Vec<TfSubject> {
+pub(super) fn tf_subjects(ctx: &Ctx, results: &Results) -> Vec<TfSubject> {
     if !ctx.spec.runs_transformers() {
         return Vec::new();
     }
@@ -182,14 +182,22 @@ pub(super) fn tf_subjects(ctx: &Ctx) -> Vec<TfSubject> {
         let weight_only = rung.quantizes_activations().then_some(TfSubject::Rung { rung, weight_only: true });
         std::iter::once(TfSubject::Rung { rung, weight_only: false }).chain(weight_only)
     });
-    std::iter::once(TfSubject::Bf16).chain(rungs).collect()
+    let pair =
+        if merged(results).is_some_and(peft_adapter) { &[TfSubject::Adapter, TfSubject::MergedF32][..] } else { &[] };
+    std::iter::once(TfSubject::Bf16).chain(pair.iter().copied()).chain(rungs).collect()
+}
+
+/// Whether the merged adapter is one PEFT applies at run time (link 1 in transformers): PEFT's own format, not
+/// mlx-lm's.
+pub fn peft_adapter(mp: &pb::MergePlanResult) -> bool {
+    mp.format == quantfarm_tensors::merge::AdapterFormat::Peft.name()
 }
 
 /// Whether the greedy continuations run: the release has prompts and a model to compare (in llama.cpp or mlx-lm).
 /// The reference's continuations are only run for models to compare with them.
 pub(super) fn runs_greedy(ctx: &Ctx, e: &Evaluation) -> bool {
     e.prompts.is_some()
-        && !(eval_targets(ctx).is_empty() && mlx_lm_subjects(ctx).is_empty() && tf_subjects(ctx).is_empty())
+        && !(eval_targets(ctx).is_empty() && mlx_lm_subjects(ctx).is_empty() && !ctx.spec.runs_transformers())
 }
 
 /// The evaluation settings when the release checks its merge: it has an adapter, prompts to check it on, and the

@@ -44,7 +44,7 @@ use std::hash::{Hash, Hasher};
 
 use quantfarm_proto::{self as pb, task};
 
-pub use expand::{eval_targets, grows, initial, priorities, Grown, Growth, Inventory, Opens, Stage};
+pub use expand::{eval_targets, grows, initial, peft_adapter, priorities, Grown, Growth, Inventory, Opens, Stage};
 pub use folded::{Done, Folded, MlxLmAcc, RuntimeAcc, Slot, SlotAcc, MERGE_CHECK};
 pub use gguf::Gguf;
 pub use greedy::Greedy;

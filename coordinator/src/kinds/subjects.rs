@@ -38,19 +38,29 @@ impl MlxSubject {
     }
 }
 
-/// What transformers runs: the source's bf16 checkpoint (the GGUF BF16's twin), or a vLLM rung with the activations
-/// it runs with. Ordered as the report lists them: the bf16 checkpoint, then the rungs by scheme, each as saved
-/// before weight-only.
+/// What transformers runs: the source's bf16 checkpoint (the GGUF BF16's twin: with an adapter, the merge), the merge
+/// check's pair (link 1 in transformers, both in f32 as llama.cpp's check: the base with a PEFT adapter applied at run
+/// time, unmerged, and the merge), or a vLLM rung with the activations it runs with. Ordered as the report lists
+/// them: the bf16 checkpoint, the merge check's pair, then the rungs by scheme, each as saved before weight-only.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum TfSubject {
     Bf16,
-    Rung { rung: VllmRung, weight_only: bool },
+    /// The base with the PEFT adapter at run time, in f32: the merge check's reference.
+    Adapter,
+    /// The merge in f32 (its bf16 weights widened exactly), compared with [`TfSubject::Adapter`].
+    MergedF32,
+    Rung {
+        rung: VllmRung,
+        weight_only: bool,
+    },
 }
 
 impl fmt::Display for TfSubject {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             TfSubject::Bf16 => write!(f, "BF16"),
+            TfSubject::Adapter => write!(f, "adapter"),
+            TfSubject::MergedF32 => write!(f, "merged-f32"),
             TfSubject::Rung { rung, weight_only: false } => write!(f, "{}", EvalTarget::Vllm(*rung)),
             TfSubject::Rung { rung, weight_only: true } => write!(f, "{}-weight-only", EvalTarget::Vllm(*rung)),
         }
@@ -59,8 +69,11 @@ impl fmt::Display for TfSubject {
 
 impl TfSubject {
     pub fn parse(s: &str) -> Option<TfSubject> {
-        if s == "BF16" {
-            return Some(TfSubject::Bf16);
+        match s {
+            "BF16" => return Some(TfSubject::Bf16),
+            "adapter" => return Some(TfSubject::Adapter),
+            "merged-f32" => return Some(TfSubject::MergedF32),
+            _ => {}
         }
         let (name, weight_only) = match s.strip_suffix("-weight-only") {
             Some(n) => (n, true),
@@ -78,7 +91,29 @@ impl TfSubject {
     pub fn activations(self) -> &'static str {
         match self {
             TfSubject::Rung { weight_only: true, .. } => "weight-only",
-            TfSubject::Bf16 | TfSubject::Rung { weight_only: false, .. } => "as-saved",
+            TfSubject::Bf16
+            | TfSubject::Adapter
+            | TfSubject::MergedF32
+            | TfSubject::Rung { weight_only: false, .. } => "as-saved",
+        }
+    }
+
+    /// The dtype the helper loads the model in: f32 for the merge check's pair (the bf16 weights widened exactly, so
+    /// the comparison sees the merge, not bf16 arithmetic: an adapter applied at run time in bf16 rounds on its own
+    /// path), bf16 otherwise.
+    pub fn dtype(self) -> &'static str {
+        match self {
+            TfSubject::Adapter | TfSubject::MergedF32 => "float32",
+            TfSubject::Bf16 | TfSubject::Rung { .. } => "bfloat16",
+        }
+    }
+
+    /// Whether its logits are scored against llama.cpp's base logits (the merge check's pair is compared by its
+    /// greedy continuations only, as llama.cpp's).
+    pub fn scores_kld(self) -> bool {
+        match self {
+            TfSubject::Bf16 | TfSubject::Rung { .. } => true,
+            TfSubject::Adapter | TfSubject::MergedF32 => false,
         }
     }
 }

@@ -55,6 +55,8 @@ fn keys_round_trip() {
         MlxLm::Probe { subject: MlxSubject::Rung { rung: MlxRung::Bits(6) } }.into(),
         MlxLm::Probe { subject: MlxSubject::Bf16 }.into(),
         Transformers::Greedy { subject: TfSubject::Bf16, share: 0 }.into(),
+        Transformers::Greedy { subject: TfSubject::Adapter, share: 1 }.into(),
+        Transformers::Greedy { subject: TfSubject::MergedF32, share: 0 }.into(),
         Transformers::Greedy { subject: TfSubject::Rung { rung: VllmRung::W4A16, weight_only: false }, share: 1 }
             .into(),
         Transformers::Kld { subject: TfSubject::Rung { rung: VllmRung::Fp8Dynamic, weight_only: true }, group: 1 }
@@ -86,6 +88,9 @@ fn keys_round_trip() {
     // W4A16 quantizes no activations: it has no weight-only twin.
     assert_eq!(TaskKey::parse("transformers/kld/vLLM-W4A16-weight-only/0"), None);
     assert_eq!(TaskKey::parse("transformers/kld/Q8_0/0"), None, "transformers runs BF16 and vLLM rungs only");
+    // The merge check's pair is compared by its greedy continuations only.
+    assert_eq!(TaskKey::parse("transformers/kld/adapter/0"), None);
+    assert_eq!(TaskKey::parse("transformers/kld/merged-f32/0"), None);
 }
 
 /// Every vLLM rung has a default KLD limit (a rung without one could never pass its `kld` gate).

@@ -1,9 +1,11 @@
-//! `transformers`: the vLLM rungs measured where fine-tunes are trained, and the HF bf16 checkpoint across runtimes.
-//! The source's bf16 checkpoint (the GGUF BF16's twin) and each vLLM rung, run in Hugging Face transformers on the
-//! workers' helper (with compressed-tensors: FP8_DYNAMIC with its inputs quantized per token as vLLM's W8A8 path does,
-//! emulated, and weight-only), fed the token ids llama.cpp was fed: greedy continuations (the bf16 checkpoint compared
-//! with llama.cpp's reference, each rung with transformers' bf16) and logits of each chunk group scored against
-//! llama.cpp's base logits.
+//! `transformers`: the vLLM rungs measured where fine-tunes are trained, the HF bf16 checkpoint across runtimes, and
+//! a PEFT adapter's merge (link 1) as the method states it. The source's bf16 checkpoint (the GGUF BF16's twin: with an
+//! adapter, the merge), the base with the PEFT adapter applied at run time, unmerged, and each vLLM rung, run in
+//! Hugging Face transformers on the workers' helper (with compressed-tensors: FP8_DYNAMIC with its inputs quantized per
+//! token as vLLM's W8A8 path does, emulated, and weight-only), fed the token ids llama.cpp was fed: greedy
+//! continuations (the bf16 checkpoint compared with llama.cpp's reference, the merge with the base and the adapter,
+//! both in f32, and each rung with transformers' bf16) and logits of each chunk group scored against llama.cpp's base
+//! logits.
 
 use std::fmt;
 
@@ -35,19 +37,42 @@ impl Transformers {
 }
 
 /// What transformers loads for a subject: the HF checkpoint the GGUF BF16 was converted from (the source, or the
-/// merge), or a vLLM rung's folder.
-fn model(ctx: &Ctx, results: &Results, subject: TfSubject) -> Result<String, String> {
-    match subject {
-        TfSubject::Bf16 => model_source(ctx, results),
-        TfSubject::Rung { rung, .. } => Ok(artifact_of(results, &Vllm { rung }.into())?.url.clone()),
-    }
+/// merge), the base (the source) with the adapter folder, or a vLLM rung's folder.
+fn model(ctx: &Ctx, results: &Results, subject: TfSubject) -> Result<(String, String), String> {
+    Ok(match subject {
+        TfSubject::Bf16 | TfSubject::MergedF32 => (model_source(ctx, results)?, String::new()),
+        TfSubject::Adapter => {
+            let adapter = ctx.adapter.ok_or("the release has no adapter")?;
+            (ctx.source.to_string(), adapter.to_string())
+        }
+        TfSubject::Rung { rung, .. } => (artifact_of(results, &Vllm { rung }.into())?.url.clone(), String::new()),
+    })
 }
 
 /// What a rung's tasks wait for besides their inputs: the rung itself.
 fn made(subject: TfSubject) -> Option<TaskKey> {
     match subject {
-        TfSubject::Bf16 => None,
+        TfSubject::Bf16 | TfSubject::Adapter | TfSubject::MergedF32 => None,
         TfSubject::Rung { rung, .. } => Some(Vllm { rung }.into()),
+    }
+}
+
+/// The greedy run a subject's continuations are compared with: llama.cpp's reference for the bf16 checkpoint and
+/// for the base with the adapter (across runtimes and precisions: shown, never gated), the base with the adapter
+/// for the merge in f32 (link 1), transformers' bf16 checkpoint for a rung.
+fn compared_with(subject: TfSubject, share: u32) -> TaskKey {
+    match subject {
+        TfSubject::Bf16 | TfSubject::Adapter => Greedy { subject: Subject::Reference, share }.into(),
+        TfSubject::MergedF32 => Transformers::Greedy { subject: TfSubject::Adapter, share }.into(),
+        TfSubject::Rung { .. } => Transformers::Greedy { subject: TfSubject::Bf16, share }.into(),
+    }
+}
+
+/// Whether a subject's continuations are kept: the runs others are compared with.
+fn compared_against(subject: TfSubject) -> bool {
+    match subject {
+        TfSubject::Bf16 | TfSubject::Adapter => true,
+        TfSubject::MergedF32 | TfSubject::Rung { .. } => false,
     }
 }
 
@@ -64,7 +89,9 @@ impl Family for Transformers {
     fn parse(rest: &[&str]) -> Option<Transformers> {
         Some(match rest {
             ["greedy", t, n] => Transformers::Greedy { subject: TfSubject::parse(t)?, share: num(n)? },
-            ["kld", t, g] => Transformers::Kld { subject: TfSubject::parse(t)?, group: num(g)? },
+            ["kld", t, g] => {
+                Transformers::Kld { subject: TfSubject::parse(t).filter(|s| s.scores_kld())?, group: num(g)? }
+            }
             _ => return None,
         })
     }
@@ -88,16 +115,15 @@ impl Family for Transformers {
         Ok(match *self {
             Transformers::Greedy { subject, share } => {
                 let e = ctx.spec.evaluation.as_ref().ok_or("the release has no evaluation section")?;
-                let compared_with = match subject {
-                    TfSubject::Bf16 => Greedy { subject: Subject::Reference, share }.into(),
-                    TfSubject::Rung { .. } => Transformers::Greedy { subject: TfSubject::Bf16, share }.into(),
-                };
+                let (model, adapter) = model(ctx, results, subject)?;
                 task::Kind::TransformersGreedy(pb::TransformersGreedyTask {
-                    model: model(ctx, results, subject)?,
-                    reference: greedy_continuations(results, &compared_with)?,
+                    model,
+                    reference: greedy_continuations(results, &compared_with(subject, share))?,
                     max_tokens: e.max_tokens,
-                    keep_continuations: subject == TfSubject::Bf16,
+                    keep_continuations: compared_against(subject),
                     activations: subject.activations().to_string(),
+                    adapter,
+                    dtype: subject.dtype().to_string(),
                 })
             }
             Transformers::Kld { subject, group } => {
@@ -107,13 +133,16 @@ impl Family for Transformers {
                      release again",
                 )?;
                 let base = artifact_of(results, &KldBase { group }.into())?;
+                let (model, adapter) = model(ctx, results, subject)?;
                 task::Kind::TransformersKld(pb::TransformersKldTask {
-                    model: model(ctx, results, subject)?,
+                    model,
                     base: base.url.clone(),
                     base_sha256: base.sha256.clone(),
                     first_chunk: group * kp.n_seq,
                     bos,
                     activations: subject.activations().to_string(),
+                    adapter,
+                    dtype: subject.dtype().to_string(),
                 })
             }
         })
@@ -170,9 +199,10 @@ impl Family for Transformers {
         }
     }
 
-    /// After the plan: per prompt share each subject's continuations (the bf16 checkpoint after llama.cpp's
-    /// reference, a rung after transformers' bf16 and the rung); after the evaluation text's plan, per (subject,
-    /// chunk group) its logits scored against the group's base logits. The report waits for them all.
+    /// After the plan: per prompt share each subject's continuations (the bf16 checkpoint and the base with the
+    /// adapter after llama.cpp's reference, the merge in f32 after the base with the adapter, a rung after
+    /// transformers' bf16 and the rung); after the evaluation text's plan, per (subject, chunk group) its logits
+    /// scored against the group's base logits (not the merge check's pair). The report waits for them all.
     fn grow(stage: Stage, ctx: &Ctx, results: &Results, out: &mut Grown) {
         match stage {
             Stage::Planned(inv) => {
@@ -181,19 +211,14 @@ impl Family for Transformers {
                     return;
                 }
                 for share in 0..e.prompt_shares {
-                    for subject in tf_subjects(ctx) {
-                        let deps = match made(subject) {
-                            None => vec![Greedy { subject: Subject::Reference, share }.into()],
-                            Some(rung) => {
-                                vec![Transformers::Greedy { subject: TfSubject::Bf16, share }.into(), rung]
-                            }
-                        };
+                    for subject in tf_subjects(ctx, results) {
+                        let deps = std::iter::once(compared_with(subject, share)).chain(made(subject)).collect();
                         out.add_measured(Transformers::Greedy { subject, share }, deps, inv.plan.source_bytes);
                     }
                 }
             }
             Stage::TextPlanned(kp) => {
-                for subject in tf_subjects(ctx) {
+                for subject in tf_subjects(ctx, results).into_iter().filter(|s| s.scores_kld()) {
                     for group in 0..kp.n_chunks.div_ceil(kp.n_seq.max(1)) {
                         let deps = std::iter::once(KldBase { group }.into()).chain(made(subject)).collect();
                         out.add_measured(Transformers::Kld { subject, group }, deps, model_cost(results));

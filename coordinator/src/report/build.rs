@@ -316,7 +316,9 @@ pub(super) fn merge_unmeasured(rel: &Release) -> String {
     } else if untied {
         "not measured: the adapter changes the embeddings of a base with tied embeddings, and llama.cpp cannot apply \
          such a LoRA at run time (it would apply it to the output layer too), so the merge has no run-time reference \
-         to be compared with; its bytes are still recomputed and compared (verify/merge)"
+         to be compared with in llama.cpp; its bytes are still recomputed and compared (verify/merge). PEFT applies \
+         it as the merge does: with evaluation.transformers, the merge check in transformers measures it \
+         (merge.transformers.greedy.agree; a release's own `merge` gate on that figure replaces this one)"
             .into()
     } else {
         "not measured: no merge-check greedy task ran".into()
@@ -362,7 +364,7 @@ pub fn build(rel: &Release, workers: &HashMap<String, WorkerRec>, now_ms: i64) -
     let transformers = super::transformers::section(rel, &folded);
     let mut measured = measured(rel, &klds, &greedy, &probes, &artifacts, all_verified);
     cross_runtime_figures(&rel.spec, cross_runtime.as_ref(), &mut measured);
-    super::transformers::figures(&rel.spec, transformers.as_ref(), &mut measured);
+    super::transformers::figures(rel, transformers.as_ref(), &mut measured);
     let results = gates::evaluate(&rel.spec.gates, &measured);
     let passed = results.iter().all(|g| g.outcome.passed);
     let plan = rel.result(&TaskKey::PLAN).and_then(pb::TaskResult::plan);

@@ -164,6 +164,7 @@ pub(super) fn measured(
         has_adapter: rel.adapter.is_some(),
         has_mlx_lm: false,
         has_transformers: false,
+        has_transformers_adapter: false,
     }
 }
 

@@ -37,8 +37,9 @@ pub struct Evaluation {
     /// says so.
     #[serde(default = "yes", skip_serializing_if = "is_yes")]
     pub mlx_lm: bool,
-    /// With vLLM outputs: run the source's bf16 checkpoint and every measured vLLM rung in Hugging Face transformers
-    /// too (W8A8 emulated and weight-only), on workers that advertise the `transformers` runtime. Off by default: it
+    /// With vLLM outputs or an adapter: run the source's bf16 checkpoint and every measured vLLM rung in Hugging Face
+    /// transformers too (W8A8 emulated and weight-only), and a PEFT adapter unmerged on its base (link 1 in
+    /// transformers), on workers that advertise the `transformers` runtime. Off by default: it
     /// asks for workers with a pinned transformers environment (`QUANTFARM_TRANSFORMERS_PYTHON`), and a farm without
     /// one would hold the release waiting for them; llama.cpp measures every vLLM rung either way.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]

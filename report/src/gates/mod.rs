@@ -49,6 +49,8 @@ pub enum When {
     MlxLm,
     /// The release runs models in transformers (`ReleaseSpec::runs_transformers`).
     Transformers,
+    /// The release runs models in transformers and has a PEFT adapter: the merge check in transformers.
+    TransformersAdapter,
 }
 
 /// One enum of figure names from one table: each variant's name and meaning, `ALL`, `parse`, and the table as
@@ -136,6 +138,8 @@ figures! {
     Verified = "verified": "yes/no: every artifact was recomputed from its inputs with identical bytes",
     MergeGreedyAgree = "merge.greedy.agree": "merge check: fraction of prompts identical, the merge vs the base + adapter at run time",
     MergeGreedyPrefix = "merge.greedy.prefix": "merge check: mean common-prefix fraction",
+    MergeTransformersGreedyAgree = "merge.transformers.greedy.agree": "merge check in transformers, in f32: fraction of prompts identical, the merge vs the base with the PEFT adapter at run time (unmerged)",
+    MergeTransformersGreedyPrefix = "merge.transformers.greedy.prefix": "merge check in transformers: mean common-prefix fraction",
     ReferenceKldPpl = "reference.kld.ppl": "the reference's perplexity, Mean PPL(base)",
     ReferenceProbePassRate = "reference.probe.pass_rate": "the reference's probe pass rate",
     CrossRuntimeGreedyAgree = "cross_runtime.greedy.agree": "link 2: fraction of prompts identical, the bf16 weights in mlx-lm vs the GGUF BF16 in llama.cpp",
@@ -287,8 +291,10 @@ pub struct Measured {
     pub has_adapter: bool,
     /// The release ran models in mlx-lm (the gates `when: mlx_lm` apply).
     pub has_mlx_lm: bool,
-    /// The release ran models in transformers (the gates `when: transformers` apply).
+    /// The release ran models in transformers on its evaluation text (the gates `when: transformers` apply).
     pub has_transformers: bool,
+    /// It also checked a PEFT adapter's merge there (the gates `when: transformers_adapter` apply).
+    pub has_transformers_adapter: bool,
 }
 
 impl Measured {
@@ -448,6 +454,7 @@ pub fn evaluate(release_gates: &[Gate], m: &Measured) -> Vec<GateResult> {
             Some(When::Adapter) => m.has_adapter,
             Some(When::MlxLm) => m.has_mlx_lm,
             Some(When::Transformers) => m.has_transformers,
+            Some(When::TransformersAdapter) => m.has_transformers_adapter,
         })
         .map(|g| (g, "default"));
     for (g, source) in defaults.chain(release_gates.iter().map(|g| (g, "release"))) {
@@ -525,6 +532,7 @@ mod tests {
             has_adapter: false,
             has_mlx_lm: false,
             has_transformers: false,
+            has_transformers_adapter: false,
         }
     }
 

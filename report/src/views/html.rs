@@ -368,7 +368,7 @@ fn cross_runtime(h: &mut String, report: &Report) {
             esc(&or_dash(k.map(|k| format!("{:.6} ± {:.6}", k.mean_kld, k.mean_kld_unc)))),
             esc(&or_dash(k.map(|k| k.kld_p99).filter(|v| v.is_finite()).map(|v| format!("{v:.4}")))),
             esc(&or_dash(k.map(|k| format!("{:.3} %", k.same_top_p)))),
-            esc(&or_dash(if s.file_type == "BF16" { None } else { in_llama(&s.file_type) }.map(|v| format!("{v:.6}")))),
+            esc(&or_dash(if s.file_type.starts_with("vLLM-") { in_llama(&s.file_type) } else { None }.map(|v| format!("{v:.6}")))),
             esc(&super::mlx_lm_probes(s)),
             esc(&loaded),
         );
@@ -395,7 +395,9 @@ fn transformers(h: &mut String, report: &Report) {
         h,
         "<p class=\"meta\">The GGUF BF16's source checkpoint (<code>{}</code>) and each vLLM rung in {}, fed the token ids \
          llama.cpp was fed; <em>as-saved</em> quantizes FP8_DYNAMIC's inputs per token (vLLM's W8A8 path, emulated), \
-         <em>weight-only</em> runs the decompressed weights with bf16 inputs.</p>",
+         <em>weight-only</em> runs the decompressed weights with bf16 inputs; with a PEFT adapter, the base \
+         with the adapter applied at run time, unmerged, is compared with the merge (the merge check in \
+         transformers).</p>",
         esc(&f.model),
         esc(&if runtimes.is_empty() { "transformers".to_string() } else { runtimes.join(", ") }),
     );
@@ -403,9 +405,7 @@ fn transformers(h: &mut String, report: &Report) {
     let in_llama = |ty: &str| {
         rows(report).into_iter().find(|r| r.name.ends_with(&format!("-{ty}"))).and_then(|r| r.kld.map(|(m, _)| m))
     };
-    for (s, with) in
-        std::iter::once((&f.bf16, "llama.cpp GGUF BF16")).chain(f.rungs.iter().map(|r| (r, "transformers BF16")))
-    {
+    for (s, with) in f.subjects() {
         let k = match &s.kld {
             Some(Kld::Measured(k)) => Some(k),
             _ => None,
@@ -419,14 +419,14 @@ fn transformers(h: &mut String, report: &Report) {
             h,
             "<tr{}><td>{}</td><td>{}</td><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td>{}</td></tr>",
             if s.load_error.is_some() { " class=\"fail\"" } else { "" },
-            esc(&s.file_type),
+            esc(&s.label()),
             esc(&s.activations),
             with,
             esc(&or_dash(s.greedy.as_ref().map(|g| format!("{}/{}", g.identical, g.n)))),
             esc(&or_dash(k.map(|k| format!("{:.6} ± {:.6}", k.mean_kld, k.mean_kld_unc)))),
             esc(&or_dash(k.map(|k| k.kld_p99).filter(|v| v.is_finite()).map(|v| format!("{v:.4}")))),
             esc(&or_dash(k.map(|k| format!("{:.3} %", k.same_top_p)))),
-            esc(&or_dash(if s.file_type == "BF16" { None } else { in_llama(&s.file_type) }.map(|v| format!("{v:.6}")))),
+            esc(&or_dash(if s.file_type.starts_with("vLLM-") { in_llama(&s.file_type) } else { None }.map(|v| format!("{v:.6}")))),
             esc(&loaded),
         );
     }

@@ -189,15 +189,14 @@ fn transformers(md: &mut String, report: &Report) {
         md,
         "The GGUF BF16's source checkpoint (`{}`) and each vLLM rung run in {}; fed the token ids llama.cpp was fed. \
          *as-saved* quantizes FP8_DYNAMIC's inputs per token (vLLM's W8A8 path, emulated); *weight-only* runs the \
-         decompressed weights with bf16 inputs.\n",
+         decompressed weights with bf16 inputs; with a PEFT adapter, the base with the adapter applied at run time, \
+         unmerged, is compared with the merge (the merge check in transformers).\n",
         f.model.replace('`', "'"),
         if runtimes.is_empty() { "transformers".to_string() } else { cell(&runtimes.join(", ")) }
     );
     let _ = writeln!(md, "| Model in transformers | Activations | Compared with | Greedy identical | Mean prefix | Mean KLD vs llama.cpp BF16 | Same top p | Loaded |");
     let _ = writeln!(md, "|---|---|---|---:|---:|---:|---:|---|");
-    for (s, with) in
-        std::iter::once((&f.bf16, "llama.cpp GGUF BF16")).chain(f.rungs.iter().map(|r| (r, "transformers BF16")))
-    {
+    for (s, with) in f.subjects() {
         let k = match &s.kld {
             Some(crate::model::Kld::Measured(k)) => Some(k),
             _ => None,
@@ -210,7 +209,7 @@ fn transformers(md: &mut String, report: &Report) {
         let _ = writeln!(
             md,
             "| {} | {} | {} | {} | {} | {} | {} | {} |",
-            cell(&s.file_type),
+            cell(&s.label()),
             cell(&s.activations),
             with,
             or_dash(s.greedy.as_ref().map(|g| format!("{}/{}", g.identical, g.n))),

@@ -9,8 +9,8 @@ use super::helper_runs::continue_greedily;
 use super::Executor;
 use crate::env::Env;
 use crate::failure::Failure;
-use crate::fetch::{local_model, task_dir};
-use crate::transformers_run::{activations, open, Opened};
+use crate::fetch::task_dir;
+use crate::transformers_run::{open_task, Opened, Request};
 
 pub struct TransformersGreedy;
 
@@ -27,10 +27,9 @@ async fn greedy(t: &pb::TransformersGreedyTask, env: &Env) -> Result<pb::GreedyR
     if t.max_tokens == 0 {
         return Err(Failure::input("transformers greedy: max_tokens is 0"));
     }
-    let acts = activations(&t.activations)?;
     let dir = task_dir(env)?;
-    let model = local_model(&t.model, dir.path(), env).await?;
-    let (mut helper, run) = match open(&model, acts, env).await? {
+    let request = Request { model: &t.model, adapter: &t.adapter, activations: &t.activations, dtype: &t.dtype };
+    let (mut helper, run) = match open_task(request, dir.path(), env).await? {
         Opened::Ready(helper, run) => (helper, run),
         Opened::Refused(run) => return Ok(pb::GreedyResult { transformers: Some(run), ..Default::default() }),
     };

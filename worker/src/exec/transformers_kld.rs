@@ -10,8 +10,8 @@ use super::helper_runs::{checked_base, score_chunks};
 use super::Executor;
 use crate::env::Env;
 use crate::failure::Failure;
-use crate::fetch::{local_model, task_dir};
-use crate::transformers_run::{activations, open, Opened};
+use crate::fetch::task_dir;
+use crate::transformers_run::{open_task, Opened, Request};
 
 pub struct TransformersKld;
 
@@ -25,11 +25,10 @@ impl Executor for TransformersKld {
 }
 
 async fn kld(t: &pb::TransformersKldTask, env: &Env) -> Result<pb::KldResult, Failure> {
-    let acts = activations(&t.activations)?;
     let dir = task_dir(env)?;
     let base_path = checked_base(&t.base, &t.base_sha256, dir.path(), env).await?;
-    let model = local_model(&t.model, dir.path(), env).await?;
-    let (mut helper, run) = match open(&model, acts, env).await? {
+    let request = Request { model: &t.model, adapter: &t.adapter, activations: &t.activations, dtype: &t.dtype };
+    let (mut helper, run) = match open_task(request, dir.path(), env).await? {
         Opened::Ready(helper, run) => (helper, run),
         Opened::Refused(run) => return Ok(pb::KldResult { transformers: Some(run), ..Default::default() }),
     };
