@@ -452,6 +452,23 @@ fn a_release_makes_verifies_and_measures_its_vllm_rungs() {
     assert_eq!(g["inputs"]["transformers.bf16.kld.mean"].as_f64(), Some(means["BF16"]), "{g:#}");
     assert_eq!(g["passed"], true, "{g:#}");
 
+    // The probe suite in transformers, each chat rendered by the checkpoint's template: every subject ran it; in
+    // the long run each one's outcomes are those of transformers' own `generate` on the same chats, judged by the
+    // same rules (tests/py/tf_probe_oracle.py).
+    let suite = quantfarm_eval::probe::Suite::read(&quantfarm_e2e::repo_root().join("examples/probes-smollm2.yaml"))
+        .expect("the example suite");
+    // Probes run on the bf16 checkpoint and each rung as saved; the weight-only twin has its KL divergence.
+    let probed: Vec<&serde_json::Value> = subjects.iter().copied().filter(|s| s["activations"] == "as-saved").collect();
+    assert!(subjects.iter().all(|s| s["activations"] == "as-saved" || s["probes"].is_null()), "{tf:#}");
+    for s in &probed {
+        let p = &s["probes"];
+        let runs: u64 = ["passed", "failed", "truncated"].iter().map(|k| p[*k].as_u64().unwrap_or(0)).sum();
+        assert_eq!(runs as usize, suite.probes.len(), "{}: every probe ran once: {p:#}", s["subject"]);
+    }
+    if greedy {
+        probe_oracle(&python, &suite, &probed, &task, dir.path());
+    }
+
     publish_checks(bin, &report_path, dir.path());
 
     // Groups of 128 do not divide SmolLM2's 576 columns: the plan refuses the release, nothing is converted.
@@ -471,6 +488,54 @@ fn a_release_makes_verifies_and_measures_its_vllm_rungs() {
     let tasks: Vec<String> = std::fs::read_dir(dir2.path().join("data"))
         .map_or_else(|_| Vec::new(), |d| d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect());
     assert!(!tasks.iter().any(|t| t == "artifacts"), "something was converted: {tasks:?}");
+}
+
+/// Each transformers subject's probe counts equal what `tests/py/tf_probe_oracle.py` (transformers' `generate` on
+/// the same chats, loaded as the subject's probe task names it) answers, judged by quantfarm's rules.
+fn probe_oracle(
+    python: &Path,
+    suite: &quantfarm_eval::probe::Suite,
+    subjects: &[&serde_json::Value],
+    task: &dyn Fn(&str) -> serde_json::Value,
+    dir: &Path,
+) {
+    use quantfarm_eval::probe::judge;
+    assert!(suite.probes.iter().all(|p| p.temperature == 0.0), "the oracle decodes greedily");
+    let probes: Vec<serde_json::Value> = suite
+        .probes
+        .iter()
+        .map(|p| {
+            serde_json::json!({"name": p.name, "messages": p.messages, "kwargs": p.kwargs, "max_tokens": p.max_tokens})
+        })
+        .collect();
+    let file = dir.join("probes.json");
+    std::fs::write(&file, serde_json::to_vec(&probes).unwrap()).unwrap();
+    let mut oracle = Command::new(python);
+    oracle.arg(quantfarm_e2e::repo_root().join("tests/py/tf_probe_oracle.py")).arg(&file);
+    for s in subjects {
+        let t = task(&format!("transformers/probe/{}", s["subject"].as_str().unwrap()));
+        oracle.args([t["inputs"]["model"].as_str().unwrap(), t["inputs"]["activations"].as_str().unwrap()]);
+    }
+    let o = oracle.output().unwrap();
+    assert!(o.status.success(), "the probe oracle: {}", String::from_utf8_lossy(&o.stderr));
+    let lines: Vec<Vec<serde_json::Value>> =
+        String::from_utf8_lossy(&o.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), subjects.len());
+    for (s, answers) in subjects.iter().zip(&lines) {
+        let (mut passed, mut failed, mut truncated) = (0u64, 0u64, 0u64);
+        for (probe, a) in suite.probes.iter().zip(answers) {
+            let content = a["content"].as_str().unwrap();
+            match a["finish"].as_str() {
+                Some("length") => truncated += 1,
+                _ if judge(&probe.expect, content.trim()) => passed += 1,
+                _ => failed += 1,
+            }
+        }
+        let p = &s["probes"];
+        let got = (p["passed"].as_u64(), p["failed"].as_u64(), p["truncated"].as_u64());
+        eprintln!("transformers {} probes: {got:?}, generate(): {answers:?}", s["subject"]);
+        assert_eq!(got, (Some(passed), Some(failed), Some(truncated)), "{}: {answers:?}", s["subject"]);
+    }
 }
 
 fn card_url_of(sum: &serde_json::Value) -> String {

@@ -157,7 +157,7 @@ impl task::Kind {
             K::Probe(_) => WorkerKind::Probe,
             K::PeerKld(_) => WorkerKind::Peer,
             K::MlxLmGreedy(_) | K::MlxLmKld(_) | K::MlxLmProbe(_) => WorkerKind::MlxLm,
-            K::TransformersGreedy(_) | K::TransformersKld(_) => WorkerKind::Transformers,
+            K::TransformersGreedy(_) | K::TransformersKld(_) | K::TransformersProbe(_) => WorkerKind::Transformers,
         }
     }
 
@@ -196,7 +196,8 @@ impl task::Kind {
             | K::MlxLmKld(_)
             | K::MlxLmProbe(_)
             | K::TransformersGreedy(_)
-            | K::TransformersKld(_) => None,
+            | K::TransformersKld(_)
+            | K::TransformersProbe(_) => None,
         }
     }
 
@@ -220,7 +221,7 @@ impl task::Kind {
             K::KldPlan(_) => ResultShape::KldPlan,
             K::Kld(_) | K::MlxLmKld(_) | K::TransformersKld(_) => ResultShape::Kld,
             K::Greedy(_) | K::MlxLmGreedy(_) | K::TransformersGreedy(_) => ResultShape::Greedy,
-            K::Probe(_) | K::MlxLmProbe(_) => ResultShape::Probe,
+            K::Probe(_) | K::MlxLmProbe(_) | K::TransformersProbe(_) => ResultShape::Probe,
             K::PeerKld(_) => ResultShape::PeerKld,
         }
     }

@@ -57,9 +57,18 @@ fn input_urls(kind: &task::Kind) -> Vec<String> {
         }
         K::TransformersKld(k) => {
             model_files(&k.model, &mut out);
+            if !k.adapter.is_empty() {
+                model_files(&k.adapter, &mut out);
+            }
             out.push(k.base.clone());
         }
-        K::TransformersGreedy(g) => model_files(&g.model, &mut out),
+        K::TransformersGreedy(g) => {
+            model_files(&g.model, &mut out);
+            if !g.adapter.is_empty() {
+                model_files(&g.adapter, &mut out);
+            }
+        }
+        K::TransformersProbe(p) => model_files(&p.model, &mut out),
         K::Greedy(g) => {
             model_files(&g.model, &mut out);
             if !g.lora.is_empty() {

@@ -131,12 +131,17 @@ fn inputs_json(kind: &task::Kind) -> Value {
             "first_chunk": k.first_chunk, "bos": k.bos
         }),
         task::Kind::TransformersGreedy(g) => json!({
-            "runtime": "transformers", "model": g.model, "max_tokens": g.max_tokens,
-            "reference_continuations": g.reference.len(), "activations": g.activations
+            "runtime": "transformers", "model": g.model, "adapter": g.adapter, "max_tokens": g.max_tokens,
+            "reference_continuations": g.reference.len(), "activations": g.activations, "dtype": g.dtype
         }),
         task::Kind::TransformersKld(k) => json!({
-            "runtime": "transformers", "model": k.model, "base": k.base, "base_sha256": k.base_sha256,
-            "first_chunk": k.first_chunk, "bos": k.bos, "activations": k.activations
+            "runtime": "transformers", "model": k.model, "adapter": k.adapter, "base": k.base,
+            "base_sha256": k.base_sha256, "first_chunk": k.first_chunk, "bos": k.bos, "activations": k.activations,
+            "dtype": k.dtype
+        }),
+        task::Kind::TransformersProbe(p) => json!({
+            "runtime": "transformers", "model": p.model, "suite": p.suite, "activations": p.activations,
+            "dtype": p.dtype
         }),
     }
 }
@@ -225,12 +230,15 @@ fn outputs_json(kind: &task_result::Kind) -> Value {
             "figures": p.figures.iter().collect::<BTreeMap<_, _>>(),
             "base": p.base.as_ref().map(|a| json!({"url": a.url, "sha256": a.sha256, "bytes": a.bytes}))
         }),
-        task_result::Kind::Probe(p) => with_mlx_lm(
-            json!({
-                "suite": p.suite, "passed": p.passed, "failed": p.failed, "truncated": p.truncated,
-                "mean_score": p.mean_score, "score_spread": p.score_spread, "note": p.note
-            }),
-            p.mlx_lm.as_ref(),
+        task_result::Kind::Probe(p) => with_transformers(
+            with_mlx_lm(
+                json!({
+                    "suite": p.suite, "passed": p.passed, "failed": p.failed, "truncated": p.truncated,
+                    "mean_score": p.mean_score, "score_spread": p.score_spread, "note": p.note
+                }),
+                p.mlx_lm.as_ref(),
+            ),
+            p.transformers.as_ref(),
         ),
     }
 }

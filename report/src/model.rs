@@ -262,6 +262,10 @@ pub struct TransformersSubject {
     pub load_error: Option<String>,
     pub greedy: Option<GreedySummary>,
     pub kld: Option<Kld>,
+    /// The probe suite in transformers (each chat rendered by the checkpoint's template); a rung's beside
+    /// transformers' bf16 checkpoint's. `null` for the merge check's pair, or without probes.
+    #[serde(default)]
+    pub probes: Option<ProbeSummary>,
 }
 
 fn bfloat16() -> String {

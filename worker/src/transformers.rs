@@ -91,6 +91,14 @@ impl Dtype {
     }
 }
 
+/// A probe's answer: the content, why it ended (`stop` or `length`) and the prompt's tokens.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+pub struct Chat {
+    pub content: String,
+    pub finish: String,
+    pub prompt_tokens: u64,
+}
+
 /// A loaded model: whether it is a compressed-tensors checkpoint, its weights' scheme and the dtype it runs in.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 pub struct Loaded {
@@ -130,6 +138,17 @@ impl Transformers {
         });
         let v = self.helper.call("load", req).await?;
         self.helper.parse("load", v)
+    }
+
+    /// One probe's answer (`probe`, its `repeat`-th pass seeding the sampling when its temperature is above 0): the
+    /// chat rendered by the checkpoint's template with the probe's kwargs, then generated.
+    pub async fn chat(&mut self, probe: &quantfarm_eval::probe::Probe, repeat: usize) -> Result<Chat, Error> {
+        let req = json!({
+            "messages": probe.messages, "kwargs": probe.kwargs, "max_tokens": probe.max_tokens,
+            "temperature": probe.temperature, "seed": repeat,
+        });
+        let v = self.helper.call("chat", req).await?;
+        self.helper.parse("chat", v)
     }
 
     /// The helper client itself, for the loops the runtimes share (`crate::exec`'s `helper_runs`).

@@ -35,6 +35,15 @@ request, in order: the protocol of the mlx-lm helper (`worker/mlx/quantfarm_mlx.
       `margins[i]` is the top-1 minus top-2 log-probability of step i.
   {"op": "decode", "sequences": [[ID, ...], ...]}
       -> {"ok": true, "texts": [TEXT, ...]}
+  {"op": "chat", "messages": [{"role": R, "content": TEXT}, ...], "kwargs": {...}, "max_tokens": N,
+   "temperature": T, "seed": S}
+      -> {"ok": true, "content": TEXT, "finish": "stop" | "length", "prompt_tokens": N}
+      One answer of a probe, as vLLM's chat endpoint makes it: the messages rendered by the checkpoint's chat
+      template with the generation prompt and `kwargs` as the template's variables (`enable_thinking`), then up to N
+      tokens: the most likely one at temperature 0, else drawn from softmax(logits / T) by a torch generator seeded
+      with S; ending at the generation config's end-of-sequence ids ("stop", the id not in the content) or at N
+      ("length"). The content is the new tokens decoded without special tokens. No penalty or sampling default of
+      `generation_config.json` applies: the probe's temperature alone, as in the farm's other runtimes.
 
 A failure answers {"ok": false, "error": TEXT, "kind": "input" | "runtime"}: "input" when the request or the model
 is at fault (a missing file, a checkpoint transformers cannot load: TEXT is its own message), "runtime" otherwise.
@@ -199,6 +208,51 @@ class Helper:
         return {"texts": [self.tokenizer.decode(_ids({"s": ids}, "s", allow_empty=True)) for ids in seqs]}
 
 
+    def chat(self, req):
+        torch = self.torch
+        model = self._need_model()
+        messages = req.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise InputError("messages: expected a non-empty list of chat messages")
+        kwargs = req.get("kwargs") or {}
+        if not isinstance(kwargs, dict):
+            raise InputError("kwargs: expected an object of template variables")
+        max_tokens = req.get("max_tokens")
+        if not isinstance(max_tokens, int) or max_tokens < 1:
+            raise InputError(f"max_tokens: {max_tokens!r} is not a positive count")
+        temperature = float(req.get("temperature") or 0.0)
+        generator = torch.Generator().manual_seed(int(req.get("seed") or 0))
+        try:
+            prompt = self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True, return_dict=False, **kwargs
+            )
+        except Exception as e:  # the template's own message names what it could not render
+            raise InputError(f"{self.path}: chat template: {type(e).__name__}: {e}") from e
+        prompt = [int(t) for t in prompt]
+        eos = getattr(model.generation_config, "eos_token_id", None)
+        stop = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        out, finish = [], "length"
+        past = None
+        step_input = torch.tensor([prompt])
+        with torch.inference_mode():
+            for _ in range(max_tokens):
+                r = model(input_ids=step_input, past_key_values=past, use_cache=True)
+                past = r.past_key_values
+                logits = r.logits[0, -1, :].float()
+                if temperature <= 0.0:
+                    token = int(torch.argmax(logits))
+                else:
+                    probs = torch.softmax(logits / temperature, dim=-1)
+                    token = int(torch.multinomial(probs, 1, generator=generator))
+                if token in stop:
+                    finish = "stop"
+                    break
+                out.append(token)
+                step_input = torch.tensor([[token]])
+        content = self.tokenizer.decode(out, skip_special_tokens=True)
+        return {"content": content, "finish": finish, "prompt_tokens": len(prompt)}
+
+
 def _ids(req, key, allow_empty=False):
     ids = req.get(key)
     if not isinstance(ids, list) or not all(isinstance(t, int) and t >= 0 for t in ids):
@@ -216,6 +270,7 @@ def main():
         "logits": helper.logits,
         "greedy": helper.greedy,
         "decode": helper.decode,
+        "chat": helper.chat,
     }
     for line in sys.stdin:
         if not line.strip():

@@ -67,6 +67,7 @@ pub struct RuntimeAcc<'a> {
     /// How transformers loaded it; the run that met a load error where one did.
     pub run: Option<&'a pb::TransformersRun>,
     pub ran_greedy: bool,
+    pub probe: Option<&'a pb::ProbeResult>,
 }
 
 /// Everything the report gathers from the finished tasks.

@@ -108,9 +108,18 @@ impl TfSubject {
         }
     }
 
-    /// Whether its logits are scored against llama.cpp's base logits (the merge check's pair is compared by its
-    /// greedy continuations only, as llama.cpp's).
-    pub fn scores_kld(self) -> bool {
+    /// Whether its probes run: the bf16 checkpoint and each rung as saved (a weight-only twin differs from it by
+    /// its inputs' rounding alone, which its KL divergence measures; each probe task costs a helper's start).
+    pub fn runs_probes(self) -> bool {
+        match self {
+            TfSubject::Bf16 | TfSubject::Rung { weight_only: false, .. } => true,
+            TfSubject::Adapter | TfSubject::MergedF32 | TfSubject::Rung { weight_only: true, .. } => false,
+        }
+    }
+
+    /// Whether it is measured as a model (its logits scored against llama.cpp's base logits); the merge check's pair
+    /// is compared by its greedy continuations only, as llama.cpp's.
+    pub fn measured_alone(self) -> bool {
         match self {
             TfSubject::Bf16 | TfSubject::Rung { .. } => true,
             TfSubject::Adapter | TfSubject::MergedF32 => false,

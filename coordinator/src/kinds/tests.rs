@@ -57,6 +57,8 @@ fn keys_round_trip() {
         Transformers::Greedy { subject: TfSubject::Bf16, share: 0 }.into(),
         Transformers::Greedy { subject: TfSubject::Adapter, share: 1 }.into(),
         Transformers::Greedy { subject: TfSubject::MergedF32, share: 0 }.into(),
+        Transformers::Probe { subject: TfSubject::Bf16 }.into(),
+        Transformers::Probe { subject: TfSubject::Rung { rung: VllmRung::Fp8Dynamic, weight_only: false } }.into(),
         Transformers::Greedy { subject: TfSubject::Rung { rung: VllmRung::W4A16, weight_only: false }, share: 1 }
             .into(),
         Transformers::Kld { subject: TfSubject::Rung { rung: VllmRung::Fp8Dynamic, weight_only: true }, group: 1 }
@@ -91,6 +93,8 @@ fn keys_round_trip() {
     // The merge check's pair is compared by its greedy continuations only.
     assert_eq!(TaskKey::parse("transformers/kld/adapter/0"), None);
     assert_eq!(TaskKey::parse("transformers/kld/merged-f32/0"), None);
+    assert_eq!(TaskKey::parse("transformers/probe/adapter"), None);
+    assert_eq!(TaskKey::parse("transformers/probe/vLLM-FP8_DYNAMIC-weight-only"), None, "probes run as saved");
 }
 
 /// Every vLLM rung has a default KLD limit (a rung without one could never pass its `kld` gate).

@@ -26,12 +26,16 @@ pub enum Transformers {
     Greedy { subject: TfSubject, share: u32 },
     /// transformers' logits of one chunk group, scored against llama.cpp's base logits of the same group.
     Kld { subject: TfSubject, group: u32 },
+    /// The release's probe suite, each chat rendered by the checkpoint's own template.
+    Probe { subject: TfSubject },
 }
 
 impl Transformers {
     fn subject(self) -> TfSubject {
         match self {
-            Transformers::Greedy { subject, .. } | Transformers::Kld { subject, .. } => subject,
+            Transformers::Greedy { subject, .. }
+            | Transformers::Kld { subject, .. }
+            | Transformers::Probe { subject } => subject,
         }
     }
 }
@@ -83,6 +87,7 @@ impl Family for Transformers {
         match self {
             Transformers::Greedy { subject, share } => write!(f, "/greedy/{subject}/{share}"),
             Transformers::Kld { subject, group } => write!(f, "/kld/{subject}/{group}"),
+            Transformers::Probe { subject } => write!(f, "/probe/{subject}"),
         }
     }
 
@@ -90,8 +95,9 @@ impl Family for Transformers {
         Some(match rest {
             ["greedy", t, n] => Transformers::Greedy { subject: TfSubject::parse(t)?, share: num(n)? },
             ["kld", t, g] => {
-                Transformers::Kld { subject: TfSubject::parse(t).filter(|s| s.scores_kld())?, group: num(g)? }
+                Transformers::Kld { subject: TfSubject::parse(t).filter(|s| s.measured_alone())?, group: num(g)? }
             }
+            ["probe", t] => Transformers::Probe { subject: TfSubject::parse(t).filter(|s| s.runs_probes())? },
             _ => return None,
         })
     }
@@ -108,6 +114,7 @@ impl Family for Transformers {
         match self {
             Transformers::Greedy { subject, .. } => format!("transformers greedy {subject}"),
             Transformers::Kld { subject, .. } => format!("transformers kld {subject}"),
+            Transformers::Probe { subject } => format!("transformers probe {subject}"),
         }
     }
 
@@ -145,6 +152,15 @@ impl Family for Transformers {
                     dtype: subject.dtype().to_string(),
                 })
             }
+            Transformers::Probe { subject } => {
+                let (model, _) = model(ctx, results, subject)?;
+                task::Kind::TransformersProbe(pb::TransformersProbeTask {
+                    model,
+                    activations: subject.activations().to_string(),
+                    dtype: subject.dtype().to_string(),
+                    suite: ctx.eval.probes.clone().ok_or("the release's evaluation has no probes")?,
+                })
+            }
         })
     }
 
@@ -153,18 +169,22 @@ impl Family for Transformers {
     fn fold<'a>(&self, done: Done<'a>, into: &mut Folded<'a>) {
         let subject = self.subject();
         let result = done.result;
-        let (greedy, run) = match self {
+        let (greedy, probe, run) = match self {
             Transformers::Kld { .. } => {
                 let list: &mut Vec<ChunkStats> = into.transformers_kld.entry(subject).or_default();
                 let k = result.and_then(pb::TaskResult::kld);
                 if let Some(k) = k {
                     list.extend(k.chunks.iter().map(ChunkStats::from));
                 }
-                (None, k.and_then(|k| k.transformers.as_ref()))
+                (None, None, k.and_then(|k| k.transformers.as_ref()))
             }
             Transformers::Greedy { .. } => {
                 let g = result.and_then(pb::TaskResult::greedy);
-                (g, g.and_then(|g| g.transformers.as_ref()))
+                (g, None, g.and_then(|g| g.transformers.as_ref()))
+            }
+            Transformers::Probe { .. } => {
+                let p = result.and_then(pb::TaskResult::probe);
+                (None, p, p.and_then(|p| p.transformers.as_ref()))
             }
         };
         if subject == TfSubject::Bf16 && into.transformers_model.is_none() {
@@ -181,6 +201,9 @@ impl Family for Transformers {
             acc.agreements.extend(&g.agreements);
             acc.continuations += g.continuations.len();
             acc.ran_greedy = true;
+        }
+        if let Some(p) = probe.filter(|_| run.is_none_or(|r| r.load_error.is_empty())) {
+            acc.probe = Some(p);
         }
         if let Some(r) = run {
             if r.load_error.is_empty() {
@@ -201,24 +224,31 @@ impl Family for Transformers {
 
     /// After the plan: per prompt share each subject's continuations (the bf16 checkpoint and the base with the
     /// adapter after llama.cpp's reference, the merge in f32 after the base with the adapter, a rung after
-    /// transformers' bf16 and the rung); after the evaluation text's plan, per (subject, chunk group) its logits
-    /// scored against the group's base logits (not the merge check's pair). The report waits for them all.
+    /// transformers' bf16 and the rung), and the probes of the bf16 checkpoint (after the plan) and of each rung as
+    /// saved (after it is made); after the evaluation text's plan, per (subject, chunk group) its logits scored against
+    /// the group's base logits (not the merge check's pair). The report waits for them all.
     fn grow(stage: Stage, ctx: &Ctx, results: &Results, out: &mut Grown) {
         match stage {
             Stage::Planned(inv) => {
                 let Some(e) = inv.evaluated(ctx) else { return };
-                if !runs_greedy(ctx, e) {
-                    return;
+                let cost = inv.plan.source_bytes;
+                if runs_greedy(ctx, e) {
+                    for share in 0..e.prompt_shares {
+                        for subject in tf_subjects(ctx, results) {
+                            let deps = std::iter::once(compared_with(subject, share)).chain(made(subject)).collect();
+                            out.add_measured(Transformers::Greedy { subject, share }, deps, cost);
+                        }
+                    }
                 }
-                for share in 0..e.prompt_shares {
-                    for subject in tf_subjects(ctx, results) {
-                        let deps = std::iter::once(compared_with(subject, share)).chain(made(subject)).collect();
-                        out.add_measured(Transformers::Greedy { subject, share }, deps, inv.plan.source_bytes);
+                if e.probes.is_some() {
+                    for subject in tf_subjects(ctx, results).into_iter().filter(|s| s.runs_probes()) {
+                        let deps = vec![made(subject).unwrap_or(TaskKey::PLAN)];
+                        out.add_measured(Transformers::Probe { subject }, deps, cost);
                     }
                 }
             }
             Stage::TextPlanned(kp) => {
-                for subject in tf_subjects(ctx, results).into_iter().filter(|s| s.scores_kld()) {
+                for subject in tf_subjects(ctx, results).into_iter().filter(|s| s.measured_alone()) {
                     for group in 0..kp.n_chunks.div_ceil(kp.n_seq.max(1)) {
                         let deps = std::iter::once(KldBase { group }.into()).chain(made(subject)).collect();
                         out.add_measured(Transformers::Kld { subject, group }, deps, model_cost(results));

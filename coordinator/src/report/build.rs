@@ -217,7 +217,7 @@ fn probe_summaries(folded: &Folded) -> BTreeMap<String, ProbeSummary> {
 }
 
 /// A subject's probe results, beside its reference's when it has one.
-fn probe_summary(p: &pb::ProbeResult, reference: Option<&pb::ProbeResult>) -> ProbeSummary {
+pub(super) fn probe_summary(p: &pb::ProbeResult, reference: Option<&pb::ProbeResult>) -> ProbeSummary {
     ProbeSummary {
         suite: p.suite.clone(),
         passed: p.passed,

@@ -25,7 +25,7 @@ pub(super) fn greedy_figures(s: Option<&GreedySummary>, why_none: &str) -> (Resu
 }
 
 /// A probe summary's pass rate for the gates, or why it has none (`whose` names the subject).
-fn probe_pass_rate(p: &ProbeSummary, whose: &str) -> Result<f64, String> {
+pub(super) fn probe_pass_rate(p: &ProbeSummary, whose: &str) -> Result<f64, String> {
     p.scored().map(|(m, _)| m).ok_or_else(|| {
         format!(
             "{whose} probe answers were all cut off by their token cap ({} truncated): no score; raise the probes' max_tokens",

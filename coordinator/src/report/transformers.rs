@@ -3,8 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use super::build::{greedy_summary, kld_record, merge_chunks, n_reference_prompts};
-use super::figures::greedy_figures;
+use super::build::{greedy_summary, kld_record, merge_chunks, n_reference_prompts, probe_summary};
+use super::figures::{greedy_figures, probe_pass_rate};
 use super::model::{Kld, TransformersFigures, TransformersSubject};
 use crate::gates;
 use quantfarm_proto as pb;
@@ -24,6 +24,7 @@ pub(super) fn section(rel: &Release, folded: &Folded) -> Option<TransformersFigu
     let n_llama_reference = n_reference_prompts(folded);
     let n_bf16 = folded.transformers.get(&TfSubject::Bf16).map_or(0, |a| a.continuations);
     let n_adapter = folded.transformers.get(&TfSubject::Adapter).map_or(0, |a| a.continuations);
+    let bf16_probe = folded.transformers.get(&TfSubject::Bf16).and_then(|a| a.probe);
     let mut bf16 = None;
     let (mut adapter, mut merged_f32) = (None, None);
     let mut rungs = Vec::new();
@@ -52,6 +53,14 @@ pub(super) fn section(rel: &Release, folded: &Folded) -> Option<TransformersFigu
             greedy: (acc.ran_greedy && load_error.is_none() && n_reference > 0)
                 .then(|| greedy_summary(acc.agreements.clone(), n_reference)),
             kld,
+            probes: acc.probe.map(|p| {
+                // A rung's pass rate beside transformers' bf16 checkpoint's (the same runtime, the same rendering).
+                let compared = match subject {
+                    TfSubject::Bf16 | TfSubject::Adapter | TfSubject::MergedF32 => None,
+                    TfSubject::Rung { .. } => bf16_probe,
+                };
+                probe_summary(p, compared)
+            }),
             load_error,
         };
         match subject {
@@ -70,6 +79,7 @@ pub(super) fn section(rel: &Release, folded: &Folded) -> Option<TransformersFigu
         load_error: None,
         greedy: None,
         kld: None,
+        probes: None,
     });
     Some(TransformersFigures {
         method: "the GGUF BF16's source checkpoint (with an adapter, the merge), each vLLM rung and, with a PEFT \
@@ -119,9 +129,21 @@ pub(super) fn figures(rel: &Release, t: Option<&TransformersFigures>, m: &mut ga
         let why_none = if t.is_none() { why } else { "not measured: no transformers greedy task ran for it" };
         greedy_figures(s.and_then(|s| s.greedy.as_ref()), why_none).0
     };
+    let probes = |s: Option<&TransformersSubject>| -> (Result<f64, String>, Result<f64, String>) {
+        let unmeasured = match s.map(|s| s.load_error.as_ref()) {
+            None if t.is_none() => why.to_string(),
+            Some(Some(e)) => format!("not measured: {e}"),
+            None | Some(None) => "not measured: no transformers probe task ran for it".to_string(),
+        };
+        match s.and_then(|s| s.probes.as_ref()) {
+            Some(p) => (probe_pass_rate(p, "the transformers"), Ok(f64::from(p.truncated))),
+            None => (Err(unmeasured.clone()), Err(unmeasured)),
+        }
+    };
     let bf16 = t.map(|t| &t.bf16);
     m.global.insert(GlobalFigure::TransformersBf16KldMean, kld(bf16).map(|k| k.0));
     m.global.insert(GlobalFigure::TransformersBf16GreedyAgree, greedy(bf16));
+    m.global.insert(GlobalFigure::TransformersBf16ProbePassRate, probes(bf16).0);
     let merged_f32 = adapter_format(rel).map(|_| t.and_then(|t| t.merged_f32.as_ref()));
     m.has_transformers_adapter = t.is_some() && merged_f32.is_ok();
     let load_error = t.iter().flat_map(|t| [&t.adapter, &t.merged_f32]).flatten().find_map(|s| {
@@ -151,6 +173,9 @@ pub(super) fn figures(rel: &Release, t: Option<&TransformersFigures>, m: &mut ga
         f.set(Figure::TransformersKldMean, saved.clone().map(|k| k.0));
         f.set(Figure::TransformersKldSameTopP, saved.map(|k| k.1));
         f.set(Figure::TransformersGreedyAgree, greedy(subject(false)));
+        let (pass_rate, truncated) = probes(subject(false));
+        f.set(Figure::TransformersProbePassRate, pass_rate);
+        f.set(Figure::TransformersProbeTruncated, truncated);
         if rung.quantizes_activations() {
             f.set(Figure::TransformersWeightOnlyKldMean, kld(subject(true)).map(|k| k.0));
         }

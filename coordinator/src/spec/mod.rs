@@ -45,7 +45,7 @@
 //!   transformers: true          # with vLLM outputs or an adapter (default false): the bf16 checkpoint and each
 //!                               # vLLM rung also run in transformers (W8A8 emulated and weight-only), on workers
 //!                               # with the transformers runtime: greedy agreement and KL divergence against the
-//!                               # GGUF BF16; a PEFT adapter also unmerged on the base (link 1 in transformers)
+//!                               # GGUF BF16, probes; a PEFT adapter also unmerged on the base (link 1 there)
 //!   mlx_lm: true                # with MLX outputs (default true): the source's bf16 weights and each MLX rung
 //!                               # also run in mlx-lm, on workers with the mlx_lm runtime: greedy agreement and KL
 //!                               # divergence against the GGUF BF16 in llama.cpp (the cross-runtime link)

@@ -128,6 +128,8 @@ figures! {
     TransformersKldSameTopP = "transformers.kld.same_top_p": "a vLLM rung in transformers as saved: percent of tokens with the GGUF BF16's most likely token",
     TransformersWeightOnlyKldMean = "transformers.weight_only.kld.mean": "an FP8_DYNAMIC rung in transformers with bf16 inputs (vLLM's weight-only path): mean KL divergence against the GGUF BF16",
     TransformersGreedyAgree = "transformers.greedy.agree": "a vLLM rung in transformers as saved: fraction of prompts identical to transformers' bf16 continuation",
+    TransformersProbePassRate = "transformers.probe.pass_rate": "a vLLM rung in transformers as saved: the probe suite's pass rate",
+    TransformersProbeTruncated = "transformers.probe.truncated": "a vLLM rung in transformers as saved: probe answers cut off by their token cap",
 }
 
 // Besides the release's own figures, `<level>.<figure>` names any level's figure, the level written in lower case
@@ -149,6 +151,7 @@ figures! {
     CrossRuntimeProbePassRate = "cross_runtime.probe.pass_rate": "the bf16 weights on mlx_lm.server: the probe suite's pass rate",
     TransformersBf16KldMean = "transformers.bf16.kld.mean": "the bf16 checkpoint in transformers against the GGUF BF16 in llama.cpp: mean KL divergence",
     TransformersBf16GreedyAgree = "transformers.bf16.greedy.agree": "the bf16 checkpoint in transformers: fraction of prompts identical to llama.cpp's GGUF BF16",
+    TransformersBf16ProbePassRate = "transformers.bf16.probe.pass_rate": "the bf16 checkpoint in transformers: the probe suite's pass rate",
 }
 
 const FLAGS: &[&str] = &["verified"];
@@ -404,6 +407,7 @@ fn measured_gate(level: &str, f: &LevelFigures) -> GateResult {
     }
     if f.in_transformers {
         required.push(("transformers.kld.mean", "no KL-divergence figure in transformers"));
+        required.push(("transformers.probe.truncated", "no probe results in transformers"));
     }
     for (name, what) in required {
         match f.get(name) {
@@ -422,7 +426,7 @@ fn measured_gate(level: &str, f: &LevelFigures) -> GateResult {
     let detail = if passed {
         match (f.in_mlx_lm, f.in_transformers) {
             (true, _) => "KL divergence and probes measured, in llama.cpp and in mlx-lm",
-            (false, true) => "KL divergence and probes measured in llama.cpp, KL divergence in transformers",
+            (false, true) => "KL divergence and probes measured, in llama.cpp and in transformers",
             (false, false) => "KL divergence and probes measured",
         }
         .to_string()

@@ -401,7 +401,7 @@ fn transformers(h: &mut String, report: &Report) {
         esc(&f.model),
         esc(&if runtimes.is_empty() { "transformers".to_string() } else { runtimes.join(", ") }),
     );
-    h.push_str("<table><tr><th>Model in transformers</th><th>Activations</th><th>Greedy compared with</th><th>Greedy identical</th><th>Mean KLD vs llama.cpp BF16</th><th>99% KLD</th><th>Same top p</th><th>Mean KLD in llama.cpp</th><th>Loaded</th></tr>");
+    h.push_str("<table><tr><th>Model in transformers</th><th>Activations</th><th>Greedy compared with</th><th>Greedy identical</th><th>Mean KLD vs llama.cpp BF16</th><th>99% KLD</th><th>Same top p</th><th>Mean KLD in llama.cpp</th><th>Probes passed</th><th>Loaded</th></tr>");
     let in_llama = |ty: &str| {
         rows(report).into_iter().find(|r| r.name.ends_with(&format!("-{ty}"))).and_then(|r| r.kld.map(|(m, _)| m))
     };
@@ -417,7 +417,7 @@ fn transformers(h: &mut String, report: &Report) {
         };
         let _ = write!(
             h,
-            "<tr{}><td>{}</td><td>{}</td><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td>{}</td></tr>",
+            "<tr{}><td>{}</td><td>{}</td><td>{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td>{}</td></tr>",
             if s.load_error.is_some() { " class=\"fail\"" } else { "" },
             esc(&s.label()),
             esc(&s.activations),
@@ -427,6 +427,7 @@ fn transformers(h: &mut String, report: &Report) {
             esc(&or_dash(k.map(|k| k.kld_p99).filter(|v| v.is_finite()).map(|v| format!("{v:.4}")))),
             esc(&or_dash(k.map(|k| format!("{:.3} %", k.same_top_p)))),
             esc(&or_dash(if s.file_type.starts_with("vLLM-") { in_llama(&s.file_type) } else { None }.map(|v| format!("{v:.6}")))),
+            esc(&super::probes_cell(s.probes.as_ref())),
             esc(&loaded),
         );
     }

@@ -194,8 +194,8 @@ fn transformers(md: &mut String, report: &Report) {
         f.model.replace('`', "'"),
         if runtimes.is_empty() { "transformers".to_string() } else { cell(&runtimes.join(", ")) }
     );
-    let _ = writeln!(md, "| Model in transformers | Activations | Compared with | Greedy identical | Mean prefix | Mean KLD vs llama.cpp BF16 | Same top p | Loaded |");
-    let _ = writeln!(md, "|---|---|---|---:|---:|---:|---:|---|");
+    let _ = writeln!(md, "| Model in transformers | Activations | Compared with | Greedy identical | Mean prefix | Mean KLD vs llama.cpp BF16 | Same top p | Probes passed | Loaded |");
+    let _ = writeln!(md, "|---|---|---|---:|---:|---:|---:|---:|---|");
     for (s, with) in f.subjects() {
         let k = match &s.kld {
             Some(crate::model::Kld::Measured(k)) => Some(k),
@@ -208,7 +208,7 @@ fn transformers(md: &mut String, report: &Report) {
         };
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             cell(&s.label()),
             cell(&s.activations),
             with,
@@ -216,6 +216,7 @@ fn transformers(md: &mut String, report: &Report) {
             or_dash(s.greedy.as_ref().map(|g| format!("{:.3}", g.mean_prefix_fraction))),
             or_dash(k.map(|k| format!("{:.6} ± {:.6}", k.mean_kld, k.mean_kld_unc))),
             or_dash(k.map(|k| format!("{:.2} %", k.same_top_p))),
+            super::probes_cell(s.probes.as_ref()),
             loaded,
         );
     }

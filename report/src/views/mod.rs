@@ -100,7 +100,12 @@ pub(crate) fn probe_cell(r: &Row<'_>) -> String {
 
 /// A model's probe results on mlx_lm.server, as [`probe_cell`] shows llama.cpp's.
 pub(crate) fn mlx_lm_probes(s: &crate::model::MlxLmSubject) -> String {
-    match &s.probes {
+    probes_cell(s.probes.as_ref())
+}
+
+/// A probe summary's pass rate and spread, or why it has none.
+pub(crate) fn probes_cell(p: Option<&crate::model::ProbeSummary>) -> String {
+    match p {
         Some(p) => match p.scored() {
             Some((m, sd)) => format!("{:.1} ± {:.1} %", 100.0 * m, 100.0 * sd),
             None => format!("no score ({} truncated)", p.truncated),

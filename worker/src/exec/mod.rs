@@ -31,6 +31,7 @@ mod probe;
 mod quantize;
 mod transformers_greedy;
 mod transformers_kld;
+mod transformers_probe;
 mod verify;
 mod vllm;
 
@@ -99,6 +100,7 @@ executors! {
     MlxLmProbe => mlx_lm_probe::MlxLmProbe,
     TransformersGreedy => transformers_greedy::TransformersGreedy,
     TransformersKld => transformers_kld::TransformersKld,
+    TransformersProbe => transformers_probe::TransformersProbe,
 }
 
 /// The worker kinds this build's executors declare, each once: what the worker advertises.

@@ -53,5 +53,6 @@ pub(super) fn result(
         report_json: serde_json::to_string(report).map_err(|e| Failure::internal(format!("probe report: {e}")))?,
         note,
         mlx_lm,
+        transformers: None,
     })
 }
