@@ -40,8 +40,9 @@ pub struct Args {
     /// takes 32 or 64, not 128).
     #[arg(long, default_value_t = 64)]
     group_size: u32,
-    /// Modules left unquantized, by name (the default, lm_head, is what vLLM's loaders and llm-compressor's
-    /// examples expect).
+    /// Modules left unquantized, by full name or `re:PATTERN` (matched from the name's start, as compressed-tensors
+    /// matches; repeat the flag for more). The default, lm_head, is what vLLM's loaders and llm-compressor's examples
+    /// expect; giving the flag replaces it.
     #[arg(long, default_values_t = ["lm_head".to_string()])]
     ignore: Vec<String>,
     /// Which of llm-compressor's entry points to make the checkpoint like (they quantize the same weights to the

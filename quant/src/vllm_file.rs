@@ -17,6 +17,8 @@
 use serde_json::{json, Map, Value as Json};
 
 use quantfarm_store::{Blob, Committed, Location};
+
+use crate::vllm_ignore::{Ignore, IgnoreEntry};
 use quantfarm_tensors::mlx::CARRIED_FILES;
 use quantfarm_tensors::safetensors::StTensorDesc;
 use quantfarm_tensors::write::{copy_tensor, SafetensorsWriter};
@@ -141,6 +143,8 @@ pub enum VllmFileError {
     NotCompressed { file: String },
     #[error("config.json: {key}: {msg}")]
     Unsupported { key: String, msg: String },
+    #[error("ignore: {msg}")]
+    Ignore { msg: String },
     #[error("tensor {tensor:?}: {msg}")]
     Layout { tensor: String, msg: String },
 }
@@ -153,11 +157,17 @@ pub struct VllmWritten {
     pub quantized: Vec<String>,
 }
 
-/// Whether tensor `name` of `shape` is a Linear weight the scheme quantizes (see the module's overview).
-pub fn is_target(name: &str, shape: &[u64], ignore: &[String]) -> bool {
-    let Some(module) = name.strip_suffix(".weight") else { return false };
+/// The module whose weight tensor `name` of `shape` is, when it is a Linear's (`targets="Linear"`: a matrix, not a
+/// norm's or the token embedding's).
+fn linear_module<'a>(name: &'a str, shape: &[u64]) -> Option<&'a str> {
+    let module = name.strip_suffix(".weight")?;
     let last = module.rsplit('.').next().unwrap_or(module);
-    shape.len() == 2 && !last.ends_with("norm") && last != "embed_tokens" && !ignore.iter().any(|i| i == module)
+    (shape.len() == 2 && !last.ends_with("norm") && last != "embed_tokens").then_some(module)
+}
+
+/// Whether tensor `name` of `shape` is a Linear weight the scheme quantizes (see the module's overview).
+pub fn is_target(name: &str, shape: &[u64], ignore: &Ignore) -> bool {
+    linear_module(name, shape).is_some_and(|m| !ignore.matches(m))
 }
 
 /// The config's floating dtype (`dtype`, or `torch_dtype` as older transformers wrote it), if it names one.
@@ -195,9 +205,54 @@ pub fn routers(src: &TensorSource) -> Vec<String> {
         .collect()
 }
 
-/// The modules left unquantized by name: the routers, then the user's.
-fn left_alone(src: &TensorSource, opts: &VllmOptions) -> Vec<String> {
-    routers(src).into_iter().chain(opts.ignore.iter().cloned()).collect()
+/// The modules left unquantized: the routers by name, then the user's entries.
+fn left_alone(src: &TensorSource, opts: &VllmOptions) -> Result<Ignore, VllmFileError> {
+    let routers = Ignore::parse(&routers(src)).map_err(|msg| VllmFileError::Ignore { msg })?;
+    Ok(routers.with(Ignore::parse(&opts.ignore).map_err(|msg| VllmFileError::Ignore { msg })?))
+}
+
+/// Each of the user's `ignore` entries names a module with a weight matrix in the checkpoint (a Linear, or the
+/// embedding), but `lm_head`, which a tied checkpoint has as a module without a tensor of its own: an entry that
+/// names nothing would leave quantized what its writer meant to keep.
+fn check_ignore(src: &TensorSource, opts: &VllmOptions) -> Result<(), VllmFileError> {
+    let ignore = Ignore::parse(&opts.ignore).map_err(|msg| VllmFileError::Ignore { msg })?;
+    let matrices: Vec<&str> =
+        src.tensors().iter().filter(|e| e.shape.len() == 2).filter_map(|e| e.name.strip_suffix(".weight")).collect();
+    for entry in ignore.entries() {
+        if entry.text() != "lm_head" && !matrices.iter().any(|m| entry.matches(m)) {
+            return Err(VllmFileError::Ignore {
+                msg: format!(
+                    "{:?}: names no module with a weight matrix in the checkpoint (a module by its full name, \
+                     `model.layers.0.mlp.down_proj`, or `re:` and a pattern matched from the name's start)",
+                    entry.text()
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The `ignore` list `oneshot` writes: every Linear left unquantized by name, in the checkpoint's order (its
+/// patterns expanded: compressed-tensors lists the modules, `QuantizationConfig.from_pretrained`), and a named
+/// module without a tensor (a tied `lm_head`) last, as the model lists it.
+fn oneshot_ignore(src: &TensorSource, left: &Ignore) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for e in src.tensors() {
+        if let Some(m) = linear_module(&e.name, &e.shape).filter(|m| left.matches(m)) {
+            if !out.iter().any(|o| o == m) {
+                out.push(m.to_string());
+            }
+        }
+    }
+    let has_weight = |m: &str| src.tensors().iter().any(|e| e.name.strip_suffix(".weight") == Some(m));
+    for entry in left.entries() {
+        if let IgnoreEntry::Name(n) = entry {
+            if !has_weight(n) && !out.contains(n) {
+                out.push(n.clone());
+            }
+        }
+    }
+    out
 }
 
 /// The tensors one source tensor becomes.
@@ -228,7 +283,7 @@ fn outputs(name: &str, shape: &[u64], dtype: Dtype, scheme: Option<VllmScheme>) 
 pub async fn check(src_dir: &Location, opts: &VllmOptions) -> Result<Vec<String>, VllmFileError> {
     let src = TensorSource::open(src_dir).await?;
     preflight(&src, src_dir, opts)?;
-    let left = left_alone(&src, opts);
+    let left = left_alone(&src, opts)?;
     Ok(src
         .tensors()
         .iter()
@@ -256,7 +311,8 @@ fn preflight(src: &TensorSource, src_dir: &Location, opts: &VllmOptions) -> Resu
     if let Some(e) = src.tensors().iter().find(|e| e.shape.len() == 3 && floating(&e.ty)) {
         return Err(VllmFileError::FusedExperts { tensor: e.name.clone(), dtype: e.ty.to_string() });
     }
-    let left = left_alone(src, opts);
+    check_ignore(src, opts)?;
+    let left = left_alone(src, opts)?;
     for e in src.tensors().iter().filter(|e| is_target(&e.name, &e.shape, &left)) {
         if e.ty != TensorType::Dtype(Dtype::BF16) {
             return Err(VllmFileError::Dtype {
@@ -287,7 +343,7 @@ pub async fn write_vllm_checkpoint(
     };
     let mut config = src.metadata();
     let cast_to = config_dtype(&config)?;
-    let left = left_alone(&src, opts);
+    let left = left_alone(&src, opts)?;
     let mut files = Vec::new();
     let mut quantized = Vec::new();
     let mut all_descs: Vec<(String, StTensorDesc)> = Vec::new();
@@ -319,16 +375,17 @@ pub async fn write_vllm_checkpoint(
     if model.files.len() > 1 {
         files.push(write_index(dst_dir, &all_descs, opts.overwrite).await?);
     }
-    // oneshot lists the Linear modules it left (lm_head, even when tied and absent from the files); model_free_ptq
-    // the names it was told to leave, which must include the token embedding (it targets weights by name).
+    // oneshot lists the Linear modules it left (lm_head, even when tied and absent from the files; a pattern's
+    // matches by name); model_free_ptq the entries it was told to leave, patterns as written, which must include the
+    // token embedding (it targets weights by name).
     let ignore: Vec<String> = match opts.like {
-        Anchor::Oneshot => left.clone(),
+        Anchor::Oneshot => oneshot_ignore(&src, &left),
         Anchor::ModelFree => src
             .tensors()
             .iter()
             .filter_map(|e| e.name.strip_suffix(".weight").filter(|m| m.rsplit('.').next() == Some("embed_tokens")))
             .map(str::to_string)
-            .chain(left.iter().cloned())
+            .chain(left.entries().iter().map(|e| e.text().to_string()))
             .collect(),
     };
     let present = src_dir.list().await.unwrap_or_default();
@@ -474,7 +531,7 @@ mod tests {
 
     #[test]
     fn the_decoder_linears_are_the_targets() {
-        let ignore = vec!["lm_head".to_string()];
+        let ignore = Ignore::parse(&["lm_head"]).unwrap();
         let two = [8, 8];
         assert!(is_target("model.layers.0.self_attn.q_proj.weight", &two, &ignore));
         assert!(is_target("model.layers.0.mlp.down_proj.weight", &two, &ignore));

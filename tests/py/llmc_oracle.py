@@ -2,9 +2,11 @@
 
     llmc_oracle.py ENTRY SCHEME GROUP HF_DIR OUT_DIR [IGNORE,...]
 
-ENTRY is `oneshot` (the model loaded in transformers, QuantizationModifier(targets="Linear", ignore=["lm_head"]),
-saved compressed) or `model_free` (model_free_ptq over the safetensors files, ignoring the embeddings and
-lm_head, as its examples do, and the extra modules IGNORE names: a mixture of experts' routers). SCHEME is FP8_DYNAMIC or W4A16 (GROUP: its group size; 0 for FP8_DYNAMIC).
+ENTRY is `oneshot` (the model loaded in transformers, QuantizationModifier(targets="Linear", ignore=["lm_head",
+*IGNORE]), saved compressed) or `model_free` (model_free_ptq over the safetensors files, ignoring the embeddings and
+lm_head, as its examples do, and the extra entries IGNORE gives: a mixture of experts' routers, patterns). IGNORE:
+entries separated by commas (module names, or `re:` patterns). SCHEME is FP8_DYNAMIC or W4A16 (GROUP: its group
+size; 0 for FP8_DYNAMIC).
 
 Run with scripts/install-llm-compressor's venv (llmcompressor 0.14.0.1, compressed-tensors 0.19.0,
 transformers 5.17.0, torch 2.11.0). Prints the versions it ran.
@@ -39,9 +41,9 @@ def main() -> None:
 
         model = transformers.AutoModelForCausalLM.from_pretrained(hf, dtype=torch.bfloat16)
         if isinstance(scheme, str):
-            recipe = QuantizationModifier(targets="Linear", scheme=scheme, ignore=["lm_head"])
+            recipe = QuantizationModifier(targets="Linear", scheme=scheme, ignore=["lm_head", *extra])
         else:
-            recipe = QuantizationModifier(config_groups={"group_0": scheme}, ignore=["lm_head"])
+            recipe = QuantizationModifier(config_groups={"group_0": scheme}, ignore=["lm_head", *extra])
         oneshot(model=model, recipe=recipe)
         model.save_pretrained(out, save_compressed=True)
     elif entry == "model_free":

@@ -6,7 +6,8 @@
 //!   vllm:
 //!     schemes: [FP8_DYNAMIC, W4A16]   # one checkpoint each
 //!     group_size: 64                  # W4A16's input columns per scale: 32, 64 or 128 (must divide every weight)
-//!     ignore: [lm_head]               # modules left unquantized (default lm_head, as vLLM's loaders expect)
+//!     ignore: [lm_head, 're:.*mlp\.down_proj$']  # modules left unquantized, by name or `re:` pattern matched
+//!                                     # from the name's start (compressed-tensors' rule; default lm_head)
 //!     like: oneshot                   # or model-free: which llm-compressor entry point's bytes (default oneshot)
 //! ```
 
@@ -111,13 +112,7 @@ impl VllmOutputs {
                 self.group_size
             ));
         }
-        if let Some(i) = self.ignore.iter().position(|m| m.trim().is_empty() || m.ends_with(".weight")) {
-            return Err(format!(
-                "outputs.vllm.ignore: {:?} must name a module (`lm_head`, `model.layers.0.mlp.down_proj`), not a \
-                 tensor",
-                self.ignore[i]
-            ));
-        }
+        quantfarm_quant::vllm_ignore::Ignore::parse(&self.ignore).map_err(|e| format!("outputs.vllm.ignore: {e}"))?;
         Ok(())
     }
 
@@ -157,6 +152,7 @@ mod tests {
             (text.replace("W4A16]", "FP8_DYNAMIC]"), "outputs.vllm.schemes: FP8_DYNAMIC is listed twice"),
             (text.replace("W4A16]}", "W4A16], group_size: 48}"), "outputs.vllm.group_size: 48"),
             (text.replace("W4A16]}", "W4A16], ignore: [lm_head.weight]}"), "outputs.vllm.ignore: \"lm_head.weight\""),
+            (text.replace("W4A16]}", "W4A16], ignore: ['re:(?=x)']}"), "outputs.vllm.ignore: \"re:(?=x)\""),
             (text.replace("W4A16]}", "W4A16], like: twoshot}"), "unknown variant `twoshot`"),
             (text.replace("./m", "synthetic:tiny-llama"), "outputs.vllm: quantizes an HF bf16 checkpoint"),
         ] {
