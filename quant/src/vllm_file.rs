@@ -134,7 +134,8 @@ pub enum VllmFileError {
     #[error(
         "tensor {tensor:?}: fused 3-D expert weights are not quantized by this version, and a checkpoint whose \
          experts stayed {dtype} beside quantized layers is what vLLM users find silently wrong; per-expert (2-D) \
-         experts are quantized"
+         experts are quantized. (llm-compressor's oneshot saves such experts split per expert, a layout no vLLM or \
+         transformers loader for gpt-oss is known to read; its model_free_ptq mis-splits gpt-oss's: docs/formats.md)"
     )]
     FusedExperts { tensor: String, dtype: String },
     #[error("config.json: dtype {dtype:?}: expected bfloat16, float16 or float32")]

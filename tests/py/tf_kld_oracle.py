@@ -19,22 +19,11 @@ import sys
 import numpy as np
 import torch
 from kld_numpy import score
-from transformers import AutoModelForCausalLM
+from tf_load import load
 
 
 def measure(path, activations, base_file, bos):
-    with open(path + "/config.json") as f:
-        compressed = (json.load(f).get("quantization_config") or {}).get("quant_method") == "compressed-tensors"
-    kwargs = {"dtype": torch.bfloat16}
-    if compressed:
-        from transformers.utils.quantization_config import CompressedTensorsConfig
-
-        kwargs["quantization_config"] = CompressedTensorsConfig(dequantize=True)
-    model = AutoModelForCausalLM.from_pretrained(path, **kwargs).eval()
-    if compressed and activations == "weight-only":
-        from compressed_tensors.quantization.lifecycle.helpers import disable_quantization
-
-        model.apply(disable_quantization)
+    model = load(path, activations)
     raw = open(base_file, "rb").read()
     n_ctx, _, n_chunk = struct.unpack_from("<Iii", raw, 8)
     tokens = np.frombuffer(raw, "<i4", n_chunk * n_ctx, 20)

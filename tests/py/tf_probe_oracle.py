@@ -15,25 +15,10 @@ import json
 import sys
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from tf_load import load
+from transformers import AutoTokenizer
 
 torch.set_num_threads(2)
-
-
-def load(path, activations):
-    with open(path + "/config.json") as f:
-        compressed = (json.load(f).get("quantization_config") or {}).get("quant_method") == "compressed-tensors"
-    kwargs = {"dtype": torch.bfloat16}
-    if compressed:
-        from transformers.utils.quantization_config import CompressedTensorsConfig
-
-        kwargs["quantization_config"] = CompressedTensorsConfig(dequantize=True)
-    model = AutoModelForCausalLM.from_pretrained(path, **kwargs).eval()
-    if compressed and activations == "weight-only":
-        from compressed_tensors.quantization.lifecycle.helpers import disable_quantization
-
-        model.apply(disable_quantization)
-    return model, AutoTokenizer.from_pretrained(path)
 
 
 def answers(model, tokenizer, probes):
@@ -63,5 +48,5 @@ args = sys.argv[2:]
 if not args or len(args) % 2:
     sys.exit(__doc__)
 for i in range(0, len(args), 2):
-    model, tokenizer = load(args[i], args[i + 1])
+    model, tokenizer = load(args[i], args[i + 1]), AutoTokenizer.from_pretrained(args[i])
     print(json.dumps(answers(model, tokenizer, probes)))

@@ -171,33 +171,42 @@ class Helper:
         os.replace(tmp, req["out"])
         return {"rows": int(rows), "vocab": int(vocab)}
 
-    def greedy(self, req):
+    def _generate(self, tokens, max_tokens, stop, choose):
+        """Feeds `tokens`, then each chosen token (`choose(logits) -> id`, the step's float32 logits) back, with the
+        model's cache, up to `max_tokens`; returns the chosen ids (a stop id last when one ended it) and whether one
+        did."""
         torch = self.torch
         model = self._need_model()
-        tokens = _ids(req, "tokens")
-        max_tokens = req.get("max_tokens")
-        if not isinstance(max_tokens, int) or max_tokens < 1:
-            raise InputError(f"max_tokens: {max_tokens!r} is not a positive count")
-        if req.get("stop") is None:
-            eos = getattr(model.generation_config, "eos_token_id", None)
-            stop = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
-        else:
-            stop = set(_ids(req, "stop", allow_empty=True))
-        out, margins = [], []
-        past = None
+        out, past = [], None
         step_input = torch.tensor([tokens])
         with torch.inference_mode():
             for _ in range(max_tokens):
                 r = model(input_ids=step_input, past_key_values=past, use_cache=True)
                 past = r.past_key_values
-                logprobs = torch.log_softmax(r.logits[0, -1, :].float(), dim=-1)
-                top = torch.topk(logprobs, 2)
-                token = int(top.indices[0])
+                token = choose(r.logits[0, -1, :].float())
                 out.append(token)
-                margins.append(float(top.values[0] - top.values[1]))
                 if token in stop:
-                    break
+                    return out, True
                 step_input = torch.tensor([[token]])
+        return out, False
+
+    def _eos(self):
+        eos = getattr(self._need_model().generation_config, "eos_token_id", None)
+        return set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+
+    def greedy(self, req):
+        torch = self.torch
+        tokens = _ids(req, "tokens")
+        max_tokens = _count(req, "max_tokens")
+        stop = self._eos() if req.get("stop") is None else set(_ids(req, "stop", allow_empty=True))
+        margins = []
+
+        def top1(logits):
+            top = torch.topk(torch.log_softmax(logits, dim=-1), 2)
+            margins.append(float(top.values[0] - top.values[1]))
+            return int(top.indices[0])
+
+        out, _ = self._generate(tokens, max_tokens, stop, top1)
         return {"tokens": out, "margins": margins}
 
     def decode(self, req):
@@ -210,16 +219,14 @@ class Helper:
 
     def chat(self, req):
         torch = self.torch
-        model = self._need_model()
+        self._need_model()
         messages = req.get("messages")
         if not isinstance(messages, list) or not messages:
             raise InputError("messages: expected a non-empty list of chat messages")
         kwargs = req.get("kwargs") or {}
         if not isinstance(kwargs, dict):
             raise InputError("kwargs: expected an object of template variables")
-        max_tokens = req.get("max_tokens")
-        if not isinstance(max_tokens, int) or max_tokens < 1:
-            raise InputError(f"max_tokens: {max_tokens!r} is not a positive count")
+        max_tokens = _count(req, "max_tokens")
         temperature = float(req.get("temperature") or 0.0)
         generator = torch.Generator().manual_seed(int(req.get("seed") or 0))
         try:
@@ -229,28 +236,22 @@ class Helper:
         except Exception as e:  # the template's own message names what it could not render
             raise InputError(f"{self.path}: chat template: {type(e).__name__}: {e}") from e
         prompt = [int(t) for t in prompt]
-        eos = getattr(model.generation_config, "eos_token_id", None)
-        stop = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
-        out, finish = [], "length"
-        past = None
-        step_input = torch.tensor([prompt])
-        with torch.inference_mode():
-            for _ in range(max_tokens):
-                r = model(input_ids=step_input, past_key_values=past, use_cache=True)
-                past = r.past_key_values
-                logits = r.logits[0, -1, :].float()
-                if temperature <= 0.0:
-                    token = int(torch.argmax(logits))
-                else:
-                    probs = torch.softmax(logits / temperature, dim=-1)
-                    token = int(torch.multinomial(probs, 1, generator=generator))
-                if token in stop:
-                    finish = "stop"
-                    break
-                out.append(token)
-                step_input = torch.tensor([[token]])
-        content = self.tokenizer.decode(out, skip_special_tokens=True)
-        return {"content": content, "finish": finish, "prompt_tokens": len(prompt)}
+
+        def pick(logits):
+            if temperature <= 0.0:
+                return int(torch.argmax(logits))
+            return int(torch.multinomial(torch.softmax(logits / temperature, dim=-1), 1, generator=generator))
+
+        out, stopped = self._generate(prompt, max_tokens, self._eos(), pick)
+        content = self.tokenizer.decode(out[:-1] if stopped else out, skip_special_tokens=True)
+        return {"content": content, "finish": "stop" if stopped else "length", "prompt_tokens": len(prompt)}
+
+
+def _count(req, key):
+    n = req.get(key)
+    if not isinstance(n, int) or n < 1:
+        raise InputError(f"{key}: {n!r} is not a positive count")
+    return n
 
 
 def _ids(req, key, allow_empty=False):
