@@ -402,6 +402,18 @@ pub async fn write_vllm_checkpoint(
     Ok(VllmWritten { files, quantized })
 }
 
+/// oneshot adds the symmetric zero point (+0) to each scaled weight before the e4m3 cast
+/// (`forward_helpers.py::_quantize`: `scaled += zero_point`, then clamp, then round): a quotient of exactly -0.0 (a
+/// -0.0 weight) becomes +0, while a tiny negative one stays negative and rounds to e4m3's -0 (0x80), as
+/// model_free_ptq, which adds no zero point, leaves every -0.
+fn oneshot_zero_point(row: &[f32], codes: &mut [u8]) {
+    for (w, b) in row.iter().zip(codes.iter_mut()) {
+        if *w == 0.0 && w.is_sign_negative() {
+            *b = 0x00;
+        }
+    }
+}
+
 /// Quantizes weight `name` (`[out, in]` bf16) into `w`: its codes row piece by row piece, then its scales (and for
 /// W4A16 its shape).
 async fn quantize_tensor(
@@ -435,12 +447,7 @@ async fn quantize_tensor(
                     out.resize(start + cols, 0);
                     ct::fp8_row(row, s, &mut out[start..]);
                     if opts.like == Anchor::Oneshot {
-                        // oneshot adds the symmetric zero point (+0) to the scaled weight: -0 becomes +0.
-                        for b in &mut out[start..] {
-                            if *b == 0x80 {
-                                *b = 0x00;
-                            }
-                        }
+                        oneshot_zero_point(row, &mut out[start..]);
                     }
                 }
                 VllmScheme::W4A16 { group_size } => {
@@ -541,5 +548,18 @@ mod tests {
         assert!(!is_target("model.embed_tokens.weight", &two, &ignore));
         assert!(!is_target("lm_head.weight", &two, &ignore));
         assert!(!is_target("model.layers.0.self_attn.q_proj.bias", &[8], &ignore));
+    }
+
+    /// Only an exact -0.0 weight turns +0 like oneshot: a tiny negative one rounds to e4m3's -0 in both entry
+    /// points (found on a random-weight checkpoint by bench/vllm-vs-llm-compressor; SmolLM2 has neither).
+    #[test]
+    fn oneshot_turns_only_an_exact_negative_zero_positive() {
+        let row = [-0.0f32, -3.52e-7, 0.1875, -0.1875, 0.0];
+        let s = ct::fp8_row_scale(&row);
+        let mut codes = [0u8; 5];
+        ct::fp8_row(&row, s, &mut codes);
+        assert_eq!((codes[0], codes[1]), (0x80, 0x80), "model_free_ptq keeps both signs");
+        oneshot_zero_point(&row, &mut codes);
+        assert_eq!((codes[0], codes[1], codes[4]), (0x00, 0x80, 0x00));
     }
 }
