@@ -14,6 +14,7 @@
 //! index; the tokenizer and generation files are copied. Rows are read and written in pieces within the memory
 //! budget; a weight's scales (one or `in/g` per row) are held until the weight's codes are written.
 
+use rayon::prelude::*;
 use serde_json::{json, Map, Value as Json};
 
 use quantfarm_store::{Blob, Committed, Location};
@@ -414,6 +415,37 @@ fn oneshot_zero_point(row: &[f32], codes: &mut [u8]) {
     }
 }
 
+/// One weight row (bf16 values) quantized by the scheme: its codes into `codes` (FP8: one byte a weight; W4A16: the
+/// packed words' little-endian bytes) and its scales' bf16 bytes into `scale_bytes` (one, or one per group).
+fn quantize_row(row: &[f32], opts: &VllmOptions, codes: &mut [u8], scale_bytes: &mut [u8]) {
+    match opts.scheme {
+        VllmScheme::Fp8Dynamic => {
+            let s = ct::fp8_row_scale(row);
+            scale_bytes.copy_from_slice(&ct::bf16_bits(s).to_le_bytes());
+            ct::fp8_row(row, s, codes);
+            if opts.like == Anchor::Oneshot {
+                oneshot_zero_point(row, codes);
+            }
+        }
+        VllmScheme::W4A16 { group_size } => {
+            let mut ints = vec![0i8; row.len()];
+            let groups = row.chunks_exact(group_size as usize).zip(ints.chunks_exact_mut(group_size as usize));
+            for ((group, q), sb) in groups.zip(scale_bytes.chunks_exact_mut(2)) {
+                let s = ct::int4_group_scale(group);
+                sb.copy_from_slice(&ct::bf16_bits(s).to_le_bytes());
+                for (x, v) in group.iter().zip(q.iter_mut()) {
+                    *v = ct::int4_value(*x, s);
+                }
+            }
+            let mut words = vec![0i32; codes.len() / 4];
+            ct::pack_int4_row(&ints, &mut words);
+            for (w, b) in words.iter().zip(codes.chunks_exact_mut(4)) {
+                b.copy_from_slice(&w.to_le_bytes());
+            }
+        }
+    }
+}
+
 /// Quantizes weight `name` (`[out, in]` bf16) into `w`: its codes row piece by row piece, then its scales (and for
 /// W4A16 its shape).
 async fn quantize_tensor(
@@ -425,6 +457,12 @@ async fn quantize_tensor(
 ) -> Result<(), VllmFileError> {
     let (rows, cols) = (shape[0], shape[1] as usize);
     let per_piece = (opts.budget / (cols as u64 * 4)).clamp(1, rows);
+    // Each row's codes and scale bytes: rows are independent, so a piece's rows are quantized in parallel (rayon)
+    // straight into their places; the bytes do not depend on the threads.
+    let (row_codes, row_scales) = match opts.scheme {
+        VllmScheme::Fp8Dynamic => (cols, 2),
+        VllmScheme::W4A16 { group_size } => (ct::packed_words(cols) * 4, cols / group_size as usize * 2),
+    };
     let mut values = Vec::new();
     let mut scratch = Vec::new();
     let mut scales: Vec<u8> = Vec::new();
@@ -434,37 +472,17 @@ async fn quantize_tensor(
         let n = per_piece.min(rows - first);
         values.resize(n as usize * cols, 0.0);
         src.read_f32_rows(name, first, &mut values, &mut scratch).await?;
-        out.clear();
-        for (r, row) in values.chunks_exact(cols).enumerate() {
-            if row.iter().any(|x| !x.is_finite()) {
-                return Err(VllmFileError::NotFinite { tensor: name.to_string(), row: first + r as u64 });
-            }
-            match opts.scheme {
-                VllmScheme::Fp8Dynamic => {
-                    let s = ct::fp8_row_scale(row);
-                    scales.extend_from_slice(&ct::bf16_bits(s).to_le_bytes());
-                    let start = out.len();
-                    out.resize(start + cols, 0);
-                    ct::fp8_row(row, s, &mut out[start..]);
-                    if opts.like == Anchor::Oneshot {
-                        oneshot_zero_point(row, &mut out[start..]);
-                    }
-                }
-                VllmScheme::W4A16 { group_size } => {
-                    let mut ints = vec![0i8; cols];
-                    for (g, group) in row.chunks_exact(group_size as usize).enumerate() {
-                        let s = ct::int4_group_scale(group);
-                        scales.extend_from_slice(&ct::bf16_bits(s).to_le_bytes());
-                        for (k, &x) in group.iter().enumerate() {
-                            ints[g * group_size as usize + k] = ct::int4_value(x, s);
-                        }
-                    }
-                    let mut words = vec![0i32; ct::packed_words(cols)];
-                    ct::pack_int4_row(&ints, &mut words);
-                    out.extend(words.iter().flat_map(|w| w.to_le_bytes()));
-                }
-            }
+        if let Some(r) = values.chunks_exact(cols).position(|row| row.iter().any(|x| !x.is_finite())) {
+            return Err(VllmFileError::NotFinite { tensor: name.to_string(), row: first + r as u64 });
         }
+        out.resize(n as usize * row_codes, 0);
+        let start = scales.len();
+        scales.resize(start + n as usize * row_scales, 0);
+        values
+            .par_chunks_exact(cols)
+            .zip(out.par_chunks_exact_mut(row_codes))
+            .zip(scales[start..].par_chunks_exact_mut(row_scales))
+            .for_each(|((row, codes), scale_bytes)| quantize_row(row, opts, codes, scale_bytes));
         w.write(&out).await?;
         first += n;
     }
