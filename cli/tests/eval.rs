@@ -680,9 +680,17 @@ fn probes() -> PathBuf {
 /// adapter as a GGUF LoRA, the base widened to F32 and the merge rounded to f32, then run the base with the LoRA
 /// applied at run time against the merge on 8 prompts: an exact merge agrees 8/8, the gate passes, and one
 /// `quantfarm greedy` process on the farm's files agrees. The same merge against the base without the adapter does
-/// not agree, so the check sees the adapter (the CLI test above shows it failing a wrong merge).
+/// not agree, so the check sees the adapter (the CLI test above shows it failing a wrong merge). Long only: the
+/// default run checks a merge on the farm in `release.rs`'s tuned ladder (8/8 on its merge gate) and fails a wrong
+/// one above; this adds the one-process cross-check and the base without the adapter.
 #[test]
 fn farm_checks_the_merge_against_the_adapter_at_run_time() {
+    if quantfarm_e2e::skip_unless_long(
+        "farm_checks_the_merge_against_the_adapter_at_run_time",
+        "the farm's merge check is run in release.rs's tuned ladder; this cross-check adds a minute",
+    ) {
+        return;
+    }
     let _cpu = quantfarm_e2e::cpu_bound();
     let dir = tempfile::tempdir().unwrap();
     let hf = smollm2_derived().join("smollm2-hf");

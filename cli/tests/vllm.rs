@@ -40,26 +40,31 @@ async fn tensors(dir: &Path) -> BTreeMap<String, (String, Vec<u64>, Vec<u8>)> {
     out
 }
 
-fn llm_compressor(entry: &str, scheme: &str, group: u32, hf: &Path, out: &Path, extra_ignore: &[String]) {
+/// llm-compressor's outputs for every job `(entry, scheme, group, out, extra ignore)` of `hf`, in one oracle process
+/// (torch and llm-compressor imported once), then each `out` checked to say what `out.ours` says to
+/// compressed-tensors' parser (one process too).
+fn llm_compressor(hf: &Path, jobs: &[(&str, &str, u32, PathBuf, Vec<String>)]) {
     let python = quantfarm_e2e::llm_compressor_python();
-    let o = Command::new(&python)
-        .arg(quantfarm_e2e::repo_root().join("tests/py/llmc_oracle.py"))
-        .args([entry, scheme, &group.to_string()])
-        .arg(hf)
-        .arg(out)
-        .arg(extra_ignore.join(","))
-        .output()
-        .expect("run llmc_oracle.py");
-    assert!(o.status.success(), "llm-compressor {entry} {scheme}:\n{}", String::from_utf8_lossy(&o.stderr));
-    eprintln!("{entry} {scheme} g{group}: {}", String::from_utf8_lossy(&o.stdout).trim());
-    let c = Command::new(&python)
-        .arg(quantfarm_e2e::repo_root().join("tests/py/ct_config_check.py"))
-        .arg(out.with_extension("ours"))
-        .arg(out)
-        .output()
-        .expect("run ct_config_check.py");
+    let mut cmd = Command::new(&python);
+    cmd.arg(quantfarm_e2e::repo_root().join("tests/py/llmc_oracle.py")).arg("--jobs");
+    for (entry, scheme, group, out, ignore) in jobs {
+        cmd.args([*entry, *scheme, &group.to_string()]).arg(hf).arg(out).arg(ignore.join(","));
+    }
+    let o = cmd.output().expect("run llmc_oracle.py");
+    assert!(o.status.success(), "llm-compressor:\n{}", String::from_utf8_lossy(&o.stderr));
+    eprintln!("{}", String::from_utf8_lossy(&o.stdout).trim());
+    let mut check = Command::new(&python);
+    check.arg(quantfarm_e2e::repo_root().join("tests/py/ct_config_check.py"));
+    for (.., out, _) in jobs {
+        check.arg(out.with_extension("ours")).arg(out);
+    }
+    let c = check.output().expect("run ct_config_check.py");
     assert!(c.status.success(), "config check:\n{}", String::from_utf8_lossy(&c.stderr));
-    assert_eq!(String::from_utf8_lossy(&c.stdout).trim(), "{}", "{entry} {scheme}: quantization_config differs");
+    let lines: Vec<String> = String::from_utf8_lossy(&c.stdout).lines().map(str::to_string).collect();
+    assert_eq!(lines.len(), jobs.len(), "{lines:?}");
+    for ((entry, scheme, group, ..), line) in jobs.iter().zip(&lines) {
+        assert_eq!(line.trim(), "{}", "{entry} {scheme} g{group}: quantization_config differs");
+    }
 }
 
 /// `quantfarm vllm` of `hf` against llm-compressor, for each (scheme, group, entry point): the same tensors,
@@ -73,37 +78,38 @@ async fn against_llm_compressor(
     ignore: &[&str],
 ) {
     let dir = tempfile::tempdir().unwrap();
+    let mut jobs = Vec::new();
     for &(scheme, group, entry) in runs {
-        {
-            let like = if entry == "oneshot" { "oneshot" } else { "model-free" };
-            let theirs = dir.path().join(format!("{entry}-{scheme}-{group}"));
-            let ours = theirs.with_extension("ours");
-            let mut cmd = Command::new(bin());
-            cmd.arg("vllm").arg(hf).arg(&ours).args(["--scheme", scheme, "--like", like]);
-            if group > 0 {
-                cmd.args(["--group-size", &group.to_string()]);
-            }
-            for i in std::iter::once(&"lm_head").chain(ignore) {
-                cmd.args(["--ignore", i]);
-            }
-            let o = cmd.output().unwrap();
-            assert!(o.status.success(), "quantfarm vllm {scheme} {like}:\n{}", String::from_utf8_lossy(&o.stderr));
-            let mut extra: Vec<String> = ignore.iter().map(|i| i.to_string()).collect();
-            if entry == "model_free" {
-                extra.extend(routers.iter().cloned());
-            }
-            llm_compressor(entry, scheme, group, hf, &theirs, &extra);
-            let (a, b) = (tensors(&ours).await, tensors(&theirs).await);
-            assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>(), "{entry} {scheme}: tensor names");
-            let mut n = 0;
-            for (name, (dt, shape, bytes)) in &a {
-                let (dt2, shape2, bytes2) = &b[name];
-                assert_eq!((dt, shape), (dt2, shape2), "{entry} {scheme} g{group}: {name}'s dtype and shape");
-                assert!(bytes == bytes2, "{entry} {scheme} g{group}: {name}'s bytes differ");
-                n += usize::from(name.ends_with("weight_scale"));
-            }
-            assert_eq!(n, quantized, "{entry} {scheme}: the modules quantized");
+        let like = if entry == "oneshot" { "oneshot" } else { "model-free" };
+        let theirs = dir.path().join(format!("{entry}-{scheme}-{group}"));
+        let mut cmd = Command::new(bin());
+        cmd.arg("vllm").arg(hf).arg(theirs.with_extension("ours")).args(["--scheme", scheme, "--like", like]);
+        if group > 0 {
+            cmd.args(["--group-size", &group.to_string()]);
         }
+        for i in std::iter::once(&"lm_head").chain(ignore) {
+            cmd.args(["--ignore", i]);
+        }
+        let o = cmd.output().unwrap();
+        assert!(o.status.success(), "quantfarm vllm {scheme} {like}:\n{}", String::from_utf8_lossy(&o.stderr));
+        let mut extra: Vec<String> = ignore.iter().map(|i| i.to_string()).collect();
+        if entry == "model_free" {
+            extra.extend(routers.iter().cloned());
+        }
+        jobs.push((entry, scheme, group, theirs, extra));
+    }
+    llm_compressor(hf, &jobs);
+    for (entry, scheme, group, theirs, _) in &jobs {
+        let (a, b) = (tensors(&theirs.with_extension("ours")).await, tensors(theirs).await);
+        assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>(), "{entry} {scheme}: tensor names");
+        let mut n = 0;
+        for (name, (dt, shape, bytes)) in &a {
+            let (dt2, shape2, bytes2) = &b[name];
+            assert_eq!((dt, shape), (dt2, shape2), "{entry} {scheme} g{group}: {name}'s dtype and shape");
+            assert!(bytes == bytes2, "{entry} {scheme} g{group}: {name}'s bytes differ");
+            n += usize::from(name.ends_with("weight_scale"));
+        }
+        assert_eq!(n, quantized, "{entry} {scheme}: the modules quantized");
     }
 }
 
@@ -490,9 +496,11 @@ fn a_release_makes_verifies_and_measures_its_vllm_rungs() {
     // Groups of 128 do not divide SmolLM2's 576 columns: the plan refuses the release, nothing is converted.
     let dir2 = tempfile::tempdir().unwrap();
     let release = dir2.path().join("release.yaml");
-    std::fs::write(&release, spec(128)).unwrap();
-    // The same runtimes as above, so that `quantfarm run` gets past its check of them to the plan.
-    let out = quantfarm_e2e::farm_run_output_env(bin, &release, 1, dir2.path(), &env);
+    // Without transformers (nothing is measured: the plan refuses it), so its worker starts no transformers helper
+    // for its handshake; the other runtimes as above, so that `quantfarm run` gets past its check of them.
+    std::fs::write(&release, spec(128).replace("  transformers: true\n", "")).unwrap();
+    let twin_env: Vec<_> = env.iter().copied().filter(|(k, _)| *k != "QUANTFARM_TRANSFORMERS_PYTHON").collect();
+    let out = quantfarm_e2e::farm_run_output_env(bin, &release, 1, dir2.path(), &twin_env);
     let said = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert_ne!(out.status.code(), Some(0), "{said}");
     assert!(

@@ -3,9 +3,10 @@ transformers read a checkpoint's format with): each folder's config.json block p
 `QuantizationConfig.model_validate`, config groups compared by content (their names are labels), and the args'
 `observer`, which says how scales were observed and nothing about the stored format, left out.
 
-    ct_config_check.py OURS_DIR THEIRS_DIR
+    ct_config_check.py OURS_DIR THEIRS_DIR [OURS_DIR THEIRS_DIR ...]
 
-Prints the differences as JSON (`{}` when there are none). Run with scripts/install-llm-compressor's venv.
+Prints the differences of each pair as JSON, one line a pair (`{}` when there are none). Run with
+scripts/install-llm-compressor's venv.
 """
 
 import json
@@ -29,5 +30,10 @@ def parsed(folder: str) -> dict:
     return cfg
 
 
-ours, theirs = parsed(sys.argv[1]), parsed(sys.argv[2])
-print(json.dumps({k: [ours.get(k), theirs.get(k)] for k in sorted(set(ours) | set(theirs)) if ours.get(k) != theirs.get(k)}))
+pairs = sys.argv[1:]
+if not pairs or len(pairs) % 2:
+    sys.exit(__doc__)
+for i in range(0, len(pairs), 2):
+    ours, theirs = parsed(pairs[i]), parsed(pairs[i + 1])
+    keys = sorted(set(ours) | set(theirs))
+    print(json.dumps({k: [ours.get(k), theirs.get(k)] for k in keys if ours.get(k) != theirs.get(k)}))

@@ -1,6 +1,10 @@
 """The oracle of quantfarm's vLLM checkpoints: llm-compressor's own, on the CPU (its eager torch path).
 
     llmc_oracle.py ENTRY SCHEME GROUP HF_DIR OUT_DIR [IGNORE,...]
+    llmc_oracle.py --jobs ENTRY SCHEME GROUP HF_DIR OUT_DIR IGNORE [ENTRY SCHEME GROUP HF_DIR OUT_DIR IGNORE ...]
+
+The second form runs several jobs in one process (torch, transformers and llm-compressor imported once: seconds a
+job on this project's machine); IGNORE may then be empty ("").
 
 ENTRY is `oneshot` (the model loaded in transformers, QuantizationModifier(targets="Linear", ignore=["lm_head",
 *IGNORE]), saved compressed) or `model_free` (model_free_ptq over the safetensors files, ignoring the embeddings and
@@ -31,8 +35,20 @@ def scheme_of(name: str, group: int):
 
 
 def main() -> None:
-    entry, scheme_name, group, hf, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
-    extra = [m for m in (sys.argv[6] if len(sys.argv) > 6 else "").split(",") if m]
+    args = sys.argv[1:]
+    if args[:1] == ["--jobs"]:
+        jobs = args[1:]
+        if not jobs or len(jobs) % 6:
+            raise SystemExit(__doc__)
+        for i in range(0, len(jobs), 6):
+            run(*jobs[i : i + 5], jobs[i + 5])
+    else:
+        run(*args[:5], args[5] if len(args) > 5 else "")
+
+
+def run(entry, scheme_name, group, hf, out, ignore) -> None:
+    group = int(group)
+    extra = [m for m in ignore.split(",") if m]
     scheme = scheme_of(scheme_name, group)
     torch.manual_seed(0)
     if entry == "oneshot":
