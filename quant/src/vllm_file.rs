@@ -209,8 +209,7 @@ pub fn routers(src: &TensorSource) -> Vec<String> {
 
 /// The modules left unquantized: the routers by name, then the user's entries.
 fn left_alone(src: &TensorSource, opts: &VllmOptions) -> Result<Ignore, VllmFileError> {
-    let routers = Ignore::parse(&routers(src)).map_err(|msg| VllmFileError::Ignore { msg })?;
-    Ok(routers.with(Ignore::parse(&opts.ignore).map_err(|msg| VllmFileError::Ignore { msg })?))
+    Ok(Ignore::names(routers(src)).with(Ignore::parse(&opts.ignore).map_err(|msg| VllmFileError::Ignore { msg })?))
 }
 
 /// Each of the user's `ignore` entries names a module with a weight matrix in the checkpoint (a Linear, or the

@@ -63,6 +63,11 @@ impl Ignore {
         entries.iter().map(|e| IgnoreEntry::parse(e.as_ref())).collect::<Result<_, _>>().map(Ignore)
     }
 
+    /// Modules by their exact names (never patterns: a name is taken as written).
+    pub fn names(names: impl IntoIterator<Item = String>) -> Ignore {
+        Ignore(names.into_iter().map(IgnoreEntry::Name).collect())
+    }
+
     /// Whether some entry names module `module`.
     pub fn matches(&self, module: &str) -> bool {
         self.0.iter().any(|e| e.matches(module))
