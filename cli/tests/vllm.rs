@@ -2,8 +2,10 @@
 //! 2.11.0, on the CPU: `scripts/install-llm-compressor`), on the real SmolLM2-135M-Instruct and a tiny MoE:
 //! FP8_DYNAMIC and W4A16 (group 64, and 32 in the long run), made like `oneshot` and like `model_free_ptq` (the whole
 //! grid in the long run), equal to what that entry point writes tensor for tensor (names, dtypes, shapes, bytes),
-//! with a `quantization_config` its compressed-tensors parses to the same configuration. And what cannot be made
-//! (SmolLM2's 576 columns in W4A16 groups of 128, fused 3-D experts) refused, naming the tensor and the rule.
+//! with a `quantization_config` its compressed-tensors parses to the same configuration; fused 3-D experts split
+//! per expert as both entry points split them, and a Qwen3.5-MoE (offset norms, multi-token-prediction layers) as
+//! oneshot makes it but for the norms oneshot rounds. And what cannot be made (SmolLM2's 576 columns in W4A16 groups
+//! of 128, gpt-oss's interleaved experts) refused, naming the tensor and the rule.
 //! And the farm's `outputs.vllm`: made, verified and measured like every rung, refused at its plan when it cannot be
 //! made.
 
@@ -67,15 +69,32 @@ fn llm_compressor(hf: &Path, jobs: &[(&str, &str, u32, PathBuf, Vec<String>)]) {
     }
 }
 
+/// oneshot's round trip of an offset norm's weight (`output * (1 + w)`: Gemma's, Qwen3.5's): while it calibrates
+/// the norm holds `bf16(1 + w)`, and it restores `bf16(that - 1)` (llmcompressor 0.14.0.1,
+/// `modeling/offset_norm.py`, `CalibrationOffsetNorm`), which rounds `w` to bf16's steps near 1 (2^-8). quantfarm
+/// keeps the source's norms; this says oneshot's differ by exactly that.
+fn offset_round_trip(bf16: &[u8]) -> Vec<u8> {
+    use quantfarm_quant::compressed_tensors::bf16_bits;
+    let value = |bits: u16| f32::from_bits(u32::from(bits) << 16);
+    bf16.chunks_exact(2)
+        .flat_map(|b| {
+            let w = value(u16::from_le_bytes([b[0], b[1]]));
+            bf16_bits(value(bf16_bits(1.0 + w)) - 1.0).to_le_bytes()
+        })
+        .collect()
+}
+
 /// `quantfarm vllm` of `hf` against llm-compressor, for each (scheme, group, entry point): the same tensors,
 /// `quantized` modules of them quantized. `routers`: the modules model_free_ptq is told to leave, as its users do;
-/// `ignore`: entries (names, `re:` patterns) both are given beside `lm_head`.
+/// `ignore`: entries (names, `re:` patterns) both are given beside `lm_head`; `offset_norms`: oneshot's norms are
+/// the source's through [`offset_round_trip`].
 async fn against_llm_compressor(
     hf: &Path,
     runs: &[(&str, u32, &str)],
     quantized: usize,
     routers: &[String],
     ignore: &[&str],
+    offset_norms: bool,
 ) {
     let dir = tempfile::tempdir().unwrap();
     let mut jobs = Vec::new();
@@ -106,6 +125,10 @@ async fn against_llm_compressor(
         for (name, (dt, shape, bytes)) in &a {
             let (dt2, shape2, bytes2) = &b[name];
             assert_eq!((dt, shape), (dt2, shape2), "{entry} {scheme} g{group}: {name}'s dtype and shape");
+            if offset_norms && *entry == "oneshot" && name.ends_with("norm.weight") && bytes != bytes2 {
+                assert!(&offset_round_trip(bytes) == bytes2, "{entry} {scheme}: {name} is not 1 + w rounded");
+                continue;
+            }
             assert!(bytes == bytes2, "{entry} {scheme} g{group}: {name}'s bytes differ");
             n += usize::from(name.ends_with("weight_scale"));
         }
@@ -126,7 +149,7 @@ async fn fp8_dynamic_and_w4a16_equal_llm_compressor_tensor_for_tensor() {
     // start, as Python's re.match: every layer's down_proj) and a name; oneshot lists the modules they match,
     // model_free_ptq the entries as written (compared by compressed-tensors' parser).
     let ignore = [r"re:.*mlp\.down_proj$", "model.layers.0.self_attn.q_proj"];
-    against_llm_compressor(&hf, &runs, 30 * 7 - 30 - 1, &[], &ignore).await;
+    against_llm_compressor(&hf, &runs, 30 * 7 - 30 - 1, &[], &ignore, false).await;
 }
 
 /// A mixture of experts with per-expert weights (the tiny synthetic Qwen3-MoE): every expert quantized, the routers
@@ -145,7 +168,67 @@ async fn a_mixture_of_experts_has_every_expert_quantized_and_its_routers_left() 
     if long() {
         runs.extend([("W4A16", 32, "oneshot"), ("W4A16", 32, "model_free")]);
     }
-    against_llm_compressor(&hf, &runs, layers * 4 + experts, &routers, &[]).await;
+    against_llm_compressor(&hf, &runs, layers * 4 + experts, &routers, &[], false).await;
+}
+
+/// Fused 3-D experts (the tiny Qwen3-MoE as transformers 5 saves it: `experts.gate_up_proj` `[E, 2I, H]`,
+/// `experts.down_proj` `[E, H, I]`): split per expert as oneshot and model_free_ptq split them, every expert
+/// quantized, the same tensors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fused_experts_are_split_and_quantized_as_llm_compressor_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let hf = quantfarm_e2e::synthetic_hf("qwen3_moe_fused", &dir.path().join("hf"));
+    let src = TensorSource::open(&Location::local(&hf)).await.unwrap();
+    let routers = quantfarm_quant::vllm_file::routers(&src);
+    let fused: Vec<_> = src.tensors().iter().filter(|e| e.name.ends_with(".experts.gate_up_proj")).collect();
+    assert_eq!(fused.len(), routers.len(), "every layer's experts fused");
+    let per_expert = 3 * fused.iter().map(|e| e.shape[0] as usize).sum::<usize>();
+    let mut runs = vec![("FP8_DYNAMIC", 0, "oneshot"), ("FP8_DYNAMIC", 0, "model_free")];
+    if long() {
+        runs.extend([("W4A16", 32, "oneshot"), ("W4A16", 32, "model_free")]);
+    }
+    against_llm_compressor(&hf, &runs, routers.len() * 4 + per_expert, &routers, &[], false).await;
+}
+
+/// transformers' own tiny Qwen3.5-MoE (`tests/py/qwen35.py make moe`): gated-delta-net layers (a 3-D convolution
+/// carried as it is), fused experts and a shared expert, a multi-token-prediction block (kept whole and unquantized
+/// as oneshot copies it, `re:^mtp.*` in `ignore`), its zero-centred norms as the source has them where oneshot
+/// rounds them ([`offset_round_trip`]). Against oneshot only: model_free_ptq refuses the convolution's 3-D weight
+/// unless told to leave it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_qwen3_5_moe_is_made_as_oneshot_makes_it() {
+    if quantfarm_e2e::skip_unless_long(
+        "a_qwen3_5_moe_is_made_as_oneshot_makes_it",
+        "fused_experts_are_split_and_quantized_as_llm_compressor_does runs the split; this adds Qwen3.5's layers",
+    ) {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let hf = dir.path().join("qwen3_5-moe");
+    let tok = quantfarm_e2e::smollm2_derived().join("smollm2-hf");
+    quantfarm_e2e::run_py_with(
+        &quantfarm_e2e::convert_python(),
+        "qwen35.py",
+        &[std::ffi::OsStr::new("make"), std::ffi::OsStr::new("moe"), hf.as_os_str(), tok.as_os_str()],
+    );
+    let src = TensorSource::open(&Location::local(&hf)).await.unwrap();
+    // The Linear weights outside the multi-token-prediction block (not norms, the embedding, lm_head or routers),
+    // and three per fused expert.
+    let linears = src
+        .tensors()
+        .iter()
+        .filter(|e| e.shape.len() == 2 && !e.name.starts_with("mtp") && e.name.ends_with(".weight"))
+        .filter(|e| !["norm.weight", "embed_tokens.weight", "mlp.gate.weight"].iter().any(|s| e.name.ends_with(s)))
+        .filter(|e| e.name != "lm_head.weight")
+        .count();
+    let experts: u64 = src
+        .tensors()
+        .iter()
+        .filter(|e| !e.name.starts_with("mtp") && e.name.ends_with(".experts.gate_up_proj"))
+        .map(|e| 3 * e.shape[0])
+        .sum();
+    let runs = [("FP8_DYNAMIC", 0, "oneshot"), ("W4A16", 32, "oneshot")];
+    against_llm_compressor(&hf, &runs, linears + experts as usize, &[], &[], true).await;
 }
 
 #[test]
@@ -171,28 +254,15 @@ fn a_group_that_does_not_divide_the_columns_is_refused_before_any_compute() {
 }
 
 #[test]
-fn fused_experts_that_would_stay_unquantized_are_refused_naming_the_tensor() {
+fn gpt_oss_experts_are_refused_naming_the_tensor() {
     let dir = tempfile::tempdir().unwrap();
-    let hf = quantfarm_e2e::synthetic_hf("qwen3_moe_fused", &dir.path().join("hf"));
+    let hf = quantfarm_e2e::synthetic_hf("gpt_oss_bf16", &dir.path().join("hf"));
     let out = dir.path().join("fp8");
     let o = Command::new(bin()).arg("vllm").arg(&hf).arg(&out).args(["--scheme", "FP8_DYNAMIC"]).output().unwrap();
     assert_eq!(o.status.code(), Some(2));
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("model.layers.0.mlp.experts.") && err.contains("fused 3-D expert weights"), "{err}");
+    assert!(err.contains("model.layers.0.mlp.experts.") && err.contains("gpt-oss's fused experts"), "{err}");
     assert!(!out.exists(), "nothing written");
-    // Per-expert (2-D) experts are quantized, every one.
-    let hf = quantfarm_e2e::synthetic_hf("qwen3_moe", &dir.path().join("hf2"));
-    let o = Command::new(bin())
-        .arg("vllm")
-        .arg(&hf)
-        .arg(&out)
-        .args(["--scheme", "FP8_DYNAMIC", "--dry-run"])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let said = String::from_utf8_lossy(&o.stdout);
-    let experts = said.lines().filter(|l| l.contains(".mlp.experts.")).count();
-    assert!(experts > 0 && said.contains("model.layers.0.mlp.experts.0.down_proj"), "{said}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -48,6 +48,7 @@ mod ternary;
 pub mod verify;
 pub mod vllm_file;
 pub mod vllm_ignore;
+pub mod vllm_pieces;
 pub mod vllm_read;
 
 pub use float::{f32_to_bf16_bits, f32_to_f16_bits};

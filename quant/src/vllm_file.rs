@@ -5,7 +5,10 @@
 //! Which weights: every 2-D `*.weight` of a module that is not a norm (its name ends in `norm`), the token
 //! embedding (`embed_tokens`) or a mixture of experts' router ([`routers`]), nor named in `ignore` (by default
 //! `lm_head`, as llm-compressor's examples and vLLM's loaders expect) — the decoder's Linear layers, every expert's
-//! included. Fused 3-D experts are refused. Per quantized module `M`:
+//! included; fused 3-D experts are split per expert first, as llm-compressor splits them ([`crate::vllm_pieces`]).
+//! A model with multi-token-prediction layers made like `oneshot` keeps its `mtp.*` tensors as stored, unquantized,
+//! with `re:^mtp.*` in `ignore` (compressed-tensors' `utils/mtp.py`, `save_mtp_tensors_to_checkpoint`: transformers
+//! does not load them, so oneshot copies them from the source). Per quantized module `M`:
 //! - FP8_DYNAMIC (`float-quantized`): `M.weight` F8_E4M3 `[out, in]`, `M.weight_scale` BF16 `[out, 1]`;
 //! - W4A16 (`pack-quantized`, group `g`): `M.weight_packed` I32 `[out, ceil(in/8)]`, `M.weight_scale` BF16
 //!   `[out, in/g]`, `M.weight_shape` I64 `[2]`.
@@ -20,10 +23,11 @@ use serde_json::{json, Map, Value as Json};
 use quantfarm_store::{Blob, Committed, Location};
 
 use crate::vllm_ignore::{Ignore, IgnoreEntry};
+use crate::vllm_pieces::{pieces, split, ExpertLayout, Piece};
 use quantfarm_tensors::mlx::CARRIED_FILES;
 use quantfarm_tensors::safetensors::StTensorDesc;
 use quantfarm_tensors::write::{copy_tensor, SafetensorsWriter};
-use quantfarm_tensors::{Dtype, Format, TensorSource, TensorType};
+use quantfarm_tensors::{Dtype, Format, TensorSource};
 
 use crate::compressed_tensors as ct;
 use crate::mlx_file::write_file;
@@ -132,13 +136,8 @@ pub enum VllmFileError {
     NotFinite { tensor: String, row: u64 },
     #[error("{scheme}: group size {group_size}: compressed-tensors takes a positive multiple of 8 up to the row")]
     GroupSize { scheme: &'static str, group_size: u32 },
-    #[error(
-        "tensor {tensor:?}: fused 3-D expert weights are not quantized by this version, and a checkpoint whose \
-         experts stayed {dtype} beside quantized layers is what vLLM users find silently wrong; per-expert (2-D) \
-         experts are quantized. (llm-compressor's oneshot saves such experts split per expert, a layout no vLLM or \
-         transformers loader for gpt-oss is known to read; its model_free_ptq mis-splits gpt-oss's: docs/formats.md)"
-    )]
-    FusedExperts { tensor: String, dtype: String },
+    #[error(transparent)]
+    Experts(#[from] ExpertLayout),
     #[error("config.json: dtype {dtype:?}: expected bfloat16, float16 or float32")]
     ConfigDtype { dtype: String },
     #[error("{file}: has no compressed-tensors quantization_config: the checkpoint is not one for vLLM")]
@@ -185,14 +184,40 @@ fn config_dtype(config: &Map<String, Json>) -> Result<Option<Dtype>, VllmFileErr
     }
 }
 
-/// The dtype an unquantized tensor is saved in: the config's, for a floating tensor made like `oneshot`.
-fn saved_dtype(stored: Dtype, like: Anchor, config: Option<Dtype>) -> Dtype {
-    let floating = matches!(stored, Dtype::F32 | Dtype::F16 | Dtype::BF16);
+/// The dtype an unquantized piece is saved in: the config's, for a floating tensor made like `oneshot` (but a
+/// multi-token-prediction tensor, which oneshot copies from the source: `mtp`).
+fn saved_dtype(piece: &Piece, like: Anchor, config: Option<Dtype>, mtp: bool) -> Dtype {
+    let floating = matches!(piece.dtype, Dtype::F32 | Dtype::F16 | Dtype::BF16);
     match (like, config) {
+        _ if mtp && is_mtp(&piece.name) => piece.dtype,
         (Anchor::Oneshot, Some(c)) if floating => c,
-        (Anchor::Oneshot | Anchor::ModelFree, _) => stored,
+        (Anchor::Oneshot | Anchor::ModelFree, _) => piece.dtype,
     }
 }
+
+/// Whether the config (or its text config) declares multi-token-prediction layers (`mtp_num_hidden_layers`, or
+/// `num_mtp_layers`), which transformers does not load.
+fn has_mtp(config: &Map<String, Json>) -> bool {
+    let declares = |c: &Map<String, Json>| {
+        ["mtp_num_hidden_layers", "num_mtp_layers"].iter().any(|k| c.get(*k).and_then(Json::as_u64).unwrap_or(0) > 0)
+    };
+    declares(config) || config.get("text_config").and_then(Json::as_object).is_some_and(declares)
+}
+
+/// Which tensors are written whole, not split per expert: made like oneshot, the multi-token-prediction layers it
+/// copies.
+fn kept(src: &TensorSource, opts: &VllmOptions) -> impl Fn(&str) -> bool + Copy {
+    let mtp = opts.like == Anchor::Oneshot && has_mtp(&src.metadata());
+    move |name: &str| mtp && is_mtp(name)
+}
+
+/// A tensor of the multi-token-prediction layers (compressed-tensors' prefix `mtp`).
+fn is_mtp(name: &str) -> bool {
+    name.starts_with("mtp")
+}
+
+/// compressed-tensors' `ignore` entry for the multi-token-prediction layers oneshot copies.
+const MTP_IGNORE: &str = "re:^mtp.*";
 
 /// The routers of a mixture of experts: modules `P.gate` whose parent `P` holds experts (`P.experts.…`). They are
 /// left unquantized, as `oneshot` leaves them (transformers' router is not a Linear) and as vLLM loads them (its MoE
@@ -207,18 +232,23 @@ pub fn routers(src: &TensorSource) -> Vec<String> {
         .collect()
 }
 
-/// The modules left unquantized: the routers by name, then the user's entries.
+/// The modules left unquantized: the routers by name, then the user's entries (and, made like oneshot, the
+/// multi-token-prediction layers).
 fn left_alone(src: &TensorSource, opts: &VllmOptions) -> Result<Ignore, VllmFileError> {
-    Ok(Ignore::names(routers(src)).with(Ignore::parse(&opts.ignore).map_err(|msg| VllmFileError::Ignore { msg })?))
+    let mut entries = opts.ignore.clone();
+    if opts.like == Anchor::Oneshot && has_mtp(&src.metadata()) {
+        entries.push(MTP_IGNORE.to_string());
+    }
+    Ok(Ignore::names(routers(src)).with(Ignore::parse(&entries).map_err(|msg| VllmFileError::Ignore { msg })?))
 }
 
 /// Each of the user's `ignore` entries names a module with a weight matrix in the checkpoint (a Linear, or the
 /// embedding), but `lm_head`, which a tied checkpoint has as a module without a tensor of its own: an entry that
 /// names nothing would leave quantized what its writer meant to keep.
-fn check_ignore(src: &TensorSource, opts: &VllmOptions) -> Result<(), VllmFileError> {
+fn check_ignore(all: &[Piece], opts: &VllmOptions) -> Result<(), VllmFileError> {
     let ignore = Ignore::parse(&opts.ignore).map_err(|msg| VllmFileError::Ignore { msg })?;
     let matrices: Vec<&str> =
-        src.tensors().iter().filter(|e| e.shape.len() == 2).filter_map(|e| e.name.strip_suffix(".weight")).collect();
+        all.iter().filter(|p| p.shape.len() == 2).filter_map(|p| p.name.strip_suffix(".weight")).collect();
     for entry in ignore.entries() {
         if entry.text() != "lm_head" && !matrices.iter().any(|m| entry.matches(m)) {
             return Err(VllmFileError::Ignore {
@@ -235,17 +265,19 @@ fn check_ignore(src: &TensorSource, opts: &VllmOptions) -> Result<(), VllmFileEr
 
 /// The `ignore` list `oneshot` writes: every Linear left unquantized by name, in the checkpoint's order (its
 /// patterns expanded: compressed-tensors lists the modules, `QuantizationConfig.from_pretrained`), and a named
-/// module without a tensor (a tied `lm_head`) last, as the model lists it.
-fn oneshot_ignore(src: &TensorSource, left: &Ignore) -> Vec<String> {
+/// module without a tensor (a tied `lm_head`) last, as the model lists it; `mtp`: the multi-token-prediction
+/// layers, which the model oneshot saves does not hold, as compressed-tensors appends them after.
+fn oneshot_ignore(src: &TensorSource, left: &Ignore, mtp: bool) -> Result<Vec<String>, VllmFileError> {
     let mut out: Vec<String> = Vec::new();
-    for e in src.tensors() {
-        if let Some(m) = linear_module(&e.name, &e.shape).filter(|m| left.matches(m)) {
+    let all = pieces(src, |n| mtp && is_mtp(n))?;
+    for p in all.iter().filter(|p| !(mtp && is_mtp(&p.name))) {
+        if let Some(m) = linear_module(&p.name, &p.shape).filter(|m| left.matches(m)) {
             if !out.iter().any(|o| o == m) {
                 out.push(m.to_string());
             }
         }
     }
-    let has_weight = |m: &str| src.tensors().iter().any(|e| e.name.strip_suffix(".weight") == Some(m));
+    let has_weight = |m: &str| all.iter().any(|p| p.name.strip_suffix(".weight") == Some(m));
     for entry in left.entries() {
         if let IgnoreEntry::Name(n) = entry {
             if !has_weight(n) && !out.contains(n) {
@@ -253,7 +285,10 @@ fn oneshot_ignore(src: &TensorSource, left: &Ignore) -> Vec<String> {
             }
         }
     }
-    out
+    if mtp {
+        out.push(MTP_IGNORE.to_string());
+    }
+    Ok(out)
 }
 
 /// The tensors one source tensor becomes.
@@ -285,11 +320,10 @@ pub async fn check(src_dir: &Location, opts: &VllmOptions) -> Result<Vec<String>
     let src = TensorSource::open(src_dir).await?;
     preflight(&src, src_dir, opts)?;
     let left = left_alone(&src, opts)?;
-    Ok(src
-        .tensors()
+    Ok(pieces(&src, kept(&src, opts))?
         .iter()
-        .filter(|e| is_target(&e.name, &e.shape, &left))
-        .map(|e| e.name.trim_end_matches(".weight").to_string())
+        .filter(|p| is_target(&p.name, &p.shape, &left))
+        .map(|p| p.name.trim_end_matches(".weight").to_string())
         .collect())
 }
 
@@ -306,20 +340,16 @@ fn preflight(src: &TensorSource, src_dir: &Location, opts: &VllmOptions) -> Resu
             return Err(VllmFileError::GroupSize { scheme: opts.scheme.name(), group_size });
         }
     }
-    // Weights of 3 dimensions are fused experts (transformers 5's `mlp.experts.gate_up_proj`): refused rather
-    // than left unquantized.
-    let floating = |ty: &TensorType| matches!(ty, TensorType::Dtype(Dtype::BF16 | Dtype::F16 | Dtype::F32));
-    if let Some(e) = src.tensors().iter().find(|e| e.shape.len() == 3 && floating(&e.ty)) {
-        return Err(VllmFileError::FusedExperts { tensor: e.name.clone(), dtype: e.ty.to_string() });
-    }
-    check_ignore(src, opts)?;
+    // Fused 3-D experts are split, or refused naming the tensor: never left unquantized.
+    let all = pieces(src, kept(src, opts))?;
+    check_ignore(&all, opts)?;
     let left = left_alone(src, opts)?;
-    for e in src.tensors().iter().filter(|e| is_target(&e.name, &e.shape, &left)) {
-        if e.ty != TensorType::Dtype(Dtype::BF16) {
+    for e in all.iter().filter(|p| is_target(&p.name, &p.shape, &left)) {
+        if e.dtype != Dtype::BF16 {
             return Err(VllmFileError::Dtype {
                 tensor: e.name.clone(),
                 scheme: opts.scheme.name(),
-                dtype: e.ty.to_string(),
+                dtype: e.dtype.to_string(),
             });
         }
         if let VllmScheme::W4A16 { group_size } = opts.scheme {
@@ -344,6 +374,7 @@ pub async fn write_vllm_checkpoint(
     };
     let mut config = src.metadata();
     let cast_to = config_dtype(&config)?;
+    let mtp = opts.like == Anchor::Oneshot && has_mtp(&config);
     let left = left_alone(&src, opts)?;
     let mut files = Vec::new();
     let mut quantized = Vec::new();
@@ -351,23 +382,25 @@ pub async fn write_vllm_checkpoint(
     let mut buf = Vec::new();
     for (blob, header) in &model.files {
         let mut descs = Vec::new();
-        for t in &header.tensors {
-            let scheme = is_target(&t.name, &t.shape, &left).then_some(opts.scheme);
-            descs.extend(outputs(&t.name, &t.shape, saved_dtype(t.dtype, opts.like, cast_to), scheme));
+        let file_pieces: Vec<Piece> =
+            header.tensors.iter().map(|t| split(&src, t, kept(&src, opts))).collect::<Result<Vec<_>, _>>()?.concat();
+        for p in &file_pieces {
+            let scheme = is_target(&p.name, &p.shape, &left).then_some(opts.scheme);
+            descs.extend(outputs(&p.name, &p.shape, saved_dtype(p, opts.like, cast_to, mtp), scheme));
         }
         let metadata: Vec<(String, String)> = header.metadata.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         let file_name = blob.location().file_name().to_string();
         let target = dst_dir.child(&file_name)?;
         let mut w = SafetensorsWriter::create(&target, &descs, &metadata, opts.overwrite).await?;
-        for t in &header.tensors {
-            if is_target(&t.name, &t.shape, &left) {
-                quantize_tensor(&src, &t.name, &t.shape, opts, &mut w).await?;
-                quantized.push(t.name.trim_end_matches(".weight").to_string());
-            } else if saved_dtype(t.dtype, opts.like, cast_to) != t.dtype {
-                let to = saved_dtype(t.dtype, opts.like, cast_to);
-                cast_tensor(&src, &t.name, &t.shape, to, opts.budget, &mut w).await?;
+        for p in &file_pieces {
+            let to = saved_dtype(p, opts.like, cast_to, mtp);
+            if is_target(&p.name, &p.shape, &left) {
+                quantize_tensor(&src, p, opts, &mut w).await?;
+                quantized.push(p.name.trim_end_matches(".weight").to_string());
+            } else if to != p.dtype || !p.is_whole() {
+                cast_tensor(&src, p, to, opts.budget, &mut w).await?;
             } else {
-                copy_tensor(&src, &t.name, opts.budget, &mut buf, &mut w).await?;
+                copy_tensor(&src, &p.name, opts.budget, &mut buf, &mut w).await?;
             }
         }
         files.push(w.finish().await?);
@@ -380,7 +413,7 @@ pub async fn write_vllm_checkpoint(
     // matches by name); model_free_ptq the entries it was told to leave, patterns as written, which must include the
     // token embedding (it targets weights by name).
     let ignore: Vec<String> = match opts.like {
-        Anchor::Oneshot => oneshot_ignore(&src, &left),
+        Anchor::Oneshot => oneshot_ignore(&src, &left, mtp)?,
         Anchor::ModelFree => src
             .tensors()
             .iter()
@@ -445,15 +478,15 @@ fn quantize_row(row: &[f32], opts: &VllmOptions, codes: &mut [u8], scale_bytes: 
     }
 }
 
-/// Quantizes weight `name` (`[out, in]` bf16) into `w`: its codes row piece by row piece, then its scales (and for
+/// Quantizes weight `piece` (`[out, in]` bf16) into `w`: its codes row piece by row piece, then its scales (and for
 /// W4A16 its shape).
 async fn quantize_tensor(
     src: &TensorSource,
-    name: &str,
-    shape: &[u64],
+    piece: &Piece,
     opts: &VllmOptions,
     w: &mut SafetensorsWriter,
 ) -> Result<(), VllmFileError> {
+    let (name, shape) = (piece.name.as_str(), piece.shape.as_slice());
     let (rows, cols) = (shape[0], shape[1] as usize);
     let per_piece = (opts.budget / (cols as u64 * 4)).clamp(1, rows);
     // Each row's codes and scale bytes: rows are independent, so a piece's rows are quantized in parallel (rayon)
@@ -470,7 +503,7 @@ async fn quantize_tensor(
     while first < rows {
         let n = per_piece.min(rows - first);
         values.resize(n as usize * cols, 0.0);
-        src.read_f32_rows(name, first, &mut values, &mut scratch).await?;
+        src.read_f32_rows(&piece.source, piece.first_row + first, &mut values, &mut scratch).await?;
         if let Some(r) = values.chunks_exact(cols).position(|row| row.iter().any(|x| !x.is_finite())) {
             return Err(VllmFileError::NotFinite { tensor: name.to_string(), row: first + r as u64 });
         }
@@ -493,24 +526,24 @@ async fn quantize_tensor(
     Ok(())
 }
 
-/// Writes floating tensor `name` cast to `to` (round to nearest even, as torch's `.to()`), row piece by row piece.
+/// Writes floating `piece` cast to `to` (round to nearest even, as torch's `.to()`; its own dtype: the same values),
+/// row piece by row piece.
 async fn cast_tensor(
     src: &TensorSource,
-    name: &str,
-    shape: &[u64],
+    piece: &Piece,
     to: Dtype,
     budget: u64,
     w: &mut SafetensorsWriter,
 ) -> Result<(), VllmFileError> {
-    let cols = shape.last().copied().unwrap_or(1).max(1);
-    let rows = shape.iter().product::<u64>() / cols;
+    let cols = piece.shape.last().copied().unwrap_or(1).max(1);
+    let rows = piece.rows();
     let per_piece = (budget / (cols * 4)).clamp(1, rows.max(1));
     let (mut values, mut scratch, mut out) = (Vec::new(), Vec::new(), Vec::new());
     let mut first = 0;
     while first < rows {
         let n = per_piece.min(rows - first);
         values.resize((n * cols) as usize, 0.0);
-        src.read_f32_rows(name, first, &mut values, &mut scratch).await?;
+        src.read_f32_rows(&piece.source, piece.first_row + first, &mut values, &mut scratch).await?;
         out.clear();
         for &x in &values {
             match to {
