@@ -171,6 +171,50 @@ async fn a_mixture_of_experts_has_every_expert_quantized_and_its_routers_left() 
     against_llm_compressor(&hf, &runs, layers * 4 + experts, &routers, &[], false).await;
 }
 
+/// Every text family quantfarm converts, as its tiny synthetic checkpoint (`tests/py/make_synthetic_hf.py`: each
+/// family's own tensor names, fused qkv and gate-up projections, biases, tied embeddings): FP8_DYNAMIC as oneshot
+/// makes it, tensor for tensor (Gemma's offset norms as the source has them, [`offset_round_trip`]). The multimodal
+/// checkpoints are left out: oneshot loads a causal LM, and a vision tower needs its own `ignore`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_text_family_is_made_as_oneshot_makes_it() {
+    if quantfarm_e2e::skip_unless_long(
+        "every_text_family_is_made_as_oneshot_makes_it",
+        "14 families against oneshot (2 min); SmolLM2 and the MoE layouts run in the suite",
+    ) {
+        return;
+    }
+    let families = [
+        "llama3",
+        "gemma2",
+        "gemma3",
+        "phi3",
+        "phi4",
+        "smollm3",
+        "granite",
+        "olmo2",
+        "mistral",
+        "mistral_nemo",
+        "ministral3",
+        "qwen2",
+        "qwen2_yarn",
+        "qwen3",
+    ];
+    for family in families {
+        let dir = tempfile::tempdir().unwrap();
+        let hf = quantfarm_e2e::synthetic_hf(family, &dir.path().join("hf"));
+        let src = TensorSource::open(&Location::local(&hf)).await.unwrap();
+        let linears = src
+            .tensors()
+            .iter()
+            .filter(|e| e.shape.len() == 2 && e.name.ends_with(".weight") && e.name != "lm_head.weight")
+            .filter(|e| !e.name.ends_with("norm.weight") && !e.name.ends_with("embed_tokens.weight"))
+            .count();
+        eprintln!("{family}: {linears} Linear weights");
+        let offset = family.starts_with("gemma");
+        against_llm_compressor(&hf, &[("FP8_DYNAMIC", 0, "oneshot")], linears, &[], &[], offset).await;
+    }
+}
+
 /// Fused 3-D experts (the tiny Qwen3-MoE as transformers 5 saves it: `experts.gate_up_proj` `[E, 2I, H]`,
 /// `experts.down_proj` `[E, H, I]`): split per expert as oneshot and model_free_ptq split them, every expert
 /// quantized, the same tensors.
