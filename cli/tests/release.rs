@@ -186,6 +186,18 @@ fn a_tuned_smollm2_ladder_is_gated_signed_and_shown() {
     let schema = quantfarm_e2e::repo_root().join("docs/report.schema.json");
     let (rc, msg) = python("check_schema.py", &[schema.as_os_str(), report_path.as_os_str()]);
     assert_eq!(rc, 0, "report.json against docs/report.schema.json:\n{msg}");
+    // The paired comparisons: every figure recomputed with NumPy (and mpmath's Student t) from the per-token values
+    // file published beside report.json; each rung measured in llama.cpp is in it, each against the next larger.
+    let oracle = Command::new(quantfarm_e2e::convert_python())
+        .arg(quantfarm_e2e::repo_root().join("tests/py/paired_oracle.py"))
+        .arg(&report_path)
+        .output()
+        .unwrap();
+    let said = format!("{}{}", String::from_utf8_lossy(&oracle.stdout), String::from_utf8_lossy(&oracle.stderr));
+    assert!(oracle.status.success(), "paired_oracle.py:\n{said}");
+    let measured = artifacts.iter().filter(|a| a["kld"]["mean_kld"].is_number()).count();
+    assert!(said.contains(&format!("{measured} rungs, {} pairs compared, 0 problems", measured - 1)), "{said}");
+    eprintln!("{said}");
     let envelope = dir.join("report.intoto.json");
     for f in [&report_path, &envelope] {
         let (rc, msg) = verify(f, &pubkey);

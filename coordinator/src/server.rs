@@ -131,8 +131,14 @@ impl Coordinator {
             let s = self.lock();
             match s.release(&release_id) {
                 Ok(rel) => {
-                    let report = crate::report::build(rel, s.workers(), (s.cfg().wall_clock)());
                     let target = s.store().child(&format!("releases/{release_id}/report.json"));
+                    let values = target
+                        .as_ref()
+                        .ok()
+                        .and_then(|t| t.sibling(crate::report::VALUES_FILE).ok())
+                        .map(|l| l.to_string())
+                        .unwrap_or_default();
+                    let report = crate::report::build(rel, s.workers(), (s.cfg().wall_clock)(), &values);
                     Some((report, target))
                 }
                 Err(_) => None,

@@ -2,10 +2,12 @@
 //!
 //! Workers measure in llama.cpp (crate `quantfarm-eval`); the coordinator, which links no C++, merges what they
 //! measured into the report. What both sides must agree on lives here: the per-chunk KL-divergence statistics and
-//! their exact merge ([`kld`]).
+//! their exact merge ([`kld`]), and the intervals and paired comparisons over per-token values ([`paired`]).
 
 #![forbid(unsafe_code)]
 
 pub mod kld;
+pub mod paired;
 
 pub use kld::{ChunkStats, Estimate, KldSummary, PositionScore, StatsError};
+pub use paired::{mean_interval, paired_kld, MeanInterval};

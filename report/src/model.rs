@@ -45,6 +45,11 @@ pub struct Report {
     /// out of a release with no vLLM output or no evaluation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transformers: Option<TransformersFigures>,
+    /// Each rung's mean KL divergence with its chunk-clustered interval, and each rung against the next larger one,
+    /// token by token on the same tokens. Left out of a release with fewer than one rung measured in llama.cpp (and
+    /// of reports made before it existed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paired: Option<Paired>,
     /// In report order: the merged checkpoint, GGUF BF16, the GGUF quants in ladder order, the MLX checkpoints.
     pub artifacts: Vec<Artifact>,
     pub tasks: Vec<TaskRecord>,
@@ -281,6 +286,63 @@ impl TransformersSubject {
             _ => name.to_string(),
         }
     }
+}
+
+/// The rungs' KL divergence as intervals and paired differences (`quantfarm_parity::paired`; `docs/statistics.md`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Paired {
+    pub method: String,
+    /// The intervals' two-sided confidence (`evaluation.confidence`).
+    pub confidence: f64,
+    /// Every rung's per-token KL divergence (a safetensors file: one F32 tensor `kld/FILE_TYPE` per rung in chunk
+    /// order, the chunks and their token counts in its metadata), from which every figure here is computed.
+    pub values: FileRef,
+    /// Each rung measured in llama.cpp, by size: its mean KL divergence and interval.
+    pub means: Vec<RungInterval>,
+    /// Each of those rungs against the next larger one: the mean of (this rung's KLD − the larger one's) over the same
+    /// tokens.
+    pub pairs: Vec<PairedComparison>,
+}
+
+/// A mean of per-token values and its chunk-clustered interval.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Interval {
+    pub n_tokens: u64,
+    pub n_chunks: u64,
+    #[serde(deserialize_with = "nan_if_null")]
+    pub mean: f64,
+    /// The standard error as if every token were independent (llama-perplexity's ±).
+    #[serde(deserialize_with = "nan_if_null")]
+    pub se_tokens: f64,
+    /// The chunk-clustered standard error the interval uses.
+    #[serde(deserialize_with = "nan_if_null")]
+    pub se_chunks: f64,
+    #[serde(deserialize_with = "nan_if_null")]
+    pub low: f64,
+    #[serde(deserialize_with = "nan_if_null")]
+    pub high: f64,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct RungInterval {
+    pub file_type: String,
+    pub bytes: u64,
+    pub kld: Interval,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct PairedComparison {
+    /// The smaller rung (by bytes) and the next larger one.
+    pub smaller: String,
+    pub larger: String,
+    /// The smaller's KLD minus the larger's, token by token.
+    pub diff: Interval,
+    /// The standard error the two rungs' own ± would give their difference if they were independent,
+    /// `sqrt(se_a² + se_b²)` (chunk-clustered): what reading two ± side by side suggests.
+    #[serde(deserialize_with = "nan_if_null")]
+    pub se_unpaired: f64,
+    /// The interval leaves 0 out: the two rungs are told apart at the confidence.
+    pub distinguishable: bool,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]

@@ -346,9 +346,18 @@ fn tools(rel: &Release, folded: &Folded, workers: &HashMap<String, WorkerRec>) -
     Tools { quantfarm: env!("CARGO_PKG_VERSION").to_string(), workers, peers: folded.peer_versions.clone() }
 }
 
+/// A release's unsigned report and the files published beside it.
+pub struct Built {
+    pub report: Report,
+    /// (file name, bytes): the per-token values file ([`super::VALUES_FILE`]) when the report has its `paired`
+    /// section.
+    pub attachments: Vec<(&'static str, Vec<u8>)>,
+}
+
 /// Builds the unsigned report of a release whose tasks (but the report) are all done. `workers` are the
-/// coordinator's known workers, `now_ms` the report's time.
-pub fn build(rel: &Release, workers: &HashMap<String, WorkerRec>, now_ms: i64) -> Report {
+/// coordinator's known workers, `now_ms` the report's time, `values_url` where the per-token values file is
+/// published (beside report.json).
+pub fn build(rel: &Release, workers: &HashMap<String, WorkerRec>, now_ms: i64, values_url: &str) -> Built {
     // Each finished task adds its result by its family's fold.
     let mut folded = Folded::default();
     for t in &rel.tasks {
@@ -365,10 +374,16 @@ pub fn build(rel: &Release, workers: &HashMap<String, WorkerRec>, now_ms: i64) -
     let mut measured = measured(rel, &klds, &greedy, &probes, &artifacts, all_verified);
     cross_runtime_figures(&rel.spec, cross_runtime.as_ref(), &mut measured);
     super::transformers::figures(rel, transformers.as_ref(), &mut measured);
+    let paired = super::paired::section(rel, &folded.kld, &klds, &artifacts, values_url);
+    super::paired::figures(paired.as_ref().map(|p| &p.0), &mut measured);
+    let (paired, attachments) = match paired {
+        Some((p, bytes)) => (Some(p), vec![(super::VALUES_FILE, bytes)]),
+        None => (None, Vec::new()),
+    };
     let results = gates::evaluate(&rel.spec.gates, &measured);
     let passed = results.iter().all(|g| g.outcome.passed);
     let plan = rel.result(&TaskKey::PLAN).and_then(pb::TaskResult::plan);
-    Report {
+    let report = Report {
         format: FORMAT.to_string(),
         quantfarm_version: env!("CARGO_PKG_VERSION").to_string(),
         release: ReleaseInfo {
@@ -392,6 +407,7 @@ pub fn build(rel: &Release, workers: &HashMap<String, WorkerRec>, now_ms: i64) -
         evaluation: evaluation(rel, &folded),
         cross_runtime,
         transformers,
+        paired,
         artifacts,
         tasks: tasks::records(rel),
         gates: results.iter().map(gates::GateResult::record).collect(),
@@ -399,7 +415,8 @@ pub fn build(rel: &Release, workers: &HashMap<String, WorkerRec>, now_ms: i64) -
         timings: tasks::timings(rel, now_ms),
         verdict: if passed { Verdict::Released } else { Verdict::GateFailed },
         signature: None,
-    }
+    };
+    Built { report, attachments }
 }
 
 /// The artifacts in report order (the merged checkpoint, GGUF BF16, the GGUF quants, the MLX and vLLM checkpoints), each

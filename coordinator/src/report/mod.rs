@@ -9,11 +9,13 @@
 
 mod build;
 mod figures;
+mod paired;
 mod publish;
 mod tasks;
 mod transformers;
 
-pub use build::build;
+pub use build::{build, Built};
+pub use paired::{VALUES_FILE, VALUES_FORMAT};
 pub use publish::publish;
 pub use quantfarm_report::model;
 pub use quantfarm_report::{parse, Report, FORMAT};

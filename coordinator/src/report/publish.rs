@@ -2,7 +2,6 @@
 
 use quantfarm_store::{Location, StagedSink};
 
-use super::model::Report;
 use crate::canonical::canonical_json;
 use quantfarm_report::parse;
 
@@ -10,10 +9,11 @@ use quantfarm_report::parse;
 /// model card, …) and its DSSE envelope beside it. Every file is staged before any is committed, and report.json is
 /// committed last: its presence says the release's files are all there.
 pub async fn publish(
-    report: Report,
+    built: super::Built,
     key: &crate::signing::SigningKey,
     target: &Location,
 ) -> Result<crate::sched::Published, String> {
+    let super::Built { report, attachments } = built;
     let passed = report.verdict == super::model::Verdict::Released;
     let unsigned = serde_json::to_value(&report).map_err(|e| e.to_string())?;
     let signed = crate::signing::sign_report(unsigned, key).map_err(|e| e.to_string())?;
@@ -25,10 +25,11 @@ pub async fn publish(
     let mut files: Vec<(&str, String)> = crate::views::render_all(&published);
     files.push(("report.intoto.json", format!("{}\n", canonical_json(&envelope).map_err(|e| e.to_string())?)));
     let mut sinks = Vec::new();
-    for (name, body) in &files {
+    let bodies = files.iter().map(|(n, b)| (*n, b.as_bytes())).chain(attachments.iter().map(|(n, b)| (*n, &b[..])));
+    for (name, body) in bodies {
         let loc = target.sibling(name).map_err(|e| e.to_string())?;
         let mut sink = StagedSink::create(&loc, true).await.map_err(|e| format!("{loc}: {e}"))?;
-        sink.write(body.as_bytes()).await.map_err(|e| format!("{loc}: {e}"))?;
+        sink.write(body).await.map_err(|e| format!("{loc}: {e}"))?;
         sinks.push(sink);
     }
     let mut sink = StagedSink::create(target, true).await.map_err(|e| e.to_string())?;

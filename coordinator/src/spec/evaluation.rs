@@ -44,6 +44,18 @@ pub struct Evaluation {
     /// one would hold the release waiting for them; llama.cpp measures every vLLM rung either way.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub transformers: bool,
+    /// The two-sided confidence of the report's intervals and paired comparisons of the rungs' KL divergence
+    /// (`quantfarm_parity::paired`; default 0.95).
+    #[serde(default = "default_confidence", skip_serializing_if = "is_default_confidence")]
+    pub confidence: f64,
+}
+
+fn default_confidence() -> f64 {
+    0.95
+}
+
+fn is_default_confidence(c: &f64) -> bool {
+    *c == default_confidence()
 }
 
 fn yes() -> bool {

@@ -46,6 +46,7 @@
 //!                               # vLLM rung also run in transformers (W8A8 emulated and weight-only), on workers
 //!                               # with the transformers runtime: greedy agreement and KL divergence against the
 //!                               # GGUF BF16, probes; a PEFT adapter also unmerged on the base (link 1 there)
+//!   confidence: 0.95            # of the report's intervals and paired comparisons of the rungs' KL divergence
 //!   mlx_lm: true                # with MLX outputs (default true): the source's bf16 weights and each MLX rung
 //!                               # also run in mlx-lm, on workers with the mlx_lm runtime: greedy agreement and KL
 //!                               # divergence against the GGUF BF16 in llama.cpp (the cross-runtime link)
@@ -350,6 +351,12 @@ impl ReleaseSpec {
             }
             if e.peers.iter().enumerate().any(|(i, p)| e.peers[..i].contains(p)) {
                 return Err("evaluation.peers: a peer is listed twice".into());
+            }
+            if !(0.5..1.0).contains(&e.confidence) {
+                return Err(format!(
+                    "evaluation.confidence: {} is not a fraction from 0.5 up to (not including) 1",
+                    e.confidence
+                ));
             }
             if !(64..=1 << 20).contains(&e.context) {
                 return Err(format!("evaluation.context: {} is not between 64 and 1048576 tokens", e.context));

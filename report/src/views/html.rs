@@ -89,12 +89,30 @@ pub fn render(report: &Report) -> String {
     probe_chart(&mut h, report);
     h.push_str("</div>");
     ladder_table(&mut h, report);
+    paired(&mut h, report);
     cross_runtime(&mut h, report);
     transformers(&mut h, report);
     divergences(&mut h, report);
     chain(&mut h, report);
     h.push_str("</body></html>\n");
     h
+}
+
+fn paired(h: &mut String, report: &Report) {
+    let Some((about, rows)) = super::paired_rows(report) else { return };
+    let _ = write!(h, "<h2>Paired comparisons</h2><p>{}</p><table><tr>", esc(&about));
+    for c in super::PAIRED_HEADER {
+        let _ = write!(h, "<th>{}</th>", esc(c));
+    }
+    h.push_str("</tr>");
+    for r in rows {
+        h.push_str("<tr>");
+        for c in r {
+            let _ = write!(h, "<td>{}</td>", esc(&c));
+        }
+        h.push_str("</tr>");
+    }
+    h.push_str("</table>");
 }
 
 fn gates(h: &mut String, report: &Report) {

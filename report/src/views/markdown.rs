@@ -86,6 +86,15 @@ pub fn render(report: &Report) -> String {
         }
     }
 
+    if let Some((about, rows)) = super::paired_rows(report) {
+        let _ = writeln!(md, "\n## Paired comparisons\n\n{about}\n");
+        let _ = writeln!(md, "| {} |", super::PAIRED_HEADER.join(" | "));
+        let _ = writeln!(md, "|---|---:|---:|---:|---|");
+        for r in rows {
+            let _ = writeln!(md, "| {} |", r.iter().map(|c| cell(c)).collect::<Vec<_>>().join(" | "));
+        }
+    }
+
     let _ = writeln!(md, "\n## Gates\n");
     let _ = writeln!(md, "| | Gate | Level | Check | Inputs | Threshold | Detail |");
     let _ = writeln!(md, "|:---:|---|---|---|---|---:|---|");

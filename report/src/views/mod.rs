@@ -143,6 +143,45 @@ pub(crate) fn size(bytes: u64) -> String {
 }
 
 /// A figure or "—" when it was not measured.
+/// The paired comparisons as table cells (each rung against the next larger one): the two rungs, the mean paired
+/// difference, its interval, the standard error reading the two rungs' own intervals side by side would suggest
+/// against the paired one, and whether they are told apart; and the heading's sentence.
+pub(crate) fn paired_rows(report: &Report) -> Option<(String, Vec<[String; 5]>)> {
+    let p = report.paired.as_ref()?;
+    let pct = 100.0 * p.confidence;
+    let about = format!(
+        "Each rung against the next larger one, token by token on the same tokens: the mean of (its KL divergence − \
+         the larger's), with a {pct:.0} % interval over chunks (docs/statistics.md). Two rungs' own ± read side by \
+         side overstate the uncertainty of their difference; the paired one is what tells them apart."
+    );
+    let rows = p
+        .pairs
+        .iter()
+        .map(|c| {
+            [
+                format!("{} vs {}", c.smaller, c.larger),
+                format!("{:+.6}", c.diff.mean),
+                format!("[{:+.6}, {:+.6}]", c.diff.low, c.diff.high),
+                format!("{:.6} (unpaired {:.6})", c.diff.se_chunks, c.se_unpaired),
+                if c.distinguishable {
+                    if c.diff.mean > 0.0 {
+                        "yes: the smaller loses more"
+                    } else {
+                        "yes: the smaller loses less"
+                    }
+                } else {
+                    "no: within the interval"
+                }
+                .to_string(),
+            ]
+        })
+        .collect();
+    Some((about, rows))
+}
+
+/// The header cells of [`paired_rows`].
+pub(crate) const PAIRED_HEADER: [&str; 5] = ["Rungs", "Δ mean KLD", "Interval", "Standard error", "Distinguishable"];
+
 pub(crate) fn or_dash(v: Option<String>) -> String {
     v.unwrap_or_else(|| "—".to_string())
 }
@@ -260,6 +299,15 @@ pub(crate) mod sample {
         json!({"url": format!("s3://farm/r1/{n}"), "sha256": "0f".repeat(32), "bytes": b})
     }
 
+    fn interval(mean: f64, se: f64) -> Value {
+        json!({"n_tokens": 3584, "n_chunks": 14, "mean": mean, "se_tokens": se / 2.0, "se_chunks": se,
+               "low": mean - 2.16 * se, "high": mean + 2.16 * se})
+    }
+
+    fn interval_of(ty: &str, bytes: u64, mean: f64, se: f64) -> Value {
+        json!({"file_type": ty, "bytes": bytes, "kld": interval(mean, se)})
+    }
+
     fn artifact(ty: &str, bytes: u64, bpw: f64, kld: Value, greedy: Value, probes: Value) -> Value {
         let name = format!("SmolLM2-{ty}");
         json!({"name": name, "file_type": ty, "container": "gguf", "bytes": bytes, "bits_per_weight": bpw,
@@ -308,6 +356,15 @@ pub(crate) mod sample {
                            "reference": "s3://farm/r1/SmolLM2-BF16.gguf",
                            "runtime": "llama.cpp", "prompts": "prompts.json", "n_prompts": 20, "max_tokens": 64,
                            "probes": "probes.yaml", "context": 512},
+            "paired": {"method": "paired", "confidence": 0.95,
+                       "values": file("kld-values.safetensors", 43000),
+                       "means": [interval_of("Q4_K_M", 105000000, 0.0635, 0.004),
+                                 interval_of("Q4_K_XL", 112000000, 0.0412, 0.003),
+                                 interval_of("Q8_0", 145000000, 0.0045, 0.0004)],
+                       "pairs": [{"smaller": "Q4_K_M", "larger": "Q4_K_XL", "diff": interval(0.0223, 0.002),
+                                  "se_unpaired": 0.005, "distinguishable": true},
+                                 {"smaller": "Q4_K_XL", "larger": "Q8_0", "diff": interval(0.0367, 0.003),
+                                  "se_unpaired": 0.003, "distinguishable": true}]},
             "artifacts": [
                 artifact("BF16", 270000000, 16.0, Value::Null, Value::Null, reference_probes),
                 q8,
