@@ -97,6 +97,18 @@ pub async fn run(args: Args) -> Result<()> {
         }
     }
 
+    // The per-token KL-divergence values the report's paired comparisons are computed from (`quantfarm report
+    // diff` pairs two releases' rungs with them), checked against the report's sha256.
+    if let Some(values) = report.paired.as_ref().map(|p| &p.values) {
+        let name = quantfarm_coordinator::report::VALUES_FILE;
+        let (sha256, bytes) =
+            copy_checked(&Location::parse(&values.url)?, &dir.child(name)?, values, args.budget, args.overwrite)
+                .await
+                .with_context(|| format!("cannot publish {}", values.url))?;
+        println!("{sha256}  {:>10}  {name}", human(bytes));
+        sums.push((name.to_string(), sha256));
+    }
+
     // The report as signed, the files beside it, and the card rendered from it.
     let mut meta: Vec<(String, Vec<u8>)> = vec![("report.json".into(), text.clone())];
     for name in BESIDE {
