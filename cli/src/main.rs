@@ -4,6 +4,7 @@
 
 mod convert;
 mod cp;
+mod diff;
 mod eval;
 mod farm;
 mod imatrix;
@@ -105,6 +106,10 @@ enum ReportCommand {
     Verify(keys::VerifyArgs),
     /// Write a report's views (report.md, report.html, the model card README.md) from report.json.
     Render(keys::RenderArgs),
+    /// What changed between two releases: per rung its files and tensor types, its KL divergence paired token by
+    /// token (where both measured the same text), greedy and probe flips, and the gates whose verdict changed.
+    /// Markdown on stdout; --html and --json write the same diff as a page and as data.
+    Diff(diff::DiffArgs),
 }
 
 fn main() -> std::process::ExitCode {
@@ -161,6 +166,7 @@ fn main() -> std::process::ExitCode {
             Command::Keygen(args) => ok(keys::keygen(args)),
             Command::Report(ReportCommand::Verify(args)) => keys::verify(args).map(|valid| if valid { 0 } else { 1 }),
             Command::Report(ReportCommand::Render(args)) => ok(keys::render(args)),
+            Command::Report(ReportCommand::Diff(args)) => ok(diff::run(args)),
         }
     });
     // Drop the runtime without waiting for blocked tasks (a lease long-poll) to notice.

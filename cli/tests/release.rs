@@ -292,6 +292,78 @@ fn a_tuned_smollm2_ladder_is_gated_signed_and_shown() {
     assert!(q4["kld"].is_null() && q4["verified"] == true, "made and verified, not measured: {q4:#}");
 }
 
+/// `quantfarm report diff` of two releases of the README's tiny model that differ in one rung only (a recipe's
+/// `ffn_down` type): that rung, and only it, changed (its files, its tensor types, its KL divergence paired token by
+/// token, recomputed by NumPy from the two published values files); every other rung the same bytes with a ΔKLD of 0
+/// on every token; the markdown and HTML say so.
+#[test]
+fn a_release_diff_shows_exactly_the_rung_that_changed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let examples = quantfarm_e2e::repo_root().join("examples");
+    std::fs::create_dir_all(tmp.path().join("texts")).unwrap();
+    for f in ["texts/mill.txt", "prompts-20.json", "probes-tiny.yaml"] {
+        std::fs::copy(examples.join(f), tmp.path().join(f)).unwrap();
+    }
+    let key = tmp.path().join("farm.key");
+    assert!(Command::new(bin()).arg("keygen").arg(&key).output().unwrap().status.success());
+    let tiny = std::fs::read_to_string(examples.join("tiny-llama.yaml")).unwrap();
+    let quants = "    quants: [Q8_0, Q4_0]\n";
+    assert!(tiny.contains(quants), "the example changed: {tiny}");
+    let report_of = |name: &str, ffn_down: &str| -> PathBuf {
+        let spec = tmp.path().join(format!("{name}.yaml"));
+        let rung =
+            format!("    quants: [Q8_0, Q4_0, {{name: Q4_X, base: Q4_0, tensor_types: {{ffn_down: {ffn_down}}}}}]\n");
+        std::fs::write(&spec, tiny.replace(quants, &rung)).unwrap();
+        let out = run(&spec, &tmp.path().join(format!("data-{name}")), &key);
+        let sum = summary(&out);
+        assert_eq!(sum["state"], "released", "{sum:#}");
+        PathBuf::from(sum["report_url"].as_str().unwrap())
+    };
+    let (old, new) = (report_of("old", "Q8_0"), report_of("new", "Q5_0"));
+    let (json, html) = (tmp.path().join("diff.json"), tmp.path().join("diff.html"));
+    let out = Command::new(bin())
+        .args([OsStr::new("report"), OsStr::new("diff"), old.as_os_str(), new.as_os_str()])
+        .arg("--json")
+        .arg(&json)
+        .arg("--html")
+        .arg(&html)
+        .output()
+        .unwrap();
+    let md = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{md}{}", String::from_utf8_lossy(&out.stderr));
+    eprintln!("{md}");
+    let d: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!((d["paired"].as_bool(), d["same_reference"].as_bool()), (Some(true), Some(true)), "{d:#}");
+    let rungs = d["rungs"].as_array().unwrap();
+    let changed: Vec<&str> =
+        rungs.iter().filter(|r| r["changed"] == true).map(|r| r["file_type"].as_str().unwrap()).collect();
+    assert_eq!(changed, ["Q4_X"], "{d:#}");
+    for r in rungs {
+        let ty = r["file_type"].as_str().unwrap();
+        assert_eq!(r["presence"], "both", "{r:#}");
+        if ty == "Q4_X" {
+            assert!(r["files_changed"] == true && !r["types"].as_array().unwrap().is_empty(), "{r:#}");
+            assert!(r["delta"]["mean"].as_f64().is_some_and(|m| m != 0.0), "{r:#}");
+        } else {
+            assert!(r["files_changed"] == false && r["types"].as_array().unwrap().is_empty(), "{r:#}");
+            if ty != "BF16" {
+                let zero = ["mean", "low", "high"].iter().all(|k| r["delta"][*k].as_f64() == Some(0.0));
+                assert!(zero, "{ty}: the same bytes on the same base logits: {r:#}");
+            }
+        }
+    }
+    assert!(md.contains("Changed: Q4_X.") && md.contains("| Q8\\_0 (unchanged) | same bytes |"), "{md}");
+    assert!(std::fs::read_to_string(&html).unwrap().contains("<td>Q4_X (changed)</td>"));
+    // The paired ΔKLD of every rung, recomputed with NumPy from the two releases' values files.
+    let oracle = Command::new(quantfarm_e2e::convert_python())
+        .arg(quantfarm_e2e::repo_root().join("tests/py/paired_oracle.py"))
+        .args([OsStr::new("--diff"), old.as_os_str(), new.as_os_str(), json.as_os_str()])
+        .output()
+        .unwrap();
+    let said = format!("{}{}", String::from_utf8_lossy(&oracle.stdout), String::from_utf8_lossy(&oracle.stderr));
+    assert!(oracle.status.success() && said.contains("3 rungs paired, 0 problems"), "{said}");
+}
+
 fn sum_report(path: &Path) -> Value {
     serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
 }

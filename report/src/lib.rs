@@ -7,13 +7,16 @@
 //! - [`gates`]: named checks over a report's figures (`kld.mean <= 0.05`), the defaults in `gates/defaults.yaml`;
 //! - [`canonical`]: RFC 8785 JSON, the signed form;
 //! - [`signing`]: keys, signatures and their verification; [`attestation`]: the in-toto DSSE envelope;
-//! - [`views`]: every file rendered from a report, byte for byte the same from its JSON.
+//! - [`views`]: every file rendered from a report, byte for byte the same from its JSON;
+//! - [`diff`]: what changed between two releases, paired token by token with their [`kld_values`] files.
 
 #![forbid(unsafe_code)]
 
 pub mod attestation;
 pub mod canonical;
+pub mod diff;
 pub mod gates;
+pub mod kld_values;
 pub mod model;
 pub mod signing;
 pub mod views;

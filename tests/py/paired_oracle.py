@@ -2,6 +2,7 @@
 per-token values file published beside report.json, and compared with the report.
 
     paired_oracle.py REPORT_JSON
+    paired_oracle.py --diff OLD_REPORT NEW_REPORT DIFF_JSON   (`quantfarm report diff --json`'s paired ΔKLD)
 
 Checks: the values file's sha256 is the report's; it holds one F32 tensor `kld/FILE_TYPE` per rung of
 `paired.means`, whose mean is the rung's llama-perplexity Mean KLD (to f32's precision: the file stores f32 values,
@@ -45,7 +46,39 @@ def close(a, b, rel=1e-9, abs_=1e-12) -> bool:
     return abs(a - b) <= max(abs_, rel * max(abs(a), abs(b)))
 
 
+def values_of(report_path: str) -> tuple:
+    report = json.load(open(report_path))
+    path = os.path.join(os.path.dirname(report_path), os.path.basename(report["paired"]["values"]["url"]))
+    f = safe_open(path, "np")
+    tokens = json.loads(f.metadata()["chunk_tokens"])
+    return {k[len("kld/"):]: f.get_tensor(k).astype(np.float64) for k in f.keys()}, tokens
+
+
+def diff_main(old_report: str, new_report: str, diff_json: str) -> None:
+    """`--diff OLD NEW DIFF_JSON`: each rung's paired ΔKLD (new - old) of `quantfarm report diff --json`."""
+    (old, tokens), (new, tokens_new) = values_of(old_report), values_of(new_report)
+    d = json.load(open(diff_json))
+    problems = [] if tokens == tokens_new else ["different chunks"]
+    n = 0
+    for r in d["rungs"]:
+        ty = r["file_type"]
+        if ty not in old or ty not in new:
+            continue
+        ours = interval(new[ty] - old[ty], tokens, d["confidence"])
+        for k in ["mean", "se_tokens", "se_chunks", "low", "high"]:
+            if not close(ours[k], r["delta"][k]):
+                problems.append(f"{ty}: delta {k} {r['delta'][k]} but NumPy gives {ours[k]}")
+        n += 1
+        print(f"{ty}: new - old {ours['mean']:+.3e} [{ours['low']:+.3e}, {ours['high']:+.3e}]")
+    for p in problems:
+        print("PROBLEM:", p)
+    print(f"{n} rungs paired, {len(problems)} problems")
+    sys.exit(1 if problems else 0)
+
+
 def main() -> None:
+    if sys.argv[1] == "--diff":
+        return diff_main(*sys.argv[2:5])
     report_path = sys.argv[1]
     report = json.load(open(report_path))
     paired = report["paired"]

@@ -5,11 +5,12 @@
 
 use std::fmt::Write as _;
 
-use super::svg::{esc, Chart};
+pub(crate) use super::svg::esc;
+use super::svg::Chart;
 use super::{identity_chain, or_dash, reference_probe, rows, signer, size, verdict};
 use crate::model::{GreedySummary, KldFigures, Report, Verdict};
 
-const CSS: &str = r#"
+pub(crate) const CSS: &str = r#"
 :root { color-scheme: light; --ok: #1a7f37; --bad: #cf222e; --ink: #1f2328; --muted: #59636e; --line: #d1d9e0; }
 * { box-sizing: border-box; }
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; color: var(--ink); margin: 0 auto;
