@@ -309,17 +309,20 @@ fn a_release_diff_shows_exactly_the_rung_that_changed() {
     let tiny = std::fs::read_to_string(examples.join("tiny-llama.yaml")).unwrap();
     let quants = "    quants: [Q8_0, Q4_0]\n";
     assert!(tiny.contains(quants), "the example changed: {tiny}");
-    let report_of = |name: &str, ffn_down: &str| -> PathBuf {
+    // Both in one store: the new release names the old one in `evaluation.compare_with`.
+    let report_of = |name: &str, ffn_down: &str, compare_with: &str| -> (PathBuf, String) {
         let spec = tmp.path().join(format!("{name}.yaml"));
         let rung =
             format!("    quants: [Q8_0, Q4_0, {{name: Q4_X, base: Q4_0, tensor_types: {{ffn_down: {ffn_down}}}}}]\n");
-        std::fs::write(&spec, tiny.replace(quants, &rung)).unwrap();
-        let out = run(&spec, &tmp.path().join(format!("data-{name}")), &key);
+        let yaml = tiny.replace(quants, &rung).replace("\nevaluation:\n", &format!("\nevaluation:\n{compare_with}"));
+        std::fs::write(&spec, yaml).unwrap();
+        let out = run(&spec, &tmp.path().join("data"), &key);
         let sum = summary(&out);
         assert_eq!(sum["state"], "released", "{sum:#}");
-        PathBuf::from(sum["report_url"].as_str().unwrap())
+        (PathBuf::from(sum["report_url"].as_str().unwrap()), sum["release_id"].as_str().unwrap().to_string())
     };
-    let (old, new) = (report_of("old", "Q8_0"), report_of("new", "Q5_0"));
+    let (old, old_id) = report_of("old", "Q8_0", "");
+    let (new, _) = report_of("new", "Q5_0", &format!("  compare_with: releases/{old_id}\n"));
     let (json, html) = (tmp.path().join("diff.json"), tmp.path().join("diff.html"));
     let out = Command::new(bin())
         .args([OsStr::new("report"), OsStr::new("diff"), old.as_os_str(), new.as_os_str()])
@@ -354,6 +357,14 @@ fn a_release_diff_shows_exactly_the_rung_that_changed() {
     }
     assert!(md.contains("Changed: Q4_X.") && md.contains("| Q8\\_0 (unchanged) | same bytes |"), "{md}");
     assert!(std::fs::read_to_string(&html).unwrap().contains("<td>Q4_X (changed)</td>"));
+    // The new report holds the same diff (made by the coordinator from the old report in its store and the new
+    // report's values in memory), and its views show it.
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&new).unwrap()).unwrap();
+    // (As the types read them: the canonical JSON writes 0.0 as 0.)
+    let as_diff = |v: &Value| serde_json::from_value::<quantfarm_report::diff::ReleaseDiff>(v.clone()).unwrap();
+    assert_eq!(as_diff(&report["comparison"]), as_diff(&d), "the report's comparison is `report diff`'s");
+    let report_md = std::fs::read_to_string(new.with_file_name("report.md")).unwrap();
+    assert!(report_md.contains(&format!("## Since tiny-llama ({old_id})")) && report_md.contains("Changed: Q4_X."));
     // The paired ΔKLD of every rung, recomputed with NumPy from the two releases' values files.
     let oracle = Command::new(quantfarm_e2e::convert_python())
         .arg(quantfarm_e2e::repo_root().join("tests/py/paired_oracle.py"))

@@ -139,12 +139,22 @@ impl Coordinator {
                         .map(|l| l.to_string())
                         .unwrap_or_default();
                     let report = crate::report::build(rel, s.workers(), (s.cfg().wall_clock)(), &values);
-                    Some((report, target))
+                    let with = rel.spec.evaluation.as_ref().and_then(|e| e.compare_with.clone());
+                    let old = with.as_ref().map(|w| (w.clone(), s.store().child(&format!("{w}/report.json"))));
+                    Some((report, target, old))
                 }
                 Err(_) => None,
             }
         };
-        let Some((report, target)) = built else { return };
+        let Some((mut report, target, old)) = built else { return };
+        match old {
+            Some((with, Ok(old))) => crate::report::compare(&mut report, &with, &old).await,
+            Some((with, Err(e))) => {
+                report.report.comparison =
+                    Some(crate::report::model::Comparison::Unavailable { with, error: e.to_string() })
+            }
+            None => {}
+        }
         let outcome = match target {
             Ok(target) => crate::report::publish(report, &self.shared.key, &target).await,
             Err(e) => Err(e.to_string()),

@@ -413,7 +413,8 @@ impl ReleaseDiff {
         "Probes",
     ];
 
-    fn title(&self) -> String {
+    /// The diff's title: both releases by name, id and verdict.
+    pub fn title(&self) -> String {
         format!(
             "Release diff: {} ({}, {}) → {} ({}, {})",
             self.old.name, self.old.id, self.old.verdict, self.new.name, self.new.id, self.new.verdict
@@ -446,8 +447,14 @@ impl ReleaseDiff {
 
     /// The diff in markdown.
     pub fn markdown(&self) -> String {
+        format!("# {}\n\n{}", crate::views::markdown::cell(&self.title()), self.markdown_body("##"))
+    }
+
+    /// The diff under a heading of the report's views: the summary, the table and the gates (`sub`: the gates'
+    /// heading marker).
+    pub fn markdown_body(&self, sub: &str) -> String {
         let cell = crate::views::markdown::cell;
-        let mut md = format!("# {}\n\n{}\n\nKL divergence: {}.\n\n", cell(&self.title()), self.summary(), self.pairing);
+        let mut md = format!("{}\n\nKL divergence: {}.\n\n", self.summary(), self.pairing);
         let _ = writeln!(md, "| {} |", Self::HEADER.join(" | "));
         let _ = writeln!(md, "|---|---|---:|---|---:|---:|---|---|");
         for r in self.rows() {
@@ -455,7 +462,7 @@ impl ReleaseDiff {
         }
         let gates = self.gate_lines();
         if !gates.is_empty() {
-            let _ = writeln!(md, "\n## Gates that changed\n");
+            let _ = writeln!(md, "\n{sub} Gates that changed\n");
             for g in gates {
                 let _ = writeln!(md, "- {}", cell(&g));
             }
@@ -466,14 +473,19 @@ impl ReleaseDiff {
     /// The diff as a standalone HTML page.
     pub fn html(&self) -> String {
         let esc = crate::views::html::esc;
-        let mut h = format!(
-            "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{}</title><style>{}</style></head><body><h1>{}</h1><p>{}</p><p>KL divergence: {}.</p><table><tr>",
+        format!(
+            "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{}</title><style>{}</style></head><body><h1>{}</h1>{}</body></html>\n",
             esc(&self.title()),
             crate::views::html::CSS,
             esc(&self.title()),
-            esc(&self.summary()),
-            esc(&self.pairing)
-        );
+            self.html_body("h2"),
+        )
+    }
+
+    /// The diff as HTML under a heading of the report's page (`sub`: the gates' heading element).
+    pub fn html_body(&self, sub: &str) -> String {
+        let esc = crate::views::html::esc;
+        let mut h = format!("<p>{}</p><p>KL divergence: {}.</p><table><tr>", esc(&self.summary()), esc(&self.pairing));
         for c in Self::HEADER {
             let _ = write!(h, "<th>{}</th>", esc(c));
         }
@@ -488,13 +500,12 @@ impl ReleaseDiff {
         h.push_str("</table>");
         let gates = self.gate_lines();
         if !gates.is_empty() {
-            h.push_str("<h2>Gates that changed</h2><ul>");
+            let _ = write!(h, "<{sub}>Gates that changed</{sub}><ul>");
             for g in gates {
                 let _ = write!(h, "<li>{}</li>", esc(&g));
             }
             h.push_str("</ul>");
         }
-        h.push_str("</body></html>\n");
         h
     }
 }

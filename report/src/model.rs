@@ -50,6 +50,10 @@ pub struct Report {
     /// of reports made before it existed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paired: Option<Paired>,
+    /// `evaluation.compare_with`: what changed since that release (`quantfarm report diff` of its report and this
+    /// one), or why it could not be read. Left out without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comparison: Option<Comparison>,
     /// In report order: the merged checkpoint, GGUF BF16, the GGUF quants in ladder order, the MLX checkpoints.
     pub artifacts: Vec<Artifact>,
     pub tasks: Vec<TaskRecord>,
@@ -286,6 +290,14 @@ impl TransformersSubject {
             _ => name.to_string(),
         }
     }
+}
+
+/// The diff with an earlier release, or why there is none.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum Comparison {
+    Diff(Box<crate::diff::ReleaseDiff>),
+    Unavailable { with: String, error: String },
 }
 
 /// The rungs' KL divergence as intervals and paired differences (`quantfarm_parity::paired`; `docs/statistics.md`).

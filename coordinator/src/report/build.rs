@@ -408,6 +408,7 @@ pub fn build(rel: &Release, workers: &HashMap<String, WorkerRec>, now_ms: i64, v
         cross_runtime,
         transformers,
         paired,
+        comparison: None,
         artifacts,
         tasks: tasks::records(rel),
         gates: results.iter().map(gates::GateResult::record).collect(),

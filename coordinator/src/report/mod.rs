@@ -8,6 +8,7 @@
 //!   envelope, committed last.
 
 mod build;
+mod compare;
 mod figures;
 mod paired;
 mod publish;
@@ -15,6 +16,7 @@ mod tasks;
 mod transformers;
 
 pub use build::{build, Built};
+pub use compare::compare;
 pub use paired::{VALUES_FILE, VALUES_FORMAT};
 pub use publish::publish;
 pub use quantfarm_report::model;

@@ -48,6 +48,10 @@ pub struct Evaluation {
     /// (`quantfarm_parity::paired`; default 0.95).
     #[serde(default = "default_confidence", skip_serializing_if = "is_default_confidence")]
     pub confidence: f64,
+    /// An earlier release to compare this one with (`releases/<id>`, in this farm's store): its report and per-token
+    /// values are read when this release's report is made, and the diff (`quantfarm report diff`) is put in it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compare_with: Option<String>,
 }
 
 fn default_confidence() -> f64 {

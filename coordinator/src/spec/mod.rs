@@ -47,6 +47,7 @@
 //!                               # with the transformers runtime: greedy agreement and KL divergence against the
 //!                               # GGUF BF16, probes; a PEFT adapter also unmerged on the base (link 1 there)
 //!   confidence: 0.95            # of the report's intervals and paired comparisons of the rungs' KL divergence
+//!   compare_with: releases/smollm2-1a2b3c4d   # an earlier release of this farm: its diff in this report
 //!   mlx_lm: true                # with MLX outputs (default true): the source's bf16 weights and each MLX rung
 //!                               # also run in mlx-lm, on workers with the mlx_lm runtime: greedy agreement and KL
 //!                               # divergence against the GGUF BF16 in llama.cpp (the cross-runtime link)
@@ -351,6 +352,14 @@ impl ReleaseSpec {
             }
             if e.peers.iter().enumerate().any(|(i, p)| e.peers[..i].contains(p)) {
                 return Err("evaluation.peers: a peer is listed twice".into());
+            }
+            if let Some(with) = &e.compare_with {
+                let id = with.strip_prefix("releases/").unwrap_or_default();
+                if id.is_empty() || !id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+                    return Err(format!(
+                        "evaluation.compare_with: {with:?}: expected releases/<id>, an earlier release of this farm"
+                    ));
+                }
             }
             if !(0.5..1.0).contains(&e.confidence) {
                 return Err(format!(

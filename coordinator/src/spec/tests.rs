@@ -188,3 +188,20 @@ fn decimal_sizes() {
     assert_eq!(parse_decimal_size("2GB").unwrap(), 2_000_000_000);
     assert!(parse_decimal_size("x").is_err());
 }
+
+#[test]
+fn a_comparison_names_an_earlier_release_and_a_confidence_is_a_fraction() {
+    let with = |e: &str| ReleaseSpec::parse(&format!("{GOOD}evaluation:\n  text: t.txt\n{e}"), "r");
+    let s = with("  compare_with: releases/smollm2-1a2b3c4d\n  confidence: 0.99\n").unwrap();
+    let e = s.evaluation.as_ref().unwrap();
+    assert_eq!((e.compare_with.as_deref(), e.confidence), (Some("releases/smollm2-1a2b3c4d"), 0.99));
+    assert_eq!(with("").unwrap().evaluation.unwrap().confidence, 0.95);
+    for bad in ["releases/../x", "s3://b/report.json", "releases/"] {
+        let err = with(&format!("  compare_with: {bad:?}\n")).unwrap_err().to_string();
+        assert!(err.contains("evaluation.compare_with") && err.contains("releases/<id>"), "{bad}: {err}");
+    }
+    for bad in ["1", "0.3", "1.5"] {
+        let err = with(&format!("  confidence: {bad}\n")).unwrap_err().to_string();
+        assert!(err.contains("evaluation.confidence"), "{bad}: {err}");
+    }
+}

@@ -91,6 +91,15 @@ pub fn render(report: &Report) -> String {
     h.push_str("</div>");
     ladder_table(&mut h, report);
     paired(&mut h, report);
+    match &report.comparison {
+        Some(crate::model::Comparison::Diff(d)) => {
+            let _ = write!(h, "<h2>Since {} ({})</h2>{}", esc(&d.old.name), esc(&d.old.id), d.html_body("h3"));
+        }
+        Some(crate::model::Comparison::Unavailable { with, error }) => {
+            let _ = write!(h, "<h2>Since {}</h2><p>No comparison: {}.</p>", esc(with), esc(error));
+        }
+        None => {}
+    }
     cross_runtime(&mut h, report);
     transformers(&mut h, report);
     divergences(&mut h, report);

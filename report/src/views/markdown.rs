@@ -95,6 +95,16 @@ pub fn render(report: &Report) -> String {
         }
     }
 
+    match &report.comparison {
+        Some(crate::model::Comparison::Diff(d)) => {
+            let _ = writeln!(md, "\n## Since {} ({})\n\n{}", cell(&d.old.name), d.old.id, d.markdown_body("###"));
+        }
+        Some(crate::model::Comparison::Unavailable { with, error }) => {
+            let _ = writeln!(md, "\n## Since {}\n\nNo comparison: {}.", cell(with), cell(error));
+        }
+        None => {}
+    }
+
     let _ = writeln!(md, "\n## Gates\n");
     let _ = writeln!(md, "| | Gate | Level | Check | Inputs | Threshold | Detail |");
     let _ = writeln!(md, "|:---:|---|---|---|---|---:|---|");

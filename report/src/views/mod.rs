@@ -365,6 +365,23 @@ pub(crate) mod sample {
                                   "se_unpaired": 0.005, "distinguishable": true},
                                  {"smaller": "Q4_K_XL", "larger": "Q8_0", "diff": interval(0.0367, 0.003),
                                   "se_unpaired": 0.003, "distinguishable": true}]},
+            "comparison": {
+                "old": {"id": "r0", "name": "smollm2-<tuned>", "source_identity": "bb".repeat(32), "verdict": "released"},
+                "new": {"id": "r1", "name": "smollm2-<tuned>", "source_identity": "bb".repeat(32), "verdict": "gate failed"},
+                "pairing": "paired token by token", "paired": true, "same_reference": true, "confidence": 0.95,
+                "rungs": [
+                    {"file_type": "Q8_0", "presence": "both", "files_changed": false, "old_bytes": 145000000u64,
+                     "new_bytes": 145000000u64, "types": [], "old_kld": 0.0045, "new_kld": 0.0045,
+                     "delta": interval(0.0, 0.0), "greedy": {"old_identical": 19, "new_identical": 19, "n": 20,
+                     "now_differ": [], "now_identical": []},
+                     "probes": {"old_passed": 6, "old_failed": 2, "new_passed": 6, "new_failed": 2}, "changed": false},
+                    {"file_type": "Q4_K_XL", "presence": "only_new", "files_changed": true, "old_bytes": null,
+                     "new_bytes": 112000000u64, "types": [{"ggml_type": "q6_K", "old_tensors": 0, "new_tensors": 30}],
+                     "old_kld": null, "new_kld": 0.0412, "delta": null, "no_delta": "only in the new release",
+                     "greedy": null, "probes": null, "changed": true},
+                ],
+                "gates": [{"name": "kld", "level": "Q4_K_M", "old": true, "new": false}],
+            },
             "artifacts": [
                 artifact("BF16", 270000000, 16.0, Value::Null, Value::Null, reference_probes),
                 q8,
