@@ -125,7 +125,7 @@ pub fn on_thread<T: Send>(f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
     std::thread::scope(|s| s.spawn(f).join().unwrap_or_else(|_| bail!("the evaluation thread panicked")))
 }
 
-fn load(path: &Path, threads: usize, lora: Option<(PathBuf, f32)>) -> Result<(Model, Option<String>)> {
+pub(crate) fn load(path: &Path, threads: usize, lora: Option<(PathBuf, f32)>) -> Result<(Model, Option<String>)> {
     let prepared = prepare(path, None)?;
     let opts = LoadOptions { threads, lora, ..LoadOptions::default() };
     let model = Model::load(&prepared.path, &opts)?;

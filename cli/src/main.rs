@@ -2,6 +2,7 @@
 
 #![forbid(unsafe_code)]
 
+mod choice;
 mod convert;
 mod cp;
 mod diff;
@@ -89,6 +90,10 @@ enum Command {
     /// Run a task-probe suite on the built-in runtime or an OpenAI-compatible server. Exit 0 none failed, 1 some
     /// failed, 2 error.
     Probe(eval::ProbeArgs),
+    /// Multiple-choice accuracy as `llama-perplexity --multiple-choice` scores it (its binary task files, or a
+    /// question set in YAML), and `pack` to write a question set in that format
+    #[command(subcommand)]
+    Choice(choice::ChoiceCommand),
     /// Make an ed25519 signing key for reports.
     Keygen(keys::KeygenArgs),
     /// Signed reports.
@@ -163,6 +168,8 @@ fn main() -> std::process::ExitCode {
             Command::Imatrix(args) => eval::on_thread(|| imatrix::run(args).map(|()| 0)),
             Command::Greedy(args) => eval::on_thread(|| eval::greedy(args)),
             Command::Probe(args) => eval::on_thread(|| eval::probe(args)),
+            Command::Choice(choice::ChoiceCommand::Score(args)) => ok(eval::on_thread(|| choice::score(args))),
+            Command::Choice(choice::ChoiceCommand::Pack(args)) => ok(choice::pack(args)),
             Command::Keygen(args) => ok(keys::keygen(args)),
             Command::Report(ReportCommand::Verify(args)) => keys::verify(args).map(|valid| if valid { 0 } else { 1 }),
             Command::Report(ReportCommand::Render(args)) => ok(keys::render(args)),

@@ -768,3 +768,49 @@ fn farm_checks_the_merge_against_the_adapter_at_run_time() {
     eprintln!("the merge against the base without its adapter: {identical}/{n} identical");
     assert!(identical < n, "the merge behaves like the base without the adapter: {without:#}");
 }
+
+/// `quantfarm choice score` against `llama-perplexity --multiple-choice` on the same task file (the project's
+/// question set, packed into llama-perplexity's binary format), for two rungs (BF16 and llama-quantize's Q4_1): the
+/// same running accuracy after every task (so the same task right or wrong) and the same final figures.
+#[test]
+fn multiple_choice_scores_equal_llama_perplexity() {
+    let dir = tempfile::tempdir().unwrap();
+    let tasks = dir.path().join("basics.bin");
+    let yaml = quantfarm_e2e::repo_root().join("examples/choice-basics.yaml");
+    ok(quantfarm(&[arg("choice"), arg("pack"), yaml.as_os_str(), tasks.as_os_str()]), "choice pack");
+    for model in [bf16(), smollm2_derived().join("SmolLM2-135M-Instruct.Q4_1.gguf")] {
+        let ours = ok(
+            quantfarm(&[arg("choice"), arg("score"), model.as_os_str(), tasks.as_os_str(), arg("--threads"), arg("2")]),
+            "choice score",
+        );
+        let out = Command::new(llama_bin().join("llama-perplexity"))
+            .arg("-m")
+            .arg(&model)
+            .arg("-bf")
+            .arg(&tasks)
+            .args(["--multiple-choice", "-t", "2"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "llama-perplexity: {}", String::from_utf8_lossy(&out.stderr));
+        // Its task lines go to stdout or stderr by build; its final lines carry a log prefix.
+        let theirs = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        let lines = |text: &str| -> Vec<String> {
+            text.lines()
+                .filter_map(|l| {
+                    let l = l.trim();
+                    let task = l.split('\t').count() == 2 && l.split('\t').all(|f| f.parse::<f64>().is_ok());
+                    let fin = ["Final result:", "Random chance:"].iter().find_map(|k| l.find(k).map(|i| &l[i..]));
+                    if task {
+                        Some(l.to_string())
+                    } else {
+                        fin.map(str::to_string)
+                    }
+                })
+                .collect()
+        };
+        let (a, b) = (lines(&ours), lines(&theirs));
+        assert_eq!(a.len(), 32 + 2, "{ours}");
+        assert_eq!(a, b, "{}: quantfarm's lines against llama-perplexity's", model.display());
+        eprintln!("{}: {}", model.display(), a[a.len() - 2]);
+    }
+}

@@ -7,6 +7,7 @@
 //! OpenAI-compatible server ([`probe`], [`responders`]), and the exact conversion that lets MLX and HF checkpoints
 //! be evaluated in the same runtime ([`prepare`]).
 
+pub mod choice;
 pub mod error;
 pub mod greedy;
 pub mod imatrix;

@@ -150,6 +150,16 @@ impl Model {
     /// A context for up to `n_seq` sequences of `n_ctx` tokens each, decoded `n_batch` tokens at a time: the
     /// shape llama-perplexity creates (`n_ctx·n_seq` cells, `n_parallel = n_seq`, micro-batches of 512).
     pub fn session(&self, n_ctx: u32, n_seq: u32, n_batch: u32) -> Result<Session<'_>> {
+        self.session_with(n_ctx, n_seq, n_batch, false)
+    }
+
+    /// A session whose `n_seq` sequences share one KV buffer (`kv_unified`), as llama-perplexity's multiple-choice,
+    /// HellaSwag and Winogrande modes make theirs.
+    pub fn unified_session(&self, n_ctx: u32, n_seq: u32, n_batch: u32) -> Result<Session<'_>> {
+        self.session_with(n_ctx, n_seq, n_batch, true)
+    }
+
+    fn session_with(&self, n_ctx: u32, n_seq: u32, n_batch: u32, kv_unified: bool) -> Result<Session<'_>> {
         let total = n_ctx
             .checked_mul(n_seq)
             .and_then(NonZeroU32::new)
@@ -160,6 +170,7 @@ impl Model {
             .with_n_batch(n_batch)
             .with_n_ubatch(n_batch.min(512))
             .with_n_seq_max(n_seq)
+            .with_kv_unified(kv_unified)
             .with_n_threads(self.threads)
             .with_n_threads_batch(self.threads);
         let mut ctx = self
@@ -243,6 +254,33 @@ impl Session<'_> {
             start = end;
         }
         Ok(&self.logits[..seqs.len()])
+    }
+
+    /// Decodes `entries` (token, position, sequences, whether its logits are wanted) from an empty KV cache, in
+    /// pieces of the session's batch size as llama-perplexity's `decode_helper` feeds them, and returns the wanted
+    /// logits, entry order, `n_vocab` each.
+    pub fn decode_entries(&mut self, entries: &[(Token, i32, &[i32], bool)]) -> Result<Vec<f32>> {
+        self.ctx.clear_kv_cache();
+        let mut out = Vec::new();
+        for piece in entries.chunks(self.n_batch.max(1)) {
+            self.batch.clear();
+            let mut wanted = Vec::new();
+            for &(tok, pos, seqs, want) in piece {
+                self.batch
+                    .add(LlamaToken(tok), pos, seqs, want)
+                    .map_err(|e| Error::runtime(self.model.name(), format!("batch: {e}")))?;
+                if want {
+                    wanted.push(self.batch.n_tokens() - 1);
+                }
+            }
+            self.ctx
+                .decode(&mut self.batch)
+                .map_err(|e| Error::runtime(self.model.name(), format!("decode failed: {e}")))?;
+            for index in wanted {
+                out.extend_from_slice(self.ctx.get_logits_ith(index));
+            }
+        }
+        Ok(out)
     }
 
     /// Greedy (temperature 0) continuation of `prompt`: at each step the first arg-max token, until an
