@@ -375,6 +375,74 @@ fn a_release_diff_shows_exactly_the_rung_that_changed() {
     assert!(oracle.status.success() && said.contains("3 rungs paired, 0 problems"), "{said}");
 }
 
+/// `evaluation.choices` in a release of the README's tiny model: every rung and the reference scored, each task's
+/// right or wrong exactly as `llama-perplexity --multiple-choice` scores the same GGUF file on the same tasks (its
+/// running accuracy after each task), the answers changed against the reference's in the report and its views,
+/// and `measured` requiring them.
+#[test]
+fn a_release_scores_its_multiple_choice_tasks_as_llama_perplexity() {
+    let tmp = tempfile::tempdir().unwrap();
+    let examples = quantfarm_e2e::repo_root().join("examples");
+    std::fs::create_dir_all(tmp.path().join("texts")).unwrap();
+    for f in ["texts/mill.txt", "prompts-20.json", "probes-tiny.yaml", "choice-basics.yaml"] {
+        std::fs::copy(examples.join(f), tmp.path().join(f)).unwrap();
+    }
+    let key = tmp.path().join("farm.key");
+    assert!(Command::new(bin()).arg("keygen").arg(&key).output().unwrap().status.success());
+    let tiny = std::fs::read_to_string(examples.join("tiny-llama.yaml")).unwrap();
+    let spec = tmp.path().join("choices.yaml");
+    std::fs::write(&spec, tiny.replace("\nevaluation:\n", "\nevaluation:\n  choices: choice-basics.yaml\n")).unwrap();
+    let sum = summary(&run(&spec, &tmp.path().join("data"), &key));
+    assert_eq!(sum["state"], "released", "{sum:#}");
+    let report_path = PathBuf::from(sum["report_url"].as_str().unwrap());
+    let report = sum_report(&report_path);
+    // The task file llama-perplexity reads: the same question set, packed.
+    let packed = tmp.path().join("basics.bin");
+    let pack = Command::new(bin())
+        .args([OsStr::new("choice"), OsStr::new("pack"), tmp.path().join("choice-basics.yaml").as_os_str()])
+        .arg(&packed)
+        .output()
+        .unwrap();
+    assert!(pack.status.success(), "{}", String::from_utf8_lossy(&pack.stderr));
+    let tasks = report["tasks"].as_array().unwrap();
+    let mut scored = 0;
+    for t in tasks.iter().filter(|t| t["id"].as_str().is_some_and(|id| id.starts_with("choice/"))) {
+        let model = t["inputs"]["model"].as_str().unwrap();
+        let ours: Vec<bool> = t["outputs"]["correct"].as_array().unwrap().iter().map(|c| c == true).collect();
+        let out = Command::new(quantfarm_e2e::llama_bin().join("llama-perplexity"))
+            .args(["-m", model, "-bf"])
+            .arg(&packed)
+            .args(["--multiple-choice", "-t", "2"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "llama-perplexity: {}", String::from_utf8_lossy(&out.stderr));
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        // Its running accuracy after task i (percent): task i was right when the count of right answers rose.
+        let mut theirs = Vec::new();
+        let mut before = 0i64;
+        for l in text.lines() {
+            let f: Vec<&str> = l.trim().split('\t').collect();
+            if let [i, acc] = f[..] {
+                if let (Ok(i), Ok(acc)) = (i.parse::<i64>(), acc.parse::<f64>()) {
+                    let right = (acc * i as f64 / 100.0).round() as i64;
+                    theirs.push(right > before);
+                    before = right;
+                }
+            }
+        }
+        assert_eq!(ours, theirs, "{}: each task right or wrong as llama-perplexity scores it", t["id"]);
+        scored += 1;
+    }
+    assert_eq!(scored, 3, "the reference, Q8_0 and Q4_0");
+    let q4 = sum["artifacts"].as_array().unwrap().iter().find(|a| a["file_type"] == "Q4_0").unwrap();
+    let c = &q4["choices"];
+    assert!(c["changed"].is_array() && c["n_tasks"] == 32, "{c:#}");
+    let measured = sum["gates"].as_array().unwrap().iter().find(|g| g["name"] == "measured").unwrap();
+    assert!(measured["inputs"]["choice.accuracy"].is_number(), "{measured:#}");
+    let md = std::fs::read_to_string(report_path.with_file_name("report.md")).unwrap();
+    assert!(md.contains("## Multiple choice") && md.contains("| TinyLlama-Q4\\_0 |"), "{md}");
+}
+
 fn sum_report(path: &Path) -> Value {
     serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
 }

@@ -135,6 +135,7 @@ pub enum ResultShape {
     Greedy,
     Probe,
     PeerKld,
+    Choice,
 }
 
 impl task::Kind {
@@ -154,7 +155,7 @@ impl task::Kind {
             K::KldPlan(_) | K::KldBase(_) | K::Kld(_) => WorkerKind::Kld,
             K::Imatrix(_) | K::ImatrixMerge(_) => WorkerKind::Imatrix,
             K::Greedy(_) => WorkerKind::Greedy,
-            K::Probe(_) => WorkerKind::Probe,
+            K::Probe(_) | K::Choice(_) => WorkerKind::Probe,
             K::PeerKld(_) => WorkerKind::Peer,
             K::MlxLmGreedy(_) | K::MlxLmKld(_) | K::MlxLmProbe(_) => WorkerKind::MlxLm,
             K::TransformersGreedy(_) | K::TransformersKld(_) | K::TransformersProbe(_) => WorkerKind::Transformers,
@@ -191,6 +192,7 @@ impl task::Kind {
             | K::Kld(_)
             | K::Greedy(_)
             | K::Probe(_)
+            | K::Choice(_)
             | K::PeerKld(_)
             | K::MlxLmGreedy(_)
             | K::MlxLmKld(_)
@@ -223,6 +225,7 @@ impl task::Kind {
             K::Greedy(_) | K::MlxLmGreedy(_) | K::TransformersGreedy(_) => ResultShape::Greedy,
             K::Probe(_) | K::MlxLmProbe(_) | K::TransformersProbe(_) => ResultShape::Probe,
             K::PeerKld(_) => ResultShape::PeerKld,
+            K::Choice(_) => ResultShape::Choice,
         }
     }
 }
@@ -249,6 +252,7 @@ impl task_result::Kind {
             K::Greedy(_) => ResultShape::Greedy,
             K::Probe(_) => ResultShape::Probe,
             K::PeerKld(_) => ResultShape::PeerKld,
+            K::Choice(_) => ResultShape::Choice,
         }
     }
 }
@@ -290,6 +294,7 @@ result_accessors!(
     greedy: Greedy(GreedyResult),
     probe: Probe(ProbeResult),
     peer_kld: PeerKld(PeerKldResult),
+    choice: Choice(ChoiceResult),
 );
 
 /// Builds `$to` from `$c`, field for field: the wire message and `quantfarm-parity`'s ChunkStats hold the same

@@ -76,6 +76,7 @@ fn input_urls(kind: &task::Kind) -> Vec<String> {
             }
         }
         K::Probe(p) => model_files(&p.model, &mut out),
+        K::Choice(c) => model_files(&c.model, &mut out),
         K::MlxLmGreedy(g) => model_files(&g.model, &mut out),
         K::MlxLmProbe(p) => model_files(&p.model, &mut out),
         K::ImatrixMerge(m) => out.extend(m.parts.iter().map(|a| a.url.clone())),

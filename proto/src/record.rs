@@ -117,6 +117,7 @@ fn inputs_json(kind: &task::Kind) -> Value {
             "lora": g.lora
         }),
         task::Kind::Probe(p) => json!({"model": p.model, "suite": p.suite, "ctx": p.ctx}),
+        task::Kind::Choice(c) => json!({"model": c.model, "tasks": c.tasks, "ctx": c.ctx}),
         task::Kind::PeerKld(p) => json!({
             "tool": p.tool, "model": p.model, "settings": settings_json(&p.settings), "base": p.base,
             "base_sha256": p.base_sha256
@@ -229,6 +230,10 @@ fn outputs_json(kind: &task_result::Kind) -> Value {
             "tool": p.tool, "version": p.version, "command": p.command,
             "figures": p.figures.iter().collect::<BTreeMap<_, _>>(),
             "base": p.base.as_ref().map(|a| json!({"url": a.url, "sha256": a.sha256, "bytes": a.bytes}))
+        }),
+        task_result::Kind::Choice(c) => json!({
+            "tasks_sha256": c.tasks_sha256, "chosen": c.chosen, "correct": c.correct, "n_answers": c.n_answers,
+            "note": c.note
         }),
         task_result::Kind::Probe(p) => with_transformers(
             with_mlx_lm(

@@ -399,6 +399,10 @@ pub struct Artifact {
     pub kld: Option<Kld>,
     pub greedy: Option<GreedySummary>,
     pub probes: Option<ProbeSummary>,
+    /// `evaluation.choices`: its multiple-choice tasks scored on this artifact, beside the reference's choices. Left
+    /// out without them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub choices: Option<ChoiceSummary>,
     /// Peer tools' own figures, by tool.
     pub peers: Option<BTreeMap<String, PeerFigures>>,
 }
@@ -539,6 +543,29 @@ kld_figures!(
     dp_p0_1, dp_p1, dp_p5, dp_p10, dp_p25, dp_p75, dp_p90, dp_p95, dp_p99, dp_p99_9,
     same_top_p, same_top_p_unc,
 );
+
+/// Multiple-choice accuracy as `llama-perplexity --multiple-choice` scores it, and the answers that changed against
+/// the reference's (the GGUF BF16's).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ChoiceSummary {
+    /// The task file's sha256.
+    pub tasks_sha256: String,
+    pub n_tasks: u64,
+    pub n_correct: u64,
+    /// `n_correct / n_tasks`, and `sqrt(p(1 − p)/(n − 1))` as llama-perplexity gives it (fractions).
+    #[serde(deserialize_with = "nan_if_null")]
+    pub accuracy: f64,
+    #[serde(deserialize_with = "nan_if_null")]
+    pub accuracy_unc: f64,
+    /// Random chance: tasks over answers.
+    #[serde(deserialize_with = "nan_if_null")]
+    pub chance: f64,
+    /// The tasks (0-based) whose chosen answer differs from the reference's, those now wrong that the reference got
+    /// right, and those now right that it got wrong; `null` for the reference itself, or when its run is missing.
+    pub changed: Option<Vec<u32>>,
+    pub now_wrong: Option<Vec<u32>>,
+    pub now_right: Option<Vec<u32>>,
+}
 
 /// Greedy agreement with a reference, every share joined in prompt order.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -737,6 +764,7 @@ mod tests {
             kld: None,
             greedy: None,
             probes: None,
+            choices: None,
             peers: None,
         }
     }

@@ -31,4 +31,5 @@ pub struct EvalInputs {
     pub text: Option<String>,
     pub prompts: Option<String>,
     pub probes: Option<String>,
+    pub choices: Option<String>,
 }

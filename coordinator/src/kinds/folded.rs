@@ -82,6 +82,8 @@ pub struct Folded<'a> {
     pub greedy_references: BTreeMap<String, usize>,
     /// Each probe run, in task order.
     pub probes: Vec<(Subject, &'a pb::ProbeResult)>,
+    /// Each multiple-choice run, in task order.
+    pub choices: Vec<(Subject, &'a pb::ChoiceResult)>,
     /// Each peer tool's run on a quant level, in task order.
     pub peers: Vec<(Level, &'a pb::PeerKldResult)>,
     /// Each peer tool's version, as it reported it.

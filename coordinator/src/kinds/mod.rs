@@ -20,6 +20,7 @@ mod folded;
 mod lookup;
 mod subjects;
 
+mod choice;
 mod gguf;
 mod greedy;
 mod imatrix;
@@ -44,6 +45,7 @@ use std::hash::{Hash, Hasher};
 
 use quantfarm_proto::{self as pb, task};
 
+pub use choice::Choice;
 pub use expand::{eval_targets, grows, initial, peft_adapter, priorities, Grown, Growth, Inventory, Opens, Stage};
 pub use folded::{Done, Folded, MlxLmAcc, RuntimeAcc, Slot, SlotAcc, MERGE_CHECK};
 pub use gguf::Gguf;
@@ -251,6 +253,7 @@ kinds! {
     Transformers(Transformers),
     Peer(PeerRun),
     Probe(Probe),
+    Choice(Choice),
     Noop(Noop),
     // Last: at the start and after the plan, the report waits for what the others made the report wait for.
     Report(Report),

@@ -46,6 +46,8 @@ fn keys_round_trip() {
         Greedy { subject: Subject::MergedF32, share: 1 }.into(),
         Probe { subject: Subject::Model(EvalTarget::Mlx(MlxRung::Bits(8))) }.into(),
         Probe { subject: Subject::Reference }.into(),
+        Choice { subject: Subject::Reference }.into(),
+        Choice { subject: Subject::Model(EvalTarget::Quant(q(FileType::Q4_0))) }.into(),
         PeerRun::Base { peer: Peer::LlamaPerplexity }.into(),
         PeerRun::Kld { peer: Peer::LlamaPerplexity, level: q(FileType::Q6_K) }.into(),
         MlxLm::Greedy { subject: MlxSubject::Bf16, share: 1 }.into(),

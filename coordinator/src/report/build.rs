@@ -216,6 +216,42 @@ fn probe_summaries(folded: &Folded) -> BTreeMap<String, ProbeSummary> {
     out
 }
 
+/// Each subject's multiple-choice results (keyed by artifact `file_type`, the reference as "BF16"), each model's
+/// set beside the reference's choices (when both scored the same task file).
+fn choice_summaries(folded: &Folded) -> BTreeMap<String, ChoiceSummary> {
+    let reference = folded.choices.iter().find(|(s, _)| *s == Subject::Reference).map(|(_, c)| *c);
+    let mut out = BTreeMap::new();
+    for &(subject, c) in &folded.choices {
+        let key = match subject {
+            Subject::Adapter | Subject::MergedF32 => continue,
+            Subject::Reference => "BF16".to_string(),
+            Subject::Model(target) => target.to_string(),
+        };
+        let n = c.chosen.len();
+        let n_correct = c.correct.iter().filter(|&&k| k).count();
+        let p = if n == 0 { f64::NAN } else { n_correct as f64 / n as f64 };
+        let answers: u64 = c.n_answers.iter().map(|&a| u64::from(a)).sum();
+        let against = reference
+            .filter(|r| subject != Subject::Reference && r.tasks_sha256 == c.tasks_sha256 && r.chosen.len() == n);
+        let pick = |f: &dyn Fn(usize) -> bool| (0..n).filter(|&i| f(i)).map(|i| i as u32).collect::<Vec<u32>>();
+        out.insert(
+            key,
+            ChoiceSummary {
+                tasks_sha256: c.tasks_sha256.clone(),
+                n_tasks: n as u64,
+                n_correct: n_correct as u64,
+                accuracy: p,
+                accuracy_unc: (p * (1.0 - p) / (n as f64 - 1.0)).sqrt(),
+                chance: n as f64 / answers as f64,
+                changed: against.map(|r| pick(&|i| c.chosen[i] != r.chosen[i])),
+                now_wrong: against.map(|r| pick(&|i| r.correct[i] && !c.correct[i])),
+                now_right: against.map(|r| pick(&|i| !r.correct[i] && c.correct[i])),
+            },
+        );
+    }
+    out
+}
+
 /// A subject's probe results, beside its reference's when it has one.
 pub(super) fn probe_summary(p: &pb::ProbeResult, reference: Option<&pb::ProbeResult>) -> ProbeSummary {
     ProbeSummary {
@@ -366,9 +402,10 @@ pub fn build(rel: &Release, workers: &HashMap<String, WorkerRec>, now_ms: i64, v
     let klds = merge_chunks(rel, &folded.kld);
     let greedy = greedy_summaries(&folded);
     let probes = probe_summaries(&folded);
+    let choices = choice_summaries(&folded);
     let mut peers = peer_summaries(&folded, &klds);
     let (artifacts, all_verified) =
-        artifacts(rel, std::mem::take(&mut folded.slots), &klds, &greedy, &probes, &mut peers);
+        artifacts(rel, std::mem::take(&mut folded.slots), &klds, &greedy, (&probes, &choices), &mut peers);
     let cross_runtime = cross_runtime(rel, &folded);
     let transformers = super::transformers::section(rel, &folded);
     let mut measured = measured(rel, &klds, &greedy, &probes, &artifacts, all_verified);
@@ -427,7 +464,7 @@ fn artifacts(
     slots: HashMap<Slot, SlotAcc>,
     klds: &BTreeMap<String, Result<KldSummary, String>>,
     greedy: &BTreeMap<String, GreedySummary>,
-    probes: &BTreeMap<String, ProbeSummary>,
+    (probes, choices): (&BTreeMap<String, ProbeSummary>, &BTreeMap<String, ChoiceSummary>),
     peers: &mut BTreeMap<String, BTreeMap<String, PeerFigures>>,
 ) -> (Vec<Artifact>, bool) {
     // Report order: the merge, the GGUF BF16, the quant levels as the spec lists them, the MLX rungs by width, then
@@ -487,6 +524,7 @@ fn artifacts(
             kld,
             greedy: greedy.get(&ty).cloned(),
             probes: probes.get(&ty).cloned(),
+            choices: choices.get(&ty).cloned(),
             peers: peers.remove(&ty),
             file_type: ty,
         });

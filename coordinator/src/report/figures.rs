@@ -131,6 +131,19 @@ pub(super) fn measured(
                 f.set(Figure::Bytes, Err("the artifact was not made".into()));
             }
         }
+        f.in_choices = eval.is_some_and(|e| e.choices.is_some());
+        let choices = artifacts.iter().find(|a| a.file_type == level).and_then(|a| a.choices.as_ref());
+        let why = || unmeasured("choices", eval.and_then(|e| e.choices.as_ref()));
+        let count = |v: Option<&Vec<u32>>| v.map(|v| v.len() as f64).ok_or("the reference's choices did not run");
+        f.set(Figure::ChoiceAccuracy, choices.map(|c| c.accuracy).ok_or_else(why));
+        f.set(
+            Figure::ChoiceChanged,
+            choices.map_or_else(|| Err(why()), |c| count(c.changed.as_ref()).map_err(String::from)),
+        );
+        f.set(
+            Figure::ChoiceNowWrong,
+            choices.map_or_else(|| Err(why()), |c| count(c.now_wrong.as_ref()).map_err(String::from)),
+        );
         // A recipe is held to its base file type's limit.
         let limit_of = match target {
             EvalTarget::Quant(l) => rel.spec.rung(l).map_or_else(|| level.clone(), |r| r.base().to_string()),
@@ -156,6 +169,11 @@ pub(super) fn measured(
             || Err("the reference's probes did not run".into()),
             |r| probe_pass_rate(r, "the reference's"),
         ),
+    );
+    let reference_choices = artifacts.iter().find(|a| a.file_type == "BF16").and_then(|a| a.choices.as_ref());
+    global.insert(
+        GlobalFigure::ReferenceChoiceAccuracy,
+        reference_choices.map(|c| c.accuracy).ok_or_else(|| "the reference's choices did not run".to_string()),
     );
     gates::Measured {
         levels,

@@ -225,7 +225,12 @@ pub fn source_location(source: &str, base: &str, store: &Location) -> Result<Str
 fn eval_inputs(spec: &ReleaseSpec, base: &str) -> EvalInputs {
     let Some(e) = &spec.evaluation else { return EvalInputs::default() };
     let resolve = |v: &Option<String>| v.as_deref().map(|v| resolve_source(v, base));
-    EvalInputs { text: resolve(&e.text), prompts: resolve(&e.prompts), probes: resolve(&e.probes) }
+    EvalInputs {
+        text: resolve(&e.text),
+        prompts: resolve(&e.prompts),
+        probes: resolve(&e.probes),
+        choices: resolve(&e.choices),
+    }
 }
 
 /// The imatrix file, or the text the farm computes it from, resolved.

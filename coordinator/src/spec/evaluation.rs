@@ -23,6 +23,10 @@ pub struct Evaluation {
     pub prompt_shares: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub probes: Option<String>,
+    /// Multiple-choice tasks scored on the reference and every model as `llama-perplexity --multiple-choice` scores
+    /// them: its binary task file, or a question set (`.yaml`; `quantfarm choice`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub choices: Option<String>,
     #[serde(default = "default_context")]
     pub context: u32,
     /// Levels made but not measured (`Q6_K`, `MLX-4bit`): no KL-divergence, greedy or probe task runs for them, so

@@ -39,6 +39,8 @@
 //!   max_tokens: 64              # token cap of each greedy continuation (default 64)
 //!   prompt_shares: 2            # greedy tasks per model, each with every n-th prompt (default 2)
 //!   probes: probes.yaml         # a task-probe suite run on the reference and every model
+//!   choices: choice-basics.yaml # multiple-choice tasks (llama-perplexity's binary format, or a question set)
+//!                               # scored on the reference and every model, answer flips against the reference
 //!   context: 4096               # context of greedy continuations and probes (default 4096)
 //!   peers: [llama-perplexity]   # also run llama.cpp's own tool on the same files, on workers that have it
 //!   skip: [Q2_K]                # levels made but not measured (they then fail the built-in `measured` gate)
@@ -333,13 +335,14 @@ impl ReleaseSpec {
             }
         }
         if let Some(e) = &self.evaluation {
-            for (key, v) in [("text", &e.text), ("prompts", &e.prompts), ("probes", &e.probes)] {
+            for (key, v) in [("text", &e.text), ("prompts", &e.prompts), ("probes", &e.probes), ("choices", &e.choices)]
+            {
                 if v.as_deref().is_some_and(|v| v.trim().is_empty()) {
                     return Err(format!("evaluation.{key}: is empty"));
                 }
             }
-            if e.text.is_none() && e.prompts.is_none() && e.probes.is_none() {
-                return Err("evaluation: names nothing to measure (give text, prompts or probes)".into());
+            if e.text.is_none() && e.prompts.is_none() && e.probes.is_none() && e.choices.is_none() {
+                return Err("evaluation: names nothing to measure (give text, prompts, probes or choices)".into());
             }
             if !(1..=4096).contains(&e.max_tokens) {
                 return Err(format!("evaluation.max_tokens: {} is not between 1 and 4096", e.max_tokens));

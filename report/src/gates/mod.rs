@@ -120,6 +120,9 @@ figures! {
     ProbeTruncated = "probe.truncated": "probe answers cut off by their token cap (never scored)",
     Baseline = "baseline": "the reference's probe.pass_rate",
     Noise = "noise": "the probes' noise band: the larger of the reference's and the level's probe.spread",
+    ChoiceAccuracy = "choice.accuracy": "multiple-choice accuracy (a fraction) on evaluation.choices, as llama-perplexity --multiple-choice scores it",
+    ChoiceChanged = "choice.changed": "multiple-choice tasks whose chosen answer differs from the reference's",
+    ChoiceNowWrong = "choice.now_wrong": "multiple-choice tasks the reference answers right and this level wrong",
     BitsPerWeight = "bits_per_weight": "tensor bits per weight of the artifact",
     Bytes = "bytes": "the artifact's bytes, every file",
     Verified = "verified": "yes/no: every file of the artifact was recomputed from its input with identical bytes",
@@ -150,6 +153,7 @@ figures! {
     MergeTransformersGreedyPrefix = "merge.transformers.greedy.prefix": "merge check in transformers: mean common-prefix fraction",
     ReferenceKldPpl = "reference.kld.ppl": "the reference's perplexity, Mean PPL(base)",
     ReferenceProbePassRate = "reference.probe.pass_rate": "the reference's probe pass rate",
+    ReferenceChoiceAccuracy = "reference.choice.accuracy": "the reference's multiple-choice accuracy (a fraction)",
     CrossRuntimeGreedyAgree = "cross_runtime.greedy.agree": "link 2: fraction of prompts identical, the bf16 weights in mlx-lm vs the GGUF BF16 in llama.cpp",
     CrossRuntimeGreedyPrefix = "cross_runtime.greedy.prefix": "link 2: mean common-prefix fraction of those continuations",
     CrossRuntimeKldMean = "cross_runtime.kld.mean": "link 2: mean KL divergence of the bf16 weights in mlx-lm against the GGUF BF16 in llama.cpp",
@@ -277,6 +281,8 @@ pub struct LevelFigures {
     /// The level is a vLLM rung the release also runs in transformers: `measured` requires its
     /// `transformers.kld.mean` too.
     pub in_transformers: bool,
+    /// The release scores multiple-choice tasks (`evaluation.choices`): `measured` requires `choice.accuracy` too.
+    pub in_choices: bool,
 }
 
 impl LevelFigures {
@@ -414,6 +420,9 @@ fn measured_gate(level: &str, f: &LevelFigures) -> GateResult {
     if f.in_transformers {
         required.push(("transformers.kld.mean", "no KL-divergence figure in transformers"));
         required.push(("transformers.probe.truncated", "no probe results in transformers"));
+    }
+    if f.in_choices {
+        required.push(("choice.accuracy", "no multiple-choice results"));
     }
     for (name, what) in required {
         match f.get(name) {

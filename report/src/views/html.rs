@@ -90,6 +90,7 @@ pub fn render(report: &Report) -> String {
     probe_chart(&mut h, report);
     h.push_str("</div>");
     ladder_table(&mut h, report);
+    choices(&mut h, report);
     paired(&mut h, report);
     match &report.comparison {
         Some(crate::model::Comparison::Diff(d)) => {
@@ -106,6 +107,26 @@ pub fn render(report: &Report) -> String {
     chain(&mut h, report);
     h.push_str("</body></html>\n");
     h
+}
+
+fn choices(h: &mut String, report: &Report) {
+    let rows = super::choice_rows(report);
+    if rows.is_empty() {
+        return;
+    }
+    h.push_str("<h2>Multiple choice</h2><p>As <code>llama-perplexity --multiple-choice</code> scores it; tasks numbered from 1.</p><table><tr>");
+    for c in super::CHOICE_HEADER {
+        let _ = write!(h, "<th>{}</th>", esc(c));
+    }
+    h.push_str("</tr>");
+    for r in rows {
+        h.push_str("<tr>");
+        for c in r {
+            let _ = write!(h, "<td>{}</td>", esc(&c));
+        }
+        h.push_str("</tr>");
+    }
+    h.push_str("</table>");
 }
 
 fn paired(h: &mut String, report: &Report) {

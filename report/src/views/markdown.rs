@@ -86,6 +86,18 @@ pub fn render(report: &Report) -> String {
         }
     }
 
+    let choices = super::choice_rows(report);
+    if !choices.is_empty() {
+        let _ = writeln!(
+            md,
+            "\n## Multiple choice\n\nAs `llama-perplexity --multiple-choice` scores it; tasks numbered from 1.\n"
+        );
+        let _ = writeln!(md, "| {} |", super::CHOICE_HEADER.join(" | "));
+        let _ = writeln!(md, "|---|---:|---|---|---|");
+        for r in choices {
+            let _ = writeln!(md, "| {} |", r.iter().map(|c| cell(c)).collect::<Vec<_>>().join(" | "));
+        }
+    }
     if let Some((about, rows)) = super::paired_rows(report) {
         let _ = writeln!(md, "\n## Paired comparisons\n\n{about}\n");
         let _ = writeln!(md, "| {} |", super::PAIRED_HEADER.join(" | "));

@@ -179,6 +179,34 @@ pub(crate) fn paired_rows(report: &Report) -> Option<(String, Vec<[String; 5]>)>
     Some((about, rows))
 }
 
+/// Each artifact's multiple-choice results as table cells: accuracy (percent ± percent), correct of tasks, tasks
+/// whose answer changed against the reference's, now wrong, now right.
+pub(crate) fn choice_rows(report: &Report) -> Vec<[String; 5]> {
+    let list = |v: &Option<Vec<u32>>| match v {
+        None => "—".to_string(),
+        Some(v) if v.is_empty() => "none".to_string(),
+        Some(v) => format!("{} ({})", v.len(), v.iter().map(|i| (i + 1).to_string()).collect::<Vec<_>>().join(", ")),
+    };
+    report
+        .artifacts
+        .iter()
+        .filter_map(|a| {
+            let c = a.choices.as_ref()?;
+            Some([
+                a.name.clone(),
+                format!("{:.2} ± {:.2} % ({}/{})", 100.0 * c.accuracy, 100.0 * c.accuracy_unc, c.n_correct, c.n_tasks),
+                list(&c.changed),
+                list(&c.now_wrong),
+                list(&c.now_right),
+            ])
+        })
+        .collect()
+}
+
+/// The header cells of [`choice_rows`].
+pub(crate) const CHOICE_HEADER: [&str; 5] =
+    ["Artifact", "Accuracy", "Answers changed vs reference", "Now wrong", "Now right"];
+
 /// The header cells of [`paired_rows`].
 pub(crate) const PAIRED_HEADER: [&str; 5] = ["Rungs", "Δ mean KLD", "Interval", "Standard error", "Distinguishable"];
 
@@ -320,6 +348,9 @@ pub(crate) mod sample {
     /// (`docs/report.example.json`).
     pub fn json() -> Value {
         let mut q8 = artifact("Q8_0", 145000000, 8.5, kld(0.0045), greedy(19), probes(0.75));
+        q8["choices"] = json!({"tasks_sha256": "ff".repeat(32), "n_tasks": 32, "n_correct": 13, "accuracy": 0.40625,
+                               "accuracy_unc": 0.0882, "chance": 0.25, "changed": [4, 20], "now_wrong": [4],
+                               "now_right": []});
         q8["imatrix"] = json!({"from": "file", "url": "s3://models/imatrix.gguf", "sha256": "ee".repeat(32)});
         q8["peers"] = json!({"llama-perplexity": {
             "version": "b6000", "command": "llama-perplexity -m SmolLM2-Q8_0.gguf --kl-divergence",

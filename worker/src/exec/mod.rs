@@ -9,6 +9,7 @@
 //! runtime), [`crate::transformers_run`] (transformers, a third), [`crate::failure`] and
 //! [`crate::env`]. The lease loop (`lib.rs`) knows none of them: it calls [`run`].
 
+mod choice;
 mod gguf;
 mod greedy;
 mod helper_runs;
@@ -94,6 +95,7 @@ executors! {
     ImatrixMerge => imatrix_merge::ImatrixMerge,
     Greedy => greedy::Greedy,
     Probe => probe::Probe,
+    Choice => choice::Choice,
     PeerKld => peer_kld::PeerKld,
     MlxLmGreedy => mlx_lm_greedy::MlxLmGreedy,
     MlxLmKld => mlx_lm_kld::MlxLmKld,
