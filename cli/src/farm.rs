@@ -564,7 +564,7 @@ pub async fn run(args: RunArgs) -> Result<u8> {
     let name = args.release.display().to_string();
     if let Ok(text) = std::fs::read_to_string(&args.release) {
         let spec = quantfarm_coordinator::spec::ReleaseSpec::parse(&text, &name)?;
-        for peer in spec.evaluation.iter().flat_map(|e| &e.peers) {
+        for peer in spec.evaluation.iter().flat_map(|e| e.peer_tools()) {
             if quantfarm_worker::find_tool(peer.tool()).is_none() {
                 bail!(
                     "{name}: evaluation.peers: {} is not on PATH or in $QUANTFARM_LLAMA_BIN, so no local worker can run it",

@@ -443,6 +443,85 @@ fn a_release_scores_its_multiple_choice_tasks_as_llama_perplexity() {
     assert!(md.contains("## Multiple choice") && md.contains("| TinyLlama-Q4\\_0 |"), "{md}");
 }
 
+/// A GGUF made outside the farm (llama-quantize's own Q5_0 of the farm's BF16, as a publisher's file would be), named
+/// in `evaluation.peers`: scored against the farm's base logits with the figures `llama-perplexity --kl-divergence`
+/// prints for it on the same text and chunks, described (sha256, size, types) and set beside the farm's rung of
+/// nearest size with a paired difference.
+#[test]
+fn a_third_party_gguf_is_scored_on_the_farms_scale() {
+    let tmp = tempfile::tempdir().unwrap();
+    let examples = quantfarm_e2e::repo_root().join("examples");
+    std::fs::create_dir_all(tmp.path().join("texts")).unwrap();
+    for f in ["texts/mill.txt", "prompts-20.json", "probes-tiny.yaml"] {
+        std::fs::copy(examples.join(f), tmp.path().join(f)).unwrap();
+    }
+    let key = tmp.path().join("farm.key");
+    assert!(Command::new(bin()).arg("keygen").arg(&key).output().unwrap().status.success());
+    let tiny = std::fs::read_to_string(examples.join("tiny-llama.yaml")).unwrap();
+    let first = summary(&run(&examples.join("tiny-llama.yaml"), &tmp.path().join("data"), &key));
+    assert_eq!(first["state"], "released", "{first:#}");
+    let bf16 = first["artifacts"].as_array().unwrap().iter().find(|a| a["file_type"] == "BF16").unwrap();
+    let bf16 = PathBuf::from(bf16["files"][0]["url"].as_str().unwrap());
+    let llama = quantfarm_e2e::llama_bin();
+    let elsewhere = tmp.path().join("elsewhere-Q5_0.gguf");
+    let q = Command::new(llama.join("llama-quantize")).arg(&bf16).arg(&elsewhere).arg("Q5_0").output().unwrap();
+    assert!(q.status.success(), "llama-quantize: {}", String::from_utf8_lossy(&q.stderr));
+    let spec = tmp.path().join("third-party.yaml");
+    let peers = format!("\nevaluation:\n  peers: [{}]\n", elsewhere.display());
+    std::fs::write(&spec, tiny.replace("\nevaluation:\n", &peers)).unwrap();
+    let sum = summary(&run(&spec, &tmp.path().join("data"), &key));
+    assert_eq!(sum["state"], "released", "{sum:#}");
+    let report = sum_report(Path::new(sum["report_url"].as_str().unwrap()));
+    let t = &report["third_party"][0];
+    assert_eq!(t["file"]["bytes"], std::fs::metadata(&elsewhere).unwrap().len(), "{t:#}");
+    let sha = Command::new("sha256sum").arg(&elsewhere).output().unwrap();
+    let sha = String::from_utf8_lossy(&sha.stdout).split_whitespace().next().unwrap_or_default().to_string();
+    assert_eq!(t["file"]["sha256"].as_str(), Some(sha.as_str()), "{t:#}");
+    assert!(t["type_mix"].as_array().unwrap().iter().any(|m| m["type"] == "Q5_0"), "{t:#}");
+    assert!(t["nearest"].is_string() && t["paired"]["mean"].is_number(), "{t:#}");
+    // llama-perplexity on the same file, text and chunking (-c 128, -b 2048: the example's evaluation).
+    let base = tmp.path().join("base.kld");
+    let text = tmp.path().join("texts/mill.txt");
+    let chunking = ["-c", "128", "-b", "2048", "-t", "2"];
+    let b = Command::new(llama.join("llama-perplexity"))
+        .arg("-m")
+        .arg(&bf16)
+        .arg("-f")
+        .arg(&text)
+        .args(chunking)
+        .arg("--kl-divergence-base")
+        .arg(&base)
+        .output()
+        .unwrap();
+    assert!(b.status.success(), "{}", String::from_utf8_lossy(&b.stderr));
+    let k = Command::new(llama.join("llama-perplexity"))
+        .arg("-m")
+        .arg(&elsewhere)
+        .args(chunking)
+        .arg("--kl-divergence-base")
+        .arg(&base)
+        .arg("--kl-divergence")
+        .output()
+        .unwrap();
+    assert!(k.status.success(), "{}", String::from_utf8_lossy(&k.stderr));
+    let printed = format!("{}{}", String::from_utf8_lossy(&k.stdout), String::from_utf8_lossy(&k.stderr));
+    let figure = |label: &str| -> f64 {
+        // The figure's own line: the label, then (after spaces) its colon.
+        let own = |l: &&str| l.split_once(label).is_some_and(|(_, rest)| rest.trim_start().starts_with(':'));
+        let line = printed.lines().find(own).unwrap_or_else(|| panic!("no {label}: {printed}"));
+        let after = line.split(':').nth(1).unwrap_or_default();
+        after.split_whitespace().next().unwrap_or_default().parse().unwrap_or_else(|_| panic!("{line}"))
+    };
+    let k = &t["kld"];
+    for (label, ours, digits) in [
+        ("Mean    KLD", k["mean_kld"].as_f64().unwrap(), 6),
+        ("Same top p", k["same_top_p"].as_f64().unwrap(), 3),
+        ("Mean PPL(Q)", k["mean_ppl_q"].as_f64().unwrap(), 6),
+    ] {
+        assert_eq!(format!("{ours:.digits$}"), format!("{:.digits$}", figure(label)), "{label}: {printed}");
+    }
+}
+
 fn sum_report(path: &Path) -> Value {
     serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
 }

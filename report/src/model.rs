@@ -50,6 +50,10 @@ pub struct Report {
     /// of reports made before it existed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paired: Option<Paired>,
+    /// `evaluation.peers`' GGUF files made elsewhere, each scored against the same base logits as the rungs and set
+    /// beside the farm's rung of nearest size. Left out without them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub third_party: Vec<ThirdPartyRecord>,
     /// `evaluation.compare_with`: what changed since that release (`quantfarm report diff` of its report and this
     /// one), or why it could not be read. Left out without it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -290,6 +294,25 @@ impl TransformersSubject {
             _ => name.to_string(),
         }
     }
+}
+
+/// A GGUF file of the same base made elsewhere, measured as a rung is.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ThirdPartyRecord {
+    /// The file as the release names it (resolved).
+    pub url: String,
+    /// Its sha256 and size; `null` when its first task did not run.
+    pub file: Option<FileRef>,
+    pub type_mix: Vec<TypeCount>,
+    /// Tensor bits per weight, as for the farm's artifacts; `null` without its description.
+    pub bits_per_weight: Option<f64>,
+    /// Its KL divergence against the GGUF BF16's base logits, by llama-perplexity's procedure.
+    pub kld: Kld,
+    /// The farm's rung nearest in size (bytes) among those measured in llama.cpp, and the mean of (this file's KLD −
+    /// that rung's) per token on the same tokens, with its chunk-clustered interval at `evaluation.confidence`.
+    pub nearest: Option<String>,
+    pub paired: Option<Interval>,
+    pub distinguishable: Option<bool>,
 }
 
 /// The diff with an earlier release, or why there is none.

@@ -81,7 +81,7 @@ async fn typed(out: &Location, digest: Digest, cache_hit: bool) -> Result<pb::Ar
 }
 
 /// Per-type tensor counts of one GGUF or safetensors file (from its header).
-async fn type_mix(loc: &Location) -> Result<Vec<pb::TypeCount>, Failure> {
+pub(crate) async fn type_mix(loc: &Location) -> Result<Vec<pb::TypeCount>, Failure> {
     let blob = Blob::open(loc).await?;
     let counts: Vec<(String, u64, u64)> = if loc.file_name().ends_with(".safetensors") {
         let header = quantfarm_tensors::safetensors::StHeader::read(&blob).await?;

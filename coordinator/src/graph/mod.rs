@@ -32,4 +32,6 @@ pub struct EvalInputs {
     pub prompts: Option<String>,
     pub probes: Option<String>,
     pub choices: Option<String>,
+    /// The third parties' GGUF files of `evaluation.peers`, in their order.
+    pub third_party: Vec<String>,
 }

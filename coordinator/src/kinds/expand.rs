@@ -290,7 +290,13 @@ mod tests {
         let yaml =
             "name: r\nsource: ./m\nadapter: ./a\noutputs:\n  gguf: {quants: [Q8_0]}\nevaluation: {prompts: p.json}\n";
         let spec = ReleaseSpec::parse(yaml, "r.yaml").unwrap();
-        let eval = EvalInputs { text: None, prompts: Some("/p.json".into()), probes: None, choices: None };
+        let eval = EvalInputs {
+            text: None,
+            prompts: Some("/p.json".into()),
+            probes: None,
+            choices: None,
+            third_party: Vec::new(),
+        };
         let store = Location::local("/tmp/store");
         let ctx = Ctx { spec: &spec, source: "/m", imatrix: None, adapter: Some("/a"), eval: &eval, store: &store };
         let checks = |untied| {

@@ -84,6 +84,8 @@ pub struct Folded<'a> {
     pub probes: Vec<(Subject, &'a pb::ProbeResult)>,
     /// Each multiple-choice run, in task order.
     pub choices: Vec<(Subject, &'a pb::ChoiceResult)>,
+    /// Each third-party GGUF file's chunk statistics and description, by its index among them.
+    pub third_party: BTreeMap<u32, ThirdPartyAcc<'a>>,
     /// Each peer tool's run on a quant level, in task order.
     pub peers: Vec<(Level, &'a pb::PeerKldResult)>,
     /// Each peer tool's version, as it reported it.
@@ -127,3 +129,11 @@ impl<'a> Folded<'a> {
 
 /// The key of the merge check's agreements in [`Folded::greedy`].
 pub const MERGE_CHECK: &str = "merge-check";
+
+/// A third party's file as its KL-divergence tasks found it.
+#[derive(Debug, Default)]
+pub struct ThirdPartyAcc<'a> {
+    pub chunks: Vec<ChunkStats>,
+    /// The file's sha256, size and tensor types (from its first group's task).
+    pub file: Option<&'a pb::Artifact>,
+}

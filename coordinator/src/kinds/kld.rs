@@ -66,6 +66,7 @@ impl Family for Kld {
                     base_sha256: base.sha256.clone(),
                     first_chunk: group * kp.n_seq,
                     batch: kld_settings(ctx)?.batch,
+                    describe: false,
                 })
             }
         })

@@ -36,6 +36,7 @@ mod plan;
 mod probe;
 mod quantize;
 mod report;
+mod third_party;
 mod transformers;
 mod verify;
 mod vllm;
@@ -47,7 +48,7 @@ use quantfarm_proto::{self as pb, task};
 
 pub use choice::Choice;
 pub use expand::{eval_targets, grows, initial, peft_adapter, priorities, Grown, Growth, Inventory, Opens, Stage};
-pub use folded::{Done, Folded, MlxLmAcc, RuntimeAcc, Slot, SlotAcc, MERGE_CHECK};
+pub use folded::{Done, Folded, MlxLmAcc, RuntimeAcc, Slot, SlotAcc, ThirdPartyAcc, MERGE_CHECK};
 pub use gguf::Gguf;
 pub use greedy::Greedy;
 pub use imatrix::Imatrix;
@@ -64,6 +65,7 @@ pub use probe::Probe;
 pub use quantize::Quantize;
 pub use report::Report;
 pub use subjects::{CheckPart, EvalTarget, MlxSubject, Subject, TfSubject, MLX_LM_RUNTIME, TRANSFORMERS_RUNTIME};
+pub use third_party::ThirdParty;
 pub use transformers::Transformers;
 pub use verify::Verify;
 pub use vllm::Vllm;
@@ -254,6 +256,7 @@ kinds! {
     Peer(PeerRun),
     Probe(Probe),
     Choice(Choice),
+    ThirdParty(ThirdParty),
     Noop(Noop),
     // Last: at the start and after the plan, the report waits for what the others made the report wait for.
     Report(Report),

@@ -115,7 +115,7 @@ impl Family for PeerRun {
         let Stage::Planned(inv) = stage else { return };
         let Some(e) = inv.evaluated(ctx) else { return };
         let cost = inv.plan.source_bytes;
-        for &peer in &e.peers {
+        for peer in e.peer_tools() {
             out.add(PeerRun::Base { peer }, vec![Kld::Plan.into()], cost);
             for level in
                 ctx.spec.quants().iter().map(|l| l.level()).filter(|&l| ctx.spec.measures(EvalTarget::Quant(l)))

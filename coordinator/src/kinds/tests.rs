@@ -47,6 +47,7 @@ fn keys_round_trip() {
         Probe { subject: Subject::Model(EvalTarget::Mlx(MlxRung::Bits(8))) }.into(),
         Probe { subject: Subject::Reference }.into(),
         Choice { subject: Subject::Reference }.into(),
+        ThirdParty { index: 1, group: 3 }.into(),
         Choice { subject: Subject::Model(EvalTarget::Quant(q(FileType::Q4_0))) }.into(),
         PeerRun::Base { peer: Peer::LlamaPerplexity }.into(),
         PeerRun::Kld { peer: Peer::LlamaPerplexity, level: q(FileType::Q6_K) }.into(),

@@ -411,6 +411,7 @@ pub fn build(rel: &Release, workers: &HashMap<String, WorkerRec>, now_ms: i64, v
     let mut measured = measured(rel, &klds, &greedy, &probes, &artifacts, all_verified);
     cross_runtime_figures(&rel.spec, cross_runtime.as_ref(), &mut measured);
     super::transformers::figures(rel, transformers.as_ref(), &mut measured);
+    let third_party = super::third_party::records(rel, &folded, &klds, &artifacts);
     let paired = super::paired::section(rel, &folded.kld, &klds, &artifacts, values_url);
     super::paired::figures(paired.as_ref().map(|p| &p.0), &mut measured);
     let (paired, attachments) = match paired {
@@ -445,6 +446,7 @@ pub fn build(rel: &Release, workers: &HashMap<String, WorkerRec>, now_ms: i64, v
         cross_runtime,
         transformers,
         paired,
+        third_party,
         comparison: None,
         artifacts,
         tasks: tasks::records(rel),

@@ -13,6 +13,7 @@ mod figures;
 mod paired;
 mod publish;
 mod tasks;
+mod third_party;
 mod transformers;
 
 pub use build::{build, Built};

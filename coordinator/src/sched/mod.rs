@@ -230,6 +230,7 @@ fn eval_inputs(spec: &ReleaseSpec, base: &str) -> EvalInputs {
         prompts: resolve(&e.prompts),
         probes: resolve(&e.probes),
         choices: resolve(&e.choices),
+        third_party: e.third_party().map(|u| resolve_source(u, base)).collect(),
     }
 }
 

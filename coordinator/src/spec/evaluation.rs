@@ -33,9 +33,11 @@ pub struct Evaluation {
     /// they fail the built-in `measured` gate — a level that was not measured never passes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub skip: Vec<String>,
-    /// Peer tools run beside quantfarm's own measurement, on workers that advertise them.
+    /// Peer tools run beside quantfarm's own measurement, on workers that advertise them (`llama-perplexity`), and
+    /// GGUF files of the same base made elsewhere (a path relative to the spec, file:// or s3://, ending in `.gguf`),
+    /// each scored against the same base logits beside the farm's rungs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub peers: Vec<Peer>,
+    pub peers: Vec<PeerEntry>,
     /// With MLX outputs: run the source's bf16 weights and every measured MLX rung in mlx-lm too, on workers that
     /// advertise the `mlx_lm` runtime (the cross-runtime link). On by default; `false` leaves it out, and the report
     /// says so.
@@ -80,6 +82,32 @@ pub enum Peer {
     /// llama.cpp's `llama-perplexity --kl-divergence`, on the GGUF BF16 and every GGUF quant.
     #[serde(rename = "llama-perplexity")]
     LlamaPerplexity,
+}
+
+/// An entry of `evaluation.peers`: a peer tool, or a third party's GGUF file.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq, Hash)]
+#[serde(untagged)]
+pub enum PeerEntry {
+    Tool(Peer),
+    Gguf(String),
+}
+
+impl Evaluation {
+    /// The peer tools of `peers`.
+    pub fn peer_tools(&self) -> impl Iterator<Item = Peer> + '_ {
+        self.peers.iter().filter_map(|p| match p {
+            PeerEntry::Tool(t) => Some(*t),
+            PeerEntry::Gguf(_) => None,
+        })
+    }
+
+    /// The third parties' GGUF files of `peers`, as written.
+    pub fn third_party(&self) -> impl Iterator<Item = &str> + '_ {
+        self.peers.iter().filter_map(|p| match p {
+            PeerEntry::Tool(_) => None,
+            PeerEntry::Gguf(u) => Some(u.as_str()),
+        })
+    }
 }
 
 impl Peer {

@@ -42,7 +42,9 @@
 //!   choices: choice-basics.yaml # multiple-choice tasks (llama-perplexity's binary format, or a question set)
 //!                               # scored on the reference and every model, answer flips against the reference
 //!   context: 4096               # context of greedy continuations and probes (default 4096)
-//!   peers: [llama-perplexity]   # also run llama.cpp's own tool on the same files, on workers that have it
+//!   peers: [llama-perplexity]   # also run llama.cpp's own tool on the same files, on workers that have it;
+//!                               # a GGUF file of the same base made elsewhere (`x/Q4_K_M.gguf`) is scored against
+//!                               # the same base logits, beside the farm's rung of nearest size (report.third_party)
 //!   skip: [Q2_K]                # levels made but not measured (they then fail the built-in `measured` gate)
 //!   transformers: true          # with vLLM outputs or an adapter (default false): the bf16 checkpoint and each
 //!                               # vLLM rung also run in transformers (W8A8 emulated and weight-only), on workers
@@ -66,7 +68,7 @@ mod recipe;
 mod target;
 mod vllm;
 
-pub use evaluation::{Evaluation, Peer};
+pub use evaluation::{Evaluation, Peer, PeerEntry};
 pub use mlx::MlxOutputs;
 pub use recipe::{Level, Recipe, RecipeName, Rung, TensorTypeRule};
 use serde::{Deserialize, Serialize};
@@ -349,6 +351,16 @@ impl ReleaseSpec {
             }
             if !(1..=1000).contains(&e.prompt_shares) {
                 return Err(format!("evaluation.prompt_shares: {} is not between 1 and 1000", e.prompt_shares));
+            }
+            for (i, p) in e.peers.iter().enumerate() {
+                if let PeerEntry::Gguf(u) = p {
+                    if !u.ends_with(".gguf") {
+                        return Err(format!(
+                            "evaluation.peers[{i}]: {u:?}: expected a peer tool (llama-perplexity) or a GGUF file \
+                             (a path, file:// or s3:// URL ending in .gguf)"
+                        ));
+                    }
+                }
             }
             if !e.peers.is_empty() && e.text.is_none() {
                 return Err("evaluation.peers: the peers measure KL divergence; give evaluation.text".into());

@@ -205,3 +205,14 @@ fn a_comparison_names_an_earlier_release_and_a_confidence_is_a_fraction() {
         assert!(err.contains("evaluation.confidence"), "{bad}: {err}");
     }
 }
+
+#[test]
+fn peers_are_tools_or_third_party_gguf_files() {
+    let with = |p: &str| ReleaseSpec::parse(&format!("{GOOD}evaluation:\n  text: t.txt\n  peers: {p}\n"), "r");
+    let s = with("[llama-perplexity, elsewhere/Q4_K_M.gguf]").unwrap();
+    let e = s.evaluation.as_ref().unwrap();
+    assert_eq!(e.peer_tools().collect::<Vec<_>>(), [Peer::LlamaPerplexity]);
+    assert_eq!(e.third_party().collect::<Vec<_>>(), ["elsewhere/Q4_K_M.gguf"]);
+    let err = with("[llama-perplexitty]").unwrap_err().to_string();
+    assert!(err.contains("evaluation.peers[0]") && err.contains("ending in .gguf"), "{err}");
+}

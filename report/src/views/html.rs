@@ -90,6 +90,7 @@ pub fn render(report: &Report) -> String {
     probe_chart(&mut h, report);
     h.push_str("</div>");
     ladder_table(&mut h, report);
+    third_party(&mut h, report);
     choices(&mut h, report);
     paired(&mut h, report);
     match &report.comparison {
@@ -107,6 +108,26 @@ pub fn render(report: &Report) -> String {
     chain(&mut h, report);
     h.push_str("</body></html>\n");
     h
+}
+
+fn third_party(h: &mut String, report: &Report) {
+    let rows = super::third_party_rows(report);
+    if rows.is_empty() {
+        return;
+    }
+    h.push_str("<h2>Third-party files</h2><p>GGUF files of the same base made elsewhere, scored against the same base logits.</p><table><tr>");
+    for c in super::THIRD_PARTY_HEADER {
+        let _ = write!(h, "<th>{}</th>", esc(c));
+    }
+    h.push_str("</tr>");
+    for r in rows {
+        h.push_str("<tr>");
+        for c in r {
+            let _ = write!(h, "<td>{}</td>", esc(&c));
+        }
+        h.push_str("</tr>");
+    }
+    h.push_str("</table>");
 }
 
 fn choices(h: &mut String, report: &Report) {

@@ -86,6 +86,18 @@ pub fn render(report: &Report) -> String {
         }
     }
 
+    let third = super::third_party_rows(report);
+    if !third.is_empty() {
+        let _ = writeln!(
+            md,
+            "\n## Third-party files\n\nGGUF files of the same base made elsewhere, scored against the same base logits.\n"
+        );
+        let _ = writeln!(md, "| {} |", super::THIRD_PARTY_HEADER.join(" | "));
+        let _ = writeln!(md, "|---|---:|---:|---:|---|---:|");
+        for r in third {
+            let _ = writeln!(md, "| {} |", r.iter().map(|c| cell(c)).collect::<Vec<_>>().join(" | "));
+        }
+    }
     let choices = super::choice_rows(report);
     if !choices.is_empty() {
         let _ = writeln!(

@@ -203,6 +203,47 @@ pub(crate) fn choice_rows(report: &Report) -> Vec<[String; 5]> {
         .collect()
 }
 
+/// The third parties' files as table cells: the file, its size and bits per weight, its mean KLD and same top p, the
+/// farm's rung nearest in size, and the paired difference with it.
+pub(crate) fn third_party_rows(report: &Report) -> Vec<[String; 6]> {
+    let pct = report.paired.as_ref().map_or(95.0, |p| 100.0 * p.confidence);
+    report
+        .third_party
+        .iter()
+        .map(|t| {
+            let name = t.url.rsplit('/').next().unwrap_or(&t.url).to_string();
+            let size = t.file.as_ref().map_or("—".to_string(), |f| {
+                format!("{}{}", size(f.bytes), t.bits_per_weight.map_or(String::new(), |b| format!(", {b:.2} bpw")))
+            });
+            let k = match &t.kld {
+                crate::model::Kld::Measured(k) => {
+                    format!("{:.6} ± {:.6}", k.mean_kld, k.mean_kld_unc)
+                }
+                crate::model::Kld::Unmeasured { error } => error.clone(),
+            };
+            let same_top = match &t.kld {
+                crate::model::Kld::Measured(k) => format!("{:.2} %", k.same_top_p),
+                crate::model::Kld::Unmeasured { .. } => "—".to_string(),
+            };
+            let paired = match (&t.paired, t.distinguishable) {
+                (Some(p), Some(d)) => format!(
+                    "{:+.6} [{:+.6}, {:+.6}] at {pct:.0} %{}",
+                    p.mean,
+                    p.low,
+                    p.high,
+                    if d { "" } else { ": not told apart" }
+                ),
+                _ => "—".to_string(),
+            };
+            [name, size, k, same_top, t.nearest.clone().unwrap_or_else(|| "—".into()), paired]
+        })
+        .collect()
+}
+
+/// The header cells of [`third_party_rows`].
+pub(crate) const THIRD_PARTY_HEADER: [&str; 6] =
+    ["File", "Size", "Mean KLD", "Same top p", "Nearest farm rung", "ΔKLD vs it, paired"];
+
 /// The header cells of [`choice_rows`].
 pub(crate) const CHOICE_HEADER: [&str; 5] =
     ["Artifact", "Accuracy", "Answers changed vs reference", "Now wrong", "Now right"];
@@ -396,6 +437,11 @@ pub(crate) mod sample {
                                   "se_unpaired": 0.005, "distinguishable": true},
                                  {"smaller": "Q4_K_XL", "larger": "Q8_0", "diff": interval(0.0367, 0.003),
                                   "se_unpaired": 0.003, "distinguishable": true}]},
+            "third_party": [{"url": "s3://models/elsewhere/SmolLM2-Q4_K_M.gguf",
+                             "file": file("SmolLM2-Q4_K_M.gguf", 105500000), "type_mix": [
+                                 {"type": "q4_K", "tensors": 180, "elements": 120000000u64, "bytes": 67500000u64}],
+                             "bits_per_weight": 4.5, "kld": kld(0.0651), "nearest": "Q4_K_M",
+                             "paired": interval(0.0016, 0.0004), "distinguishable": true}],
             "comparison": {
                 "old": {"id": "r0", "name": "smollm2-<tuned>", "source_identity": "bb".repeat(32), "verdict": "released"},
                 "new": {"id": "r1", "name": "smollm2-<tuned>", "source_identity": "bb".repeat(32), "verdict": "gate failed"},

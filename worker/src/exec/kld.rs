@@ -32,6 +32,15 @@ async fn kld(t: &pb::KldTask, env: &Env) -> Result<pb::KldResult, Failure> {
     }
     let base_path = local_file(&t.base, dir.path(), env).await?;
     let model_path = local_model(&t.model, dir.path(), env).await?;
+    // A third party's file: what it is, as the report lists it.
+    let described = if t.describe {
+        let loc = location(&t.model)?;
+        let Digest { sha256, bytes } = hash_object(&loc, env.budget).await?;
+        let types = crate::outputs::type_mix(&loc).await?;
+        Some(pb::Artifact { url: t.model.clone(), sha256, bytes, types, ..Default::default() })
+    } else {
+        None
+    };
     let (first, batch, env) = (t.first_chunk, t.batch, env.clone());
     blocking(move || {
         let (model, note) = load_prepared(&model_path, None, dir.path(), &env)?;
@@ -48,7 +57,7 @@ async fn kld(t: &pb::KldTask, env: &Env) -> Result<pb::KldResult, Failure> {
             Ok(())
         })?;
         drop(dir);
-        Ok(pb::KldResult { chunks: out, note: note.unwrap_or_default(), ..Default::default() })
+        Ok(pb::KldResult { chunks: out, note: note.unwrap_or_default(), model: described, ..Default::default() })
     })
     .await
 }
