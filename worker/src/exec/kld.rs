@@ -37,7 +37,7 @@ async fn kld(t: &pb::KldTask, env: &Env) -> Result<pb::KldResult, Failure> {
         let loc = location(&t.model)?;
         let Digest { sha256, bytes } = hash_object(&loc, env.budget).await?;
         let types = crate::outputs::type_mix(&loc).await?;
-        Some(pb::Artifact { url: t.model.clone(), sha256, bytes, types, ..Default::default() })
+        Some(pb::Artifact { url: t.model.clone(), sha256, bytes, types })
     } else {
         None
     };
