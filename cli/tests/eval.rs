@@ -783,17 +783,19 @@ fn multiple_choice_scores_equal_llama_perplexity() {
             quantfarm(&[arg("choice"), arg("score"), model.as_os_str(), tasks.as_os_str(), arg("--threads"), arg("2")]),
             "choice score",
         );
-        let out = Command::new(llama_bin().join("llama-perplexity"))
-            .arg("-m")
-            .arg(&model)
-            .arg("-bf")
-            .arg(&tasks)
-            .args(["--multiple-choice", "-t", "2"])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "llama-perplexity: {}", String::from_utf8_lossy(&out.stderr));
         // Its task lines go to stdout or stderr by build; its final lines carry a log prefix.
-        let theirs = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        let theirs = quantfarm_e2e::llama_perplexity_output(
+            &[
+                arg("-m"),
+                model.as_os_str(),
+                arg("-bf"),
+                tasks.as_os_str(),
+                arg("--multiple-choice"),
+                arg("-t"),
+                arg("2"),
+            ],
+            |t| t.contains("Random chance:"),
+        );
         let lines = |text: &str| -> Vec<String> {
             text.lines()
                 .filter_map(|l| {

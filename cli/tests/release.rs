@@ -292,6 +292,19 @@ fn a_tuned_smollm2_ladder_is_gated_signed_and_shown() {
     assert!(q4["kld"].is_null() && q4["verified"] == true, "made and verified, not measured: {q4:#}");
 }
 
+/// The README's tiny example in `dir` (its release file, texts, prompts, probes and the project's question set) and
+/// a farm key there: (the key's path, the release file's text).
+fn tiny_example(dir: &Path) -> (PathBuf, String) {
+    let examples = quantfarm_e2e::repo_root().join("examples");
+    std::fs::create_dir_all(dir.join("texts")).unwrap();
+    for f in ["tiny-llama.yaml", "texts/mill.txt", "prompts-20.json", "probes-tiny.yaml", "choice-basics.yaml"] {
+        std::fs::copy(examples.join(f), dir.join(f)).unwrap();
+    }
+    let key = dir.join("farm.key");
+    assert!(Command::new(bin()).arg("keygen").arg(&key).output().unwrap().status.success());
+    (key, std::fs::read_to_string(dir.join("tiny-llama.yaml")).unwrap())
+}
+
 /// `quantfarm report diff` of two releases of the README's tiny model that differ in one rung only (a recipe's
 /// `ffn_down` type): that rung, and only it, changed (its files, its tensor types, its KL divergence paired token by
 /// token, recomputed by NumPy from the two published values files); every other rung the same bytes with a ΔKLD of 0
@@ -299,14 +312,7 @@ fn a_tuned_smollm2_ladder_is_gated_signed_and_shown() {
 #[test]
 fn a_release_diff_shows_exactly_the_rung_that_changed() {
     let tmp = tempfile::tempdir().unwrap();
-    let examples = quantfarm_e2e::repo_root().join("examples");
-    std::fs::create_dir_all(tmp.path().join("texts")).unwrap();
-    for f in ["texts/mill.txt", "prompts-20.json", "probes-tiny.yaml"] {
-        std::fs::copy(examples.join(f), tmp.path().join(f)).unwrap();
-    }
-    let key = tmp.path().join("farm.key");
-    assert!(Command::new(bin()).arg("keygen").arg(&key).output().unwrap().status.success());
-    let tiny = std::fs::read_to_string(examples.join("tiny-llama.yaml")).unwrap();
+    let (key, tiny) = tiny_example(tmp.path());
     let quants = "    quants: [Q8_0, Q4_0]\n";
     assert!(tiny.contains(quants), "the example changed: {tiny}");
     // Both in one store: the new release names the old one in `evaluation.compare_with`.
@@ -382,14 +388,7 @@ fn a_release_diff_shows_exactly_the_rung_that_changed() {
 #[test]
 fn a_release_scores_its_multiple_choice_tasks_as_llama_perplexity() {
     let tmp = tempfile::tempdir().unwrap();
-    let examples = quantfarm_e2e::repo_root().join("examples");
-    std::fs::create_dir_all(tmp.path().join("texts")).unwrap();
-    for f in ["texts/mill.txt", "prompts-20.json", "probes-tiny.yaml", "choice-basics.yaml"] {
-        std::fs::copy(examples.join(f), tmp.path().join(f)).unwrap();
-    }
-    let key = tmp.path().join("farm.key");
-    assert!(Command::new(bin()).arg("keygen").arg(&key).output().unwrap().status.success());
-    let tiny = std::fs::read_to_string(examples.join("tiny-llama.yaml")).unwrap();
+    let (key, tiny) = tiny_example(tmp.path());
     let spec = tmp.path().join("choices.yaml");
     std::fs::write(&spec, tiny.replace("\nevaluation:\n", "\nevaluation:\n  choices: choice-basics.yaml\n")).unwrap();
     let sum = summary(&run(&spec, &tmp.path().join("data"), &key));
@@ -409,14 +408,10 @@ fn a_release_scores_its_multiple_choice_tasks_as_llama_perplexity() {
     for t in tasks.iter().filter(|t| t["id"].as_str().is_some_and(|id| id.starts_with("choice/"))) {
         let model = t["inputs"]["model"].as_str().unwrap();
         let ours: Vec<bool> = t["outputs"]["correct"].as_array().unwrap().iter().map(|c| c == true).collect();
-        let out = Command::new(quantfarm_e2e::llama_bin().join("llama-perplexity"))
-            .args(["-m", model, "-bf"])
-            .arg(&packed)
-            .args(["--multiple-choice", "-t", "2"])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "llama-perplexity: {}", String::from_utf8_lossy(&out.stderr));
-        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        let args = [OsStr::new("-m"), OsStr::new(model), OsStr::new("-bf"), packed.as_os_str()];
+        let more = ["--multiple-choice", "-t", "2"].map(OsStr::new);
+        let all: Vec<&OsStr> = args.iter().chain(&more).copied().collect();
+        let text = quantfarm_e2e::llama_perplexity_output(&all, |t| t.contains("Random chance:"));
         // Its running accuracy after task i (percent): task i was right when the count of right answers rose.
         let mut theirs = Vec::new();
         let mut before = 0i64;
@@ -450,15 +445,8 @@ fn a_release_scores_its_multiple_choice_tasks_as_llama_perplexity() {
 #[test]
 fn a_third_party_gguf_is_scored_on_the_farms_scale() {
     let tmp = tempfile::tempdir().unwrap();
-    let examples = quantfarm_e2e::repo_root().join("examples");
-    std::fs::create_dir_all(tmp.path().join("texts")).unwrap();
-    for f in ["texts/mill.txt", "prompts-20.json", "probes-tiny.yaml"] {
-        std::fs::copy(examples.join(f), tmp.path().join(f)).unwrap();
-    }
-    let key = tmp.path().join("farm.key");
-    assert!(Command::new(bin()).arg("keygen").arg(&key).output().unwrap().status.success());
-    let tiny = std::fs::read_to_string(examples.join("tiny-llama.yaml")).unwrap();
-    let first = summary(&run(&examples.join("tiny-llama.yaml"), &tmp.path().join("data"), &key));
+    let (key, tiny) = tiny_example(tmp.path());
+    let first = summary(&run(&tmp.path().join("tiny-llama.yaml"), &tmp.path().join("data"), &key));
     assert_eq!(first["state"], "released", "{first:#}");
     let bf16 = first["artifacts"].as_array().unwrap().iter().find(|a| a["file_type"] == "BF16").unwrap();
     let bf16 = PathBuf::from(bf16["files"][0]["url"].as_str().unwrap());
@@ -494,17 +482,10 @@ fn a_third_party_gguf_is_scored_on_the_farms_scale() {
         .output()
         .unwrap();
     assert!(b.status.success(), "{}", String::from_utf8_lossy(&b.stderr));
-    let k = Command::new(llama.join("llama-perplexity"))
-        .arg("-m")
-        .arg(&elsewhere)
-        .args(chunking)
-        .arg("--kl-divergence-base")
-        .arg(&base)
-        .arg("--kl-divergence")
-        .output()
-        .unwrap();
-    assert!(k.status.success(), "{}", String::from_utf8_lossy(&k.stderr));
-    let printed = format!("{}{}", String::from_utf8_lossy(&k.stdout), String::from_utf8_lossy(&k.stderr));
+    let mut args = vec![OsStr::new("-m"), elsewhere.as_os_str()];
+    args.extend(chunking.map(OsStr::new));
+    args.extend([OsStr::new("--kl-divergence-base"), base.as_os_str(), OsStr::new("--kl-divergence")]);
+    let printed = quantfarm_e2e::llama_perplexity_output(&args, |t| t.contains("Same top p:"));
     let figure = |label: &str| -> f64 {
         // The figure's own line: the label, then (after spaces) its colon.
         let own = |l: &&str| l.split_once(label).is_some_and(|(_, rest)| rest.trim_start().starts_with(':'));

@@ -245,18 +245,7 @@ fn rung_diff(
                     })
                     .collect();
                 match mean_interval(&d, confidence) {
-                    Ok(m) => (
-                        Some(Interval {
-                            n_tokens: m.n_tokens,
-                            n_chunks: m.n_chunks,
-                            mean: m.mean,
-                            se_tokens: m.se_tokens,
-                            se_chunks: m.se_chunks,
-                            low: m.low,
-                            high: m.high,
-                        }),
-                        None,
-                    ),
+                    Ok(m) => (Some(Interval::from(&m)), None),
                     Err(e) => (None, Some(e.to_string())),
                 }
             }

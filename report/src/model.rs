@@ -358,6 +358,20 @@ pub struct Interval {
     pub high: f64,
 }
 
+impl From<&quantfarm_parity::MeanInterval> for Interval {
+    fn from(m: &quantfarm_parity::MeanInterval) -> Interval {
+        Interval {
+            n_tokens: m.n_tokens,
+            n_chunks: m.n_chunks,
+            mean: m.mean,
+            se_tokens: m.se_tokens,
+            se_chunks: m.se_chunks,
+            low: m.low,
+            high: m.high,
+        }
+    }
+}
+
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct RungInterval {
     pub file_type: String,

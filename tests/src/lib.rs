@@ -554,3 +554,19 @@ pub fn assert_verified_identical(v: &quantfarm_tensors::verify::Verification) {
     );
     eprintln!("verify {}: {identical} tensors identical; checked {:?}", v.direction, v.checked);
 }
+
+/// `llama-perplexity ARGS`' output (stdout, then stderr) once it holds what `complete` looks for. It prints through
+/// an asynchronous log thread, and a run can end before its last lines are out (seen once: a successful run without
+/// its statistics), so it runs up to three times; a failed run, or three incomplete ones, panic with its output.
+pub fn llama_perplexity_output(args: &[&std::ffi::OsStr], complete: impl Fn(&str) -> bool) -> String {
+    let mut last = String::new();
+    for _ in 0..3 {
+        let out = std::process::Command::new(llama_bin().join("llama-perplexity")).args(args).output().unwrap();
+        last = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "llama-perplexity failed ({}):\n{last}", out.status);
+        if complete(&last) {
+            return last;
+        }
+    }
+    panic!("llama-perplexity printed an incomplete output three times:\n{last}")
+}

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use quantfarm_parity::paired::{kld_chunks, mean_interval, paired_kld, MeanInterval};
+use quantfarm_parity::paired::{kld_chunks, mean_interval, paired_kld};
 use quantfarm_parity::{ChunkStats, KldSummary};
 use quantfarm_tensors::safetensors::{encode_header, StTensorDesc};
 use quantfarm_tensors::Dtype;
@@ -49,7 +49,7 @@ pub(super) fn section(
     let mut means = Vec::new();
     for (a, list) in &rungs {
         if let Ok(m) = mean_interval(&kld_chunks(&owned(list)), confidence) {
-            means.push(RungInterval { file_type: a.file_type.clone(), bytes: a.bytes, kld: interval(&m) });
+            means.push(RungInterval { file_type: a.file_type.clone(), bytes: a.bytes, kld: Interval::from(&m) });
         }
     }
     let mut pairs = Vec::new();
@@ -60,7 +60,7 @@ pub(super) fn section(
         pairs.push(PairedComparison {
             smaller: small.file_type.clone(),
             larger: large.file_type.clone(),
-            diff: interval(&d),
+            diff: Interval::from(&d),
             se_unpaired: se(&small.file_type).hypot(se(&large.file_type)),
             distinguishable: d.excludes(0.0),
         });
@@ -96,18 +96,6 @@ pub(super) fn figures(paired: Option<&Paired>, m: &mut crate::gates::Measured) {
         f.set(Figure::PairedNextDiff, pair.map(|c| c.diff.mean).ok_or_else(|| none.clone()));
         f.set(Figure::PairedNextLow, pair.map(|c| c.diff.low).ok_or_else(|| none.clone()));
         f.set(Figure::PairedNextHigh, pair.map(|c| c.diff.high).ok_or_else(|| none.clone()));
-    }
-}
-
-fn interval(m: &MeanInterval) -> Interval {
-    Interval {
-        n_tokens: m.n_tokens,
-        n_chunks: m.n_chunks,
-        mean: m.mean,
-        se_tokens: m.se_tokens,
-        se_chunks: m.se_chunks,
-        low: m.low,
-        high: m.high,
     }
 }
 

@@ -72,15 +72,7 @@ pub(super) fn records(
                 kld: kld_record(merged),
                 nearest: nearest.map(|a| a.file_type.clone()),
                 distinguishable: paired.as_ref().map(|p| p.excludes(0.0)),
-                paired: paired.map(|m| Interval {
-                    n_tokens: m.n_tokens,
-                    n_chunks: m.n_chunks,
-                    mean: m.mean,
-                    se_tokens: m.se_tokens,
-                    se_chunks: m.se_chunks,
-                    low: m.low,
-                    high: m.high,
-                }),
+                paired: paired.as_ref().map(Interval::from),
             }
         })
         .collect()

@@ -110,13 +110,13 @@ pub fn render(report: &Report) -> String {
     h
 }
 
-fn third_party(h: &mut String, report: &Report) {
-    let rows = super::third_party_rows(report);
+/// A section: its heading, a sentence (escaped here), and a table of `header` and `rows`; nothing without rows.
+fn section<const N: usize>(h: &mut String, heading: &str, about: &str, header: [&str; N], rows: Vec<[String; N]>) {
     if rows.is_empty() {
         return;
     }
-    h.push_str("<h2>Third-party files</h2><p>GGUF files of the same base made elsewhere, scored against the same base logits.</p><table><tr>");
-    for c in super::THIRD_PARTY_HEADER {
+    let _ = write!(h, "<h2>{}</h2><p>{}</p><table><tr>", esc(heading), esc(about));
+    for c in header {
         let _ = write!(h, "<th>{}</th>", esc(c));
     }
     h.push_str("</tr>");
@@ -130,41 +130,19 @@ fn third_party(h: &mut String, report: &Report) {
     h.push_str("</table>");
 }
 
+fn third_party(h: &mut String, report: &Report) {
+    let about = "GGUF files of the same base made elsewhere, scored against the same base logits.";
+    section(h, "Third-party files", about, super::THIRD_PARTY_HEADER, super::third_party_rows(report));
+}
+
 fn choices(h: &mut String, report: &Report) {
-    let rows = super::choice_rows(report);
-    if rows.is_empty() {
-        return;
-    }
-    h.push_str("<h2>Multiple choice</h2><p>As <code>llama-perplexity --multiple-choice</code> scores it; tasks numbered from 1.</p><table><tr>");
-    for c in super::CHOICE_HEADER {
-        let _ = write!(h, "<th>{}</th>", esc(c));
-    }
-    h.push_str("</tr>");
-    for r in rows {
-        h.push_str("<tr>");
-        for c in r {
-            let _ = write!(h, "<td>{}</td>", esc(&c));
-        }
-        h.push_str("</tr>");
-    }
-    h.push_str("</table>");
+    let about = "As llama-perplexity --multiple-choice scores it; tasks numbered from 1.";
+    section(h, "Multiple choice", about, super::CHOICE_HEADER, super::choice_rows(report));
 }
 
 fn paired(h: &mut String, report: &Report) {
     let Some((about, rows)) = super::paired_rows(report) else { return };
-    let _ = write!(h, "<h2>Paired comparisons</h2><p>{}</p><table><tr>", esc(&about));
-    for c in super::PAIRED_HEADER {
-        let _ = write!(h, "<th>{}</th>", esc(c));
-    }
-    h.push_str("</tr>");
-    for r in rows {
-        h.push_str("<tr>");
-        for c in r {
-            let _ = write!(h, "<td>{}</td>", esc(&c));
-        }
-        h.push_str("</tr>");
-    }
-    h.push_str("</table>");
+    section(h, "Paired comparisons", &about, super::PAIRED_HEADER, rows);
 }
 
 fn gates(h: &mut String, report: &Report) {
