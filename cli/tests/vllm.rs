@@ -703,6 +703,7 @@ fn publish_checks(bin: &Path, report_path: &Path, dir: &Path) {
         "report.json",
         "report.intoto.json",
         "report.html",
+        "kld-values.safetensors",
         "smollm2-vllm-BF16.gguf",
         "smollm2-vllm-vLLM-FP8_DYNAMIC/config.json",
         "smollm2-vllm-vLLM-W4A16/model.safetensors",
