@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context as _, Result};
-use quantfarm_eval::choice::{read_question_set, read_tasks, score_tasks, summarize, write_tasks, ChoiceTask};
+use quantfarm_eval::choice::{read_any, score_tasks, summarize, write_tasks, ChoiceTask};
 
 #[derive(clap::Subcommand)]
 pub enum ChoiceCommand {
@@ -51,11 +51,7 @@ pub struct PackArgs {
 fn tasks_of(path: &Path) -> Result<Vec<ChoiceTask>> {
     let name = path.display().to_string();
     let bytes = std::fs::read(path).with_context(|| format!("cannot read {name}"))?;
-    if matches!(path.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")) {
-        Ok(read_question_set(&bytes, &name)?)
-    } else {
-        Ok(read_tasks(&bytes, &name)?)
-    }
+    Ok(read_any(&bytes, &name)?)
 }
 
 pub fn pack(args: PackArgs) -> Result<()> {

@@ -6,7 +6,6 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context as _, Result};
 use quantfarm_report::kld_values::KldValues;
 use quantfarm_report::Report;
-use sha2::{Digest as _, Sha256};
 
 /// Arguments of `quantfarm report diff`.
 #[derive(clap::Args)]
@@ -43,15 +42,8 @@ fn read(path: &Path) -> Result<(Report, Option<KldValues>)> {
         }
         Err(e) => return Err(e).with_context(|| format!("cannot read {}", beside.display())),
     };
-    let sha = quantfarm_store::hex(&Sha256::digest(&bytes));
-    if sha != values.sha256 {
-        bail!(
-            "{}: sha256 {sha}, but {name} records {}: not the values it was computed from",
-            beside.display(),
-            values.sha256
-        );
-    }
-    let parsed = KldValues::parse(&bytes, &beside.display().to_string()).map_err(|e| anyhow::anyhow!(e))?;
+    let parsed = KldValues::parse_recorded(&bytes, &beside.display().to_string(), &values)
+        .map_err(|e| anyhow::anyhow!("{e} ({name})"))?;
     Ok((report, Some(parsed)))
 }
 

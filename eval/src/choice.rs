@@ -147,6 +147,16 @@ pub fn read_question_set(bytes: &[u8], file: &str) -> Result<Vec<ChoiceTask>> {
         .collect()
 }
 
+/// Reads tasks in either form: a question set when `file` ends in `.yaml`/`.yml`, else llama-perplexity's binary
+/// format.
+pub fn read_any(bytes: &[u8], file: &str) -> Result<Vec<ChoiceTask>> {
+    if file.ends_with(".yaml") || file.ends_with(".yml") {
+        read_question_set(bytes, file)
+    } else {
+        read_tasks(bytes, file)
+    }
+}
+
 struct Reader<'a> {
     bytes: &'a [u8],
     at: usize,

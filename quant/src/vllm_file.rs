@@ -197,6 +197,11 @@ fn saved_dtype(piece: &Piece, like: Anchor, config: Option<Dtype>, mtp: bool) ->
 
 /// Whether the config (or its text config) declares multi-token-prediction layers (`mtp_num_hidden_layers`, or
 /// `num_mtp_layers`), which transformers does not load.
+/// Made like oneshot, a model with multi-token-prediction layers has them copied, not quantized.
+fn copies_mtp(src: &TensorSource, opts: &VllmOptions) -> bool {
+    opts.like == Anchor::Oneshot && has_mtp(&src.metadata())
+}
+
 fn has_mtp(config: &Map<String, Json>) -> bool {
     let declares = |c: &Map<String, Json>| {
         ["mtp_num_hidden_layers", "num_mtp_layers"].iter().any(|k| c.get(*k).and_then(Json::as_u64).unwrap_or(0) > 0)
@@ -207,7 +212,7 @@ fn has_mtp(config: &Map<String, Json>) -> bool {
 /// Which tensors are written whole, not split per expert: made like oneshot, the multi-token-prediction layers it
 /// copies.
 fn kept(src: &TensorSource, opts: &VllmOptions) -> impl Fn(&str) -> bool + Copy {
-    let mtp = opts.like == Anchor::Oneshot && has_mtp(&src.metadata());
+    let mtp = copies_mtp(src, opts);
     move |name: &str| mtp && is_mtp(name)
 }
 
@@ -236,7 +241,7 @@ pub fn routers(src: &TensorSource) -> Vec<String> {
 /// multi-token-prediction layers).
 fn left_alone(src: &TensorSource, opts: &VllmOptions) -> Result<Ignore, VllmFileError> {
     let mut entries = opts.ignore.clone();
-    if opts.like == Anchor::Oneshot && has_mtp(&src.metadata()) {
+    if copies_mtp(src, opts) {
         entries.push(MTP_IGNORE.to_string());
     }
     Ok(Ignore::names(routers(src)).with(Ignore::parse(&entries).map_err(|msg| VllmFileError::Ignore { msg })?))
@@ -374,7 +379,7 @@ pub async fn write_vllm_checkpoint(
     };
     let mut config = src.metadata();
     let cast_to = config_dtype(&config)?;
-    let mtp = opts.like == Anchor::Oneshot && has_mtp(&config);
+    let mtp = copies_mtp(&src, opts);
     let left = left_alone(&src, opts)?;
     let mut files = Vec::new();
     let mut quantized = Vec::new();

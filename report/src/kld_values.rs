@@ -71,6 +71,17 @@ impl KldValues {
         Ok(KldValues { chunks, tokens_sha256: text("tokens_sha256")?.to_string(), ctx, rungs })
     }
 
+    /// Reads `bytes` (named `file`) as the values file `recorded` names: its sha256 must be the recorded one (else
+    /// they are not the values the report was computed from).
+    pub fn parse_recorded(bytes: &[u8], file: &str, recorded: &crate::model::FileRef) -> Result<KldValues, String> {
+        use sha2::Digest as _;
+        let sha = sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect::<String>();
+        if sha != recorded.sha256 {
+            return Err(format!("{file}: sha256 {sha}, but its report records {}", recorded.sha256));
+        }
+        KldValues::parse(bytes, file)
+    }
+
     /// A rung's values as (chunk, values) in chunk order, for `quantfarm_parity::paired`.
     pub fn chunked(&self, rung: &str) -> Option<Vec<(u32, &[f32])>> {
         let values = self.rungs.get(rung)?;

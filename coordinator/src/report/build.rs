@@ -36,20 +36,19 @@ pub(super) fn merge_chunks(
     rel: &Release,
     chunks: &BTreeMap<String, Vec<ChunkStats>>,
 ) -> BTreeMap<String, Result<KldSummary, String>> {
+    chunks.iter().map(|(target, list)| (target.clone(), merge_whole(rel, list))).collect()
+}
+
+/// One model's chunk statistics merged, or why they cannot be: a chunk missing or given twice.
+pub(super) fn merge_whole(rel: &Release, list: &[ChunkStats]) -> Result<KldSummary, String> {
     let expected = kld_plan_result(rel).map_or(0, |k| k.n_chunks as u64);
-    chunks
-        .iter()
-        .map(|(target, list)| {
-            let merged = KldSummary::merge(list).map_err(|e| e.to_string()).and_then(|s| {
-                if s.n_chunks == expected {
-                    Ok(s)
-                } else {
-                    Err(format!("{} of the text's {expected} chunks were measured", s.n_chunks))
-                }
-            });
-            (target.clone(), merged)
-        })
-        .collect()
+    KldSummary::merge(list).map_err(|e| e.to_string()).and_then(|s| {
+        if s.n_chunks == expected {
+            Ok(s)
+        } else {
+            Err(format!("{} of the text's {expected} chunks were measured", s.n_chunks))
+        }
+    })
 }
 
 /// Each model's greedy agreement with its reference (keyed by its artifact `file_type`, the merge check's as

@@ -5,7 +5,6 @@
 use quantfarm_report::diff::diff;
 use quantfarm_report::kld_values::KldValues;
 use quantfarm_store::{Blob, Location};
-use sha2::{Digest as _, Sha256};
 
 use super::model::Comparison;
 use super::Built;
@@ -20,11 +19,7 @@ async fn values_of(report: &quantfarm_report::Report, report_loc: &Location) -> 
     let Some(v) = report.paired.as_ref().map(|p| &p.values) else { return Ok(None) };
     let loc = report_loc.sibling(super::VALUES_FILE).map_err(|e| e.to_string())?;
     let bytes = read(&loc).await?;
-    let sha = quantfarm_store::hex(&Sha256::digest(&bytes));
-    if sha != v.sha256 {
-        return Err(format!("{loc}: sha256 {sha}, but its report records {}", v.sha256));
-    }
-    KldValues::parse(&bytes, &loc.to_string()).map(Some)
+    KldValues::parse_recorded(&bytes, &loc.to_string(), v).map(Some)
 }
 
 /// Puts the diff with the release `with` (`releases/<id>`, its report at `old_report`) in `built`'s report.

@@ -31,31 +31,31 @@ pub(super) fn section(
 ) -> Option<(Paired, Vec<u8>)> {
     let confidence = rel.spec.evaluation.as_ref()?.confidence;
     // The rungs measured whole, by size (then name): each with its chunks in chunk order.
-    let mut rungs: Vec<(&Artifact, Vec<&ChunkStats>)> = artifacts
+    let mut rungs: Vec<(&Artifact, Vec<&ChunkStats>, &[ChunkStats])> = artifacts
         .iter()
         .filter(|a| klds.get(&a.file_type).is_some_and(Result::is_ok))
         .filter_map(|a| {
-            let mut list: Vec<&ChunkStats> = chunks.get(&a.file_type)?.iter().collect();
+            let all = chunks.get(&a.file_type)?;
+            let mut list: Vec<&ChunkStats> = all.iter().collect();
             list.sort_by_key(|c| c.chunk);
-            Some((a, list))
+            Some((a, list, all.as_slice()))
         })
         .collect();
     rungs.sort_by(|x, y| (x.0.bytes, &x.0.file_type).cmp(&(y.0.bytes, &y.0.file_type)));
     let layout = |list: &[&ChunkStats]| list.iter().map(|c| (c.chunk, c.kld_values.len())).collect::<Vec<_>>();
     let first = layout(&rungs.first()?.1);
     // Every merged rung has every chunk of the text; one that does not (it cannot) is left out rather than paired.
-    rungs.retain(|(_, list)| layout(list) == first);
-    let owned = |list: &[&ChunkStats]| list.iter().map(|c| (*c).clone()).collect::<Vec<ChunkStats>>();
+    rungs.retain(|(_, list, _)| layout(list) == first);
     let mut means = Vec::new();
-    for (a, list) in &rungs {
-        if let Ok(m) = mean_interval(&kld_chunks(&owned(list)), confidence) {
+    for (a, _, all) in &rungs {
+        if let Ok(m) = mean_interval(&kld_chunks(all), confidence) {
             means.push(RungInterval { file_type: a.file_type.clone(), bytes: a.bytes, kld: Interval::from(&m) });
         }
     }
     let mut pairs = Vec::new();
     for w in rungs.windows(2) {
-        let ((small, a), (large, b)) = (&w[0], &w[1]);
-        let Ok(d) = paired_kld(&owned(a), &owned(b), confidence) else { continue };
+        let ((small, _, a), (large, _, b)) = (&w[0], &w[1]);
+        let Ok(d) = paired_kld(a, b, confidence) else { continue };
         let se = |ft: &str| means.iter().find(|m| m.file_type == ft).map_or(f64::NAN, |m| m.kld.se_chunks);
         pairs.push(PairedComparison {
             smaller: small.file_type.clone(),
@@ -102,10 +102,10 @@ pub(super) fn figures(paired: Option<&Paired>, m: &mut crate::gates::Measured) {
 /// The values file: a safetensors file with one F32 tensor `kld/FILE_TYPE` per rung (by size), each its per-token
 /// values in chunk order, and metadata `format`, `chunks` and `chunk_tokens` (JSON arrays: the chunk indices and
 /// each one's token count), `tokens_sha256` (the evaluation text's tokens) and `ctx`.
-fn values_file(rel: &Release, rungs: &[(&Artifact, Vec<&ChunkStats>)]) -> Vec<u8> {
+fn values_file(rel: &Release, rungs: &[(&Artifact, Vec<&ChunkStats>, &[ChunkStats])]) -> Vec<u8> {
     let descs: Vec<StTensorDesc> = rungs
         .iter()
-        .map(|(a, list)| StTensorDesc {
+        .map(|(a, list, _)| StTensorDesc {
             name: format!("kld/{}", a.file_type),
             dtype: Dtype::F32,
             shape: vec![list.iter().map(|c| c.kld_values.len() as u64).sum()],
@@ -122,7 +122,7 @@ fn values_file(rel: &Release, rungs: &[(&Artifact, Vec<&ChunkStats>)]) -> Vec<u8
         ("ctx".to_string(), rel.spec.evaluation.as_ref().map_or(0, |e| e.ctx).to_string()),
     ];
     let mut out = encode_header(&descs, &metadata);
-    for (_, list) in rungs {
+    for (_, list, _) in rungs {
         for c in list {
             for v in &c.kld_values {
                 out.extend_from_slice(&v.to_le_bytes());

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use quantfarm_parity::paired::paired_kld;
 use quantfarm_parity::{ChunkStats, KldSummary};
 
-use super::build::kld_record;
+use super::build::{kld_record, merge_whole};
 use super::model::*;
 use crate::kinds::Folded;
 use crate::sched::Release;
@@ -19,7 +19,6 @@ pub(super) fn records(
     artifacts: &[Artifact],
 ) -> Vec<ThirdPartyRecord> {
     let confidence = rel.spec.evaluation.as_ref().map_or(0.95, |e| e.confidence);
-    let expected = rel.result(&crate::kinds::Kld::Plan.into()).and_then(|r| r.kld_plan()).map_or(0, |k| k.n_chunks);
     rel.eval
         .third_party
         .iter()
@@ -27,13 +26,7 @@ pub(super) fn records(
         .map(|(i, url)| {
             let acc = folded.third_party.get(&(i as u32));
             let chunks: &[ChunkStats] = acc.map_or(&[], |a| a.chunks.as_slice());
-            let merged = KldSummary::merge(chunks).map_err(|e| e.to_string()).and_then(|s| {
-                if s.n_chunks == u64::from(expected) {
-                    Ok(s)
-                } else {
-                    Err(format!("{} of the text's {expected} chunks were measured", s.n_chunks))
-                }
-            });
+            let merged = merge_whole(rel, chunks);
             let file = acc.and_then(|a| a.file);
             let type_mix: Vec<TypeCount> = file
                 .map(|f| {

@@ -22,7 +22,7 @@ impl Executor for Choice {
 }
 
 async fn choice(t: &pb::ChoiceTask, env: &Env) -> Result<pb::ChoiceResult, Failure> {
-    use quantfarm_eval::choice::{read_question_set, read_tasks, score_tasks};
+    use quantfarm_eval::choice::{read_any, score_tasks};
     let dir = task_dir(env)?;
     let model_path = local_model(&t.model, dir.path(), env).await?;
     let blob = quantfarm_store::Blob::open(&location(&t.tasks)?).await?;
@@ -30,8 +30,7 @@ async fn choice(t: &pb::ChoiceTask, env: &Env) -> Result<pb::ChoiceResult, Failu
     let tasks_sha256 = quantfarm_store::hex(&Sha256::digest(&bytes));
     let (t, env) = (t.clone(), env.clone());
     blocking(move || {
-        let yaml = t.tasks.ends_with(".yaml") || t.tasks.ends_with(".yml");
-        let tasks = if yaml { read_question_set(&bytes, &t.tasks)? } else { read_tasks(&bytes, &t.tasks)? };
+        let tasks = read_any(&bytes, &t.tasks)?;
         let (model, note) = load_prepared(&model_path, None, dir.path(), &env)?;
         // llama-perplexity's defaults beside -c: -b 2048, -np at least 4.
         let scores = score_tasks(&model, &tasks, t.ctx, 2048, 4)?;
