@@ -17,6 +17,7 @@ use std::sync::OnceLock;
 use crate::model::{GateInput, GateRecord};
 use serde::{Deserialize, Serialize};
 
+use expr::Term;
 pub use expr::{Check, FigureValue, Figures, Outcome};
 
 /// A gate as `release.yaml` (or `defaults.yaml`) gives it.
@@ -265,6 +266,75 @@ fn selected_levels(g: &Gate, levels: &[String]) -> Result<Option<Vec<String>>, S
             Ok(Some(list.clone()))
         }
     }
+}
+
+/// The values of `level`'s `kld.mean` at which a gate's verdict changes, for the sequential stop rule
+/// (`quantfarm_parity::sequential`): one per comparison, among the defaults the release keeps and its own gates,
+/// that reads it; `levels` are the release's measured levels. An error names a gate whose verdict the rule cannot
+/// foresee from the mean alone: one reading another of the level's KL-divergence figures (a percentile, the top
+/// token, an interval), one comparing two rungs token by token (`next.*`, `paired.*`), or one setting `kld.mean`
+/// against a figure known only at the end.
+pub fn kld_mean_thresholds(release_gates: &[Gate], level: &str, levels: &[String]) -> Result<Vec<f64>, String> {
+    let replaced = |name: &str| release_gates.iter().any(|g| g.name == name);
+    let kept = defaults().gates.iter().filter(|g| !replaced(&g.name));
+    let prefix = format!("{}.", level_prefix(level));
+    let mut out = Vec::new();
+    for g in kept.chain(release_gates) {
+        let Ok(check) = Check::parse(&g.check, |_| true) else { continue };
+        let per_level = matches!(selected_levels(g, levels), Ok(Some(ls)) if ls.iter().any(|l| l == level));
+        let mine = |name: &str| -> Option<Figure> {
+            match name.strip_prefix(&prefix) {
+                Some(rest) => Figure::parse(rest),
+                None if per_level => Figure::parse(name),
+                None => None,
+            }
+        };
+        let mut reads_mean = false;
+        for name in check.figures() {
+            let unbounded = |why: &str| format!("gate {:?} ({}) {why}", g.name, g.check);
+            if name.starts_with("next.") || name.starts_with("paired.") || name.contains(".next.") {
+                return Err(unbounded("compares two rungs on the same tokens"));
+            }
+            match mine(name) {
+                Some(Figure::KldMean) => reads_mean = true,
+                Some(f) if f.name().starts_with("kld.") => {
+                    return Err(unbounded(&format!("reads {}, which the stop rule does not bound", f.name())))
+                }
+                _ => {}
+            }
+        }
+        let Check::Compare { left, right, .. } = &check else { continue };
+        if !reads_mean {
+            continue;
+        }
+        // left − right = a·kld.mean + c: the verdict changes at kld.mean = −c/a.
+        let (mut a, mut c) = (0.0, 0.0);
+        for (side, sum) in [(1.0, left), (-1.0, right)] {
+            for (sign, term) in &sum.0 {
+                let k = side * sign;
+                match term {
+                    Term::Number(n) => c += k * n,
+                    Term::Figure(name) => match mine(name) {
+                        Some(Figure::KldMean) => a += k,
+                        Some(Figure::DefaultKldMean) => match default_kld_max(level) {
+                            Some(v) => c += k * v,
+                            None => return Err(format!("gate {:?}: {level} has no default kld.mean limit", g.name)),
+                        },
+                        _ => {
+                            return Err(format!(
+                                "gate {:?} ({}) sets kld.mean against {name}, known only when the release ends",
+                                g.name, g.check
+                            ))
+                        }
+                    },
+                }
+            }
+        }
+        if a != 0.0 {
+            out.push(-c / a);
+        }
+    }
+    Ok(out)
 }
 
 /// The name of the built-in gate that every level was measured.
@@ -553,6 +623,40 @@ mod tests {
             has_transformers: false,
             has_transformers_adapter: false,
         }
+    }
+
+    #[test]
+    fn the_stop_rule_reads_each_gates_kld_mean_threshold() {
+        let levels = vec!["Q8_0".to_string(), "Q4_K_M".to_string()];
+        let g = |name: &str, check: &str, levels: Option<LevelSel>| Gate {
+            name: name.into(),
+            check: check.into(),
+            levels,
+            when: None,
+        };
+        let close = |got: Result<Vec<f64>, String>, want: &[f64]| {
+            let got = got.unwrap();
+            assert!(got.len() == want.len() && got.iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-12), "{got:?}");
+        };
+        // The defaults alone: the `kld` gate at the level's default limit.
+        close(kld_mean_thresholds(&[], "Q8_0", &levels), &[0.01]);
+        // A release-wide gate naming the level, as a sum; it is not the other level's.
+        let gates = [g("tight", "q8_0.kld.mean + 0.001 <= 0.003", None)];
+        close(kld_mean_thresholds(&gates, "Q8_0", &levels), &[0.01, 0.002]);
+        close(kld_mean_thresholds(&gates, "Q4_K_M", &levels), &[0.1]);
+        // The default `kld` replaced for one level: the other has no threshold left.
+        let gates = [g("kld", "0.05 >= kld.mean", Some(LevelSel::List(vec!["Q4_K_M".into()])))];
+        close(kld_mean_thresholds(&gates, "Q4_K_M", &levels), &[0.05]);
+        close(kld_mean_thresholds(&gates, "Q8_0", &levels), &[]);
+        // What the rule cannot foresee from the mean: named in the error.
+        let all = || Some(LevelSel::All("all".into()));
+        let err = |gates: &[Gate]| kld_mean_thresholds(gates, "Q8_0", &levels).unwrap_err();
+        assert!(err(&[g("tail", "kld.p99 <= 1", all())]).contains("kld.p99"));
+        assert!(err(&[g("tail", "q8_0.kld.same_top_p >= 90", None)]).contains("kld.same_top_p"));
+        assert!(err(&[g("pair", "paired.next.high < 0", all())]).contains("two rungs"));
+        assert!(err(&[g("size", "kld.mean <= bits_per_weight - 4", all())]).contains("bits_per_weight"));
+        // Figures that do not come from the KL divergence leave the rule alone.
+        close(kld_mean_thresholds(&[g("p", "probe.pass_rate >= 0.5", all())], "Q8_0", &levels), &[0.01]);
     }
 
     #[test]
