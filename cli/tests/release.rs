@@ -505,6 +505,103 @@ fn a_third_party_gguf_is_scored_on_the_farms_scale() {
     }
 }
 
+/// `evaluation.stop` on the README's tiny model over 24 chunks of 128 tokens (one chunk per task): the same verdict
+/// and gates as the same release measured whole; each rung either stopped early, measured on fewer chunks with an
+/// interval that holds its full-text mean (the whole release's figure), or, when a gate reads a figure only the whole
+/// text gives (a percentile), complete with exactly the whole release's figures; no `kld` task exists for a chunk a
+/// rung never reached, and base logits only for chunks some rung reached.
+#[test]
+fn a_stopped_rung_keeps_its_verdict_and_measures_less() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (key, tiny) = tiny_example(tmp.path());
+    let examples = quantfarm_e2e::repo_root().join("examples");
+    std::fs::copy(examples.join("texts/python-reference.txt"), tmp.path().join("texts/python-reference.txt")).unwrap();
+    let eval = "  text: texts/mill.txt     # KL divergence on this text, chunks of 128 tokens\n  ctx: 128\n";
+    assert!(tiny.contains(eval), "the example changed: {tiny}");
+    let release = |name: &str, stop: &str, gate: &str| -> (Value, PathBuf) {
+        let spec = tmp.path().join(format!("{name}.yaml"));
+        let text = format!("  text: texts/python-reference.txt\n  ctx: 128\n  batch: 128\n  chunks: 24\n{stop}");
+        let yaml = tiny.replace(eval, &text).replace("name: tiny-llama", &format!("name: {name}"));
+        std::fs::write(&spec, yaml.replace("\ngates:\n", &format!("\ngates:\n{gate}"))).unwrap();
+        let sum = summary(&run(&spec, &tmp.path().join("data"), &key));
+        assert_eq!(sum["state"], "released", "{sum:#}");
+        let path = PathBuf::from(sum["report_url"].as_str().unwrap());
+        (sum_report(&path), path)
+    };
+    let (whole, _) = release("whole", "", "");
+    let (stopped, stopped_path) = release("stopped", "  stop: {confidence: 0.99}\n", "");
+    assert!(whole.get("sequential").is_none(), "no section without evaluation.stop");
+    let verdicts = |r: &Value| -> Vec<(String, String, bool)> {
+        let gates = r["gates"].as_array().unwrap().iter();
+        gates.map(|g| (g["name"].to_string(), g["level"].to_string(), g["passed"] == true)).collect()
+    };
+    assert_eq!(verdicts(&whole), verdicts(&stopped), "the same gates, the same verdicts");
+    let kld = |r: &Value, ty: &str| -> Value {
+        let a = r["artifacts"].as_array().unwrap().iter().find(|a| a["file_type"] == ty).unwrap();
+        a["kld"].clone()
+    };
+    let ids: Vec<String> =
+        stopped["tasks"].as_array().unwrap().iter().map(|t| t["id"].as_str().unwrap().to_string()).collect();
+    let seq = &stopped["sequential"];
+    assert_eq!(seq["chunks_per_group"], 1, "{seq:#}");
+    let mut early = 0;
+    let mut reached = 0;
+    for r in seq["rungs"].as_array().unwrap() {
+        let ty = r["file_type"].as_str().unwrap();
+        let (chunks, of) = (r["chunks"].as_u64().unwrap(), r["of_chunks"].as_u64().unwrap());
+        assert_eq!(of, 24, "{r:#}");
+        let full = kld(&whole, ty)["mean_kld"].as_f64().unwrap();
+        let part = kld(&stopped, ty);
+        assert_eq!(part["n_chunks"].as_u64(), Some(chunks), "{ty}: the figures are the measured chunks' ({part:#})");
+        assert_eq!(ids.iter().filter(|i| i.starts_with(&format!("kld/{ty}/"))).count() as u64, chunks, "{ty}");
+        reached = reached.max(chunks);
+        match r["stopped"].as_str() {
+            Some("decided") => {
+                early += 1;
+                assert!(chunks < of, "{r:#}");
+                let (low, high) = (r["low"].as_f64().unwrap(), r["high"].as_f64().unwrap());
+                assert!(
+                    low <= full && full <= high,
+                    "{ty}: the interval [{low}, {high}] misses the whole text's {full}"
+                );
+                assert_eq!(part["mean_kld"].as_f64(), r["mean"].as_f64(), "{r:#}");
+                let thresholds = r["thresholds"].as_array().unwrap();
+                assert!(
+                    !thresholds.is_empty()
+                        && thresholds.iter().all(|t| {
+                            let t = t.as_f64().unwrap();
+                            t < low || t > high
+                        }),
+                    "{r:#}"
+                );
+            }
+            Some("complete") => {
+                assert_eq!(chunks, of, "{r:#}");
+                assert_eq!(part, kld(&whole, ty), "{ty}: measured whole, exactly the whole release's figures");
+            }
+            other => panic!("{ty}: stopped {other:?}: {r:#}"),
+        }
+    }
+    assert!(early > 0, "some rung stops early on this text: {seq:#}");
+    let bases = ids.iter().filter(|i| i.starts_with("kld-base/")).count() as u64;
+    assert!(bases == reached && reached < 24, "base logits exactly for the {reached} chunks some rung reached");
+    // A gate on a figure only the whole text gives (a percentile): that rung is measured whole, with exactly the
+    // whole release's figures, and the report says why.
+    let gate = "  - {name: q4-tail, check: \"q4_0.kld.p99 <= 10\"}\n";
+    let (tailed, _) = release("tailed", "  stop: {confidence: 0.99}\n", gate);
+    let rung = |r: &Value, ty: &str| -> Value {
+        r["sequential"]["rungs"].as_array().unwrap().iter().find(|x| x["file_type"] == ty).unwrap().clone()
+    };
+    let q4 = rung(&tailed, "Q4_0");
+    assert_eq!((q4["stopped"].as_str(), q4["chunks"].as_u64()), (Some("complete"), Some(24)), "{q4:#}");
+    assert!(q4["note"].as_str().is_some_and(|n| n.contains("q4-tail") && n.contains("kld.p99")), "{q4:#}");
+    assert_eq!(kld(&tailed, "Q4_0"), kld(&whole, "Q4_0"), "measured whole: exactly the whole release's figures");
+    assert_eq!(rung(&tailed, "Q8_0")["stopped"], "decided");
+    // The views say it.
+    let md = std::fs::read_to_string(stopped_path.with_file_name("report.md")).unwrap();
+    assert!(md.contains("## Sequential measurement"), "{md}");
+}
+
 fn sum_report(path: &Path) -> Value {
     serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
 }

@@ -622,3 +622,83 @@ fn leases_follow_the_data_within_a_bounded_wait() {
     assert_eq!(lease(&mut s, &c, 1, &clock).len(), 1);
     assert_eq!(lease(&mut s, &d, 1, &clock).len(), 1, "d waited for c, which keeps nothing");
 }
+
+/// A finished task's made-up result, by the message's kind: a file at the task's output, a verification that
+/// matched, the evaluation text's plan (14 chunks, one per task), and per chunk group KL divergences of about
+/// `kld(level)` nats per token.
+fn result_for(l: &pb::Lease, kld: &dyn Fn(&str) -> f64) -> pb::TaskResult {
+    use pb::task::Kind as K;
+    let artifact = |url: &str| {
+        let a = pb::Artifact { url: url.into(), sha256: "ab".repeat(32), bytes: 2048, types: vec![] };
+        task_result::Kind::Artifact(pb::ArtifactResult { artifact: Some(a), cache_hit: false })
+    };
+    let kind = match l.task.as_ref().and_then(|t| t.kind.as_ref()) {
+        Some(K::Plan(_)) => task_result::Kind::Plan(plan_result()),
+        Some(K::Gguf(g)) => artifact(&g.output),
+        Some(K::Quantize(q)) => artifact(&q.output),
+        Some(K::KldBase(b)) => artifact(&b.output),
+        Some(K::Verify(_)) => task_result::Kind::Verify(pb::VerifyResult { identical: true, ..Default::default() }),
+        Some(K::KldPlan(_)) => task_result::Kind::KldPlan(pb::KldPlanResult {
+            n_chunks: 14,
+            n_seq: 1,
+            n_vocab: 16,
+            text_sha256: "cd".repeat(32),
+            tokens_sha256: "ef".repeat(32),
+            bos: Some(1),
+        }),
+        Some(K::Kld(k)) => {
+            let level = l.task_id.split('/').nth(1).unwrap_or_default();
+            // A little spread between chunks: ±5 % of the level's figure.
+            let wobble = 1.0 + 0.05 * (f64::from(k.first_chunk % 3) - 1.0);
+            let chunk = pb::KldChunkStats {
+                chunk: k.first_chunk,
+                count: 255,
+                sum_kld: 255.0 * kld(level) * wobble,
+                ..Default::default()
+            };
+            task_result::Kind::Kld(pb::KldResult { chunks: vec![chunk], ..Default::default() })
+        }
+        other => panic!("{}: no made-up result for {other:?}", l.task_id),
+    };
+    pb::TaskResult { kind: Some(kind) }
+}
+
+/// `evaluation.stop` in the task graph: each rung's chunk groups enter one at a time after the first look's, and a
+/// rung the rule decided gets no more; base logits are made only for the groups some rung reached. With Q8_0 at
+/// half its default limit (0.01) and Q4_0 at 0.75 of its limit (0.4), Q8_0 stops at the first look (4 groups) and
+/// Q4_0 two groups later, whatever the order; the report is then ready.
+#[test]
+fn a_stopped_rung_gets_no_more_chunk_groups() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Clock::new();
+    let mut s = open(dir.path(), &clock);
+    let all = ["plan", "gguf", "quantize", "verify", "kld"];
+    let w = worker(&mut s, &all, &clock);
+    let yaml = "name: t\nsource: model\noutputs:\n  gguf: {quants: [Q8_0, Q4_0]}\n\
+                evaluation: {text: t.txt, ctx: 512, batch: 512, stop: {confidence: 0.99}}\n";
+    let id = s.submit(yaml, "r.yaml", "/tmp").unwrap();
+    let kld = |level: &str| if level == "Q8_0" { 0.005 } else { 0.3 };
+    let mut seen: Vec<String> = Vec::new();
+    for _ in 0..100 {
+        let leases = lease(&mut s, &w, 64, &clock);
+        if leases.is_empty() {
+            break;
+        }
+        for l in leases {
+            seen.push(l.task_id.clone());
+            let done = pb::CompleteRequest { outcome: Some(Outcome::Result(result_for(&l, &kld))), ..ok(&l, &w) };
+            assert!(s.complete(done, clock.now()).unwrap(), "{}", l.task_id);
+        }
+    }
+    let groups = |prefix: &str| -> Vec<u32> {
+        let mut g: Vec<u32> = seen.iter().filter_map(|t| t.strip_prefix(prefix)).map(|g| g.parse().unwrap()).collect();
+        g.sort_unstable();
+        g
+    };
+    let (q8, q4, base) = (groups("kld/Q8_0/"), groups("kld/Q4_0/"), groups("kld-base/"));
+    assert_eq!((q8.len(), q4.len()), (4, 6), "{seen:?}");
+    assert!(q8.iter().all(|g| q4.contains(g)), "one order for every rung: {q8:?} {q4:?}");
+    assert_eq!(base, q4, "base logits for the groups some rung reached, once each");
+    let reports = s.take_effects().reports;
+    assert!(reports.iter().any(|r| r.release_id == id), "the report is next: {seen:?}");
+}

@@ -58,6 +58,10 @@ pub struct Report {
     /// one), or why it could not be read. Left out without it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub comparison: Option<Comparison>,
+    /// `evaluation.stop`: how many of the text's chunks each rung was measured on, why measuring it stopped, and its
+    /// interval at the rule's confidence (`quantfarm_parity::sequential`). Left out without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequential: Option<Sequential>,
     /// In report order: the merged checkpoint, GGUF BF16, the GGUF quants in ladder order, the MLX checkpoints.
     pub artifacts: Vec<Artifact>,
     pub tasks: Vec<TaskRecord>,
@@ -337,6 +341,46 @@ pub struct Paired {
     /// Each of those rungs against the next larger one: the mean of (this rung's KLD − the larger one's) over the same
     /// tokens.
     pub pairs: Vec<PairedComparison>,
+}
+
+/// Sequential measurement: the rule and each rung's stop (`quantfarm_parity::sequential`; `docs/statistics.md`).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Sequential {
+    pub method: String,
+    /// The chance that a stopped rung's interval misses its full-text mean is at most `1 − confidence`.
+    pub confidence: f64,
+    /// The chunks of the first look, the floor under the spread, the precision that also stops (if any).
+    pub min_chunks: u64,
+    pub spread: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub precision: Option<f64>,
+    /// The text's chunk groups (units of `chunks_per_group` chunks) in the order every rung measures them.
+    pub chunks_per_group: u64,
+    pub order: Vec<u32>,
+    pub rungs: Vec<SequentialRung>,
+}
+
+/// One rung under the stop rule.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct SequentialRung {
+    pub file_type: String,
+    /// Chunks measured, of the text's.
+    pub chunks: u64,
+    pub of_chunks: u64,
+    /// `complete` (every chunk: exactly llama-perplexity's figures), `decided` (every threshold outside the
+    /// interval) or `precise` (the interval as narrow as `precision` asks).
+    pub stopped: String,
+    #[serde(deserialize_with = "nan_if_null")]
+    pub mean: f64,
+    #[serde(deserialize_with = "nan_if_null")]
+    pub low: f64,
+    #[serde(deserialize_with = "nan_if_null")]
+    pub high: f64,
+    /// The values of `kld.mean` at which a gate's verdict changes.
+    pub thresholds: Vec<f64>,
+    /// Why the rule could not decide this rung early (a gate that reads a figure it does not bound), if so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// A mean of per-token values and its chunk-clustered interval.

@@ -1,5 +1,6 @@
-//! When tasks enter a release's graph: at its start, and when one of its plans finishes (the merge plan, the
-//! source's plan, the calibration text's and the evaluation text's). At each such [`Stage`] every family adds its
+//! When tasks enter a release's graph: at its start, when one of its plans finishes (the merge plan, the source's
+//! plan, the calibration text's and the evaluation text's), and, with `evaluation.stop`, when a rung's chunk group
+//! is measured. At each such [`Stage`] every family adds its
 //! own tasks ([`super::Family::grow`]), in the table's order, into a [`Grown`]: the tasks with what each waits for,
 //! and the ones the report waits for. Also the critical-path priorities the scheduler orders ready tasks by.
 
@@ -11,7 +12,7 @@ use super::lookup::{merge_plan_of, plan_of};
 use super::subjects::{EvalTarget, MlxSubject, TfSubject};
 use super::{Mlx, Quantize, Results, TaskDef, TaskKey, Vllm};
 use crate::graph::Ctx;
-use crate::spec::Evaluation;
+use crate::spec::{Evaluation, ReleaseSpec};
 
 /// When tasks enter the graph.
 #[derive(Clone, Copy, Debug)]
@@ -26,6 +27,8 @@ pub enum Stage<'a> {
     Calibrated(&'a pb::KldPlanResult),
     /// The evaluation text was tokenized: its chunk groups are known.
     TextPlanned(&'a pb::KldPlanResult),
+    /// One of a rung's chunk groups was measured (`evaluation.stop` looks at the rung again).
+    Measured(EvalTarget),
 }
 
 /// The plan's result as the families that follow it read it.
@@ -118,6 +121,7 @@ pub enum Opens<'r> {
     Planned(&'r pb::PlanResult),
     Calibrated(&'r pb::KldPlanResult),
     TextPlanned(&'r pb::KldPlanResult),
+    Measured(EvalTarget),
 }
 
 /// What task `key`'s `result` adds: a plan's result expands the graph (the task's family says which stage it
@@ -134,6 +138,7 @@ pub fn grows(ctx: &Ctx, key: &TaskKey, result: &pb::TaskResult, results: &Result
         }
         Opens::Calibrated(kp) => Stage::Calibrated(kp),
         Opens::TextPlanned(kp) => Stage::TextPlanned(kp),
+        Opens::Measured(target) => Stage::Measured(target),
     };
     Ok(grow(stage, ctx, results))
 }
@@ -158,7 +163,12 @@ pub(super) fn model_tasks(target: EvalTarget, n_shards: u32) -> Vec<TaskKey> {
 /// The models measured against the reference: every GGUF quant level, then every MLX checkpoint and every vLLM one,
 /// less those the release skips (`evaluation.skip`).
 pub fn eval_targets(ctx: &Ctx) -> Vec<EvalTarget> {
-    ctx.spec.levels().into_iter().filter(|&t| ctx.spec.measures(t)).collect()
+    eval_targets_of(ctx.spec)
+}
+
+/// [`eval_targets`] of a spec.
+pub fn eval_targets_of(spec: &ReleaseSpec) -> Vec<EvalTarget> {
+    spec.levels().into_iter().filter(|&t| spec.measures(t)).collect()
 }
 
 /// What the release runs in mlx-lm: the bf16 weights, then every measured MLX rung (none when it runs nothing

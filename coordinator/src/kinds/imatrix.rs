@@ -157,7 +157,7 @@ impl Family for Imatrix {
                 }
                 out.waits.push((Imatrix::Merge.into(), groups));
             }
-            Stage::Start | Stage::Merged(_) | Stage::TextPlanned(_) => {}
+            Stage::Start | Stage::Merged(_) | Stage::TextPlanned(_) | Stage::Measured(_) => {}
         }
     }
 }

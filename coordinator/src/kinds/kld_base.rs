@@ -6,6 +6,7 @@ use std::fmt;
 use quantfarm_proto::{self as pb, task};
 
 use super::expand::model_cost;
+use super::kld::{n_groups, Sequential};
 use super::lookup::{kld_plan_of, kld_settings, reference_files};
 use super::{num, Done, Family, Folded, Grown, Kld, Results, Stage};
 use crate::graph::naming::artifact;
@@ -69,10 +70,17 @@ impl Family for KldBase {
     /// An intermediate: the `kld` tasks read it.
     fn fold<'a>(&self, _: Done<'a>, _: &mut Folded<'a>) {}
 
-    /// After the evaluation text's plan: one per chunk group.
-    fn grow(stage: Stage, _: &Ctx, results: &Results, out: &mut Grown) {
+    /// After the evaluation text's plan: one per chunk group; with `evaluation.stop`, those of the first look (the
+    /// rest as the rungs reach them, `kld`), unless something measures the whole text against them (mlx-lm,
+    /// transformers, a third party's GGUF).
+    fn grow(stage: Stage, ctx: &Ctx, results: &Results, out: &mut Grown) {
         let Stage::TextPlanned(kp) = stage else { return };
-        for group in 0..kp.n_chunks.div_ceil(kp.n_seq.max(1)) {
+        let whole = ctx.spec.runs_mlx_lm() || ctx.spec.runs_transformers() || !ctx.eval.third_party.is_empty();
+        let groups: Vec<u32> = match Sequential::of(ctx.spec, kp) {
+            Some(seq) if !whole => seq.order[..seq.first].to_vec(),
+            _ => (0..n_groups(kp)).collect(),
+        };
+        for group in groups {
             out.add(KldBase { group }, vec![Kld::Plan.into()], model_cost(results));
         }
     }

@@ -47,12 +47,14 @@ use std::hash::{Hash, Hasher};
 use quantfarm_proto::{self as pb, task};
 
 pub use choice::Choice;
-pub use expand::{eval_targets, grows, initial, peft_adapter, priorities, Grown, Growth, Inventory, Opens, Stage};
+pub use expand::{
+    eval_targets, eval_targets_of, grows, initial, peft_adapter, priorities, Grown, Growth, Inventory, Opens, Stage,
+};
 pub use folded::{Done, Folded, MlxLmAcc, RuntimeAcc, Slot, SlotAcc, ThirdPartyAcc, MERGE_CHECK};
 pub use gguf::Gguf;
 pub use greedy::Greedy;
 pub use imatrix::Imatrix;
-pub use kld::Kld;
+pub use kld::{Kld, Sequential};
 pub use kld_base::KldBase;
 pub use merge::Merge;
 pub use merge_check::MergeCheck;

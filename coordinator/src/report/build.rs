@@ -39,6 +39,22 @@ pub(super) fn merge_chunks(
     chunks.iter().map(|(target, list)| (target.clone(), merge_whole(rel, list))).collect()
 }
 
+/// Each rung's chunk statistics merged: the whole text, or the chunks the stop rule (`evaluation.stop`) stopped it
+/// at; else why they cannot be.
+fn merge_rungs(
+    rel: &Release,
+    chunks: &BTreeMap<String, Vec<ChunkStats>>,
+) -> BTreeMap<String, Result<KldSummary, String>> {
+    let merge = |target: &str, list: &[ChunkStats]| {
+        if super::sequential::stopped_early(rel, target) {
+            KldSummary::merge(list).map_err(|e| e.to_string())
+        } else {
+            merge_whole(rel, list)
+        }
+    };
+    chunks.iter().map(|(target, list)| (target.clone(), merge(target, list))).collect()
+}
+
 /// One model's chunk statistics merged, or why they cannot be: a chunk missing or given twice.
 pub(super) fn merge_whole(rel: &Release, list: &[ChunkStats]) -> Result<KldSummary, String> {
     let expected = kld_plan_result(rel).map_or(0, |k| k.n_chunks as u64);
@@ -398,7 +414,7 @@ pub fn build(rel: &Release, workers: &HashMap<String, WorkerRec>, now_ms: i64, v
     for t in &rel.tasks {
         t.key.fold(Done { task: t.task.as_ref(), result: t.result.as_ref() }, &mut folded);
     }
-    let klds = merge_chunks(rel, &folded.kld);
+    let klds = merge_rungs(rel, &folded.kld);
     let greedy = greedy_summaries(&folded);
     let probes = probe_summaries(&folded);
     let choices = choice_summaries(&folded);
@@ -447,6 +463,7 @@ pub fn build(rel: &Release, workers: &HashMap<String, WorkerRec>, now_ms: i64, v
         paired,
         third_party,
         comparison: None,
+        sequential: super::sequential::section(rel),
         artifacts,
         tasks: tasks::records(rel),
         gates: results.iter().map(gates::GateResult::record).collect(),

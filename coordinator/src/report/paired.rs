@@ -30,10 +30,12 @@ pub(super) fn section(
     values_url: &str,
 ) -> Option<(Paired, Vec<u8>)> {
     let confidence = rel.spec.evaluation.as_ref()?.confidence;
-    // The rungs measured whole, by size (then name): each with its chunks in chunk order.
+    // The rungs measured whole, by size (then name): each with its chunks in chunk order. One the stop rule
+    // stopped early (`evaluation.stop`) is not paired: its interval is the `sequential` section's.
+    let whole = rel.result(&crate::kinds::Kld::Plan.into()).and_then(|r| r.kld_plan()).map_or(0, |k| k.n_chunks);
     let mut rungs: Vec<(&Artifact, Vec<&ChunkStats>, &[ChunkStats])> = artifacts
         .iter()
-        .filter(|a| klds.get(&a.file_type).is_some_and(Result::is_ok))
+        .filter(|a| klds.get(&a.file_type).is_some_and(|k| k.as_ref().is_ok_and(|s| s.n_chunks == u64::from(whole))))
         .filter_map(|a| {
             let all = chunks.get(&a.file_type)?;
             let mut list: Vec<&ChunkStats> = all.iter().collect();

@@ -201,8 +201,11 @@ impl Release {
     }
 
     /// Task `ti` waits for task `di`: the edge, and one more open dependency while `di` is not done. The one place
-    /// a dependency is wired (new tasks, new waits, a restart).
+    /// a dependency is wired (new tasks, new waits, a restart); an edge that exists already is left as it is.
     pub(super) fn wire(&mut self, ti: usize, di: usize) {
+        if self.tasks[ti].deps.contains(&di) {
+            return;
+        }
         self.link(ti, di);
         if self.tasks[di].state != TState::Done {
             self.tasks[ti].waiting += 1;

@@ -5,10 +5,13 @@ use super::*;
 use quantfarm_store::Digest;
 
 impl Sched {
-    /// Adds tasks to a release (journalled in one transaction) and readies those with no open dependency.
-    pub(super) fn add_tasks(&mut self, ri: usize, defs: Vec<TaskDef>) -> Result<(), SchedError> {
+    /// Adds tasks to a release (journalled in one transaction) and readies those with no open dependency. A task
+    /// already in the graph is not added again (two rungs may reach the same base-logits group).
+    pub(super) fn add_tasks(&mut self, ri: usize, mut defs: Vec<TaskDef>) -> Result<(), SchedError> {
         let prio = kinds::priorities(&defs);
         let rel = &mut self.releases[ri];
+        let mut seen = std::collections::HashSet::new();
+        defs.retain(|d| !rel.index.contains_key(&d.key) && seen.insert(d.key.clone()));
         let first_new = rel.tasks.len();
         for d in &defs {
             rel.push_task(TaskRec::new(d.key.clone(), prio.get(&d.key).copied().unwrap_or(d.cost)));

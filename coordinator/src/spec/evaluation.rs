@@ -58,6 +58,68 @@ pub struct Evaluation {
     /// values are read when this release's report is made, and the diff (`quantfarm report diff`) is put in it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compare_with: Option<String>,
+    /// Sequential measurement: each rung's chunk groups are measured in a seeded stratified order, and measuring a
+    /// rung stops once every gate that reads its KL divergence has a verdict the remaining groups cannot change at
+    /// this confidence (or its mean is as precise as asked); `quantfarm_parity::sequential`, docs/statistics.md.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<Stop>,
+}
+
+/// `evaluation.stop`.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Stop {
+    /// The chance that a stopped rung's interval misses its full-text mean is at most `1 − confidence`.
+    pub confidence: f64,
+    /// No decision before this many chunks (rounded up to whole chunk groups, at least 3 groups; default 4).
+    #[serde(default = "default_min_chunks")]
+    pub min_chunks: u32,
+    /// Also stop a rung once its interval's half-width is at most this fraction of its mean (`0.05`: ± 5 %).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub precision: Option<f64>,
+    /// The floor under the chunk groups' coefficient of variation the interval assumes (default 0.3; measured on
+    /// real texts 0.2–0.5, docs/statistics.md). Larger is more cautious.
+    #[serde(default = "default_spread")]
+    pub spread: f64,
+}
+
+fn default_min_chunks() -> u32 {
+    4
+}
+
+fn default_spread() -> f64 {
+    0.3
+}
+
+impl Stop {
+    /// The rule over units of `n_seq` chunks.
+    pub fn rule(&self, n_seq: u32) -> quantfarm_parity::sequential::StopRule {
+        quantfarm_parity::sequential::StopRule {
+            confidence: self.confidence,
+            min_units: self.min_chunks.div_ceil(n_seq.max(1)) as usize,
+            spread: self.spread,
+            precision: self.precision,
+        }
+    }
+
+    /// What is wrong with it, naming the key.
+    pub fn check(&self) -> Result<(), String> {
+        if !(0.5..1.0).contains(&self.confidence) {
+            return Err(format!(
+                "evaluation.stop.confidence: {} is not a fraction from 0.5 up to (not including) 1",
+                self.confidence
+            ));
+        }
+        if let Some(p) = self.precision {
+            if !(p > 0.0 && p < 1.0) {
+                return Err(format!("evaluation.stop.precision: {p} is not a fraction above 0 and below 1"));
+            }
+        }
+        if !(0.0..=10.0).contains(&self.spread) {
+            return Err(format!("evaluation.stop.spread: {} is not between 0 and 10", self.spread));
+        }
+        Ok(())
+    }
 }
 
 fn default_confidence() -> f64 {

@@ -52,6 +52,9 @@
 //!                               # GGUF BF16, probes; a PEFT adapter also unmerged on the base (link 1 there)
 //!   confidence: 0.95            # of the report's intervals and paired comparisons of the rungs' KL divergence
 //!   compare_with: releases/smollm2-1a2b3c4d   # an earlier release of this farm: its diff in this report
+//!   stop: {confidence: 0.99}    # measure each rung's chunk groups in a seeded stratified order and stop once
+//!                               # every gate reading its KLD has its verdict at this confidence (min_chunks: 4;
+//!                               # precision: 0.05 also stops at ± 5 %; spread: 0.3, the floor the interval assumes)
 //!   mlx_lm: true                # with MLX outputs (default true): the source's bf16 weights and each MLX rung
 //!                               # also run in mlx-lm, on workers with the mlx_lm runtime: greedy agreement and KL
 //!                               # divergence against the GGUF BF16 in llama.cpp (the cross-runtime link)
@@ -68,7 +71,7 @@ mod recipe;
 mod target;
 mod vllm;
 
-pub use evaluation::{Evaluation, Peer, PeerEntry};
+pub use evaluation::{Evaluation, Peer, PeerEntry, Stop};
 pub use mlx::MlxOutputs;
 pub use recipe::{Level, Recipe, RecipeName, Rung, TensorTypeRule};
 use serde::{Deserialize, Serialize};
@@ -381,6 +384,12 @@ impl ReleaseSpec {
                     "evaluation.confidence: {} is not a fraction from 0.5 up to (not including) 1",
                     e.confidence
                 ));
+            }
+            if let Some(stop) = &e.stop {
+                stop.check()?;
+                if e.text.is_none() {
+                    return Err("evaluation.stop: stopping is for the KL divergence; give evaluation.text".into());
+                }
             }
             if !(64..=1 << 20).contains(&e.context) {
                 return Err(format!("evaluation.context: {} is not between 64 and 1048576 tokens", e.context));

@@ -93,6 +93,9 @@ pub fn render(report: &Report) -> String {
     third_party(&mut h, report);
     choices(&mut h, report);
     paired(&mut h, report);
+    if let Some((about, rows)) = super::sequential_rows(report) {
+        section(&mut h, "Sequential measurement", &about, super::SEQUENTIAL_HEADER, rows);
+    }
     match &report.comparison {
         Some(crate::model::Comparison::Diff(d)) => {
             let _ = write!(h, "<h2>Since {} ({})</h2>{}", esc(&d.old.name), esc(&d.old.id), d.html_body("h3"));

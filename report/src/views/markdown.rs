@@ -119,6 +119,15 @@ pub fn render(report: &Report) -> String {
         }
     }
 
+    if let Some((about, rows)) = super::sequential_rows(report) {
+        let _ = writeln!(md, "\n## Sequential measurement\n\n{about}\n");
+        let _ = writeln!(md, "| {} |", super::SEQUENTIAL_HEADER.join(" | "));
+        let _ = writeln!(md, "|---|---:|---|---|---|");
+        for r in rows {
+            let _ = writeln!(md, "| {} |", r.iter().map(|c| cell(c)).collect::<Vec<_>>().join(" | "));
+        }
+    }
+
     match &report.comparison {
         Some(crate::model::Comparison::Diff(d)) => {
             let _ = writeln!(md, "\n## Since {} ({})\n\n{}", cell(&d.old.name), d.old.id, d.markdown_body("###"));

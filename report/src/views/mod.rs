@@ -179,6 +179,44 @@ pub(crate) fn paired_rows(report: &Report) -> Option<(String, Vec<[String; 5]>)>
     Some((about, rows))
 }
 
+/// The sequential measurement (`evaluation.stop`) as table cells: each rung, the chunks measured of the text's, why
+/// it stopped, its mean and interval, the thresholds it was decided against; and the heading's sentence.
+pub(crate) fn sequential_rows(report: &Report) -> Option<(String, Vec<[String; 5]>)> {
+    let s = report.sequential.as_ref()?;
+    let about = format!(
+        "Each rung's chunk groups measured in one seeded stratified order, stopped once every gate on its mean KL \
+         divergence has its verdict at {:.0} % confidence (the chance that a stopped rung's interval misses its \
+         full-text mean is at most {:.0} %; docs/statistics.md). A complete rung's figures are llama-perplexity's.",
+        100.0 * s.confidence,
+        100.0 * (1.0 - s.confidence)
+    );
+    let rows = s
+        .rungs
+        .iter()
+        .map(|r| {
+            let interval =
+                if r.stopped == "complete" { "exact".to_string() } else { format!("[{:.6}, {:.6}]", r.low, r.high) };
+            let thresholds = r.thresholds.iter().map(|t| crate::gates::expr::fmt_num(*t)).collect::<Vec<_>>();
+            let why = match &r.note {
+                Some(n) => format!("{} ({n})", r.stopped),
+                None => r.stopped.clone(),
+            };
+            [
+                r.file_type.clone(),
+                format!("{} of {}", r.chunks, r.of_chunks),
+                why,
+                format!("{:.6} {interval}", r.mean),
+                if thresholds.is_empty() { "—".to_string() } else { thresholds.join(", ") },
+            ]
+        })
+        .collect();
+    Some((about, rows))
+}
+
+/// The header cells of [`sequential_rows`].
+pub(crate) const SEQUENTIAL_HEADER: [&str; 5] =
+    ["Rung", "Chunks measured", "Stopped", "Mean KLD and interval", "Thresholds"];
+
 /// Each artifact's multiple-choice results as table cells: accuracy (percent ± percent), correct of tasks, tasks
 /// whose answer changed against the reference's, now wrong, now right.
 pub(crate) fn choice_rows(report: &Report) -> Vec<[String; 5]> {
@@ -459,6 +497,15 @@ pub(crate) mod sample {
                 ],
                 "gates": [{"name": "kld", "level": "Q4_K_M", "old": true, "new": false}],
             },
+            "sequential": {"method": "stratified seeded order, ratio estimate, t interval with a spread floor",
+                           "confidence": 0.99, "min_chunks": 4, "spread": 0.3, "chunks_per_group": 1,
+                           "order": [2, 9, 5, 12, 0, 7, 11, 4, 13, 1, 6, 10, 3, 8],
+                           "rungs": [
+                               {"file_type": "Q8_0", "chunks": 4, "of_chunks": 14, "stopped": "decided",
+                                "mean": 0.0046, "low": 0.0031, "high": 0.0061, "thresholds": [0.01]},
+                               {"file_type": "Q4_K_M", "chunks": 14, "of_chunks": 14, "stopped": "complete",
+                                "mean": 0.0635, "low": 0.0635, "high": 0.0635, "thresholds": [0.05],
+                                "note": "never decided early: gate \"tail\" (kld.p99 <= 1) reads kld.p99, which the stop rule does not bound"}]},
             "artifacts": [
                 artifact("BF16", 270000000, 16.0, Value::Null, Value::Null, reference_probes),
                 q8,
