@@ -174,7 +174,7 @@ async fn a_mixture_of_experts_has_every_expert_quantized_and_its_routers_left() 
 /// Every text family quantfarm converts, as its tiny synthetic checkpoint (`tests/py/make_synthetic_hf.py`: each
 /// family's own tensor names, fused qkv and gate-up projections, biases, tied embeddings): FP8_DYNAMIC as oneshot
 /// makes it, tensor for tensor (Gemma's offset norms as the source has them, [`offset_round_trip`]). The multimodal
-/// checkpoints are left out: oneshot loads a causal LM, and a vision tower needs its own `ignore`.
+/// checkpoints: [`multimodal_checkpoints_are_made_as_oneshot_makes_them`].
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_text_family_is_made_as_oneshot_makes_it() {
     if quantfarm_e2e::skip_unless_long(
@@ -212,6 +212,40 @@ async fn every_text_family_is_made_as_oneshot_makes_it() {
         eprintln!("{family}: {linears} Linear weights");
         let offset = family.starts_with("gemma");
         against_llm_compressor(&hf, &[("FP8_DYNAMIC", 0, "oneshot")], linears, &[], &[], offset).await;
+    }
+}
+
+/// The multimodal checkpoints (Gemma 3 4B+ with a SigLIP tower, Mistral 3 with a Pixtral tower, each whole in its
+/// synthetic checkpoint), loaded whole by the oracle as llm-compressor's multimodal examples load them: FP8_DYNAMIC as
+/// oneshot makes it with their `ignore` (`re:.*vision_tower.*`, `re:.*multi_modal_projector.*`: the text model's
+/// Linear layers only, the projector's bare parameter and norm named without a Linear), and with `lm_head` alone
+/// (the towers' and the projector's Linear layers quantized too, their embedding tables left as tables).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multimodal_checkpoints_are_made_as_oneshot_makes_them() {
+    if quantfarm_e2e::skip_unless_long(
+        "multimodal_checkpoints_are_made_as_oneshot_makes_them",
+        "two multimodal families against oneshot, twice each (1 min); the text families run beside them",
+    ) {
+        return;
+    }
+    for family in ["gemma3_mm", "ministral3_mm"] {
+        let dir = tempfile::tempdir().unwrap();
+        let hf = quantfarm_e2e::synthetic_hf(family, &dir.path().join("hf"));
+        let src = TensorSource::open(&Location::local(&hf)).await.unwrap();
+        let linear = |name: &str| {
+            let Some(module) = name.strip_suffix(".weight") else { return false };
+            let last = module.rsplit('.').next().unwrap_or(module);
+            module != "lm_head" && !last.ends_with("norm") && !last.starts_with("embed") && !last.ends_with("embedding")
+        };
+        let all: Vec<&str> =
+            src.tensors().iter().filter(|e| e.shape.len() == 2 && linear(&e.name)).map(|e| e.name.as_str()).collect();
+        let text = all.iter().filter(|n| !n.contains("vision_tower") && !n.contains("multi_modal_projector")).count();
+        assert!(all.len() > text, "{family}: the towers have Linear layers: {all:?}");
+        eprintln!("{family}: {text} Linear weights in the text model, {} in all", all.len());
+        let offset = family.starts_with("gemma");
+        let towers = [r"re:.*vision_tower.*", r"re:.*multi_modal_projector.*"];
+        against_llm_compressor(&hf, &[("FP8_DYNAMIC", 0, "oneshot")], text, &[], &towers, offset).await;
+        against_llm_compressor(&hf, &[("FP8_DYNAMIC", 0, "oneshot")], all.len(), &[], &[], offset).await;
     }
 }
 

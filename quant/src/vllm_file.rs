@@ -2,8 +2,8 @@
 //! weights quantized FP8_DYNAMIC or W4A16 (`crate::compressed_tensors`), everything else as it is, and
 //! `config.json`'s `quantization_config`, which vLLM and transformers read the format from.
 //!
-//! Which weights: every 2-D `*.weight` of a module that is not a norm (its name ends in `norm`), the token
-//! embedding (`embed_tokens`) or a mixture of experts' router ([`routers`]), nor named in `ignore` (by default
+//! Which weights: every 2-D `*.weight` of a module that is not a norm (its name ends in `norm`), an embedding
+//! (`embed_tokens`, a vision tower's `position_embedding`: [`linear_module`]) or a mixture of experts' router ([`routers`]), nor named in `ignore` (by default
 //! `lm_head`, as llm-compressor's examples and vLLM's loaders expect) — the decoder's Linear layers, every expert's
 //! included; fused 3-D experts are split per expert first, as llm-compressor splits them ([`crate::vllm_pieces`]).
 //! A model with multi-token-prediction layers made like `oneshot` keeps its `mtp.*` tensors as stored, unquantized,
@@ -159,11 +159,13 @@ pub struct VllmWritten {
 }
 
 /// The module whose weight tensor `name` of `shape` is, when it is a Linear's (`targets="Linear"`: a matrix, not a
-/// norm's or the token embedding's).
+/// norm's or an embedding's: the token embedding `embed_tokens`, a vision tower's `position_embedding`, any
+/// `embed*` or `*embedding(s)` module, which are `nn.Embedding` tables, never Linear).
 fn linear_module<'a>(name: &'a str, shape: &[u64]) -> Option<&'a str> {
     let module = name.strip_suffix(".weight")?;
     let last = module.rsplit('.').next().unwrap_or(module);
-    (shape.len() == 2 && !last.ends_with("norm") && last != "embed_tokens").then_some(module)
+    let embedding = last.starts_with("embed") || last.ends_with("embedding") || last.ends_with("embeddings");
+    (shape.len() == 2 && !last.ends_with("norm") && !embedding).then_some(module)
 }
 
 /// Whether tensor `name` of `shape` is a Linear weight the scheme quantizes (see the module's overview).
@@ -247,18 +249,19 @@ fn left_alone(src: &TensorSource, opts: &VllmOptions) -> Result<Ignore, VllmFile
     Ok(Ignore::names(routers(src)).with(Ignore::parse(&entries).map_err(|msg| VllmFileError::Ignore { msg })?))
 }
 
-/// Each of the user's `ignore` entries names a module with a weight matrix in the checkpoint (a Linear, or the
-/// embedding), but `lm_head`, which a tied checkpoint has as a module without a tensor of its own: an entry that
-/// names nothing would leave quantized what its writer meant to keep.
+/// Each of the user's `ignore` entries names a module of the checkpoint (one that holds a tensor), but `lm_head`,
+/// which a tied checkpoint has as a module without a tensor of its own: an entry that names nothing (a typo) would
+/// leave quantized what its writer meant to keep. An entry may name modules without a Linear (llm-compressor's
+/// examples ignore `re:.*multi_modal_projector.*`, which in Gemma 3 holds a bare projection parameter and a norm):
+/// it then leaves nothing out, as in oneshot.
 fn check_ignore(all: &[Piece], opts: &VllmOptions) -> Result<(), VllmFileError> {
     let ignore = Ignore::parse(&opts.ignore).map_err(|msg| VllmFileError::Ignore { msg })?;
-    let matrices: Vec<&str> =
-        all.iter().filter(|p| p.shape.len() == 2).filter_map(|p| p.name.strip_suffix(".weight")).collect();
+    let modules: Vec<&str> = all.iter().filter_map(|p| p.name.rsplit_once('.').map(|(m, _)| m)).collect();
     for entry in ignore.entries() {
-        if entry.text() != "lm_head" && !matrices.iter().any(|m| entry.matches(m)) {
+        if entry.text() != "lm_head" && !modules.iter().any(|m| entry.matches(m)) {
             return Err(VllmFileError::Ignore {
                 msg: format!(
-                    "{:?}: names no module with a weight matrix in the checkpoint (a module by its full name, \
+                    "{:?}: names no module of the checkpoint (a module by its full name, \
                      `model.layers.0.mlp.down_proj`, or `re:` and a pattern matched from the name's start)",
                     entry.text()
                 ),

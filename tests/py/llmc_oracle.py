@@ -16,6 +16,7 @@ Run with scripts/install-llm-compressor's venv (llmcompressor 0.14.0.1, compress
 transformers 5.17.0, torch 2.11.0). Prints the versions it ran.
 """
 
+import json
 import sys
 
 import compressed_tensors
@@ -55,7 +56,16 @@ def run(entry, scheme_name, group, hf, out, ignore) -> None:
         from llmcompressor import oneshot
         from llmcompressor.modifiers.quantization import QuantizationModifier
 
-        model = transformers.AutoModelForCausalLM.from_pretrained(hf, dtype=torch.bfloat16)
+        # A multimodal checkpoint (`*ForConditionalGeneration`: Gemma 3 4B+, Mistral 3) loads whole, vision tower
+        # included, as llm-compressor's multimodal examples load it.
+        with open(f"{hf}/config.json", encoding="utf-8") as f:
+            architectures = json.load(f).get("architectures") or [""]
+        auto = (
+            transformers.AutoModelForImageTextToText
+            if architectures[0].endswith("ForConditionalGeneration")
+            else transformers.AutoModelForCausalLM
+        )
+        model = auto.from_pretrained(hf, dtype=torch.bfloat16)
         if isinstance(scheme, str):
             recipe = QuantizationModifier(targets="Linear", scheme=scheme, ignore=["lm_head", *extra])
         else:

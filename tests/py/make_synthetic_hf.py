@@ -34,7 +34,7 @@ The vocabularies are real ones, taken from llama.cpp's own vocab-only test GGUFs
   it, with the post-processor adding <s>;
 - ministral3_mm: Ministral 3 (8B-Instruct-2512-like) as Mistral3ForConditionalGeneration saves it with transformers
   5: the text model (Ministral3: Llama's layout, yarn rope with Llama 4's attention temperature) under
-  model.language_model., a stub Pixtral vision tower and projector beside it, the tekken vocabulary;
+  model.language_model., a whole one-layer Pixtral vision tower and projector beside it, the tekken vocabulary;
 - ministral3: the same text model alone, as Ministral3ForCausalLM saves it;
 - mistral / gemma3: LLaMA's SentencePiece BPE model (32,000 pieces with scores and types, 256 byte pieces) as a
   tokenizer.model, and the tokenizer.json transformers derives from it.
@@ -771,22 +771,35 @@ if not cfg.get("tie_word_embeddings", ARCH in ("gemma2", "gemma3", "gemma3_mm"))
     shapes["lm_head.weight"] = (vocab, H)
 if ARCH == "gemma3_mm":
     shapes = {n.replace("model.", "model.language_model.", 1): v for n, v in shapes.items()}
+    # A whole SigLIP tower (transformers' SiglipVisionModel, one layer), so that a loader builds every module from
+    # the file and random-initializes nothing.
     v = "model.vision_tower.vision_model."
     shapes.update({
         v + "embeddings.patch_embedding.weight": (32, 3, 16, 16), v + "embeddings.patch_embedding.bias": (32,),
         v + "embeddings.position_embedding.weight": (4, 32), v + "post_layernorm.weight": (32,),
-        v + "post_layernorm.bias": (32,), v + "encoder.layers.0.self_attn.q_proj.weight": (32, 32),
+        v + "post_layernorm.bias": (32,),
         "model.multi_modal_projector.mm_input_projection_weight": (32, H),
         "model.multi_modal_projector.mm_soft_emb_norm.weight": (32,),
     })
+    layer = v + "encoder.layers.0."
+    for m, (o, i) in {"self_attn.q_proj": (32, 32), "self_attn.k_proj": (32, 32), "self_attn.v_proj": (32, 32),
+                      "self_attn.out_proj": (32, 32), "mlp.fc1": (64, 32), "mlp.fc2": (32, 64)}.items():
+        shapes.update({layer + m + ".weight": (o, i), layer + m + ".bias": (o,)})
+    for m in ("layer_norm1", "layer_norm2"):
+        shapes.update({layer + m + ".weight": (32,), layer + m + ".bias": (32,)})
 
 if ARCH == "ministral3_mm":
     shapes = {n.replace("model.", "model.language_model.", 1): v for n, v in shapes.items()}
+    # A whole Pixtral tower (one layer, no biases) and projector: nothing left for a loader to initialize.
     v = "model.vision_tower."
+    layer = v + "transformer.layers.0."
     shapes.update({
         v + "patch_conv.weight": (32, 3, 16, 16), v + "ln_pre.weight": (32,),
-        v + "transformer.layers.0.attention.q_proj.weight": (32, 32),
-        v + "transformer.layers.0.attention_norm.weight": (32,),
+        layer + "attention.q_proj.weight": (32, 32), layer + "attention.k_proj.weight": (32, 32),
+        layer + "attention.v_proj.weight": (32, 32), layer + "attention.o_proj.weight": (32, 32),
+        layer + "feed_forward.gate_proj.weight": (64, 32), layer + "feed_forward.up_proj.weight": (64, 32),
+        layer + "feed_forward.down_proj.weight": (32, 64),
+        layer + "attention_norm.weight": (32,), layer + "ffn_norm.weight": (32,),
         "model.multi_modal_projector.norm.weight": (32,),
         "model.multi_modal_projector.patch_merger.merging_layer.weight": (32, 128),
         "model.multi_modal_projector.linear_1.weight": (H, 32), "model.multi_modal_projector.linear_2.weight": (H, H),
