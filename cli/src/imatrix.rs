@@ -1,6 +1,8 @@
 //! `quantfarm imatrix`: an importance matrix for the quantizers in one step, collected in llama.cpp as
 //! `llama-imatrix` collects it, written in its GGUF format. The farm computes the same parts on workers
-//! (`imatrix/G` tasks) and merges them in the same order, so both give the same bytes.
+//! (`imatrix/G` tasks) and merges them in the same order, so both give the same bytes. For a mixture of experts it
+//! then prints, per expert weight, the experts no calibration token reached and the share that had tokens, as
+//! llama-imatrix warns ("partial data"): llama-quantize gives those experts' columns an importance of 1.
 
 use std::path::PathBuf;
 
@@ -82,5 +84,22 @@ pub fn run(args: Args) -> Result<()> {
         tokens as f64 / secs,
         done.sha256
     );
+    // The experts no calibration token reached, per mixture-of-experts weight: what llama-imatrix warns about
+    // ("has partial data"); llama-quantize gives their columns an importance of 1.
+    let coverage = sums.expert_coverage();
+    let partial: Vec<_> = coverage.iter().filter(|c| !c.unrouted.is_empty()).collect();
+    for c in &partial {
+        let list = c.unrouted.iter().map(u32::to_string).collect::<Vec<_>>().join(", ");
+        println!(
+            "{}: partial data ({:.2}%): {} of {} experts had no tokens ({list})",
+            c.weight,
+            c.percent(),
+            c.unrouted.len(),
+            c.experts
+        );
+    }
+    if !coverage.is_empty() && partial.is_empty() {
+        println!("experts: every expert of the {} mixture-of-experts weights had tokens", coverage.len());
+    }
     Ok(())
 }

@@ -231,4 +231,41 @@ fn moe_experts_are_counted_per_expert_as_llama_imatrix_counts_them() {
         let (a, b) = (std::fs::read(p(&mine)).expect("ours"), std::fs::read(p(&theirs)).expect("theirs"));
         assert!(a == b, "MXFP4_MOE ({tag}): {} bytes against llama-quantize's {}", a.len(), b.len());
     }
+
+    // Expert coverage (issue 40): a calibration text of one word repeated gives every token nearly the same hidden
+    // state, so the routers pick the same few experts and the others get no token. The weights left with experts
+    // without data, and their share, are what llama-imatrix warns about on the same text ("has partial data").
+    std::fs::write(p("repeated.txt"), "the ".repeat(400)).expect("write");
+    let cov = ["--text", "repeated.txt", "--ctx", "64", "--chunks", "2", "--threads", "2"];
+    let o = Command::new(env!("CARGO_BIN_EXE_quantfarm"))
+        .args(["imatrix", "--model", m])
+        .args(cov)
+        .args(["-o", "repeated.gguf"])
+        .current_dir(dir.path())
+        .output()
+        .expect("run");
+    let said = ok(o, "quantfarm imatrix (repeated text)");
+    let mut ours: Vec<(String, String)> = said
+        .lines()
+        .filter_map(|l| l.split_once(": partial data ("))
+        .map(|(name, rest)| (name.to_string(), rest.split('%').next().unwrap_or_default().to_string()))
+        .collect();
+    let live = Command::new(llama_bin().join("llama-imatrix"))
+        .args(["-m", m, "-f", "repeated.txt", "-c", "64", "--chunks", "2", "-t", "2", "-o", "llama-repeated.gguf"])
+        .current_dir(dir.path())
+        .output()
+        .expect("run llama-imatrix");
+    let all = format!("{}{}", String::from_utf8_lossy(&live.stdout), String::from_utf8_lossy(&live.stderr));
+    assert!(live.status.success(), "llama-imatrix: {all}");
+    let mut theirs: Vec<(String, String)> = all
+        .lines()
+        .filter_map(|l| l.split_once("entry '")?.1.split_once("' has partial data ("))
+        .map(|(name, rest)| (name.trim().to_string(), rest.split('%').next().unwrap_or_default().to_string()))
+        .collect();
+    assert!(!theirs.is_empty(), "the repeated text leaves experts without tokens: {all}");
+    // (llama-imatrix warns in its hash map's order.)
+    ours.sort();
+    theirs.sort();
+    assert_eq!(ours, theirs, "experts without tokens, per weight: ours against llama-imatrix's warnings\n{said}");
+    println!("partial data, as llama-imatrix warns: {ours:?}");
 }

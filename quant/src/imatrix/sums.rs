@@ -164,6 +164,39 @@ impl ImatrixSums {
         let (header, data) = super::gguf_parts(bytes, file)?;
         from_gguf(&header, data, file)
     }
+
+    /// Every mixture-of-experts weight (more than one expert) with the experts no token was routed to, in name
+    /// order: what `llama-imatrix` warns about when it saves (`entry '…' has partial data (P%)`, P the share of
+    /// experts with tokens; `IMatrixCollector::save_imatrix`, tools/imatrix/imatrix.cpp). llama-quantize then uses
+    /// an importance of 1 for those experts' columns (no data), which low-bit types quantize worst.
+    pub fn expert_coverage(&self) -> Vec<ExpertCoverage> {
+        self.entries
+            .iter()
+            .filter(|(_, st)| st.counts.len() > 1)
+            .map(|(name, st)| ExpertCoverage {
+                weight: name.clone(),
+                experts: st.counts.len() as u32,
+                unrouted: (0..st.counts.len() as u32).filter(|&e| st.counts[e as usize] == 0).collect(),
+            })
+            .collect()
+    }
+}
+
+/// One mixture-of-experts weight's experts and those no calibration token reached.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ExpertCoverage {
+    pub weight: String,
+    pub experts: u32,
+    /// The experts (by index) with no token.
+    pub unrouted: Vec<u32>,
+}
+
+impl ExpertCoverage {
+    /// The share of experts with tokens, in percent, as llama-imatrix prints it (`%.2f`).
+    pub fn percent(&self) -> f64 {
+        let all = f64::from(self.experts.max(1));
+        100.0 * (all - self.unrouted.len() as f64) / all
+    }
 }
 
 fn from_gguf(h: &GgufHeader, data: &[u8], file: &str) -> Result<ImatrixSums, ImatrixError> {
@@ -241,6 +274,23 @@ fn from_gguf(h: &GgufHeader, data: &[u8], file: &str) -> Result<ImatrixSums, Ima
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn expert_coverage_names_the_experts_no_token_reached() {
+        let mut sums = ImatrixSums::default();
+        let stats = |counts: Vec<u64>| Stats { values: vec![1.0; counts.len() * 2], counts };
+        sums.entries.insert("blk.0.attn_q.weight".into(), stats(vec![64]));
+        sums.entries.insert("blk.0.ffn_up_exps.weight".into(), stats(vec![10, 0, 7, 0]));
+        sums.entries.insert("blk.1.ffn_up_exps.weight".into(), stats(vec![1, 2, 3, 4]));
+        let cov = sums.expert_coverage();
+        assert_eq!(cov.len(), 2, "dense weights have no experts: {cov:?}");
+        assert_eq!(
+            (cov[0].weight.as_str(), cov[0].experts, cov[0].unrouted.clone()),
+            ("blk.0.ffn_up_exps.weight", 4, vec![1, 3])
+        );
+        assert_eq!(format!("{:.2}", cov[0].percent()), "50.00");
+        assert!(cov[1].unrouted.is_empty() && cov[1].percent() == 100.0);
+    }
+
     use super::*;
 
     fn part(first: u32, n: u32, v: f64) -> ImatrixSums {
