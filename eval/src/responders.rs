@@ -5,6 +5,7 @@ use crate::error::{Error, Result};
 use crate::probe::{Completion, Finish, Probe, Responder};
 use crate::runtime::{Model, Token};
 use crate::template::{tokenize_rendered, ChatTemplate};
+use quantfarm_parity::splitmix::SplitMix;
 
 /// Probes on a model loaded in this process.
 pub struct Builtin<'m> {
@@ -32,13 +33,14 @@ impl Responder for Builtin<'_> {
         let text = self.template.render(&probe.messages, true, &probe.kwargs)?;
         let prompt = tokenize_rendered(self.model, &text);
         let mut session = self.model.session(self.n_ctx, 1, 512)?;
+        // SplitMix64: the same repeat samples the same tokens on every machine.
         let mut rng = SplitMix(0x9E37_79B9_7F4A_7C15 ^ repeat as u64);
         let temperature = probe.temperature;
         let steps = session.generate(&prompt, probe.max_tokens, &mut |logits| {
             if temperature <= 0.0 {
                 crate::logits::argmax(logits)
             } else {
-                sample(logits, temperature, rng.next_f64())
+                sample(logits, temperature, rng.unit())
             }
         })?;
         let mut tokens: Vec<Token> = steps.iter().map(|s| s.token).collect();
@@ -65,19 +67,6 @@ fn sample(logits: &[f32], temperature: f32, u: f64) -> Token {
         }
     }
     crate::logits::argmax(logits)
-}
-
-/// A small deterministic generator (SplitMix64): the same repeat samples the same tokens on every machine.
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn next_f64(&mut self) -> f64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
-    }
 }
 
 /// Probes on an OpenAI-compatible server.

@@ -10,6 +10,7 @@
 pub mod kld;
 pub mod paired;
 pub mod sequential;
+pub mod splitmix;
 
 pub use kld::{ChunkStats, Estimate, KldSummary, PositionScore, StatsError};
 pub use paired::{mean_interval, paired_kld, MeanInterval};

@@ -35,6 +35,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::paired::student_t_quantile;
+use crate::splitmix::SplitMix;
 
 /// When to stop measuring a rung.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -81,39 +82,6 @@ impl StopReason {
             StopReason::Complete => "complete",
             StopReason::Decided => "decided",
             StopReason::Precise => "precise",
-        }
-    }
-}
-
-/// SplitMix64 (Steele, Lea & Flood, "Fast splittable pseudorandom number generators", OOPSLA 2014): the same
-/// numbers on every machine.
-struct SplitMix(u64);
-
-impl SplitMix {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// An unbiased index in `0..n` (`n > 0`; rejection of the short last range).
-    fn below(&mut self, n: usize) -> usize {
-        let span = n as u64;
-        let zone = u64::MAX - u64::MAX % span;
-        loop {
-            let r = self.next();
-            if r < zone {
-                return (r % span) as usize;
-            }
-        }
-    }
-
-    fn shuffle<T>(&mut self, v: &mut [T]) {
-        for i in (1..v.len()).rev() {
-            let j = self.below(i + 1);
-            v.swap(i, j);
         }
     }
 }
