@@ -172,8 +172,8 @@ async fn a_mixture_of_experts_has_every_expert_quantized_and_its_routers_left() 
 }
 
 /// Every text family quantfarm converts, as its tiny synthetic checkpoint (`tests/py/make_synthetic_hf.py`: each
-/// family's own tensor names, fused qkv and gate-up projections, biases, tied embeddings): FP8_DYNAMIC as oneshot
-/// makes it, tensor for tensor (Gemma's offset norms as the source has them, [`offset_round_trip`]). The multimodal
+/// family's own tensor names, fused qkv and gate-up projections, biases, tied embeddings): FP8_DYNAMIC and W4A16
+/// (group 32) as oneshot makes them, tensor for tensor (Gemma's offset norms as the source has them, [`offset_round_trip`]). The multimodal
 /// checkpoints: [`multimodal_checkpoints_are_made_as_oneshot_makes_them`].
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_text_family_is_made_as_oneshot_makes_it() {
@@ -211,13 +211,14 @@ async fn every_text_family_is_made_as_oneshot_makes_it() {
             .count();
         eprintln!("{family}: {linears} Linear weights");
         let offset = family.starts_with("gemma");
-        against_llm_compressor(&hf, &[("FP8_DYNAMIC", 0, "oneshot")], linears, &[], &[], offset).await;
+        let runs = [("FP8_DYNAMIC", 0, "oneshot"), ("W4A16", 32, "oneshot")];
+        against_llm_compressor(&hf, &runs, linears, &[], &[], offset).await;
     }
 }
 
 /// The multimodal checkpoints (Gemma 3 4B+ with a SigLIP tower, Mistral 3 with a Pixtral tower, each whole in its
-/// synthetic checkpoint), loaded whole by the oracle as llm-compressor's multimodal examples load them: FP8_DYNAMIC as
-/// oneshot makes it with their `ignore` (`re:.*vision_tower.*`, `re:.*multi_modal_projector.*`: the text model's
+/// synthetic checkpoint), loaded whole by the oracle as llm-compressor's multimodal examples load them: FP8_DYNAMIC and
+/// W4A16 (group 32) as oneshot makes them with their `ignore` (`re:.*vision_tower.*`, `re:.*multi_modal_projector.*`: the text model's
 /// Linear layers only, the projector's bare parameter and norm named without a Linear), and with `lm_head` alone
 /// (the towers' and the projector's Linear layers quantized too, their embedding tables left as tables).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -244,8 +245,9 @@ async fn multimodal_checkpoints_are_made_as_oneshot_makes_them() {
         eprintln!("{family}: {text} Linear weights in the text model, {} in all", all.len());
         let offset = family.starts_with("gemma");
         let towers = [r"re:.*vision_tower.*", r"re:.*multi_modal_projector.*"];
-        against_llm_compressor(&hf, &[("FP8_DYNAMIC", 0, "oneshot")], text, &[], &towers, offset).await;
-        against_llm_compressor(&hf, &[("FP8_DYNAMIC", 0, "oneshot")], all.len(), &[], &[], offset).await;
+        let runs = [("FP8_DYNAMIC", 0, "oneshot"), ("W4A16", 32, "oneshot")];
+        against_llm_compressor(&hf, &runs, text, &[], &towers, offset).await;
+        against_llm_compressor(&hf, &runs, all.len(), &[], &[], offset).await;
     }
 }
 
