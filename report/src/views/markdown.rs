@@ -100,32 +100,15 @@ pub fn render(report: &Report) -> String {
     }
     let choices = super::choice_rows(report);
     if !choices.is_empty() {
-        let _ = writeln!(
-            md,
-            "\n## Multiple choice\n\nAs `llama-perplexity --multiple-choice` scores it; tasks numbered from 1.\n"
-        );
-        let _ = writeln!(md, "| {} |", super::CHOICE_HEADER.join(" | "));
-        let _ = writeln!(md, "|---|---:|---|---|---|");
-        for r in choices {
-            let _ = writeln!(md, "| {} |", r.iter().map(|c| cell(c)).collect::<Vec<_>>().join(" | "));
-        }
+        let about = "As `llama-perplexity --multiple-choice` scores it; tasks numbered from 1.";
+        table(&mut md, "Multiple choice", about, &super::CHOICE_HEADER, "|---|---:|---|---|---|", &choices);
     }
     if let Some((about, rows)) = super::paired_rows(report) {
-        let _ = writeln!(md, "\n## Paired comparisons\n\n{about}\n");
-        let _ = writeln!(md, "| {} |", super::PAIRED_HEADER.join(" | "));
-        let _ = writeln!(md, "|---|---:|---:|---:|---|");
-        for r in rows {
-            let _ = writeln!(md, "| {} |", r.iter().map(|c| cell(c)).collect::<Vec<_>>().join(" | "));
-        }
+        table(&mut md, "Paired comparisons", &about, &super::PAIRED_HEADER, "|---|---:|---:|---:|---|", &rows);
     }
 
     if let Some((about, rows)) = super::sequential_rows(report) {
-        let _ = writeln!(md, "\n## Sequential measurement\n\n{about}\n");
-        let _ = writeln!(md, "| {} |", super::SEQUENTIAL_HEADER.join(" | "));
-        let _ = writeln!(md, "|---|---:|---|---|---|");
-        for r in rows {
-            let _ = writeln!(md, "| {} |", r.iter().map(|c| cell(c)).collect::<Vec<_>>().join(" | "));
-        }
+        table(&mut md, "Sequential measurement", &about, &super::SEQUENTIAL_HEADER, "|---|---:|---|---|---|", &rows);
     }
 
     match &report.comparison {
@@ -377,5 +360,23 @@ mod tests {
     #[test]
     fn cells_cannot_break_the_table() {
         assert_eq!(cell("a|b\nc"), "a\\|b c");
+    }
+}
+
+/// A section of its own: the heading, the sentence under it, and a table of `rows` under `header` (`align`: the
+/// markdown alignment row).
+fn table<const N: usize>(
+    md: &mut String,
+    heading: &str,
+    about: &str,
+    header: &[&str; N],
+    align: &str,
+    rows: &[[String; N]],
+) {
+    let _ = writeln!(md, "\n## {heading}\n\n{about}\n");
+    let _ = writeln!(md, "| {} |", header.join(" | "));
+    let _ = writeln!(md, "{align}");
+    for r in rows {
+        let _ = writeln!(md, "| {} |", r.iter().map(|c| cell(c)).collect::<Vec<_>>().join(" | "));
     }
 }
