@@ -465,6 +465,7 @@ fn a_worker_that_stops_heartbeating_has_its_late_outcome_discarded() {
             kind: Some(pb::task_result::Kind::Artifact(pb::ArtifactResult {
                 artifact: Some(forged),
                 cache_hit: false,
+                experts: vec![],
             })),
         })),
         fetch_ms: 0,

@@ -268,4 +268,55 @@ fn moe_experts_are_counted_per_expert_as_llama_imatrix_counts_them() {
     theirs.sort();
     assert_eq!(ours, theirs, "experts without tokens, per weight: ours against llama-imatrix's warnings\n{said}");
     println!("partial data, as llama-imatrix warns: {ours:?}");
+
+    // The farm computes the same importance matrix in a release (from the HF checkpoint) and states the coverage in
+    // the report, beside each quant: the same weights and shares, and which experts.
+    let release = p("release.yaml");
+    std::fs::write(
+        &release,
+        format!(
+            "name: moe-coverage\nsource: {}\noutputs:\n  gguf:\n    quants: [Q4_K_M]\n    imatrix: {{text: repeated.txt, \
+             ctx: 64, chunks: 2}}\n",
+            hf.display()
+        ),
+    )
+    .expect("write release.yaml");
+    let out = Command::new(env!("CARGO_BIN_EXE_quantfarm"))
+        .arg("run")
+        .arg(&release)
+        .args(["--workers", "2", "--json", "--store"])
+        .arg(p("store"))
+        .env("QUANTFARM_KEY_FILE", p("key"))
+        .current_dir(dir.path())
+        .output()
+        .expect("run the release");
+    // No evaluation: made and verified, not measured, so not released (exit 1).
+    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+    let sum: serde_json::Value = serde_json::from_slice(&out.stdout).expect("the run's JSON summary");
+    let q4 = sum["artifacts"].as_array().and_then(|a| a.iter().find(|a| a["file_type"] == "Q4_K_M")).expect("Q4_K_M");
+    let experts = &q4["imatrix"]["experts"];
+    let weights = load(&p("repeated.gguf")).entries.values().filter(|st| st.counts.len() > 1).count();
+    assert_eq!(experts["weights"].as_u64(), Some(weights as u64), "{experts}");
+    let cov = quantfarm_quant::imatrix::sums::ImatrixSums::expert_coverage(&load(&p("repeated.gguf")));
+    let mut farm: Vec<(String, String, Vec<u64>)> = experts["partial"]
+        .as_array()
+        .expect("partial")
+        .iter()
+        .map(|e| {
+            let unrouted = e["unrouted"].as_array().expect("unrouted").iter().filter_map(|u| u.as_u64()).collect();
+            (
+                e["weight"].as_str().unwrap_or_default().to_string(),
+                format!("{:.2}", e["percent"].as_f64().unwrap_or(0.0)),
+                unrouted,
+            )
+        })
+        .collect();
+    farm.sort();
+    let named: Vec<(String, String)> = farm.iter().map(|(w, pc, _)| (w.clone(), pc.clone())).collect();
+    assert_eq!(named, theirs, "the report's partial weights against llama-imatrix's warnings");
+    for (w, _, unrouted) in &farm {
+        let c = cov.iter().find(|c| &c.weight == w).expect("the weight in quantfarm imatrix's file");
+        let want: Vec<u64> = c.unrouted.iter().map(|&u| u64::from(u)).collect();
+        assert_eq!(unrouted, &want, "{w}: the experts without tokens");
+    }
 }

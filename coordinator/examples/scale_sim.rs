@@ -290,7 +290,11 @@ fn result_for(t: &pb::Task, key: &TaskKey, plan: &pb::PlanResult, bytes: f64) ->
             let url = graph::output_url(t).expect("an artifact task has an output").to_string();
             let sha256 = quantfarm_store::hex(&<sha2::Sha256 as sha2::Digest>::digest(url.as_bytes()));
             let artifact = pb::Artifact { url, sha256, bytes: bytes as u64, types: vec![] };
-            task_result::Kind::Artifact(pb::ArtifactResult { artifact: Some(artifact), cache_hit: false })
+            task_result::Kind::Artifact(pb::ArtifactResult {
+                artifact: Some(artifact),
+                cache_hit: false,
+                experts: vec![],
+            })
         }
     };
     pb::TaskResult { kind: Some(kind) }

@@ -25,7 +25,11 @@ fn artifact(url: String, i: usize) -> pb::Artifact {
 
 fn result(a: &pb::Artifact) -> Vec<u8> {
     use prost::Message;
-    let kind = task_result::Kind::Artifact(pb::ArtifactResult { artifact: Some(a.clone()), cache_hit: false });
+    let kind = task_result::Kind::Artifact(pb::ArtifactResult {
+        artifact: Some(a.clone()),
+        cache_hit: false,
+        experts: vec![],
+    });
     pb::TaskResult { kind: Some(kind) }.encode_to_vec()
 }
 

@@ -270,7 +270,7 @@ fn output(l: &pb::Lease) -> String {
 
 fn made(l: &pb::Lease, w: &str, sha256: &str) -> pb::CompleteRequest {
     let artifact = pb::Artifact { url: output(l), sha256: sha256.into(), bytes: 2048, types: vec![] };
-    let r = pb::ArtifactResult { artifact: Some(artifact), cache_hit: false };
+    let r = pb::ArtifactResult { artifact: Some(artifact), cache_hit: false, experts: vec![] };
     pb::CompleteRequest {
         outcome: Some(Outcome::Result(pb::TaskResult { kind: Some(task_result::Kind::Artifact(r)) })),
         ..ok(l, w)
@@ -630,7 +630,7 @@ fn result_for(l: &pb::Lease, kld: &dyn Fn(&str) -> f64) -> pb::TaskResult {
     use pb::task::Kind as K;
     let artifact = |url: &str| {
         let a = pb::Artifact { url: url.into(), sha256: "ab".repeat(32), bytes: 2048, types: vec![] };
-        task_result::Kind::Artifact(pb::ArtifactResult { artifact: Some(a), cache_hit: false })
+        task_result::Kind::Artifact(pb::ArtifactResult { artifact: Some(a), cache_hit: false, experts: vec![] })
     };
     let kind = match l.task.as_ref().and_then(|t| t.kind.as_ref()) {
         Some(K::Plan(_)) => task_result::Kind::Plan(plan_result()),

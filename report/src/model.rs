@@ -576,7 +576,30 @@ pub enum Imatrix {
         ctx: u32,
         batch: u32,
         method: String,
+        /// The mixture-of-experts weights and the experts the calibration text never reached (`null` until the
+        /// matrix is merged).
+        experts: Option<ExpertCoverage>,
     },
+}
+
+/// How much of a mixture-of-experts model the calibration text reached: llama-quantize gives an expert with no
+/// token an importance of 1 for all its columns (no data), which low-bit types quantize worst.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ExpertCoverage {
+    /// Weights with experts (`*_exps`); 0 for a dense model.
+    pub weights: u32,
+    /// Those with an expert no token reached, as llama-imatrix warns of them (`partial data (P%)`).
+    pub partial: Vec<PartialExperts>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct PartialExperts {
+    pub weight: String,
+    pub experts: u32,
+    /// The experts (by index) with no token.
+    pub unrouted: Vec<u32>,
+    /// The share of experts with tokens, in percent (llama-imatrix's figure).
+    pub percent: f64,
 }
 
 /// A named recipe as the report records it: the base file type and llama-quantize's flags on top of it.

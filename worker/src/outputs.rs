@@ -21,6 +21,7 @@ pub fn artifact_result(out: &Location, Digest { sha256, bytes }: Digest, cache_h
     pb::ArtifactResult {
         artifact: Some(pb::Artifact { url: out.to_string(), sha256, bytes, types: vec![] }),
         cache_hit,
+        experts: vec![],
     }
 }
 

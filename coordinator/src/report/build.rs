@@ -597,9 +597,32 @@ fn imatrix(rel: &Release) -> Option<Imatrix> {
                 ctx: *ctx,
                 batch: *batch,
                 method: "llama-imatrix's collection in llama.cpp (Σx² per input column and token counts of every blk.* matrix), f64 sums per chunk group on the workers, added in chunk order".to_string(),
+                experts: rel.result(&ImatrixKey::Merge.into()).and_then(expert_coverage),
             })
         }
     }
+}
+
+/// The merge's account of the experts each mixture-of-experts weight's calibration reached.
+fn expert_coverage(r: &pb::TaskResult) -> Option<ExpertCoverage> {
+    let Some(pb::task_result::Kind::Artifact(a)) = r.kind.as_ref() else { return None };
+    Some(ExpertCoverage {
+        weights: a.experts.len() as u32,
+        partial: a
+            .experts
+            .iter()
+            .filter(|e| !e.unrouted.is_empty())
+            .map(|e| {
+                let all = f64::from(e.experts.max(1));
+                PartialExperts {
+                    weight: e.weight.clone(),
+                    experts: e.experts,
+                    unrouted: e.unrouted.clone(),
+                    percent: 100.0 * (all - e.unrouted.len() as f64) / all,
+                }
+            })
+            .collect(),
+    })
 }
 
 /// What the KL divergence was measured on: the text, its tokenization and chunking, and the reference.

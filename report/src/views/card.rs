@@ -170,6 +170,12 @@ pub fn render(report: &Report) -> String {
             let _ = writeln!(md, "- Task probes: `{}`.", p.replace('`', "'"));
         }
     }
+    if let Some((about, rows)) = super::coverage_rows(report) {
+        let _ = writeln!(md, "\n## Importance matrix\n\n{about}");
+        for [weight, share, unrouted] in rows {
+            let _ = writeln!(md, "- `{weight}`: {share} experts with tokens; without: {unrouted}.");
+        }
+    }
 
     md.push_str("\n## Files\n\n| File | sha256 |\n|---|---|\n");
     for r in &artifacts {

@@ -96,6 +96,15 @@ pub fn render(report: &Report) -> String {
     if let Some((about, rows)) = super::sequential_rows(report) {
         section(&mut h, "Sequential measurement", &about, super::SEQUENTIAL_HEADER, rows);
     }
+    match super::coverage_rows(report) {
+        Some((about, rows)) if rows.is_empty() => {
+            let _ = write!(h, "<h2>Importance matrix: experts reached</h2><p>{}</p>", esc(&about));
+        }
+        Some((about, rows)) => {
+            section(&mut h, "Importance matrix: experts reached", &about, super::COVERAGE_HEADER, rows)
+        }
+        None => {}
+    }
     match &report.comparison {
         Some(crate::model::Comparison::Diff(d)) => {
             let _ = write!(h, "<h2>Since {} ({})</h2>{}", esc(&d.old.name), esc(&d.old.id), d.html_body("h3"));

@@ -110,6 +110,20 @@ pub fn render(report: &Report) -> String {
     if let Some((about, rows)) = super::sequential_rows(report) {
         table(&mut md, "Sequential measurement", &about, &super::SEQUENTIAL_HEADER, "|---|---:|---|---|---|", &rows);
     }
+    match super::coverage_rows(report) {
+        Some((about, rows)) if rows.is_empty() => {
+            let _ = writeln!(md, "\n## Importance matrix: experts reached\n\n{about}");
+        }
+        Some((about, rows)) => table(
+            &mut md,
+            "Importance matrix: experts reached",
+            &about,
+            &super::COVERAGE_HEADER,
+            "|---|---:|---|",
+            &rows,
+        ),
+        None => {}
+    }
 
     match &report.comparison {
         Some(crate::model::Comparison::Diff(d)) => {

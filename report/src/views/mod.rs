@@ -213,6 +213,43 @@ pub(crate) fn sequential_rows(report: &Report) -> Option<(String, Vec<[String; 5
     Some((about, rows))
 }
 
+/// The importance matrix's expert coverage (computed for a mixture-of-experts model) as table cells: each weight with
+/// experts no calibration token reached, its share with tokens and those experts; and the heading's sentence (which
+/// says so when every expert was reached).
+pub(crate) fn coverage_rows(report: &Report) -> Option<(String, Vec<[String; 3]>)> {
+    let (text, chunks, cov) = report.artifacts.iter().find_map(|a| match &a.imatrix {
+        Some(crate::model::Imatrix::Computed { text, chunks, experts: Some(cov), .. }) if cov.weights > 0 => {
+            Some((text, *chunks, cov))
+        }
+        _ => None,
+    })?;
+    let on = match chunks {
+        Some(n) => format!("{text} ({n} chunks)"),
+        None => text.clone(),
+    };
+    let about = if cov.partial.is_empty() {
+        format!("The calibration text {on} reached every expert of the {} mixture-of-experts weights.", cov.weights)
+    } else {
+        format!(
+            "The calibration text {on} left experts without a token in {} of the {} mixture-of-experts weights:              llama-quantize gives their columns an importance of 1 (no data), as llama-imatrix warns (partial data).",
+            cov.partial.len(),
+            cov.weights
+        )
+    };
+    let rows = cov
+        .partial
+        .iter()
+        .map(|p| {
+            let unrouted: Vec<String> = p.unrouted.iter().map(u32::to_string).collect();
+            [p.weight.clone(), format!("{:.2} % of {}", p.percent, p.experts), unrouted.join(", ")]
+        })
+        .collect();
+    Some((about, rows))
+}
+
+/// The header cells of [`coverage_rows`].
+pub(crate) const COVERAGE_HEADER: [&str; 3] = ["Weight", "Experts with tokens", "Experts without"];
+
 /// The header cells of [`sequential_rows`].
 pub(crate) const SEQUENTIAL_HEADER: [&str; 5] =
     ["Rung", "Chunks measured", "Stopped", "Mean KLD and interval", "Thresholds"];
@@ -439,7 +476,9 @@ pub(crate) mod sample {
         q4["imatrix"] = json!({"from": "computed", "url": "s3://farm/r1/imatrix.gguf", "sha256": "ee".repeat(32),
                                "text": "texts/calibration.txt", "text_sha256": "cc".repeat(32),
                                "tokens_sha256": "dd".repeat(32), "chunks": 8, "ctx": 512, "batch": 512,
-                               "method": "llama-imatrix's collection"});
+                               "method": "llama-imatrix's collection",
+                               "experts": {"weights": 3, "partial": [{"weight": "blk.1.ffn_up_exps.weight",
+                                           "experts": 8, "unrouted": [2, 5], "percent": 75.0}]}});
         let mut xl = artifact("Q4_K_XL", 112000000, 5.7, kld(0.0412), greedy(12), probes(0.625));
         xl["recipe"] = json!({"base": "Q4_K_M", "tensor_types": ["ffn_down=Q6_K"], "output_tensor_type": null,
                               "token_embedding_type": "Q8_0",

@@ -1,5 +1,6 @@
 //! `imatrix/merge`: the parts, each checked against its task's sha256, added in chunk order into llama.cpp's GGUF
-//! imatrix. Chunk order, not arrival order: the file is the same however the groups were spread.
+//! imatrix. Chunk order, not arrival order: the file is the same however the groups were spread. The result also
+//! names, per mixture-of-experts weight, the experts no calibration token reached.
 
 use quantfarm_proto::{self as pb, task_result, WorkerKind};
 use quantfarm_quant::imatrix::sums::ImatrixSums;
@@ -36,6 +37,13 @@ impl Executor for ImatrixMerge {
             Ok(Digest::new(done.sha256, done.bytes))
         })
         .await?;
-        Ok(task_result::Kind::Artifact(made))
+        // Read back, so that a cache hit (the closure not run) reports the same coverage.
+        let merged = ImatrixSums::load(&location(&t.output)?).await?;
+        let experts = merged
+            .expert_coverage()
+            .into_iter()
+            .map(|c| pb::ExpertCoverage { weight: c.weight, experts: c.experts, unrouted: c.unrouted })
+            .collect();
+        Ok(task_result::Kind::Artifact(pb::ArtifactResult { experts, ..made }))
     }
 }

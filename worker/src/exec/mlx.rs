@@ -35,5 +35,9 @@ async fn mlx(m: &pb::MlxTask, env: &Env) -> Result<pb::ArtifactResult, Failure> 
         None => (false, write_mlx(m, &out, env).await?),
     };
     let types = mlx_type_mix(&out).await?;
-    Ok(pb::ArtifactResult { artifact: Some(pb::Artifact { url: out.to_string(), sha256, bytes, types }), cache_hit })
+    Ok(pb::ArtifactResult {
+        artifact: Some(pb::Artifact { url: out.to_string(), sha256, bytes, types }),
+        cache_hit,
+        experts: vec![],
+    })
 }

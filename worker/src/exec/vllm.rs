@@ -37,5 +37,9 @@ async fn vllm(v: &pb::VllmTask, env: &Env) -> Result<pb::ArtifactResult, Failure
     };
     // Each quantized module once (FP8_E4M3_CHANNEL, INT4_G64), the rest as stored: what the report's size columns sum.
     let types = vllm_type_mix(&out).await?;
-    Ok(pb::ArtifactResult { artifact: Some(pb::Artifact { url: out.to_string(), sha256, bytes, types }), cache_hit })
+    Ok(pb::ArtifactResult {
+        artifact: Some(pb::Artifact { url: out.to_string(), sha256, bytes, types }),
+        cache_hit,
+        experts: vec![],
+    })
 }
