@@ -40,6 +40,11 @@ pub struct Args {
     /// farm computes, spread over workers, with the same bytes).
     #[arg(long)]
     f32_running_sums: bool,
+    /// Credit every expert of a mixture-of-experts layer on every token, as llm-compressor's
+    /// `calibrate_all_experts` (llama-imatrix has no such option): no expert is left without data. The unrouted
+    /// experts' gate and up projections are computed on the CPU (a dense forward over all experts).
+    #[arg(long)]
+    all_experts: bool,
     /// Decoding threads (0: all cores).
     #[arg(long, default_value_t = 0)]
     threads: usize,
@@ -61,6 +66,7 @@ pub fn run(args: Args) -> Result<()> {
         batch: args.batch,
         process_output: args.process_output,
         f32_running_sums: args.f32_running_sums,
+        all_experts: args.all_experts,
         ..CollectOptions::default()
     };
     let datasets = vec![args.text.display().to_string()];

@@ -236,10 +236,10 @@ fn moe_experts_are_counted_per_expert_as_llama_imatrix_counts_them() {
     // state, so the routers pick the same few experts and the others get no token. The weights left with experts
     // without data, and their share, are what llama-imatrix warns about on the same text ("has partial data").
     std::fs::write(p("repeated.txt"), "the ".repeat(400)).expect("write");
-    let cov = ["--text", "repeated.txt", "--ctx", "64", "--chunks", "2", "--threads", "2"];
+    let cov_args = ["--text", "repeated.txt", "--ctx", "64", "--chunks", "2", "--threads", "2"];
     let o = Command::new(env!("CARGO_BIN_EXE_quantfarm"))
         .args(["imatrix", "--model", m])
-        .args(cov)
+        .args(cov_args)
         .args(["-o", "repeated.gguf"])
         .current_dir(dir.path())
         .output()
@@ -271,29 +271,34 @@ fn moe_experts_are_counted_per_expert_as_llama_imatrix_counts_them() {
 
     // The farm computes the same importance matrix in a release (from the HF checkpoint) and states the coverage in
     // the report, beside each quant: the same weights and shares, and which experts.
-    let release = p("release.yaml");
-    std::fs::write(
-        &release,
-        format!(
-            "name: moe-coverage\nsource: {}\noutputs:\n  gguf:\n    quants: [Q4_K_M]\n    imatrix: {{text: repeated.txt, \
-             ctx: 64, chunks: 2}}\n",
-            hf.display()
-        ),
-    )
-    .expect("write release.yaml");
-    let out = Command::new(env!("CARGO_BIN_EXE_quantfarm"))
-        .arg("run")
-        .arg(&release)
-        .args(["--workers", "2", "--json", "--store"])
-        .arg(p("store"))
-        .env("QUANTFARM_KEY_FILE", p("key"))
-        .current_dir(dir.path())
-        .output()
-        .expect("run the release");
-    // No evaluation: made and verified, not measured, so not released (exit 1).
-    assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
-    let sum: serde_json::Value = serde_json::from_slice(&out.stdout).expect("the run's JSON summary");
-    let q4 = sum["artifacts"].as_array().and_then(|a| a.iter().find(|a| a["file_type"] == "Q4_K_M")).expect("Q4_K_M");
+    // The Q4_K_M artifact of a release of the checkpoint computing its importance matrix on repeated.txt.
+    let farm_release = |all_experts: bool| -> serde_json::Value {
+        let release = p("release.yaml");
+        std::fs::write(
+            &release,
+            format!(
+                "name: moe-coverage\nsource: {}\noutputs:\n  gguf:\n    quants: [Q4_K_M]\n    imatrix: {{text: \
+                 repeated.txt, ctx: 64, chunks: 2, all_experts: {all_experts}}}\n",
+                hf.display()
+            ),
+        )
+        .expect("write release.yaml");
+        let out = Command::new(env!("CARGO_BIN_EXE_quantfarm"))
+            .arg("run")
+            .arg(&release)
+            .args(["--workers", "2", "--json", "--store"])
+            .arg(p("store"))
+            .env("QUANTFARM_KEY_FILE", p("key"))
+            .current_dir(dir.path())
+            .output()
+            .expect("run the release");
+        // No evaluation: made and verified, not measured, so not released (exit 1).
+        assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stderr));
+        let sum: serde_json::Value = serde_json::from_slice(&out.stdout).expect("the run's JSON summary");
+        let q4 = sum["artifacts"].as_array().and_then(|a| a.iter().find(|a| a["file_type"] == "Q4_K_M"));
+        q4.expect("Q4_K_M").clone()
+    };
+    let q4 = farm_release(false);
     let experts = &q4["imatrix"]["experts"];
     let weights = load(&p("repeated.gguf")).entries.values().filter(|st| st.counts.len() > 1).count();
     assert_eq!(experts["weights"].as_u64(), Some(weights as u64), "{experts}");
@@ -319,4 +324,83 @@ fn moe_experts_are_counted_per_expert_as_llama_imatrix_counts_them() {
         let want: Vec<u64> = c.unrouted.iter().map(|&u| u64::from(u)).collect();
         assert_eq!(unrouted, &want, "{w}: the experts without tokens");
     }
+
+    // `--all-experts`: every expert credited on every token. The oracle is llama-imatrix itself with the router
+    // told to pick all 4 experts (`--override-kv qwen35moe.expert_used_count=int:4`): in the first layer, whose input
+    // no routing has touched yet, it then computes every expert's activations itself. A text of "the" repeated
+    // without spaces leaves experts of blk.0 unrouted under the model's own routing (checked), which ours must then
+    // compute from the graph and the weights.
+    std::fs::write(p("the.txt"), "the".repeat(600)).expect("write");
+    let the = ["--text", "the.txt", "--ctx", "64", "--chunks", "2", "--threads", "2"];
+    for (out, extra) in [("the.gguf", None), ("all.gguf", Some("--all-experts"))] {
+        let o = Command::new(env!("CARGO_BIN_EXE_quantfarm"))
+            .args(["imatrix", "--model", m])
+            .args(the)
+            .args(extra)
+            .args(["-o", out])
+            .current_dir(dir.path())
+            .output()
+            .expect("run");
+        let said = ok(o, "quantfarm imatrix (the.txt)");
+        if extra.is_some() {
+            assert!(said.contains("every expert of the 12 mixture-of-experts weights had tokens"), "{said}");
+        }
+    }
+    let routed = load(&p("the.gguf"));
+    let first_layer_partial =
+        routed.expert_coverage().into_iter().filter(|c| c.weight.starts_with("blk.0.")).any(|c| !c.unrouted.is_empty());
+    assert!(
+        first_layer_partial,
+        "the.txt no longer leaves an expert of blk.0 unrouted: the check below would test nothing"
+    );
+    let live = Command::new(llama_bin().join("llama-imatrix"))
+        .args(["-m", m, "-f", "the.txt", "-c", "64", "--chunks", "2", "-t", "2", "-o", "forced.gguf"])
+        .args(["--override-kv", "qwen35moe.expert_used_count=int:4"])
+        .current_dir(dir.path())
+        .output()
+        .expect("run llama-imatrix");
+    ok(live, "llama-imatrix --override-kv qwen35moe.expert_used_count=int:4");
+    let (all, forced) = (load(&p("all.gguf")), load(&p("forced.gguf")));
+    for (name, st) in all.entries.iter().filter(|(k, _)| k.contains("_exps")) {
+        assert_eq!(st.counts, vec![128; 4], "{name}: every expert on all 2 × 64 tokens");
+    }
+    let mut compared = 0;
+    for (name, st) in all.entries.iter().filter(|(k, _)| k.starts_with("blk.0.") && k.contains("_exps")) {
+        let theirs = &forced.entries[name];
+        assert_eq!(st.counts, theirs.counts, "{name}");
+        let worst = st
+            .values
+            .iter()
+            .zip(&theirs.values)
+            .map(|(a, b)| (a - b).abs() / b.abs().max(1e-30))
+            .fold(0.0f64, f64::max);
+        // llama-imatrix sums in f32, ours in f64; the activations are ggml's (bf16-rounded inputs).
+        assert!(worst < 1e-4, "{name}: relative difference {worst:.3e} against llama.cpp's own all-expert pass");
+        compared += 1;
+    }
+    assert_eq!(compared, 3, "blk.0's gate, up and down experts");
+    println!("--all-experts: blk.0's experts equal llama-imatrix's with every expert routed");
+
+    // The farm with `all_experts: true`: the same file as `quantfarm imatrix --all-experts`, every expert covered.
+    let o = Command::new(env!("CARGO_BIN_EXE_quantfarm"))
+        .args(["imatrix", "--model", m, "--all-experts"])
+        .args(cov_args)
+        .args(["-o", "repeated-all.gguf"])
+        .current_dir(dir.path())
+        .output()
+        .expect("run");
+    ok(o, "quantfarm imatrix --all-experts (repeated text)");
+    let q4 = farm_release(true);
+    let im = &q4["imatrix"];
+    assert_eq!(im["all_experts"], true, "{im}");
+    assert_eq!(
+        (im["experts"]["weights"].as_u64(), im["experts"]["partial"].as_array().map(Vec::len)),
+        (Some(12), Some(0)),
+        "{im}"
+    );
+    let farm_file = std::fs::read(im["url"].as_str().expect("the imatrix's url")).expect("read the farm's imatrix");
+    assert!(
+        farm_file == std::fs::read(p("repeated-all.gguf")).expect("read"),
+        "the farm's all-experts imatrix differs from quantfarm imatrix's"
+    );
 }

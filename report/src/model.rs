@@ -576,6 +576,9 @@ pub enum Imatrix {
         ctx: u32,
         batch: u32,
         method: String,
+        /// Every expert credited on every token (`imatrix.all_experts`), as llm-compressor's
+        /// `calibrate_all_experts`; otherwise only the routed ones, as llama-imatrix.
+        all_experts: bool,
         /// The mixture-of-experts weights and the experts the calibration text never reached (`null` until the
         /// matrix is merged).
         experts: Option<ExpertCoverage>,

@@ -10,7 +10,7 @@ use quantfarm_store::Location;
 
 use super::expand::{chunked, model_cost};
 use super::lookup::computes_imatrix;
-use super::lookup::{artifact_of, imatrix_plan_of, imatrix_settings, reference_of};
+use super::lookup::{artifact_of, imatrix_all_experts, imatrix_plan_of, imatrix_settings, reference_of};
 use super::{num, Done, Family, Folded, Grown, Opens, Results, Stage, TaskKey};
 use crate::graph::naming::artifact;
 use crate::graph::Ctx;
@@ -44,21 +44,23 @@ fn group_task(ctx: &Ctx, results: &Results, group: u32) -> Result<pb::ImatrixTas
         (settings.ctx.to_string(), settings.batch.to_string(), first.to_string(), n_chunks.to_string());
     let dataset = dataset(ctx)?;
     let name = format!("{}-imatrix-{first:05}-{n_chunks}.part.gguf", ctx.spec.prefix());
-    let output = artifact(
-        ctx,
-        &[
-            "quantfarm imatrix-part v1",
-            &kp.text_sha256,
-            &kp.tokens_sha256,
-            &dataset,
-            &ctx_s,
-            &batch_s,
-            &first_s,
-            &n_s,
-            &reference.sha256,
-        ],
-        &name,
-    )?;
+    let all_experts = imatrix_all_experts(ctx);
+    let mut id = vec![
+        "quantfarm imatrix-part v1",
+        &kp.text_sha256,
+        &kp.tokens_sha256,
+        &dataset,
+        &ctx_s,
+        &batch_s,
+        &first_s,
+        &n_s,
+        &reference.sha256,
+    ];
+    // (Only when set: the parts of a release without it keep their identities.)
+    if all_experts {
+        id.push("all experts");
+    }
+    let output = artifact(ctx, &id, &name)?;
     Ok(pb::ImatrixTask {
         reference: reference.url.clone(),
         settings: Some(settings),
@@ -67,6 +69,7 @@ fn group_task(ctx: &Ctx, results: &Results, group: u32) -> Result<pb::ImatrixTas
         tokens_sha256: kp.tokens_sha256.clone(),
         dataset,
         output: output.to_string(),
+        all_experts,
     })
 }
 

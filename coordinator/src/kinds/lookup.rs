@@ -125,6 +125,11 @@ pub(super) fn imatrix_settings(ctx: &Ctx) -> Result<pb::KldSettings, String> {
     }
 }
 
+/// Whether the computed importance matrix credits every expert on every token (`imatrix.all_experts`).
+pub(super) fn imatrix_all_experts(ctx: &Ctx) -> bool {
+    matches!(ctx.spec.imatrix(), Some(ImatrixSource::Text { all_experts: true, .. }))
+}
+
 /// Whether the farm computes the quants' importance matrix from a text.
 pub(super) fn computes_imatrix(ctx: &Ctx) -> bool {
     matches!(ctx.spec.imatrix(), Some(ImatrixSource::Text { .. }))

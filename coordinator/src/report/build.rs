@@ -584,7 +584,7 @@ fn imatrix(rel: &Release) -> Option<Imatrix> {
             let sha256 = rel.result(&TaskKey::PLAN).and_then(pb::TaskResult::plan).map(|p| p.imatrix_sha256.clone());
             Some(Imatrix::File { url: rel.imatrix.clone().unwrap_or_default(), sha256 })
         }
-        ImatrixSource::Text { ctx, batch, .. } => {
+        ImatrixSource::Text { ctx, batch, all_experts, .. } => {
             let merged = artifact_result(rel.result(&ImatrixKey::Merge.into()));
             let plan = rel.result(&ImatrixKey::Plan.into()).and_then(pb::TaskResult::kld_plan);
             Some(Imatrix::Computed {
@@ -597,6 +597,7 @@ fn imatrix(rel: &Release) -> Option<Imatrix> {
                 ctx: *ctx,
                 batch: *batch,
                 method: "llama-imatrix's collection in llama.cpp (Σx² per input column and token counts of every blk.* matrix), f64 sums per chunk group on the workers, added in chunk order".to_string(),
+                all_experts: *all_experts,
                 experts: rel.result(&ImatrixKey::Merge.into()).and_then(expert_coverage),
             })
         }

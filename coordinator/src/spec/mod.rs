@@ -20,7 +20,8 @@
 //!     imatrix: {file: imatrix.gguf}   # optional importance matrix: llama.cpp's GGUF or legacy .dat (path relative
 //!                                     # to this file, file:// or s3://), or computed by the farm from a text:
 //!     # imatrix: {text: calibration.txt, chunks: 100, ctx: 512, batch: 2048}  (chunks default all; ctx 512;
-//!     #   batch 2048: batch/ctx chunks per `imatrix/G` task), as llama-imatrix -f -c -b --chunks
+//!     #   batch 2048: batch/ctx chunks per `imatrix/G` task), as llama-imatrix -f -c -b --chunks;
+//!     #   all_experts: true credits every MoE expert on every token (llm-compressor's calibrate_all_experts)
 //!   mlx:
 //!     bits: [4, 8]              # MLX affine checkpoints (mlx_lm.convert -q), one per bit width
 //!     recipes: [mixed_3_6]      # and one per mlx-lm mixed recipe (--quant-predicate: mixed_2_6, mixed_3_4,
@@ -160,6 +161,8 @@ pub enum ImatrixSource {
         chunks: Option<u32>,
         ctx: u32,
         batch: u32,
+        /// Every expert of a mixture-of-experts layer on every token (llm-compressor's `calibrate_all_experts`).
+        all_experts: bool,
     },
 }
 
@@ -177,6 +180,8 @@ struct ImatrixFields {
     ctx: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     batch: Option<u32>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    all_experts: bool,
 }
 
 impl TryFrom<ImatrixFields> for ImatrixSource {
@@ -185,8 +190,11 @@ impl TryFrom<ImatrixFields> for ImatrixSource {
     fn try_from(f: ImatrixFields) -> Result<ImatrixSource, String> {
         match (f.file, f.text) {
             (Some(file), None) => {
-                if f.chunks.is_some() || f.ctx.is_some() || f.batch.is_some() {
-                    return Err("imatrix: chunks, ctx and batch go with `text` (a file was computed already)".into());
+                if f.chunks.is_some() || f.ctx.is_some() || f.batch.is_some() || f.all_experts {
+                    return Err(
+                        "imatrix: chunks, ctx, batch and all_experts go with `text` (a file was computed already)"
+                            .into(),
+                    );
                 }
                 Ok(ImatrixSource::File(file))
             }
@@ -202,7 +210,7 @@ impl TryFrom<ImatrixFields> for ImatrixSource {
                 if f.chunks == Some(0) {
                     return Err("imatrix.chunks: 0: nothing to compute from".into());
                 }
-                Ok(ImatrixSource::Text { text, chunks: f.chunks, ctx, batch })
+                Ok(ImatrixSource::Text { text, chunks: f.chunks, ctx, batch, all_experts: f.all_experts })
             }
             (Some(_), Some(_)) => Err("imatrix: either `file` or `text`, not both".into()),
             (None, None) => Err("imatrix: expected {file: PATH} (a computed imatrix) or {text: PATH, chunks: N} \
@@ -216,10 +224,10 @@ impl From<ImatrixSource> for ImatrixFields {
     fn from(s: ImatrixSource) -> ImatrixFields {
         match s {
             ImatrixSource::File(file) => {
-                ImatrixFields { file: Some(file), text: None, chunks: None, ctx: None, batch: None }
+                ImatrixFields { file: Some(file), text: None, chunks: None, ctx: None, batch: None, all_experts: false }
             }
-            ImatrixSource::Text { text, chunks, ctx, batch } => {
-                ImatrixFields { file: None, text: Some(text), chunks, ctx: Some(ctx), batch: Some(batch) }
+            ImatrixSource::Text { text, chunks, ctx, batch, all_experts } => {
+                ImatrixFields { file: None, text: Some(text), chunks, ctx: Some(ctx), batch: Some(batch), all_experts }
             }
         }
     }

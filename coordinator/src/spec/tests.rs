@@ -9,7 +9,13 @@ fn an_imatrix_is_a_file_or_computed_from_a_text() {
     let t = with("{text: c.txt, chunks: 10}").unwrap();
     assert_eq!(
         t.imatrix(),
-        Some(&ImatrixSource::Text { text: "c.txt".into(), chunks: Some(10), ctx: 512, batch: 2048 })
+        Some(&ImatrixSource::Text {
+            text: "c.txt".into(),
+            chunks: Some(10),
+            ctx: 512,
+            batch: 2048,
+            all_experts: false
+        })
     );
     // Written back as read (the report's spec).
     let yaml = serde_norway::to_string(&t).unwrap();

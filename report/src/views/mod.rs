@@ -217,9 +217,11 @@ pub(crate) fn sequential_rows(report: &Report) -> Option<(String, Vec<[String; 5
 /// experts no calibration token reached, its share with tokens and those experts; and the heading's sentence (which
 /// says so when every expert was reached).
 pub(crate) fn coverage_rows(report: &Report) -> Option<(String, Vec<[String; 3]>)> {
-    let (text, chunks, cov) = report.artifacts.iter().find_map(|a| match &a.imatrix {
-        Some(crate::model::Imatrix::Computed { text, chunks, experts: Some(cov), .. }) if cov.weights > 0 => {
-            Some((text, *chunks, cov))
+    let (text, chunks, all, cov) = report.artifacts.iter().find_map(|a| match &a.imatrix {
+        Some(crate::model::Imatrix::Computed { text, chunks, all_experts, experts: Some(cov), .. })
+            if cov.weights > 0 =>
+        {
+            Some((text, *chunks, *all_experts, cov))
         }
         _ => None,
     })?;
@@ -227,7 +229,13 @@ pub(crate) fn coverage_rows(report: &Report) -> Option<(String, Vec<[String; 3]>
         Some(n) => format!("{text} ({n} chunks)"),
         None => text.clone(),
     };
-    let about = if cov.partial.is_empty() {
+    let about = if all && cov.partial.is_empty() {
+        format!(
+            "Every expert of the {} mixture-of-experts weights was credited on every token of the calibration text \
+             {on} (imatrix.all_experts, as llm-compressor's calibrate_all_experts).",
+            cov.weights
+        )
+    } else if cov.partial.is_empty() {
         format!("The calibration text {on} reached every expert of the {} mixture-of-experts weights.", cov.weights)
     } else {
         format!(
@@ -476,7 +484,7 @@ pub(crate) mod sample {
         q4["imatrix"] = json!({"from": "computed", "url": "s3://farm/r1/imatrix.gguf", "sha256": "ee".repeat(32),
                                "text": "texts/calibration.txt", "text_sha256": "cc".repeat(32),
                                "tokens_sha256": "dd".repeat(32), "chunks": 8, "ctx": 512, "batch": 512,
-                               "method": "llama-imatrix's collection",
+                               "method": "llama-imatrix's collection", "all_experts": false,
                                "experts": {"weights": 3, "partial": [{"weight": "blk.1.ffn_up_exps.weight",
                                            "experts": 8, "unrouted": [2, 5], "percent": 75.0}]}});
         let mut xl = artifact("Q4_K_XL", 112000000, 5.7, kld(0.0412), greedy(12), probes(0.625));

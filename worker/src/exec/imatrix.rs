@@ -31,13 +31,13 @@ async fn write_imatrix_part(t: &pb::ImatrixTask, out: &Location, env: &Env) -> R
     let reference = local_model(&t.reference, dir.path(), env).await?;
     let (text, _) = read_text(&s.text).await?;
     let (first, count, expect) = (t.first_chunk as usize, t.n_chunks as usize, t.tokens_sha256.clone());
-    let (env2, dataset) = (env.clone(), t.dataset.clone());
+    let (env2, dataset, all_experts) = (env.clone(), t.dataset.clone(), t.all_experts);
     let part = blocking(move || {
         let model = load(&reference, None, &env2)?;
         let header = tokenize_as_planned(&model, &text, &s, &expect)?;
         let bos = model.add_bos().then(|| model.bos());
         drop(model);
-        let opts = CollectOptions { threads: env2.threads, batch: s.batch, ..CollectOptions::default() };
+        let opts = CollectOptions { threads: env2.threads, batch: s.batch, all_experts, ..CollectOptions::default() };
         let mut parts = collect_imatrix(&reference, &opts, &header, bos, first, count, &[dataset])
             .map_err(|e| eval_failure(e, &s))?;
         drop(dir);

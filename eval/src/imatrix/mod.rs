@@ -12,8 +12,12 @@
 //!
 //! Each decode group (the chunks decoded together) gets its own f64 sums, so the farm's tasks (one group each) and
 //! the one-process command produce the same parts, and merging them in order gives the same bytes.
+//!
+//! With [`CollectOptions::all_experts`], every expert is credited on every token ([`all_experts`]).
 
-use std::collections::BTreeMap;
+mod all_experts;
+
+use std::collections::{BTreeMap, HashMap};
 use std::ffi::{c_void, CString};
 use std::path::Path;
 use std::sync::Mutex;
@@ -39,6 +43,9 @@ pub struct CollectOptions {
     /// llama-imatrix's bytes on the same machine, but cannot be split into parts; the default (f64 sums per decode
     /// group, added in order) is exact to f64 and splits.
     pub f32_running_sums: bool,
+    /// Every expert of a mixture-of-experts layer on every token, as llm-compressor's `calibrate_all_experts`
+    /// (llama-imatrix has no such option): no expert is left without data ([`all_experts`]).
+    pub all_experts: bool,
 }
 
 impl Default for CollectOptions {
@@ -49,6 +56,7 @@ impl Default for CollectOptions {
             batch: crate::kld::DEFAULT_BATCH,
             process_output: false,
             f32_running_sums: false,
+            all_experts: false,
         }
     }
 }
@@ -79,7 +87,7 @@ pub fn collect(
     // Keeps llama.cpp's backend initialised (once per process) while the raw handles live.
     crate::runtime::ensure_backend()?;
     let model = RawModel::load(model_path, opts.gpu_layers)?;
-    let collector = Mutex::new(Collector::new(opts.process_output, opts.f32_running_sums));
+    let collector = Mutex::new(Collector::new(opts.process_output, opts.f32_running_sums, opts.all_experts));
     let threads =
         if opts.threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { opts.threads };
     let ctx = RawContext::new(&model, &name, n_ctx * n_seq, n_batch, n_seq, threads as i32, &collector)?;
@@ -143,6 +151,10 @@ pub fn collect(
 struct Collector {
     process_output: bool,
     f32_sums: bool,
+    all_experts: bool,
+    /// With `all_experts`: the inputs of the gate/up expert projections seen, by node, until their down projection
+    /// reads them.
+    inputs: HashMap<usize, all_experts::Saved>,
     entries: BTreeMap<String, Stats>,
     /// Input rows copied from a non-host (GPU) buffer.
     scratch: Vec<u8>,
@@ -150,8 +162,16 @@ struct Collector {
 }
 
 impl Collector {
-    fn new(process_output: bool, f32_sums: bool) -> Collector {
-        Collector { process_output, f32_sums, entries: BTreeMap::new(), scratch: Vec::new(), error: None }
+    fn new(process_output: bool, f32_sums: bool, all_experts: bool) -> Collector {
+        Collector {
+            process_output,
+            f32_sums,
+            all_experts,
+            inputs: HashMap::new(),
+            entries: BTreeMap::new(),
+            scratch: Vec::new(),
+            error: None,
+        }
     }
 
     /// `filter_tensor_name`: `CUDA0#blk.0.attn_k.weight#0` → `blk.0.attn_k.weight`.
@@ -219,18 +239,61 @@ impl Collector {
                 if e.values.len() != ne0 * n_as {
                     return Err(format!("{wname}: inconsistent size ({} vs {})", e.values.len(), ne0 * n_as));
                 }
+                let n_tokens = src1.ne[2] as usize;
+                let mut routed = vec![Vec::with_capacity(n_ids); n_tokens];
                 for idx in 0..n_ids {
-                    for tok in 0..src1.ne[2] as usize {
+                    for (tok, experts) in routed.iter_mut().enumerate() {
                         let off = tok * ids.nb[1] + idx * ids.nb[0];
                         let ex = i32::from_le_bytes(id_bytes[off..off + 4].try_into().unwrap_or_default());
                         if ex < 0 || ex as usize >= n_as {
                             return Err(format!("{wname}: expert id {ex} out of 0..{n_as}"));
                         }
-                        let ex = ex as usize;
-                        let i11 = idx % src1.ne[1] as usize;
-                        let x = row(i11 * src1.nb[1] + tok * src1.nb[2]);
-                        e.counts[ex] += 1;
-                        add_squares(&mut e.values[ex * ne0..(ex + 1) * ne0], x, self.f32_sums);
+                        experts.push(ex as usize);
+                    }
+                }
+                let slot_row =
+                    |slot: usize, tok: usize| row((slot % src1.ne[1] as usize) * src1.nb[1] + tok * src1.nb[2]);
+                let shared_input = self.all_experts && src1.ne[1] == 1 && src1.op != sys::GGML_OP_GLU;
+                if shared_input {
+                    // A gate/up projection: every expert reads this input; credit all of them on every token, and
+                    // keep the input for the down projection's unrouted experts.
+                    let mut saved = Vec::with_capacity(ne0 * n_tokens);
+                    for tok in 0..n_tokens {
+                        let x = slot_row(0, tok);
+                        saved.extend_from_slice(x);
+                        for ex in 0..n_as {
+                            e.counts[ex] += 1;
+                            add_squares(&mut e.values[ex * ne0..(ex + 1) * ne0], x, self.f32_sums);
+                        }
+                    }
+                    self.inputs
+                        .insert(t as *const sys::ggml_tensor as usize, all_experts::Saved { data: saved, n_embd: ne0 });
+                } else {
+                    for idx in 0..n_ids {
+                        for (tok, experts) in routed.iter().enumerate() {
+                            let ex = experts[idx];
+                            e.counts[ex] += 1;
+                            add_squares(&mut e.values[ex * ne0..(ex + 1) * ne0], slot_row(idx, tok), self.f32_sums);
+                        }
+                    }
+                    if self.all_experts {
+                        let rows = all_experts::unrouted_rows(
+                            t,
+                            &self.inputs,
+                            &routed,
+                            n_as,
+                            |tok, slot| slot_row(slot, tok),
+                            &wname,
+                        )?;
+                        for (ex, acts) in rows {
+                            for h in &acts {
+                                e.counts[ex] += 1;
+                                add_squares(&mut e.values[ex * ne0..(ex + 1) * ne0], h, self.f32_sums);
+                            }
+                        }
+                        for node in all_experts::operand_nodes(t) {
+                            self.inputs.remove(&node);
+                        }
                     }
                 }
                 if e.values.iter().any(|v| !v.is_finite()) {
