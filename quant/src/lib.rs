@@ -44,6 +44,7 @@ pub mod mlx;
 pub mod mlx_file;
 pub mod mlx_fp;
 pub mod mlx_recipe;
+pub mod recipe_search;
 mod ternary;
 pub mod verify;
 pub mod vllm_file;
