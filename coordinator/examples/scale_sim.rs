@@ -137,6 +137,7 @@ fn plan(tensors: &[(String, u64)]) -> (pb::PlanResult, Vec<u64>) {
             ggml_type: if n.ends_with("norm.weight") { "F32" } else { "BF16" }.into(),
             bytes: *b,
             elements: b / 2,
+            ne: vec![b / 2],
         })
         .collect();
     let p = pb::PlanResult {

@@ -240,6 +240,7 @@ fn plan_result() -> pb::PlanResult {
             ggml_type: "BF16".into(),
             bytes: 1024,
             elements: 512,
+            ne: vec![64, 8],
         }],
         shards: vec![pb::ShardRange { start: 0, end: 1 }],
         imatrix_sha256: String::new(),
@@ -658,9 +659,100 @@ fn result_for(l: &pb::Lease, kld: &dyn Fn(&str) -> f64) -> pb::TaskResult {
             };
             task_result::Kind::Kld(pb::KldResult { chunks: vec![chunk], ..Default::default() })
         }
+        Some(K::SensitivityLookup(_)) => task_result::Kind::SensitivityLookup(pb::SensitivityLookupResult::default()),
+        Some(K::SensitivityWrite(w)) => artifact(&w.output),
+        Some(K::SensitivityProbe(p)) => {
+            // A made-up cost by the type the probe's group is quantized to.
+            let rule = p.quantize.as_ref().map(|q| q.tensor_types[0].clone()).unwrap_or_default();
+            let ty = rule.rsplit('=').next().unwrap_or_default();
+            let mean_kld = match ty {
+                "Q4_0" => 0.05,
+                "IQ4_NL" => 0.04,
+                "Q4_1" => 0.02,
+                "Q5_0" => 0.01,
+                "Q5_1" => 0.008,
+                _ => 0.001,
+            };
+            task_result::Kind::SensitivityProbe(pb::SensitivityProbeResult {
+                chunks: 4,
+                tokens: 1020,
+                mean_kld,
+                half_width: mean_kld / 20.0,
+                model_bytes: 1024,
+                seconds: 0.5,
+            })
+        }
         other => panic!("{}: no made-up result for {other:?}", l.task_id),
     };
     pb::TaskResult { kind: Some(kind) }
+}
+
+/// A searched rung in the task graph: after the plan, the search text's plan and the lookup; with nothing stored,
+/// the text's base logits and one probe per distinct candidate type of each tensor group, which start only once the
+/// base logits are made (they were grown by the lookup's result, which they also wait for: that finished task must
+/// not count as one they wait for); the searched rung's quantize tasks after `search/write`, with the recipe of the
+/// least cost within the budget. A second release of the same reference finds the sensitivities stored: no probe
+/// and no base logits, the same recipe.
+#[test]
+fn a_searched_rung_waits_for_its_probes_and_a_second_release_reuses_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = Clock::new();
+    let mut s = open(dir.path(), &clock);
+    let w = worker(&mut s, &["plan", "gguf", "quantize", "verify", "kld"], &clock);
+    // One tensor of 64 × 8 BF16 values (512 elements): 5 bits per weight is a budget of 320 bytes, which Q4_0,
+    // IQ4_NL (288) and Q4_1 (320) fit; Q4_1 costs least of them.
+    let yaml = "name: t\nsource: model\noutputs:\n  gguf:\n    quants: [Q8_0, {name: FIT, target_bpw: 5}]\n    \
+                search: {text: s.txt}\n";
+    let run = |s: &mut Sched, found: Option<String>| -> (Vec<Vec<String>>, Vec<pb::Lease>) {
+        s.submit(yaml, "r.yaml", "/tmp").unwrap();
+        let mut batches = Vec::new();
+        let mut all = Vec::new();
+        for _ in 0..50 {
+            let leases = lease(s, &w, 64, &clock);
+            if leases.is_empty() {
+                break;
+            }
+            batches.push(leases.iter().map(|l| l.task_id.clone()).collect());
+            for l in &leases {
+                let mut r = result_for(l, &|_| 0.01);
+                if let (Some(json), Some(task_result::Kind::SensitivityLookup(found))) = (&found, r.kind.as_mut()) {
+                    *found = pb::SensitivityLookupResult { found: true, json: json.clone(), sha256: "ab".repeat(32) };
+                }
+                let done = pb::CompleteRequest { outcome: Some(Outcome::Result(r)), ..ok(l, &w) };
+                assert!(s.complete(done, clock.now()).unwrap(), "{}", l.task_id);
+            }
+            all.extend(leases);
+        }
+        (batches, all)
+    };
+    let (batches, leases) = run(&mut s, None);
+    let batch_of = |prefix: &str| -> Vec<usize> {
+        batches.iter().enumerate().filter(|(_, b)| b.iter().any(|t| t.starts_with(prefix))).map(|(i, _)| i).collect()
+    };
+    let (bases, probes) = (batch_of("search/base/"), batch_of("search/probe/"));
+    let n_probes = batches.iter().flatten().filter(|t| t.starts_with("search/probe/")).count();
+    assert_eq!(n_probes, 6, "Q4_0, Q5_0, Q5_1, Q8_0, Q4_1, IQ4_NL on rows of 64: {batches:?}");
+    assert!(
+        !bases.is_empty() && probes.iter().all(|p| bases.iter().all(|b| p > b)),
+        "probes after the base logits: {batches:?}"
+    );
+    let (write, fit) = (batch_of("search/write"), batch_of("quantize/FIT/"));
+    assert!(fit.iter().all(|f| write.iter().all(|w| f > w)), "the searched rung after its sensitivities: {batches:?}");
+    let task = |id: &str| leases.iter().find(|l| l.task_id == id).and_then(|l| l.task.clone()).and_then(|t| t.kind);
+    let Some(pb::task::Kind::Quantize(q)) = task("quantize/FIT/0") else { panic!("quantize/FIT/0: {batches:?}") };
+    assert_eq!(
+        (q.file_type.as_str(), q.tensor_types.clone()),
+        ("Q8_0", vec!["^token_embd\\.weight$=Q4_1".to_string()])
+    );
+    let Some(pb::task::Kind::SensitivityWrite(written)) = task("search/write") else { panic!("search/write") };
+    // Again, with the sensitivities stored.
+    let (again, leases2) = run(&mut s, Some(written.json.clone()));
+    let measured: Vec<&String> =
+        again.iter().flatten().filter(|t| t.starts_with("search/probe/") || t.starts_with("search/base/")).collect();
+    assert!(measured.is_empty(), "nothing measured again: {measured:?}");
+    let q2 = leases2.iter().find(|l| l.task_id == "quantize/FIT/0").and_then(|l| l.task.clone()).and_then(|t| t.kind);
+    let Some(pb::task::Kind::Quantize(q2)) = q2 else { panic!("quantize/FIT/0 again: {again:?}") };
+    assert_eq!(q2.tensor_types, q.tensor_types, "the same recipe from the stored sensitivities");
 }
 
 /// `evaluation.stop` in the task graph: each rung's chunk groups enter one at a time after the first look's, and a

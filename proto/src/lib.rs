@@ -136,6 +136,8 @@ pub enum ResultShape {
     Probe,
     PeerKld,
     Choice,
+    SensitivityLookup,
+    SensitivityProbe,
 }
 
 impl task::Kind {
@@ -153,6 +155,8 @@ impl task::Kind {
             K::Vllm(_) => WorkerKind::Vllm,
             // The imatrix's plan is a KldPlan over the calibration text.
             K::KldPlan(_) | K::KldBase(_) | K::Kld(_) => WorkerKind::Kld,
+            // A search's tasks run where the KL divergence does (its probes are measured).
+            K::SensitivityLookup(_) | K::SensitivityProbe(_) | K::SensitivityWrite(_) => WorkerKind::Kld,
             K::Imatrix(_) | K::ImatrixMerge(_) => WorkerKind::Imatrix,
             K::Greedy(_) => WorkerKind::Greedy,
             K::Probe(_) | K::Choice(_) => WorkerKind::Probe,
@@ -184,6 +188,8 @@ impl task::Kind {
             K::KldBase(k) => Some(&k.output),
             K::Imatrix(i) => Some(&i.output),
             K::ImatrixMerge(i) => Some(&i.output),
+            K::SensitivityWrite(w) => Some(&w.output),
+            K::SensitivityLookup(_) | K::SensitivityProbe(_) => None,
             K::Plan(_)
             | K::Verify(_)
             | K::Noop(_)
@@ -216,7 +222,10 @@ impl task::Kind {
             | K::Vllm(_)
             | K::KldBase(_)
             | K::Imatrix(_)
-            | K::ImatrixMerge(_) => ResultShape::Artifact,
+            | K::ImatrixMerge(_)
+            | K::SensitivityWrite(_) => ResultShape::Artifact,
+            K::SensitivityLookup(_) => ResultShape::SensitivityLookup,
+            K::SensitivityProbe(_) => ResultShape::SensitivityProbe,
             K::Verify(_) => ResultShape::Verify,
             K::Noop(_) => ResultShape::Noop,
             K::MergePlan(_) => ResultShape::MergePlan,
@@ -253,6 +262,8 @@ impl task_result::Kind {
             K::Probe(_) => ResultShape::Probe,
             K::PeerKld(_) => ResultShape::PeerKld,
             K::Choice(_) => ResultShape::Choice,
+            K::SensitivityLookup(_) => ResultShape::SensitivityLookup,
+            K::SensitivityProbe(_) => ResultShape::SensitivityProbe,
         }
     }
 }
@@ -295,6 +306,8 @@ result_accessors!(
     probe: Probe(ProbeResult),
     peer_kld: PeerKld(PeerKldResult),
     choice: Choice(ChoiceResult),
+    sensitivity_lookup: SensitivityLookup(SensitivityLookupResult),
+    sensitivity_probe: SensitivityProbe(SensitivityProbeResult),
 );
 
 /// Builds `$to` from `$c`, field for field: the wire message and `quantfarm-parity`'s ChunkStats hold the same

@@ -80,6 +80,15 @@ fn input_urls(kind: &task::Kind) -> Vec<String> {
         K::MlxLmGreedy(g) => model_files(&g.model, &mut out),
         K::MlxLmProbe(p) => model_files(&p.model, &mut out),
         K::ImatrixMerge(m) => out.extend(m.parts.iter().map(|a| a.url.clone())),
+        K::SensitivityProbe(p) => {
+            if let Some(q) = &p.quantize {
+                // Every file of the reference: the probe is made whole on the worker.
+                out.extend((0..q.n_shards.max(1)).map(|s| shard_file(&q.input, s, q.n_shards)));
+                out.push(q.imatrix.clone());
+            }
+            out.extend(p.bases.iter().map(|a| a.url.clone()));
+        }
+        K::SensitivityLookup(_) | K::SensitivityWrite(_) => {}
         K::Plan(_)
         | K::Gguf(_)
         | K::Noop(_)

@@ -118,6 +118,14 @@ fn inputs_json(kind: &task::Kind) -> Value {
         }),
         task::Kind::Probe(p) => json!({"model": p.model, "suite": p.suite, "ctx": p.ctx}),
         task::Kind::Choice(c) => json!({"model": c.model, "tasks": c.tasks, "ctx": c.ctx}),
+        task::Kind::SensitivityLookup(l) => json!({"sensitivity": l.sensitivity}),
+        task::Kind::SensitivityProbe(p) => json!({
+            "input": p.quantize.as_ref().map(|q| q.input.clone()),
+            "tensor_types": p.quantize.as_ref().map(|q| q.tensor_types.clone()),
+            "bases": p.bases.iter().map(|a| json!({"url": a.url, "sha256": a.sha256})).collect::<Vec<_>>(),
+            "batch": p.batch, "min_chunks": p.min_chunks, "precision": p.precision
+        }),
+        task::Kind::SensitivityWrite(w) => json!({"bytes": w.json.len()}),
         task::Kind::PeerKld(p) => json!({
             "tool": p.tool, "model": p.model, "settings": settings_json(&p.settings), "base": p.base,
             "base_sha256": p.base_sha256
@@ -230,6 +238,11 @@ fn outputs_json(kind: &task_result::Kind) -> Value {
             "tool": p.tool, "version": p.version, "command": p.command,
             "figures": p.figures.iter().collect::<BTreeMap<_, _>>(),
             "base": p.base.as_ref().map(|a| json!({"url": a.url, "sha256": a.sha256, "bytes": a.bytes}))
+        }),
+        task_result::Kind::SensitivityLookup(l) => json!({"found": l.found, "sha256": l.sha256}),
+        task_result::Kind::SensitivityProbe(p) => json!({
+            "chunks": p.chunks, "tokens": p.tokens, "mean_kld": p.mean_kld, "half_width": p.half_width,
+            "model_bytes": p.model_bytes, "seconds": p.seconds
         }),
         task_result::Kind::Choice(c) => json!({
             "tasks_sha256": c.tasks_sha256, "chosen": c.chosen, "correct": c.correct, "n_answers": c.n_answers,

@@ -130,7 +130,8 @@ pub fn groups(tensors: &[Tensor], ranges: u32) -> Result<Vec<Group>, SearchError
 /// rows that are not whole blocks) and their bytes.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Variant {
-    /// The type asked for (what the recipe's pattern names).
+    /// The type the recipe's pattern names: the candidate, or the one type every tensor of the group falls back to
+    /// (`Q2_K` on rows of 576 is written `Q4_0`: the same bytes, and what the file holds).
     pub asked: GgmlType,
     /// The type each tensor of the group gets, in the group's order.
     pub types: Vec<GgmlType>,
@@ -155,6 +156,10 @@ pub fn variants(tensors: &[Tensor], group: &Group, candidates: &[GgmlType]) -> R
             types.push(ty);
         }
         if !out.iter().any(|v| v.types == types) {
+            let asked = match types.first() {
+                Some(&first) if types.iter().all(|&t| t == first) => first,
+                _ => asked,
+            };
             out.push(Variant { asked, types, bytes });
         }
     }
@@ -318,7 +323,8 @@ mod tests {
         let got: Vec<(GgmlType, GgmlType)> = v.iter().map(|v| (v.asked, v.types[0])).collect();
         assert_eq!(
             got,
-            [(GgmlType::Q2_K, GgmlType::Q4_0), (GgmlType::Q4_K, GgmlType::Q5_0), (GgmlType::Q8_0, GgmlType::Q8_0)]
+            [(GgmlType::Q4_0, GgmlType::Q4_0), (GgmlType::Q5_0, GgmlType::Q5_0), (GgmlType::Q8_0, GgmlType::Q8_0)],
+            "written as the type the tensors fall back to"
         );
         assert_eq!(v[0].bytes, 5 * 576 * (576 / 32) * 18);
         let d = variants(&m, &gs[2], &asked).unwrap(); // ffn_down: rows of 1536, whole 256-blocks.

@@ -62,6 +62,10 @@ pub struct Report {
     /// interval at the rule's confidence (`quantfarm_parity::sequential`). Left out without it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sequential: Option<Sequential>,
+    /// Searched rungs (`{name, target_bpw}`): the sensitivities their recipes were chosen from, what each chose and
+    /// the frontier of every GGUF rung measured (docs/search.md). Left out without a searched rung.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub search: Option<Search>,
     /// In report order: the merged checkpoint, GGUF BF16, the GGUF quants in ladder order, the MLX checkpoints.
     pub artifacts: Vec<Artifact>,
     pub tasks: Vec<TaskRecord>,
@@ -341,6 +345,73 @@ pub struct Paired {
     /// Each of those rungs against the next larger one: the mean of (this rung's KLD − the larger one's) over the same
     /// tokens.
     pub pairs: Vec<PairedComparison>,
+}
+
+/// The search of the searched rungs' recipes.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Search {
+    pub method: String,
+    pub sensitivity: SearchSensitivity,
+    pub rungs: Vec<SearchedRung>,
+    /// Every GGUF rung measured in llama.cpp, smallest first: size against KL divergence, searched or not.
+    pub frontier: Vec<FrontierPoint>,
+}
+
+/// The sensitivities: where they are stored, what they were measured on, and what measuring them cost.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct SearchSensitivity {
+    pub url: Option<String>,
+    pub sha256: Option<String>,
+    /// Found stored by an earlier release of the same reference and settings: nothing was measured again.
+    pub reused: bool,
+    pub text: String,
+    pub tokens_sha256: Option<String>,
+    pub ctx: u32,
+    pub chunks: u32,
+    pub precision: f64,
+    pub layers: u32,
+    pub candidates: Vec<String>,
+    pub groups: u32,
+    /// Probes (a group at a distinct type), with the task time and the bytes of the probe models they made, as
+    /// measured (when reused: by the release that measured them; this release spent nothing on them).
+    pub probes: u32,
+    pub probe_seconds: f64,
+    pub probe_model_bytes: u64,
+}
+
+/// What a searched rung chose.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct SearchedRung {
+    pub name: String,
+    /// `4.5 bits per weight`, `Q4_K_M's bits per weight`.
+    pub target: String,
+    /// Tensor bytes allowed and taken, and the bits per weight taken (over every tensor's elements).
+    pub budget_bytes: Option<u64>,
+    pub bytes: Option<u64>,
+    pub bits_per_weight: Option<f64>,
+    /// The sum of the chosen types' measured costs: the search's prediction of the rung's mean KL divergence.
+    pub predicted_kld: Option<f64>,
+    /// Per tensor group, the type chosen.
+    pub picks: Vec<SearchPick>,
+    /// Why no recipe was chosen (the budget is below the smallest recipe, …).
+    pub error: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct SearchPick {
+    pub group: String,
+    pub ggml_type: String,
+}
+
+/// One GGUF rung on the size/KL-divergence plane.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct FrontierPoint {
+    pub name: String,
+    pub searched: bool,
+    pub bytes: u64,
+    pub bits_per_weight: f64,
+    pub kld_mean: Option<f64>,
+    pub kld_p99_9: Option<f64>,
 }
 
 /// Sequential measurement: the rule and each rung's stop (`quantfarm_parity::sequential`; `docs/statistics.md`).

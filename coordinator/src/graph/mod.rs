@@ -34,4 +34,6 @@ pub struct EvalInputs {
     pub choices: Option<String>,
     /// The third parties' GGUF files of `evaluation.peers`, in their order.
     pub third_party: Vec<String>,
+    /// `outputs.gguf.search.text`, when given (else the search measures on the importance matrix's text).
+    pub search_text: Option<String>,
 }

@@ -29,6 +29,8 @@ pub enum Stage<'a> {
     TextPlanned(&'a pb::KldPlanResult),
     /// One of a rung's chunk groups was measured (`evaluation.stop` looks at the rung again).
     Measured(EvalTarget),
+    /// The search looked for stored sensitivities: found (nothing to measure) or not (the probes).
+    Looked(bool),
 }
 
 /// The plan's result as the families that follow it read it.
@@ -122,6 +124,7 @@ pub enum Opens<'r> {
     Calibrated(&'r pb::KldPlanResult),
     TextPlanned(&'r pb::KldPlanResult),
     Measured(EvalTarget),
+    Looked(bool),
 }
 
 /// What task `key`'s `result` adds: a plan's result expands the graph (the task's family says which stage it
@@ -139,6 +142,7 @@ pub fn grows(ctx: &Ctx, key: &TaskKey, result: &pb::TaskResult, results: &Result
         Opens::Calibrated(kp) => Stage::Calibrated(kp),
         Opens::TextPlanned(kp) => Stage::TextPlanned(kp),
         Opens::Measured(target) => Stage::Measured(target),
+        Opens::Looked(found) => Stage::Looked(found),
     };
     Ok(grow(stage, ctx, results))
 }
@@ -306,6 +310,7 @@ mod tests {
             probes: None,
             choices: None,
             third_party: Vec::new(),
+            search_text: None,
         };
         let store = Location::local("/tmp/store");
         let ctx = Ctx { spec: &spec, source: "/m", imatrix: None, adapter: Some("/a"), eval: &eval, store: &store };

@@ -115,7 +115,7 @@ impl Family for Greedy {
                     }
                 }
             }
-            Stage::Start | Stage::Calibrated(_) | Stage::TextPlanned(_) | Stage::Measured(_) => {}
+            Stage::Start | Stage::Calibrated(_) | Stage::TextPlanned(_) | Stage::Measured(_) | Stage::Looked(_) => {}
         }
     }
 }

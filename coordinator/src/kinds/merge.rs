@@ -127,7 +127,11 @@ impl Family for Merge {
                 }
                 out.add(Merge::Side, vec![Merge::Plan.into()], 1);
             }
-            Stage::Planned(_) | Stage::Calibrated(_) | Stage::TextPlanned(_) | Stage::Measured(_) => {}
+            Stage::Planned(_)
+            | Stage::Calibrated(_)
+            | Stage::TextPlanned(_)
+            | Stage::Measured(_)
+            | Stage::Looked(_) => {}
         }
     }
 }

@@ -206,7 +206,7 @@ impl Family for MlxLm {
                     }
                 }
             }
-            Stage::Start | Stage::Merged(_) | Stage::Calibrated(_) | Stage::Measured(_) => {}
+            Stage::Start | Stage::Merged(_) | Stage::Calibrated(_) | Stage::Measured(_) | Stage::Looked(_) => {}
         }
     }
 }

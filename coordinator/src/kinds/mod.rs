@@ -36,6 +36,7 @@ mod plan;
 mod probe;
 mod quantize;
 mod report;
+mod search;
 mod third_party;
 mod transformers;
 mod verify;
@@ -66,6 +67,7 @@ pub use plan::Plan;
 pub use probe::Probe;
 pub use quantize::Quantize;
 pub use report::Report;
+pub use search::{chosen, sensitivity, Chosen, Search, Sensitivity};
 pub use subjects::{CheckPart, EvalTarget, MlxSubject, Subject, TfSubject, MLX_LM_RUNTIME, TRANSFORMERS_RUNTIME};
 pub use third_party::ThirdParty;
 pub use transformers::Transformers;
@@ -248,6 +250,7 @@ kinds! {
     Vllm(Vllm),
     Gguf(Gguf),
     Imatrix(Imatrix),
+    Search(Search),
     Quantize(Quantize),
     Verify(Verify),
     Kld(Kld),

@@ -75,7 +75,11 @@ impl Family for Plan {
                 deps.push(Merge::Side.into());
                 out.add(Plan, deps, 1);
             }
-            Stage::Planned(_) | Stage::Calibrated(_) | Stage::TextPlanned(_) | Stage::Measured(_) => {}
+            Stage::Planned(_)
+            | Stage::Calibrated(_)
+            | Stage::TextPlanned(_)
+            | Stage::Measured(_)
+            | Stage::Looked(_) => {}
         }
     }
 }

@@ -6,16 +6,28 @@ use std::fmt;
 use quantfarm_proto::{self as pb, task};
 
 use super::lookup::{artifact_of, computes_imatrix, plan_of};
-use super::{num, Done, Family, Folded, Gguf, Grown, Imatrix, Results, Slot, Stage};
+use super::{num, search, Done, Family, Folded, Gguf, Grown, Imatrix, Results, Search, Slot, Stage, TaskKey};
 use crate::graph::naming::{artifact, file_name};
 use crate::graph::Ctx;
-use crate::spec::{EvalTarget, ImatrixSource, Level};
+use crate::spec::{EvalTarget, ImatrixSource, Level, Rung, Target};
 
 /// One split file of one quant level.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Quantize {
     pub level: Level,
     pub shard: u32,
+}
+
+/// The release's importance matrix as the quantize tasks read it: its URL and sha256 (empty without one).
+pub(super) fn imatrix_input(ctx: &Ctx, results: &Results, plan: &pb::PlanResult) -> Result<(String, String), String> {
+    Ok(match ctx.spec.imatrix() {
+        None => (String::new(), String::new()),
+        Some(ImatrixSource::File(_)) => (ctx.imatrix.unwrap_or_default().to_string(), plan.imatrix_sha256.clone()),
+        Some(ImatrixSource::Text { .. }) => {
+            let a = artifact_of(results, &Imatrix::Merge.into())?;
+            (a.url.clone(), a.sha256.clone())
+        }
+    })
 }
 
 impl Quantize {
@@ -27,21 +39,20 @@ impl Quantize {
         let rung = ctx.spec.rung(level).ok_or_else(|| format!("{level} is not a rung of this release"))?;
         let inputs: Vec<&pb::Artifact> =
             (0..n).map(|s| artifact_of(results, &Gguf { shard: s }.into())).collect::<Result<_, _>>()?;
-        let (imatrix, imatrix_sha256) = match ctx.spec.imatrix() {
-            None => (String::new(), String::new()),
-            Some(ImatrixSource::File(_)) => (ctx.imatrix.unwrap_or_default().to_string(), plan.imatrix_sha256.clone()),
-            Some(ImatrixSource::Text { .. }) => {
-                let a = artifact_of(results, &Imatrix::Merge.into())?;
-                (a.url.clone(), a.sha256.clone())
-            }
+        let (imatrix, imatrix_sha256) = imatrix_input(ctx, results, plan)?;
+        // A searched rung's recipe, chosen from the sensitivities (the same for every task that asks).
+        let searched = match rung {
+            Rung::Search(s) => Some(search::chosen(ctx.spec, results, s)?.recipe),
+            Rung::File(_) | Rung::Recipe(_) => None,
         };
-        let recipe = rung.recipe();
+        let recipe = searched.as_ref().or(rung.recipe());
         let tensor_types: Vec<String> = recipe.map_or(vec![], |r| r.tensor_types.iter().map(|t| t.arg()).collect());
         let type_name = |t: Option<quantfarm_ggml::GgmlType>| t.map_or(String::new(), |t| t.name().to_string());
         let output_tensor_type = type_name(recipe.and_then(|r| r.output_tensor_type));
         let token_embedding_type = type_name(recipe.and_then(|r| r.token_embedding_type));
         // A plain file type's identity is as it always was; a recipe's adds its flags (its name changes no byte).
         let mut parts = vec!["quantfarm quantize v1", rung.base().name()];
+        // (A searched rung is its chosen recipe: the same bytes as a recipe written out.)
         if recipe.is_some() {
             parts.push("recipe");
             parts.extend(tensor_types.iter().map(|t| t.as_str()));
@@ -100,16 +111,25 @@ impl Family for Quantize {
     }
 
     /// After the plan: per (level, split file), after every file of the GGUF BF16 (a split file's tensors are
-    /// quantized from the same file; the other files' names are in its metadata) and the computed imatrix.
+    /// quantized from the same file; the other files' names are in its metadata) and the computed imatrix; a
+    /// searched rung also after its sensitivities (`search/write`) and the rung it is held to the size of.
     fn grow(stage: Stage, ctx: &Ctx, _: &Results, out: &mut Grown) {
         let Stage::Planned(inv) = stage else { return };
         let mut deps = inv.ggufs();
         if computes_imatrix(ctx) && inv.n > 0 {
             deps.push(Imatrix::Merge.into());
         }
-        for level in ctx.spec.quants() {
+        for rung in ctx.spec.quants() {
+            let mut deps = deps.clone();
+            // A searched rung waits for its sensitivities, and for the rung its budget is the size of.
+            if let Rung::Search(s) = rung {
+                deps.push(Search::Write.into());
+                if let Target::SizeOf(level) = s.target {
+                    deps.extend((0..inv.n).map(|shard| TaskKey::from(Quantize { level, shard })));
+                }
+            }
             for shard in 0..inv.n {
-                out.add(Quantize { level: level.level(), shard }, deps.clone(), inv.shard_bytes[shard as usize] * 2);
+                out.add(Quantize { level: rung.level(), shard }, deps.clone(), inv.shard_bytes[shard as usize] * 2);
             }
         }
     }

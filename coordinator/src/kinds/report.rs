@@ -53,7 +53,8 @@ impl Family for Report {
                 let deps = std::mem::take(&mut out.measured);
                 out.add(Report, deps, 1);
             }
-            Stage::Merged(_) | Stage::Calibrated(_) | Stage::TextPlanned(_) | Stage::Measured(_) => {}
+            Stage::Merged(_) | Stage::Calibrated(_) | Stage::TextPlanned(_) | Stage::Measured(_) | Stage::Looked(_) => {
+            }
         }
     }
 }

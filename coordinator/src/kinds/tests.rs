@@ -35,6 +35,11 @@ fn keys_round_trip() {
         Imatrix::Plan.into(),
         Imatrix::Group { group: 4 }.into(),
         Imatrix::Merge.into(),
+        Search::Plan.into(),
+        Search::Lookup.into(),
+        Search::Base { group: 1 }.into(),
+        Search::Probe { group: 12, variant: 3 }.into(),
+        Search::Write.into(),
         Kld::Plan.into(),
         Kld::Measure { target: EvalTarget::Quant(q(FileType::Q4_K_M)), group: 3 }.into(),
         Kld::Measure { target: EvalTarget::Mlx(MlxRung::Bits(4)), group: 0 }.into(),
@@ -86,6 +91,7 @@ fn keys_round_trip() {
     assert_eq!(TaskKey::parse("gguf/x"), None);
     assert_eq!(TaskKey::parse("gguf/1/2"), None);
     assert_eq!(TaskKey::parse("plan/1"), None);
+    assert_eq!(TaskKey::parse("search/probe/1"), None);
     assert_eq!(TaskKey::parse("nothing/1"), None);
     assert_eq!(TaskKey::parse("mlx-lm/kld/Q8_0/0"), None, "mlx-lm runs BF16 and MLX rungs only");
     assert_eq!(TaskKey::parse("mlx-lm/kld/vLLM-W4A16/0"), None, "mlx-lm runs BF16 and MLX rungs only");

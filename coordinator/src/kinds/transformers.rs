@@ -255,7 +255,7 @@ impl Family for Transformers {
                     }
                 }
             }
-            Stage::Start | Stage::Merged(_) | Stage::Calibrated(_) | Stage::Measured(_) => {}
+            Stage::Start | Stage::Merged(_) | Stage::Calibrated(_) | Stage::Measured(_) | Stage::Looked(_) => {}
         }
     }
 }

@@ -190,7 +190,7 @@ impl Family for Verify {
                     }
                 }
             }
-            Stage::Start | Stage::Calibrated(_) | Stage::TextPlanned(_) | Stage::Measured(_) => {}
+            Stage::Start | Stage::Calibrated(_) | Stage::TextPlanned(_) | Stage::Measured(_) | Stage::Looked(_) => {}
         }
     }
 }

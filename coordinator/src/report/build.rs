@@ -464,6 +464,7 @@ pub fn build(rel: &Release, workers: &HashMap<String, WorkerRec>, now_ms: i64, v
         third_party,
         comparison: None,
         sequential: super::sequential::section(rel),
+        search: super::search::section(rel, &artifacts),
         artifacts,
         tasks: tasks::records(rel),
         gates: results.iter().map(gates::GateResult::record).collect(),
@@ -538,7 +539,12 @@ fn artifacts(
                 .collect(),
             verified,
             imatrix: level.and_then(|_| imatrix.clone()),
-            recipe: level.and_then(|l| rel.spec.rung(l)).and_then(|r| r.recipe()).map(RecipeDoc::from),
+            recipe: level.and_then(|l| rel.spec.rung(l)).and_then(|r| match r {
+                crate::spec::Rung::Search(s) => crate::kinds::chosen(&rel.spec, &|k: &TaskKey| rel.result(k), s)
+                    .ok()
+                    .map(|c| RecipeDoc::from(&c.recipe)),
+                crate::spec::Rung::File(_) | crate::spec::Rung::Recipe(_) => r.recipe().map(RecipeDoc::from),
+            }),
             kld,
             greedy: greedy.get(&ty).cloned(),
             probes: probes.get(&ty).cloned(),

@@ -146,7 +146,11 @@ pub(super) fn measured(
         );
         // A recipe is held to its base file type's limit.
         let limit_of = match target {
-            EvalTarget::Quant(l) => rel.spec.rung(l).map_or_else(|| level.clone(), |r| r.base().to_string()),
+            EvalTarget::Quant(l) => match rel.spec.rung(l) {
+                Some(crate::spec::Rung::Search(s)) => s.limit_type(&rel.spec).to_string(),
+                Some(r) => r.base().to_string(),
+                None => level.clone(),
+            },
             EvalTarget::Mlx { .. } | EvalTarget::Vllm(_) => level.clone(),
         };
         f.set(

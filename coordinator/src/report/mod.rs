@@ -12,6 +12,7 @@ mod compare;
 mod figures;
 mod paired;
 mod publish;
+mod search;
 mod sequential;
 mod tasks;
 mod third_party;

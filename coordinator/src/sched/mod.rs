@@ -223,9 +223,11 @@ pub fn source_location(source: &str, base: &str, store: &Location) -> Result<Str
 }
 
 fn eval_inputs(spec: &ReleaseSpec, base: &str) -> EvalInputs {
-    let Some(e) = &spec.evaluation else { return EvalInputs::default() };
     let resolve = |v: &Option<String>| v.as_deref().map(|v| resolve_source(v, base));
+    let search_text = resolve(&spec.search_settings().text);
+    let Some(e) = &spec.evaluation else { return EvalInputs { search_text, ..EvalInputs::default() } };
     EvalInputs {
+        search_text,
         text: resolve(&e.text),
         prompts: resolve(&e.prompts),
         probes: resolve(&e.probes),

@@ -179,6 +179,8 @@ impl Sched {
                 None => Ok(kinds::Growth::default()),
             }
         };
+        // Tasks the growth adds never counted this (done) task among their open dependencies.
+        let grown_from = self.releases[ri].tasks.len();
         match growth {
             Err(e) => return self.fail_release(ri, e),
             Ok(g) => {
@@ -190,7 +192,7 @@ impl Sched {
             }
         }
         let dependents = self.releases[ri].tasks[ti].dependents.clone();
-        for d in dependents {
+        for d in dependents.into_iter().filter(|&d| d < grown_from) {
             let t = &mut self.releases[ri].tasks[d];
             t.waiting = t.waiting.saturating_sub(1);
             if t.waiting == 0 && t.state == TState::Blocked && self.releases[ri].state == ReleaseState::Running {

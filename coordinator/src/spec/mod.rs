@@ -69,12 +69,14 @@
 mod evaluation;
 mod mlx;
 mod recipe;
+mod search;
 mod target;
 mod vllm;
 
 pub use evaluation::{Evaluation, Peer, PeerEntry, Stop};
 pub use mlx::MlxOutputs;
 pub use recipe::{Level, Recipe, RecipeName, Rung, TensorTypeRule};
+pub use search::{SearchRung, SearchSettings, Target, DEFAULT_CANDIDATES};
 use serde::{Deserialize, Serialize};
 pub use target::{EvalTarget, FpMode, MixedRecipe, MlxRung};
 pub use vllm::{VllmLike, VllmOutputs, VllmRung};
@@ -145,6 +147,9 @@ pub struct GgufOutputs {
     /// An importance matrix for the quants: a file, or computed by the farm.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub imatrix: Option<ImatrixSource>,
+    /// How the searched rungs' sensitivities are measured (defaults without it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub search: Option<SearchSettings>,
 }
 
 /// Where the quants' importance matrix comes from.
@@ -277,7 +282,7 @@ impl ReleaseSpec {
                 return Err("outputs.noop: tasks must be 1–1000000 and sleep_ms at most 3600000".into());
             }
         }
-        let empty = GgufOutputs { prefix: None, split: None, quants: vec![], imatrix: None };
+        let empty = GgufOutputs { prefix: None, split: None, quants: vec![], imatrix: None, search: None };
         let gguf =
             match (&self.outputs.gguf, &self.outputs.noop, self.outputs.mlx.is_some() || self.outputs.vllm.is_some()) {
                 (Some(g), _, _) => g,
@@ -333,7 +338,8 @@ impl ReleaseSpec {
             }
             if q.needs_imatrix() && gguf.imatrix.is_none() {
                 let why = match q {
-                    Rung::File(_) => "is made only with an importance matrix".to_string(),
+                    // (A searched rung never needs one by itself: its candidates are checked in `check_search`.)
+                    Rung::File(_) | Rung::Search(_) => "is made only with an importance matrix".to_string(),
                     Rung::Recipe(r) => {
                         let base = r.base.needs_imatrix().then(|| r.base.to_string());
                         let types = r.named_types().filter(|t| t.quantize_requires_imatrix()).map(|t| t.to_string());
@@ -347,6 +353,7 @@ impl ReleaseSpec {
                 ));
             }
         }
+        self.check_search(gguf)?;
         if let Some(e) = &self.evaluation {
             for (key, v) in [("text", &e.text), ("prompts", &e.prompts), ("probes", &e.probes), ("choices", &e.choices)]
             {
@@ -511,6 +518,70 @@ impl ReleaseSpec {
     /// Whether the release converts the source at all (a plan, then GGUF, MLX and/or vLLM outputs).
     pub fn converts(&self) -> bool {
         self.outputs.gguf.is_some() || self.outputs.mlx.is_some() || self.outputs.vllm.is_some()
+    }
+
+    /// The searched rungs' settings and their errors: a target names a rung of the ladder made by type or recipe;
+    /// the probes have a text (`search.text` or the computed importance matrix's); candidates that need an importance
+    /// matrix have one.
+    fn check_search(&self, gguf: &GgufOutputs) -> Result<(), String> {
+        let searched: Vec<&SearchRung> = gguf.quants.iter().filter_map(Rung::search).collect();
+        let settings = gguf.search.clone().unwrap_or_default();
+        settings.check()?;
+        let Some(first) = searched.first() else {
+            return match gguf.search {
+                Some(_) => Err("outputs.gguf.search: no rung of outputs.gguf.quants is searched (give one a \
+                                target_bpw)"
+                    .into()),
+                None => Ok(()),
+            };
+        };
+        for s in &searched {
+            if let Target::SizeOf(level) = s.target {
+                match self.rung(level) {
+                    Some(Rung::File(_) | Rung::Recipe(_)) => {}
+                    Some(Rung::Search(_)) => {
+                        return Err(format!(
+                            "outputs.gguf.quants: {}: target_bpw {level} is a searched rung; name a file type or a \
+                             recipe",
+                            s.name
+                        ))
+                    }
+                    None => {
+                        return Err(format!(
+                            "outputs.gguf.quants: {}: target_bpw {level} is not a rung of outputs.gguf.quants",
+                            s.name
+                        ))
+                    }
+                }
+            }
+        }
+        let computed_text = matches!(gguf.imatrix, Some(ImatrixSource::Text { .. }));
+        if settings.text.is_none() && !computed_text {
+            return Err(format!(
+                "outputs.gguf.quants: {} is searched: give outputs.gguf.search.text (the text its probes are \
+                 measured on) or compute the importance matrix from one (imatrix: {{text: PATH}})",
+                first.name
+            ));
+        }
+        if let Some(t) = settings.candidates.iter().find(|t| t.quantize_requires_imatrix()) {
+            if gguf.imatrix.is_none() {
+                return Err(format!(
+                    "outputs.gguf.search.candidates: {t} is made only with an importance matrix; add `imatrix:` \
+                     under outputs.gguf or leave {t} out"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The searched rungs' settings (their defaults without `outputs.gguf.search`).
+    pub fn search_settings(&self) -> SearchSettings {
+        self.outputs.gguf.as_ref().and_then(|g| g.search.clone()).unwrap_or_default()
+    }
+
+    /// Whether the release searches a rung's recipe.
+    pub fn searches(&self) -> bool {
+        self.quants().iter().any(|q| q.search().is_some())
     }
 
     pub fn quants(&self) -> &[Rung] {

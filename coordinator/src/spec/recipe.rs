@@ -12,6 +12,8 @@ use quantfarm_ggml::{FileType, GgmlType};
 use serde::de::{self, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use super::search::{SearchFields, SearchRung};
+
 /// A recipe's name: 1–[`RecipeName::MAX`] ASCII letters, digits, `_` and `-`, starting with a letter; stored
 /// inline so that it is `Copy`.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -179,10 +181,12 @@ impl Recipe {
 }
 
 /// A rung of the GGUF ladder.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum Rung {
     File(FileType),
     Recipe(Recipe),
+    /// A recipe the search chooses to a budget (spec/search.rs).
+    Search(SearchRung),
 }
 
 impl Rung {
@@ -190,6 +194,7 @@ impl Rung {
         match self {
             Rung::File(f) => Level::File(*f),
             Rung::Recipe(r) => Level::Recipe(r.name),
+            Rung::Search(s) => Level::Recipe(s.name),
         }
     }
 
@@ -198,30 +203,94 @@ impl Rung {
         match self {
             Rung::File(f) => *f,
             Rung::Recipe(r) => r.base,
+            Rung::Search(_) => SearchRung::BASE,
         }
     }
 
     /// Whether llama-quantize may refuse the rung without an importance matrix: its base needs one, or the recipe
     /// names a type ggml cannot quantize without one. Checked at submission, so conservatively: a recipe whose
-    /// pattern matches no such tensor is refused too, and says so.
+    /// pattern matches no such tensor is refused too, and says so. (A search rung's candidates are checked with
+    /// the search's settings.)
     pub fn needs_imatrix(&self) -> bool {
         match self {
             Rung::File(f) => f.needs_imatrix(),
             Rung::Recipe(r) => r.base.needs_imatrix() || r.named_types().any(|t| t.quantize_requires_imatrix()),
+            Rung::Search(_) => false,
         }
     }
 
+    /// The recipe written in release.yaml (a search rung's is chosen at run time).
     pub fn recipe(&self) -> Option<&Recipe> {
         match self {
-            Rung::File(_) => None,
+            Rung::File(_) | Rung::Search(_) => None,
             Rung::Recipe(r) => Some(r),
+        }
+    }
+
+    pub fn search(&self) -> Option<&SearchRung> {
+        match self {
+            Rung::File(_) | Rung::Recipe(_) => None,
+            Rung::Search(s) => Some(s),
         }
     }
 }
 
-/// `quants:` entries as written: a file type's name, or a recipe's fields.
-#[derive(Deserialize, Serialize)]
+/// `quants:` entries written as a mapping: a recipe's fields, or a search rung's (`target_bpw`).
+#[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+struct RungFields {
+    name: String,
+    #[serde(default)]
+    base: Option<String>,
+    #[serde(default)]
+    tensor_types: TensorTypes,
+    #[serde(default)]
+    output_tensor_type: Option<String>,
+    #[serde(default)]
+    token_embedding_type: Option<String>,
+    #[serde(default)]
+    target_bpw: Option<serde_norway::Value>,
+}
+
+impl TryFrom<RungFields> for Rung {
+    type Error = String;
+
+    fn try_from(f: RungFields) -> Result<Rung, String> {
+        match (f.base, f.target_bpw) {
+            (Some(base), None) => Recipe::try_from(RecipeFields {
+                name: f.name,
+                base,
+                tensor_types: f.tensor_types,
+                output_tensor_type: f.output_tensor_type,
+                token_embedding_type: f.token_embedding_type,
+            })
+            .map(Rung::Recipe),
+            (None, Some(target)) => {
+                if !f.tensor_types.is_empty() || f.output_tensor_type.is_some() || f.token_embedding_type.is_some() {
+                    return Err(format!(
+                        "rung {}: a searched rung's types are chosen by the search; give no tensor_types, \
+                         output_tensor_type or token_embedding_type (or give a base and no target_bpw: a recipe)",
+                        f.name
+                    ));
+                }
+                let target: super::search::TargetField = serde_norway::from_value(target)
+                    .map_err(|_| format!("rung {}: target_bpw: expected a number or a rung's name", f.name))?;
+                SearchRung::try_from(SearchFields::new(f.name, target)).map(Rung::Search)
+            }
+            (Some(_), Some(_)) => Err(format!(
+                "rung {}: either a recipe (base, tensor_types) or a searched rung (target_bpw), not both",
+                f.name
+            )),
+            (None, None) => Err(format!(
+                "rung {}: expected a recipe {{name, base, tensor_types}} or a searched rung {{name, target_bpw}}",
+                f.name
+            )),
+        }
+    }
+}
+
+/// A recipe's fields.
+#[derive(Serialize)]
 struct RecipeFields {
     name: String,
     base: String,
@@ -330,7 +399,10 @@ impl<'de> Deserialize<'de> for Rung {
             type Value = Rung;
 
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a llama-quantize file type (Q4_K_M) or a recipe {name, base, tensor_types}")
+                f.write_str(
+                    "a llama-quantize file type (Q4_K_M), a recipe {name, base, tensor_types} or a searched rung \
+                     {name, target_bpw}",
+                )
             }
 
             fn visit_str<E: de::Error>(self, s: &str) -> Result<Rung, E> {
@@ -345,8 +417,8 @@ impl<'de> Deserialize<'de> for Rung {
             }
 
             fn visit_map<A: MapAccess<'de>>(self, m: A) -> Result<Rung, A::Error> {
-                let fields = RecipeFields::deserialize(de::value::MapAccessDeserializer::new(m))?;
-                Recipe::try_from(fields).map(Rung::Recipe).map_err(de::Error::custom)
+                let fields = RungFields::deserialize(de::value::MapAccessDeserializer::new(m))?;
+                Rung::try_from(fields).map_err(de::Error::custom)
             }
         }
         d.deserialize_any(V)
@@ -358,6 +430,7 @@ impl Serialize for Rung {
         match self {
             Rung::File(f) => s.serialize_str(f.name()),
             Rung::Recipe(r) => RecipeFields::from(r).serialize(s),
+            Rung::Search(r) => SearchFields::from(r).serialize(s),
         }
     }
 }

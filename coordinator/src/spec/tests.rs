@@ -222,3 +222,57 @@ fn peers_are_tools_or_third_party_gguf_files() {
     let err = with("[llama-perplexitty]").unwrap_err().to_string();
     assert!(err.contains("evaluation.peers[0]") && err.contains("ending in .gguf"), "{err}");
 }
+
+#[test]
+fn a_searched_rung_names_its_budget_and_the_search_its_text() {
+    let head = "name: s\nsource: ./m\noutputs:\n  gguf:\n";
+    let with = |rest: &str| ReleaseSpec::parse(&format!("{head}{rest}"), "release.yaml");
+    let s = with("    quants: [Q4_K_M, {name: Q4_FIT, target_bpw: Q4_K_M}, {name: B45, target_bpw: 4.5}]\n    imatrix: {text: c.txt}\n")
+        .unwrap();
+    let searched: Vec<(String, Target)> =
+        s.quants().iter().filter_map(Rung::search).map(|r| (r.name.to_string(), r.target)).collect();
+    assert_eq!(
+        searched,
+        [
+            ("Q4_FIT".to_string(), Target::SizeOf(Level::File(quantfarm_ggml::FileType::Q4_K_M))),
+            ("B45".to_string(), Target::Bpw(4.5))
+        ]
+    );
+    assert!(s.searches());
+    assert_eq!(s.search_settings(), SearchSettings::default());
+    assert_eq!(s.rung(Level::parse("Q4_FIT").unwrap()).unwrap().base(), quantfarm_ggml::FileType::Q8_0);
+    // Written back as read.
+    let again = ReleaseSpec::parse(&serde_norway::to_string(&s).unwrap(), "again.yaml").unwrap();
+    assert_eq!(again.quants(), s.quants());
+    let t = with("    quants: [{name: F, target_bpw: 5}]\n    search: {text: t.txt, candidates: [q4_0, Q8_0], layers: 2, chunks: 4}\n")
+        .unwrap();
+    let st = t.search_settings();
+    assert_eq!((st.candidates.len(), st.layers, st.chunks, st.text.as_deref()), (2, 2, 4, Some("t.txt")));
+    for (bad, says) in [
+        ("    quants: [{name: F, target_bpw: 4.5}]\n", "give outputs.gguf.search.text"),
+        ("    quants: [{name: F, target_bpw: Q4_K_M}]\n    search: {text: t}\n", "not a rung of outputs.gguf.quants"),
+        ("    quants: [{name: F, target_bpw: 0.5}]\n    search: {text: t}\n", "expected 1 to 32 bits"),
+        ("    quants: [{name: F, target_bpw: [1]}]\n    search: {text: t}\n", "a number or a rung's name"),
+        ("    quants: [{name: F, target_bpw: 4, base: Q4_K_M}]\n    search: {text: t}\n", "not both"),
+        (
+            "    quants: [{name: F, target_bpw: 4, tensor_types: {a: q8_0}}]\n    search: {text: t}\n",
+            "chosen by the search",
+        ),
+        ("    quants: [{name: F}]\n", "expected a recipe"),
+        ("    quants: [Q8_0]\n    search: {text: t}\n", "no rung of outputs.gguf.quants is searched"),
+        (
+            "    quants: [{name: F, target_bpw: 4}]\n    search: {text: t, candidates: [IQ2_XXS]}\n",
+            "only with an importance matrix",
+        ),
+        ("    quants: [{name: F, target_bpw: 4}]\n    search: {text: t, candidates: [Q9]}\n", "unknown tensor type"),
+        ("    quants: [{name: F, target_bpw: 4}]\n    search: {text: t, precision: 0}\n", "search.precision"),
+        ("    quants: [{name: F, target_bpw: 4}]\n    search: {text: t, layer: 2}\n", "unknown field"),
+        (
+            "    quants: [{name: A, target_bpw: 4}, {name: F, target_bpw: A}]\n    search: {text: t}\n",
+            "is a searched rung",
+        ),
+    ] {
+        let err = with(bad).unwrap_err().to_string();
+        assert!(err.contains(says), "{bad}: {err}");
+    }
+}

@@ -28,7 +28,7 @@ figure { margin: 0; } figcaption { color: var(--muted); font-size: 12px; }
 svg.chart { width: 100%; height: auto; background: #fff; }
 svg .plot { fill: #fbfcfd; stroke: var(--line); } svg .grid { stroke: #eaeef2; } svg .tick { font-size: 11px; fill: var(--muted); }
 svg .axis { font-size: 12px; fill: var(--ink); } svg .label { font-size: 11px; fill: var(--ink); }
-svg .err { stroke: #0969da; stroke-width: 1.5; } svg .pt circle { fill: #0969da; } svg .pt.mlx circle { fill: #8250df; }
+svg .err { stroke: #0969da; stroke-width: 1.5; } svg .pt circle { fill: #0969da; } svg .pt.mlx circle { fill: #8250df; } svg .pt.searched circle { fill: #1a7f37; }
 svg .bar { fill: #0969da; } svg .bar.ref { fill: #8c959f; } svg .bar.merge { fill: #1a7f37; } svg .band { fill: #fbbc0544; stroke: #bf8700; }
 svg .ladder polyline { fill: none; stroke: #0969da55; stroke-width: 1.2; } svg .series polyline { fill: none; stroke-width: 1.8; } svg .series circle { r: 2.5; }
 svg .s0 polyline { stroke: #0969da; } svg .s0 circle, svg .s0 rect { fill: #0969da; }
@@ -95,6 +95,11 @@ pub fn render(report: &Report) -> String {
     paired(&mut h, report);
     if let Some((about, rows)) = super::sequential_rows(report) {
         section(&mut h, "Sequential measurement", &about, super::SEQUENTIAL_HEADER, rows);
+    }
+    if let Some((about, rows)) = super::search_rows(report) {
+        section(&mut h, "Searched rungs", &about, super::SEARCH_HEADER, rows);
+        let about = "Every GGUF rung measured, smallest first: size against KL divergence (the ladder chart above).";
+        section(&mut h, "Frontier", about, super::FRONTIER_HEADER, super::frontier_rows(report));
     }
     match super::coverage_rows(report) {
         Some((about, rows)) if rows.is_empty() => {
@@ -216,11 +221,17 @@ fn ladder_chart(h: &mut String, report: &Report) {
     }
     for r in &measured {
         let (m, u) = r.kld.unwrap_or_default();
-        let class = if r.file_type.starts_with("MLX-") { "pt mlx" } else { "pt" };
+        let searched =
+            report.search.as_ref().is_some_and(|s| s.frontier.iter().any(|p| p.searched && p.name == r.file_type));
+        let class = match () {
+            _ if r.file_type.starts_with("MLX-") => "pt mlx",
+            _ if searched => "pt searched",
+            _ => "pt",
+        };
         let title = format!("{}: {} · {:.2} bits/weight · mean KLD {m:.6} ± {u:.6}", r.name, size(r.bytes), r.bpw);
         c.point(r.bytes as f64 / 1e6, m, u, r.file_type, &title, class);
     }
-    figure(h, c.finish(), "The ladder: each level's size against its mean KL divergence from the GGUF BF16 (log scale), with the ± uncertainty llama-perplexity prints.");
+    figure(h, c.finish(), "The ladder: each level's size against its mean KL divergence from the GGUF BF16 (log scale), with the ± uncertainty llama-perplexity prints; searched rungs in green.");
 }
 
 fn percentile_chart(h: &mut String, report: &Report) {

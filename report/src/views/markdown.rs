@@ -110,6 +110,12 @@ pub fn render(report: &Report) -> String {
     if let Some((about, rows)) = super::sequential_rows(report) {
         table(&mut md, "Sequential measurement", &about, &super::SEQUENTIAL_HEADER, "|---|---:|---|---|---|", &rows);
     }
+    if let Some((about, rows)) = super::search_rows(report) {
+        table(&mut md, "Searched rungs", &about, &super::SEARCH_HEADER, "|---|---|---:|---:|---:|---:|", &rows);
+        let frontier = super::frontier_rows(report);
+        let about = "Every GGUF rung measured, smallest first: size against KL divergence.";
+        table(&mut md, "Frontier", about, &super::FRONTIER_HEADER, "|---|---:|---:|---:|", &frontier);
+    }
     match super::coverage_rows(report) {
         Some((about, rows)) if rows.is_empty() => {
             let _ = writeln!(md, "\n## Importance matrix: experts reached\n\n{about}");

@@ -213,6 +213,75 @@ pub(crate) fn sequential_rows(report: &Report) -> Option<(String, Vec<[String; 5
     Some((about, rows))
 }
 
+/// The searched rungs as table cells (rung, target, budget and bytes taken, bits per weight, predicted and measured
+/// mean KLD), and the heading's sentence: what the sensitivities were measured on and what they cost.
+pub(crate) fn search_rows(report: &Report) -> Option<(String, Vec<[String; 6]>)> {
+    let s = report.search.as_ref()?;
+    let e = &s.sensitivity;
+    let cost = if e.reused {
+        format!(
+            "reused from {} (measured by an earlier release of the same reference: nothing measured again)",
+            e.url.as_deref().unwrap_or("the store")
+        )
+    } else {
+        format!("{:.1} task-seconds, probe models of {} in all", e.probe_seconds, size(e.probe_model_bytes))
+    };
+    let about = format!(
+        "Each searched rung's recipe is the set of types with the least summed mean KL divergence within its budget, \
+         from {} probes of {} tensor groups ({} layer ranges per role; candidates {}), each group quantized alone and \
+         scored on {} to ± {:.0} % (at most {} chunks of {}): {cost}. The recipe is llama-quantize's own \
+         (`llama_quantize_args`); the frontier below sets every measured rung's size against its KL divergence.",
+        e.probes,
+        e.groups,
+        e.layers,
+        e.candidates.join(", "),
+        e.text,
+        100.0 * e.precision,
+        e.chunks,
+        e.ctx
+    );
+    let measured = |name: &str| s.frontier.iter().find(|p| p.name == name).and_then(|p| p.kld_mean);
+    let rows = s
+        .rungs
+        .iter()
+        .map(|r| match &r.error {
+            Some(err) => [r.name.clone(), r.target.clone(), "—".into(), "—".into(), "—".into(), err.clone()],
+            None => [
+                r.name.clone(),
+                r.target.clone(),
+                format!("{} of {}", or_dash(r.bytes.map(size)), or_dash(r.budget_bytes.map(size))),
+                or_dash(r.bits_per_weight.map(|b| format!("{b:.4}"))),
+                or_dash(r.predicted_kld.map(|k| format!("{k:.6}"))),
+                or_dash(measured(&r.name).map(|k| format!("{k:.6}"))),
+            ],
+        })
+        .collect();
+    Some((about, rows))
+}
+
+/// The header cells of [`search_rows`].
+pub(crate) const SEARCH_HEADER: [&str; 6] =
+    ["Rung", "Target", "Tensor bytes (of budget)", "Bits/weight", "Predicted mean KLD", "Measured mean KLD"];
+
+/// The frontier: every GGUF rung measured, smallest first (searched ones marked).
+pub(crate) fn frontier_rows(report: &Report) -> Vec<[String; 4]> {
+    let Some(s) = &report.search else { return Vec::new() };
+    s.frontier
+        .iter()
+        .map(|p| {
+            [
+                if p.searched { format!("{} (searched)", p.name) } else { p.name.clone() },
+                format!("{:.4}", p.bits_per_weight),
+                or_dash(p.kld_mean.map(|k| format!("{k:.6}"))),
+                or_dash(p.kld_p99_9.map(|k| format!("{k:.6}"))),
+            ]
+        })
+        .collect()
+}
+
+/// The header cells of [`frontier_rows`].
+pub(crate) const FRONTIER_HEADER: [&str; 4] = ["Rung", "Bits/weight", "Mean KLD", "99.9 % KLD"];
+
 /// The importance matrix's expert coverage (computed for a mixture-of-experts model) as table cells: each weight with
 /// experts no calibration token reached, its share with tokens and those experts; and the heading's sentence (which
 /// says so when every expert was reached).
@@ -553,6 +622,28 @@ pub(crate) mod sample {
                                {"file_type": "Q4_K_M", "chunks": 14, "of_chunks": 14, "stopped": "complete",
                                 "mean": 0.0635, "low": 0.0635, "high": 0.0635, "thresholds": [0.05],
                                 "note": "never decided early: gate \"tail\" (kld.p99 <= 1) reads kld.p99, which the stop rule does not bound"}]},
+            "search": {"method": "each tensor group quantized alone, least summed KLD within the budget",
+                       "sensitivity": {"url": "s3://farm/artifacts/55b8/sensitivity.json", "sha256": "ab".repeat(32),
+                                       "reused": false, "text": "texts/calibration.txt",
+                                       "tokens_sha256": "dd".repeat(32), "ctx": 512, "chunks": 8,
+                                       "precision": 0.1, "layers": 3, "candidates": ["Q4_K", "Q6_K", "Q8_0"],
+                                       "groups": 22, "probes": 66, "probe_seconds": 412.5,
+                                       "probe_model_bytes": 17820000000u64},
+                       "rungs": [{"name": "Q4_FIT", "target": "Q4_K_M's bits per weight",
+                                  "budget_bytes": 104800000u64, "bytes": 104750000u64, "bits_per_weight": 5.2981,
+                                  "predicted_kld": 0.0511,
+                                  "picks": [{"group": "token_embd.weight", "ggml_type": "Q8_0"},
+                                            {"group": "ffn_down.weight@0-9", "ggml_type": "Q6_K"}],
+                                  "error": null},
+                                 {"name": "TINY", "target": "2 bits per weight", "budget_bytes": null, "bytes": null,
+                                  "bits_per_weight": null, "predicted_kld": null, "picks": [],
+                                  "error": "TINY: the budget of 33750000 bytes is below the smallest recipe the candidates make (70100000 bytes) (target 2 bits per weight)"}],
+                       "frontier": [{"name": "Q4_K_M", "searched": false, "bytes": 104800000u64,
+                                     "bits_per_weight": 5.3, "kld_mean": 0.0635, "kld_p99_9": 1.2},
+                                    {"name": "Q4_K_XL", "searched": false, "bytes": 111900000u64,
+                                     "bits_per_weight": 5.7, "kld_mean": 0.0412, "kld_p99_9": 0.9},
+                                    {"name": "Q8_0", "searched": false, "bytes": 144900000u64,
+                                     "bits_per_weight": 8.5, "kld_mean": 0.0045, "kld_p99_9": 0.05}]},
             "artifacts": [
                 artifact("BF16", 270000000, 16.0, Value::Null, Value::Null, reference_probes),
                 q8,

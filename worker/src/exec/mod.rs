@@ -30,6 +30,7 @@ mod peer_kld;
 mod plan;
 mod probe;
 mod quantize;
+mod sensitivity;
 mod transformers_greedy;
 mod transformers_kld;
 mod transformers_probe;
@@ -103,6 +104,9 @@ executors! {
     TransformersGreedy => transformers_greedy::TransformersGreedy,
     TransformersKld => transformers_kld::TransformersKld,
     TransformersProbe => transformers_probe::TransformersProbe,
+    SensitivityLookup => sensitivity::SensitivityLookup,
+    SensitivityProbe => sensitivity::SensitivityProbe,
+    SensitivityWrite => sensitivity::SensitivityWrite,
 }
 
 /// The worker kinds this build's executors declare, each once: what the worker advertises.

@@ -102,6 +102,7 @@ async fn plan(p: &pb::PlanTask, env: &Env) -> Result<pb::PlanResult, Failure> {
                 ggml_type: t.ty.name().to_string(),
                 bytes: t.nbytes,
                 elements: t.ne.iter().product(),
+                ne: t.ne.clone(),
             })
             .collect(),
         shards: ranges.iter().map(|r| pb::ShardRange { start: r.start as u32, end: r.end as u32 }).collect(),
