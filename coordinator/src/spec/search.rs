@@ -139,8 +139,9 @@ pub struct SearchSettings {
     pub precision: f64,
 }
 
-/// llama-quantize's ladder of k-quant types and Q8_0, with the 32-block types rows of other widths fall back to.
-pub const DEFAULT_CANDIDATES: [GgmlType; 10] = [
+/// llama-quantize's ladder: the k-quant types and Q8_0, the 32-block types rows of other widths fall back to, and
+/// the i-quants made without an importance matrix (IQ4_XS, IQ3_S).
+pub const DEFAULT_CANDIDATES: [GgmlType; 12] = [
     GgmlType::Q2_K,
     GgmlType::Q3_K,
     GgmlType::Q4_K,
@@ -151,6 +152,8 @@ pub const DEFAULT_CANDIDATES: [GgmlType; 10] = [
     GgmlType::Q4_1,
     GgmlType::Q5_0,
     GgmlType::IQ4_NL,
+    GgmlType::IQ4_XS,
+    GgmlType::IQ3_S,
 ];
 
 fn default_candidates() -> Vec<GgmlType> {

@@ -1,0 +1,134 @@
+//! Searched rungs (`{name, target_bpw}`, docs/search.md) through the real farm: the sensitivities measured by probes
+//! on the workers and stored, the recipe chosen within the budget, made, verified and measured like any rung, the
+//! report's `search` section (valid against the schema), the recipe reproduced byte for byte by llama-quantize, and a
+//! second release of the same reference reusing the stored sensitivities without measuring anything again.
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+fn bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_quantfarm"))
+}
+
+fn check_schema(report: &Path) {
+    let py = quantfarm_e2e::check_tools().join("venv-check/bin/python");
+    let script = quantfarm_e2e::repo_root().join("tests/py/check_schema.py");
+    let schema = quantfarm_e2e::repo_root().join("docs/report.schema.json");
+    let out = Command::new(py).arg(script).args([schema.as_os_str(), report.as_os_str()]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "report.json against docs/report.schema.json:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The report of a release of `yaml` run in `dir` (its store under `dir/data`).
+fn release(dir: &Path, name: &str, yaml: &str) -> Value {
+    let path = dir.join(format!("{name}.yaml"));
+    std::fs::write(&path, yaml.replace("NAME", name)).unwrap();
+    let out = quantfarm_e2e::farm_run_output(&bin(), &path, 2, dir);
+    let sum: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!("{e}: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+    });
+    let report = PathBuf::from(sum["report_url"].as_str().unwrap_or_else(|| panic!("no report: {sum:#}")));
+    check_schema(&report);
+    serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap()
+}
+
+fn artifact<'a>(report: &'a Value, file_type: &str) -> &'a Value {
+    let all = report["artifacts"].as_array().unwrap();
+    all.iter().find(|a| a["file_type"] == file_type).unwrap_or_else(|| panic!("no {file_type} artifact"))
+}
+
+fn point<'a>(report: &'a Value, name: &str) -> &'a Value {
+    let all = report["search"]["frontier"].as_array().unwrap();
+    all.iter().find(|p| p["name"] == name).unwrap_or_else(|| panic!("{name} is not on the frontier"))
+}
+
+#[test]
+fn a_searched_rung_is_chosen_made_reproduced_and_its_sensitivities_reused() {
+    let _cpu = quantfarm_e2e::cpu_bound();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::copy(quantfarm_e2e::fixtures_dir().join("texts/gpl3.txt"), dir.join("gpl3.txt")).unwrap();
+    std::fs::copy(quantfarm_e2e::repo_root().join("examples/texts/python-reference.txt"), dir.join("held-out.txt"))
+        .unwrap();
+    // The tiny model's rows are 64 wide: every k-quant falls back to a 32-block type, so Q4_K_M is ~6.3 bits per
+    // weight. FIT is held to Q4_K_M's size, B55 to 5.5 bits per weight. The search measures on the imatrix's text;
+    // the rungs are measured on another.
+    let yaml = "name: NAME\nsource: synthetic:tiny-llama\noutputs:\n  gguf:\n    quants: [Q4_K_M, {name: FIT, \
+                target_bpw: Q4_K_M}, {name: B55, target_bpw: 5.5}]\n    imatrix: {text: gpl3.txt, ctx: 128, chunks: 8}\n    \
+                search: {ctx: 128, chunks: 4, layers: 2}\nevaluation: {text: held-out.txt, ctx: 128}\n";
+    let first = release(dir, "tiny-search", yaml);
+    let search = &first["search"];
+    let sens = &search["sensitivity"];
+    assert_eq!(sens["reused"], false, "{sens:#}");
+    // 2 layers: output, token_embd and 7 roles × 2 ranges; on rows of 64 the candidates make 6 distinct types each.
+    assert_eq!((sens["groups"].as_u64(), sens["probes"].as_u64()), (Some(16), Some(96)), "{sens:#}");
+    let stored = std::fs::read(sens["url"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        sens["sha256"].as_str().unwrap(),
+        quantfarm_store::hex(&<sha2::Sha256 as sha2::Digest>::digest(&stored))
+    );
+    let stored: Value = serde_json::from_slice(&stored).unwrap();
+    assert_eq!(stored["groups"].as_array().map(Vec::len), Some(16));
+
+    // FIT within Q4_K_M's tensor bytes, and better than it on the held-out text, mean and tail.
+    let (q4, fit) = (point(&first, "Q4_K_M"), point(&first, "FIT"));
+    let rung = search["rungs"].as_array().unwrap().iter().find(|r| r["name"] == "FIT").unwrap();
+    assert_eq!(rung["budget_bytes"], q4["bytes"], "{rung:#}");
+    assert!(fit["bytes"].as_u64() <= q4["bytes"].as_u64() && fit["searched"] == true, "{fit:#} {q4:#}");
+    assert_eq!(rung["bytes"], fit["bytes"], "the chosen recipe's bytes are the file's");
+    for k in ["kld_mean", "kld_p99_9"] {
+        assert!(fit[k].as_f64() < q4[k].as_f64(), "{k}: FIT {fit:#} against Q4_K_M {q4:#}");
+    }
+    let b55 = point(&first, "B55");
+    let elements: u64 =
+        artifact(&first, "B55")["type_mix"].as_array().unwrap().iter().map(|t| t["elements"].as_u64().unwrap()).sum();
+    assert!(b55["bytes"].as_u64().unwrap() * 8 <= elements * 55 / 10, "B55 over 5.5 bits per weight: {b55:#}");
+
+    // The recipe is llama-quantize's: its command line makes the same bytes (run in the imatrix's folder, which
+    // llama-quantize records by the name it is given).
+    let made = artifact(&first, "FIT");
+    let args: Vec<String> = made["recipe"]["llama_quantize_args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect();
+    let bf16 = artifact(&first, "BF16")["files"][0]["url"].as_str().unwrap().to_string();
+    let imatrix = PathBuf::from(made["imatrix"]["url"].as_str().unwrap());
+    let theirs = dir.join("llama-FIT.gguf");
+    let (flags, ftype) = args.split_at(args.len() - 1);
+    let out = Command::new(quantfarm_e2e::llama_bin().join("llama-quantize"))
+        .env("LD_LIBRARY_PATH", quantfarm_e2e::llama_bin())
+        .current_dir(imatrix.parent().unwrap())
+        .arg("--imatrix")
+        .arg(imatrix.file_name().unwrap())
+        .args(flags)
+        .args([OsStr::new(&bf16), theirs.as_os_str(), OsStr::new(&ftype[0]), OsStr::new("2")])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "llama-quantize {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    let ours = std::fs::read(made["files"][0]["url"].as_str().unwrap()).unwrap();
+    assert!(ours == std::fs::read(&theirs).unwrap(), "llama-quantize {} makes other bytes", args.join(" "));
+
+    // A second release of the same reference and settings, named otherwise: the sensitivities are found, nothing
+    // is probed or measured for them, and the same recipe is chosen.
+    let second = release(dir, "tiny-again", yaml);
+    let sens2 = &second["search"]["sensitivity"];
+    assert_eq!((sens2["reused"].as_bool(), &sens2["url"]), (Some(true), &sens["url"]), "{sens2:#}");
+    let search_tasks: Vec<&str> = second["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["id"].as_str())
+        .filter(|id| id.starts_with("search/probe/") || id.starts_with("search/base/"))
+        .collect();
+    assert!(search_tasks.is_empty(), "measured again: {search_tasks:?}");
+    assert_eq!(artifact(&second, "FIT")["recipe"], made["recipe"]);
+}
