@@ -58,11 +58,13 @@ fn a_searched_rung_is_chosen_made_reproduced_and_its_sensitivities_reused() {
     std::fs::copy(quantfarm_e2e::repo_root().join("examples/texts/python-reference.txt"), dir.join("held-out.txt"))
         .unwrap();
     // The tiny model's rows are 64 wide: every k-quant falls back to a 32-block type, so Q4_K_M is ~6.3 bits per
-    // weight. FIT is held to Q4_K_M's size, B55 to 5.5 bits per weight. The search measures on the imatrix's text;
-    // the rungs are measured on another.
+    // weight. FIT is held to Q4_K_M's size, B55 to 5.5 bits per weight, OK to the smallest candidate recipe whose
+    // 99.9 % KLD on the search text is at most 0.00005. The search measures on the imatrix's text; the rungs are
+    // measured on another.
     let yaml = "name: NAME\nsource: synthetic:tiny-llama\noutputs:\n  gguf:\n    quants: [Q4_K_M, {name: FIT, \
-                target_bpw: Q4_K_M}, {name: B55, target_bpw: 5.5}]\n    imatrix: {text: gpl3.txt, ctx: 128, chunks: 8}\n    \
-                search: {ctx: 128, chunks: 4, layers: 2}\nevaluation: {text: held-out.txt, ctx: 128}\n";
+                target_bpw: Q4_K_M}, {name: B55, target_bpw: 5.5}, {name: OK, kld: {metric: kld.p99_9, max: 0.00005}}]\n    \
+                imatrix: {text: gpl3.txt, ctx: 128, chunks: 8}\n    search: {ctx: 128, chunks: 4, layers: 2}\n\
+                evaluation: {text: held-out.txt, ctx: 128}\n";
     let first = release(dir, "tiny-search", yaml);
     let search = &first["search"];
     let sens = &search["sensitivity"];
@@ -86,6 +88,15 @@ fn a_searched_rung_is_chosen_made_reproduced_and_its_sensitivities_reused() {
     for k in ["kld_mean", "kld_p99_9"] {
         assert!(fit[k].as_f64() < q4[k].as_f64(), "{k}: FIT {fit:#} against Q4_K_M {q4:#}");
     }
+    // OK: the smallest of its candidates (smallest first, each measured on the search text) within the max.
+    let ok = search["rungs"].as_array().unwrap().iter().find(|r| r["name"] == "OK").unwrap();
+    let candidates = ok["candidates"].as_array().unwrap();
+    let within = |c: &Value| c["measured"].as_f64().is_some_and(|m| m <= 0.00005);
+    let at = candidates.iter().position(within).unwrap_or_else(|| panic!("no candidate within the max: {ok:#}"));
+    assert!(at > 0, "the smallest candidate already meets the max: the check tests nothing: {ok:#}");
+    assert!(candidates.windows(2).all(|w| w[0]["bytes"].as_u64() < w[1]["bytes"].as_u64()), "{ok:#}");
+    assert_eq!(ok["bytes"], candidates[at]["bytes"], "{ok:#}");
+    assert_eq!(point(&first, "OK")["bytes"], candidates[at]["bytes"], "the file is the chosen candidate's recipe");
     let b55 = point(&first, "B55");
     let elements: u64 =
         artifact(&first, "B55")["type_mix"].as_array().unwrap().iter().map(|t| t["elements"].as_u64().unwrap()).sum();
@@ -117,18 +128,20 @@ fn a_searched_rung_is_chosen_made_reproduced_and_its_sensitivities_reused() {
     let ours = std::fs::read(made["files"][0]["url"].as_str().unwrap()).unwrap();
     assert!(ours == std::fs::read(&theirs).unwrap(), "llama-quantize {} makes other bytes", args.join(" "));
 
-    // A second release of the same reference and settings, named otherwise: the sensitivities are found, nothing
-    // is probed or measured for them, and the same recipe is chosen.
+    // A second release of the same reference and settings, named otherwise: the sensitivities are found, no probe
+    // runs, and the same recipes are chosen (OK's candidates are measured again, on the stored base logits: a
+    // cache hit each).
     let second = release(dir, "tiny-again", yaml);
     let sens2 = &second["search"]["sensitivity"];
     assert_eq!((sens2["reused"].as_bool(), &sens2["url"]), (Some(true), &sens["url"]), "{sens2:#}");
-    let search_tasks: Vec<&str> = second["tasks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|t| t["id"].as_str())
-        .filter(|id| id.starts_with("search/probe/") || id.starts_with("search/base/"))
-        .collect();
-    assert!(search_tasks.is_empty(), "measured again: {search_tasks:?}");
-    assert_eq!(artifact(&second, "FIT")["recipe"], made["recipe"]);
+    let tasks = second["tasks"].as_array().unwrap();
+    let probes: Vec<&str> =
+        tasks.iter().filter_map(|t| t["id"].as_str()).filter(|id| id.starts_with("search/probe/")).collect();
+    assert!(probes.is_empty(), "probed again: {probes:?}");
+    for t in tasks.iter().filter(|t| t["id"].as_str().is_some_and(|id| id.starts_with("search/base/"))) {
+        assert_eq!(t["outputs"]["cache_hit"], true, "{t:#}");
+    }
+    for rung in ["FIT", "B55", "OK"] {
+        assert_eq!(artifact(&second, rung)["recipe"], artifact(&first, rung)["recipe"], "{rung}");
+    }
 }

@@ -393,8 +393,20 @@ pub struct SearchedRung {
     pub predicted_kld: Option<f64>,
     /// Per tensor group, the type chosen.
     pub picks: Vec<SearchPick>,
-    /// Why no recipe was chosen (the budget is below the smallest recipe, …).
+    /// Why no recipe was chosen (the budget is below the smallest recipe, no candidate meets the KLD target, …).
     pub error: Option<String>,
+    /// A `kld` rung's candidate recipes, smallest first, with the figure it is held to measured on the search text
+    /// (the rung is the smallest within its `max`). Left out for a rung held to a size.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub candidates: Vec<SearchCandidate>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct SearchCandidate {
+    pub bytes: u64,
+    pub bits_per_weight: f64,
+    pub predicted_kld: f64,
+    pub measured: Option<f64>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]

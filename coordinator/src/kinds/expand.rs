@@ -31,6 +31,8 @@ pub enum Stage<'a> {
     Measured(EvalTarget),
     /// The search looked for stored sensitivities: found (nothing to measure) or not (the probes).
     Looked(bool),
+    /// The search's sensitivities are known (stored): its candidate recipes can be measured.
+    Sensed,
 }
 
 /// The plan's result as the families that follow it read it.
@@ -125,6 +127,7 @@ pub enum Opens<'r> {
     TextPlanned(&'r pb::KldPlanResult),
     Measured(EvalTarget),
     Looked(bool),
+    Sensed,
 }
 
 /// What task `key`'s `result` adds: a plan's result expands the graph (the task's family says which stage it
@@ -143,6 +146,7 @@ pub fn grows(ctx: &Ctx, key: &TaskKey, result: &pb::TaskResult, results: &Result
         Opens::TextPlanned(kp) => Stage::TextPlanned(kp),
         Opens::Measured(target) => Stage::Measured(target),
         Opens::Looked(found) => Stage::Looked(found),
+        Opens::Sensed => Stage::Sensed,
     };
     Ok(grow(stage, ctx, results))
 }

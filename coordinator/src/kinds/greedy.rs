@@ -115,7 +115,12 @@ impl Family for Greedy {
                     }
                 }
             }
-            Stage::Start | Stage::Calibrated(_) | Stage::TextPlanned(_) | Stage::Measured(_) | Stage::Looked(_) => {}
+            Stage::Start
+            | Stage::Calibrated(_)
+            | Stage::TextPlanned(_)
+            | Stage::Measured(_)
+            | Stage::Looked(_)
+            | Stage::Sensed => {}
         }
     }
 }

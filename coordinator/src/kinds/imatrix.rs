@@ -160,7 +160,12 @@ impl Family for Imatrix {
                 }
                 out.waits.push((Imatrix::Merge.into(), groups));
             }
-            Stage::Start | Stage::Merged(_) | Stage::TextPlanned(_) | Stage::Measured(_) | Stage::Looked(_) => {}
+            Stage::Start
+            | Stage::Merged(_)
+            | Stage::TextPlanned(_)
+            | Stage::Measured(_)
+            | Stage::Looked(_)
+            | Stage::Sensed => {}
         }
     }
 }

@@ -130,7 +130,7 @@ impl Family for Kld {
                     add_group(target, group, results, out);
                 }
             }
-            Stage::Start | Stage::Merged(_) | Stage::Calibrated(_) | Stage::Looked(_) => {}
+            Stage::Start | Stage::Merged(_) | Stage::Calibrated(_) | Stage::Looked(_) | Stage::Sensed => {}
         }
     }
 }

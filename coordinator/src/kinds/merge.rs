@@ -131,7 +131,8 @@ impl Family for Merge {
             | Stage::Calibrated(_)
             | Stage::TextPlanned(_)
             | Stage::Measured(_)
-            | Stage::Looked(_) => {}
+            | Stage::Looked(_)
+            | Stage::Sensed => {}
         }
     }
 }

@@ -206,7 +206,12 @@ impl Family for MlxLm {
                     }
                 }
             }
-            Stage::Start | Stage::Merged(_) | Stage::Calibrated(_) | Stage::Measured(_) | Stage::Looked(_) => {}
+            Stage::Start
+            | Stage::Merged(_)
+            | Stage::Calibrated(_)
+            | Stage::Measured(_)
+            | Stage::Looked(_)
+            | Stage::Sensed => {}
         }
     }
 }

@@ -53,8 +53,12 @@ impl Family for Noop {
             }
             // Made at the start, before the report existed.
             Stage::Planned(_) => out.measured.extend((0..noop.tasks).map(|n| Noop { n }.into())),
-            Stage::Merged(_) | Stage::Calibrated(_) | Stage::TextPlanned(_) | Stage::Measured(_) | Stage::Looked(_) => {
-            }
+            Stage::Merged(_)
+            | Stage::Calibrated(_)
+            | Stage::TextPlanned(_)
+            | Stage::Measured(_)
+            | Stage::Looked(_)
+            | Stage::Sensed => {}
         }
     }
 }

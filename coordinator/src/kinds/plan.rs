@@ -79,7 +79,8 @@ impl Family for Plan {
             | Stage::Calibrated(_)
             | Stage::TextPlanned(_)
             | Stage::Measured(_)
-            | Stage::Looked(_) => {}
+            | Stage::Looked(_)
+            | Stage::Sensed => {}
         }
     }
 }

@@ -53,8 +53,12 @@ impl Family for Report {
                 let deps = std::mem::take(&mut out.measured);
                 out.add(Report, deps, 1);
             }
-            Stage::Merged(_) | Stage::Calibrated(_) | Stage::TextPlanned(_) | Stage::Measured(_) | Stage::Looked(_) => {
-            }
+            Stage::Merged(_)
+            | Stage::Calibrated(_)
+            | Stage::TextPlanned(_)
+            | Stage::Measured(_)
+            | Stage::Looked(_)
+            | Stage::Sensed => {}
         }
     }
 }

@@ -19,7 +19,7 @@ use super::quantize::imatrix_input;
 use super::{num, Done, Family, Folded, Gguf, Grown, Opens, Quantize, Results, Stage, TaskKey};
 use crate::graph::naming::artifact;
 use crate::graph::Ctx;
-use crate::spec::{ImatrixSource, Level, Recipe, ReleaseSpec, SearchRung, Target, TensorTypeRule};
+use crate::spec::{ImatrixSource, KldMetric, Level, Recipe, ReleaseSpec, SearchRung, Target, TensorTypeRule};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Search {
@@ -33,6 +33,8 @@ pub enum Search {
     Probe { group: u32, variant: u32 },
     /// The sensitivities stored.
     Write,
+    /// Candidate recipe `point` of the `kld` rung at ladder index `rung`, measured on the search text.
+    Candidate { rung: u32, point: u32 },
 }
 
 /// The format tag of `sensitivity.json`.
@@ -242,7 +244,7 @@ pub fn sensitivity(spec: &ReleaseSpec, results: &Results) -> Result<Sensitivity,
 #[derive(Clone, Debug, PartialEq)]
 pub struct Chosen {
     pub recipe: Recipe,
-    /// The budget (tensor bytes) and what it came from.
+    /// The budget (tensor bytes) and the model's elements (for bits per weight).
     pub budget: u64,
     pub elements: u64,
     /// The recipe's tensor bytes and the sum of its groups' measured costs (the predicted mean KL divergence).
@@ -250,55 +252,174 @@ pub struct Chosen {
     pub predicted_kld: f64,
     /// Per group: its name and the type chosen.
     pub picks: Vec<(String, String)>,
+    /// A `kld` rung's candidate recipes, smallest first, with their figure measured on the search text.
+    pub candidates: Vec<Candidate>,
 }
 
-/// The recipe of searched rung `rung`: the least summed measured cost within its budget ([`recipe_search::allocate`]).
+/// One candidate recipe of a `kld` rung.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Candidate {
+    pub bytes: u64,
+    pub predicted_kld: f64,
+    /// Its figure on the search text, once measured.
+    pub measured: Option<f64>,
+}
+
+/// What every choice reads: each group's options, the bytes no group holds, the model's elements.
+struct Space {
+    sens: Sensitivity,
+    options: Vec<Vec<Priced>>,
+    fixed: u64,
+    elements: u64,
+}
+
+impl Space {
+    fn of(spec: &ReleaseSpec, results: &Results) -> Result<Space, String> {
+        let sens = sensitivity(spec, results)?;
+        let p = probes(spec, results)?;
+        let plan = plan_of(results)?;
+        if sens.groups.len() != p.groups.len()
+            || sens
+                .groups
+                .iter()
+                .zip(&p.groups)
+                .any(|(a, (b, v))| a.pattern != b.pattern || a.variants.len() != v.len())
+        {
+            return Err("the stored sensitivities name other tensor groups than this model's".into());
+        }
+        let elements: u64 = plan.tensors.iter().map(|t| t.elements).sum();
+        let grouped: std::collections::HashSet<usize> =
+            p.groups.iter().flat_map(|(g, _)| g.tensors.iter().copied()).collect();
+        let fixed = plan.tensors.iter().enumerate().filter(|(i, _)| !grouped.contains(i)).map(|(_, t)| t.bytes).sum();
+        let options = sens
+            .groups
+            .iter()
+            .map(|g| g.variants.iter().map(|v| Priced { bytes: v.bytes, cost: v.mean_kld }).collect())
+            .collect();
+        Ok(Space { sens, options, fixed, elements })
+    }
+
+    /// The least-cost choice within `budget` tensor bytes.
+    fn allocate(&self, budget: u64) -> Result<Vec<usize>, String> {
+        recipe_search::allocate(&self.options, self.fixed, budget).map_err(|e| e.to_string())
+    }
+
+    /// A `kld` rung's candidates: the choices at `points` budgets evenly spaced from the smallest recipe to the
+    /// largest, each distinct choice once, smallest first.
+    fn points(&self, points: u32) -> Result<Vec<(u64, Vec<usize>)>, String> {
+        let extreme = |f: fn(std::slice::Iter<'_, Priced>) -> Option<u64>| -> u64 {
+            self.fixed + self.options.iter().map(|o| f(o.iter()).unwrap_or(0)).sum::<u64>()
+        };
+        let lo = extreme(|i| i.map(|p| p.bytes).min());
+        let hi = extreme(|i| i.map(|p| p.bytes).max());
+        let mut out: Vec<(u64, Vec<usize>)> = Vec::new();
+        for k in 0..u64::from(points.max(2)) {
+            let budget = lo + (hi - lo) * k / u64::from(points.max(2) - 1);
+            let choice = self.allocate(budget)?;
+            if out.last().is_none_or(|(_, c)| *c != choice) {
+                out.push((budget, choice));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The recipe of a choice, and its picks.
+    fn recipe(
+        &self,
+        name: crate::spec::RecipeName,
+        choice: &[usize],
+    ) -> Result<(Recipe, Vec<(String, String)>), String> {
+        let mut tensor_types = Vec::with_capacity(choice.len());
+        let mut picks = Vec::with_capacity(choice.len());
+        for (g, &o) in self.sens.groups.iter().zip(choice) {
+            let asked = &g.variants[o].asked;
+            let ty = GgmlType::from_name(asked).ok_or_else(|| format!("sensitivity.json: unknown type {asked:?}"))?;
+            tensor_types.push(TensorTypeRule { pattern: g.pattern.clone(), ty });
+            picks.push((g.name.clone(), asked.clone()));
+        }
+        let recipe =
+            Recipe { name, base: SearchRung::BASE, tensor_types, output_tensor_type: None, token_embedding_type: None };
+        Ok((recipe, picks))
+    }
+}
+
+/// A `kld` rung's candidate recipes (`search/candidate/R/P`), smallest first: (budget, choice).
+fn candidate_points(spec: &ReleaseSpec, results: &Results) -> Result<(Space, Vec<(u64, Vec<usize>)>), String> {
+    let space = Space::of(spec, results)?;
+    let points = space.points(spec.search_settings().points)?;
+    Ok((space, points))
+}
+
+/// The figure a `kld` rung is held to, from a candidate's measurement.
+fn figure(r: &pb::SensitivityProbeResult, metric: KldMetric) -> f64 {
+    match metric {
+        KldMetric::Mean => r.mean_kld,
+        KldMetric::P99 => r.kld_p99,
+        KldMetric::P99_9 => r.kld_p99_9,
+        KldMetric::Max => r.kld_max,
+    }
+}
+
+/// The index of `rung` in the ladder (its candidates' keys name it).
+fn rung_index(spec: &ReleaseSpec, rung: &SearchRung) -> u32 {
+    spec.quants().iter().position(|q| q.level() == Level::Recipe(rung.name)).unwrap_or(0) as u32
+}
+
+/// The recipe of searched rung `rung`: the least summed measured cost within its budget
+/// ([`recipe_search::allocate`]); for a `kld` rung, the smallest candidate whose figure measured on the search
+/// text is within its `max`.
 pub fn chosen(spec: &ReleaseSpec, results: &Results, rung: &SearchRung) -> Result<Chosen, String> {
-    let sens = sensitivity(spec, results)?;
-    let p = probes(spec, results)?;
     let plan = plan_of(results)?;
-    if sens.groups.len() != p.groups.len()
-        || sens.groups.iter().zip(&p.groups).any(|(a, (b, v))| a.pattern != b.pattern || a.variants.len() != v.len())
-    {
-        return Err("the stored sensitivities name other tensor groups than this model's".into());
-    }
-    let elements: u64 = plan.tensors.iter().map(|t| t.elements).sum();
-    let grouped: std::collections::HashSet<usize> =
-        p.groups.iter().flat_map(|(g, _)| g.tensors.iter().copied()).collect();
-    let fixed: u64 = plan.tensors.iter().enumerate().filter(|(i, _)| !grouped.contains(i)).map(|(_, t)| t.bytes).sum();
-    let budget = match rung.target {
-        Target::Bpw(b) => (b * elements as f64 / 8.0).floor() as u64,
-        Target::SizeOf(level) => level_tensor_bytes(results, level, plan.shards.len() as u32)?,
+    let at = |e: String| format!("{}: {e} (target {})", rung.name, rung.target);
+    let (space, budget, choice, candidates) = match rung.target {
+        Target::Bpw(b) => {
+            let space = Space::of(spec, results)?;
+            let budget = (b * space.elements as f64 / 8.0).floor() as u64;
+            let choice = space.allocate(budget).map_err(at)?;
+            (space, budget, choice, Vec::new())
+        }
+        Target::SizeOf(level) => {
+            let space = Space::of(spec, results)?;
+            let budget = level_tensor_bytes(results, level, plan.shards.len() as u32)?;
+            let choice = space.allocate(budget).map_err(at)?;
+            (space, budget, choice, Vec::new())
+        }
+        Target::Kld { metric, max } => {
+            let (space, points) = candidate_points(spec, results)?;
+            let index = rung_index(spec, rung);
+            let mut candidates = Vec::with_capacity(points.len());
+            let mut pick = None;
+            for (p, (budget, choice)) in points.iter().enumerate() {
+                let key: TaskKey = Search::Candidate { rung: index, point: p as u32 }.into();
+                let measured = results(&key).and_then(pb::TaskResult::sensitivity_probe).map(|r| figure(r, metric));
+                let (bytes, predicted_kld) = recipe_search::totals(&space.options, choice);
+                candidates.push(Candidate { bytes: bytes + space.fixed, predicted_kld, measured });
+                if pick.is_none() && measured.is_some_and(|m| m <= max) {
+                    pick = Some((*budget, choice.clone()));
+                }
+            }
+            let Some((budget, choice)) = pick else {
+                let largest =
+                    candidates.last().and_then(|c| c.measured).map_or("not measured".into(), |m| m.to_string());
+                return Err(at(format!(
+                    "none of the {} candidate recipes has {} <= {max} on the search text (the largest: {largest})",
+                    candidates.len(),
+                    metric.name()
+                )));
+            };
+            (space, budget, choice, candidates)
+        }
     };
-    let options: Vec<Vec<Priced>> = sens
-        .groups
-        .iter()
-        .map(|g| g.variants.iter().map(|v| Priced { bytes: v.bytes, cost: v.mean_kld }).collect())
-        .collect();
-    let choice = recipe_search::allocate(&options, fixed, budget)
-        .map_err(|e| format!("{}: {e} (target {})", rung.name, rung.target))?;
-    let (bytes, predicted_kld) = recipe_search::totals(&options, &choice);
-    let mut tensor_types = Vec::with_capacity(choice.len());
-    let mut picks = Vec::with_capacity(choice.len());
-    for (g, &o) in sens.groups.iter().zip(&choice) {
-        let asked = &g.variants[o].asked;
-        let ty = GgmlType::from_name(asked).ok_or_else(|| format!("sensitivity.json: unknown type {asked:?}"))?;
-        tensor_types.push(TensorTypeRule { pattern: g.pattern.clone(), ty });
-        picks.push((g.name.clone(), asked.clone()));
-    }
+    let (bytes, predicted_kld) = recipe_search::totals(&space.options, &choice);
+    let (recipe, picks) = space.recipe(rung.name, &choice)?;
     Ok(Chosen {
-        recipe: Recipe {
-            name: rung.name,
-            base: SearchRung::BASE,
-            tensor_types,
-            output_tensor_type: None,
-            token_embedding_type: None,
-        },
+        recipe,
         budget,
-        elements,
-        bytes: bytes + fixed,
+        elements: space.elements,
+        bytes: bytes + space.fixed,
         predicted_kld,
         picks,
+        candidates,
     })
 }
 
@@ -363,11 +484,12 @@ impl Search {
         let refs = reference_files(results)?;
         let (ctx_s, batch_s, first_s, n_s) =
             (settings.ctx.to_string(), settings.batch.to_string(), first.to_string(), n_chunks.to_string());
-        // The evaluation's base logits' identity: the same text and chunking make the same file.
+        // The evaluation's base logits' identity (the same text and chunking make the same file), under a name that
+        // does not depend on the release's: a later release of the same reference finds them.
         let mut parts =
             vec!["quantfarm kld-base v1", &kp.text_sha256, &kp.tokens_sha256, &ctx_s, &batch_s, &first_s, &n_s];
         parts.extend(refs.iter().map(|a| a.sha256.as_str()));
-        let name = format!("{}-BF16-kld-base-{first:05}-{n_chunks}.logits", ctx.spec.prefix());
+        let name = format!("search-kld-base-{first:05}-{n_chunks}.logits");
         Ok(pb::KldBaseTask {
             reference: refs[0].url.clone(),
             settings: Some(settings),
@@ -375,6 +497,39 @@ impl Search {
             n_chunks,
             tokens_sha256: kp.tokens_sha256.clone(),
             output: artifact(ctx, &parts, &name)?.to_string(),
+        })
+    }
+
+    /// A `kld` rung's candidate recipe, scored on the whole search text (every part: its tail figures need them).
+    fn candidate_task(ctx: &Ctx, results: &Results, point: u32) -> Result<pb::SensitivityProbeTask, String> {
+        let (space, points) = candidate_points(ctx.spec, results)?;
+        let (_, choice) = points.get(point as usize).ok_or_else(|| format!("no candidate recipe {point}"))?;
+        let name = crate::spec::RecipeName::new("candidate")?;
+        let (recipe, _) = space.recipe(name, choice)?;
+        let plan = plan_of(results)?;
+        let refs = reference_files(results)?;
+        let (imatrix, imatrix_sha256) = imatrix_input(ctx, results, plan)?;
+        let kp = search_plan(results)?;
+        let bases = (0..n_groups(kp))
+            .map(|b| artifact_of(results, &Search::Base { group: b }.into()).cloned())
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(pb::SensitivityProbeTask {
+            quantize: Some(pb::QuantizeTask {
+                input: refs[0].url.clone(),
+                shard: 0,
+                n_shards: refs.len() as u32,
+                file_type: SearchRung::BASE.name().to_string(),
+                output: String::new(),
+                imatrix,
+                imatrix_sha256,
+                tensor_types: recipe.tensor_types.iter().map(TensorTypeRule::arg).collect(),
+                output_tensor_type: String::new(),
+                token_embedding_type: String::new(),
+            }),
+            bases,
+            batch: ctx.spec.search_settings().batch,
+            min_chunks: kp.n_chunks,
+            precision: 0.0,
         })
     }
 
@@ -401,6 +556,7 @@ impl Family for Search {
             Search::Base { group } => write!(f, "/base/{group}"),
             Search::Probe { group, variant } => write!(f, "/probe/{group}/{variant}"),
             Search::Write => write!(f, "/write"),
+            Search::Candidate { rung, point } => write!(f, "/candidate/{rung}/{point}"),
         }
     }
 
@@ -411,6 +567,7 @@ impl Family for Search {
             ["base", g] => Some(Search::Base { group: num(g)? }),
             ["probe", g, v] => Some(Search::Probe { group: num(g)?, variant: num(v)? }),
             ["write"] => Some(Search::Write),
+            ["candidate", r, p] => Some(Search::Candidate { rung: num(r)?, point: num(p)? }),
             _ => None,
         }
     }
@@ -437,6 +594,9 @@ impl Family for Search {
                 task::Kind::SensitivityProbe(self.probe_task(ctx, results, group, variant)?)
             }
             Search::Write => task::Kind::SensitivityWrite(Search::write_task(ctx, results)?),
+            Search::Candidate { point, .. } => {
+                task::Kind::SensitivityProbe(Search::candidate_task(ctx, results, point)?)
+            }
         })
     }
 
@@ -451,7 +611,9 @@ impl Family for Search {
                 Some(task_result::Kind::SensitivityLookup(l)) => Ok(Opens::Looked(l.found)),
                 _ => Err("search/lookup: not a lookup result".into()),
             },
-            Search::Base { .. } | Search::Probe { .. } | Search::Write => Ok(Opens::Nothing),
+            // The sensitivities are known: a `kld` rung's candidates can be measured.
+            Search::Write => Ok(Opens::Sensed),
+            Search::Base { .. } | Search::Probe { .. } | Search::Candidate { .. } => Ok(Opens::Nothing),
         }
     }
 
@@ -497,6 +659,46 @@ impl Family for Search {
                     }
                 }
                 out.waits.push((Search::Write.into(), all));
+            }
+            Stage::Sensed => {
+                let kld_rungs: Vec<(u32, Level)> = ctx
+                    .spec
+                    .quants()
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, q)| q.search().is_some_and(|s| matches!(s.target, Target::Kld { .. })))
+                    .map(|(i, q)| (i as u32, q.level()))
+                    .collect();
+                if kld_rungs.is_empty() {
+                    return;
+                }
+                let (Ok(kp), Ok((_, points)), Ok(plan)) =
+                    (search_plan(results), candidate_points(ctx.spec, results), plan_of(results))
+                else {
+                    return;
+                };
+                // The base logits (made already unless the sensitivities were found stored: the graph keeps one of
+                // each key).
+                let ggufs: Vec<TaskKey> = (0..plan.shards.len() as u32).map(|shard| Gguf { shard }.into()).collect();
+                let mut base_deps = ggufs.clone();
+                base_deps.push(Search::Plan.into());
+                let bases: Vec<TaskKey> = (0..n_groups(kp)).map(|group| Search::Base { group }.into()).collect();
+                for b in &bases {
+                    out.add(b.clone(), base_deps.clone(), model_cost(results));
+                }
+                let mut deps = ggufs;
+                deps.extend(bases);
+                deps.push(Search::Write.into());
+                for (rung, level) in kld_rungs {
+                    let keys: Vec<TaskKey> =
+                        (0..points.len() as u32).map(|point| Search::Candidate { rung, point }.into()).collect();
+                    for k in &keys {
+                        out.add(k.clone(), deps.clone(), model_cost(results) * 2);
+                    }
+                    for shard in 0..plan.shards.len() as u32 {
+                        out.waits.push((Quantize { level, shard }.into(), keys.clone()));
+                    }
+                }
             }
             Stage::Looked(true)
             | Stage::Start

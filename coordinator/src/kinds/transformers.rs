@@ -255,7 +255,12 @@ impl Family for Transformers {
                     }
                 }
             }
-            Stage::Start | Stage::Merged(_) | Stage::Calibrated(_) | Stage::Measured(_) | Stage::Looked(_) => {}
+            Stage::Start
+            | Stage::Merged(_)
+            | Stage::Calibrated(_)
+            | Stage::Measured(_)
+            | Stage::Looked(_)
+            | Stage::Sensed => {}
         }
     }
 }

@@ -190,7 +190,12 @@ impl Family for Verify {
                     }
                 }
             }
-            Stage::Start | Stage::Calibrated(_) | Stage::TextPlanned(_) | Stage::Measured(_) | Stage::Looked(_) => {}
+            Stage::Start
+            | Stage::Calibrated(_)
+            | Stage::TextPlanned(_)
+            | Stage::Measured(_)
+            | Stage::Looked(_)
+            | Stage::Sensed => {}
         }
     }
 }

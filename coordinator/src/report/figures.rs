@@ -147,15 +147,20 @@ pub(super) fn measured(
         // A recipe is held to its base file type's limit.
         let limit_of = match target {
             EvalTarget::Quant(l) => match rel.spec.rung(l) {
-                Some(crate::spec::Rung::Search(s)) => s.limit_type(&rel.spec).to_string(),
-                Some(r) => r.base().to_string(),
-                None => level.clone(),
+                Some(crate::spec::Rung::Search(s)) => Err(s),
+                Some(r) => Ok(r.base().to_string()),
+                None => Ok(level.clone()),
             },
-            EvalTarget::Mlx { .. } | EvalTarget::Vllm(_) => level.clone(),
+            EvalTarget::Mlx { .. } | EvalTarget::Vllm(_) => Ok(level.clone()),
         };
         f.set(
             Figure::DefaultKldMean,
-            gates::default_kld_max(&limit_of).ok_or_else(|| format!("no default limit for {limit_of}")),
+            match limit_of {
+                Ok(limit_of) => {
+                    gates::default_kld_max(&limit_of).ok_or_else(|| format!("no default limit for {limit_of}"))
+                }
+                Err(searched) => searched.default_kld_mean(&rel.spec),
+            },
         );
         levels.push((level, f));
     }

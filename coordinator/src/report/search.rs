@@ -4,7 +4,9 @@
 
 use quantfarm_proto as pb;
 
-use super::model::{Artifact, Container, FrontierPoint, Kld, Search, SearchPick, SearchSensitivity, SearchedRung};
+use super::model::{
+    Artifact, Container, FrontierPoint, Kld, Search, SearchCandidate, SearchPick, SearchSensitivity, SearchedRung,
+};
 use crate::kinds::{chosen, sensitivity, Search as SearchKey, TaskKey};
 use crate::sched::Release;
 use crate::spec::{ImatrixSource, Level, Rung};
@@ -63,6 +65,16 @@ pub(super) fn section(rel: &Release, artifacts: &[Artifact]) -> Option<Search> {
                 predicted_kld: Some(c.predicted_kld),
                 picks: c.picks.into_iter().map(|(group, ggml_type)| SearchPick { group, ggml_type }).collect(),
                 error: None,
+                candidates: c
+                    .candidates
+                    .iter()
+                    .map(|k| SearchCandidate {
+                        bytes: k.bytes,
+                        bits_per_weight: round4(k.bytes as f64 * 8.0 / c.elements.max(1) as f64),
+                        predicted_kld: k.predicted_kld,
+                        measured: k.measured.filter(|m| m.is_finite()),
+                    })
+                    .collect(),
             },
             Err(e) => SearchedRung {
                 name: s.name.to_string(),
@@ -73,6 +85,7 @@ pub(super) fn section(rel: &Release, artifacts: &[Artifact]) -> Option<Search> {
                 predicted_kld: None,
                 picks: Vec::new(),
                 error: Some(e),
+                candidates: Vec::new(),
             },
         })
         .collect();

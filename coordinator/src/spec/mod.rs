@@ -76,7 +76,7 @@ mod vllm;
 pub use evaluation::{Evaluation, Peer, PeerEntry, Stop};
 pub use mlx::MlxOutputs;
 pub use recipe::{Level, Recipe, RecipeName, Rung, TensorTypeRule};
-pub use search::{SearchRung, SearchSettings, Target, DEFAULT_CANDIDATES};
+pub use search::{KldMetric, SearchRung, SearchSettings, Target, DEFAULT_CANDIDATES};
 use serde::{Deserialize, Serialize};
 pub use target::{EvalTarget, FpMode, MixedRecipe, MlxRung};
 pub use vllm::{VllmLike, VllmOutputs, VllmRung};

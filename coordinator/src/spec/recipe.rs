@@ -250,14 +250,17 @@ struct RungFields {
     token_embedding_type: Option<String>,
     #[serde(default)]
     target_bpw: Option<serde_norway::Value>,
+    #[serde(default)]
+    kld: Option<serde_norway::Value>,
 }
 
 impl TryFrom<RungFields> for Rung {
     type Error = String;
 
     fn try_from(f: RungFields) -> Result<Rung, String> {
-        match (f.base, f.target_bpw) {
-            (Some(base), None) => Recipe::try_from(RecipeFields {
+        let searched = f.target_bpw.is_some() || f.kld.is_some();
+        match (f.base, searched) {
+            (Some(base), false) => Recipe::try_from(RecipeFields {
                 name: f.name,
                 base,
                 tensor_types: f.tensor_types,
@@ -265,7 +268,7 @@ impl TryFrom<RungFields> for Rung {
                 token_embedding_type: f.token_embedding_type,
             })
             .map(Rung::Recipe),
-            (None, Some(target)) => {
+            (None, true) => {
                 if !f.tensor_types.is_empty() || f.output_tensor_type.is_some() || f.token_embedding_type.is_some() {
                     return Err(format!(
                         "rung {}: a searched rung's types are chosen by the search; give no tensor_types, \
@@ -273,16 +276,25 @@ impl TryFrom<RungFields> for Rung {
                         f.name
                     ));
                 }
-                let target: super::search::TargetField = serde_norway::from_value(target)
+                let target: Option<super::search::TargetField> = f
+                    .target_bpw
+                    .map(serde_norway::from_value)
+                    .transpose()
                     .map_err(|_| format!("rung {}: target_bpw: expected a number or a rung's name", f.name))?;
-                SearchRung::try_from(SearchFields::new(f.name, target)).map(Rung::Search)
+                let kld: Option<super::search::KldFields> = f
+                    .kld
+                    .map(serde_norway::from_value)
+                    .transpose()
+                    .map_err(|e| format!("rung {}: kld: expected {{metric: kld.p99_9, max: 0.5}} ({e})", f.name))?;
+                SearchRung::try_from(SearchFields::new(f.name, target, kld)).map(Rung::Search)
             }
-            (Some(_), Some(_)) => Err(format!(
-                "rung {}: either a recipe (base, tensor_types) or a searched rung (target_bpw), not both",
+            (Some(_), true) => Err(format!(
+                "rung {}: either a recipe (base, tensor_types) or a searched rung (target_bpw or kld), not both",
                 f.name
             )),
-            (None, None) => Err(format!(
-                "rung {}: expected a recipe {{name, base, tensor_types}} or a searched rung {{name, target_bpw}}",
+            (None, false) => Err(format!(
+                "rung {}: expected a recipe {{name, base, tensor_types}} or a searched rung {{name, target_bpw}} or \
+                 {{name, kld: {{metric, max}}}}",
                 f.name
             )),
         }

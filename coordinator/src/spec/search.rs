@@ -12,13 +12,16 @@ use serde::{Deserialize, Serialize};
 
 use super::recipe::{Level, RecipeName};
 
-/// The size a search rung is held to.
+/// What a searched rung is held to.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Target {
     /// At most this many bits per weight (tensor bytes × 8 / elements, as llama-quantize prints BPW).
     Bpw(f64),
     /// At most the bits per weight of this rung of the ladder, as made.
     SizeOf(Level),
+    /// The smallest of the search's candidate recipes whose KL-divergence figure, measured on the search text, is at
+    /// most `max`.
+    Kld { metric: KldMetric, max: f64 },
 }
 
 impl fmt::Display for Target {
@@ -26,8 +29,40 @@ impl fmt::Display for Target {
         match self {
             Target::Bpw(b) => write!(f, "{b} bits per weight"),
             Target::SizeOf(l) => write!(f, "{l}'s bits per weight"),
+            Target::Kld { metric, max } => write!(f, "the smallest with {} <= {max}", metric.name()),
         }
     }
+}
+
+/// A KL-divergence figure a searched rung can be held to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KldMetric {
+    Mean,
+    P99,
+    P99_9,
+    Max,
+}
+
+impl KldMetric {
+    pub const ALL: [KldMetric; 4] = [KldMetric::Mean, KldMetric::P99, KldMetric::P99_9, KldMetric::Max];
+
+    /// The figure's name in gates (`kld.p99_9`).
+    pub fn name(self) -> &'static str {
+        match self {
+            KldMetric::Mean => "kld.mean",
+            KldMetric::P99 => "kld.p99",
+            KldMetric::P99_9 => "kld.p99_9",
+            KldMetric::Max => "kld.max",
+        }
+    }
+}
+
+/// `kld:` as written.
+#[derive(Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct KldFields {
+    metric: String,
+    max: f64,
 }
 
 /// A rung whose recipe the search chooses.
@@ -42,19 +77,24 @@ impl SearchRung {
     /// decides nothing; llama-quantize reads `--tensor-type` only on a quantized one).
     pub const BASE: FileType = FileType::Q8_0;
 
-    /// The file type whose default limits (`default.kld.mean`) the rung is held to: the rung it is sized like (a
-    /// recipe's base), or llama-quantize's k-quant mixture of about its bits per weight.
-    pub fn limit_type(&self, spec: &super::ReleaseSpec) -> FileType {
+    /// The rung's default limit of mean KL divergence (`default.kld.mean`): that of the rung it is sized like (a
+    /// recipe's base), of llama-quantize's k-quant mixture of about its bits per weight, or the `max` of its KLD
+    /// target (a mean is at most its upper percentiles).
+    pub fn default_kld_mean(&self, spec: &super::ReleaseSpec) -> Result<f64, String> {
+        let of = |t: FileType| {
+            quantfarm_report::gates::default_kld_max(t.name()).ok_or_else(|| format!("no default limit for {t}"))
+        };
         match self.target {
-            Target::SizeOf(level) => spec.rung(level).map_or(FileType::Q8_0, super::Rung::base),
-            Target::Bpw(b) => match b {
+            Target::SizeOf(level) => of(spec.rung(level).map_or(FileType::Q8_0, super::Rung::base)),
+            Target::Bpw(b) => of(match b {
                 b if b >= 8.0 => FileType::Q8_0,
                 b if b >= 6.5 => FileType::Q6_K,
                 b if b >= 5.5 => FileType::Q5_K_M,
                 b if b >= 4.5 => FileType::Q4_K_M,
                 b if b >= 3.4 => FileType::Q3_K_M,
                 _ => FileType::Q2_K,
-            },
+            }),
+            Target::Kld { max, .. } => Ok(max),
         }
     }
 }
@@ -67,16 +107,19 @@ pub(super) enum TargetField {
     Rung(String),
 }
 
-/// A search rung as written.
+/// A search rung as written: a name and exactly one of `target_bpw` and `kld`.
 #[derive(Serialize)]
 pub(super) struct SearchFields {
     name: String,
-    target_bpw: TargetField,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    target_bpw: Option<TargetField>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    kld: Option<KldFields>,
 }
 
 impl SearchFields {
-    pub(super) fn new(name: String, target_bpw: TargetField) -> SearchFields {
-        SearchFields { name, target_bpw }
+    pub(super) fn new(name: String, target_bpw: Option<TargetField>, kld: Option<KldFields>) -> SearchFields {
+        SearchFields { name, target_bpw, kld }
     }
 }
 
@@ -85,14 +128,26 @@ impl TryFrom<SearchFields> for SearchRung {
 
     fn try_from(f: SearchFields) -> Result<SearchRung, String> {
         let name = RecipeName::new(&f.name)?;
-        let target = match f.target_bpw {
-            TargetField::Bpw(b) if b.is_finite() && (1.0..=32.0).contains(&b) => Target::Bpw(b),
-            TargetField::Bpw(b) => {
+        let target = match (f.target_bpw, f.kld) {
+            (Some(TargetField::Bpw(b)), None) if b.is_finite() && (1.0..=32.0).contains(&b) => Target::Bpw(b),
+            (Some(TargetField::Bpw(b)), None) => {
                 return Err(format!("rung {name}: target_bpw {b}: expected 1 to 32 bits per weight"))
             }
-            TargetField::Rung(r) => Target::SizeOf(Level::parse(&r).ok_or_else(|| {
+            (Some(TargetField::Rung(r)), None) => Target::SizeOf(Level::parse(&r).ok_or_else(|| {
                 format!("rung {name}: target_bpw {r:?}: expected a number or the name of a rung of the ladder")
             })?),
+            (None, Some(k)) => {
+                let metric = KldMetric::ALL.into_iter().find(|m| m.name() == k.metric).ok_or_else(|| {
+                    let names: Vec<&str> = KldMetric::ALL.iter().map(|m| m.name()).collect();
+                    format!("rung {name}: kld.metric {:?}: expected one of {}", k.metric, names.join(", "))
+                })?;
+                if !(k.max.is_finite() && k.max > 0.0) {
+                    return Err(format!("rung {name}: kld.max {}: expected a positive number", k.max));
+                }
+                Target::Kld { metric, max: k.max }
+            }
+            (Some(_), Some(_)) => return Err(format!("rung {name}: either target_bpw or kld, not both")),
+            (None, None) => return Err(format!("rung {name}: expected target_bpw or kld")),
         };
         Ok(SearchRung { name, target })
     }
@@ -100,13 +155,12 @@ impl TryFrom<SearchFields> for SearchRung {
 
 impl From<&SearchRung> for SearchFields {
     fn from(r: &SearchRung) -> SearchFields {
-        SearchFields {
-            name: r.name.to_string(),
-            target_bpw: match r.target {
-                Target::Bpw(b) => TargetField::Bpw(b),
-                Target::SizeOf(l) => TargetField::Rung(l.to_string()),
-            },
-        }
+        let (target_bpw, kld) = match r.target {
+            Target::Bpw(b) => (Some(TargetField::Bpw(b)), None),
+            Target::SizeOf(l) => (Some(TargetField::Rung(l.to_string())), None),
+            Target::Kld { metric, max } => (None, Some(KldFields { metric: metric.name().to_string(), max })),
+        };
+        SearchFields { name: r.name.to_string(), target_bpw, kld }
     }
 }
 
@@ -137,6 +191,13 @@ pub struct SearchSettings {
     /// A probe stops once its mean KL divergence is known within ± this share (95 % interval over its chunks).
     #[serde(default = "default_precision")]
     pub precision: f64,
+    /// Candidate recipes a `kld` rung measures (evenly spaced in size between the smallest and largest recipe).
+    #[serde(default = "default_points")]
+    pub points: u32,
+}
+
+fn default_points() -> u32 {
+    6
 }
 
 /// llama-quantize's ladder: the k-quant types and Q8_0, the 32-block types rows of other widths fall back to, and
@@ -185,6 +246,7 @@ impl Default for SearchSettings {
             batch: default_batch(),
             chunks: default_chunks(),
             precision: default_precision(),
+            points: default_points(),
         }
     }
 }
@@ -212,6 +274,9 @@ impl SearchSettings {
         }
         if self.chunks == 0 {
             return Err("outputs.gguf.search.chunks: 0: a probe measures at least one chunk".into());
+        }
+        if !(2..=32).contains(&self.points) {
+            return Err(format!("outputs.gguf.search.points: {} is not between 2 and 32", self.points));
         }
         if !(self.precision > 0.0 && self.precision < 1.0) {
             return Err(format!("outputs.gguf.search.precision: {} is not between 0 and 1", self.precision));

@@ -244,6 +244,15 @@ fn a_searched_rung_names_its_budget_and_the_search_its_text() {
     // Written back as read.
     let again = ReleaseSpec::parse(&serde_norway::to_string(&s).unwrap(), "again.yaml").unwrap();
     assert_eq!(again.quants(), s.quants());
+    let k =
+        with("    quants: [{name: OK, kld: {metric: kld.p99_9, max: 0.5}}]\n    search: {text: t.txt, points: 4}\n")
+            .unwrap();
+    let r = k.quants()[0].search().unwrap();
+    assert_eq!(r.target, Target::Kld { metric: KldMetric::P99_9, max: 0.5 });
+    assert_eq!(r.default_kld_mean(&k), Ok(0.5));
+    assert_eq!(k.search_settings().points, 4);
+    let again = ReleaseSpec::parse(&serde_norway::to_string(&k).unwrap(), "again.yaml").unwrap();
+    assert_eq!(again.quants(), k.quants());
     let t = with("    quants: [{name: F, target_bpw: 5}]\n    search: {text: t.txt, candidates: [q4_0, Q8_0], layers: 2, chunks: 4}\n")
         .unwrap();
     let st = t.search_settings();
@@ -259,6 +268,17 @@ fn a_searched_rung_names_its_budget_and_the_search_its_text() {
             "chosen by the search",
         ),
         ("    quants: [{name: F}]\n", "expected a recipe"),
+        (
+            "    quants: [{name: F, kld: {metric: kld.p50, max: 1}}]\n    search: {text: t}\n",
+            "expected one of kld.mean",
+        ),
+        ("    quants: [{name: F, kld: {metric: kld.mean, max: -1}}]\n    search: {text: t}\n", "positive number"),
+        ("    quants: [{name: F, kld: {metric: kld.mean}}]\n    search: {text: t}\n", "kld: expected"),
+        (
+            "    quants: [{name: F, kld: {metric: kld.mean, max: 1}, target_bpw: 4}]\n    search: {text: t}\n",
+            "not both",
+        ),
+        ("    quants: [{name: F, target_bpw: 4}]\n    search: {text: t, points: 1}\n", "search.points"),
         ("    quants: [Q8_0]\n    search: {text: t}\n", "no rung of outputs.gguf.quants is searched"),
         (
             "    quants: [{name: F, target_bpw: 4}]\n    search: {text: t, candidates: [IQ2_XXS]}\n",

@@ -8,7 +8,7 @@ use std::time::Instant;
 use quantfarm_eval::kld::base_file::BaseFile;
 use quantfarm_eval::kld::{check_compatible, chunks_per_decode, score_against, session_for};
 use quantfarm_ggml::split::split_file_name;
-use quantfarm_parity::kld::ChunkStats;
+use quantfarm_parity::kld::{ChunkStats, KldSummary};
 use quantfarm_parity::paired::{kld_chunks, mean_interval};
 use quantfarm_proto::{self as pb, task_result, WorkerKind};
 use quantfarm_store::{Digest, Location, StagedSink};
@@ -115,12 +115,18 @@ async fn probe(t: &pb::SensitivityProbeTask, env: &Env) -> Result<pb::Sensitivit
             }
         }
         let (mean, half) = estimate(&stats)?;
+        // The tail as llama-perplexity computes it over the tokens measured.
+        let summary = KldSummary::merge(&stats).map_err(|e| Failure::input(e.0))?;
+        let pct = |f: f32| summary.kld_percentile(f).unwrap_or(f64::NAN);
         drop(dir);
         Ok(pb::SensitivityProbeResult {
             chunks: stats.len() as u32,
             tokens: stats.iter().map(|c| c.count).sum(),
             mean_kld: mean,
             half_width: half,
+            kld_p99: pct(0.99),
+            kld_p99_9: pct(0.999),
+            kld_max: summary.max_kld,
             ..Default::default()
         })
     })
