@@ -145,3 +145,60 @@ fn a_searched_rung_is_chosen_made_reproduced_and_its_sensitivities_reused() {
         assert_eq!(artifact(&second, rung)["recipe"], artifact(&first, rung)["recipe"], "{rung}");
     }
 }
+
+/// Issue 40's acceptance, long tier (about 10 min on 2 cores): on SmolLM2-135M and on the tiny Qwen3.5-MoE (4
+/// experts, made by transformers), in one release each with the importance matrix and the search measured on
+/// gpl3.txt and every rung measured on held-out text (python-reference.txt): a rung held to Q4_K_M's size has a lower
+/// mean and 99.9 % KLD than Q4_K_M, one held to IQ3_M's size than IQ3_M, each within its budget; and a rung held to
+/// `kld.mean <= max` is the smallest of its measured candidates within it.
+#[test]
+fn searched_rungs_beat_llama_quantize_at_the_same_size_on_held_out_text() {
+    if quantfarm_e2e::skip_unless_long(
+        "searched_rungs_beat_llama_quantize_at_the_same_size_on_held_out_text",
+        "two releases with ~100 and ~200 probes (about 10 min on 2 cores)",
+    ) {
+        return;
+    }
+    let _cpu = quantfarm_e2e::cpu_bound();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    std::fs::copy(quantfarm_e2e::fixtures_dir().join("texts/gpl3.txt"), dir.join("gpl3.txt")).unwrap();
+    std::fs::copy(quantfarm_e2e::repo_root().join("examples/texts/python-reference.txt"), dir.join("held-out.txt"))
+        .unwrap();
+    let moe = dir.join("hf-moe");
+    let tok = quantfarm_e2e::smollm2_derived().join("smollm2-hf");
+    quantfarm_e2e::run_py_with(
+        &quantfarm_e2e::convert_python(),
+        "qwen35.py",
+        &[OsStr::new("make"), OsStr::new("moe"), moe.as_os_str(), tok.as_os_str()],
+    );
+    for (name, source, ctx, search, max) in [
+        ("smollm2", tok.clone(), 256, "{ctx: 256, batch: 1024, chunks: 4, layers: 2}", 0.05),
+        ("moe", moe.clone(), 128, "{ctx: 128}", 0.01),
+    ] {
+        let yaml = format!(
+            "name: NAME\nsource: {}\noutputs:\n  gguf:\n    quants: [Q4_K_M, IQ3_M, {{name: Q4_FIT, target_bpw: Q4_K_M}}, \
+             {{name: IQ3_FIT, target_bpw: IQ3_M}}, {{name: OK, kld: {{metric: kld.mean, max: {max}}}}}]\n    \
+             imatrix: {{text: gpl3.txt, ctx: {ctx}}}\n    search: {search}\nevaluation: {{text: held-out.txt, ctx: {ctx}}}\n",
+            source.display()
+        );
+        let report = release(dir, name, &yaml);
+        for (searched, standard) in [("Q4_FIT", "Q4_K_M"), ("IQ3_FIT", "IQ3_M")] {
+            let (s, q) = (point(&report, searched), point(&report, standard));
+            println!("{name}: {searched} {s} against {standard} {q}");
+            assert!(s["bytes"].as_u64() <= q["bytes"].as_u64(), "{name}: {searched} is larger than {standard}");
+            for k in ["kld_mean", "kld_p99_9"] {
+                assert!(s[k].as_f64() < q[k].as_f64(), "{name}: {k} of {searched} {s} not below {standard}'s {q}");
+            }
+        }
+        let ok = report["search"]["rungs"].as_array().unwrap().iter().find(|r| r["name"] == "OK").unwrap();
+        let candidates = ok["candidates"].as_array().unwrap();
+        let at = candidates
+            .iter()
+            .position(|c| c["measured"].as_f64().is_some_and(|m| m <= max))
+            .unwrap_or_else(|| panic!("{name}: no candidate within {max}: {ok:#}"));
+        assert!(at > 0, "{name}: the smallest candidate is within {max} already: the check tests nothing: {ok:#}");
+        assert_eq!(point(&report, "OK")["bytes"], candidates[at]["bytes"], "{name}: {ok:#}");
+        println!("{name}: OK is candidate {at} of {}: {:#}", candidates.len(), candidates[at]);
+    }
+}

@@ -680,6 +680,7 @@ fn result_for(l: &pb::Lease, kld: &dyn Fn(&str) -> f64) -> pb::TaskResult {
                 half_width: mean_kld / 20.0,
                 model_bytes: 1024,
                 seconds: 0.5,
+                ..Default::default()
             })
         }
         other => panic!("{}: no made-up result for {other:?}", l.task_id),

@@ -6,7 +6,7 @@ use std::fmt;
 use quantfarm_proto::{self as pb, task};
 
 use super::lookup::{artifact_of, computes_imatrix, plan_of};
-use super::{num, search, Done, Family, Folded, Gguf, Grown, Imatrix, Results, Search, Slot, Stage, TaskKey};
+use super::{num, sensitivity, Done, Family, Folded, Gguf, Grown, Imatrix, Results, Search, Slot, Stage, TaskKey};
 use crate::graph::naming::{artifact, file_name};
 use crate::graph::Ctx;
 use crate::spec::{EvalTarget, ImatrixSource, Level, Rung, Target};
@@ -42,7 +42,7 @@ impl Quantize {
         let (imatrix, imatrix_sha256) = imatrix_input(ctx, results, plan)?;
         // A searched rung's recipe, chosen from the sensitivities (the same for every task that asks).
         let searched = match rung {
-            Rung::Search(s) => Some(search::chosen(ctx.spec, results, s)?.recipe),
+            Rung::Search(s) => Some(sensitivity::chosen(ctx.spec, results, s)?.recipe),
             Rung::File(_) | Rung::Recipe(_) => None,
         };
         let recipe = searched.as_ref().or(rung.recipe());
