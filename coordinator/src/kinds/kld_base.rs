@@ -12,6 +12,38 @@ use super::{num, Done, Family, Folded, Grown, Kld, Results, Stage};
 use crate::graph::naming::artifact;
 use crate::graph::Ctx;
 
+/// The reference's base logits of chunk group `group` of a planned text (`kp`, tokenized with `settings`), named
+/// `name(first chunk, chunks)`: content-addressed by the text, its tokens, the chunking and the reference, so the same
+/// text and chunking make the same file (the evaluation's and a search's).
+pub(super) fn base_part(
+    ctx: &Ctx,
+    results: &Results,
+    kp: &pb::KldPlanResult,
+    settings: pb::KldSettings,
+    group: u32,
+    name: impl Fn(u32, u32) -> String,
+) -> Result<pb::KldBaseTask, String> {
+    let first = group * kp.n_seq;
+    if first >= kp.n_chunks {
+        return Err(format!("chunk group {group} starts past the text's {} chunks", kp.n_chunks));
+    }
+    let n_chunks = kp.n_seq.min(kp.n_chunks - first);
+    let refs = reference_files(results)?;
+    let (ctx_s, batch_s, first_s, n_s) =
+        (settings.ctx.to_string(), settings.batch.to_string(), first.to_string(), n_chunks.to_string());
+    let mut parts = vec!["quantfarm kld-base v1", &kp.text_sha256, &kp.tokens_sha256, &ctx_s, &batch_s, &first_s, &n_s];
+    parts.extend(refs.iter().map(|a| a.sha256.as_str()));
+    let output = artifact(ctx, &parts, &name(first, n_chunks))?;
+    Ok(pb::KldBaseTask {
+        reference: refs[0].url.clone(),
+        settings: Some(settings),
+        first_chunk: first,
+        n_chunks,
+        tokens_sha256: kp.tokens_sha256.clone(),
+        output: output.to_string(),
+    })
+}
+
 /// The base logits of one chunk group.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct KldBase {
@@ -41,30 +73,8 @@ impl Family for KldBase {
     }
 
     fn message(&self, ctx: &Ctx, results: &Results) -> Result<task::Kind, String> {
-        let group = self.group;
-        let kp = kld_plan_of(results)?;
-        let settings = kld_settings(ctx)?;
-        let first = group * kp.n_seq;
-        if first >= kp.n_chunks {
-            return Err(format!("chunk group {group} starts past the text's {} chunks", kp.n_chunks));
-        }
-        let n_chunks = kp.n_seq.min(kp.n_chunks - first);
-        let refs = reference_files(results)?;
-        let (ctx_s, batch_s, first_s, n_s) =
-            (settings.ctx.to_string(), settings.batch.to_string(), first.to_string(), n_chunks.to_string());
-        let mut parts =
-            vec!["quantfarm kld-base v1", &kp.text_sha256, &kp.tokens_sha256, &ctx_s, &batch_s, &first_s, &n_s];
-        parts.extend(refs.iter().map(|a| a.sha256.as_str()));
-        let name = format!("{}-BF16-kld-base-{first:05}-{n_chunks}.logits", ctx.spec.prefix());
-        let output = artifact(ctx, &parts, &name)?;
-        Ok(task::Kind::KldBase(pb::KldBaseTask {
-            reference: refs[0].url.clone(),
-            settings: Some(settings),
-            first_chunk: first,
-            n_chunks,
-            tokens_sha256: kp.tokens_sha256.clone(),
-            output: output.to_string(),
-        }))
+        let name = |first: u32, n: u32| format!("{}-BF16-kld-base-{first:05}-{n}.logits", ctx.spec.prefix());
+        Ok(task::Kind::KldBase(base_part(ctx, results, kld_plan_of(results)?, kld_settings(ctx)?, self.group, name)?))
     }
 
     /// An intermediate: the `kld` tasks read it.

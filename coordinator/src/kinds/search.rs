@@ -12,6 +12,7 @@ use quantfarm_proto::{self as pb, task, task_result};
 use quantfarm_quant::recipe_search;
 
 use super::expand::{chunked, model_cost};
+use super::kld_base::base_part;
 use super::lookup::{artifact_of, plan_of, reference_files};
 use super::quantize::imatrix_input;
 use super::sensitivity::{candidate_points, lookup_of, n_groups, probes, search_plan, sensitivity, SENSITIVITY_FORMAT};
@@ -78,6 +79,55 @@ fn sensitivity_url(ctx: &Ctx, results: &Results) -> Result<String, String> {
     Ok(artifact(ctx, &id, "sensitivity.json")?.to_string())
 }
 
+/// A probe's message: the reference quantized by `rules` on the search rungs' base (made on the worker's disk),
+/// scored against every base-logits part of the search text, stopping once `precision` is met after `min_chunks`.
+fn probe_message(
+    ctx: &Ctx,
+    results: &Results,
+    rules: Vec<String>,
+    min_chunks: u32,
+    precision: f64,
+) -> Result<pb::SensitivityProbeTask, String> {
+    let plan = plan_of(results)?;
+    let refs = reference_files(results)?;
+    let (imatrix, imatrix_sha256) = imatrix_input(ctx, results, plan)?;
+    let kp = search_plan(results)?;
+    let bases = (0..n_groups(kp))
+        .map(|b| artifact_of(results, &Search::Base { group: b }.into()).cloned())
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(pb::SensitivityProbeTask {
+        quantize: Some(pb::QuantizeTask {
+            input: refs[0].url.clone(),
+            shard: 0,
+            n_shards: refs.len() as u32,
+            file_type: SearchRung::BASE.name().to_string(),
+            output: String::new(),
+            imatrix,
+            imatrix_sha256,
+            tensor_types: rules,
+            output_tensor_type: String::new(),
+            token_embedding_type: String::new(),
+        }),
+        bases,
+        batch: ctx.spec.search_settings().batch,
+        min_chunks,
+        precision,
+    })
+}
+
+/// The search text's base-logits tasks (after the reference and the text's plan); returns what a task scoring
+/// against them waits for: every reference file and every part.
+fn grow_bases(plan: &pb::PlanResult, kp: &pb::KldPlanResult, results: &Results, out: &mut Grown) -> Vec<TaskKey> {
+    let ggufs: Vec<TaskKey> = (0..plan.shards.len() as u32).map(|shard| Gguf { shard }.into()).collect();
+    let mut base_deps = ggufs.clone();
+    base_deps.push(Search::Plan.into());
+    let bases: Vec<TaskKey> = (0..n_groups(kp)).map(|group| Search::Base { group }.into()).collect();
+    for b in &bases {
+        out.add(b.clone(), base_deps.clone(), model_cost(results));
+    }
+    ggufs.into_iter().chain(bases).collect()
+}
+
 impl Search {
     fn probe_task(
         self,
@@ -89,93 +139,27 @@ impl Search {
         let p = probes(ctx.spec, results)?;
         let (g, variants) = p.groups.get(group as usize).ok_or_else(|| format!("{self:?}: no such group"))?;
         let v = variants.get(variant as usize).ok_or_else(|| format!("{self:?}: no such variant"))?;
-        let plan = plan_of(results)?;
-        let refs = reference_files(results)?;
-        let (imatrix, imatrix_sha256) = imatrix_input(ctx, results, plan)?;
         let rules = recipe_search::probe_rules(&p.tensors, g, v.asked);
         let kp = search_plan(results)?;
-        let bases = (0..n_groups(kp))
-            .map(|b| artifact_of(results, &Search::Base { group: b }.into()).cloned())
-            .collect::<Result<Vec<_>, _>>()?;
-        let s = ctx.spec.search_settings();
-        Ok(pb::SensitivityProbeTask {
-            quantize: Some(pb::QuantizeTask {
-                input: refs[0].url.clone(),
-                shard: 0,
-                n_shards: refs.len() as u32,
-                file_type: SearchRung::BASE.name().to_string(),
-                output: String::new(),
-                imatrix,
-                imatrix_sha256,
-                tensor_types: rules.iter().map(|(p, t)| format!("{p}={}", t.name())).collect(),
-                output_tensor_type: String::new(),
-                token_embedding_type: String::new(),
-            }),
-            bases,
-            batch: s.batch,
-            min_chunks: 4.min(kp.n_chunks),
-            precision: s.precision,
-        })
+        let precision = ctx.spec.search_settings().precision;
+        let rules = rules.iter().map(|(p, t)| format!("{p}={}", t.name())).collect();
+        probe_message(ctx, results, rules, 4.min(kp.n_chunks), precision)
     }
 
+    /// The search text's base logits of one chunk group, under a name that does not depend on the release's: a later
+    /// release of the same reference finds them.
     fn base_task(ctx: &Ctx, results: &Results, group: u32) -> Result<pb::KldBaseTask, String> {
-        let kp = search_plan(results)?;
-        let settings = kld_settings(ctx)?;
-        let first = group * kp.n_seq;
-        if first >= kp.n_chunks {
-            return Err(format!("search chunk group {group} starts past the text's {} chunks", kp.n_chunks));
-        }
-        let n_chunks = kp.n_seq.min(kp.n_chunks - first);
-        let refs = reference_files(results)?;
-        let (ctx_s, batch_s, first_s, n_s) =
-            (settings.ctx.to_string(), settings.batch.to_string(), first.to_string(), n_chunks.to_string());
-        // The evaluation's base logits' identity (the same text and chunking make the same file), under a name that
-        // does not depend on the release's: a later release of the same reference finds them.
-        let mut parts =
-            vec!["quantfarm kld-base v1", &kp.text_sha256, &kp.tokens_sha256, &ctx_s, &batch_s, &first_s, &n_s];
-        parts.extend(refs.iter().map(|a| a.sha256.as_str()));
-        let name = format!("search-kld-base-{first:05}-{n_chunks}.logits");
-        Ok(pb::KldBaseTask {
-            reference: refs[0].url.clone(),
-            settings: Some(settings),
-            first_chunk: first,
-            n_chunks,
-            tokens_sha256: kp.tokens_sha256.clone(),
-            output: artifact(ctx, &parts, &name)?.to_string(),
-        })
+        let name = |first: u32, n: u32| format!("search-kld-base-{first:05}-{n}.logits");
+        base_part(ctx, results, search_plan(results)?, kld_settings(ctx)?, group, name)
     }
 
     /// A `kld` rung's candidate recipe, scored on the whole search text (every part: its tail figures need them).
     fn candidate_task(ctx: &Ctx, results: &Results, point: u32) -> Result<pb::SensitivityProbeTask, String> {
         let (space, points) = candidate_points(ctx.spec, results)?;
         let (_, choice) = points.get(point as usize).ok_or_else(|| format!("no candidate recipe {point}"))?;
-        let name = crate::spec::RecipeName::new("candidate")?;
-        let (recipe, _) = space.recipe(name, choice)?;
-        let plan = plan_of(results)?;
-        let refs = reference_files(results)?;
-        let (imatrix, imatrix_sha256) = imatrix_input(ctx, results, plan)?;
-        let kp = search_plan(results)?;
-        let bases = (0..n_groups(kp))
-            .map(|b| artifact_of(results, &Search::Base { group: b }.into()).cloned())
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(pb::SensitivityProbeTask {
-            quantize: Some(pb::QuantizeTask {
-                input: refs[0].url.clone(),
-                shard: 0,
-                n_shards: refs.len() as u32,
-                file_type: SearchRung::BASE.name().to_string(),
-                output: String::new(),
-                imatrix,
-                imatrix_sha256,
-                tensor_types: recipe.tensor_types.iter().map(TensorTypeRule::arg).collect(),
-                output_tensor_type: String::new(),
-                token_embedding_type: String::new(),
-            }),
-            bases,
-            batch: ctx.spec.search_settings().batch,
-            min_chunks: kp.n_chunks,
-            precision: 0.0,
-        })
+        let (recipe, _) = space.recipe(crate::spec::RecipeName::new("candidate")?, choice)?;
+        let rules = recipe.tensor_types.iter().map(TensorTypeRule::arg).collect();
+        probe_message(ctx, results, rules, search_plan(results)?.n_chunks, 0.0)
     }
 
     fn write_task(ctx: &Ctx, results: &Results) -> Result<pb::SensitivityWriteTask, String> {
@@ -285,15 +269,7 @@ impl Family for Search {
                 else {
                     return;
                 };
-                let ggufs: Vec<TaskKey> = (0..plan.shards.len() as u32).map(|shard| Gguf { shard }.into()).collect();
-                let mut base_deps = ggufs.clone();
-                base_deps.push(Search::Plan.into());
-                let bases: Vec<TaskKey> = (0..n_groups(kp)).map(|group| Search::Base { group }.into()).collect();
-                for b in &bases {
-                    out.add(b.clone(), base_deps.clone(), model_cost(results));
-                }
-                let mut probe_deps = ggufs;
-                probe_deps.extend(bases);
+                let mut probe_deps = grow_bases(plan, kp, results, out);
                 probe_deps.push(Search::Lookup.into());
                 let mut all = Vec::new();
                 for (g, (_, variants)) in p.groups.iter().enumerate() {
@@ -322,17 +298,9 @@ impl Family for Search {
                 else {
                     return;
                 };
-                // The base logits (made already unless the sensitivities were found stored: the graph keeps one of
+                // The base logits: made already unless the sensitivities were found stored (the graph keeps one of
                 // each key).
-                let ggufs: Vec<TaskKey> = (0..plan.shards.len() as u32).map(|shard| Gguf { shard }.into()).collect();
-                let mut base_deps = ggufs.clone();
-                base_deps.push(Search::Plan.into());
-                let bases: Vec<TaskKey> = (0..n_groups(kp)).map(|group| Search::Base { group }.into()).collect();
-                for b in &bases {
-                    out.add(b.clone(), base_deps.clone(), model_cost(results));
-                }
-                let mut deps = ggufs;
-                deps.extend(bases);
+                let mut deps = grow_bases(plan, kp, results, out);
                 deps.push(Search::Write.into());
                 for (rung, level) in kld_rungs {
                     let keys: Vec<TaskKey> =
