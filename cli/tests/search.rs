@@ -39,6 +39,15 @@ fn release(dir: &Path, name: &str, yaml: &str) -> Value {
     serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap()
 }
 
+/// A folder with the search's text (gpl3.txt, also the imatrix's) and the held-out evaluation text (held-out.txt).
+fn texts() -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::copy(quantfarm_e2e::fixtures_dir().join("texts/gpl3.txt"), tmp.path().join("gpl3.txt")).unwrap();
+    let held_out = quantfarm_e2e::repo_root().join("examples/texts/python-reference.txt");
+    std::fs::copy(held_out, tmp.path().join("held-out.txt")).unwrap();
+    tmp
+}
+
 fn artifact<'a>(report: &'a Value, file_type: &str) -> &'a Value {
     let all = report["artifacts"].as_array().unwrap();
     all.iter().find(|a| a["file_type"] == file_type).unwrap_or_else(|| panic!("no {file_type} artifact"))
@@ -52,11 +61,8 @@ fn point<'a>(report: &'a Value, name: &str) -> &'a Value {
 #[test]
 fn a_searched_rung_is_chosen_made_reproduced_and_its_sensitivities_reused() {
     let _cpu = quantfarm_e2e::cpu_bound();
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = texts();
     let dir = tmp.path();
-    std::fs::copy(quantfarm_e2e::fixtures_dir().join("texts/gpl3.txt"), dir.join("gpl3.txt")).unwrap();
-    std::fs::copy(quantfarm_e2e::repo_root().join("examples/texts/python-reference.txt"), dir.join("held-out.txt"))
-        .unwrap();
     // The tiny model's rows are 64 wide: every k-quant falls back to a 32-block type, so Q4_K_M is ~6.3 bits per
     // weight. FIT is held to Q4_K_M's size, B55 to 5.5 bits per weight, OK to the smallest candidate recipe whose
     // 99.9 % KLD on the search text is at most 0.00005. The search measures on the imatrix's text; the rungs are
@@ -160,11 +166,8 @@ fn searched_rungs_beat_llama_quantize_at_the_same_size_on_held_out_text() {
         return;
     }
     let _cpu = quantfarm_e2e::cpu_bound();
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = texts();
     let dir = tmp.path();
-    std::fs::copy(quantfarm_e2e::fixtures_dir().join("texts/gpl3.txt"), dir.join("gpl3.txt")).unwrap();
-    std::fs::copy(quantfarm_e2e::repo_root().join("examples/texts/python-reference.txt"), dir.join("held-out.txt"))
-        .unwrap();
     let moe = dir.join("hf-moe");
     let tok = quantfarm_e2e::smollm2_derived().join("smollm2-hf");
     quantfarm_e2e::run_py_with(

@@ -68,7 +68,7 @@ pub use plan::Plan;
 pub use probe::Probe;
 pub use quantize::Quantize;
 pub use report::Report;
-pub use search::Search;
+pub use search::{search_text, Search};
 pub use sensitivity::{chosen, sensitivity, Chosen, Sensitivity};
 pub use subjects::{CheckPart, EvalTarget, MlxSubject, Subject, TfSubject, MLX_LM_RUNTIME, TRANSFORMERS_RUNTIME};
 pub use third_party::ThirdParty;

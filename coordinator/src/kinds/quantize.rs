@@ -9,7 +9,7 @@ use super::lookup::{artifact_of, computes_imatrix, plan_of};
 use super::{num, sensitivity, Done, Family, Folded, Gguf, Grown, Imatrix, Results, Search, Slot, Stage, TaskKey};
 use crate::graph::naming::{artifact, file_name};
 use crate::graph::Ctx;
-use crate::spec::{EvalTarget, ImatrixSource, Level, Rung, Target};
+use crate::spec::{EvalTarget, ImatrixSource, Level, ReleaseSpec, Rung, Target};
 
 /// One split file of one quant level.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -20,13 +20,24 @@ pub struct Quantize {
 
 /// The release's importance matrix as the quantize tasks read it: its URL and sha256 (empty without one).
 pub(super) fn imatrix_input(ctx: &Ctx, results: &Results, plan: &pb::PlanResult) -> Result<(String, String), String> {
-    Ok(match ctx.spec.imatrix() {
-        None => (String::new(), String::new()),
-        Some(ImatrixSource::File(_)) => (ctx.imatrix.unwrap_or_default().to_string(), plan.imatrix_sha256.clone()),
-        Some(ImatrixSource::Text { .. }) => {
-            let a = artifact_of(results, &Imatrix::Merge.into())?;
-            (a.url.clone(), a.sha256.clone())
-        }
+    let url = match ctx.spec.imatrix() {
+        None => String::new(),
+        Some(ImatrixSource::File(_)) => ctx.imatrix.unwrap_or_default().to_string(),
+        Some(ImatrixSource::Text { .. }) => artifact_of(results, &Imatrix::Merge.into())?.url.clone(),
+    };
+    Ok((url, imatrix_sha256(ctx.spec, results, plan)?.unwrap_or_default()))
+}
+
+/// The release's importance matrix's sha256: the file's (checked by the plan) or the merged one's; `None` without.
+pub(super) fn imatrix_sha256(
+    spec: &ReleaseSpec,
+    results: &Results,
+    plan: &pb::PlanResult,
+) -> Result<Option<String>, String> {
+    Ok(match spec.imatrix() {
+        None => None,
+        Some(ImatrixSource::File(_)) => Some(plan.imatrix_sha256.clone()),
+        Some(ImatrixSource::Text { .. }) => Some(artifact_of(results, &Imatrix::Merge.into())?.sha256.clone()),
     })
 }
 

@@ -18,8 +18,8 @@ use super::quantize::imatrix_input;
 use super::sensitivity::{candidate_points, lookup_of, n_groups, probes, search_plan, sensitivity, SENSITIVITY_FORMAT};
 use super::{num, Done, Family, Folded, Gguf, Grown, Opens, Quantize, Results, Stage, TaskKey};
 use crate::graph::naming::artifact;
-use crate::graph::Ctx;
-use crate::spec::{ImatrixSource, Level, SearchRung, Target, TensorTypeRule};
+use crate::graph::{Ctx, EvalInputs};
+use crate::spec::{ImatrixSource, Level, ReleaseSpec, SearchRung, Target, TensorTypeRule};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Search {
@@ -37,15 +37,18 @@ pub enum Search {
     Candidate { rung: u32, point: u32 },
 }
 
-/// The search text: `outputs.gguf.search.text`, else the computed importance matrix's.
+/// The search text, resolved: `outputs.gguf.search.text`, else the computed importance matrix's (`imatrix`: the
+/// release's resolved imatrix file or text).
+pub fn search_text<'a>(spec: &ReleaseSpec, eval: &'a EvalInputs, imatrix: Option<&'a str>) -> Option<&'a str> {
+    eval.search_text.as_deref().or(match spec.imatrix() {
+        Some(ImatrixSource::Text { .. }) => imatrix,
+        _ => None,
+    })
+}
+
 fn text<'a>(ctx: &Ctx<'a>) -> Result<&'a str, String> {
-    if let Some(t) = ctx.eval.search_text.as_deref() {
-        return Ok(t);
-    }
-    match ctx.spec.imatrix() {
-        Some(ImatrixSource::Text { .. }) => ctx.imatrix.ok_or_else(|| "the search has no text".to_string()),
-        _ => Err("the search has no text (outputs.gguf.search.text)".into()),
-    }
+    search_text(ctx.spec, ctx.eval, ctx.imatrix)
+        .ok_or_else(|| "the search has no text (outputs.gguf.search.text)".into())
 }
 
 fn kld_settings(ctx: &Ctx) -> Result<pb::KldSettings, String> {

@@ -8,10 +8,11 @@ use quantfarm_proto as pb;
 use quantfarm_quant::recipe_search::{self, Group, Priced, Tensor, Variant};
 use serde::{Deserialize, Serialize};
 
-use super::lookup::{artifact_of, plan_of};
+use super::lookup::{artifact_of, plan_of, reference_files};
+use super::quantize::imatrix_sha256;
 use super::search::Search;
-use super::{Gguf, Quantize, Results, TaskKey};
-use crate::spec::{ImatrixSource, KldMetric, Level, Recipe, ReleaseSpec, SearchRung, Target, TensorTypeRule};
+use super::{Quantize, Results, TaskKey};
+use crate::spec::{KldMetric, Level, Recipe, ReleaseSpec, SearchRung, Target, TensorTypeRule};
 
 /// The format tag of `sensitivity.json`.
 pub const SENSITIVITY_FORMAT: &str = "quantfarm-sensitivity/1";
@@ -117,14 +118,8 @@ pub fn sensitivity(spec: &ReleaseSpec, results: &Results) -> Result<Sensitivity,
     let plan = plan_of(results)?;
     let kp = search_plan(results)?;
     let s = spec.search_settings();
-    let imatrix = match spec.imatrix() {
-        None => None,
-        Some(ImatrixSource::File(_)) => Some(plan.imatrix_sha256.clone()),
-        Some(ImatrixSource::Text { .. }) => Some(artifact_of(results, &super::Imatrix::Merge.into())?.sha256.clone()),
-    };
-    let reference = (0..plan.shards.len() as u32)
-        .map(|shard| artifact_of(results, &Gguf { shard }.into()).map(|a| a.sha256.clone()))
-        .collect::<Result<_, _>>()?;
+    let imatrix = imatrix_sha256(spec, results, plan)?;
+    let reference = reference_files(results)?.iter().map(|a| a.sha256.clone()).collect();
     let groups = p
         .groups
         .iter()

@@ -620,13 +620,12 @@ fn expert_coverage(r: &pb::TaskResult) -> Option<ExpertCoverage> {
             .iter()
             .filter(|e| !e.unrouted.is_empty())
             .map(|e| {
-                let all = f64::from(e.experts.max(1));
-                PartialExperts {
+                let c = quantfarm_quant::imatrix::sums::ExpertCoverage {
                     weight: e.weight.clone(),
                     experts: e.experts,
                     unrouted: e.unrouted.clone(),
-                    percent: 100.0 * (all - e.unrouted.len() as f64) / all,
-                }
+                };
+                PartialExperts { percent: c.percent(), weight: c.weight, experts: c.experts, unrouted: c.unrouted }
             })
             .collect(),
     })

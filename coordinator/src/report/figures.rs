@@ -145,23 +145,17 @@ pub(super) fn measured(
             choices.map_or_else(|| Err(why()), |c| count(c.now_wrong.as_ref()).map_err(String::from)),
         );
         // A recipe is held to its base file type's limit.
-        let limit_of = match target {
+        let limit_of = |name: &str| gates::default_kld_max(name).ok_or_else(|| format!("no default limit for {name}"));
+        let limit = match target {
             EvalTarget::Quant(l) => match rel.spec.rung(l) {
-                Some(crate::spec::Rung::Search(s)) => Err(s),
-                Some(r) => Ok(r.base().to_string()),
-                None => Ok(level.clone()),
+                // A searched rung's: the rung it is sized like, or its KLD target (spec/search.rs).
+                Some(crate::spec::Rung::Search(s)) => s.default_kld_mean(&rel.spec),
+                Some(r) => limit_of(r.base().name()),
+                None => limit_of(&level),
             },
-            EvalTarget::Mlx { .. } | EvalTarget::Vllm(_) => Ok(level.clone()),
+            EvalTarget::Mlx { .. } | EvalTarget::Vllm(_) => limit_of(&level),
         };
-        f.set(
-            Figure::DefaultKldMean,
-            match limit_of {
-                Ok(limit_of) => {
-                    gates::default_kld_max(&limit_of).ok_or_else(|| format!("no default limit for {limit_of}"))
-                }
-                Err(searched) => searched.default_kld_mean(&rel.spec),
-            },
-        );
+        f.set(Figure::DefaultKldMean, limit);
         levels.push((level, f));
     }
     let mut global = BTreeMap::new();

@@ -7,9 +7,9 @@ use quantfarm_proto as pb;
 use super::model::{
     Artifact, Container, FrontierPoint, Kld, Search, SearchCandidate, SearchPick, SearchSensitivity, SearchedRung,
 };
-use crate::kinds::{chosen, sensitivity, Search as SearchKey, TaskKey};
+use crate::kinds::{chosen, search_text, sensitivity, Search as SearchKey, TaskKey};
 use crate::sched::Release;
-use crate::spec::{ImatrixSource, Level, Rung};
+use crate::spec::{Level, Rung};
 
 const METHOD: &str = "each tensor group (a role in a range of layers, or a tensor outside the layers) quantized \
 alone to each distinct candidate type, the rest left as the reference's, and scored against the reference on the \
@@ -29,16 +29,13 @@ pub(super) fn section(rel: &Release, artifacts: &[Artifact]) -> Option<Search> {
     let lookup = rel.result(&SearchKey::Lookup.into()).and_then(pb::TaskResult::sensitivity_lookup);
     let written = rel.result(&SearchKey::Write.into()).and_then(pb::TaskResult::artifact);
     let plan = rel.result(&SearchKey::Plan.into()).and_then(pb::TaskResult::kld_plan);
-    let text = rel.eval.search_text.clone().or_else(|| match rel.spec.imatrix() {
-        Some(ImatrixSource::Text { .. }) => rel.imatrix.clone(),
-        _ => None,
-    });
+    let text = search_text(&rel.spec, &rel.eval, rel.imatrix.as_deref());
     let variants = sens.iter().flat_map(|s| s.groups.iter().flat_map(|g| g.variants.iter()));
     let sensitivity = SearchSensitivity {
         url: written.map(|a| a.url.clone()),
         sha256: written.map(|a| a.sha256.clone()),
         reused: lookup.is_some_and(|l| l.found),
-        text: text.unwrap_or_default(),
+        text: text.unwrap_or_default().to_string(),
         tokens_sha256: plan.map(|p| p.tokens_sha256.clone()),
         ctx: settings.ctx,
         chunks: settings.chunks,

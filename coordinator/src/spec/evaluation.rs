@@ -197,10 +197,12 @@ fn default_context() -> u32 {
     4096
 }
 
-fn default_ctx() -> u32 {
+/// Tokens per chunk and per decode by default (llama-perplexity's `-c 512`, `-b 2048`), for every text the farm
+/// chunks (the evaluation's and the search's).
+pub(super) fn default_ctx() -> u32 {
     512
 }
 
-fn default_batch() -> u32 {
+pub(super) fn default_batch() -> u32 {
     2048
 }

@@ -10,6 +10,7 @@ use std::fmt;
 use quantfarm_ggml::{FileType, GgmlType};
 use serde::{Deserialize, Serialize};
 
+use super::evaluation::{default_batch, default_ctx};
 use super::recipe::{Level, RecipeName};
 
 /// What a searched rung is held to.
@@ -222,12 +223,6 @@ fn default_candidates() -> Vec<GgmlType> {
 }
 fn default_layers() -> u32 {
     3
-}
-fn default_ctx() -> u32 {
-    512
-}
-fn default_batch() -> u32 {
-    2048
 }
 fn default_chunks() -> u32 {
     8

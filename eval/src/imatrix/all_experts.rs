@@ -265,11 +265,12 @@ pub(super) type ExpertRows = (usize, Vec<Vec<f32>>);
 
 /// What a down projection's all-experts collection adds: for each expert, its activation rows on the tokens not
 /// routed to it. Checks the recomputation against llama.cpp's own activation for the first token's routed experts.
+/// The gate/up inputs it read are forgotten (each is read by one down projection).
 ///
 /// `routed[t]` lists token `t`'s experts; `actual(t, slot)` is llama.cpp's activation row of slot `slot`.
 pub(super) unsafe fn unrouted_rows<'a>(
     down: &sys::ggml_tensor,
-    inputs: &HashMap<usize, Saved>,
+    inputs: &mut HashMap<usize, Saved>,
     routed: &[Vec<usize>],
     n_expert: usize,
     actual: impl Fn(usize, usize) -> &'a [f32],
@@ -313,14 +314,7 @@ pub(super) unsafe fn unrouted_rows<'a>(
         // SAFETY: as above.
         out.push((e, unsafe { activations(&act, inputs, e, &tokens, wname)? }));
     }
+    inputs.remove(&(act.gate.mm as usize));
+    inputs.remove(&(act.up.mm as usize));
     Ok(out)
-}
-
-/// The `MUL_MAT_ID` nodes whose inputs a down projection reads (to forget them once used).
-pub(super) unsafe fn operand_nodes(down: &sys::ggml_tensor) -> Vec<usize> {
-    // SAFETY: as in `unrouted_rows`; errors were reported there.
-    match unsafe { activation(&*down.src[1], "") } {
-        Ok(a) => vec![a.gate.mm as usize, a.up.mm as usize],
-        Err(_) => Vec::new(),
-    }
 }

@@ -279,7 +279,7 @@ impl Collector {
                     if self.all_experts {
                         let rows = all_experts::unrouted_rows(
                             t,
-                            &self.inputs,
+                            &mut self.inputs,
                             &routed,
                             n_as,
                             |tok, slot| slot_row(slot, tok),
@@ -290,9 +290,6 @@ impl Collector {
                                 e.counts[ex] += 1;
                                 add_squares(&mut e.values[ex * ne0..(ex + 1) * ne0], h, self.f32_sums);
                             }
-                        }
-                        for node in all_experts::operand_nodes(t) {
-                            self.inputs.remove(&node);
                         }
                     }
                 }
